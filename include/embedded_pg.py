@@ -1,0 +1,41 @@
+"""An embedded PostgreSQL for the demo and the tests (the PyPI package ``pgserver``).
+
+A database given in ``HARVEST_DATABASE_URL`` is used as is; otherwise a private server is
+started in a short path under the temp directory (Unix socket paths are length-limited).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+DATABASE_URL_ENV = "HARVEST_DATABASE_URL"
+
+
+def data_dir(label: str) -> Path:
+    project = str(Path(__file__).resolve().parents[1])
+    digest = hashlib.sha1(project.encode()).hexdigest()[:8]
+    return Path(tempfile.gettempdir()) / f"ph-{label}-{digest}"
+
+
+def start(label: str = "pg", *, keep_running: bool = False) -> str:
+    """Return a libpq URI to a running server (the given one, or an embedded one)."""
+    given = os.environ.get(DATABASE_URL_ENV)
+    if given:
+        return given
+    import pgserver  # imported late: not needed when a database is given
+
+    server = pgserver.get_server(data_dir(label), cleanup_mode=None if keep_running else "stop")
+    return server.get_uri()
+
+
+def stop(label: str = "pg") -> None:
+    """Stop the embedded server started with ``keep_running=True`` (no-op otherwise)."""
+    if os.environ.get(DATABASE_URL_ENV):
+        return
+    import pgserver
+
+    server = pgserver.get_server(data_dir(label), cleanup_mode="stop")
+    server.cleanup()

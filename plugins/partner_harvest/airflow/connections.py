@@ -1,0 +1,42 @@
+"""Turning Airflow Connections into endpoints and database conninfo.
+
+Secrets stay inside the Connection objects: nothing here logs or returns them in text
+that could reach a log line, an XCom or a rendered field.
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import BaseHook
+from psycopg.conninfo import make_conninfo
+
+from partner_harvest.factory import Endpoint
+
+AGGREGATION_CONN_ID = "aggregation_db"
+
+
+def partner_endpoint(conn_id: str) -> Endpoint:
+    """The Connection's host is the endpoint's base URL (a bare host gets schema/port)."""
+    conn = BaseHook.get_connection(conn_id)
+    host = (conn.host or "").strip()
+    if "://" in host:
+        base_url = host
+    else:
+        scheme = conn.schema or "https"
+        port = f":{conn.port}" if conn.port else ""
+        base_url = f"{scheme}://{host}{port}"
+    return Endpoint(base_url=base_url, login=conn.login, password=conn.password, extra=conn.extra_dejson)
+
+
+def aggregation_conninfo(conn_id: str = AGGREGATION_CONN_ID) -> str:
+    """libpq conninfo for the aggregation database (host may be a socket directory)."""
+    conn = BaseHook.get_connection(conn_id)
+    params = {
+        "host": conn.host or None,
+        "port": conn.port or None,
+        "user": conn.login or None,
+        "password": conn.password or None,
+        "dbname": conn.schema or None,
+    }
+    params.update({k: v for k, v in conn.extra_dejson.items() if k in {"sslmode", "options", "connect_timeout"}})
+    return make_conninfo(**{k: v for k, v in params.items() if v is not None})
+

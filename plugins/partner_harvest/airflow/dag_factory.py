@@ -1,0 +1,87 @@
+"""Building one harvest DAG per registry partner; the DAG file only calls this."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pendulum
+from airflow.sdk import DAG, CronTriggerTimetable, Param, get_current_context, task
+
+from partner_harvest.airflow import tasks
+from partner_harvest.registry import Partner
+
+START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
+
+RUN_PARAMS = {
+    "mode": Param(
+        "incremental",
+        type="string",
+        enum=["incremental", "full", "window"],
+        description="incremental: from the cursor (moves it); full: everything (cursor untouched); "
+        "window: the from/until below (cursor untouched).",
+    ),
+    "from": Param(None, type=["null", "string"], format="date-time",
+                  description="Start of the window (mode=window only)."),
+    "until": Param(None, type=["null", "string"], format="date-time",
+                   description="End of the window (mode=window; default: the partner's clock)."),
+}
+
+DEFAULT_ARGS: dict[str, Any] = {
+    "owner": "partner-harvest",
+    "retries": 3,
+    "retry_delay": timedelta(minutes=2),
+    "retry_exponential_backoff": 2.0,
+    "max_retry_delay": timedelta(minutes=30),
+    "execution_timeout": timedelta(hours=6),
+}
+
+
+def _doc(partner: Partner) -> str:
+    return (
+        f"### Harvest of partner `{partner.id}` ({partner.protocol})\n\n"
+        f"{partner.description}\n\n"
+        f"Connection `{partner.conn_id}`, cursor Variable `{partner.cursor_key}`, "
+        f"lag {partner.lag}, schedule `{partner.schedule}` (UTC).\n\n"
+        "`freeze_window` fixes the window from the partner's clock; `harvest_changes` streams "
+        "it into staging; `apply_changes` merges it in one transaction; `advance_cursor` moves "
+        "the cursor forward, only for incremental runs."
+    )
+
+
+def build_harvest_dag(partner: Partner) -> DAG:
+    pid = partner.id
+    with DAG(
+        dag_id=partner.dag_id,
+        description=f"Incremental harvest of {pid} ({partner.protocol})",
+        schedule=CronTriggerTimetable(partner.schedule, timezone="UTC", interval=timedelta(days=1)),
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        params=RUN_PARAMS,
+        default_args=DEFAULT_ARGS,
+        tags=["harvest", partner.protocol, f"partner:{pid}"],
+        doc_md=_doc(partner),
+    ) as dag:
+
+        @task(task_id="freeze_window")
+        def freeze_window() -> dict[str, Any]:
+            return tasks.freeze_window(pid, get_current_context())
+
+        @task(task_id="harvest_changes")
+        def harvest_changes(window: dict[str, Any]) -> dict[str, Any]:
+            return tasks.harvest_changes(pid, window, get_current_context())
+
+        @task(task_id="apply_changes")
+        def apply_changes(harvested: dict[str, Any]) -> dict[str, int]:
+            return tasks.apply_changes(pid, get_current_context())
+
+        @task(task_id="advance_cursor")
+        def advance_cursor(window: dict[str, Any], applied: dict[str, int]) -> dict[str, Any]:
+            return tasks.move_cursor(pid, window, get_current_context())
+
+        window = freeze_window()
+        harvested = harvest_changes(window)
+        applied = apply_changes(harvested)
+        advance_cursor(window, applied)
+    return dag

@@ -1,0 +1,112 @@
+"""Bodies of the harvest DAG's tasks: read the Airflow context, call the pipeline.
+
+Errors that retrying cannot fix (bad configuration, pagination loops) fail the task at
+once; everything else is left to the task's retries with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import psycopg
+from airflow.sdk.exceptions import AirflowFailException
+
+from partner_harvest import pipeline
+from partner_harvest.airflow.connections import aggregation_conninfo, partner_endpoint
+from partner_harvest.airflow.cursor import advance_cursor, read_cursor
+from partner_harvest.errors import HarvestError
+from partner_harvest.factory import build_adapter
+from partner_harvest.registry import Partner, RegistryError, get_partner
+from partner_harvest.store import RunRef, connect
+from partner_harvest.window import Window, WindowError, parse_instant
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _fail_fast(func: Callable[..., T]) -> Callable[..., T]:
+    """Turn non-retryable errors into AirflowFailException so no retry is wasted."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return func(*args, **kwargs)
+        except (RegistryError, WindowError) as exc:
+            raise AirflowFailException(str(exc)) from exc
+        except HarvestError as exc:
+            if not exc.retryable:
+                raise AirflowFailException(str(exc)) from exc
+            raise
+
+    wrapper.__name__ = func.__name__
+    wrapper.__doc__ = func.__doc__
+    return wrapper
+
+
+@contextmanager
+def aggregation() -> Iterator[psycopg.Connection]:
+    conn = connect(aggregation_conninfo())
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def run_request(context: dict[str, Any]) -> pipeline.RunRequest:
+    """Params and run type decide the mode; a backfill harvests its data interval."""
+    params = context.get("params") or {}
+    dag_run = context["dag_run"]
+    run_type = getattr(dag_run, "run_type", None)
+    if getattr(run_type, "value", run_type) == "backfill":
+        start = context.get("data_interval_start")
+        end = context.get("data_interval_end")
+        if start is None or end is None:
+            raise WindowError("a backfill run needs a data interval")
+        return pipeline.RunRequest("window", start, end, may_advance_cursor=False)
+    mode = params.get("mode") or "incremental"
+    requested_from = parse_instant(params["from"]) if params.get("from") else None
+    requested_until = parse_instant(params["until"]) if params.get("until") else None
+    return pipeline.RunRequest(mode, requested_from, requested_until, may_advance_cursor=True)
+
+
+def _partner(partner_id: str) -> Partner:
+    return get_partner(partner_id)
+
+
+@_fail_fast
+def freeze_window(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
+    partner = _partner(partner_id)
+    adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+    request = run_request(context)
+    cursor = read_cursor(partner_id) if request.mode == "incremental" else None
+    window = pipeline.freeze_window(adapter, partner.lag, cursor, request)
+    return window.to_dict()
+
+
+@_fail_fast
+def harvest_changes(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    partner = _partner(partner_id)
+    window = Window.from_dict(window_data)
+    adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+    run = RunRef(partner_id, context["dag_run"].run_id, "changes")
+    with aggregation() as conn:
+        stats = pipeline.harvest_window(adapter, conn, run, window)
+    return {
+        "pages": stats.pages, "fetched": stats.fetched, "records": stats.records,
+        "tombstones": stats.tombstones, "rejected": stats.rejected,
+        "complete_list_size": stats.complete_list_size, "restarts": stats.restarts,
+    }
+
+
+@_fail_fast
+def apply_changes(partner_id: str, context: dict[str, Any]) -> dict[str, int]:
+    with aggregation() as conn:
+        return pipeline.apply_changes(conn, partner_id, context["dag_run"].run_id).as_dict()
+
+
+@_fail_fast
+def move_cursor(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    return advance_cursor(partner_id, Window.from_dict(window_data), context["dag_run"].run_id)
+

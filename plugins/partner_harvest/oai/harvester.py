@@ -1,0 +1,108 @@
+"""The OAI-PMH adapter: the partner's clock and one window's ListRecords stream.
+
+An expired resumptionToken restarts the window from its frozen bounds (never from a saved
+token), a bounded number of times, discarding what the broken attempt staged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from partner_harvest.adapters import ItemSink, PartnerClock
+from partner_harvest.errors import HarvestError
+from partner_harvest.oai.client import DAY_GRANULARITY, OaiClient, oai_datestamp
+from partner_harvest.oai.errors import BadResumptionToken
+from partner_harvest.records import HarvestStats
+from partner_harvest.registry import Partner
+from partner_harvest.window import DAY, SECONDS, Window
+
+log = logging.getLogger(__name__)
+
+
+class TokenRestartsExhausted(HarvestError):
+    """The repository kept expiring tokens; the window never completed."""
+
+
+class OaiAdapter:
+    """Harvests one OAI-PMH partner through an :class:`OaiClient`."""
+
+    def __init__(self, partner: Partner, client: OaiClient):
+        self.partner = partner
+        self.partner_id = partner.id
+        self.client = client
+
+    def clock(self) -> PartnerClock:
+        identify = self.client.identify()
+        prefix = self.client.resolve_prefix(self.partner.metadata_prefix)
+        granularity = DAY if identify.granularity == DAY_GRANULARITY else SECONDS
+        log.info(
+            "%s: repository %r, granularity %s, deletedRecord=%s, clock %s, prefix %s",
+            self.partner_id, identify.repository_name, identify.granularity,
+            identify.deleted_record, identify.response_date.isoformat(), prefix,
+        )
+        return PartnerClock(
+            now=identify.response_date,
+            granularity=granularity,
+            protocol={
+                "metadata_prefix": prefix,
+                "oai_granularity": identify.granularity,
+                "deleted_record": identify.deleted_record,
+                "set": self.partner.set_spec,
+            },
+        )
+
+    def harvest(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
+        prefix = window.protocol["metadata_prefix"]
+        oai_granularity = window.protocol.get("oai_granularity", DAY_GRANULARITY)
+        from_ = oai_datestamp(window.from_, oai_granularity) if window.from_ else None
+        until = oai_datestamp(window.until, oai_granularity)
+        restarts = 0
+        while True:
+            try:
+                self._stream(prefix, from_, until, sink, stats)
+                return
+            except BadResumptionToken as exc:
+                restarts += 1
+                request = f"ListRecords from={from_} until={until} prefix={prefix}"
+                if restarts > self.partner.max_token_restarts:
+                    raise TokenRestartsExhausted(
+                        self.partner_id, request,
+                        f"resumptionToken expired {restarts} times ({exc}); the window was "
+                        f"restarted {self.partner.max_token_restarts} times and never completed",
+                    ) from exc
+                log.warning(
+                    "%s: resumptionToken rejected after %d pages (%s); restarting the window "
+                    "from its frozen bounds (restart %d of %d)",
+                    self.partner_id, stats.pages, exc, restarts, self.partner.max_token_restarts,
+                )
+                sink.reset()
+                stats.reset()
+                stats.restarts = restarts
+
+    def _stream(self, prefix: str, from_: str | None, until: str, sink: ItemSink, stats: HarvestStats) -> None:
+        started = time.monotonic()
+        cleaned = 0
+        pages = self.client.list_pages(
+            "ListRecords", metadata_prefix=prefix, set_spec=self.partner.set_spec, from_=from_, until=until
+        )
+        for page in pages:
+            stats.pages += 1
+            for item in page.items:
+                stats.add(item)
+            if page.complete_list_size is not None:
+                stats.complete_list_size = page.complete_list_size
+            if page.cleaned:
+                cleaned += 1
+                log.warning("%s: page %d contained invalid XML characters; they were stripped",
+                            self.partner_id, stats.pages)
+            sink.write_page(page.items)
+            rate = stats.fetched / max(time.monotonic() - started, 1e-6)
+            of = f" of {stats.complete_list_size}" if stats.complete_list_size is not None else ""
+            log.info(
+                "%s: page %d: %d items; %d fetched%s (%d records, %d deleted, %d rejected), %.0f/s",
+                self.partner_id, stats.pages, len(page.items), stats.fetched, of,
+                stats.records, stats.tombstones, stats.rejected, rate,
+            )
+        stats.extra["cleaned_pages"] = cleaned
+

@@ -1,0 +1,93 @@
+"""The harvest contract: what every protocol adapter yields and the store consumes.
+
+Adapters (OAI-PMH, Sierra) turn partner responses into these three shapes; nothing
+downstream of an adapter knows which protocol a record came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Union
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A live record as the partner publishes it, validated and ready to upsert."""
+
+    identifier: str
+    datestamp: datetime  # timezone-aware UTC; the partner's version stamp
+    metadata_prefix: str
+    metadata: str  # the raw XML of the payload element, serialised
+    set_specs: tuple[str, ...] = ()
+    title: str | None = None
+
+    @property
+    def content_hash(self) -> str:
+        """Identifies the payload so a replay with the same datestamp is a no-op."""
+        digest = hashlib.sha256()
+        digest.update(self.metadata.encode("utf-8"))
+        digest.update(b"\x00")
+        digest.update("\x1f".join(self.set_specs).encode("utf-8"))
+        return digest.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Tombstone:
+    """The partner says this record is gone as of ``datestamp``."""
+
+    identifier: str
+    datestamp: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A record that failed validation; it goes to quarantine, never silently away."""
+
+    identifier: str
+    reason: str
+    raw: str
+    datestamp: datetime | None = None
+    metadata_prefix: str | None = None
+
+
+HarvestItem = Union[Record, Tombstone, Rejected]
+
+
+@dataclass(slots=True)
+class PageStats:
+    """What one page of a listing carried, for progress logs and the run audit."""
+
+    records: int = 0
+    tombstones: int = 0
+    rejected: int = 0
+    complete_list_size: int | None = None
+
+
+@dataclass(slots=True)
+class HarvestStats:
+    """Running totals of one harvest channel; becomes the ``harvest_runs`` row."""
+
+    pages: int = 0
+    fetched: int = 0
+    records: int = 0
+    tombstones: int = 0
+    rejected: int = 0
+    complete_list_size: int | None = None
+    restarts: int = 0
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def add(self, item: HarvestItem) -> None:
+        self.fetched += 1
+        if isinstance(item, Record):
+            self.records += 1
+        elif isinstance(item, Tombstone):
+            self.tombstones += 1
+        else:
+            self.rejected += 1
+
+    def reset(self) -> None:
+        """Forget a partial window (an expired token restarts it from scratch)."""
+        self.pages = self.fetched = self.records = self.tombstones = self.rejected = 0
+        self.complete_list_size = None

@@ -1,0 +1,83 @@
+"""The ``harvest_runs`` audit: one row per run and channel, updated as the run goes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+
+from partner_harvest.records import HarvestStats
+from partner_harvest.window import Window
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """Names one channel of one run of one partner (the staging and audit key)."""
+
+    partner_id: str
+    run_id: str
+    channel: str = "changes"
+
+    def key(self) -> tuple[str, str, str]:
+        return (self.partner_id, self.run_id, self.channel)
+
+
+def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_prefix: str | None) -> None:
+    """Open (or reopen, on a retry) the audit row and clear this channel's staging."""
+    with conn.transaction():
+        conn.execute(
+            """
+            INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until,
+                                      granularity, metadata_prefix, status, attempts)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'harvesting', 1)
+            ON CONFLICT (partner_id, run_id, channel) DO UPDATE SET
+                mode = EXCLUDED.mode, window_from = EXCLUDED.window_from,
+                window_until = EXCLUDED.window_until, granularity = EXCLUDED.granularity,
+                metadata_prefix = EXCLUDED.metadata_prefix, status = 'harvesting',
+                attempts = harvest_runs.attempts + 1, error = NULL, pages = 0, fetched = 0,
+                upserted = 0, unchanged = 0, purged = 0, quarantined = 0,
+                complete_list_size = NULL, list_size_mismatch = false, token_restarts = 0,
+                cleaned_pages = 0, harvested_at = NULL, applied_at = NULL
+            """,
+            (*run.key(), window.mode, window.from_, window.until, window.granularity, metadata_prefix),
+        )
+        conn.execute(
+            "DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key()
+        )
+
+
+def finish_harvest(conn: psycopg.Connection, run: RunRef, stats: HarvestStats) -> None:
+    """Record what the listing delivered; flags a completeListSize mismatch."""
+    mismatch = stats.complete_list_size is not None and stats.complete_list_size != stats.fetched
+    with conn.transaction():
+        conn.execute(
+            """
+            UPDATE harvest_runs SET status = 'harvested', pages = %s, fetched = %s,
+                complete_list_size = %s, list_size_mismatch = %s, token_restarts = %s,
+                cleaned_pages = %s, harvested_at = now()
+            WHERE partner_id = %s AND run_id = %s AND channel = %s
+            """,
+            (
+                stats.pages, stats.fetched, stats.complete_list_size, mismatch, stats.restarts,
+                int(stats.extra.get("cleaned_pages", 0)), *run.key(),
+            ),
+        )
+
+
+def fail_run(conn: psycopg.Connection, run: RunRef, error: str) -> None:
+    """Mark the channel failed with a one-line cause; live tables are untouched."""
+    with conn.transaction():
+        conn.execute(
+            "UPDATE harvest_runs SET status = 'failed', error = %s"
+            " WHERE partner_id = %s AND run_id = %s AND channel = %s",
+            (error[:4000], *run.key()),
+        )
+
+
+def fail_apply(conn: psycopg.Connection, partner_id: str, run_id: str, error: str) -> None:
+    """Mark every channel of a run failed after its apply rolled back."""
+    with conn.transaction():
+        conn.execute(
+            "UPDATE harvest_runs SET status = 'failed', error = %s WHERE partner_id = %s AND run_id = %s",
+            (f"apply failed: {error}"[:4000], partner_id, run_id),
+        )

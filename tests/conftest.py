@@ -1,0 +1,51 @@
+"""Shared fixtures: a real PostgreSQL (embedded, or HARVEST_DATABASE_URL) per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Airflow reads these at import time; tests must never touch a user's Airflow install.
+os.environ.setdefault("AIRFLOW_HOME", str(ROOT / ".airflow-test"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(ROOT / "dags"))
+os.environ.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(ROOT / "plugins"))
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> str:
+    from include import embedded_pg
+
+    return embedded_pg.start("test")
+
+
+@pytest.fixture
+def db(pg_server: str) -> Iterator[str]:
+    """Conninfo of a brand-new, empty database, dropped after the test."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    params = conninfo_to_dict(pg_server)
+    params["dbname"] = name
+    yield make_conninfo(**params)
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def conn(db: str) -> Iterator[psycopg.Connection]:
+    from partner_harvest.store import connect, ensure_schema
+
+    connection = connect(db)
+    ensure_schema(connection)
+    yield connection
+    connection.close()

@@ -1,0 +1,168 @@
+"""The store against real PostgreSQL: staging, one-transaction apply, I2/I3/I4/I6/I8."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+
+from partner_harvest.records import HarvestStats, Record, Rejected, Tombstone
+from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, finish_harvest
+from partner_harvest.window import Window
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+WINDOW = Window("incremental", None, T0 + timedelta(days=10), "seconds", True, {"metadata_prefix": "oai_dc"})
+
+
+def rec(ident: str, at: datetime, title: str = "t") -> Record:
+    xml = f'<dc xmlns="urn:x"><title>{title}</title></dc>'
+    return Record(ident, at, "oai_dc", xml, ("s",), title)
+
+
+def stage(conn: psycopg.Connection, partner: str, run_id: str, items: list, channel: str = "changes") -> None:
+    run = RunRef(partner, run_id, channel)
+    begin_run(conn, run, WINDOW, "oai_dc")
+    stats = HarvestStats()
+    writer = StagingWriter(conn, run)
+    for item in items:
+        stats.add(item)
+    writer.write_page(items)
+    stats.pages = 1
+    finish_harvest(conn, run, stats)
+
+
+def live(conn: psycopg.Connection, partner: str) -> dict[str, tuple[datetime, str]]:
+    rows = conn.execute(
+        "SELECT identifier, datestamp, title FROM records WHERE partner_id = %s", (partner,)
+    ).fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def audit(conn: psycopg.Connection, partner: str, run_id: str) -> dict:
+    cur = conn.execute(
+        "SELECT status, fetched, upserted, unchanged, purged, quarantined FROM harvest_runs"
+        " WHERE partner_id = %s AND run_id = %s AND channel = 'changes'",
+        (partner, run_id),
+    )
+    names = [d.name for d in cur.description]
+    return dict(zip(names, cur.fetchone()))
+
+
+def test_apply_upserts_purges_and_counts_add_up(conn: psycopg.Connection) -> None:
+    stage(conn, "p", "r1", [rec("a", T0), rec("b", T0), rec("c", T0)])
+    first = apply_run(conn, "p", "r1")
+    assert (first.upserted, first.unchanged, first.purged) == (3, 0, 0)
+
+    items = [
+        rec("a", T0 + timedelta(hours=1), "edited"),  # newer: lands
+        Tombstone("b", T0 + timedelta(hours=1)),  # purges b
+        Tombstone("zz", T0),  # never stored: nothing to purge
+        Rejected("d", "empty title", "<record/>", T0, "oai_dc"),  # quarantined
+        rec("c", T0),  # same version again: unchanged
+    ]
+    stage(conn, "p", "r2", items)
+    second = apply_run(conn, "p", "r2")
+    assert (second.upserted, second.purged, second.quarantined, second.unchanged) == (1, 1, 1, 2)
+    assert second.fetched == 5 == second.upserted + second.unchanged + second.purged + second.quarantined
+    assert live(conn, "p") == {"a": (T0 + timedelta(hours=1), "edited"), "c": (T0, "t")}
+    assert audit(conn, "p", "r2") == {
+        "status": "applied", "fetched": 5, "upserted": 1, "unchanged": 2, "purged": 1, "quarantined": 1,
+    }
+    deleted = conn.execute("SELECT identifier, upstream_datestamp, run_id, reason FROM deletions").fetchall()
+    assert deleted == [("b", T0 + timedelta(hours=1), "r2", "tombstone")]
+    held = conn.execute("SELECT identifier, reason, raw_payload, run_id FROM quarantine").fetchall()
+    assert held == [("d", "empty title", "<record/>", "r2")]
+    assert conn.execute("SELECT count(*) FROM staging").fetchone() == (0,)
+
+
+def test_replaying_a_window_changes_nothing(conn: psycopg.Connection) -> None:
+    items = [rec("a", T0), rec("b", T0 + timedelta(seconds=5)), Tombstone("c", T0)]
+    stage(conn, "p", "r1", items)
+    apply_run(conn, "p", "r1")
+    before = conn.execute("SELECT identifier, datestamp, content_hash, harvested_at, run_id FROM records ORDER BY 1").fetchall()
+    stage(conn, "p", "r2", items)
+    replay = apply_run(conn, "p", "r2")
+    after = conn.execute("SELECT identifier, datestamp, content_hash, harvested_at, run_id FROM records ORDER BY 1").fetchall()
+    assert replay.upserted == 0 and replay.purged == 0 and replay.unchanged == 3
+    assert before == after
+
+
+def test_older_version_never_overwrites_newer(conn: psycopg.Connection) -> None:
+    stage(conn, "p", "r1", [rec("a", T0 + timedelta(days=1), "new")])
+    apply_run(conn, "p", "r1")
+    stage(conn, "p", "r2", [rec("a", T0, "old")])
+    result = apply_run(conn, "p", "r2")
+    assert result.upserted == 0 and result.unchanged == 1
+    assert live(conn, "p")["a"] == (T0 + timedelta(days=1), "new")
+
+
+def test_same_datestamp_new_content_lands(conn: psycopg.Connection) -> None:
+    """Day-granular repositories stamp two edits of one day alike: take the later harvest."""
+    stage(conn, "p", "r1", [rec("a", T0, "morning")])
+    apply_run(conn, "p", "r1")
+    stage(conn, "p", "r2", [rec("a", T0, "evening")])
+    assert apply_run(conn, "p", "r2").upserted == 1
+    assert live(conn, "p")["a"][1] == "evening"
+
+
+def test_tombstone_older_than_stored_version_does_not_purge(conn: psycopg.Connection) -> None:
+    stage(conn, "p", "r1", [rec("a", T0 + timedelta(hours=2))])
+    apply_run(conn, "p", "r1")
+    stage(conn, "p", "r2", [Tombstone("a", T0 + timedelta(hours=1))])
+    result = apply_run(conn, "p", "r2")
+    assert result.purged == 0 and result.unchanged == 1
+    assert "a" in live(conn, "p")
+    stage(conn, "p", "r3", [Tombstone("a", T0 + timedelta(hours=2))])  # same instant: deletion wins
+    assert apply_run(conn, "p", "r3").purged == 1
+    assert live(conn, "p") == {}
+
+
+def test_duplicates_across_pages_keep_the_newest(conn: psycopg.Connection) -> None:
+    stage(conn, "p", "r1", [rec("a", T0 + timedelta(hours=1), "newer"), rec("a", T0, "older"), rec("a", T0, "older")])
+    result = apply_run(conn, "p", "r1")
+    assert result.fetched == 3 and result.upserted == 1 and result.unchanged == 2
+    assert live(conn, "p")["a"][1] == "newer"
+
+
+def test_partners_are_isolated(conn: psycopg.Connection) -> None:
+    stage(conn, "p", "r1", [rec("shared-id", T0, "mine")])
+    apply_run(conn, "p", "r1")
+    stage(conn, "q", "r1", [Tombstone("shared-id", T0 + timedelta(days=1)), rec("other", T0)])
+    apply_run(conn, "q", "r1")
+    assert live(conn, "p") == {"shared-id": (T0, "mine")}
+    assert set(live(conn, "q")) == {"other"}
+
+
+def test_failed_apply_leaves_nothing_half_applied(conn: psycopg.Connection) -> None:
+    stage(conn, "p", "r1", [rec("a", T0), rec("b", T0)])
+    apply_run(conn, "p", "r1")
+    stage(conn, "p", "r2", [rec("a", T0 + timedelta(hours=1), "edited"), Tombstone("b", T0 + timedelta(hours=1))])
+    # A trigger that fails on the purge's audit insert, after the upsert already ran.
+    conn.execute(
+        "CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN RAISE EXCEPTION 'disk full (simulated)'; END $$"
+    )
+    conn.execute("CREATE TRIGGER boom BEFORE INSERT ON deletions FOR EACH ROW EXECUTE FUNCTION boom()")
+    conn.commit()
+    with pytest.raises(psycopg.errors.RaiseException):
+        apply_run(conn, "p", "r2")
+    conn.rollback()
+    assert live(conn, "p") == {"a": (T0, "t"), "b": (T0, "t")}
+    assert conn.execute("SELECT count(*) FROM staging WHERE run_id = 'r2'").fetchone() == (2,)
+    conn.execute("DROP TRIGGER boom ON deletions")
+    conn.commit()
+    rerun = apply_run(conn, "p", "r2")
+    assert (rerun.upserted, rerun.purged) == (1, 1)
+    assert live(conn, "p") == {"a": (T0 + timedelta(hours=1), "edited")}
+
+
+def test_schema_migrations_are_idempotent(db: str) -> None:
+    from partner_harvest.store import connect, ensure_schema
+
+    with connect(db) as first:
+        assert ensure_schema(first) == ["0001_initial.sql"]
+        assert ensure_schema(first) == []
+        tables = {r[0] for r in first.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+    assert {"records", "deletions", "quarantine", "harvest_runs", "staging", "schema_migrations"} <= tables

@@ -31,6 +31,13 @@ def start(label: str = "pg", *, keep_running: bool = False) -> str:
     return server.get_uri()
 
 
+def server(label: str):
+    """The embedded server object itself (stopped by ``.cleanup()``); for test fixtures."""
+    import pgserver
+
+    return pgserver.get_server(data_dir(label), cleanup_mode="stop")
+
+
 def stop(label: str = "pg") -> None:
     """Stop the embedded server started with ``keep_running=True`` (no-op otherwise)."""
     if os.environ.get(DATABASE_URL_ENV):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -15,17 +16,27 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 ROOT = Path(__file__).resolve().parents[1]
 
 # Airflow reads these at import time; tests must never touch a user's Airflow install.
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 os.environ.setdefault("AIRFLOW_HOME", str(ROOT / ".airflow-test"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(ROOT / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(ROOT / "plugins"))
 
+logging.getLogger("pgserver").setLevel(logging.WARNING)  # its exit-time INFO lines hit closed streams
+
 
 @pytest.fixture(scope="session")
-def pg_server() -> str:
+def pg_server() -> Iterator[str]:
+    """The server's URI; embedded unless HARVEST_DATABASE_URL names one (needs CREATEDB)."""
     from include import embedded_pg
 
-    return embedded_pg.start("test")
+    given = os.environ.get(embedded_pg.DATABASE_URL_ENV)
+    if given:
+        yield given
+        return
+    server = embedded_pg.server("test")
+    yield server.get_uri()
+    server.cleanup()  # stop it now, while pytest can still show what it logs
 
 
 @pytest.fixture

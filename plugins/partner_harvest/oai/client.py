@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from datetime import datetime
 from urllib.parse import urlencode
 
 import requests
@@ -26,8 +25,6 @@ from partner_harvest.oai.errors import BadResumptionToken, OaiProtocolError, Oai
 from partner_harvest.xmlsafe import XmlInputError
 
 log = logging.getLogger(__name__)
-
-DAY_GRANULARITY = "YYYY-MM-DD"
 
 
 class OaiClient:
@@ -141,9 +138,3 @@ class OaiClient:
                 )
             params = {"verb": verb, "resumptionToken": token}
 
-
-def oai_datestamp(value: datetime, granularity: str) -> str:
-    """Write a window bound at the repository's granularity (quirk: day-only servers)."""
-    if granularity == DAY_GRANULARITY:
-        return value.strftime("%Y-%m-%d")
-    return value.strftime("%Y-%m-%dT%H:%M:%SZ")

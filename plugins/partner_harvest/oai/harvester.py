@@ -11,7 +11,8 @@ import time
 
 from partner_harvest.adapters import ItemSink, PartnerClock
 from partner_harvest.errors import HarvestError
-from partner_harvest.oai.client import DAY_GRANULARITY, OaiClient, oai_datestamp
+from partner_harvest.oai.client import OaiClient
+from partner_harvest.oai.parse import DAY_GRANULARITY, format_datestamp
 from partner_harvest.oai.errors import BadResumptionToken
 from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner
@@ -55,8 +56,8 @@ class OaiAdapter:
     def harvest(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
         prefix = window.protocol["metadata_prefix"]
         oai_granularity = window.protocol.get("oai_granularity", DAY_GRANULARITY)
-        from_ = oai_datestamp(window.from_, oai_granularity) if window.from_ else None
-        until = oai_datestamp(window.until, oai_granularity)
+        from_ = format_datestamp(window.from_, oai_granularity) if window.from_ else None
+        until = format_datestamp(window.until, oai_granularity)
         restarts = 0
         while True:
             try:

@@ -1,0 +1,1 @@
+"""Partner harvest: the plain-Python library behind the harvest and reconcile DAGs."""

@@ -1,0 +1,32 @@
+"""Payload handling per metadata format: validate and extract, keyed by metadataPrefix.
+
+Extension point: a new format is a module with an object that satisfies
+:class:`MetadataFormat`, added to ``FORMATS`` below (or passed to ``register_format``).
+``marc21`` / ``marcxml`` are expected to be added here.
+"""
+
+from __future__ import annotations
+
+from partner_harvest.formats.base import MetadataFormat
+from partner_harvest.formats.generic import GenericFormat
+from partner_harvest.formats.lido import LIDO
+from partner_harvest.formats.oai_dc import OAI_DC
+
+__all__ = ["FORMATS", "GenericFormat", "MetadataFormat", "get_format", "register_format"]
+
+FORMATS: dict[str, MetadataFormat] = {
+    OAI_DC.prefix: OAI_DC,
+    LIDO.prefix: LIDO,
+    # "marc21": MARC21, "marcxml": MARC21,  <- to be added with formats/marcxml.py
+}
+
+
+def register_format(fmt: MetadataFormat, *prefixes: str) -> None:
+    """Make ``fmt`` handle its own prefix and any aliases (e.g. marc21 and marcxml)."""
+    for prefix in prefixes or (fmt.prefix,):
+        FORMATS[prefix] = fmt
+
+
+def get_format(prefix: str) -> MetadataFormat:
+    """The registered format for ``prefix``, else a permissive generic one."""
+    return FORMATS.get(prefix) or GenericFormat(prefix)

@@ -1,0 +1,1 @@
+"""OAI-PMH adapter: protocol facts (parsing, errors, requests) live here."""

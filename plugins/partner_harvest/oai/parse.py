@@ -1,0 +1,416 @@
+"""OAI-PMH 2.0 responses turned into the harvest contract (records.py).
+
+Protocol facts live here: the envelope, ``<error>`` codes, headers, tokens and
+datestamps. Elements are found by Clark name, so the OAI namespace may be the default
+or prefixed and comments, PIs and whitespace may sit anywhere. A bad record never
+aborts its page: it becomes ``Rejected`` with the reason and its raw XML (I8).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Union
+
+from lxml import etree
+
+from partner_harvest.formats import MetadataFormat, get_format
+from partner_harvest.oai.errors import (
+    NoRecordsMatch,
+    OaiResponseError,
+    protocol_error,
+)
+from partner_harvest.records import HarvestItem, Record, Rejected, Tombstone
+from partner_harvest.xmlsafe import parse_document
+
+OAI_NS = "http://www.openarchives.org/OAI/2.0/"
+DAY_GRANULARITY = "YYYY-MM-DD"
+SECOND_GRANULARITY = "YYYY-MM-DDThh:mm:ssZ"
+GRANULARITIES = (DAY_GRANULARITY, SECOND_GRANULARITY)
+DELETED_RECORD_POLICIES = ("no", "persistent", "transient")
+MISSING_IDENTIFIER = "(missing identifier)"
+
+_O = f"{{{OAI_NS}}}"
+_ROOT = f"{_O}OAI-PMH"
+_RESPONSE_DATE = f"{_O}responseDate"
+_ERROR = f"{_O}error"
+_RECORD = f"{_O}record"
+_HEADER = f"{_O}header"
+_IDENTIFIER = f"{_O}identifier"
+_DATESTAMP = f"{_O}datestamp"
+_SET_SPEC = f"{_O}setSpec"
+_METADATA = f"{_O}metadata"
+_TOKEN = f"{_O}resumptionToken"
+_VERBS = ("Identify", "ListMetadataFormats", "ListSets", "ListIdentifiers", "ListRecords", "GetRecord")
+
+_DATESTAMP_RE = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})"
+    r"(?:T(\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d+))?)?\s*(Z|z|[+-]\d{2}(?::?\d{2})?)?)?"
+)
+
+
+# -- datestamps --------------------------------------------------------------------------
+
+
+def parse_datestamp(text: str) -> datetime:
+    """An OAI datestamp as an aware UTC datetime.
+
+    Tolerates what real servers send besides the two spec forms: fractional seconds
+    (DSpace ``.485Z``, quirk 6), explicit offsets, a missing ``Z`` (read as UTC, which
+    the protocol mandates). Raises ValueError on anything else.
+    """
+    match = _DATESTAMP_RE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"not an OAI-PMH datestamp: {text!r}")
+    year, month, day, hour, minute, second, fraction, zone = match.groups()
+    micro = int((fraction or "0")[:6].ljust(6, "0"))
+    try:
+        value = datetime(
+            int(year), int(month), int(day),
+            int(hour or 0), int(minute or 0), int(second or 0), micro,
+            tzinfo=timezone.utc,
+        )
+    except ValueError as exc:
+        raise ValueError(f"not an OAI-PMH datestamp: {text!r} ({exc})") from None
+    if zone and zone not in ("Z", "z"):
+        sign = 1 if zone[0] == "+" else -1
+        digits = zone[1:].replace(":", "")
+        offset = timedelta(hours=int(digits[:2]), minutes=int(digits[2:4] or 0))
+        value -= sign * offset
+    return value
+
+
+def format_datestamp(value: datetime, granularity: str) -> str:
+    """Write ``value`` at the repository's granularity (day-only servers reject times).
+
+    Refuses naive datetimes: a local time written as UTC skips records (quirk 9).
+    """
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"refusing a naive datetime for an OAI datestamp: {value!r}")
+    value = value.astimezone(timezone.utc)
+    if granularity == DAY_GRANULARITY:
+        return value.strftime("%Y-%m-%d")
+    if granularity == SECOND_GRANULARITY:
+        return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+    raise ValueError(f"unknown OAI-PMH granularity: {granularity!r}")
+
+
+# -- result shapes -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Identify:
+    """What the repository says about itself; ``response_date`` is its clock."""
+
+    repository_name: str
+    base_url: str
+    protocol_version: str
+    granularity: str
+    deleted_record: str
+    earliest_datestamp: datetime | None
+    response_date: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataFormatInfo:
+    prefix: str
+    schema: str | None
+    namespace: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class OaiSet:
+    spec: str
+    name: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class OaiHeader:
+    """A header as delivered; missing parts are None so the caller decides what to do."""
+
+    identifier: str | None
+    datestamp_text: str | None
+    deleted: bool = False
+    set_specs: tuple[str, ...] = ()
+
+    @property
+    def datestamp(self) -> datetime | None:
+        """The parsed datestamp, or None when missing or unparseable."""
+        if self.datestamp_text is None:
+            return None
+        try:
+            return parse_datestamp(self.datestamp_text)
+        except ValueError:
+            return None
+
+
+ListItem = Union[HarvestItem, OaiHeader, OaiSet]
+
+
+@dataclass(slots=True)
+class ListPage:
+    """One page of a list verb. ``token`` is None on the last page (absent or empty)."""
+
+    response_date: datetime | None = None
+    items: list[ListItem] = field(default_factory=list)  # one kind per verb
+    token: str | None = None
+    complete_list_size: int | None = None
+    cursor: int | None = None
+    expiration_date: str | None = None
+    cleaned: bool = False
+
+
+# -- public parsers ----------------------------------------------------------------------
+
+
+def parse_identify(content: bytes) -> Identify:
+    """Parse an Identify response; a bad earliestDatestamp degrades to None."""
+    root, _, _ = _open(content)
+    verb = _verb_element(root, "Identify")
+    response_date = _response_date(root)
+    if response_date is None:
+        raise OaiResponseError("Identify response has no valid <responseDate>")
+    granularity = _text(verb.find(f"{_O}granularity"))
+    deleted = (_text(verb.find(f"{_O}deletedRecord")) or "").lower()
+    return Identify(
+        repository_name=_text(verb.find(f"{_O}repositoryName")) or "",
+        base_url=_text(verb.find(f"{_O}baseURL")) or "",
+        protocol_version=_text(verb.find(f"{_O}protocolVersion")) or "",
+        # Day granularity is the one every repository must accept, so it is the safe default.
+        granularity=granularity if granularity in GRANULARITIES else DAY_GRANULARITY,
+        # Unknown policy: do not trust tombstones to be complete.
+        deleted_record=deleted if deleted in DELETED_RECORD_POLICIES else "no",
+        earliest_datestamp=_optional_datestamp(_text(verb.find(f"{_O}earliestDatestamp"))),
+        response_date=response_date,
+    )
+
+
+def parse_metadata_formats(content: bytes) -> list[MetadataFormatInfo]:
+    """Parse ListMetadataFormats; entries without a prefix are dropped."""
+    root, _, _ = _open(content)
+    verb = _verb_element(root, "ListMetadataFormats")
+    formats = []
+    for fmt in verb.iterchildren(f"{_O}metadataFormat"):
+        prefix = _text(fmt.find(f"{_O}metadataPrefix"))
+        if prefix:
+            formats.append(
+                MetadataFormatInfo(
+                    prefix=prefix,
+                    schema=_text(fmt.find(f"{_O}schema")),
+                    namespace=_text(fmt.find(f"{_O}metadataNamespace")),
+                )
+            )
+    return formats
+
+
+def parse_list_sets(content: bytes) -> ListPage:
+    """Parse ListSets into a page of OaiSet items (same token rules as the other lists)."""
+    root, cleaned, _ = _open(content)
+    verb = _verb_element(root, "ListSets")
+    page = _page(root, verb, cleaned)
+    for node in verb.iterchildren(f"{_O}set"):
+        spec = _text(node.find(f"{_O}setSpec"))
+        if spec:
+            page.items.append(OaiSet(spec, _text(node.find(f"{_O}setName"))))
+    return page
+
+
+def parse_list_identifiers(content: bytes) -> ListPage:
+    """Parse ListIdentifiers into OaiHeader items; noRecordsMatch is an empty page."""
+    root, cleaned, empty = _open(content, no_records_ok=True)
+    if empty:
+        return ListPage(response_date=_response_date(root), cleaned=cleaned)
+    verb = _verb_element(root, "ListIdentifiers")
+    page = _page(root, verb, cleaned)
+    page.items.extend(_header(node) for node in verb.iterchildren(_HEADER))
+    return page
+
+
+def parse_list_records(content: bytes, metadata_prefix: str) -> ListPage:
+    """Parse ListRecords into Record / Tombstone / Rejected; noRecordsMatch is an empty page."""
+    root, cleaned, empty = _open(content, no_records_ok=True)
+    if empty:
+        return ListPage(response_date=_response_date(root), cleaned=cleaned)
+    verb = _verb_element(root, "ListRecords")
+    page = _page(root, verb, cleaned)
+    fmt = get_format(metadata_prefix)
+    page.items.extend(_record_item(node, metadata_prefix, fmt) for node in verb.iterchildren(_RECORD))
+    return page
+
+
+def parse_get_record(content: bytes, metadata_prefix: str) -> HarvestItem:
+    """Parse GetRecord into a single Record, Tombstone or Rejected."""
+    root, _, _ = _open(content)
+    verb = _verb_element(root, "GetRecord")
+    node = verb.find(_RECORD)
+    if node is None:
+        raise OaiResponseError("<GetRecord> holds no <record>")
+    return _record_item(node, metadata_prefix, get_format(metadata_prefix))
+
+
+def response_verb(root: etree._Element) -> str | None:
+    """The verb whose element the response carries, or None (an error or not OAI-PMH)."""
+    for verb in _VERBS:
+        if root.find(f"{_O}{verb}") is not None:
+            return verb
+    return None
+
+
+# -- envelope ----------------------------------------------------------------------------
+
+
+def _open(content: bytes, *, no_records_ok: bool = False) -> tuple[etree._Element, bool, bool]:
+    """Parse safely, check the envelope and raise any ``<error>``.
+
+    Returns (root, cleaned, empty); ``empty`` is True only for a noRecordsMatch the
+    caller asked to treat as an empty list.
+    """
+    parsed = parse_document(content)
+    root = parsed.root
+    if root.tag != _ROOT:
+        raise OaiResponseError(
+            f"not an OAI-PMH response: root element is <{root.tag}>, expected <{_ROOT}>"
+        )
+    errors = root.findall(_ERROR)
+    if not errors:
+        return root, parsed.cleaned, False
+    pairs = [(node.get("code"), _text(node) or "") for node in errors]
+    real = [pair for pair in pairs if pair[0] != NoRecordsMatch.CODE]
+    if not real and no_records_ok:
+        return root, parsed.cleaned, True
+    first = (real or pairs)[0]
+    others = [pair for pair in pairs if pair is not first]
+    raise protocol_error(first[0], first[1], (first, *others))
+
+
+def _verb_element(root: etree._Element, verb: str) -> etree._Element:
+    node = root.find(f"{_O}{verb}")
+    if node is None:
+        found = response_verb(root)
+        children = ", ".join(
+            f"<{etree.QName(child).localname}>" for child in root.iterchildren(etree.Element)
+        )
+        detail = f"it answers {found}" if found else f"its children are {children or 'none'}"
+        raise OaiResponseError(f"OAI-PMH response has no <{verb}> element and no <error>; {detail}")
+    return node
+
+
+def _response_date(root: etree._Element) -> datetime | None:
+    return _optional_datestamp(_text(root.find(_RESPONSE_DATE)))
+
+
+def _page(root: etree._Element, verb: etree._Element, cleaned: bool) -> ListPage:
+    page = ListPage(response_date=_response_date(root), cleaned=cleaned)
+    token = verb.find(_TOKEN)
+    if token is not None:
+        page.token = _text(token)
+        page.complete_list_size = _optional_int(token.get("completeListSize"))
+        page.cursor = _optional_int(token.get("cursor"))
+        page.expiration_date = (token.get("expirationDate") or "").strip() or None
+    return page
+
+
+# -- records -----------------------------------------------------------------------------
+
+
+def _header(node: etree._Element) -> OaiHeader:
+    specs = (_text(spec) for spec in node.iterchildren(_SET_SPEC))
+    return OaiHeader(
+        identifier=_text(node.find(_IDENTIFIER)),
+        datestamp_text=_text(node.find(_DATESTAMP)),
+        deleted=(node.get("status") or "").strip() == "deleted",
+        set_specs=tuple(dict.fromkeys(spec for spec in specs if spec)),
+    )
+
+
+def _record_item(node: etree._Element, prefix: str, fmt: MetadataFormat) -> HarvestItem:
+    header_node = node.find(_HEADER)
+    if header_node is None:
+        return _reject(node, None, "record has no <header>", None, prefix)
+    header = _header(header_node)
+    identifier = header.identifier
+    datestamp = header.datestamp
+    if identifier is None or datestamp is None:
+        problems = []
+        if identifier is None:
+            problems.append("no <identifier>")
+        if header.datestamp_text is None:
+            problems.append("no <datestamp>")
+        elif datestamp is None:
+            problems.append(f"unparseable <datestamp> {header.datestamp_text!r}")
+        kind = "deleted header" if header.deleted else "header"
+        return _reject(node, identifier, f"{kind}: {'; '.join(problems)}", datestamp, prefix)
+    if header.deleted:
+        return Tombstone(identifier, datestamp)
+
+    metadata = node.find(_METADATA)
+    if metadata is None:
+        return _reject(node, identifier, "live record has no <metadata>", datestamp, prefix)
+    payloads = list(metadata.iterchildren(etree.Element))
+    if len(payloads) != 1:
+        return _reject(
+            node, identifier,
+            f"<metadata> must hold exactly one payload element, found {len(payloads)}",
+            datestamp, prefix,
+        )
+    payload = payloads[0]
+    try:
+        reason = fmt.validate(payload)
+        title = None if reason else fmt.extract_title(payload)
+    except Exception as exc:  # a format bug must not take the page down (I8)
+        reason = f"{fmt.prefix} validation crashed: {type(exc).__name__}: {exc}"
+    if reason is not None:
+        return _reject(node, identifier, reason, datestamp, prefix)
+    return Record(
+        identifier=identifier,
+        datestamp=datestamp,
+        metadata_prefix=prefix,
+        metadata=etree.tostring(payload, encoding="unicode", with_tail=False),
+        set_specs=header.set_specs,
+        title=title,
+    )
+
+
+def _reject(
+    node: etree._Element,
+    identifier: str | None,
+    reason: str,
+    datestamp: datetime | None,
+    prefix: str,
+) -> Rejected:
+    return Rejected(
+        identifier=identifier or MISSING_IDENTIFIER,
+        reason=reason,
+        raw=etree.tostring(node, encoding="unicode", with_tail=False),
+        datestamp=datestamp,
+        metadata_prefix=prefix,
+    )
+
+
+# -- small readers -----------------------------------------------------------------------
+
+
+def _text(node: etree._Element | None) -> str | None:
+    """Stripped text of an element (children's text included), None when empty/absent."""
+    if node is None:
+        return None
+    text = node.text if len(node) == 0 else "".join(node.itertext())
+    text = (text or "").strip()
+    return text or None
+
+
+def _optional_int(value: str | None) -> int | None:
+    try:
+        return int(value.strip()) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _optional_datestamp(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        return parse_datestamp(text)
+    except ValueError:
+        return None

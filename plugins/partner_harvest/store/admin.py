@@ -1,0 +1,43 @@
+"""Operator actions on the aggregation that are not part of a harvest run."""
+
+from __future__ import annotations
+
+import psycopg
+
+_PARTNER_TABLES = ("records", "deletions", "quarantine", "harvest_runs", "staging")
+
+
+def forget_partner(conn: psycopg.Connection, partner_id: str) -> dict[str, int]:
+    """Remove everything held for one partner (before a clean re-harvest); returns counts."""
+    removed: dict[str, int] = {}
+    with conn.transaction():
+        for table in _PARTNER_TABLES:
+            removed[table] = conn.execute(
+                f"DELETE FROM {table} WHERE partner_id = %s", (partner_id,)  # table names are constants
+            ).rowcount
+    return removed
+
+
+def run_summary(conn: psycopg.Connection, partner_id: str | None = None, limit: int = 20) -> list[dict]:
+    """The newest ``harvest_runs`` rows, for the demo and for operators."""
+    cur = conn.execute(
+        """
+        SELECT partner_id, run_id, channel, mode, window_from, window_until, status, pages,
+               fetched, upserted, unchanged, purged, quarantined, complete_list_size,
+               list_size_mismatch, token_restarts, error, started_at, applied_at
+        FROM harvest_runs
+        WHERE %(pid)s::text IS NULL OR partner_id = %(pid)s
+        ORDER BY started_at DESC LIMIT %(limit)s
+        """,
+        {"pid": partner_id, "limit": limit},
+    )
+    names = [d.name for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def live_identifiers(conn: psycopg.Connection, partner_id: str) -> set[str]:
+    """Every identifier the aggregation holds for the partner (streamed, for checks)."""
+    with conn.cursor(name="live_ids") as cur:
+        cur.itersize = 20000
+        cur.execute("SELECT identifier FROM records WHERE partner_id = %s", (partner_id,))
+        return {row[0] for row in cur}

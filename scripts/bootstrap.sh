@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Create .venv and install the pinned dependencies (skipped when nothing changed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3.11}"
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv with $("$PYTHON" --version)"
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.installed-$(cat requirements.txt requirements-dev.txt constraints.txt | sha1sum | cut -c1-12)
+if [ ! -f "$stamp" ]; then
+  echo "==> installing pinned dependencies (requirements-dev.txt + constraints.txt)"
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
+  rm -f .venv/.installed-*
+  touch "$stamp"
+fi

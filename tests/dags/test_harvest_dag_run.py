@@ -1,0 +1,155 @@
+"""harvest_<partner> run through Airflow itself (dag.test): cursor rules (I1) end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
+from partner_harvest.registry import get_partner
+from partner_harvest.store import connect, ensure_schema
+from partner_harvest.store.admin import live_identifiers
+
+pytestmark = pytest.mark.airflow
+
+
+@pytest.fixture
+def repo() -> SimulatedRepository:
+    return SimulatedRepository(records=400, page_size=100, seed=11)
+
+
+@pytest.fixture
+def partner_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db: str, repo, airflow_db):
+    """Registry, Connections and a clean cursor for partner 'dagmuseum'."""
+    registry = tmp_path / "partners.yaml"
+    registry.write_text(
+        "partners:\n"
+        "  - {id: dagmuseum, protocol: oai-pmh, conn_id: partner_dagmuseum, metadata_prefix: auto,\n"
+        "     lag: 5m, options: {http: {backoff_factor: 0.01, retries: 2}}}\n"
+    )
+    monkeypatch.setenv("HARVEST_PARTNERS_FILE", str(registry))
+    pg = conninfo_to_dict(db)
+    monkeypatch.setenv("AIRFLOW_CONN_AGGREGATION_DB", json.dumps({
+        "conn_type": "postgres", "host": pg.get("host"), "port": int(pg.get("port") or 5432),
+        "login": pg.get("user"), "password": pg.get("password") or None, "schema": pg["dbname"],
+    }))
+    with OaiSimulator(repo) as sim:
+        monkeypatch.setenv("AIRFLOW_CONN_PARTNER_DAGMUSEUM", json.dumps({"conn_type": "http", "host": sim.base_url}))
+        set_cursor(None)
+        yield sim
+        set_cursor(None)
+
+
+def set_cursor(value: dict | None) -> None:
+    from airflow.models import Variable
+
+    if value is None:
+        Variable.delete("harvest_cursor__dagmuseum")
+    else:
+        Variable.set("harvest_cursor__dagmuseum", value, serialize_json=True)
+
+
+def get_cursor() -> dict | None:
+    from airflow.models import Variable
+
+    return Variable.get("harvest_cursor__dagmuseum", default_var=None, deserialize_json=True)
+
+
+def build_dag():
+    from partner_harvest.airflow.dag_factory import build_harvest_dag
+
+    dag = build_harvest_dag(get_partner("dagmuseum"))
+    for task in dag.tasks:
+        task.retries = 0  # dag.test() would otherwise wait out the retry delay
+    return dag
+
+
+def task_states(dag_run) -> dict[str, str]:
+    return {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in dag_run.get_task_instances()}
+
+
+def held(db: str) -> set[str]:
+    with connect(db) as conn:
+        ensure_schema(conn)
+        return live_identifiers(conn, "dagmuseum")
+
+
+def test_incremental_runs_move_the_cursor_and_match_the_partner(partner_env, repo, db) -> None:
+    dag = build_dag()
+    first = dag.test()
+    assert str(first.state) in ("success", "DagRunState.SUCCESS"), task_states(first)
+    cursor = get_cursor()
+    assert cursor["until"] == repo.clock.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert held(db) == repo.live_identifiers()
+
+    edited, deleted, added = repo.edit(8), repo.delete(4), repo.add(4)
+    second = dag.test()
+    assert task_states(second)["advance_cursor"] == "success"
+    assert get_cursor()["until"] == repo.clock.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert held(db) == repo.live_identifiers()
+    with connect(db) as conn:
+        fetched = conn.execute(
+            "SELECT fetched FROM harvest_runs WHERE partner_id = 'dagmuseum' AND run_id = %s",
+            (second.run_id,),
+        ).fetchone()[0]
+    assert fetched == len(edited) + len(deleted) + len(added)
+
+
+def test_window_run_leaves_the_cursor_alone(partner_env, repo, db) -> None:
+    set_cursor({"until": "2026-01-01T00:00:00Z"})
+    repo.edit(5)
+    run = build_dag().test(run_conf={"mode": "window", "from": "2025-01-01T00:00:00Z",
+                                     "until": "2026-12-31T00:00:00Z"})
+    assert task_states(run)["advance_cursor"] == "success"
+    assert get_cursor() == {"until": "2026-01-01T00:00:00Z"}
+    assert held(db) == repo.live_identifiers()
+
+
+def test_full_run_leaves_the_cursor_alone(partner_env, repo) -> None:
+    set_cursor({"until": "2025-06-01T00:00:00Z"})
+    run = build_dag().test(run_conf={"mode": "full"})
+    assert task_states(run)["apply_changes"] == "success"
+    assert get_cursor() == {"until": "2025-06-01T00:00:00Z"}
+
+
+def test_failed_apply_keeps_the_cursor_and_a_rerun_completes(partner_env, repo, db) -> None:
+    dag = build_dag()
+    dag.test()
+    before_cursor = get_cursor()
+    before = held(db)
+    repo.advance_clock(3600)
+    repo.delete(5)
+    repo.edit(5)
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS $$"
+                     " BEGIN RAISE EXCEPTION 'simulated failure during apply'; END $$")
+        conn.execute("CREATE TRIGGER boom BEFORE INSERT ON deletions FOR EACH ROW EXECUTE FUNCTION boom()")
+    failed = dag.test()
+    states = task_states(failed)
+    assert states["apply_changes"] == "failed" and states["advance_cursor"] in ("upstream_failed", "None")
+    assert get_cursor() == before_cursor
+    assert held(db) == before  # nothing half-applied (I4)
+    with psycopg.connect(db, autocommit=True) as conn:
+        status, error = conn.execute(
+            "SELECT status, error FROM harvest_runs WHERE run_id = %s", (failed.run_id,)).fetchone()
+        assert status == "failed" and "simulated failure during apply" in error
+        conn.execute("DROP TRIGGER boom ON deletions")
+    rerun = dag.test()
+    assert task_states(rerun)["advance_cursor"] == "success"
+    assert get_cursor()["until"] > before_cursor["until"]
+    assert held(db) == repo.live_identifiers()
+
+
+def test_partner_failure_fails_the_run_and_keeps_the_cursor(partner_env, repo) -> None:
+    dag = build_dag()
+    dag.test()
+    cursor = get_cursor()
+    partner_env.repeat_token(True)
+    run = build_dag().test(run_conf={"mode": "full"})  # several pages, so tokens repeat
+    states = task_states(run)
+    assert states["harvest_changes"] == "failed" and states["advance_cursor"] != "success"
+    assert get_cursor() == cursor

@@ -40,7 +40,6 @@ def airflow_env(pg_uri: str, oai_url: str) -> dict[str, str]:
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT)]),
         "HARVEST_PARTNERS_FILE": str(ROOT / "include" / "partners.yaml"),
-        "XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR", "/tmp"),
         "AIRFLOW_CONN_PARTNER_DEMO": json.dumps({"conn_type": "http", "host": oai_url}),
         "AIRFLOW_CONN_AGGREGATION_DB": json.dumps({
             "conn_type": "postgres",

@@ -16,7 +16,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 ROOT = Path(__file__).resolve().parents[1]
 
 # Airflow reads these at import time; tests must never touch a user's Airflow install.
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+os.environ.setdefault("XDG_RUNTIME_DIR", f"/tmp/ph-runtime-{os.getuid()}")
+os.makedirs(os.environ["XDG_RUNTIME_DIR"], mode=0o700, exist_ok=True)
 os.environ.setdefault("AIRFLOW_HOME", str(ROOT / ".airflow-test"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(ROOT / "dags"))

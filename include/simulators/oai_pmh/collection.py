@@ -1,0 +1,394 @@
+"""In-memory model of a museum collection as an OAI-PMH repository sees it.
+
+Kept free of HTTP so tests can drive it directly. Storage is a handful of
+parallel arrays indexed by record number - 1, so 200k records build and filter
+in milliseconds and cost a few bytes each. Time is a simulated clock, never the
+wall clock, so incremental-harvest tests are deterministic.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+from array import array
+from collections.abc import Iterable
+from datetime import datetime, timedelta, timezone
+from typing import NamedTuple
+
+ID_PREFIX = "oai:sim.example:rec-"
+TYPES: tuple[str, ...] = ("painting", "print", "sculpture")
+# The first three departments line up with TYPES; "asian-art" cuts across them.
+DEPARTMENTS: tuple[str, ...] = ("paintings", "prints", "sculpture", "asian-art")
+SETS: tuple[tuple[str, str], ...] = (
+    ("type", "Object type"),
+    ("type:painting", "Paintings"),
+    ("type:print", "Prints"),
+    ("type:sculpture", "Sculpture"),
+    ("dept", "Curatorial department"),
+    ("dept:paintings", "Department of Paintings"),
+    ("dept:prints", "Department of Prints and Drawings"),
+    ("dept:sculpture", "Department of Sculpture"),
+    ("dept:asian-art", "Department of Asian Art"),
+)
+GRANULARITY_SECONDS = {"seconds": 1, "day": 86400}
+DELETED_POLICIES = ("persistent", "transient", "no")
+SUPPORTED_FORMATS = ("oai_dc", "lido")
+
+LIVE, TOMBSTONE, GONE = 0, 1, 2
+_YEAR = 365 * 86400
+_ID_RE = re.compile(r"oai:sim\.example:rec-(\d{7,})")
+_DAY_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_SECONDS_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_DAY_CACHE: dict[int, str] = {}  # days since epoch -> "YYYY-MM-DD" (shared, grows by days only)
+_HOUR_MINUTE = tuple(f"T{m // 60:02d}:{m % 60:02d}:" for m in range(1440))
+_SECOND = tuple(f"{s:02d}Z" for s in range(60))
+
+
+def _kind_for(number: int, seed: int) -> int:
+    """Pack (type index, department index) as type*4+dept from a seeded hash."""
+    h = (number * 2654435761 + seed * 40503) & 0xFFFFFFFF
+    h ^= h >> 15
+    h = (h * 2246822519) & 0xFFFFFFFF
+    h ^= h >> 13
+    kind_type = h % 3
+    dept = 3 if (h >> 8) % 5 == 0 else kind_type
+    return kind_type * 4 + dept
+
+
+def _sets_for_kind(kind: int) -> tuple[str, ...]:
+    return ("type", f"type:{TYPES[kind >> 2]}", "dept", f"dept:{DEPARTMENTS[kind & 3]}")
+
+
+SET_SPECS_BY_KIND: dict[int, tuple[str, ...]] = {
+    t * 4 + d: _sets_for_kind(t * 4 + d) for t in range(len(TYPES)) for d in range(len(DEPARTMENTS))
+}
+
+
+def identifier_for(number: int) -> str:
+    """OAI identifier of record `number` (1-based, zero-padded to 7 digits)."""
+    return f"{ID_PREFIX}{number:07d}"
+
+
+def number_for(identifier: str) -> int | None:
+    """Record number encoded in an identifier, or None if it is not one of ours."""
+    match = _ID_RE.fullmatch(identifier)
+    return int(match.group(1)) if match else None
+
+
+def parse_oai_date(text: str) -> tuple[int, str]:
+    """Parse an OAI-PMH UTCdatetime into (epoch seconds, "day" | "seconds").
+
+    Raises ValueError for anything else, so the server can answer badArgument.
+    """
+    if _DAY_RE.fullmatch(text):
+        parsed, granularity = datetime.strptime(text, "%Y-%m-%d"), "day"
+    elif _SECONDS_RE.fullmatch(text):
+        parsed, granularity = datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ"), "seconds"
+    else:
+        raise ValueError(f"not an OAI-PMH date: {text!r}")
+    return int(parsed.replace(tzinfo=timezone.utc).timestamp()), granularity
+
+
+def _epoch(value: datetime) -> int:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return int(value.timestamp() // 1)
+
+
+class Record(NamedTuple):
+    """Immutable snapshot of one record; cheap to create in bulk."""
+
+    number: int
+    stamp: int  # datestamp (or deletion datestamp), epoch seconds
+    version: int
+    deleted: bool
+    kind: int
+    invalid: bool
+
+    @property
+    def identifier(self) -> str:
+        return identifier_for(self.number)
+
+    @property
+    def datestamp(self) -> datetime:
+        return datetime.fromtimestamp(self.stamp, timezone.utc)
+
+    @property
+    def object_type(self) -> str:
+        return TYPES[self.kind >> 2]
+
+    @property
+    def department(self) -> str:
+        return DEPARTMENTS[self.kind & 3]
+
+    @property
+    def sets(self) -> tuple[str, ...]:
+        return SET_SPECS_BY_KIND[self.kind]
+
+
+class SimulatedRepository:
+    """A seeded, mutable collection with a simulated clock.
+
+    All public methods are thread-safe (one re-entrant lock), because the HTTP
+    server reads while tests or the control API mutate.
+    """
+
+    def __init__(
+        self,
+        records: int = 1000,
+        deleted_fraction: float = 0.05,
+        granularity: str = "seconds",
+        formats: tuple[str, ...] = ("oai_dc", "lido"),
+        deleted_record: str = "persistent",
+        page_size: int = 100,
+        seed: int = 1,
+        start_clock: datetime = datetime(2026, 1, 1, tzinfo=timezone.utc),
+        invalid_every: int = 0,
+        mutation_step: timedelta = timedelta(seconds=60),
+    ) -> None:
+        if granularity not in GRANULARITY_SECONDS:
+            raise ValueError(f"granularity must be one of {sorted(GRANULARITY_SECONDS)}")
+        if deleted_record not in DELETED_POLICIES:
+            raise ValueError(f"deleted_record must be one of {DELETED_POLICIES}")
+        unknown = [f for f in formats if f not in SUPPORTED_FORMATS]
+        if unknown:
+            raise ValueError(f"unsupported formats {unknown}; supported: {SUPPORTED_FORMATS}")
+        if records < 0 or page_size < 1 or invalid_every < 0 or not 0 <= deleted_fraction <= 1:
+            raise ValueError("records>=0, page_size>=1, invalid_every>=0, 0<=deleted_fraction<=1")
+        self.granularity = granularity
+        # oai_dc is mandatory in OAI-PMH, so it is always disseminated.
+        self.formats: tuple[str, ...] = ("oai_dc",) + tuple(f for f in dict.fromkeys(formats) if f != "oai_dc")
+        self.deleted_record = deleted_record
+        self.page_size = page_size
+        self.seed = seed
+        self.invalid_every = invalid_every
+        self.mutation_step = mutation_step
+        self.lock = threading.RLock()
+        self._unit = GRANULARITY_SECONDS[granularity]
+        self._clock = float(_epoch(start_clock))
+        self._mutation_rng = random.Random(seed * 1_000_003 + 17)
+        self._build(records, deleted_fraction)
+
+    def _build(self, count: int, deleted_fraction: float) -> None:
+        rng = random.Random(self.seed)
+        start = int(self._clock)
+        rand = rng.random
+        # Spread over [start - 365 days, start - 1 s], independent of identifier order.
+        self._stamp = array("q", [start - 1 - int(rand() * _YEAR) for _ in range(count)])
+        self._version = array("I", [1]) * count
+        self._kind = bytearray(_kind_for(n, self.seed) for n in range(1, count + 1))
+        self._state = bytearray(count)
+        gone = GONE if self.deleted_record == "no" else TOMBSTONE
+        for index in rng.sample(range(count), round(count * deleted_fraction)):
+            self._state[index] = gone
+
+    # ----------------------------------------------------------------- clock
+    @property
+    def clock(self) -> datetime:
+        """The simulated 'now' (UTC); only mutations and advance_clock move it."""
+        return datetime.fromtimestamp(self._clock, timezone.utc)
+
+    @property
+    def clock_epoch(self) -> int:
+        return int(self._clock // 1)
+
+    def advance_clock(self, seconds: float | timedelta) -> datetime:
+        """Move the simulated clock forward; returns the new clock."""
+        delta = seconds.total_seconds() if isinstance(seconds, timedelta) else float(seconds)
+        if delta < 0:
+            raise ValueError("the simulated clock never goes backwards")
+        with self.lock:
+            self._clock += delta
+            return self.clock
+
+    # ------------------------------------------------------------- mutations
+    def _tick(self) -> int:
+        self._clock += self.mutation_step.total_seconds()
+        return int(self._clock // 1)
+
+    def _live_indices(self) -> list[int]:
+        return [i for i, state in enumerate(self._state) if state == LIVE]
+
+    def _pick_live(self, n: int) -> list[int]:
+        if n < 0:
+            raise ValueError("n must be >= 0")
+        live = self._live_indices()
+        if n > len(live):
+            raise ValueError(f"asked for {n} records but only {len(live)} are live")
+        return sorted(self._mutation_rng.sample(live, n))
+
+    def _indices_for(self, ids: Iterable[str]) -> list[int]:
+        indices = []
+        for identifier in ids:
+            number = number_for(identifier)
+            if number is None or not 1 <= number <= len(self._state):
+                raise KeyError(identifier)
+            if self._state[number - 1] != LIVE:
+                raise ValueError(f"{identifier} is not live")
+            indices.append(number - 1)
+        return sorted(set(indices))
+
+    def _apply_edit(self, indices: list[int]) -> list[str]:
+        now = self._tick()
+        for i in indices:
+            self._version[i] += 1
+            self._stamp[i] = now
+        return [identifier_for(i + 1) for i in indices]
+
+    def _apply_delete(self, indices: list[int]) -> list[str]:
+        now = self._tick()
+        gone = GONE if self.deleted_record == "no" else TOMBSTONE
+        for i in indices:
+            self._state[i] = gone
+            self._stamp[i] = now
+        return [identifier_for(i + 1) for i in indices]
+
+    def edit(self, n: int) -> list[str]:
+        """Edit n random live records (new version, datestamp = new clock)."""
+        with self.lock:
+            return self._apply_edit(self._pick_live(n))
+
+    def delete(self, n: int) -> list[str]:
+        """Delete n random live records (tombstone, or vanish under deletedRecord=no)."""
+        with self.lock:
+            return self._apply_delete(self._pick_live(n))
+
+    def edit_ids(self, ids: Iterable[str]) -> list[str]:
+        with self.lock:
+            return self._apply_edit(self._indices_for(ids))
+
+    def delete_ids(self, ids: Iterable[str]) -> list[str]:
+        with self.lock:
+            return self._apply_delete(self._indices_for(ids))
+
+    def add(self, n: int) -> list[str]:
+        """Append n new live records numbered after the highest existing one."""
+        if n < 0:
+            raise ValueError("n must be >= 0")
+        with self.lock:
+            now = self._tick()
+            first = len(self._state) + 1
+            numbers = range(first, first + n)
+            self._stamp.extend([now] * n)
+            self._version.extend([1] * n)
+            self._kind.extend(_kind_for(num, self.seed) for num in numbers)
+            self._state.extend(bytes(n))
+            return [identifier_for(num) for num in numbers]
+
+    # --------------------------------------------------------------- queries
+    def is_invalid(self, number: int) -> bool:
+        """True when this record deliberately serves a payload with an empty title."""
+        return self.invalid_every > 0 and number % self.invalid_every == 0
+
+    def _record(self, number: int) -> Record | None:
+        i = number - 1
+        if not 0 <= i < len(self._state):
+            return None
+        state = self._state[i]
+        if state == GONE:
+            return None
+        return Record(number, self._stamp[i], self._version[i], state == TOMBSTONE, self._kind[i],
+                      self.is_invalid(number))
+
+    def get(self, identifier: str) -> Record | None:
+        """The live record or tombstone, or None (unknown, or vanished under 'no')."""
+        number = number_for(identifier)
+        if number is None:
+            return None
+        with self.lock:
+            return self._record(number)
+
+    def records(self, numbers: Iterable[int]) -> list[Record | None]:
+        """Current state of many records at once (one lock acquisition)."""
+        with self.lock:
+            return [self._record(n) for n in numbers]
+
+    def live_identifiers(self) -> set[str]:
+        with self.lock:
+            return {identifier_for(i + 1) for i in self._live_indices()}
+
+    def sorted_live_identifiers(self) -> list[str]:
+        with self.lock:
+            return [identifier_for(i + 1) for i in self._live_indices()]
+
+    def deleted_identifiers(self) -> set[str]:
+        """Every deleted record: tombstones, plus vanished ones under deletedRecord=no."""
+        with self.lock:
+            return {identifier_for(i + 1) for i, s in enumerate(self._state) if s != LIVE}
+
+    def counts(self) -> dict[str, int]:
+        with self.lock:
+            live = self._state.count(LIVE)
+            return {"live": live, "deleted": len(self._state) - live, "total": len(self._state)}
+
+    def earliest_stamp(self) -> int:
+        """Lowest datestamp ever assigned, truncated to the granularity."""
+        with self.lock:
+            low = min(self._stamp) if self._stamp else self.clock_epoch
+        return low - low % self._unit
+
+    def format_stamp(self, stamp: int) -> str:
+        """A datestamp as the repository reports it (at its granularity).
+
+        Hot path of every page: day strings are cached, the time part is arithmetic.
+        """
+        day, seconds = divmod(stamp, 86400)
+        text = _DAY_CACHE.get(day)
+        if text is None:
+            text = _DAY_CACHE[day] = (_EPOCH + timedelta(days=day)).strftime("%Y-%m-%d")
+        if self._unit == 86400:
+            return text
+        minute, second = divmod(seconds, 60)
+        return f"{text}{_HOUR_MINUTE[minute]}{_SECOND[second]}"
+
+    def _bounds(self, from_: datetime | str | None, until: datetime | str | None) -> tuple[int, int]:
+        low, high = -(2**62), 2**62
+        if from_ is not None:
+            stamp, unit = self._as_stamp(from_)
+            low = stamp - stamp % unit
+        if until is not None:
+            stamp, unit = self._as_stamp(until)
+            high = stamp - stamp % unit + unit - 1
+        return low, high
+
+    def _as_stamp(self, value: datetime | str) -> tuple[int, int]:
+        if isinstance(value, str):
+            stamp, granularity = parse_oai_date(value)
+            return stamp, max(self._unit, GRANULARITY_SECONDS[granularity])
+        return _epoch(value), self._unit
+
+    def _set_filter(self, set_spec: str) -> bytearray:
+        allowed = bytearray(16)
+        for kind, specs in SET_SPECS_BY_KIND.items():
+            if set_spec in specs:
+                allowed[kind] = 1
+        return allowed
+
+    def select_numbers(
+        self, from_: datetime | str | None = None, until: datetime | str | None = None,
+        set_spec: str | None = None,
+    ) -> list[int]:
+        """Numbers of visible records in the window, ascending (= identifier order).
+
+        Strings are OAI dates: a day-only `until` covers the whole day.
+        """
+        low, high = self._bounds(from_, until)
+        with self.lock:
+            stamps, states = self._stamp, self._state
+            if set_spec is None:
+                return [i + 1 for i, (t, s) in enumerate(zip(stamps, states))
+                        if s != GONE and low <= t <= high]
+            allowed = self._set_filter(set_spec)
+            return [i + 1 for i, (t, s, k) in enumerate(zip(stamps, states, self._kind))
+                    if s != GONE and allowed[k] and low <= t <= high]
+
+    def select(
+        self, from_: datetime | str | None = None, until: datetime | str | None = None,
+        set_spec: str | None = None,
+    ) -> list[Record]:
+        """Visible records (tombstones included) whose datestamp, at the repository
+        granularity, lies in [from_, until] inclusive, ordered by identifier."""
+        with self.lock:
+            return [r for r in self.records(self.select_numbers(from_, until, set_spec)) if r]

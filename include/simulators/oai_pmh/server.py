@@ -1,0 +1,689 @@
+"""A loopback OAI-PMH 2.0 endpoint over a SimulatedRepository.
+
+Strict about arguments (so tests catch sloppy clients), quick to render (so a
+harvest benchmark measures the client), and able to misbehave on demand the way
+real partner endpoints do: expired or repeating tokens, empty pages, 503s with
+Retry-After, HTML or truncated bodies, hostile DTDs.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import socket
+import sys
+import threading
+import zlib
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from . import payloads
+from .collection import ID_PREFIX, SET_SPECS_BY_KIND, SETS, SimulatedRepository, parse_oai_date
+
+OAI_NS = "http://www.openarchives.org/OAI/2.0/"
+XML_CONTENT_TYPE = "text/xml; charset=utf-8"
+HTML_CONTENT_TYPE = "text/html; charset=utf-8"
+HOSTILE_KINDS = ("billion_laughs", "xxe")
+_XML_HEAD = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n'
+    f'<OAI-PMH xmlns="{OAI_NS}" xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
+    f'xsi:schemaLocation="{OAI_NS} http://www.openarchives.org/OAI/2.0/OAI-PMH.xsd">\n'
+)
+_VERB_ARGS: dict[str, tuple[frozenset[str], frozenset[str]]] = {  # verb -> (required, optional)
+    "Identify": (frozenset(), frozenset()),
+    "ListMetadataFormats": (frozenset(), frozenset({"identifier"})),
+    "ListSets": (frozenset(), frozenset()),
+    "GetRecord": (frozenset({"identifier", "metadataPrefix"}), frozenset()),
+    "ListIdentifiers": (frozenset({"metadataPrefix"}), frozenset({"from", "until", "set"})),
+    "ListRecords": (frozenset({"metadataPrefix"}), frozenset({"from", "until", "set"})),
+}
+_RESUMABLE = frozenset({"ListSets", "ListIdentifiers", "ListRecords"})
+# Token text needs URL encoding on purpose: "!", "/" and "+" (a raw "+" decodes to a space).
+_TOKEN_RE = re.compile(r"c(\d+)!(\d+)/([A-Za-z0-9_]+)\+([0-9a-z]+)")
+_SET_XML = {kind: "".join(f"<setSpec>{s}</setSpec>" for s in specs)
+            for kind, specs in SET_SPECS_BY_KIND.items()}
+
+
+class OaiError(Exception):
+    """An OAI-PMH protocol error, answered with HTTP 200 and an <error> element."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    content_type: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Chain:
+    """Server-side snapshot of one list request; tokens point into it."""
+
+    chain_id: int
+    verb: str
+    prefix: str
+    numbers: array
+    page_size: int
+    expire_after: int | None = None
+    pages_served: int = 0
+
+
+def _iso_seconds(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _attr(text: str) -> str:
+    return payloads.escape(text)
+
+
+def _as_query(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """Request-log form: arg -> value, or a list of values when repeated."""
+    query: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in query:
+            previous = query[key]
+            query[key] = previous + [value] if isinstance(previous, list) else [previous, value]
+        else:
+            query[key] = value
+    return query
+
+
+def _truncate(xml: str) -> str:
+    """Cut the document in the middle of a record (or in half if it has none)."""
+    starts = [m.start() for m in re.finditer(r"<record>|<header[ >]", xml)]
+    if not starts:
+        return xml[: len(xml) // 2]
+    start = starts[len(starts) // 2]
+    end = xml.find("</record>", start)
+    end = xml.find("</header>", start) if end < 0 else end
+    return xml[: start + max(12, (end - start) // 2)]
+
+
+def _hostile(xml: str, kind: str) -> str:
+    """Add an entity-expansion or external-entity DTD and reference it in content."""
+    if kind == "billion_laughs":
+        entities = ['<!ENTITY lol0 "lol">'] + [
+            f'<!ENTITY lol{i} "{("&lol%d;" % (i - 1)) * 10}">' for i in range(1, 10)]
+        ref = "&lol9;"
+    else:
+        entities = ['<!ENTITY xxe SYSTEM "file:///etc/hostname">']
+        ref = "&xxe;"
+    declaration, _, rest = xml.partition("\n")
+    xml = f"{declaration}\n<!DOCTYPE OAI-PMH [\n" + "\n".join(entities) + "\n]>\n" + rest
+    for marker in ("<dc:title>", '<lido:appellationValue lido:pref="preferred">', "<setSpec>",
+                   "<repositoryName>"):
+        if marker in xml:
+            return xml.replace(marker, marker + ref, 1)
+    return xml.replace("</request>", ref + "</request>", 1)
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def _accepts_gzip(header: str | None) -> bool:
+    for part in (header or "").split(","):
+        name, _, params = part.partition(";")
+        if name.strip().lower() == "gzip":
+            return params.replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
+    return False
+
+
+class OaiSimulator:
+    """Serve `repo` as an OAI-PMH repository on loopback; use as a context manager."""
+
+    def __init__(self, repo: SimulatedRepository, host: str = "127.0.0.1", port: int = 0, *,
+                 token_lifetime: timedelta = timedelta(hours=1), max_chains: int = 64) -> None:
+        self.repo = repo
+        self.host = host
+        self.token_lifetime = token_lifetime
+        self.max_chains = max_chains
+        self.requests: list[dict[str, Any]] = []
+        self.errors: list[str] = []  # unexpected server-side exceptions (should stay empty)
+        self.requests_served = 0
+        self._requested_port = port
+        self._lock = threading.Lock()
+        self._chains: OrderedDict[int, _Chain] = OrderedDict()
+        self._next_chain = 1
+        self._nonce = 0
+        self._fail_count = 0
+        self._fail_status = 503
+        self._fail_retry_after: str | None = None
+        self._html_next = False
+        self._broken_next = False
+        self._hostile_next: str | None = None
+        self._expire_after_pending: int | None = None
+        self._repeat_token = False
+        self._empty_pages = False
+        self._httpd: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._connections: set[socket.socket] = set()
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> OaiSimulator:
+        if self._httpd is not None:
+            return self
+        self._httpd = _Server((self.host, self._requested_port), _Handler)
+        self._httpd.sim = self
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"oai-simulator-{self.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        httpd.shutdown()
+        with self._lock:
+            connections = list(self._connections)
+        for conn in connections:  # wake keep-alive handler threads blocked on read
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> OaiSimulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("simulator is not running")
+        return self._httpd.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/oai"
+
+    def _track(self, conn: socket.socket, opened: bool) -> None:
+        with self._lock:
+            (self._connections.add if opened else self._connections.discard)(conn)
+
+    def _record_error(self, exc: BaseException) -> None:
+        with self._lock:
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def clear_requests(self) -> None:
+        with self._lock:
+            self.requests.clear()
+
+    # --------------------------------------------------------- misbehaviour
+    def expire_tokens(self) -> None:
+        """Every outstanding resumption token becomes invalid now."""
+        with self._lock:
+            self._chains.clear()
+
+    def expire_tokens_after(self, pages: int) -> None:
+        """The next token chain dies once it has served `pages` pages (one shot)."""
+        if pages < 1:
+            raise ValueError("pages must be >= 1")
+        with self._lock:
+            self._expire_after_pending = pages
+
+    def fail_next(self, count: int, status: int = 503, retry_after: str | int | None = None) -> None:
+        """The next `count` OAI requests get `status` with a small HTML body."""
+        with self._lock:
+            self._fail_count = count
+            self._fail_status = status
+            self._fail_retry_after = None if retry_after is None else str(retry_after)
+
+    def html_next(self) -> None:
+        """The next OAI request gets 200 text/html (a CMS error page)."""
+        with self._lock:
+            self._html_next = True
+
+    def broken_next(self) -> None:
+        """The next OAI request gets 200 with XML cut off in the middle of a record."""
+        with self._lock:
+            self._broken_next = True
+
+    def hostile_next(self, kind: str) -> None:
+        """The next OAI response carries a hostile DTD: "billion_laughs" or "xxe"."""
+        if kind not in HOSTILE_KINDS:
+            raise ValueError(f"kind must be one of {HOSTILE_KINDS}")
+        with self._lock:
+            self._hostile_next = kind
+
+    def repeat_token(self, on: bool = True) -> None:
+        """While on, continuation pages hand back the very token they were asked with."""
+        with self._lock:
+            self._repeat_token = on
+
+    def empty_pages_with_token(self, on: bool = True) -> None:
+        """While on, list responses hold no records but always a fresh token."""
+        with self._lock:
+            self._empty_pages = on
+
+    def _take_misbehaviour(self) -> tuple[str, Any]:
+        if self._fail_count > 0:
+            self._fail_count -= 1
+            return "fail", (self._fail_status, self._fail_retry_after)
+        if self._html_next:
+            self._html_next = False
+            return "html", None
+        if self._broken_next:
+            self._broken_next = False
+            return "broken", None
+        if self._hostile_next:
+            kind, self._hostile_next = self._hostile_next, None
+            return "hostile", kind
+        return "", None
+
+    # -------------------------------------------------------------- OAI-PMH
+    def handle_oai(self, pairs: list[tuple[str, str]]) -> Response:
+        """Answer one OAI-PMH request given its decoded arguments (no HTTP needed)."""
+        with self._lock:
+            self.requests.append(_as_query(pairs))
+            self.requests_served += 1
+            mode, detail = self._take_misbehaviour()
+        if mode == "fail":
+            status, retry_after = detail
+            phrase = _phrase(status)
+            html = f"<html><head><title>{status} {phrase}</title></head><body><h1>{phrase}</h1></body></html>\n"
+            headers = {"Retry-After": retry_after} if retry_after is not None else {}
+            return Response(status, html.encode(), HTML_CONTENT_TYPE, headers)
+        if mode == "html":
+            html = ("<!DOCTYPE html>\n<html><head><title>Collection portal</title></head><body>"
+                    "<h1>Something went wrong</h1><p>The collection service is under maintenance.</p>"
+                    "</body></html>\n")
+            return Response(200, html.encode(), HTML_CONTENT_TYPE)
+        parts = self._protocol(pairs)
+        if mode == "broken":
+            parts = [_truncate("".join(parts))]
+        elif mode == "hostile":
+            parts = [_hostile("".join(parts), detail)]
+        # Encoding parts one by one keeps ASCII parts compact and avoids one huge
+        # intermediate str (which costs page faults on every page).
+        return Response(200, b"".join([part.encode() for part in parts]), XML_CONTENT_TYPE)
+
+    def _protocol(self, pairs: list[tuple[str, str]]) -> list[str]:
+        """The response document as a list of string parts (joined once, later)."""
+        try:
+            verb, args = self._check_arguments(pairs)
+            body: list[str] = getattr(self, f"_verb_{verb}")(args)
+            echo = "".join(f' {k}="{_attr(v)}"' for k, v in [("verb", verb), *args.items()])
+        except OaiError as error:
+            body = [f'<error code="{error.code}">{payloads.escape(error.message)}</error>\n']
+            # The spec says: after badVerb/badArgument echo only the base URL.
+            echo = "" if error.code in ("badVerb", "badArgument") else "".join(
+                f' {k}="{_attr(v)}"' for k, v in pairs)
+        head = (f"{_XML_HEAD}<responseDate>{_iso_seconds(self.repo.clock)}</responseDate>\n"
+                f"<request{echo}>{self.base_url}</request>\n")
+        return [head, *body, "</OAI-PMH>\n"]
+
+    def _check_arguments(self, pairs: list[tuple[str, str]]) -> tuple[str, dict[str, str]]:
+        args: dict[str, str] = {}
+        for key, value in pairs:
+            if key in args:
+                raise OaiError("badVerb" if key == "verb" else "badArgument", f"repeated argument: {key}")
+            args[key] = value
+        verb = args.pop("verb", None)
+        if verb is None:
+            raise OaiError("badVerb", "missing verb")
+        if verb not in _VERB_ARGS:
+            raise OaiError("badVerb", f"illegal verb: {verb}")
+        required, optional = _VERB_ARGS[verb]
+        if "resumptionToken" in args:
+            if verb not in _RESUMABLE:
+                raise OaiError("badArgument", f"{verb} does not take a resumptionToken")
+            if len(args) > 1:
+                raise OaiError("badArgument", "resumptionToken is an exclusive argument")
+            return verb, args
+        illegal = sorted(args.keys() - required - optional)
+        if illegal:
+            raise OaiError("badArgument", f"illegal arguments for {verb}: {', '.join(illegal)}")
+        missing = sorted(required - args.keys())
+        if missing:
+            raise OaiError("badArgument", f"missing arguments for {verb}: {', '.join(missing)}")
+        empty = sorted(k for k, v in args.items() if not v)
+        if empty:
+            raise OaiError("badArgument", f"empty arguments: {', '.join(empty)}")
+        return verb, args
+
+    def _check_window(self, args: dict[str, str]) -> None:
+        parsed: dict[str, tuple[int, str]] = {}
+        for key in ("from", "until"):
+            if key in args:
+                try:
+                    parsed[key] = parse_oai_date(args[key])
+                except ValueError:
+                    raise OaiError("badArgument", f"malformed {key}: {args[key]}") from None
+                if parsed[key][1] == "seconds" and self.repo.granularity == "day":
+                    raise OaiError("badArgument", f"{key} is finer than the repository granularity")
+        if len(parsed) == 2:
+            (low, low_g), (high, high_g) = parsed["from"], parsed["until"]
+            if low_g != high_g:
+                raise OaiError("badArgument", "from and until have different granularities")
+            if low > high:
+                raise OaiError("badArgument", "from is later than until")
+
+    def _check_prefix(self, prefix: str) -> None:
+        if prefix not in self.repo.formats:
+            raise OaiError("cannotDisseminateFormat", f"unsupported metadataPrefix: {prefix}")
+
+    def _verb_Identify(self, args: dict[str, str]) -> list[str]:
+        repo = self.repo
+        granularity = "YYYY-MM-DD" if repo.granularity == "day" else "YYYY-MM-DDThh:mm:ssZ"
+        return [
+            "<Identify><repositoryName>Simulated Museum of Art - collection online</repositoryName>"
+            f"<baseURL>{self.base_url}</baseURL><protocolVersion>2.0</protocolVersion>"
+            "<adminEmail>oai-admin@sim.example</adminEmail>"
+            f"<earliestDatestamp>{repo.format_stamp(repo.earliest_stamp())}</earliestDatestamp>"
+            f"<deletedRecord>{repo.deleted_record}</deletedRecord><granularity>{granularity}</granularity>"
+            "<compression>gzip</compression><description>"
+            '<oai-identifier xmlns="http://www.openarchives.org/OAI/2.0/oai-identifier">'
+            "<scheme>oai</scheme><repositoryIdentifier>sim.example</repositoryIdentifier>"
+            f"<delimiter>:</delimiter><sampleIdentifier>{ID_PREFIX}0000001</sampleIdentifier>"
+            "</oai-identifier></description></Identify>\n"
+        ]
+
+    def _verb_ListMetadataFormats(self, args: dict[str, str]) -> list[str]:
+        if "identifier" in args and self.repo.get(args["identifier"]) is None:
+            raise OaiError("idDoesNotExist", f"unknown identifier: {args['identifier']}")
+        formats = "".join(
+            f"<metadataFormat><metadataPrefix>{prefix}</metadataPrefix><schema>{schema}</schema>"
+            f"<metadataNamespace>{namespace}</metadataNamespace></metadataFormat>"
+            for prefix in self.repo.formats for schema, namespace in [payloads.FORMAT_INFO[prefix]])
+        return [f"<ListMetadataFormats>{formats}</ListMetadataFormats>\n"]
+
+    def _verb_ListSets(self, args: dict[str, str]) -> list[str]:
+        if "resumptionToken" in args:
+            raise OaiError("badResumptionToken", "ListSets is never paged here")
+        sets = "".join(f"<set><setSpec>{spec}</setSpec><setName>{payloads.escape(name)}</setName></set>"
+                       for spec, name in SETS)
+        return [f"<ListSets>{sets}</ListSets>\n"]
+
+    def _verb_GetRecord(self, args: dict[str, str]) -> list[str]:
+        record = self.repo.get(args["identifier"])
+        if record is None:
+            raise OaiError("idDoesNotExist", f"unknown identifier: {args['identifier']}")
+        self._check_prefix(args["metadataPrefix"])
+        return ["<GetRecord>", *self._render([record.number], args["metadataPrefix"], False), "</GetRecord>\n"]
+
+    def _verb_ListRecords(self, args: dict[str, str]) -> list[str]:
+        return self._list("ListRecords", args)
+
+    def _verb_ListIdentifiers(self, args: dict[str, str]) -> list[str]:
+        return self._list("ListIdentifiers", args)
+
+    # ------------------------------------------------------ lists and tokens
+    def _new_chain(self, verb: str, prefix: str, numbers: list[int]) -> _Chain:
+        chain = _Chain(self._next_chain, verb, prefix, array("l", numbers), self.repo.page_size,
+                       expire_after=self._expire_after_pending)
+        self._expire_after_pending = None
+        self._next_chain += 1
+        self._chains[chain.chain_id] = chain
+        while len(self._chains) > self.max_chains:
+            self._chains.popitem(last=False)
+        return chain
+
+    def _resume(self, verb: str, token: str) -> tuple[_Chain, int]:
+        match = _TOKEN_RE.fullmatch(token)
+        chain = self._chains.get(int(match.group(1))) if match else None
+        if chain is None or match is None:
+            raise OaiError("badResumptionToken", "unknown or expired resumptionToken")
+        cursor = int(match.group(2))
+        if chain.verb != verb or chain.prefix != match.group(3) or not 0 <= cursor < len(chain.numbers):
+            raise OaiError("badResumptionToken", "resumptionToken does not belong to this request")
+        if chain.expire_after is not None and chain.pages_served >= chain.expire_after:
+            del self._chains[chain.chain_id]
+            raise OaiError("badResumptionToken", "resumptionToken has expired")
+        self._chains.move_to_end(chain.chain_id)
+        return chain, cursor
+
+    def _token(self, chain: _Chain, cursor: int, fresh: bool = False) -> str:
+        if fresh:
+            self._nonce += 1
+            nonce = f"e{self._nonce:x}"
+        else:
+            nonce = f"{zlib.crc32(f'{chain.chain_id}:{cursor}'.encode()):x}"
+        return f"c{chain.chain_id}!{cursor}/{chain.prefix}+{nonce}"
+
+    def _list(self, verb: str, args: dict[str, str]) -> list[str]:
+        token = args.get("resumptionToken")
+        chain: _Chain | None = None
+        numbers: list[int] | array
+        if token is not None:
+            with self._lock:
+                chain, cursor = self._resume(verb, token)
+            prefix, numbers = chain.prefix, chain.numbers
+        else:
+            prefix, cursor = args["metadataPrefix"], 0
+            self._check_window(args)
+            self._check_prefix(prefix)
+            numbers = self.repo.select_numbers(args.get("from"), args.get("until"), args.get("set"))
+            if not numbers:
+                raise OaiError("noRecordsMatch", "no records match the request")
+        with self._lock:
+            if chain is None and (len(numbers) > self.repo.page_size or self._empty_pages):
+                chain = self._new_chain(verb, prefix, numbers)
+            page_size = chain.page_size if chain else self.repo.page_size
+            total = len(numbers)
+            page = numbers[cursor:cursor + page_size]
+            next_token: str | None = None
+            if chain is not None:
+                chain.pages_served += 1
+                if self._empty_pages:
+                    page, next_token = [], self._token(chain, cursor, fresh=True)
+                elif self._repeat_token and token is not None:
+                    next_token = token
+                elif cursor + len(page) < total:
+                    next_token = self._token(chain, cursor + len(page))
+                else:
+                    next_token = ""
+        if next_token is None:
+            token_xml = ""
+        elif next_token:
+            expires = _iso_seconds(self.repo.clock + self.token_lifetime)
+            token_xml = (f'<resumptionToken completeListSize="{total}" cursor="{cursor}" '
+                         f'expirationDate="{expires}">{payloads.escape(next_token)}</resumptionToken>\n')
+        else:
+            token_xml = f'<resumptionToken completeListSize="{total}" cursor="{cursor}"/>\n'
+        return [f"<{verb}>\n", *self._render(page, prefix, verb == "ListIdentifiers"), token_xml,
+                f"</{verb}>\n"]
+
+    def _render(self, numbers: list[int] | array, prefix: str, headers_only: bool) -> list[str]:
+        """One line per header/record for the current state of `numbers`; vanished ones are skipped."""
+        repo = self.repo
+        fmt = repo.format_stamp
+        render = payloads.RENDERERS[prefix]
+        out = []
+        for record in repo.records(numbers):
+            if record is None:
+                continue
+            head = (f"<identifier>{ID_PREFIX}{record.number:07d}</identifier>"
+                    f"<datestamp>{fmt(record.stamp)}</datestamp>{_SET_XML[record.kind]}")
+            if record.deleted:
+                header = f'<header status="deleted">{head}</header>'
+                out.append(f"{header}\n" if headers_only else f"<record>{header}</record>\n")
+            elif headers_only:
+                out.append(f"<header>{head}</header>\n")
+            else:
+                out.append(f"<record><header>{head}</header><metadata>{render(record)}</metadata></record>\n")
+        return out
+
+    # --------------------------------------------------------- control API
+    def handle_control(self, method: str, action: str, body: bytes | None) -> Response:
+        """Out-of-process control: POST /_control/<action> (JSON) or GET reports."""
+        if method == "GET":
+            return self._control_get(action)
+        try:
+            data = json.loads(body or b"{}")
+            if not isinstance(data, dict):
+                raise ValueError("body must be a JSON object")
+            handler = getattr(self, f"_control_{action}", None)
+            if handler is None:
+                return _json(404, {"error": f"unknown action: {action}"})
+            return _json(200, handler(data))
+        except (ValueError, KeyError, TypeError) as exc:
+            return _json(400, {"error": f"{type(exc).__name__}: {exc}"})
+
+    def _control_get(self, action: str) -> Response:
+        repo = self.repo
+        if action in ("live_ids", "deleted_ids"):
+            ids = repo.sorted_live_identifiers() if action == "live_ids" else sorted(repo.deleted_identifiers())
+            text = "".join(f"{i}\n" for i in ids)
+            return Response(200, text.encode(), "text/plain; charset=utf-8")
+        if action == "state":
+            with self._lock:
+                served, logged = self.requests_served, len(self.requests)
+            return _json(200, {**repo.counts(), "clock": _iso_seconds(repo.clock), "requests": served,
+                               "logged_requests": logged, "granularity": repo.granularity,
+                               "deleted_record": repo.deleted_record, "page_size": repo.page_size,
+                               "formats": list(repo.formats), "base_url": self.base_url})
+        if action == "requests":
+            with self._lock:
+                return _json(200, {"requests": list(self.requests)})
+        return _json(404, {"error": f"unknown report: {action}"})
+
+    def _control_mutate(self, data: dict[str, Any]) -> dict[str, Any]:
+        repo = self.repo
+        result: dict[str, Any] = {"edited": [], "deleted": [], "added": []}
+        with repo.lock:  # a harvest in flight sees all of it or none of it
+            if data.get("edit"):
+                result["edited"] += repo.edit(int(data["edit"]))
+            if data.get("edit_ids"):
+                result["edited"] += repo.edit_ids(data["edit_ids"])
+            if data.get("delete"):
+                result["deleted"] += repo.delete(int(data["delete"]))
+            if data.get("delete_ids"):
+                result["deleted"] += repo.delete_ids(data["delete_ids"])
+            if data.get("add"):
+                result["added"] += repo.add(int(data["add"]))
+            result["clock"] = _iso_seconds(repo.clock)
+        return result
+
+    def _control_advance_clock(self, data: dict[str, Any]) -> dict[str, Any]:
+        return {"clock": _iso_seconds(self.repo.advance_clock(float(data["seconds"])))}
+
+    def _control_expire_tokens(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.expire_tokens()
+        return {"ok": True}
+
+    def _control_expire_tokens_after(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.expire_tokens_after(int(data["pages"]))
+        return {"ok": True}
+
+    def _control_fail_next(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.fail_next(int(data.get("count", 1)), int(data.get("status", 503)), data.get("retry_after"))
+        return {"ok": True}
+
+    def _control_html_next(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.html_next()
+        return {"ok": True}
+
+    def _control_broken_next(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.broken_next()
+        return {"ok": True}
+
+    def _control_hostile_next(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.hostile_next(str(data["kind"]))
+        return {"ok": True}
+
+    def _control_repeat_token(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.repeat_token(bool(data.get("on", True)))
+        return {"ok": True}
+
+    def _control_empty_pages_with_token(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.empty_pages_with_token(bool(data.get("on", True)))
+        return {"ok": True}
+
+    def _control_clear_requests(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.clear_requests()
+        return {"ok": True}
+
+
+def _json(status: int, payload: dict[str, Any]) -> Response:
+    return Response(status, json.dumps(payload).encode(), "application/json")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    sim: OaiSimulator
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Stay quiet: dropped connections are normal, anything else goes to sim.errors."""
+        exc = sys.exc_info()[1]
+        if exc is not None and not isinstance(exc, (ConnectionError, TimeoutError)):
+            self.sim._record_error(exc)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "OaiSimulator/1.0"
+    sys_version = ""
+    disable_nagle_algorithm = True  # avoid 40 ms delayed-ACK stalls on keep-alive
+    server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.sim._track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.sim._track(self.connection, False)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """No per-request logging; the simulator keeps its own request log."""
+
+    def do_GET(self) -> None:
+        self._dispatch(None)
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self._dispatch(self.rfile.read(length) if length else b"")
+
+    def _dispatch(self, body: bytes | None) -> None:
+        sim = self.server.sim
+        url = urlsplit(self.path)
+        try:
+            if url.path == "/oai":
+                query = url.query if body is None else body.decode("utf-8", "replace")
+                response = sim.handle_oai(parse_qsl(query, keep_blank_values=True))
+            elif url.path.startswith("/_control/"):
+                response = sim.handle_control(self.command, url.path[len("/_control/"):], body)
+            else:
+                response = Response(404, b"not found\n", "text/plain; charset=utf-8")
+        except Exception as exc:  # a simulator bug must not hang the client
+            sim._record_error(exc)
+            response = Response(500, f"simulator error: {exc}\n".encode(), "text/plain; charset=utf-8")
+        self._send(response)
+
+    def _send(self, response: Response) -> None:
+        body = response.body
+        self.send_response(response.status)
+        self.send_header("Content-Type", response.content_type)
+        if _accepts_gzip(self.headers.get("Accept-Encoding")):
+            body = gzip.compress(body, compresslevel=1, mtime=0)
+            self.send_header("Content-Encoding", "gzip")
+        self.send_header("Vary", "Accept-Encoding")
+        for name, value in response.headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)

@@ -283,3 +283,30 @@ def test_set_restricts_the_harvest(conn) -> None:
         harness.run()
         expected = {r.identifier for r in repo.select(None, None, "type:print") if not r.deleted}
         assert expected and harness.held() == expected
+
+
+def test_complete_list_size_mismatch_is_flagged(conn) -> None:
+    """Records vanishing mid-list (deletedRecord=no) leave completeListSize too high."""
+    repo = SimulatedRepository(records=300, page_size=50, deleted_record="no", deleted_fraction=0.0, seed=4)
+    with OaiSimulator(repo) as sim:
+        harness = Harness(sim, conn, partner())
+        make_adapter = harness.adapter
+
+        def adapter_that_deletes_after_page_one():
+            adapter = make_adapter()
+            fetch = adapter.client.fetch
+
+            def fetch_then_delete(params):
+                content = fetch(params)
+                if params.get("verb") == "ListRecords" and "resumptionToken" not in params:
+                    repo.delete_ids([f"oai:sim.example:rec-{n:07d}" for n in range(290, 301)])
+                return content
+
+            adapter.client.fetch = fetch_then_delete
+            return adapter
+
+        harness.adapter = adapter_that_deletes_after_page_one
+        _, stats, _ = harness.run()
+        assert stats.complete_list_size == 300 and stats.fetched == 289
+        audit = harness.audit("run-1")
+        assert audit["list_size_mismatch"] and audit["complete_list_size"] == 300 and audit["fetched"] == 289

@@ -32,6 +32,7 @@ class HttpPolicy:
     backoff_max: float = 120.0
     retry_after_cap: float = 300.0
     user_agent: str = USER_AGENT
+    retry_statuses: frozenset[int] = RETRY_STATUSES
 
 
 class CappedRetry(Retry):
@@ -84,7 +85,7 @@ def build_session(label: str, policy: HttpPolicy | None = None) -> PartnerSessio
         connect=policy.retries,
         read=policy.retries,
         status=policy.retries,
-        status_forcelist=RETRY_STATUSES,
+        status_forcelist=policy.retry_statuses,
         allowed_methods=frozenset({"GET", "HEAD", "POST", "DELETE"}),
         backoff_factor=policy.backoff_factor,
         backoff_max=policy.backoff_max,

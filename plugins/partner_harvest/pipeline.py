@@ -43,8 +43,14 @@ class RunRequest:
     may_advance_cursor: bool = True
 
 
-def freeze_window(adapter: Adapter, lag: Any, cursor_until: datetime | None, request: RunRequest) -> Window:
-    """Ask the partner for its clock once and fix the run's bounds."""
+def freeze_window(
+    adapter: Adapter,
+    lag: Any,
+    cursor_until: datetime | None,
+    request: RunRequest,
+    channel_cursors: dict[str, datetime | None] | None = None,
+) -> Window:
+    """Ask the partner for its clock once and fix the run's bounds (and its channels')."""
     clock = adapter.clock()
     window = plan_window(
         mode=request.mode,
@@ -58,6 +64,9 @@ def freeze_window(adapter: Adapter, lag: Any, cursor_until: datetime | None, req
     )
     window = Window(window.mode, window.from_, window.until, window.granularity,
                     window.advances_cursor, dict(clock.protocol))
+    plan_channels = getattr(adapter, "plan_channels", None)
+    if plan_channels is not None:
+        window.protocol["channels"] = plan_channels(window, channel_cursors or {})
     log.info("%s: frozen %s", adapter.partner_id, window.describe())
     return window
 
@@ -65,13 +74,22 @@ def freeze_window(adapter: Adapter, lag: Any, cursor_until: datetime | None, req
 def harvest_window(
     adapter: Adapter, conn: psycopg.Connection, run: RunRef, window: Window
 ) -> HarvestStats:
-    """Stream the window into staging; on failure the audit row says why."""
+    """Stream the window's changes into staging; on failure the audit row says why."""
+    return _stage(adapter.harvest, adapter.partner_id, conn, run, window)
+
+
+def poll_deletions(adapter: Any, conn: psycopg.Connection, run: RunRef, window: Window) -> HarvestStats:
+    """Stream the separate deletions channel (Sierra) into the same run's staging."""
+    return _stage(adapter.poll_deletions, adapter.partner_id, conn, run, window)
+
+
+def _stage(source: Any, partner_id: str, conn: psycopg.Connection, run: RunRef, window: Window) -> HarvestStats:
     ensure_schema(conn)
     begin_run(conn, run, window, window.protocol.get("metadata_prefix"))
     stats = HarvestStats()
     writer = StagingWriter(conn, run)
     try:
-        adapter.harvest(window, writer, stats)
+        source(window, writer, stats)
     except Exception as exc:
         conn.rollback()
         fail_run(conn, run, _one_line(exc))
@@ -80,11 +98,11 @@ def harvest_window(
     if stats.complete_list_size is not None and stats.complete_list_size != stats.fetched:
         log.warning(
             "%s: the repository announced completeListSize=%d but %d items were fetched",
-            adapter.partner_id, stats.complete_list_size, stats.fetched,
+            partner_id, stats.complete_list_size, stats.fetched,
         )
     log.info(
-        "%s: harvested %s: %d pages, %d fetched (%d records, %d deleted, %d rejected), %d restarts",
-        adapter.partner_id, window.describe(), stats.pages, stats.fetched, stats.records,
+        "%s: %s channel of %s: %d pages, %d fetched (%d records, %d deleted, %d rejected), %d restarts",
+        partner_id, run.channel, window.describe(), stats.pages, stats.fetched, stats.records,
         stats.tombstones, stats.rejected, stats.restarts,
     )
     return stats

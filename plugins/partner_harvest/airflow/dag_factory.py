@@ -44,8 +44,9 @@ def _doc(partner: Partner) -> str:
         f"Connection `{partner.conn_id}`, cursor Variable `{partner.cursor_key}`, "
         f"lag {partner.lag}, schedule `{partner.schedule}` (UTC).\n\n"
         "`freeze_window` fixes the window from the partner's clock; `harvest_changes` streams "
-        "it into staging; `apply_changes` merges it in one transaction; `advance_cursor` moves "
-        "the cursor forward, only for incremental runs."
+        "it into staging (Sierra: `poll_deletions` too, on its own day cursor); `apply_changes` "
+        "merges it in one transaction; `advance_cursor` moves the cursors forward, only for "
+        "incremental runs."
     )
 
 
@@ -72,8 +73,12 @@ def build_harvest_dag(partner: Partner) -> DAG:
         def harvest_changes(window: dict[str, Any]) -> dict[str, Any]:
             return tasks.harvest_changes(pid, window, get_current_context())
 
+        @task(task_id="poll_deletions")
+        def poll_deletions(window: dict[str, Any]) -> dict[str, Any]:
+            return tasks.poll_deletions(pid, window, get_current_context())
+
         @task(task_id="apply_changes")
-        def apply_changes(harvested: dict[str, Any]) -> dict[str, int]:
+        def apply_changes(*staged: dict[str, Any]) -> dict[str, int]:
             return tasks.apply_changes(pid, get_current_context())
 
         @task(task_id="advance_cursor")
@@ -81,7 +86,9 @@ def build_harvest_dag(partner: Partner) -> DAG:
             return tasks.move_cursor(pid, window, get_current_context())
 
         window = freeze_window()
-        harvested = harvest_changes(window)
-        applied = apply_changes(harvested)
+        staged = [harvest_changes(window)]
+        if partner.protocol == "sierra":
+            staged.append(poll_deletions(window))
+        applied = apply_changes(*staged)
         advance_cursor(window, applied)
     return dag

@@ -21,7 +21,7 @@ from partner_harvest.errors import HarvestError
 from partner_harvest.factory import build_adapter
 from partner_harvest.registry import Partner, RegistryError, get_partner
 from partner_harvest.store import RunRef, connect
-from partner_harvest.window import Window, WindowError, parse_instant
+from partner_harvest.window import DAY, Window, WindowError, parse_instant
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -81,8 +81,14 @@ def freeze_window(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
     adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
     request = run_request(context)
     cursor = read_cursor(partner_id) if request.mode == "incremental" else None
-    window = pipeline.freeze_window(adapter, partner.lag, cursor, request)
+    channels = {name: read_cursor(partner_id, name) for name in extra_channels(adapter)}
+    window = pipeline.freeze_window(adapter, partner.lag, cursor, request, channels)
     return window.to_dict()
+
+
+def extra_channels(adapter: object) -> tuple[str, ...]:
+    """Channels with cursors of their own (Sierra's deletion poll)."""
+    return ("deletions",) if hasattr(adapter, "poll_deletions") else ()
 
 
 @_fail_fast
@@ -101,6 +107,17 @@ def harvest_changes(partner_id: str, window_data: dict[str, Any], context: dict[
 
 
 @_fail_fast
+def poll_deletions(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    partner = _partner(partner_id)
+    window = Window.from_dict(window_data)
+    adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+    run = RunRef(partner_id, context["dag_run"].run_id, "deletions")
+    with aggregation() as conn:
+        stats = pipeline.poll_deletions(adapter, conn, run, window)
+    return {"pages": stats.pages, "fetched": stats.fetched, "tombstones": stats.tombstones, "rejected": stats.rejected}
+
+
+@_fail_fast
 def apply_changes(partner_id: str, context: dict[str, Any]) -> dict[str, int]:
     with aggregation() as conn:
         return pipeline.apply_changes(conn, partner_id, context["dag_run"].run_id).as_dict()
@@ -108,5 +125,14 @@ def apply_changes(partner_id: str, context: dict[str, Any]) -> dict[str, int]:
 
 @_fail_fast
 def move_cursor(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
-    return advance_cursor(partner_id, Window.from_dict(window_data), context["dag_run"].run_id)
+    """The main cursor, then each channel's own (day-granular) cursor."""
+    window = Window.from_dict(window_data)
+    run_id = context["dag_run"].run_id
+    moved = {"changes": advance_cursor(partner_id, window, run_id)}
+    for channel, plan in (window.protocol.get("channels") or {}).items():
+        until = parse_instant(plan["until"])
+        start = parse_instant(plan["from"]) if plan.get("from") else None
+        channel_window = Window(window.mode, start, until, DAY, window.advances_cursor)
+        moved[channel] = advance_cursor(partner_id, channel_window, run_id, channel)
+    return moved
 

@@ -2,7 +2,6 @@
 
 Extension point: a new format is a module with an object that satisfies
 :class:`MetadataFormat`, added to ``FORMATS`` below (or passed to ``register_format``).
-``marc21`` / ``marcxml`` are expected to be added here.
 """
 
 from __future__ import annotations
@@ -10,6 +9,7 @@ from __future__ import annotations
 from partner_harvest.formats.base import MetadataFormat
 from partner_harvest.formats.generic import GenericFormat
 from partner_harvest.formats.lido import LIDO
+from partner_harvest.formats.marc21 import MARC21
 from partner_harvest.formats.oai_dc import OAI_DC
 
 __all__ = ["FORMATS", "GenericFormat", "MetadataFormat", "get_format", "register_format"]
@@ -17,7 +17,8 @@ __all__ = ["FORMATS", "GenericFormat", "MetadataFormat", "get_format", "register
 FORMATS: dict[str, MetadataFormat] = {
     OAI_DC.prefix: OAI_DC,
     LIDO.prefix: LIDO,
-    # "marc21": MARC21, "marcxml": MARC21,  <- to be added with formats/marcxml.py
+    "marc21": MARC21,
+    "marcxml": MARC21,
 }
 
 

@@ -1,0 +1,283 @@
+"""Sierra ILS REST API (v6) requests: OAuth2 client credentials, errors, keyset pages, export.
+
+Facts of production catalogues this encodes (see the Sierra reference):
+- tokens last an hour and cannot be refreshed: fetch a new one before expiry, and once
+  more on a 401 with code 123/120;
+- 404 with code 107 on a list query means "no results";
+- pages end on a short page; ``total`` is only the size of this page;
+- ``bibs/marc`` is two-phase: a summary naming a file, the file, then DELETE the file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import urlencode
+
+import requests
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from partner_harvest.errors import (
+    ConfigurationError,
+    HarvestLoopError,
+    PartnerDataError,
+    PartnerHttpError,
+    PartnerProtocolError,
+)
+
+log = logging.getLogger(__name__)
+
+AUTH_EXPIRED_CODES = frozenset({120, 123})
+NOT_FOUND = 107
+RATE_LIMITED = 138
+MAX_LIMIT = 2000
+
+
+class SierraServerError(PartnerHttpError):
+    """A 5xx that may pass; retried a few times before it fails the task."""
+
+
+class ExportRateLimited(PartnerProtocolError):
+    """``bibs/marc`` answered 138 "Rate exceeded for endpoint": wait, then resume."""
+
+
+@dataclass(frozen=True)
+class ExportBlock:
+    """One ``bibs/marc`` export: the summary and the ISO 2709 bytes of its file."""
+
+    summary: dict[str, Any]
+    marc: bytes
+
+    @property
+    def errors(self) -> int:
+        return int(self.summary.get("errors") or 0)
+
+
+def error_code(response: requests.Response) -> int | None:
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    code = body.get("code") if isinstance(body, dict) else None
+    return int(code) if isinstance(code, int) or (isinstance(code, str) and code.isdigit()) else None
+
+
+def _body_snippet(response: requests.Response) -> str:
+    return " ".join(response.text[:400].split())
+
+
+class SierraClient:
+    """Talks to one Sierra API base URL (``.../iii/sierra-api/v6``) with a client key."""
+
+    def __init__(
+        self,
+        partner_id: str,
+        base_url: str,
+        session: requests.Session,
+        client_key: str,
+        client_secret: str,
+        *,
+        refresh_margin: float = 60.0,
+        server_error_tries: int = 3,
+        server_error_backoff: float = 2.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
+        if not client_key or not client_secret:
+            raise ConfigurationError(partner_id, base_url, "the Connection needs the client key as login and the secret as password")
+        self.partner_id = partner_id
+        self.base_url = base_url.rstrip("/")
+        self.session = session
+        self._key = client_key
+        self._secret = client_secret
+        self._token: str | None = None
+        self._expires_at = 0.0
+        self.refresh_margin = refresh_margin
+        self.server_error_tries = server_error_tries
+        self.server_error_backoff = server_error_backoff
+        self.monotonic = monotonic
+        self.tokens_fetched = 0
+
+    def __repr__(self) -> str:  # never show the secret or the token
+        return f"SierraClient({self.partner_id!r}, {self.base_url!r})"
+
+    # -- auth ------------------------------------------------------------------------
+
+    def _fetch_token(self) -> str:
+        url = f"{self.base_url}/token"
+        try:
+            response = self.session.post(url, auth=(self._key, self._secret), data={"grant_type": "client_credentials"})
+        except requests.RequestException as exc:
+            raise PartnerHttpError(self.partner_id, f"POST {url}", f"{type(exc).__name__}: {exc}") from exc
+        if response.status_code in (400, 401, 403):
+            raise ConfigurationError(
+                self.partner_id, f"POST {url}",
+                f"the API refused the client credentials (HTTP {response.status_code}, code {error_code(response)}); "
+                "check the Connection's login (client key) and password (client secret)",
+            )
+        if response.status_code >= 400:
+            raise PartnerHttpError(self.partner_id, f"POST {url}", f"HTTP {response.status_code}: {_body_snippet(response)}")
+        try:
+            body = response.json()
+            token, lifetime = body["access_token"], float(body.get("expires_in", 3600))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PartnerDataError(self.partner_id, f"POST {url}", "token response without access_token") from exc
+        self._token = token
+        self._expires_at = self.monotonic() + lifetime - self.refresh_margin
+        self.tokens_fetched += 1
+        log.info("%s: obtained an access token valid for %.0f s", self.partner_id, lifetime)
+        return token
+
+    def _bearer(self) -> str:
+        if self._token is None or self.monotonic() >= self._expires_at:
+            return self._fetch_token()
+        return self._token
+
+    # -- requests --------------------------------------------------------------------
+
+    def describe(self, method: str, path: str, params: dict[str, Any] | None = None) -> str:
+        query = f"?{urlencode(params)}" if params else ""
+        return f"{method} {self.base_url}{path}{query}"
+
+    def _send(self, method: str, url: str, params: dict[str, Any] | None, accept: str | None) -> requests.Response:
+        headers = {"Authorization": f"Bearer {self._bearer()}"}
+        if accept:
+            headers["Accept"] = accept
+        return self.session.request(method, url, params=params, headers=headers)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        accept: str | None = None,
+        empty_ok: bool = False,
+    ) -> requests.Response | None:
+        """One authenticated call; None for "no results" (404/107) when ``empty_ok``."""
+        url = path if path.startswith("http") else f"{self.base_url}{path}"
+        what = self.describe(method, url.removeprefix(self.base_url), params)
+        retrying = Retrying(
+            stop=stop_after_attempt(max(1, self.server_error_tries)),
+            wait=wait_exponential(multiplier=self.server_error_backoff, max=60),
+            retry=retry_if_exception_type(SierraServerError),
+            reraise=True,
+        )
+        for attempt in retrying:
+            with attempt:
+                return self._request_once(method, url, what, params, accept, empty_ok)
+        raise AssertionError("unreachable")
+
+    def _request_once(
+        self, method: str, url: str, what: str, params: dict[str, Any] | None, accept: str | None, empty_ok: bool
+    ) -> requests.Response | None:
+        try:
+            response = self._send(method, url, params, accept)
+            if response.status_code == 401 and error_code(response) in AUTH_EXPIRED_CODES:
+                log.info("%s: access token rejected (code %s); fetching a new one", self.partner_id, error_code(response))
+                self._token = None
+                response = self._send(method, url, params, accept)
+        except requests.RequestException as exc:
+            raise PartnerHttpError(self.partner_id, what, f"{type(exc).__name__}: {exc}") from exc
+        code = error_code(response) if response.status_code >= 400 else None
+        if response.status_code == 401:
+            raise ConfigurationError(self.partner_id, what, f"unauthorized after a fresh token (code {code}): {_body_snippet(response)}")
+        if response.status_code == 404 and code == NOT_FOUND and empty_ok:
+            return None
+        if code == RATE_LIMITED:
+            raise ExportRateLimited(self.partner_id, what, f"rate limited (code 138): {_body_snippet(response)}")
+        if response.status_code >= 500:
+            log.warning("%s: %s answered HTTP %d: %s", self.partner_id, what, response.status_code, _body_snippet(response))
+            raise SierraServerError(self.partner_id, what, f"HTTP {response.status_code}: {_body_snippet(response)}")
+        if response.status_code >= 400:
+            raise PartnerProtocolError(self.partner_id, what, f"HTTP {response.status_code} (code {code}): {_body_snippet(response)}")
+        return response
+
+    def get_json(self, path: str, params: dict[str, Any] | None = None, *, empty_ok: bool = False) -> dict[str, Any] | None:
+        response = self.request("GET", path, params=params, empty_ok=empty_ok)
+        if response is None:
+            return None
+        try:
+            body = response.json()
+        except ValueError as exc:
+            raise PartnerDataError(self.partner_id, self.describe("GET", path, params),
+                                   f"expected JSON, got {response.headers.get('Content-Type')}: {_body_snippet(response)}") from exc
+        if not isinstance(body, dict):
+            raise PartnerDataError(self.partner_id, self.describe("GET", path, params), "expected a JSON object")
+        return body
+
+    # -- what the harvester uses -----------------------------------------------------
+
+    def server_time(self) -> datetime:
+        """The server's clock from its ``Date`` header: the window's frozen until."""
+        response = self.request("GET", "/info/token")
+        assert response is not None
+        header = response.headers.get("Date")
+        if not header:
+            raise PartnerDataError(self.partner_id, self.describe("GET", "/info/token"), "no Date header to freeze the window on")
+        return parsedate_to_datetime(header).astimezone(timezone.utc)
+
+    def bib_pages(self, params: dict[str, Any], limit: int, start_id: int = 0) -> Iterator[list[dict[str, Any]]]:
+        """Keyset pages of ``GET bibs``: ``id=[cursor,]``, next cursor ``int(last id) + 1``.
+
+        Ends on a short page (never on ``total``) or 404/107. Deleted-records polls answer
+        an empty day with 200 and no entries; both are zero results.
+        """
+        limit = min(limit, MAX_LIMIT)
+        cursor = start_id
+        while True:
+            query = {**params, "id": f"[{cursor},]", "limit": limit}
+            body = self.get_json("/bibs", query, empty_ok=True)
+            entries = (body or {}).get("entries") or []
+            yield entries
+            if len(entries) < limit:
+                return
+            next_cursor = int(entries[-1]["id"]) + 1
+            if next_cursor <= cursor:
+                raise HarvestLoopError(self.partner_id, self.describe("GET", "/bibs", query),
+                                       f"ids did not ascend (last id {entries[-1]['id']} after cursor {cursor})")
+            cursor = next_cursor
+
+    def export_block(self, start_id: int, limit: int, options: dict[str, Any] | None = None) -> ExportBlock | None:
+        """Phase 1-3 of ``bibs/marc`` for the lowest ``limit`` ids from ``start_id``."""
+        params = {"id": f"[{start_id},]", "limit": min(limit, MAX_LIMIT), **(options or {})}
+        summary = self.get_json("/bibs/marc", params, empty_ok=True)
+        if summary is None:
+            return None
+        file_url = summary.get("file")
+        if not file_url or not int(summary.get("outputRecords") or 0):
+            if file_url:
+                self._delete_file(file_url)
+            return ExportBlock(summary, b"")
+        try:
+            response = self.request("GET", file_url)
+            assert response is not None
+            content_type = response.headers.get("Content-Type", "")
+            if "json" in content_type or "html" in content_type:
+                raise PartnerDataError(self.partner_id, self.describe("GET", file_url),
+                                       f"export file is {content_type}, not MARC: {_body_snippet(response)}")
+            return ExportBlock(summary, response.content)
+        finally:
+            self._delete_file(file_url)
+
+    def _delete_file(self, file_url: str) -> None:
+        """Exports leave files on the server until deleted; never leave one behind."""
+        try:
+            self.request("DELETE", file_url)
+        except (PartnerHttpError, PartnerProtocolError) as exc:
+            log.warning("%s: could not delete export file %s: %s", self.partner_id, file_url, exc.cause)
+
+    def bib_marc_json(self, bib_id: str) -> dict[str, Any]:
+        """A whole bib as MARC-in-JSON through ``bibs/{id}/marc`` (no export size ceiling)."""
+        response = self.request("GET", f"/bibs/{bib_id}/marc", accept="application/marc-in-json")
+        assert response is not None
+        try:
+            return json.loads(response.content)
+        except ValueError as exc:
+            raise PartnerDataError(self.partner_id, self.describe("GET", f"/bibs/{bib_id}/marc"),
+                                   f"expected MARC-in-JSON: {_body_snippet(response)}") from exc

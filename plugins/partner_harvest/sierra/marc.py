@@ -1,0 +1,93 @@
+"""Turning Sierra MARC (ISO 2709 from the export, MARC-in-JSON from the API) into Records.
+
+Every bib lands as MARCXML (prefix ``marc21``) and is validated by the same rules as an
+OAI-PMH ``marcxml`` payload; what fails goes to quarantine with its reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+import pymarc
+from lxml import etree
+
+from partner_harvest.formats import get_format
+from partner_harvest.records import Record, Rejected
+
+PREFIX = "marc21"
+_ID_IN_907 = re.compile(r"^\.?b(\d+)[\dx]$", re.IGNORECASE)  # .b1000001x: number + check digit
+_XML_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False)
+
+
+def bib_id_of(record: pymarc.Record) -> str | None:
+    """Sierra's bib id: 907 $a ``.b1000001x`` in exports, else the digits of 001."""
+    for field in record.get_fields("907"):
+        for value in field.get_subfields("a"):
+            match = _ID_IN_907.match(value.strip())
+            if match:
+                return match.group(1)
+    control = record["001"]
+    if control is not None and control.data:
+        digits = re.sub(r"\D", "", control.data)
+        return digits or None
+    return None
+
+
+def stamp_of(record: pymarc.Record) -> datetime | None:
+    """The 005 "date and time of latest transaction", when the record carries one."""
+    field = record["005"]
+    if field is None or not field.data:
+        return None
+    try:
+        return datetime.strptime(field.data[:14], "%Y%m%d%H%M%S").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+
+
+def to_item(record: pymarc.Record, bib_id: str, datestamp: datetime) -> Record | Rejected:
+    """Validate the bib and serialise it as MARCXML; a failure becomes a Rejected."""
+    try:
+        xml = pymarc.record_to_xml(record, namespace=True)
+    except Exception as exc:  # a record pymarc cannot write is bad data, not a crash
+        return Rejected(bib_id, f"MARC: cannot serialise ({type(exc).__name__}: {exc})", repr(record)[:100000], datestamp, PREFIX)
+    text = xml.decode("utf-8") if isinstance(xml, bytes) else xml
+    element = etree.fromstring(text.encode("utf-8"), _XML_PARSER)
+    fmt = get_format(PREFIX)
+    reason = fmt.validate(element)
+    if reason:
+        return Rejected(bib_id, reason, text, datestamp, PREFIX)
+    return Record(bib_id, datestamp, PREFIX, text, (), fmt.extract_title(element))
+
+
+def read_iso2709(data: bytes) -> Iterator[tuple[pymarc.Record | None, bytes, str | None]]:
+    """Each record of an export file with its raw bytes; a broken one yields (None, raw, why)."""
+    position = 0
+    while position < len(data):
+        if len(data) - position < 5 or not data[position:position + 5].isdigit():
+            yield None, data[position:], "MARC: unreadable record length"
+            return
+        length = int(data[position:position + 5])
+        raw = data[position:position + length]
+        position += max(length, 1)
+        try:
+            record = next(iter(pymarc.MARCReader(raw, to_unicode=True, force_utf8=True, utf8_handling="replace")))
+        except Exception as exc:
+            yield None, raw, f"MARC: unreadable record ({type(exc).__name__}: {exc})"
+            continue
+        if record is None:
+            yield None, raw, "MARC: unreadable record"
+            continue
+        yield record, raw, None
+
+
+def from_marc_json(data: dict[str, Any] | str) -> pymarc.Record:
+    """A MARC-in-JSON object (the ``marc`` field of a bib, or ``bibs/{id}/marc``)."""
+    text = data if isinstance(data, str) else json.dumps(data)
+    records = list(pymarc.JSONReader(text))
+    if len(records) != 1:
+        raise ValueError(f"expected one MARC-in-JSON record, got {len(records)}")
+    return records[0]

@@ -1,0 +1,61 @@
+"""Run the Sierra simulator as a process, for benchmarks and the demo.
+
+Prints exactly one line, ``listening on <base_url>``, then serves until
+SIGTERM or SIGINT. Drive it through ``POST /_control/<action>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+
+from .catalogue import SimulatedCatalogue
+from .server import SierraSimulator
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m include.simulators.sierra",
+                                     description="Simulated Sierra ILS REST API (v6) on loopback.")
+    parser.add_argument("--bibs", type=int, default=1000)
+    parser.add_argument("--deleted-fraction", type=float, default=0.02)
+    parser.add_argument("--suppressed-fraction", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--first-id", type=int, default=1_000_001)
+    parser.add_argument("--oversized-every", type=int, default=0)
+    parser.add_argument("--invalid-every", type=int, default=0)
+    parser.add_argument("--mutation-step", type=float, default=60.0, help="seconds per mutation call")
+    parser.add_argument("--export-quota", type=int, default=None, help="bibs/marc exports per simulated hour")
+    parser.add_argument("--token-lifetime", type=int, default=3600)
+    parser.add_argument("--client-key", default="demo-key")
+    parser.add_argument("--client-secret", default="demo-secret")
+    parser.add_argument("--legacy-deleted-stubs", action="store_true")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    catalogue = SimulatedCatalogue(
+        bibs=args.bibs, deleted_fraction=args.deleted_fraction, seed=args.seed, first_id=args.first_id,
+        suppressed_fraction=args.suppressed_fraction, oversized_every=args.oversized_every,
+        invalid_every=args.invalid_every, mutation_step=timedelta(seconds=args.mutation_step),
+    )
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    with SierraSimulator(catalogue, host=args.host, port=args.port, client_key=args.client_key,
+                         client_secret=args.client_secret, token_lifetime=args.token_lifetime,
+                         export_quota=args.export_quota,
+                         legacy_deleted_stubs=args.legacy_deleted_stubs) as sim:
+        print(f"listening on {sim.base_url}", flush=True)
+        while not stop.wait(0.2):
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,944 @@
+"""A loopback Sierra ILS REST API (v6, bib reads) over a SimulatedCatalogue.
+
+Reproduces the production quirks in docs/reference/sierra-rest-api.md §6 so a
+harvester's tests meet them before a real catalogue does: 404/107 for empty
+ranges (but 200 for an empty deletion poll), ``total`` = page size, the 2000
+cap, date-only deletedDate, the ``fields=,`` 500, the two-phase MARC export
+with its 99,999-byte truncation and rate limit, token expiry on the simulated
+clock, and transport faults on demand. The ``Date`` header follows the
+simulated clock, because clients freeze their change window on it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import math
+import re
+import socket
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from email.utils import formatdate
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from . import marc
+from .catalogue import Bib, BibQuery, SimulatedCatalogue, day_text, iso_z
+
+API_PATH = "/iii/sierra-api/v6"
+_API_PATHS = (API_PATH, "/iii/sierra-api/v5")  # v5 clients use the same shapes
+JSON_TYPE = "application/json;charset=UTF-8"
+MAX_LIMIT = 2000
+DEFAULT_LIMIT = 50
+HOUR = 3600
+ERROR_NAMES = {
+    106: "Parameter not recognized", 107: "Record not found", 108: "Invalid parameter",
+    111: "Internal server error", 113: "Unauthorized", 120: "Unauthorized", 123: "Unauthorized",
+    135: "External Process Failed", 138: "Rate exceeded for endpoint",
+}
+MARC_TYPES = ("application/marc-xml", "application/marc-json", "application/marc-in-json")
+DEFAULT_FIELDS: tuple[str, ...] = (
+    "id", "updatedDate", "createdDate", "deletedDate", "deleted", "suppressed", "available", "lang",
+    "title", "author", "materialType", "bibLevel", "publishYear", "catalogDate", "country",
+    "callNumber", "locations",
+)
+ALL_FIELDS: tuple[str, ...] = DEFAULT_FIELDS + ("normTitle", "normAuthor", "isbn", "fixedFields",
+                                                "varFields", "marc")
+_STUB_FIELDS = ("id", "deletedDate", "deleted")  # all a deleted bib ever shows
+_BIBS_PARAMS = frozenset({"limit", "offset", "id", "fields", "updatedDate", "createdDate", "deletedDate",
+                          "deleted", "suppressed"})
+_EXPORT_PARAMS = frozenset({"id", "limit", "offset", "updatedDate", "mapping"})
+_TIMESTAMP_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
+_DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_BIB_PATH_RE = re.compile(r"/bibs/(\d+)(/marc)?")
+_FILE_PATH_RE = re.compile(r"/bibs/marc/files/([A-Za-z0-9._-]+)")
+_VAR_TAGS = {"001": "o", "020": "i", "100": "a", "245": "t", "260": "p", "264": "p", "650": "d"}
+_NORM_RE = re.compile(r"[^\w ]+")
+
+
+class ApiError(Exception):
+    """A Sierra error answer: ``{"code","specificCode","httpStatus","name"[,"description"]}``."""
+
+    def __init__(self, status: int, code: int, description: str | None = None,
+                 name: str | None = None) -> None:
+        super().__init__(description or ERROR_NAMES.get(code, ""))
+        self.status = status
+        self.code = code
+        self.description = description
+        self.name = name or ERROR_NAMES.get(code) or _phrase(status)
+
+    def body(self) -> dict[str, Any]:
+        payload: dict[str, Any] = {"code": self.code, "specificCode": 0, "httpStatus": self.status,
+                                   "name": self.name}
+        if self.description is not None:
+            payload["description"] = self.description
+        return payload
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    content_type: str = JSON_TYPE
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Token:
+    serial: int
+    issued: int  # simulated epoch seconds
+
+
+@dataclass
+class _Fail:
+    count: int
+    status: int
+    body: Any
+    match: str | None
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(status, json.dumps(payload, ensure_ascii=False).encode(), JSON_TYPE, headers or {})
+
+
+def _as_query(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """Request-log form: param -> value, or a list of values when repeated."""
+    query: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in query:
+            previous = query[key]
+            query[key] = previous + [value] if isinstance(previous, list) else [previous, value]
+        else:
+            query[key] = value
+    return query
+
+
+# ------------------------------------------------------------ parameter parsing
+def _int_param(params: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+    text = params.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ApiError(400, 108, f"Invalid parameter : {name} must be an integer") from None
+    if value < minimum:
+        raise ApiError(400, 108, f"Invalid parameter : {name} must be >= {minimum}")
+    return value
+
+
+def _bool_param(params: Mapping[str, str], name: str) -> bool | None:
+    text = params.get(name)
+    if text is None:
+        return None
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    raise ApiError(400, 108, f"Invalid parameter : {name} must be true or false")
+
+
+def _split_range(text: str) -> tuple[str, str] | None:
+    """``[a,b]`` -> (a, b) with "" for an open end; a bare value -> None."""
+    if text.startswith("[") and text.endswith("]"):
+        parts = text[1:-1].split(",")
+        if len(parts) != 2:
+            raise ApiError(400, 108, f"Invalid parameter : bad range {text}")
+        return parts[0].strip(), parts[1].strip()
+    return None
+
+
+def parse_ids(text: str) -> tuple[int | None, int | None, tuple[int, ...] | None]:
+    """``a`` | ``a,b,c`` | ``[a,b]`` | ``[a,]`` | ``[,b]`` -> (low, high, list)."""
+    bounds = _split_range(text.strip())
+    try:
+        if bounds is not None:
+            low, high = (int(b) if b else None for b in bounds)
+            return low, high, None
+        items = [part.strip() for part in text.split(",") if part.strip()]
+        if not items or not all(part.isdigit() for part in items):
+            raise ValueError(text)
+        return None, None, tuple(int(part) for part in items)
+    except ValueError:
+        raise ApiError(400, 108, f"Invalid parameter : invalid id {text}") from None
+
+
+def _epoch_of(text: str, upper: bool, dates_only: bool) -> int:
+    if not dates_only and _TIMESTAMP_RE.fullmatch(text):
+        moment = datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+        return int(moment.timestamp())
+    if _DATE_RE.fullmatch(text):
+        moment = datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=timezone.utc)
+        return int(moment.timestamp()) + (86399 if upper else 0)
+    raise ValueError(text)
+
+
+def parse_date_range(text: str, dates_only: bool = False) -> tuple[int, int]:
+    """An updatedDate/createdDate (or, with `dates_only`, deletedDate) value as
+    inclusive epoch bounds. Timestamps need the ``Z``; a date covers its whole day."""
+    text = text.strip()
+    try:
+        bounds = _split_range(text)
+        if bounds is None:
+            return _epoch_of(text, False, dates_only), _epoch_of(text, True, dates_only)
+        low = _epoch_of(bounds[0], False, dates_only) if bounds[0] else -(2**62)
+        high = _epoch_of(bounds[1], True, dates_only) if bounds[1] else 2**62
+        return low, high
+    except ValueError:
+        kind = "date (YYYY-MM-DD)" if dates_only else "date or timestamp (YYYY-MM-DDThh:mm:ssZ)"
+        raise ApiError(400, 108, f"Invalid parameter : expected a {kind} in {text}") from None
+
+
+def _days(bounds: tuple[int, int]) -> tuple[int, int]:
+    return bounds[0] // 86400, bounds[1] // 86400
+
+
+def parse_fields(text: str | None) -> tuple[str, ...] | str:
+    """Field names to render, or "all" for the ``fields=,`` form."""
+    if text is None or not text.strip():
+        return DEFAULT_FIELDS
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        return "all"
+    wanted: set[str] = {"id"}
+    for name in names:
+        if name == "default":
+            wanted.update(DEFAULT_FIELDS)
+        elif name in ALL_FIELDS:
+            wanted.add(name)
+        else:
+            raise ApiError(400, 108, f"Invalid parameter : Invalid field name: {name}")
+    return tuple(n for n in ALL_FIELDS if n in wanted)
+
+
+# -------------------------------------------------------------- entry rendering
+def _norm(text: str) -> str:
+    return " ".join(_NORM_RE.sub(" ", text.lower()).split())
+
+
+def _call_number(bib: Bib) -> str:
+    cutter = f"{bib.author[0]}{bib.number % 90 + 10}"
+    return f"{bib.subject[:2].upper()}{bib.number % 900 + 100} .{cutter} {bib.publish_year}"
+
+
+def _fixed_fields(bib: Bib) -> dict[str, dict[str, Any]]:
+    return {
+        "24": {"label": "LANG", "value": bib.lang[0]},
+        "26": {"label": "LOCATION", "value": bib.location},
+        "27": {"label": "COPIES", "value": bib.items},
+        "28": {"label": "CAT. DATE", "value": day_text(bib.created)},
+        "29": {"label": "BIB LVL", "value": "m"},
+        "30": {"label": "MAT TYPE", "value": bib.material_type[0]},
+        "31": {"label": "BCODE3", "value": bib.bcode3},
+        "80": {"label": "REC TYPE", "value": "b"},
+        "83": {"label": "CREATED", "value": iso_z(bib.created)},
+        "84": {"label": "UPDATED", "value": iso_z(bib.updated)},
+        "85": {"label": "REVISIONS", "value": bib.version},
+        "89": {"label": "COUNTRY", "value": bib.country[0]},
+    }
+
+
+def _var_fields(bib: Bib) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"fieldTag": "_", "content": marc.leader_for(bib)}]
+    for f in marc.marc_fields(bib, export=False):
+        tag = f[0]
+        if len(f) == 2:
+            out.append({"fieldTag": _VAR_TAGS.get(tag, "y"), "marcTag": tag, "content": f[1]})
+        else:
+            out.append({"fieldTag": _VAR_TAGS.get(tag, "y"), "marcTag": tag, "ind1": f[1], "ind2": f[2],
+                        "subfields": [{"tag": code, "content": value} for code, value in f[3]]})
+    return out
+
+
+_RENDER: dict[str, Callable[[Bib], Any]] = {
+    "id": lambda b: b.id,
+    "updatedDate": lambda b: iso_z(b.updated),
+    "createdDate": lambda b: iso_z(b.created),
+    "deletedDate": lambda b: None,  # live bibs have none
+    "deleted": lambda b: False,
+    "suppressed": lambda b: b.suppressed,
+    "available": lambda b: b.items > 0,
+    "lang": lambda b: {"code": b.lang[0], "name": b.lang[1]},
+    "title": lambda b: None if b.invalid else b.title,
+    "author": lambda b: b.author,
+    "materialType": lambda b: {"code": b.material_type[0], "value": b.material_type[1]},
+    "bibLevel": lambda b: {"code": "m", "value": "MONOGRAPH"},
+    "publishYear": lambda b: b.publish_year,
+    "catalogDate": lambda b: day_text(b.created),
+    "country": lambda b: {"code": b.country[0].strip(), "name": b.country[1]},
+    "callNumber": _call_number,
+    "locations": lambda b: [{"code": b.location, "name": b.location.title()}],
+    "normTitle": lambda b: None if b.invalid else _norm(b.title),
+    "normAuthor": lambda b: _norm(b.author),
+    "isbn": lambda b: b.isbn,
+    "fixedFields": _fixed_fields,
+    "varFields": _var_fields,
+    "marc": lambda b: marc.marc_in_json(b, zero_leader=True),
+}
+
+
+def render_entry(bib: Bib, names: tuple[str, ...]) -> dict[str, Any]:
+    """One ``entries`` item; a deleted bib only ever shows id, deletedDate and deleted."""
+    if bib.deleted:
+        stub = {"id": bib.id, "deletedDate": str(bib.deleted_date), "deleted": True}
+        return {k: v for k, v in stub.items() if k in names}
+    entry = {}
+    for name in names:
+        value = _RENDER[name](bib)
+        if value is not None:
+            entry[name] = value
+    return entry
+
+
+# ------------------------------------------------------------------ simulator
+class SierraSimulator:
+    """Serve `catalogue` as a Sierra REST API on loopback; use as a context manager.
+
+    ``export_quota``: bibs/marc requests allowed per simulated hour (None = no limit).
+    ``legacy_deleted_stubs``: updatedDate windows also return deletion stubs (2017 Sierra).
+    ``empty_export_file``: an empty export range yields a file with outputRecords 0
+    (BR1, 2018) instead of 404/107 (BR2, 2019).
+    ``expired_token_code``: 123 ("invalid_grant", observed) or 120 ("invalid_token", documented).
+    ``keep_alive_timeout``/``keep_alive_max``: idle connections close after this many
+    wall-clock seconds; a connection closes after this many requests.
+    """
+
+    def __init__(self, catalogue: SimulatedCatalogue, host: str = "127.0.0.1", port: int = 0,
+                 client_key: str = "demo-key", client_secret: str = "demo-secret", token_lifetime: int = 3600,
+                 *, export_quota: int | None = None, legacy_deleted_stubs: bool = False,
+                 empty_export_file: bool = False, expired_token_code: int = 123,
+                 keep_alive_timeout: float = 5.0, keep_alive_max: int = 100) -> None:
+        if expired_token_code not in (120, 123):
+            raise ValueError("expired_token_code must be 120 or 123")
+        self.catalogue = catalogue
+        self.host = host
+        self.client_key = client_key
+        self.client_secret = client_secret
+        self.token_lifetime = token_lifetime
+        self.export_quota = export_quota
+        self.legacy_deleted_stubs = legacy_deleted_stubs
+        self.empty_export_file = empty_export_file
+        self.expired_token_code = expired_token_code
+        self.keep_alive_timeout = keep_alive_timeout
+        self.keep_alive_max = keep_alive_max
+        self.requests: list[dict[str, Any]] = []
+        self.errors: list[str] = []  # unexpected server-side exceptions (should stay empty)
+        self.tokens_issued = 0
+        self.exports_created = 0
+        self._requested_port = port
+        self._lock = threading.Lock()
+        self._tokens: dict[str, _Token] = {}
+        self._revoked_through = 0  # tokens with serial <= this were expired by expire_tokens()
+        self._files: dict[str, bytes] = {}
+        self._file_seq = 0
+        self._quota_start: int | None = None
+        self._quota_used = 0
+        self._fail: _Fail | None = None
+        self._empty_replies = 0
+        self._hang_seconds: float | None = None
+        self._export_failures: list[int] = []
+        self._stopping = threading.Event()
+        self._httpd: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._connections: set[socket.socket] = set()
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> SierraSimulator:
+        if self._httpd is not None:
+            return self
+        self._stopping.clear()
+        self._httpd = _Server((self.host, self._requested_port), _Handler)
+        self._httpd.sim = self
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"sierra-simulator-{self.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        self._stopping.set()  # releases hanging handlers
+        httpd.shutdown()
+        with self._lock:
+            connections = list(self._connections)
+        for conn in connections:  # wake keep-alive handler threads blocked on read
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> SierraSimulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("simulator is not running")
+        return self._httpd.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}{API_PATH}"
+
+    @property
+    def open_export_files(self) -> list[str]:
+        """Export files generated and not yet DELETEd (names as in the file URL)."""
+        with self._lock:
+            return sorted(self._files)
+
+    def _track(self, conn: socket.socket, opened: bool) -> None:
+        with self._lock:
+            (self._connections.add if opened else self._connections.discard)(conn)
+
+    def _record_error(self, exc: BaseException) -> None:
+        with self._lock:
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def clear_requests(self) -> None:
+        with self._lock:
+            self.requests.clear()
+
+    def http_date(self) -> str:
+        """RFC 7231 date of the simulated clock, for the Date header."""
+        return formatdate(self.catalogue.clock_epoch, usegmt=True)
+
+    # --------------------------------------------------------- misbehaviour
+    def fail_next(self, count: int, status: int = 500, body: Any = None,
+                  path_prefix: str | None = None) -> None:
+        """The next `count` API requests (only those whose path+query contains
+        `path_prefix`, if given) get `status` with `body` (JSON-encoded unless bytes)."""
+        with self._lock:
+            self._fail = _Fail(count, status, body, path_prefix) if count > 0 else None
+
+    def empty_reply_next(self, count: int = 1) -> None:
+        """The next `count` API requests get their connection closed with no response."""
+        with self._lock:
+            self._empty_replies = count
+
+    def hang_next(self, seconds: float = 600.0) -> None:
+        """The next API request gets no answer for `seconds` (wall clock), then a closed connection."""
+        with self._lock:
+            self._hang_seconds = seconds
+
+    def expire_tokens(self) -> None:
+        """Every token issued so far is invalid from now on (a mid-run expiry)."""
+        with self._lock:
+            self._revoked_through = self.tokens_issued
+
+    def fail_export_next(self, code: int = 135, count: int = 1) -> None:
+        """The next `count` bibs/marc export requests get 500 with this Sierra code."""
+        with self._lock:
+            self._export_failures.extend([code] * count)
+
+    def reset_export_quota(self) -> None:
+        """Forget the exports counted against the current quota hour."""
+        with self._lock:
+            self._quota_start = None
+            self._quota_used = 0
+
+    def _take_fault(self, target: str) -> tuple[str, Any]:
+        with self._lock:
+            if self._empty_replies > 0:
+                self._empty_replies -= 1
+                return "empty", None
+            if self._hang_seconds is not None:
+                seconds, self._hang_seconds = self._hang_seconds, None
+                return "hang", seconds
+            fail = self._fail
+            if fail is not None and (fail.match is None or fail.match in target
+                                     or fail.match in unquote(target)):
+                fail.count -= 1
+                if fail.count <= 0:
+                    self._fail = None
+                return "fail", fail
+        return "", None
+
+    def _fault_response(self, fail: _Fail) -> Response:
+        if isinstance(fail.body, bytes):
+            return Response(fail.status, fail.body, "text/html; charset=utf-8")
+        if fail.body is not None:
+            return _json(fail.status, fail.body)
+        code = 111 if fail.status == 500 else 0
+        return _json(fail.status, {"code": code, "specificCode": 0, "httpStatus": fail.status,
+                                   "name": ERROR_NAMES[111] if code else _phrase(fail.status)})
+
+    # --------------------------------------------------------------- request
+    def handle(self, method: str, path: str, query: str, headers: Mapping[str, str],
+               body: bytes) -> Response | tuple[str, Any]:
+        """Answer one API request; a ("empty"|"hang", detail) tuple means do not answer."""
+        pairs = parse_qsl(query, keep_blank_values=True)
+        entry = {"method": method, "path": path, "query": _as_query(pairs),
+                 "had_auth": bool(headers.get("Authorization")), "status": None}
+        with self._lock:
+            self.requests.append(entry)
+        mode, detail = self._take_fault(f"{path}?{query}" if query else path)
+        if mode in ("empty", "hang"):
+            return mode, detail
+        if mode == "fail":
+            response = self._fault_response(detail)
+        else:
+            try:
+                response = self._route(method, path, dict(reversed(pairs)), headers, body)
+            except ApiError as exc:
+                response = _json(exc.status, exc.body())
+        entry["status"] = response.status
+        return response
+
+    def _route(self, method: str, path: str, params: dict[str, str], headers: Mapping[str, str],
+               body: bytes) -> Response:
+        for prefix in _API_PATHS:
+            if path.startswith(prefix + "/"):
+                rest = path[len(prefix):]
+                break
+        else:
+            raise ApiError(404, 0, "No such endpoint", name="Not Found")
+        if rest == "/token":
+            self._only(method, "POST")
+            return self._issue_token(headers, body)
+        token = self._authorize(headers)
+        if rest == "/info/token":
+            self._only(method, "GET")
+            return self._token_info(token)
+        if rest == "/bibs":
+            self._only(method, "GET")
+            return self._bibs(params)
+        if rest == "/bibs/query":
+            if method == "GET":
+                raise ApiError(400, 106)
+            self._only(method, "POST")
+            return self._query(params, body)
+        if rest == "/bibs/marc":
+            if method == "DELETE":
+                raise ApiError(403, 0, "Deleting exports in bulk is not permitted", name="Forbidden")
+            self._only(method, "GET")
+            return self._export(params)
+        match = _FILE_PATH_RE.fullmatch(rest)
+        if match:
+            return self._file(method, match.group(1))
+        match = _BIB_PATH_RE.fullmatch(rest)
+        if match:
+            self._only(method, "GET")
+            if match.group(2):
+                return self._bib_marc(match.group(1), params, headers)
+            return self._bib(match.group(1), params)
+        raise ApiError(404, 0, "No such endpoint", name="Not Found")
+
+    @staticmethod
+    def _only(method: str, allowed: str) -> None:
+        if method != allowed:
+            raise ApiError(405, 0, f"Use {allowed}", name="Method Not Allowed")
+
+    @staticmethod
+    def _check_params(params: Mapping[str, str], allowed: frozenset[str]) -> None:
+        unknown = sorted(set(params) - allowed)
+        if unknown:
+            raise ApiError(400, 106, f"Parameter not recognized: {unknown[0]}")
+
+    # ----------------------------------------------------------------- auth
+    def _issue_token(self, headers: Mapping[str, str], body: bytes) -> Response:
+        scheme, _, credentials = (headers.get("Authorization") or "").partition(" ")
+        try:
+            key, _, secret = base64.b64decode(credentials.strip(), validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            key = secret = ""
+        if scheme.lower() != "basic" or (key, secret) != (self.client_key, self.client_secret):
+            raise ApiError(401, 113, "Invalid or missing authorization header")
+        form = dict(parse_qsl(body.decode("utf-8", "replace")))
+        if form.get("grant_type", "client_credentials") != "client_credentials":
+            raise ApiError(400, 108, "Invalid parameter : unsupported grant_type")
+        now = self.catalogue.clock_epoch
+        with self._lock:
+            self.tokens_issued += 1
+            serial = self.tokens_issued
+            token = hashlib.sha256(f"{self.client_key}:{serial}:{now}".encode()).hexdigest()[:48]
+            self._tokens[token] = _Token(serial, now)
+        return _json(200, {"access_token": token, "token_type": "bearer", "expires_in": self.token_lifetime})
+
+    def _authorize(self, headers: Mapping[str, str]) -> _Token:
+        scheme, _, token = (headers.get("Authorization") or "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise ApiError(401, 113, "Invalid or missing authorization header")
+        now = self.catalogue.clock_epoch
+        with self._lock:
+            issued = self._tokens.get(token)
+            valid = (issued is not None and issued.serial > self._revoked_through
+                     and now < issued.issued + self.token_lifetime)
+        if not valid or issued is None:
+            description = "invalid_grant" if self.expired_token_code == 123 else "invalid_token"
+            raise ApiError(401, self.expired_token_code, description)
+        return issued
+
+    def _token_info(self, token: _Token) -> Response:
+        remaining = token.issued + self.token_lifetime - self.catalogue.clock_epoch
+        return _json(200, {
+            "keyId": self.client_key, "grantType": "client_credentials", "authorizationScheme": "Bearer",
+            "expiresIn": remaining,
+            "roles": [{"name": "Bibs_Read", "tokenLifetime": self.token_lifetime,
+                       "permissions": [{"name": "Bibs_Read", "operation": "read"}]}],
+        })
+
+    # ----------------------------------------------------------------- bibs
+    def _bib_query(self, params: Mapping[str, str]) -> BibQuery:
+        low = high = None
+        id_list = None
+        if "id" in params:
+            low, high, id_list = parse_ids(params["id"])
+        return BibQuery(
+            id_low=low, id_high=high, id_list=id_list,
+            updated=parse_date_range(params["updatedDate"]) if "updatedDate" in params else None,
+            created=parse_date_range(params["createdDate"]) if "createdDate" in params else None,
+            deleted_days=(_days(parse_date_range(params["deletedDate"], dates_only=True))
+                          if "deletedDate" in params else None),
+            deleted=_bool_param(params, "deleted"), suppressed=_bool_param(params, "suppressed"),
+            legacy_deleted_stubs=self.legacy_deleted_stubs,
+        )
+
+    def _bibs(self, params: Mapping[str, str]) -> Response:
+        self._check_params(params, _BIBS_PARAMS)
+        limit = min(_int_param(params, "limit", DEFAULT_LIMIT, 1), MAX_LIMIT)  # silently capped
+        offset = _int_param(params, "offset", 0, 0)
+        names = parse_fields(params.get("fields"))
+        query = self._bib_query(params)
+        if names == "all":
+            if query.deleted:
+                raise ApiError(500, 111)  # production answers fields=,&deleted=true with a bare 500
+            names = tuple(n for n in ALL_FIELDS if n != "deletedDate")
+        numbers = self.catalogue.select(query, offset, limit)
+        if not numbers:
+            if query.deleted and query.deleted_days is not None:
+                return _json(200, {"start": offset, "entries": []})
+            raise ApiError(404, 107)
+        entries = [render_entry(bib, names) for bib in self.catalogue.bibs(numbers)]
+        return _json(200, {"total": len(entries), "start": offset, "entries": entries})
+
+    def _bib(self, bib_id: str, params: Mapping[str, str]) -> Response:
+        self._check_params(params, frozenset({"fields"}))
+        names = parse_fields(params.get("fields"))
+        bib = self.catalogue.get(bib_id)
+        if bib is None:
+            raise ApiError(404, 107)
+        if names == "all":
+            names = tuple(n for n in ALL_FIELDS if n != "deletedDate")
+        return _json(200, render_entry(bib, names))
+
+    def _bib_marc(self, bib_id: str, params: Mapping[str, str], headers: Mapping[str, str]) -> Response:
+        self._check_params(params, frozenset())
+        accepted = [part.split(";")[0].strip().lower() for part in (headers.get("Accept") or "").split(",")]
+        kind = next((a for a in accepted if a in MARC_TYPES), None)
+        if kind is None:
+            raise ApiError(400, 108, "Unknown content type")
+        bib = self.catalogue.get(bib_id)
+        if bib is None or bib.deleted:
+            raise ApiError(404, 107)
+        if kind == "application/marc-xml":
+            return Response(200, marc.marc_xml(bib), f"{kind};charset=UTF-8")
+        return Response(200, json.dumps(marc.marc_in_json(bib), ensure_ascii=False).encode(),
+                        f"{kind};charset=UTF-8")
+
+    # ---------------------------------------------------------------- query
+    def _query(self, params: Mapping[str, str], body: bytes) -> Response:
+        self._check_params(params, frozenset({"offset", "limit"}))
+        limit = min(_int_param(params, "limit", DEFAULT_LIMIT, 1), MAX_LIMIT)
+        offset = _int_param(params, "offset", 0, 0)
+        try:
+            predicate = _compile_query(json.loads(body or b"null"))
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise ApiError(400, 108, f"Invalid parameter : invalid JSON query ({exc})") from None
+        catalogue = self.catalogue
+        live = [int(i) for i in catalogue.sorted_live_ids()]
+        hits = [bib.id for bib in catalogue.bibs(live) if predicate(bib)][offset:offset + limit]
+        entries = [{"link": f"{self.base_url}/bibs/{bib_id}"} for bib_id in hits]
+        return _json(200, {"total": len(entries), "start": offset, "entries": entries})
+
+    # --------------------------------------------------------------- export
+    def _export(self, params: Mapping[str, str]) -> Response:
+        self._check_params(params, _EXPORT_PARAMS)
+        limit = min(_int_param(params, "limit", DEFAULT_LIMIT, 1), MAX_LIMIT)
+        offset = _int_param(params, "offset", 0, 0)
+        query = self._bib_query(params)
+        now = self.catalogue.clock_epoch
+        with self._lock:
+            if self._export_failures:
+                code = self._export_failures.pop(0)
+                description = ("bib2Marc process failed twice. No records exported, check parameters"
+                               if code == 135 else None)
+                raise ApiError(500, code, description)
+            if self._quota_start is None or now >= self._quota_start + HOUR:
+                self._quota_start, self._quota_used = now, 0
+            if self.export_quota is not None and self._quota_used >= self.export_quota:
+                minutes = math.ceil((self._quota_start + HOUR - now) / 60)
+                raise ApiError(500, 138, f"Rate exceeded for endpoint. Try again in {minutes} minutes")
+            self._quota_used += 1
+        live_query = replace(query, deleted=False)
+        numbers = self.catalogue.select(live_query, offset, limit)
+        if not numbers and not self.empty_export_file:
+            raise ApiError(404, 107)
+        records = [marc.export_record(bib) for bib in self.catalogue.bibs(numbers)]
+        data = b"".join(r for r, _ in records)
+        summary: dict[str, Any] = {"inputRecords": len(records), "outputRecords": len(records),
+                                   "errors": sum(1 for _, cut in records if cut)}
+        if query.id_list is not None:
+            deleted = len(self.catalogue.select(BibQuery(id_list=query.id_list, deleted=True)))
+            if deleted:
+                summary["inputRecords"] += deleted
+                summary["deletedRecords"] = deleted
+        with self._lock:
+            self._file_seq += 1
+            self.exports_created += 1
+            name = f"{datetime.fromtimestamp(now, timezone.utc):%Y%m%dT%H%M%S}-bibs-{self._file_seq}.mrc"
+            self._files[name] = data
+        return _json(200, {"file": f"{self.base_url}/bibs/marc/files/{name}", **summary})
+
+    def _file(self, method: str, name: str) -> Response:
+        if not name.endswith(".mrc"):
+            name += ".mrc"
+        with self._lock:
+            data = self._files.get(name)
+            if data is not None and method == "DELETE":
+                del self._files[name]
+        if data is None:
+            raise ApiError(404, 107)
+        if method == "DELETE":
+            return Response(204, b"", "")
+        self._only(method, "GET")
+        return Response(200, data, "application/octet-stream")
+
+    # --------------------------------------------------------- control API
+    def handle_control(self, method: str, action: str, body: bytes | None) -> Response:
+        """Out-of-process control: POST /_control/<action> (JSON) or GET reports."""
+        if method == "GET":
+            return self._control_get(action)
+        try:
+            data = json.loads(body or b"{}")
+            if not isinstance(data, dict):
+                raise ValueError("body must be a JSON object")
+            handler = getattr(self, f"_control_{action}", None)
+            if handler is None:
+                return _json(404, {"error": f"unknown action: {action}"})
+            return _json(200, handler(data))
+        except (ValueError, KeyError, TypeError) as exc:
+            return _json(400, {"error": f"{type(exc).__name__}: {exc}"})
+
+    def _control_get(self, action: str) -> Response:
+        catalogue = self.catalogue
+        if action in ("live_ids", "deleted_ids"):
+            ids = catalogue.sorted_live_ids() if action == "live_ids" else sorted(catalogue.deleted_ids())
+            return Response(200, "".join(f"{i}\n" for i in ids).encode(), "text/plain; charset=utf-8")
+        if action == "state":
+            with self._lock:
+                state = {"tokens_issued": self.tokens_issued, "requests": len(self.requests),
+                         "open_export_files": sorted(self._files), "exports_created": self.exports_created,
+                         "export_quota": self.export_quota, "exports_this_hour": self._quota_used,
+                         "errors": list(self.errors)}
+            return _json(200, {**catalogue.counts(), "clock": iso_z(catalogue.clock_epoch),
+                               "base_url": self.base_url, **state})
+        if action == "requests":
+            with self._lock:
+                return _json(200, {"requests": list(self.requests)})
+        return _json(404, {"error": f"unknown report: {action}"})
+
+    def _control_mutate(self, data: dict[str, Any]) -> dict[str, Any]:
+        catalogue = self.catalogue
+        result: dict[str, Any] = {"edited": [], "deleted": [], "added": []}
+        with catalogue.lock:  # a harvest in flight sees all of it or none of it
+            if data.get("edit"):
+                result["edited"] += catalogue.edit(int(data["edit"]))
+            if data.get("edit_ids"):
+                result["edited"] += catalogue.edit_ids(data["edit_ids"])
+            if data.get("delete"):
+                result["deleted"] += catalogue.delete(int(data["delete"]))
+            if data.get("delete_ids"):
+                result["deleted"] += catalogue.delete_ids(data["delete_ids"])
+            if data.get("add"):
+                result["added"] += catalogue.add(int(data["add"]))
+            result["clock"] = iso_z(catalogue.clock_epoch)
+        return result
+
+    def _control_advance_clock(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.catalogue.advance_clock(float(data["seconds"]))
+        return {"clock": iso_z(self.catalogue.clock_epoch)}
+
+    def _control_expire_tokens(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.expire_tokens()
+        return {"ok": True}
+
+    def _control_fail_next(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.fail_next(int(data.get("count", 1)), int(data.get("status", 500)), data.get("body"),
+                       data.get("path_prefix"))
+        return {"ok": True}
+
+    def _control_empty_reply_next(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.empty_reply_next(int(data.get("count", 1)))
+        return {"ok": True}
+
+    def _control_hang_next(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.hang_next(float(data.get("seconds", 600)))
+        return {"ok": True}
+
+    def _control_fail_export_next(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.fail_export_next(int(data.get("code", 135)), int(data.get("count", 1)))
+        return {"ok": True}
+
+    def _control_reset_export_quota(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.reset_export_quota()
+        return {"ok": True}
+
+    def _control_set_export_quota(self, data: dict[str, Any]) -> dict[str, Any]:
+        quota = data.get("quota")
+        self.export_quota = None if quota is None else int(quota)
+        return {"ok": True}
+
+    def _control_clear_requests(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.clear_requests()
+        return {"ok": True}
+
+
+# ------------------------------------------------------------- JSON queries
+_FIXED_FIELD_VALUES: dict[int, Callable[[Bib], str]] = {
+    24: lambda b: b.lang[0], 26: lambda b: b.location, 30: lambda b: b.material_type[0],
+    31: lambda b: b.bcode3, 83: lambda b: day_text(b.created), 84: lambda b: day_text(b.updated),
+}
+_OPS: dict[str, Callable[[str, list[str]], bool]] = {
+    "equals": lambda v, o: v in o, "not_equal": lambda v, o: v not in o,
+    "greater_than": lambda v, o: v > o[0], "less_than": lambda v, o: v < o[0],
+    "greater_than_or_equal": lambda v, o: v >= o[0], "less_than_or_equal": lambda v, o: v <= o[0],
+    "between": lambda v, o: o[0] <= v <= o[1],
+}
+
+
+def _compile_query(node: Any) -> Callable[[Bib], bool]:
+    """A Create-Lists JSON query over a few fixed fields (84 updated, 83 created,
+    31 BCODE3, 24 lang, 26 location, 30 mat type); dates compare as YYYY-MM-DD."""
+    if isinstance(node, dict) and "queries" in node:
+        parts = node["queries"]
+        result = _compile_query(parts[0])
+        for joiner, part in zip(parts[1::2], parts[2::2]):
+            left, right = result, _compile_query(part)
+            if joiner == "and":
+                result = lambda b, left=left, right=right: left(b) and right(b)  # noqa: E731
+            elif joiner == "or":
+                result = lambda b, left=left, right=right: left(b) or right(b)  # noqa: E731
+            else:
+                raise ValueError(f"unknown joiner {joiner!r}")
+        return result
+    target, expr = node["target"], node["expr"]
+    if target["record"]["type"] != "bib":
+        raise ValueError("only bib targets are simulated")
+    value_of = _FIXED_FIELD_VALUES[int(target["id"])]
+    op = _OPS[expr["op"]]
+    operands = [str(o) for o in expr["operands"]]
+    return lambda bib: op(value_of(bib), operands)
+
+
+# --------------------------------------------------------------------- HTTP
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    sim: SierraSimulator
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Stay quiet: dropped connections are normal, anything else goes to sim.errors."""
+        exc = sys.exc_info()[1]
+        if exc is not None and not isinstance(exc, (ConnectionError, TimeoutError)):
+            self.sim._record_error(exc)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "SierraSimulator/1.0"
+    sys_version = ""
+    disable_nagle_algorithm = True  # avoid 40 ms delayed-ACK stalls on keep-alive
+    server: _Server
+
+    def setup(self) -> None:
+        self.timeout = self.server.sim.keep_alive_timeout  # idle keep-alive connections get closed
+        self.served_on_connection = 0
+        super().setup()
+        self.server.sim._track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.sim._track(self.connection, False)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """No per-request logging; the simulator keeps its own request log."""
+
+    def version_string(self) -> str:
+        return self.server_version
+
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        """The Date header comes from the simulated clock."""
+        return self.server.sim.http_date()
+
+    def do_GET(self) -> None:
+        self._dispatch()
+
+    def do_POST(self) -> None:
+        self._dispatch()
+
+    def do_DELETE(self) -> None:
+        self._dispatch()
+
+    def do_PUT(self) -> None:
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        sim = self.server.sim
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        url = urlsplit(self.path)
+        try:
+            if url.path.startswith("/_control/"):
+                result: Response | tuple[str, Any] = sim.handle_control(
+                    self.command, url.path[len("/_control/"):], body)
+            else:
+                result = sim.handle(self.command, url.path, url.query, self.headers, body)
+        except Exception as exc:  # a simulator bug must not hang the client
+            sim._record_error(exc)
+            result = Response(500, f"simulator error: {exc}\n".encode(), "text/plain; charset=utf-8")
+        if isinstance(result, tuple):
+            mode, detail = result
+            if mode == "hang":
+                sim._stopping.wait(detail)
+            self.close_connection = True  # no status line at all: an "empty reply"
+            return
+        self._send(result)
+
+    def _send(self, response: Response) -> None:
+        sim = self.server.sim
+        self.served_on_connection += 1
+        self.send_response(response.status)
+        if response.content_type:
+            self.send_header("Content-Type", response.content_type)
+        for name, value in response.headers.items():
+            self.send_header(name, value)
+        if self.served_on_connection >= sim.keep_alive_max:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        else:
+            timeout = math.ceil(sim.keep_alive_timeout)
+            self.send_header("Keep-Alive", f"timeout={timeout}, max={sim.keep_alive_max}")
+        self.send_header("Content-Length", str(len(response.body)))
+        self.end_headers()
+        self.wfile.write(response.body)

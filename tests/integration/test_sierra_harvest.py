@@ -1,0 +1,281 @@
+"""Sierra harvests end to end without Airflow: the Sierra simulator over loopback, real PostgreSQL.
+
+The harness plays the DAG: freeze (server Date, deletion day window), change poll or
+export, deletion poll, one apply, then both cursors move.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+
+from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
+from partner_harvest import pipeline
+from partner_harvest.errors import ConfigurationError, PartnerHttpError
+from partner_harvest.factory import Endpoint, build_adapter
+from partner_harvest.registry import Partner
+from partner_harvest.store import RunRef
+from partner_harvest.store.admin import live_identifiers
+from partner_harvest.window import DAY, Window, next_cursor, parse_instant
+
+KEY, SECRET = "demo-key", "s3cr3t-demo-secret"
+
+
+def partner(**kw) -> Partner:
+    options = {
+        "http": {"backoff_factor": 0.01, "backoff_max": 0.05, "retries": 2, "read_timeout": 30},
+        "sierra": {"server_error_backoff": 0.01, "server_error_tries": 3},
+        "export": {"limit": 100, "rate_limit_wait": 0},
+    }
+    options.update(kw.pop("options", {}))
+    base = dict(id="library", protocol="sierra", conn_id="unused", page_size=50, options=options)
+    base.update(kw)
+    return Partner(**base)
+
+
+class Harness:
+    def __init__(self, sim: SierraSimulator, conn: psycopg.Connection, p: Partner, secret: str = SECRET):
+        self.sim, self.conn, self.partner, self.secret = sim, conn, p, secret
+        self.cursor: datetime | None = None
+        self.deletions_cursor: datetime | None = None
+        self.runs = 0
+        self.sleeps: list[float] = []
+        self.on_sleep = lambda: None
+
+    def adapter(self):
+        adapter = build_adapter(self.partner, Endpoint(self.sim.base_url, KEY, self.secret))
+
+        def sleep(seconds: float) -> None:
+            self.sleeps.append(seconds)
+            self.on_sleep()
+
+        adapter.sleep = sleep
+        return adapter
+
+    def run(self, mode: str = "incremental", between=None):
+        self.runs += 1
+        run_id = f"run-{self.runs}"
+        adapter = self.adapter()
+        cursor = self.cursor if mode == "incremental" else None
+        window = pipeline.freeze_window(adapter, self.partner.lag, cursor, pipeline.RunRequest(mode),
+                                        {"deletions": self.deletions_cursor})
+        changes = pipeline.harvest_window(adapter, self.conn, RunRef(self.partner.id, run_id, "changes"), window)
+        if between:
+            between()
+        deletions = pipeline.poll_deletions(adapter, self.conn, RunRef(self.partner.id, run_id, "deletions"), window)
+        result = pipeline.apply_changes(self.conn, self.partner.id, run_id)
+        self.cursor = next_cursor(self.cursor, window)
+        plan = window.protocol["channels"]["deletions"]
+        day_window = Window(window.mode, None, parse_instant(plan["until"]), DAY, window.advances_cursor)
+        self.deletions_cursor = next_cursor(self.deletions_cursor, day_window)
+        return window, changes, deletions, result
+
+    def held(self) -> set[str]:
+        ids = live_identifiers(self.conn, self.partner.id)
+        self.conn.commit()
+        return ids
+
+
+@pytest.fixture
+def catalogue() -> SimulatedCatalogue:
+    return SimulatedCatalogue(bibs=500, deleted_fraction=0.04, seed=3)
+
+
+@pytest.fixture
+def sim(catalogue):
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as server:
+        yield server
+
+
+@pytest.fixture
+def harness(sim, conn) -> Harness:
+    return Harness(sim, conn, partner())
+
+
+def requests_to(sim, suffix: str) -> list[dict]:
+    return [r for r in sim.requests if r["path"].endswith(suffix)]
+
+
+def test_full_load_through_the_export_then_incremental(harness: Harness, catalogue, sim) -> None:
+    window, changes, deletions, result = harness.run()
+    assert window.is_full and deletions.fetched == 0  # a full load from scratch needs no deletion poll
+    assert harness.held() == catalogue.live_ids()
+    assert result.upserted == len(catalogue.live_ids()) and result.quarantined == 0
+    assert not sim.open_export_files  # every export file deleted
+    exports = [r for r in sim.requests if r["path"].endswith("/bibs/marc")]
+    starts = [int(r["query"]["id"].strip("[]").split(",")[0]) for r in exports]
+    assert starts == sorted(starts) and len(set(starts)) == len(starts)  # keyset, no re-export
+    row = harness.conn.execute(
+        "SELECT metadata_prefix, metadata, title FROM records WHERE partner_id = 'library' LIMIT 1").fetchone()
+    assert row[0] == "marc21" and "<record" in row[1] and "http://www.loc.gov/MARC21/slim" in row[1] and row[2]
+
+    catalogue.advance_clock(3600)
+    edited, deleted, added = catalogue.edit(10), catalogue.delete(5), catalogue.add(5)
+    sim.clear_requests()
+    window, changes, deletions, result = harness.run()
+    assert changes.fetched == len(set(edited) - set(deleted)) + len(added)  # deleted=false hides deletions
+    assert deletions.tombstones >= len(deleted)  # plus re-seen deletions inside the overlap
+    assert harness.held() == catalogue.live_ids()
+    assert result.purged == len(deleted)
+    assert result.upserted == len(set(edited) - set(deleted)) + len(added)
+    poll = [r["query"] for r in requests_to(sim, "/bibs") if r["query"].get("deleted") == "false"]
+    assert poll and all(q["updatedDate"].endswith("Z]") and q["fields"] == "id,updatedDate,createdDate,deleted,suppressed,marc"
+                        for q in poll)
+    deletion_polls = [r["query"] for r in requests_to(sim, "/bibs") if r["query"].get("deleted") == "true"]
+    assert deletion_polls and all(q["fields"] == "id,deletedDate" for q in deletion_polls)
+    held_title = harness.conn.execute(
+        "SELECT title FROM records WHERE partner_id = 'library' AND identifier = %s", (sorted(set(edited) - set(deleted))[0],)
+    ).fetchone()[0]
+    assert "revision" in held_title
+
+
+def test_change_poll_pages_by_keyset_and_stops_on_a_short_page(harness: Harness, catalogue, sim) -> None:
+    harness.run()
+    catalogue.advance_clock(60)
+    edited = catalogue.edit(120)  # 50 per page: pages of 50, 50, 20
+    sim.clear_requests()
+    _, changes, _, _ = harness.run()
+    assert changes.fetched == 120
+    polls = [r["query"] for r in requests_to(sim, "/bibs") if r["query"].get("deleted") == "false"]
+    assert len(polls) == 3  # the 20-entry page ends it; `total` (= page size) is never trusted
+    lows = [int(q["id"].strip("[]").rstrip(",")) for q in polls]
+    assert lows[0] == 0 and lows[1] == int(sorted(edited)[49]) + 1 and lows[2] == int(sorted(edited)[99]) + 1
+    assert all(q["limit"] == "50" for q in polls)
+
+
+def test_empty_windows_are_zero_results_not_errors(harness: Harness, sim) -> None:
+    harness.run()
+    sim.clear_requests()
+    # Nothing changed: the change poll gets 404/107, the deletion poll 200 with no entries.
+    _, changes, deletions, result = harness.run()
+    assert changes.fetched == 0 and result.fetched == deletions.fetched
+    statuses = {(r["query"].get("deleted"), r["status"]) for r in requests_to(sim, "/bibs")}
+    assert ("false", 404) in statuses
+
+
+def test_token_expiring_mid_run_is_refreshed_once(harness: Harness, catalogue, sim) -> None:
+    harness.run()
+    catalogue.advance_clock(60)
+    catalogue.edit(120)
+    tokens_before = sim.tokens_issued
+    adapter_factory = harness.adapter
+
+    def adapter_whose_token_expires_after_the_first_page():
+        adapter = adapter_factory()
+        pages = adapter.client.bib_pages
+
+        def expiring(params, limit, start_id=0):
+            for index, page in enumerate(pages(params, limit, start_id)):
+                yield page
+                if index == 0:
+                    sim.expire_tokens()
+
+        adapter.client.bib_pages = expiring
+        return adapter
+
+    harness.adapter = adapter_whose_token_expires_after_the_first_page
+    harness.run()
+    assert harness.held() == catalogue.live_ids()
+    assert any(r["status"] == 401 for r in sim.requests)
+    assert sim.tokens_issued >= tokens_before + 2  # freeze's adapter + the refresh after the 401
+
+
+def test_bad_credentials_fail_at_once_without_leaking_the_secret(conn, sim) -> None:
+    harness = Harness(sim, conn, partner(), secret="wrong-" + SECRET)
+    with pytest.raises(ConfigurationError) as err:
+        harness.run()
+    assert not err.value.retryable
+    assert "client credentials" in str(err.value) and SECRET not in str(err.value)
+    assert "library" in str(err.value)
+
+
+def test_deletion_poll_500_fails_with_query_and_body_and_nothing_lands(harness: Harness, catalogue, sim) -> None:
+    harness.run()
+    held = harness.held()
+    catalogue.advance_clock(60)
+    catalogue.delete(3)
+    sim.fail_next(10, status=500, body='{"code":111,"name":"database is on fire"}', path_prefix="deleted=true")
+    cursor, deletions_cursor = harness.cursor, harness.deletions_cursor
+    with pytest.raises(PartnerHttpError) as err:
+        harness.run()
+    message = str(err.value)
+    assert "deleted=true" in message and "deletedDate" in message and "database is on fire" in message
+    harness.conn.rollback()
+    assert harness.held() == held
+    assert (harness.cursor, harness.deletions_cursor) == (cursor, deletions_cursor)
+    tries = [r for r in sim.requests if r["query"].get("deleted") == "true"]
+    assert len(tries) == 3  # a small number of tries, then fail: never "an empty day"
+
+
+def test_export_truncation_is_refetched_whole(conn) -> None:
+    catalogue = SimulatedCatalogue(bibs=300, deleted_fraction=0.0, oversized_every=50, seed=8)
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
+        harness = Harness(sim, conn, partner())
+        harness.run()
+        oversized = {bib_id for bib_id in catalogue.live_ids() if catalogue.is_oversized(int(bib_id) - 1000000)}
+        assert oversized and harness.held() == catalogue.live_ids()
+        refetched = {r["path"].split("/")[-2] for r in sim.requests if r["path"].endswith("/marc") and "/bibs/1" in r["path"]}
+        assert oversized <= refetched
+        quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchone()[0]
+        assert quarantined == 0
+
+
+def test_export_rate_limit_waits_and_resumes_without_re_exporting(conn) -> None:
+    catalogue = SimulatedCatalogue(bibs=500, deleted_fraction=0.0, seed=9)
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET, export_quota=2) as sim:
+        harness = Harness(sim, conn, partner())
+        harness.on_sleep = sim.reset_export_quota
+        harness.run()
+        assert harness.held() == catalogue.live_ids()
+        assert len(harness.sleeps) == 2  # 5 blocks of 100 with a quota of 2 per hour
+        ok_exports = [r for r in sim.requests if r["path"].endswith("/bibs/marc") and r["status"] == 200]
+        starts = [r["query"]["id"] for r in ok_exports]
+        assert len(starts) == len(set(starts)) == 5
+
+
+def test_invalid_marc_is_quarantined(conn) -> None:
+    catalogue = SimulatedCatalogue(bibs=200, deleted_fraction=0.0, invalid_every=40, seed=4)
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
+        harness = Harness(sim, conn, partner())
+        _, changes, _, result = harness.run()
+        invalid = {b for b in catalogue.live_ids() if catalogue.is_invalid(int(b) - 1000000)}
+        assert invalid and result.quarantined == len(invalid)
+        assert harness.held() == catalogue.live_ids() - invalid
+        reasons = {r[0] for r in conn.execute("SELECT reason FROM quarantine")}
+        assert reasons == {"MARC: no title (245 $a)"}
+
+
+def test_a_deletion_beats_an_edit_made_earlier_the_same_day(harness: Harness, catalogue, sim) -> None:
+    harness.run()
+    catalogue.advance_clock(60)
+    victim = catalogue.edit(1)[0]
+
+    def delete_between_the_two_polls() -> None:
+        catalogue.delete_ids([victim])  # same simulated day as the edit, after the change poll saw it
+
+    _, changes, deletions, result = harness.run(between=delete_between_the_two_polls)
+    assert changes.records == 1 and deletions.tombstones >= 1
+    assert victim not in harness.held() and harness.held() == catalogue.live_ids()
+
+
+def test_a_version_stamped_after_the_deletion_day_wins(harness: Harness, catalogue, conn) -> None:
+    """A record re-created after its deletion day is kept (tombstone = D 23:59:59Z)."""
+    from partner_harvest.records import Record, Tombstone
+    from partner_harvest.store import StagingWriter, apply_run, begin_run, finish_harvest
+    from partner_harvest.records import HarvestStats
+
+    harness.run()
+    victim = sorted(catalogue.live_ids())[0]
+    xml = conn.execute("SELECT metadata FROM records WHERE identifier = %s", (victim,)).fetchone()[0]
+    day = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    window = Window("incremental", day, day + timedelta(days=2), "seconds", True)
+    for channel, item in (("changes", Record(victim, day + timedelta(days=1, hours=8), "marc21", xml, (), "again")),
+                          ("deletions", Tombstone(victim, day + timedelta(hours=23, minutes=59, seconds=59)))):
+        run = RunRef("library", "race", channel)
+        begin_run(conn, run, window, "marc21")
+        StagingWriter(conn, run).write_page([item])
+        finish_harvest(conn, run, HarvestStats(pages=1, fetched=1))
+    result = apply_run(conn, "library", "race")
+    assert result.purged == 0 and victim in harness.held()

@@ -1,9 +1,10 @@
 """The main job, end to end on one machine: harvest the demo partners through Airflow.
 
-Starts an embedded PostgreSQL (or uses HARVEST_DATABASE_URL) and the project's OAI-PMH
-simulator, runs ``harvest_demo`` once (a full harvest: no cursor yet), lets the partner
-edit, delete and add records, runs it again (incremental, from the cursor), and prints
-what landed from ``harvest_runs`` next to the partner's own live set.
+Starts an embedded PostgreSQL (or uses HARVEST_DATABASE_URL) and the project's two
+partner simulators (an OAI-PMH museum, a Sierra library catalogue), runs each partner's
+DAG once (a full harvest: no cursor yet), lets the partners edit, delete and add
+records, runs each DAG again (incremental, from the cursors), and prints what landed
+from ``harvest_runs`` next to each partner's own live set.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ from partner_harvest.store.admin import forget_partner, live_identifiers, run_su
 AIRFLOW = str(ROOT / ".venv" / "bin" / "airflow")
 
 
-def airflow_env(pg_uri: str, oai_url: str) -> dict[str, str]:
+SIERRA_KEY, SIERRA_SECRET = "demo-key", "demo-secret"
+
+
+def airflow_env(pg_uri: str, oai_url: str, sierra_url: str) -> dict[str, str]:
     pg = conninfo_to_dict(pg_uri)
     env = dict(os.environ)
     env.update({
@@ -41,6 +45,8 @@ def airflow_env(pg_uri: str, oai_url: str) -> dict[str, str]:
         "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT)]),
         "HARVEST_PARTNERS_FILE": str(ROOT / "include" / "partners.yaml"),
         "AIRFLOW_CONN_PARTNER_DEMO": json.dumps({"conn_type": "http", "host": oai_url}),
+        "AIRFLOW_CONN_PARTNER_DEMO_LIBRARY": json.dumps(
+            {"conn_type": "http", "host": sierra_url, "login": SIERRA_KEY, "password": SIERRA_SECRET}),
         "AIRFLOW_CONN_AGGREGATION_DB": json.dumps({
             "conn_type": "postgres",
             "host": pg.get("host"),
@@ -54,22 +60,22 @@ def airflow_env(pg_uri: str, oai_url: str) -> dict[str, str]:
 
 
 @contextmanager
-def oai_simulator(records: int) -> Iterator[str]:
-    cmd = [sys.executable, "-m", "include.simulators.oai_pmh", "--records", str(records),
-           "--page-size", "200", "--granularity", "seconds", "--formats", "oai_dc,lido", "--port", "0"]
+def simulator(module: str, *args: str) -> Iterator[str]:
+    """Start a partner simulator process; yields its base URL."""
+    cmd = [sys.executable, "-m", f"include.simulators.{module}", *args, "--port", "0"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline().strip() if proc.stdout else ""
         if not line.startswith("listening on "):
-            raise SystemExit(f"the OAI-PMH simulator did not start: {line!r}")
+            raise SystemExit(f"the {module} simulator did not start: {line!r}")
         yield line.removeprefix("listening on ")
     finally:
         proc.terminate()
         proc.wait(timeout=10)
 
 
-def control(oai_url: str, action: str, body: dict | None = None, method: str = "POST") -> object:
-    base = oai_url.rsplit("/", 1)[0]
+def control(url: str, action: str, body: dict | None = None, method: str = "POST") -> object:
+    base = url.split("/iii/")[0] if "/iii/" in url else url.rsplit("/", 1)[0]
     data = json.dumps(body or {}).encode() if method == "POST" else None
     request = urllib.request.Request(f"{base}/_control/{action}", data=data, method=method,
                                      headers={"Content-Type": "application/json"})
@@ -93,12 +99,12 @@ def run_dag(env: dict[str, str], dag_id: str, label: str) -> None:
 def print_runs(conn, partner_id: str) -> None:
     rows = list(reversed(run_summary(conn, partner_id, limit=10)))
     print(f"\nharvest_runs for partner '{partner_id}':")
-    header = f"  {'mode':<12}{'window from':<22}{'window until':<22}{'pages':>6}{'fetched':>9}" \
+    header = f"  {'mode':<12}{'channel':<10}{'window from':<22}{'window until':<22}{'pages':>6}{'fetched':>9}" \
              f"{'upserted':>9}{'unchanged':>10}{'purged':>7}{'quarant.':>9}  status"
     print(header)
     for row in rows:
         start = row["window_from"].strftime("%Y-%m-%dT%H:%M:%SZ") if row["window_from"] else "(full)"
-        print(f"  {row['mode']:<12}{start:<22}{row['window_until'].strftime('%Y-%m-%dT%H:%M:%SZ'):<22}"
+        print(f"  {row['mode']:<12}{row['channel']:<10}{start:<22}{row['window_until'].strftime('%Y-%m-%dT%H:%M:%SZ'):<22}"
               f"{row['pages']:>6}{row['fetched']:>9}{row['upserted']:>9}{row['unchanged']:>10}"
               f"{row['purged']:>7}{row['quarantined']:>9}  {row['status']}")
 
@@ -110,40 +116,63 @@ def main() -> int:
 
     pg_uri = embedded_pg.start("demo", keep_running=True)
     print(f"==> aggregation database: {'HARVEST_DATABASE_URL' if os.environ.get(embedded_pg.DATABASE_URL_ENV) else 'embedded PostgreSQL (pgserver)'}")
+    partners = {"demo": "harvest_demo", "demo_library": "harvest_demo_library"}
     with connect(pg_uri) as conn:
         ensure_schema(conn)
-        forget_partner(conn, "demo")
-    with oai_simulator(args.records) as oai_url:
-        print(f"==> demo partner: OAI-PMH simulator at {oai_url} ({args.records} records)")
-        env = airflow_env(pg_uri, oai_url)
+        for partner_id in partners:
+            forget_partner(conn, partner_id)
+    n = args.records
+    oai_args = ("--records", str(n), "--page-size", "200", "--granularity", "seconds", "--formats", "oai_dc,lido")
+    sierra_args = ("--bibs", str(n), "--client-key", SIERRA_KEY, "--client-secret", SIERRA_SECRET)
+    with simulator("oai_pmh", *oai_args) as oai_url, simulator("sierra", *sierra_args) as sierra_url:
+        print(f"==> partner 'demo': OAI-PMH simulator at {oai_url} ({n} records)")
+        print(f"==> partner 'demo_library': Sierra simulator at {sierra_url} ({n} bibs)")
+        urls = {"demo": oai_url, "demo_library": sierra_url}
+        env = airflow_env(pg_uri, oai_url, sierra_url)
         (ROOT / ".airflow-demo").mkdir(exist_ok=True)
         subprocess.run([AIRFLOW, "db", "migrate"], env=env, cwd=ROOT, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        subprocess.run([AIRFLOW, "variables", "delete", "harvest_cursor__demo"], env=env, cwd=ROOT,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for partner_id in partners:
+            for key in (f"harvest_cursor__{partner_id}", f"harvest_cursor__{partner_id}__deletions"):
+                subprocess.run([AIRFLOW, "variables", "delete", key], env=env, cwd=ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-        run_dag(env, "harvest_demo", "First run (no cursor: full harvest)")
-        n = args.records
-        changed = control(oai_url, "mutate", {"edit": n // 100, "delete": n // 200, "add": n // 200})
-        print(f"\n==> the partner edited {len(changed['edited'])}, deleted {len(changed['deleted'])} "
-              f"and added {len(changed['added'])} records")
-        run_dag(env, "harvest_demo", "Second run (incremental from the cursor)")
+        for dag_id in partners.values():
+            run_dag(env, dag_id, "First run (no cursor: full harvest)")
+        for partner_id, url in urls.items():
+            if partner_id == "demo_library":
+                control(url, "advance_clock", {"seconds": 3600})
+            changed = control(url, "mutate", {"edit": n // 100, "delete": n // 200, "add": n // 200})
+            print(f"\n==> partner '{partner_id}' edited {len(changed['edited'])}, deleted {len(changed['deleted'])} "
+                  f"and added {len(changed['added'])} records")
+        for dag_id in partners.values():
+            run_dag(env, dag_id, "Second run (incremental from the cursor)")
 
-        upstream = control(oai_url, "live_ids", method="GET")
+        upstream = {pid: control(url, "live_ids", method="GET") for pid, url in urls.items()}
         with connect(pg_uri) as conn:
-            print_runs(conn, "demo")
-            held = live_identifiers(conn, "demo")
-        cursor = subprocess.run([AIRFLOW, "variables", "get", "harvest_cursor__demo"], env=env,
-                                cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    same = held == upstream
-    print(f"\nrecords for 'demo': {len(held)}; the partner's live set: {len(upstream)}; "
-          f"identical: {'yes' if same else 'NO'}")
-    print(f"cursor Variable harvest_cursor__demo = {cursor}")
+            held = {}
+            for partner_id in partners:
+                print_runs(conn, partner_id)
+                held[partner_id] = live_identifiers(conn, partner_id)
+        cursors = {
+            key: subprocess.run([AIRFLOW, "variables", "get", key], env=env, cwd=ROOT,
+                                capture_output=True, text=True).stdout.strip()
+            for key in ("harvest_cursor__demo", "harvest_cursor__demo_library", "harvest_cursor__demo_library__deletions")
+        }
+    all_same = True
+    print()
+    for partner_id in partners:
+        same = held[partner_id] == upstream[partner_id]
+        all_same = all_same and same
+        print(f"records for '{partner_id}': {len(held[partner_id])}; the partner's live set: "
+              f"{len(upstream[partner_id])}; identical: {'yes' if same else 'NO'}")
+    for key, value in cursors.items():
+        until = json.loads(value)["until"] if value.startswith("{") else value
+        print(f"cursor Variable {key}: until {until}")
     print("\nThe embedded PostgreSQL keeps running for a look around:")
     print(f"  psql '{pg_uri}' -c 'SELECT * FROM harvest_runs'")
     print("Stop it with: .venv/bin/python -c 'from include import embedded_pg; embedded_pg.stop(\"demo\")'")
-    return 0 if same else 1
-
+    return 0 if all_same else 1
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -28,7 +28,7 @@ from partner_harvest.store import (
     fail_run,
     finish_harvest,
 )
-from partner_harvest.window import Window, plan_window
+from partner_harvest.window import Window, channel_window, plan_window
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +80,16 @@ def harvest_window(
 
 def poll_deletions(adapter: Any, conn: psycopg.Connection, run: RunRef, window: Window) -> HarvestStats:
     """Stream the separate deletions channel (Sierra) into the same run's staging."""
-    return _stage(adapter.poll_deletions, adapter.partner_id, conn, run, window)
+    return _stage(adapter.poll_deletions, adapter.partner_id, conn, run, window,
+                  audit_window=channel_window(window, "deletions"))
 
 
-def _stage(source: Any, partner_id: str, conn: psycopg.Connection, run: RunRef, window: Window) -> HarvestStats:
+def _stage(
+    source: Any, partner_id: str, conn: psycopg.Connection, run: RunRef, window: Window,
+    audit_window: Window | None = None,
+) -> HarvestStats:
     ensure_schema(conn)
-    begin_run(conn, run, window, window.protocol.get("metadata_prefix"))
+    begin_run(conn, run, audit_window or window, window.protocol.get("metadata_prefix"))
     stats = HarvestStats()
     writer = StagingWriter(conn, run)
     try:

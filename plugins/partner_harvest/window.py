@@ -135,3 +135,12 @@ def next_cursor(current: datetime | None, window: Window) -> datetime | None:
     if current is None or window.until > as_utc(current):
         return window.until
     return current
+
+
+def channel_window(window: Window, channel: str) -> Window | None:
+    """The own (day-granular) window of a run's extra channel, e.g. Sierra's deletions."""
+    plan = (window.protocol.get("channels") or {}).get(channel)
+    if not plan:
+        return None
+    start = parse_instant(plan["from"]) if plan.get("from") else None
+    return Window(window.mode, start, parse_instant(plan["until"]), DAY, window.advances_cursor, dict(plan))

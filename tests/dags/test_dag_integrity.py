@@ -19,7 +19,8 @@ def test_harvest_dag_shape(dagbag, partner) -> None:
     assert dag is not None
     assert {"freeze_window", "harvest_changes", "apply_changes", "advance_cursor"} <= set(dag.task_ids)
     assert dag.get_task("advance_cursor").upstream_task_ids >= {"apply_changes", "freeze_window"}
-    assert dag.get_task("apply_changes").upstream_task_ids == {"harvest_changes"}
+    channels = {"harvest_changes", "poll_deletions"} if partner.protocol == "sierra" else {"harvest_changes"}
+    assert dag.get_task("apply_changes").upstream_task_ids == channels
     assert dag.max_active_runs == 1 and dag.catchup is False
     assert set(dag.params.get_param("mode").schema["enum"]) == {"incremental", "full", "window"}
 

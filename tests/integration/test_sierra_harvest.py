@@ -18,7 +18,7 @@ from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef
 from partner_harvest.store.admin import live_identifiers
-from partner_harvest.window import DAY, Window, next_cursor, parse_instant
+from partner_harvest.window import Window, channel_window, next_cursor
 
 KEY, SECRET = "demo-key", "s3cr3t-demo-secret"
 
@@ -67,9 +67,7 @@ class Harness:
         deletions = pipeline.poll_deletions(adapter, self.conn, RunRef(self.partner.id, run_id, "deletions"), window)
         result = pipeline.apply_changes(self.conn, self.partner.id, run_id)
         self.cursor = next_cursor(self.cursor, window)
-        plan = window.protocol["channels"]["deletions"]
-        day_window = Window(window.mode, None, parse_instant(plan["until"]), DAY, window.advances_cursor)
-        self.deletions_cursor = next_cursor(self.deletions_cursor, day_window)
+        self.deletions_cursor = next_cursor(self.deletions_cursor, channel_window(window, "deletions"))
         return window, changes, deletions, result
 
     def held(self) -> set[str]:

@@ -21,7 +21,7 @@ from partner_harvest.errors import HarvestError
 from partner_harvest.factory import build_adapter
 from partner_harvest.registry import Partner, RegistryError, get_partner
 from partner_harvest.store import RunRef, connect
-from partner_harvest.window import DAY, Window, WindowError, parse_instant
+from partner_harvest.window import Window, WindowError, channel_window, parse_instant
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -129,10 +129,7 @@ def move_cursor(partner_id: str, window_data: dict[str, Any], context: dict[str,
     window = Window.from_dict(window_data)
     run_id = context["dag_run"].run_id
     moved = {"changes": advance_cursor(partner_id, window, run_id)}
-    for channel, plan in (window.protocol.get("channels") or {}).items():
-        until = parse_instant(plan["until"])
-        start = parse_instant(plan["from"]) if plan.get("from") else None
-        channel_window = Window(window.mode, start, until, DAY, window.advances_cursor)
-        moved[channel] = advance_cursor(partner_id, channel_window, run_id, channel)
+    for channel in window.protocol.get("channels") or {}:
+        moved[channel] = advance_cursor(partner_id, channel_window(window, channel), run_id, channel)
     return moved
 

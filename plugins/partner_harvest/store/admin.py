@@ -27,7 +27,7 @@ def run_summary(conn: psycopg.Connection, partner_id: str | None = None, limit: 
                list_size_mismatch, token_restarts, error, started_at, applied_at
         FROM harvest_runs
         WHERE %(pid)s::text IS NULL OR partner_id = %(pid)s
-        ORDER BY started_at DESC LIMIT %(limit)s
+        ORDER BY started_at DESC, channel DESC LIMIT %(limit)s
         """,
         {"pid": partner_id, "limit": limit},
     )

@@ -1,0 +1,112 @@
+"""harvest_<sierra partner> through Airflow (dag.test): both cursors, and no secret anywhere."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
+from partner_harvest.registry import get_partner
+from partner_harvest.store import connect, ensure_schema
+from partner_harvest.store.admin import live_identifiers
+
+pytestmark = pytest.mark.airflow
+
+KEY, SECRET = "dag-key", "dag-secret-never-logged-7Q"
+CURSOR, DELETIONS = "harvest_cursor__daglibrary", "harvest_cursor__daglibrary__deletions"
+
+
+@pytest.fixture
+def catalogue() -> SimulatedCatalogue:
+    return SimulatedCatalogue(bibs=300, deleted_fraction=0.03, seed=21)
+
+
+@pytest.fixture
+def sierra_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db: str, catalogue, airflow_db):
+    registry = tmp_path / "partners.yaml"
+    registry.write_text(
+        "partners:\n"
+        "  - id: daglibrary\n"
+        "    protocol: sierra\n"
+        "    conn_id: partner_daglibrary\n"
+        "    page_size: 100\n"
+        "    options: {http: {backoff_factor: 0.01, retries: 2}, export: {limit: 100, rate_limit_wait: 0}}\n"
+    )
+    monkeypatch.setenv("HARVEST_PARTNERS_FILE", str(registry))
+    pg = conninfo_to_dict(db)
+    monkeypatch.setenv("AIRFLOW_CONN_AGGREGATION_DB", json.dumps({
+        "conn_type": "postgres", "host": pg.get("host"), "port": int(pg.get("port") or 5432),
+        "login": pg.get("user"), "password": pg.get("password") or None, "schema": pg["dbname"],
+    }))
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
+        monkeypatch.setenv("AIRFLOW_CONN_PARTNER_DAGLIBRARY", json.dumps(
+            {"conn_type": "http", "host": sim.base_url, "login": KEY, "password": SECRET}))
+        from airflow.models import Variable
+
+        for key in (CURSOR, DELETIONS):
+            Variable.delete(key)
+        yield sim
+        for key in (CURSOR, DELETIONS):
+            Variable.delete(key)
+
+
+def variable(key: str):
+    from airflow.models import Variable
+
+    return Variable.get(key, default_var=None, deserialize_json=True)
+
+
+def build_dag():
+    from partner_harvest.airflow.dag_factory import build_harvest_dag
+
+    dag = build_harvest_dag(get_partner("daglibrary"))
+    for task in dag.tasks:
+        task.retries = 0
+    return dag
+
+
+def xcom_text(dag_id: str) -> str:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(XComModel).filter(XComModel.dag_id == dag_id).all()
+        return " ".join(json.dumps(row.value, default=str) for row in rows)
+
+
+def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env, catalogue, db, capfd, caplog) -> None:
+    caplog.set_level(logging.DEBUG)
+    dag = build_dag()
+    assert {"freeze_window", "harvest_changes", "poll_deletions", "apply_changes", "advance_cursor"} == set(dag.task_ids)
+    assert dag.get_task("apply_changes").upstream_task_ids == {"harvest_changes", "poll_deletions"}
+
+    first = dag.test()
+    states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in first.get_task_instances()}
+    assert set(states.values()) == {"success"}, states
+    clock = catalogue.clock
+    assert variable(CURSOR)["until"] == clock.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert variable(DELETIONS)["until"] == clock.strftime("%Y-%m-%dT00:00:00Z")
+
+    catalogue.advance_clock(86400 * 2)
+    edited, deleted, added = catalogue.edit(6), catalogue.delete(4), catalogue.add(3)
+    second = dag.test()
+    states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in second.get_task_instances()}
+    assert set(states.values()) == {"success"}, states
+    with connect(db) as conn:
+        ensure_schema(conn)
+        assert live_identifiers(conn, "daglibrary") == catalogue.live_ids()
+        channels = dict(conn.execute(
+            "SELECT channel, purged FROM harvest_runs WHERE partner_id = 'daglibrary' AND run_id = %s",
+            (second.run_id,)).fetchall())
+    assert channels == {"changes": 0, "deletions": len(deleted)}
+    assert variable(DELETIONS)["until"] == catalogue.clock.strftime("%Y-%m-%dT00:00:00Z")
+
+    output = capfd.readouterr()
+    logged = output.out + output.err + caplog.text
+    assert "obtained an access token" in logged and "export page" in logged  # task logs were captured
+    assert SECRET not in logged
+    assert SECRET not in xcom_text("harvest_daglibrary")

@@ -15,6 +15,7 @@ from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
 from partner_harvest import pipeline
 from partner_harvest.errors import ConfigurationError, PartnerHttpError
 from partner_harvest.factory import Endpoint, build_adapter
+from partner_harvest.records import Tombstone
 from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef
 from partner_harvest.store.admin import live_identifiers
@@ -277,3 +278,84 @@ def test_a_version_stamped_after_the_deletion_day_wins(harness: Harness, catalog
         finish_harvest(conn, run, HarvestStats(pages=1, fetched=1))
     result = apply_run(conn, "library", "race")
     assert result.purged == 0 and victim in harness.held()
+
+
+# -- the reference's section 6, quirk by quirk (those not covered above) ---------------
+
+
+def test_page_size_is_never_above_the_2000_cap(conn, sim) -> None:
+    harness = Harness(sim, conn, partner(page_size=5000, options={"export": {"limit": 5000, "rate_limit_wait": 0}}))
+    harness.run()
+    harness.run()
+    limits = {r["query"].get("limit") for r in sim.requests if r["path"].endswith(("/bibs", "/bibs/marc"))}
+    assert limits == {"2000"}
+
+
+def test_legacy_deleted_stubs_are_tombstones_never_rejects(conn) -> None:
+    """Older Sierras returned deleted stubs in updatedDate windows; with deleted=false they
+    do not, and the separate deletion poll still catches every deletion."""
+    catalogue = SimulatedCatalogue(bibs=300, deleted_fraction=0.0, seed=12)
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET, legacy_deleted_stubs=True) as sim:
+        harness = Harness(sim, conn, partner())
+        harness.run()
+        catalogue.advance_clock(60)
+        deleted = catalogue.delete(4)
+        _, changes, deletions, result = harness.run()
+        assert changes.rejected == 0 and deletions.tombstones >= 4
+        assert result.purged == 4 and not set(deleted) & harness.held()
+        stub = harness.adapter()._entry_to_item({"id": "1000007", "deleted": True, "deletedDate": "2026-01-02"})
+        assert stub == Tombstone("1000007", datetime(2026, 1, 2, 23, 59, 59, tzinfo=timezone.utc))
+
+
+def test_transient_faults_are_retried(harness: Harness, catalogue, sim) -> None:
+    harness.run()
+    catalogue.advance_clock(60)
+    catalogue.edit(5)
+    sim.fail_next(2, status=500, path_prefix="deleted=false")  # transient 5xx on the change poll
+    sim.empty_reply_next(1)  # a connection closed without a response
+    _, changes, _, _ = harness.run()
+    assert changes.fetched == 5 and harness.held() == catalogue.live_ids()
+    statuses = [r["status"] for r in sim.requests]
+    assert statuses.count(500) == 2 and None in statuses
+
+
+def test_export_failure_135_is_retried(conn) -> None:
+    catalogue = SimulatedCatalogue(bibs=150, deleted_fraction=0.0, seed=13)
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
+        sim.fail_export_next(code=135, count=1)
+        harness = Harness(sim, conn, partner())
+        harness.run()
+        assert harness.held() == catalogue.live_ids()
+        assert [r["status"] for r in sim.requests if r["path"].endswith("/bibs/marc")][0] == 500
+
+
+def test_window_is_frozen_on_the_server_date_header(harness: Harness, catalogue) -> None:
+    catalogue.advance_clock(12345)
+    window, *_ = harness.run()
+    assert window.until == catalogue.clock.replace(microsecond=0)
+    assert window.protocol["channels"]["deletions"]["until"] == catalogue.clock.date().isoformat()
+
+
+def test_deletions_overlap_re_sees_yesterday_harmlessly(harness: Harness, catalogue, sim) -> None:
+    harness.run()
+    catalogue.advance_clock(3600)
+    deleted = catalogue.delete(3)
+    harness.run()
+    catalogue.advance_clock(86400)  # next day: the one-day overlap re-sweeps yesterday
+    sim.clear_requests()
+    _, _, deletions, result = harness.run()
+    polls = [r["query"]["deletedDate"] for r in sim.requests if r["query"].get("deleted") == "true"]
+    day_before = (catalogue.clock.date() - timedelta(days=2)).isoformat()
+    assert polls and polls[0].startswith(f"[{day_before},")
+    assert deletions.tombstones >= len(deleted) and result.purged == 0  # re-seen, nothing left to purge
+    assert harness.held() == catalogue.live_ids()
+
+
+def test_a_hanging_request_times_out_and_is_retried(conn, sim, catalogue) -> None:
+    harness = Harness(sim, conn, partner(options={"http": {"read_timeout": 0.5, "retries": 2, "backoff_factor": 0.01}}))
+    harness.run()
+    catalogue.advance_clock(60)
+    catalogue.edit(3)
+    sim.hang_next(seconds=5)
+    _, changes, _, _ = harness.run()
+    assert changes.fetched == 3 and harness.held() == catalogue.live_ids()

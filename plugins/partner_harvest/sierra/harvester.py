@@ -107,12 +107,13 @@ class SierraAdapter:
 
     def _entry_to_item(self, entry: dict[str, Any]) -> HarvestItem:
         bib_id = str(entry.get("id", "")).strip() or "(missing id)"
+        if entry.get("deleted") is True:
+            # Older Sierra versions return deleted stubs (id, deleted, deletedDate) here.
+            return self._tombstone(entry, bib_id)
         try:
             updated = parse_sierra_timestamp(str(entry["updatedDate"]))
         except (KeyError, ValueError):
             return Rejected(bib_id, f"bib without a usable updatedDate: {entry.get('updatedDate')!r}", _json(entry))
-        if entry.get("deleted") is True:
-            return Tombstone(bib_id, updated)
         if not entry.get("marc"):
             return Rejected(bib_id, "bib without its 'marc' field", _json(entry), updated, marc.PREFIX)
         try:
@@ -120,6 +121,13 @@ class SierraAdapter:
         except Exception as exc:
             return Rejected(bib_id, f"MARC-in-JSON unreadable: {type(exc).__name__}: {exc}", _json(entry), updated, marc.PREFIX)
         return marc.to_item(record, bib_id, updated)
+
+    def _tombstone(self, entry: dict[str, Any], bib_id: str) -> HarvestItem:
+        try:
+            day = date.fromisoformat(str(entry["deletedDate"])[:10])
+        except (KeyError, ValueError):
+            return Rejected(bib_id, f"deleted bib without a usable deletedDate: {entry.get('deletedDate')!r}", _json(entry))
+        return Tombstone(bib_id, end_of_day(day))
 
     # -- deletions -------------------------------------------------------------------
 
@@ -130,15 +138,7 @@ class SierraAdapter:
             return
         params = {"deleted": "true", "deletedDate": f"[{plan['from']},{plan['until']}]", "fields": DELETION_FIELDS}
         for entries in self.client.bib_pages(params, self.partner.page_size):
-            items: list[HarvestItem] = []
-            for entry in entries:
-                bib_id = str(entry.get("id", "")).strip()
-                try:
-                    day = date.fromisoformat(str(entry["deletedDate"])[:10])
-                except (KeyError, ValueError):
-                    items.append(Rejected(bib_id or "(missing id)", f"deleted bib without a usable deletedDate: {entry.get('deletedDate')!r}", _json(entry)))
-                    continue
-                items.append(Tombstone(bib_id, end_of_day(day)))
+            items = [self._tombstone(entry, str(entry.get("id", "")).strip() or "(missing id)") for entry in entries]
             self._write(items, sink, stats, "deletions")
 
     # -- full load -------------------------------------------------------------------

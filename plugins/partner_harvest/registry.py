@@ -56,6 +56,12 @@ class Partner:
     fields: tuple[str, ...] = ()
     deletion_overlap_days: int = 1
     pool_slots: int = 1
+    retries: int = 3
+    reconcile_schedule: str = "0 4 * * 0"
+    max_purge_fraction: float = 0.05
+    quarantine_alert_rate: float = 0.05
+    purge_alert_fraction: float = 0.05
+    quiet_period: timedelta = timedelta(days=7)
     options: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -65,6 +71,15 @@ class Partner:
     @property
     def cursor_key(self) -> str:
         return f"harvest_cursor__{self.id}"
+
+    @property
+    def reconcile_dag_id(self) -> str:
+        return f"reconcile_{self.id}"
+
+    @property
+    def pool(self) -> str:
+        """The Airflow pool that bounds concurrent requests to this partner's endpoint."""
+        return f"partner_{self.id}"
 
 
 def parse_duration(value: Any) -> timedelta:
@@ -116,6 +131,8 @@ def get_partner(partner_id: str, path: Path | str | None = None) -> Partner:
 _KNOWN_FIELDS = {
     "id", "protocol", "conn_id", "schedule", "lag", "metadata_prefix", "set", "description",
     "max_token_restarts", "page_size", "fields", "deletion_overlap_days", "pool_slots", "options",
+    "retries", "reconcile_schedule", "max_purge_fraction", "quarantine_alert_rate",
+    "purge_alert_fraction", "quiet_period",
 }
 
 
@@ -139,9 +156,22 @@ def _parse_partner(path: Path, index: int, entry: Any) -> Partner:
     conn_id = entry.get("conn_id")
     if not isinstance(conn_id, str) or not conn_id.strip():
         raise fail("conn_id", "required: the Airflow Connection whose host is the endpoint")
-    schedule = entry.get("schedule", Partner.schedule)
-    if not isinstance(schedule, str) or len(schedule.split()) != 5:
-        raise fail("schedule", f"must be a five-field cron expression, got {schedule!r}")
+    schedules = {}
+    for name in ("schedule", "reconcile_schedule"):
+        value = entry.get(name, getattr(Partner, name))
+        if not isinstance(value, str) or len(value.split()) != 5:
+            raise fail(name, f"must be a five-field cron expression, got {value!r}")
+        schedules[name] = value
+    fractions = {}
+    for name in ("max_purge_fraction", "quarantine_alert_rate", "purge_alert_fraction"):
+        value = entry.get(name, getattr(Partner, name))
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise fail(name, f"must be a fraction from 0 to 1, got {value!r}")
+        fractions[name] = float(value)
+    try:
+        quiet_period = parse_duration(entry.get("quiet_period", "7d"))
+    except ValueError as exc:
+        raise fail("quiet_period", str(exc)) from None
     try:
         lag = parse_duration(entry.get("lag", "10m"))
     except ValueError as exc:
@@ -158,6 +188,7 @@ def _parse_partner(path: Path, index: int, entry: Any) -> Partner:
         ("page_size", 2000, 1, 2000),
         ("deletion_overlap_days", 1, 0, 365),
         ("pool_slots", 1, 1, 64),
+        ("retries", 3, 0, 10),
     ):
         value = entry.get(name, default)
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -175,7 +206,9 @@ def _parse_partner(path: Path, index: int, entry: Any) -> Partner:
         id=pid,
         protocol=protocol,
         conn_id=conn_id.strip(),
-        schedule=schedule,
+        quiet_period=quiet_period,
+        **schedules,
+        **fractions,
         lag=lag,
         metadata_prefix=prefix.strip(),
         set_spec=set_spec,

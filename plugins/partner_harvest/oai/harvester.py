@@ -10,9 +10,12 @@ import logging
 import time
 
 from partner_harvest.adapters import ItemSink, PartnerClock
-from partner_harvest.errors import HarvestError
+from partner_harvest.errors import HarvestError, PartnerProtocolError
+from partner_harvest.oai import parse
 from partner_harvest.oai.client import OaiClient
+from partner_harvest.oai.errors import IdDoesNotExist
 from partner_harvest.oai.parse import DAY_GRANULARITY, format_datestamp
+from partner_harvest.records import HarvestItem
 from partner_harvest.oai.errors import BadResumptionToken
 from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner
@@ -27,6 +30,8 @@ class TokenRestartsExhausted(HarvestError):
 
 class OaiAdapter:
     """Harvests one OAI-PMH partner through an :class:`OaiClient`."""
+
+    fetch_chunk = 100  # GetRecord is one request per id; the chunk only bounds memory
 
     def __init__(self, partner: Partner, client: OaiClient):
         self.partner = partner
@@ -107,3 +112,51 @@ class OaiAdapter:
             )
         stats.extra["cleaned_pages"] = cleaned
 
+
+    # -- reconcile -------------------------------------------------------------------
+
+    def sweep_ids(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
+        """Every header up to the frozen until (ListIdentifiers: cheap, headers only)."""
+        prefix = window.protocol["metadata_prefix"]
+        until = format_datestamp(window.until, window.protocol.get("oai_granularity", DAY_GRANULARITY))
+        restarts = 0
+        while True:
+            try:
+                for page in self.client.list_pages("ListIdentifiers", metadata_prefix=prefix,
+                                                   set_spec=self.partner.set_spec, from_=None, until=until):
+                    stats.pages += 1
+                    rows = [(h.identifier, _stamp(h), h.deleted) for h in page.items if h.identifier]
+                    stats.fetched += len(rows)
+                    sink.write_page(rows)
+                    if stats.pages % 20 == 0 or not page.token:
+                        log.info("%s: reconcile sweep page %d: %d headers so far", self.partner_id, stats.pages, stats.fetched)
+                return
+            except BadResumptionToken:
+                restarts += 1
+                if restarts > self.partner.max_token_restarts:
+                    raise
+                log.warning("%s: resumptionToken expired during the sweep; restarting it", self.partner_id)
+                sink.reset()
+                stats.reset()
+
+    def fetch_records(self, window: Window, identifiers: list[str]) -> list[HarvestItem]:
+        """GetRecord for ids the aggregation lacks; an id gone meanwhile is skipped."""
+        prefix = window.protocol["metadata_prefix"]
+        items: list[HarvestItem] = []
+        for identifier in identifiers:
+            params = {"verb": "GetRecord", "identifier": identifier, "metadataPrefix": prefix}
+            try:
+                items.append(self.client.call(params, lambda c: parse.parse_get_record(c, prefix)))  # type: ignore[arg-type]
+            except PartnerProtocolError as exc:
+                if isinstance(exc.__cause__, IdDoesNotExist):
+                    log.info("%s: %s vanished during the reconcile; skipped", self.partner_id, identifier)
+                    continue
+                raise
+        return items
+
+
+def _stamp(header: parse.OaiHeader):
+    try:
+        return header.datestamp
+    except ValueError:
+        return None

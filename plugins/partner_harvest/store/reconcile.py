@@ -1,0 +1,132 @@
+"""SQL of a reconcile: the staged upstream id set against ``records``.
+
+Vanished records are staged as tombstones dated at the sweep's frozen until, so the
+normal one-transaction apply purges them (reason ``reconcile``) and can never purge a
+version that arrived after the sweep started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from datetime import datetime
+
+import psycopg
+
+from partner_harvest.store.runs import RunRef
+
+_COPY_IDS = "COPY reconcile_ids (partner_id, run_id, identifier, datestamp, deleted) FROM STDIN"
+
+
+@dataclass(frozen=True)
+class ReconcilePlan:
+    """What a reconcile would do; ``removals`` is what the mass-purge guard weighs."""
+
+    local: int
+    upstream_live: int
+    upstream_deleted: int
+    vanished: int  # held locally, absent upstream
+    deleted_upstream: int  # held locally, listed upstream as deleted
+    missing: int  # live upstream, not held locally
+
+    @property
+    def removals(self) -> int:
+        return self.vanished + self.deleted_upstream
+
+    def as_dict(self) -> dict[str, int]:
+        return {**asdict(self), "removals": self.removals}
+
+
+class IdSweepWriter:
+    """Stages the upstream id set page by page (memory bounded by a page)."""
+
+    def __init__(self, conn: psycopg.Connection, partner_id: str, run_id: str):
+        self.conn, self.partner_id, self.run_id = conn, partner_id, run_id
+
+    def reset(self) -> None:
+        with self.conn.transaction():
+            self.conn.execute("DELETE FROM reconcile_ids WHERE partner_id = %s AND run_id = %s",
+                              (self.partner_id, self.run_id))
+
+    def write_page(self, headers: list[tuple[str, datetime | None, bool]]) -> None:
+        if not headers:
+            return
+        with self.conn.transaction(), self.conn.cursor() as cur, cur.copy(_COPY_IDS) as copy:
+            for identifier, datestamp, deleted in headers:
+                copy.write_row((self.partner_id, self.run_id, identifier, datestamp, deleted))
+
+
+_PLAN = """
+WITH up AS (
+    SELECT DISTINCT ON (identifier) identifier, datestamp, deleted FROM reconcile_ids
+    WHERE partner_id = %(pid)s AND run_id = %(run)s
+    ORDER BY identifier, deleted ASC
+), mine AS (
+    SELECT identifier FROM records WHERE partner_id = %(pid)s
+)
+SELECT
+    (SELECT count(*) FROM mine),
+    (SELECT count(*) FROM up WHERE NOT deleted),
+    (SELECT count(*) FROM up WHERE deleted),
+    (SELECT count(*) FROM mine m WHERE NOT EXISTS (SELECT 1 FROM up u WHERE u.identifier = m.identifier)),
+    (SELECT count(*) FROM mine m JOIN up u USING (identifier) WHERE u.deleted),
+    (SELECT count(*) FROM up u WHERE NOT u.deleted
+        AND NOT EXISTS (SELECT 1 FROM mine m WHERE m.identifier = u.identifier))
+"""
+
+
+def plan(conn: psycopg.Connection, partner_id: str, run_id: str) -> ReconcilePlan:
+    row = conn.execute(_PLAN, {"pid": partner_id, "run": run_id}).fetchone()
+    conn.commit()
+    return ReconcilePlan(*row)
+
+
+def missing_identifiers(conn: psycopg.Connection, partner_id: str, run_id: str, chunk: int) -> Iterator[list[str]]:
+    """Live upstream ids the aggregation lacks, in chunks, streamed from the server."""
+    with conn.transaction(), conn.cursor(name="reconcile_missing") as cur:
+        cur.itersize = chunk
+        cur.execute(
+            """
+            SELECT DISTINCT u.identifier FROM reconcile_ids u
+            WHERE u.partner_id = %(pid)s AND u.run_id = %(run)s AND NOT u.deleted
+              AND NOT EXISTS (SELECT 1 FROM records r WHERE r.partner_id = %(pid)s AND r.identifier = u.identifier)
+              AND NOT EXISTS (SELECT 1 FROM reconcile_ids d WHERE d.partner_id = %(pid)s AND d.run_id = %(run)s
+                              AND d.identifier = u.identifier AND d.deleted)
+            ORDER BY 1
+            """,
+            {"pid": partner_id, "run": run_id},
+        )
+        batch: list[str] = []
+        for (identifier,) in cur:
+            batch.append(identifier)
+            if len(batch) >= chunk:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+
+def stage_removals(conn: psycopg.Connection, run: RunRef, until: datetime, first_seq: int) -> int:
+    """Stage tombstones for vanished and upstream-deleted records; returns how many."""
+    with conn.transaction():
+        cur = conn.execute(
+            """
+            INSERT INTO staging (partner_id, run_id, channel, seq, kind, identifier, datestamp)
+            SELECT %(pid)s, %(run)s, %(channel)s, %(seq)s + row_number() OVER (ORDER BY r.identifier), 'T',
+                   r.identifier, COALESCE(d.datestamp, %(until)s)
+            FROM records r
+            LEFT JOIN LATERAL (
+                SELECT max(u.datestamp) AS datestamp, bool_or(u.deleted) AS deleted, bool_or(NOT u.deleted) AS live
+                FROM reconcile_ids u
+                WHERE u.partner_id = %(pid)s AND u.run_id = %(run)s AND u.identifier = r.identifier
+            ) d ON true
+            WHERE r.partner_id = %(pid)s AND (d.live IS NULL OR (d.deleted AND NOT d.live))
+            """,
+            {"pid": run.partner_id, "run": run.run_id, "channel": run.channel, "seq": first_seq, "until": until},
+        )
+        return cur.rowcount
+
+
+def clear(conn: psycopg.Connection, partner_id: str, run_id: str) -> None:
+    with conn.transaction():
+        conn.execute("DELETE FROM reconcile_ids WHERE partner_id = %s AND run_id = %s", (partner_id, run_id))

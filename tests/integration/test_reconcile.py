@@ -1,0 +1,142 @@
+"""The full reconcile against the simulators over loopback and real PostgreSQL."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
+from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
+from partner_harvest import pipeline
+from partner_harvest.factory import Endpoint, build_adapter
+from partner_harvest.reconcile import MassPurgeRefused, reconcile
+from partner_harvest.registry import Partner
+from partner_harvest.store import RunRef
+from partner_harvest.store.admin import live_identifiers
+from partner_harvest.store.leases import HARVEST, RECONCILE, PartnerBusy, acquire, release
+
+FAST = {"http": {"backoff_factor": 0.01, "retries": 2}}
+
+
+def oai_partner(**kw) -> Partner:
+    base = dict(id="museum", protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc", options=FAST)
+    base.update(kw)
+    return Partner(**base)
+
+
+def full_harvest(adapter, conn, partner_id: str, run_id: str = "full") -> None:
+    window = pipeline.freeze_window(adapter, timedelta(minutes=10), None, pipeline.RunRequest("incremental"))
+    pipeline.harvest_window(adapter, conn, RunRef(partner_id, run_id), window)
+    pipeline.apply_changes(conn, partner_id, run_id)
+
+
+def held(conn: psycopg.Connection, partner_id: str) -> set[str]:
+    ids = live_identifiers(conn, partner_id)
+    conn.commit()
+    return ids
+
+
+def test_reconcile_removes_exactly_what_vanished_without_tombstones(conn) -> None:
+    repo = SimulatedRepository(records=25000, page_size=500, deleted_record="no", deleted_fraction=0.0, seed=31)
+    with OaiSimulator(repo) as sim:
+        partner = oai_partner()
+        adapter = build_adapter(partner, Endpoint(sim.base_url))
+        full_harvest(adapter, conn, "museum")
+        before = held(conn, "museum")
+        vanished = set(repo.delete(1000))  # deletedRecord=no: no tombstones, ever
+        added = set(repo.add(7))  # and a few the nightly run has not seen yet
+        # the nightly incremental run cannot see vanished records
+        result = reconcile(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, "reconcile-1")
+        assert result.plan.vanished == 1000 and result.purged == 1000
+        assert result.plan.missing == 7 and result.fetched_missing == 7 and result.upserted == 7
+        assert held(conn, "museum") == repo.live_identifiers() == (before - vanished) | added
+        reasons = conn.execute(
+            "SELECT reason, count(*) FROM deletions WHERE run_id = 'reconcile-1' GROUP BY reason").fetchall()
+        assert reasons == [("reconcile", 1000)]
+        sweep = [r for r in sim.requests if r.get("verb") == "ListIdentifiers"]
+        assert sweep and set(sweep[0]) == {"verb", "metadataPrefix", "until"}
+        assert conn.execute("SELECT count(*) FROM reconcile_ids").fetchone() == (0,)
+
+
+def test_mass_purge_is_refused_and_nothing_changes(conn) -> None:
+    repo = SimulatedRepository(records=2000, page_size=500, deleted_record="no", deleted_fraction=0.0, seed=32)
+    with OaiSimulator(repo) as sim:
+        partner = oai_partner()
+        full_harvest(build_adapter(partner, Endpoint(sim.base_url)), conn, "museum")
+        before = conn.execute("SELECT identifier, content_hash FROM records ORDER BY 1").fetchall()
+        repo.delete(400)  # 20%
+        repo.add(5)
+        with pytest.raises(MassPurgeRefused, match=r"remove 400 of 2000 records \(20.0%.*allow_mass_purge") as err:
+            reconcile(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, "reconcile-1")
+        assert not err.value.retryable
+        conn.rollback()
+        assert conn.execute("SELECT identifier, content_hash FROM records ORDER BY 1").fetchall() == before
+        assert conn.execute("SELECT count(*) FROM deletions").fetchone() == (0,)
+        status, error = conn.execute(
+            "SELECT status, error FROM harvest_runs WHERE run_id = 'reconcile-1'").fetchone()
+        assert status == "failed" and "mass-purge" in error
+        allowed = reconcile(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, "reconcile-2",
+                            allow_mass_purge=True)
+        assert allowed.purged == 400 and held(conn, "museum") == repo.live_identifiers()
+
+
+def test_a_partner_outage_listing_nothing_never_empties_the_aggregation(conn) -> None:
+    repo = SimulatedRepository(records=300, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=33)
+    with OaiSimulator(repo) as sim:
+        partner = oai_partner()
+        full_harvest(build_adapter(partner, Endpoint(sim.base_url)), conn, "museum")
+        repo.delete_ids(sorted(repo.live_identifiers()))  # the endpoint now answers noRecordsMatch
+        with pytest.raises(MassPurgeRefused):
+            reconcile(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, "outage")
+        conn.rollback()
+        assert len(held(conn, "museum")) == 300
+
+
+def test_deleted_headers_seen_by_the_sweep_purge_too(conn) -> None:
+    repo = SimulatedRepository(records=400, page_size=100, deleted_record="persistent", deleted_fraction=0.0, seed=34)
+    with OaiSimulator(repo) as sim:
+        partner = oai_partner()
+        full_harvest(build_adapter(partner, Endpoint(sim.base_url)), conn, "museum")
+        gone = set(repo.delete(6))  # tombstones the nightly run has not picked up yet
+        result = reconcile(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, "r")
+        assert result.plan.deleted_upstream == 6 and result.purged == 6
+        assert not gone & held(conn, "museum")
+
+
+def test_sierra_reconcile_sweeps_live_ids(conn) -> None:
+    catalogue = SimulatedCatalogue(bibs=400, deleted_fraction=0.0, seed=35)
+    with SierraSimulator(catalogue, client_key="k", client_secret="s") as sim:
+        partner = Partner(id="library", protocol="sierra", conn_id="-", page_size=100,
+                          options={**FAST, "export": {"limit": 100, "rate_limit_wait": 0}})
+        endpoint = Endpoint(sim.base_url, "k", "s")
+        full_harvest(build_adapter(partner, endpoint), conn, "library")
+        rng = random.Random(1)
+        lost = set(rng.sample(sorted(catalogue.live_ids()), 5))
+        conn.execute("DELETE FROM records WHERE identifier = ANY(%s)", (list(lost),))  # local loss
+        conn.commit()
+        gone = set(catalogue.delete(8))
+        sim.clear_requests()
+        result = reconcile(build_adapter(partner, endpoint), conn, partner, "r")
+        assert result.fetched_missing == 5 and result.purged == len(gone - lost)
+        assert held(conn, "library") == catalogue.live_ids()
+        sweeps = [r["query"] for r in sim.requests if r["path"].endswith("/bibs") and r["query"].get("fields") == "id"]
+        assert sweeps and all(q["deleted"] == "false" for q in sweeps)
+
+
+def test_reconcile_and_harvest_leases_exclude_each_other(conn) -> None:
+    acquire(conn, "p", "nightly-1", HARVEST, timedelta(hours=1))
+    acquire(conn, "p", "backfill-7", HARVEST, timedelta(hours=1))  # harvests may overlap
+    with pytest.raises(PartnerBusy, match="harvest run"):
+        acquire(conn, "p", "weekly", RECONCILE, timedelta(hours=1))
+    acquire(conn, "other", "weekly", RECONCILE, timedelta(hours=1))  # other partners are free
+    release(conn, "p", "nightly-1")
+    release(conn, "p", "backfill-7")
+    acquire(conn, "p", "weekly", RECONCILE, timedelta(hours=1))
+    with pytest.raises(PartnerBusy, match="reconcile run"):
+        acquire(conn, "p", "nightly-2", HARVEST, timedelta(hours=1))
+    conn.execute("UPDATE partner_leases SET expires_at = now() - interval '1 second' WHERE holder = 'weekly'")
+    conn.commit()
+    acquire(conn, "p", "nightly-2", HARVEST, timedelta(hours=1))  # an expired lease frees the partner

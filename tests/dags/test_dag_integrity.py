@@ -14,6 +14,14 @@ def test_no_import_errors(dagbag) -> None:
 
 
 @pytest.mark.parametrize("partner", load_partners(), ids=lambda p: p.id)
+def test_reconcile_dag_shape(dagbag, partner) -> None:
+    dag = dagbag.get_dag(f"reconcile_{partner.id}")
+    assert dag.task_ids == ["reconcile"] and dag.max_active_runs == 1
+    assert dag.get_task("reconcile").pool == f"partner_{partner.id}"
+    assert dag.params.get_param("allow_mass_purge").value is False
+
+
+@pytest.mark.parametrize("partner", load_partners(), ids=lambda p: p.id)
 def test_harvest_dag_shape(dagbag, partner) -> None:
     dag = dagbag.get_dag(f"harvest_{partner.id}")
     assert dag is not None
@@ -22,6 +30,9 @@ def test_harvest_dag_shape(dagbag, partner) -> None:
     channels = {"harvest_changes", "poll_deletions"} if partner.protocol == "sierra" else {"harvest_changes"}
     assert dag.get_task("apply_changes").upstream_task_ids == channels
     assert dag.max_active_runs == 1 and dag.catchup is False
+    assert {t.task_id for t in dag.tasks if t.pool == partner.pool} >= {"freeze_window", "harvest_changes"}
+    assert dag.get_task("apply_changes").pool == "default_pool"  # only requests to the partner are pooled
+    assert dag.get_task("check_quality").upstream_task_ids == {"apply_changes"}
     assert set(dag.params.get_param("mode").schema["enum"]) == {"incremental", "full", "window"}
 
 
@@ -33,9 +44,9 @@ def test_bad_registry_fails_parsing_naming_file_partner_field(tmp_path: Path, mo
     monkeypatch.setenv("HARVEST_PARTNERS_FILE", str(bad))
     root = Path(__file__).resolve().parents[2]
     errors = DagBag(dag_folder=str(root / "dags")).import_errors
-    assert len(errors) == 1
-    message = next(iter(errors.values()))
-    assert str(bad) in message and "partner 'broken'" in message and "field 'lag'" in message
+    assert {Path(path).name for path in errors} == {"partner_harvest.py", "partner_reconcile.py"}
+    for message in errors.values():
+        assert str(bad) in message and "partner 'broken'" in message and "field 'lag'" in message
 
 
 def test_airflow_plugin_loader_leaves_the_library_alone() -> None:

@@ -81,7 +81,8 @@ def xcom_text(dag_id: str) -> str:
 def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env, catalogue, db, capfd, caplog) -> None:
     caplog.set_level(logging.DEBUG)
     dag = build_dag()
-    assert {"freeze_window", "harvest_changes", "poll_deletions", "apply_changes", "advance_cursor"} == set(dag.task_ids)
+    assert {"freeze_window", "harvest_changes", "poll_deletions", "apply_changes", "advance_cursor",
+            "check_quality"} == set(dag.task_ids)
     assert dag.get_task("apply_changes").upstream_task_ids == {"harvest_changes", "poll_deletions"}
 
     first = dag.test()

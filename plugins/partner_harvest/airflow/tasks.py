@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 import psycopg
@@ -20,11 +21,17 @@ from partner_harvest.airflow.cursor import advance_cursor, read_cursor
 from partner_harvest.errors import HarvestError
 from partner_harvest.factory import build_adapter
 from partner_harvest.registry import Partner, RegistryError, get_partner
+from partner_harvest import quality
+from partner_harvest.airflow.notifiers import send_alert
+from partner_harvest.reconcile import reconcile
 from partner_harvest.store import RunRef, connect
+from partner_harvest.store import leases
+from partner_harvest.store.quality import run_figures
 from partner_harvest.window import Window, WindowError, channel_window, parse_instant
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+LEASE_TTL = timedelta(hours=12)
 
 
 def _fail_fast(func: Callable[..., T]) -> Callable[..., T]:
@@ -75,9 +82,35 @@ def _partner(partner_id: str) -> Partner:
     return get_partner(partner_id)
 
 
+def hold_lease(partner_id: str, context: dict[str, Any], kind: str = leases.HARVEST) -> None:
+    """Every task that reads or writes the partner's data holds the run's lease."""
+    with aggregation() as conn:
+        from partner_harvest.store import ensure_schema
+
+        ensure_schema(conn)
+        leases.acquire(conn, partner_id, context["dag_run"].run_id, kind, LEASE_TTL)
+
+
+def release_lease(partner_id: str, run_id: str) -> None:
+    with aggregation() as conn:
+        leases.release(conn, partner_id, run_id)
+
+
+def release_lease_after_final_failure(context: dict[str, Any]) -> None:
+    """on_failure_callback: a failed run must not keep a reconcile waiting for 12 hours."""
+    ti = context.get("ti")
+    dag_id = getattr(ti, "dag_id", "") or ""
+    partner_id = dag_id.split("_", 1)[1] if "_" in dag_id else dag_id
+    try:
+        release_lease(partner_id, context["dag_run"].run_id)
+    except Exception as exc:  # never mask the task's own failure
+        log.warning("could not release the lease of %s: %s", partner_id, exc)
+
+
 @_fail_fast
 def freeze_window(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
     partner = _partner(partner_id)
+    hold_lease(partner_id, context)
     adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
     request = run_request(context)
     cursor = read_cursor(partner_id) if request.mode == "incremental" else None
@@ -94,6 +127,7 @@ def extra_channels(adapter: object) -> tuple[str, ...]:
 @_fail_fast
 def harvest_changes(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
     partner = _partner(partner_id)
+    hold_lease(partner_id, context)
     window = Window.from_dict(window_data)
     adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
     run = RunRef(partner_id, context["dag_run"].run_id, "changes")
@@ -109,6 +143,7 @@ def harvest_changes(partner_id: str, window_data: dict[str, Any], context: dict[
 @_fail_fast
 def poll_deletions(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
     partner = _partner(partner_id)
+    hold_lease(partner_id, context)
     window = Window.from_dict(window_data)
     adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
     run = RunRef(partner_id, context["dag_run"].run_id, "deletions")
@@ -119,6 +154,7 @@ def poll_deletions(partner_id: str, window_data: dict[str, Any], context: dict[s
 
 @_fail_fast
 def apply_changes(partner_id: str, context: dict[str, Any]) -> dict[str, int]:
+    hold_lease(partner_id, context)
     with aggregation() as conn:
         return pipeline.apply_changes(conn, partner_id, context["dag_run"].run_id).as_dict()
 
@@ -131,5 +167,40 @@ def move_cursor(partner_id: str, window_data: dict[str, Any], context: dict[str,
     moved = {"changes": advance_cursor(partner_id, window, run_id)}
     for channel in window.protocol.get("channels") or {}:
         moved[channel] = advance_cursor(partner_id, channel_window(window, channel), run_id, channel)
+    release_lease(partner_id, run_id)
     return moved
+
+
+@_fail_fast
+def check_quality(partner_id: str, context: dict[str, Any]) -> list[str]:
+    """Alert (without failing) when a successful run crossed a data-quality threshold."""
+    partner = _partner(partner_id)
+    run_id = context["dag_run"].run_id
+    with aggregation() as conn:
+        figures = run_figures(conn, partner_id, run_id)
+    found = quality.findings(partner, figures, datetime.now(timezone.utc))
+    if found:
+        send_alert(
+            f"[partner harvest] {partner_id}: data-quality warning ({len(found)})",
+            [f"Partner: {partner_id}", f"DAG: {partner.dag_id}   run: {run_id}", *found],
+            {"kind": "quality", "partner": partner_id, "dag_id": partner.dag_id, "run_id": run_id, "findings": found},
+        )
+    else:
+        log.info("%s: run %s passed the data-quality checks", partner_id, run_id)
+    return found
+
+
+@_fail_fast
+def reconcile_partner(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
+    """The weekly full reconcile; never moves a harvest cursor, never overlaps a harvest."""
+    partner = _partner(partner_id)
+    run_id = context["dag_run"].run_id
+    allow = bool((context.get("params") or {}).get("allow_mass_purge"))
+    hold_lease(partner_id, context, leases.RECONCILE)
+    try:
+        adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+        with aggregation() as conn:
+            return reconcile(adapter, conn, partner, run_id, allow_mass_purge=allow).as_dict()
+    finally:
+        release_lease(partner_id, run_id)
 

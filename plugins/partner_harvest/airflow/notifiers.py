@@ -1,0 +1,144 @@
+"""Alerts: one Notifier, channels chosen by the deployment through Connections.
+
+The code always attaches :class:`PartnerAlertNotifier`; what it sends depends on which
+Connections exist:
+
+- ``harvest_alerts_smtp`` (type smtp): an email; ``extra.to`` lists the recipients,
+  ``extra.from_email`` the sender.
+- ``harvest_alerts_webhook`` (type http): a JSON POST to its host (a full URL; a
+  password, if set, is sent as a bearer token). The body is Slack-compatible
+  (``{"text": ...}``) and carries the fields as ``harvest``.
+
+Either, both or none: with neither defined, an alert is only logged.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import requests
+from airflow.sdk import BaseHook, BaseNotifier
+
+log = logging.getLogger(__name__)
+
+SMTP_CONN_ID = "harvest_alerts_smtp"
+WEBHOOK_CONN_ID = "harvest_alerts_webhook"
+
+
+def partner_of(dag_id: str) -> str:
+    for prefix in ("harvest_", "reconcile_"):
+        if dag_id.startswith(prefix):
+            return dag_id.removeprefix(prefix)
+    return dag_id
+
+
+def one_line(value: object, limit: int = 400) -> str:
+    text = " ".join(str(value).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def failure_fields(context: dict[str, Any]) -> dict[str, Any]:
+    """What an operator needs to act: partner, DAG, task, try, window, cause, log link."""
+    ti = context.get("ti") or context.get("task_instance")
+    dag_id = getattr(ti, "dag_id", None) or getattr(context.get("dag"), "dag_id", "?")
+    window = None
+    try:
+        window = ti.xcom_pull(task_ids="freeze_window") if ti is not None else None
+    except Exception:  # the window is a courtesy; the alert must go out without it
+        window = None
+    if isinstance(window, dict) and window.get("until"):
+        window_text = f"{window.get('mode')} {window.get('from') or 'beginning'} .. {window['until']}"
+    else:
+        window_text = "not frozen yet"
+    exception = context.get("exception")
+    return {
+        "partner": partner_of(dag_id),
+        "dag_id": dag_id,
+        "task_id": getattr(ti, "task_id", "?"),
+        "try_number": getattr(ti, "try_number", None),
+        "run_id": getattr(context.get("dag_run"), "run_id", None) or getattr(ti, "run_id", None),
+        "window": window_text,
+        "cause": one_line(exception) if exception is not None else "unknown",
+        "log_url": getattr(ti, "log_url", None),
+    }
+
+
+class PartnerAlertNotifier(BaseNotifier):
+    """Task-failure alert naming the partner; sent through the deployment's channels."""
+
+    def __init__(self, smtp_conn_id: str = SMTP_CONN_ID, webhook_conn_id: str = WEBHOOK_CONN_ID):
+        super().__init__()
+        self.smtp_conn_id = smtp_conn_id
+        self.webhook_conn_id = webhook_conn_id
+
+    def notify(self, context: dict[str, Any]) -> None:
+        fields = failure_fields(context)
+        subject = (f"[partner harvest] {fields['partner']}: {fields['dag_id']}.{fields['task_id']} "
+                   f"failed (try {fields['try_number']})")
+        lines = [
+            f"Partner: {fields['partner']}",
+            f"DAG: {fields['dag_id']}   run: {fields['run_id']}",
+            f"Task: {fields['task_id']}   try: {fields['try_number']}",
+            f"Window: {fields['window']}",
+            f"Cause: {fields['cause']}",
+            f"Log: {fields['log_url']}",
+        ]
+        send_alert(subject, lines, {"kind": "failure", **fields}, self.smtp_conn_id, self.webhook_conn_id)
+
+
+def send_alert(
+    subject: str,
+    lines: Iterable[str],
+    fields: dict[str, Any],
+    smtp_conn_id: str = SMTP_CONN_ID,
+    webhook_conn_id: str = WEBHOOK_CONN_ID,
+) -> list[str]:
+    """Send through every configured channel; a broken channel is logged, never raised."""
+    lines = list(lines)
+    log.warning("ALERT %s | %s", subject, " | ".join(lines))
+    sent = []
+    for name, sender in (("email", _send_email), ("webhook", _send_webhook)):
+        conn_id = smtp_conn_id if name == "email" else webhook_conn_id
+        conn = _connection(conn_id)
+        if conn is None:
+            continue
+        try:
+            sender(conn_id, conn, subject, lines, fields)
+            sent.append(name)
+        except Exception as exc:  # an alert channel failing must not hide the original failure
+            log.error("could not send the %s alert through Connection %s: %s", name, conn_id, one_line(exc))
+    return sent
+
+
+def _connection(conn_id: str):
+    try:
+        return BaseHook.get_connection(conn_id)
+    except Exception:
+        return None
+
+
+def _send_email(conn_id: str, conn: Any, subject: str, lines: list[str], fields: dict[str, Any]) -> None:
+    from airflow.providers.smtp.hooks.smtp import SmtpHook
+
+    extra = conn.extra_dejson
+    to = extra.get("to")
+    if not to:
+        raise ValueError(f"Connection {conn_id} has no extra 'to' (the alert recipients)")
+    body = "<br>\n".join(html.escape(line) for line in lines)
+    with SmtpHook(smtp_conn_id=conn_id) as hook:
+        hook.send_email_smtp(to=to, subject=subject, html_content=body, from_email=extra.get("from_email"))
+
+
+def _send_webhook(conn_id: str, conn: Any, subject: str, lines: list[str], fields: dict[str, Any]) -> None:
+    url = (conn.host or "").strip()
+    if "://" not in url:
+        url = f"{conn.schema or 'https'}://{url}{':' + str(conn.port) if conn.port else ''}"
+    headers = {"Content-Type": "application/json"}
+    if conn.password:
+        headers["Authorization"] = f"Bearer {conn.password}"
+    payload = {"text": subject + "\n" + "\n".join(lines), "harvest": fields}
+    response = requests.post(url, json=payload, headers=headers, timeout=15)
+    response.raise_for_status()

@@ -1,0 +1,40 @@
+"""Data-quality findings on a successful run: things a person should look at.
+
+A run can succeed and still be wrong: a partner that starts sending broken records, that
+deletes a large share of its collection, or that has gone silent for longer than usual.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from partner_harvest.registry import Partner
+from partner_harvest.store.quality import RunFigures
+
+MIN_FETCHED_FOR_RATE = 20  # a handful of records is no basis for a rate
+
+
+def findings(partner: Partner, figures: RunFigures, now: datetime) -> list[str]:
+    """One line per threshold crossed; empty when the run looks healthy."""
+    found: list[str] = []
+    if figures.fetched >= MIN_FETCHED_FOR_RATE:
+        rate = figures.quarantined / figures.fetched
+        if rate > partner.quarantine_alert_rate:
+            found.append(
+                f"quarantine rate {rate:.1%} ({figures.quarantined} of {figures.fetched} fetched) is over "
+                f"{partner.quarantine_alert_rate:.0%}: see the quarantine table for the reasons"
+            )
+    before = figures.held + figures.purged
+    if before and figures.purged / before > partner.purge_alert_fraction:
+        found.append(
+            f"purge spike: {figures.purged} of {before} records ({figures.purged / before:.1%}) removed in one run, "
+            f"over {partner.purge_alert_fraction:.0%}"
+        )
+    reference = figures.last_fetch_at or figures.first_run_at
+    if reference is not None and now - reference > partner.quiet_period:
+        since = figures.last_fetch_at.strftime("%Y-%m-%d %H:%MZ") if figures.last_fetch_at else "never"
+        found.append(
+            f"no record fetched for {(now - reference).days} days (last fetch: {since}); "
+            f"the expected quiet period is {partner.quiet_period.days} days: is the partner still publishing?"
+        )
+    return found

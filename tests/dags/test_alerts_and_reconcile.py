@@ -1,0 +1,147 @@
+"""Alerts and the reconcile DAG through Airflow (dag.test), with a webhook sink on loopback."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
+from partner_harvest.registry import get_partner
+from partner_harvest.store import connect, ensure_schema
+from partner_harvest.store.admin import live_identifiers
+
+pytestmark = pytest.mark.airflow
+
+
+class WebhookSink:
+    """A loopback HTTP server that keeps every JSON body POSTed to it."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", 0))
+                sink.bodies.append(json.loads(self.rfile.read(length)))
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/alerts"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def webhook():
+    sink = WebhookSink()
+    yield sink
+    sink.close()
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db: str, webhook: WebhookSink, airflow_db):
+    registry = tmp_path / "partners.yaml"
+    registry.write_text(
+        "partners:\n"
+        "  - {id: alertmuseum, protocol: oai-pmh, conn_id: partner_alertmuseum, metadata_prefix: oai_dc,\n"
+        "     retries: 0, options: {http: {backoff_factor: 0.01, retries: 1}}}\n"
+        "  - {id: deadmuseum, protocol: oai-pmh, conn_id: partner_deadmuseum, retries: 0,\n"
+        "     options: {http: {retries: 0, connect_timeout: 2}}}\n"
+    )
+    monkeypatch.setenv("HARVEST_PARTNERS_FILE", str(registry))
+    pg = conninfo_to_dict(db)
+    monkeypatch.setenv("AIRFLOW_CONN_AGGREGATION_DB", json.dumps({
+        "conn_type": "postgres", "host": pg.get("host"), "port": int(pg.get("port") or 5432),
+        "login": pg.get("user"), "password": pg.get("password") or None, "schema": pg["dbname"],
+    }))
+    monkeypatch.setenv("AIRFLOW_CONN_HARVEST_ALERTS_WEBHOOK", json.dumps({"conn_type": "http", "host": webhook.url}))
+    monkeypatch.setenv("AIRFLOW_CONN_PARTNER_DEADMUSEUM", json.dumps(
+        {"conn_type": "http", "host": f"http://127.0.0.1:{closed_port()}/oai"}))
+    from airflow.models import Variable
+
+    Variable.delete("harvest_cursor__alertmuseum")
+    yield monkeypatch
+    Variable.delete("harvest_cursor__alertmuseum")
+
+
+def dag_for(kind: str, partner_id: str):
+    from partner_harvest.airflow.dag_factory import build_harvest_dag, build_reconcile_dag
+
+    partner = get_partner(partner_id)
+    return build_harvest_dag(partner) if kind == "harvest" else build_reconcile_dag(partner)
+
+
+def states(run) -> dict[str, str]:
+    return {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
+
+
+def test_a_failing_partner_alerts_with_partner_dag_task_try_and_cause(env, webhook) -> None:
+    run = dag_for("harvest", "deadmuseum").test()
+    assert states(run)["freeze_window"] == "failed"
+    failures = [b["harvest"] for b in webhook.bodies if b["harvest"]["kind"] == "failure"]
+    assert len(failures) == 1
+    alert = failures[0]
+    assert alert["partner"] == "deadmuseum" and alert["dag_id"] == "harvest_deadmuseum"
+    assert alert["task_id"] == "freeze_window" and alert["try_number"] == 1
+    assert "partner 'deadmuseum'" in alert["cause"] and "verb=Identify" in alert["cause"]
+    assert "\n" not in alert["cause"] and alert["log_url"]
+    assert "harvest_deadmuseum.freeze_window failed" in webhook.bodies[0]["text"]
+
+
+def test_reconcile_refuses_a_mass_purge_alerts_and_leaves_records(env, webhook, db) -> None:
+    repo = SimulatedRepository(records=500, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=41)
+    with OaiSimulator(repo) as sim:
+        env.setenv("AIRFLOW_CONN_PARTNER_ALERTMUSEUM", json.dumps({"conn_type": "http", "host": sim.base_url}))
+        assert set(states(dag_for("harvest", "alertmuseum").test()).values()) == {"success"}
+        from airflow.models import Variable
+
+        cursor = Variable.get("harvest_cursor__alertmuseum", deserialize_json=True)
+        with connect(db) as conn:
+            before = conn.execute("SELECT identifier, content_hash FROM records ORDER BY 1").fetchall()
+        repo.delete(100)  # 20% vanish without tombstones
+        webhook.bodies.clear()
+        refused = dag_for("reconcile", "alertmuseum").test()
+        assert states(refused) == {"reconcile": "failed"}
+        alert = next(b["harvest"] for b in webhook.bodies if b["harvest"]["kind"] == "failure")
+        assert alert["dag_id"] == "reconcile_alertmuseum" and "mass-purge" in alert["cause"]
+        with connect(db) as conn:
+            assert conn.execute("SELECT identifier, content_hash FROM records ORDER BY 1").fetchall() == before
+        allowed = dag_for("reconcile", "alertmuseum").test(run_conf={"allow_mass_purge": True})
+        assert states(allowed) == {"reconcile": "success"}
+        with connect(db) as conn:
+            ensure_schema(conn)
+            assert live_identifiers(conn, "alertmuseum") == repo.live_identifiers()
+        assert Variable.get("harvest_cursor__alertmuseum", deserialize_json=True) == cursor  # never moved
+
+
+def test_quality_alert_on_a_successful_run_with_many_rejects(env, webhook) -> None:
+    repo = SimulatedRepository(records=300, page_size=100, invalid_every=10, deleted_fraction=0.0, seed=42)
+    with OaiSimulator(repo) as sim:
+        env.setenv("AIRFLOW_CONN_PARTNER_ALERTMUSEUM", json.dumps({"conn_type": "http", "host": sim.base_url}))
+        run = dag_for("harvest", "alertmuseum").test()
+        assert set(states(run).values()) == {"success"}
+    quality = [b["harvest"] for b in webhook.bodies if b["harvest"]["kind"] == "quality"]
+    assert len(quality) == 1 and quality[0]["partner"] == "alertmuseum"
+    assert any("quarantine rate 10.0% (30 of 300 fetched)" in f for f in quality[0]["findings"])

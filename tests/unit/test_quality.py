@@ -1,0 +1,42 @@
+"""Data-quality findings: thresholds crossed on a successful run."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from partner_harvest.quality import findings
+from partner_harvest.registry import Partner
+from partner_harvest.store.quality import RunFigures
+
+NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
+PARTNER = Partner(id="p", protocol="oai-pmh", conn_id="c", quarantine_alert_rate=0.05,
+                  purge_alert_fraction=0.05, quiet_period=timedelta(days=7))
+
+
+def figures(**kw) -> RunFigures:
+    base = dict(fetched=100, purged=0, quarantined=0, held=1000, last_fetch_at=NOW, first_run_at=NOW - timedelta(days=30))
+    base.update(kw)
+    return RunFigures(**base)
+
+
+def test_healthy_run_has_no_findings() -> None:
+    assert findings(PARTNER, figures(quarantined=5, purged=50), NOW) == []
+
+
+def test_quarantine_rate_over_threshold() -> None:
+    [line] = findings(PARTNER, figures(quarantined=6), NOW)
+    assert line.startswith("quarantine rate 6.0% (6 of 100 fetched)")
+    assert findings(PARTNER, figures(fetched=10, quarantined=5), NOW) == []  # too few to judge
+
+
+def test_purge_spike() -> None:
+    [line] = findings(PARTNER, figures(purged=60, held=940), NOW)
+    assert line.startswith("purge spike: 60 of 1000 records (6.0%)")
+
+
+def test_quiet_partner() -> None:
+    [line] = findings(PARTNER, figures(fetched=0, last_fetch_at=NOW - timedelta(days=9)), NOW)
+    assert line.startswith("no record fetched for 9 days")
+    assert findings(PARTNER, figures(fetched=0, last_fetch_at=NOW - timedelta(days=6)), NOW) == []
+    [never] = findings(PARTNER, figures(fetched=0, last_fetch_at=None, first_run_at=NOW - timedelta(days=8)), NOW)
+    assert "last fetch: never" in never

@@ -63,3 +63,16 @@ def test_airflow_plugin_loader_leaves_the_library_alone() -> None:
 
     assert "partner_harvest" not in (http.__file__ or "")
     assert not {"records", "registry", "window", "errors"} & set(sys.modules)
+
+
+def test_pools_are_synced_from_the_registry(tmp_path: Path, monkeypatch, airflow_db) -> None:
+    from airflow.models.pool import Pool
+
+    from partner_harvest.airflow.pools import sync_pools
+
+    registry = tmp_path / "partners.yaml"
+    registry.write_text("partners:\n  - {id: pooled, protocol: oai-pmh, conn_id: c, pool_slots: 2}\n")
+    monkeypatch.setenv("HARVEST_PARTNERS_FILE", str(registry))
+    assert sync_pools() == [("partner_pooled", 2, "Concurrent requests to partner pooled (oai-pmh, Connection c)")]
+    sync_pools()  # idempotent
+    assert Pool.get_pool("partner_pooled").slots == 2

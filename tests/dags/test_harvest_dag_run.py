@@ -153,3 +153,32 @@ def test_partner_failure_fails_the_run_and_keeps_the_cursor(partner_env, repo) -
     states = task_states(run)
     assert states["harvest_changes"] == "failed" and states["advance_cursor"] != "success"
     assert get_cursor() == cursor
+
+
+def test_an_older_run_never_rewinds_the_cursor(partner_env, repo) -> None:
+    """A backfill or a late run finishing after a newer one leaves the newer cursor."""
+    future = {"until": "2027-06-01T00:00:00Z"}
+    set_cursor(future)
+    run = build_dag().test()
+    assert task_states(run)["advance_cursor"] == "success"
+    assert get_cursor()["until"] == future["until"]
+
+
+def test_non_retryable_errors_fail_at_once() -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from partner_harvest.airflow.tasks import _fail_fast
+    from partner_harvest.errors import ConfigurationError, PartnerHttpError
+    from partner_harvest.reconcile import MassPurgeRefused
+    from partner_harvest.registry import RegistryError
+
+    def raising(exc):
+        return _fail_fast(lambda: (_ for _ in ()).throw(exc))
+
+    for error in (ConfigurationError("p", "POST /token", "bad credentials"),
+                  MassPurgeRefused("p", "reconcile", "too much"),
+                  RegistryError("partners.yaml", "p", "lag", "bad")):
+        with pytest.raises(AirflowFailException):
+            raising(error)()
+    with pytest.raises(PartnerHttpError):  # transient: left to the task's retries
+        raising(PartnerHttpError("p", "GET /oai", "HTTP 503"))()

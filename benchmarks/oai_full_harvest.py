@@ -19,19 +19,10 @@ import argparse
 import json
 import os
 import resource
-import subprocess
-import sys
 import time
-import urllib.request
-from contextlib import contextmanager
 from datetime import timedelta
-from pathlib import Path
-from typing import Iterator
 
-ROOT = Path(__file__).resolve().parents[1]
-os.environ.setdefault("XDG_RUNTIME_DIR", f"/tmp/ph-runtime-{os.getuid()}")
-os.makedirs(os.environ["XDG_RUNTIME_DIR"], mode=0o700, exist_ok=True)
-sys.path[:0] = [str(ROOT / "plugins"), str(ROOT)]
+import support
 
 
 def child(args: argparse.Namespace) -> None:
@@ -63,45 +54,6 @@ def child(args: argparse.Namespace) -> None:
     }))
 
 
-@contextmanager
-def simulator(records: int, page_size: int) -> Iterator[str]:
-    cmd = [sys.executable, "-m", "include.simulators.oai_pmh", "--records", str(records),
-           "--deleted-fraction", "0.05", "--page-size", str(page_size), "--granularity", "seconds",
-           "--formats", "oai_dc,lido", "--port", "0"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline().strip()
-        assert line.startswith("listening on "), line
-        yield line.removeprefix("listening on ")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-def control(url: str, action: str, body: dict | None = None) -> object:
-    base = url.rsplit("/", 1)[0]
-    data = None if body is None else json.dumps(body).encode()
-    with urllib.request.urlopen(urllib.request.Request(f"{base}/_control/{action}", data=data), timeout=120) as r:
-        payload = r.read().decode()
-    return set(payload.split()) if action == "live_ids" else json.loads(payload)
-
-
-def run_child(url: str, db: str, run_id: str, prefix: str, cursor: str | None) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--url", url, "--db", db, "--run-id", run_id, "--prefix", prefix]
-    if cursor:
-        cmd += ["--cursor", cursor]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": ""})
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def held_ids(db: str) -> set[str]:
-    from partner_harvest.store import connect
-    from partner_harvest.store.admin import live_identifiers
-
-    with connect(db) as conn:
-        return live_identifiers(conn, "bench")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="20000,200000")
@@ -117,29 +69,26 @@ def main() -> int:
         child(args)
         return 0
 
-    from include import embedded_pg
-    from partner_harvest.store import connect, ensure_schema
-    from partner_harvest.store.admin import forget_partner
-
-    db = embedded_pg.start("bench")
     print(f"OAI-PMH harvest benchmark: page size {args.page_size}, prefix {args.prefix}, "
-          f"5% deleted; simulator and harvester in separate processes; PostgreSQL {'given' if os.environ.get('HARVEST_DATABASE_URL') else 'embedded'}")
+          f"5% deleted; simulator and harvester in separate processes; PostgreSQL "
+          f"{'given' if os.environ.get('HARVEST_DATABASE_URL') else 'embedded'}")
     rows = []
     ok = True
     for size in [int(s) for s in args.sizes.split(",")]:
-        with connect(db) as conn:
-            ensure_schema(conn)
-            forget_partner(conn, "bench")
-        with simulator(size, args.page_size) as url:
-            full = run_child(url, db, f"full-{size}", args.prefix, None)
-            upstream = control(url, "live_ids")
-            held = held_ids(db)
+        db = support.fresh_database("bench")
+        sim_args = ("--records", str(size), "--deleted-fraction", "0.05", "--page-size", str(args.page_size),
+                    "--granularity", "seconds", "--formats", "oai_dc,lido")
+        with support.simulator("oai_pmh", *sim_args) as url:
+            child_args = ("--url", url, "--db", db, "--prefix", args.prefix)
+            full = support.run_child(__file__, *child_args, "--run-id", f"full-{size}")
+            upstream = support.control(url, "live_ids")
+            held = support.held_ids(db, "bench")
             full_equal = held == upstream
-            changes = control(url, "mutate", {"edit": size // 100, "delete": size // 200, "add": size // 200})
+            changes = support.control(url, "mutate", {"edit": size // 100, "delete": size // 200, "add": size // 200})
             changed = len(set(changes["edited"]) | set(changes["deleted"]) | set(changes["added"]))
-            incr = run_child(url, db, f"incr-{size}", args.prefix, full["until"])
-            upstream = control(url, "live_ids")
-            incr_equal = held_ids(db) == upstream
+            incr = support.run_child(__file__, *child_args, "--run-id", f"incr-{size}", "--cursor", full["until"])
+            upstream = support.control(url, "live_ids")
+            incr_equal = support.held_ids(db, "bench") == upstream
         # Everything changed must land; anything else fetched is the lag overlap (unchanged).
         only_changes = incr["upserted"] + incr["purged"] == changed and incr["unchanged"] == incr["fetched"] - changed
         ok = ok and full_equal and incr_equal and only_changes

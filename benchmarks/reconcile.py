@@ -13,19 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import subprocess
-import sys
 import time
-import urllib.request
 from datetime import timedelta
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-os.environ.setdefault("XDG_RUNTIME_DIR", f"/tmp/ph-runtime-{os.getuid()}")
-os.makedirs(os.environ["XDG_RUNTIME_DIR"], mode=0o700, exist_ok=True)
-sys.path[:0] = [str(ROOT / "plugins"), str(ROOT)]
+import support
 
 
 def partner():
@@ -59,69 +51,47 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(out))
 
 
-def run_child(url: str, db: str, what: str, run_id: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", what, "--url", url, "--db", db, "--run-id", run_id]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def control(url: str, action: str, body: dict | None = None) -> object:
-    base = url.rsplit("/", 1)[0]
-    data = None if body is None else json.dumps(body).encode()
-    with urllib.request.urlopen(urllib.request.Request(f"{base}/_control/{action}", data=data), timeout=300) as r:
-        payload = r.read().decode()
-    return set(payload.split()) if action == "live_ids" else json.loads(payload)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=200000)
-    parser.add_argument("--child", choices=["load", "reconcile"])
+    parser.add_argument("--child", action="store_true")
+    parser.add_argument("--what", choices=["load", "reconcile"])
     parser.add_argument("--url")
     parser.add_argument("--db")
     parser.add_argument("--run-id")
     args = parser.parse_args()
     if args.child:
-        args.what = args.child
         child(args)
         return 0
 
-    from include import embedded_pg
-    from partner_harvest.store import connect, ensure_schema
-    from partner_harvest.store.admin import forget_partner, live_identifiers
+    pid = partner().id
+    db = support.fresh_database(pid)
+    sim_args = ("--records", str(args.records), "--deleted-fraction", "0", "--deleted-record", "no",
+                "--page-size", "500", "--formats", "oai_dc")
+    with support.simulator("oai_pmh", *sim_args) as url:
 
-    db = embedded_pg.start("bench")
-    with connect(db) as conn:
-        ensure_schema(conn)
-        forget_partner(conn, partner().id)
-    cmd = [sys.executable, "-m", "include.simulators.oai_pmh", "--records", str(args.records), "--deleted-fraction", "0",
-           "--deleted-record", "no", "--page-size", "500", "--formats", "oai_dc", "--port", "0"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        url = proc.stdout.readline().strip().removeprefix("listening on ")
-        load = run_child(url, db, "load", "load")
+        def run(what: str, run_id: str) -> dict:
+            return support.run_child(__file__, "--what", what, "--url", url, "--db", db, "--run-id", run_id)
+
+        load = run("load", "load")
         print(f"reconcile benchmark: {args.records:,} records, deletedRecord=no, 500 headers per page")
         print(f"  initial full harvest: {load['upserted']:,} records in {load['seconds']:.1f} s")
-        vanished = set(control(url, "mutate", {"delete": 1000})["deleted"])
-        result = run_child(url, db, "reconcile", "reconcile-1")
-        with connect(db) as conn:
-            held = live_identifiers(conn, partner().id)
-        same = held == control(url, "live_ids")
-        print(f"  1,000 vanished without tombstones -> reconcile: {result['seconds']:.1f} s, "
+        gone = min(1000, args.records // 200)  # 1,000 of 200,000: well under the 5% guard
+        vanished = set(support.control(url, "mutate", {"delete": gone})["deleted"])
+        result = run("reconcile", "reconcile-1")
+        held = support.held_ids(db, pid)
+        same = held == support.control(url, "live_ids")
+        print(f"  {gone:,} vanished without tombstones -> reconcile: {result['seconds']:.1f} s, "
               f"peak RSS {result['peak_rss_mib']:.1f} MiB; swept {result['upstream_live']:,} ids, "
               f"purged {result['purged']:,} (exactly the vanished: {'yes' if result['purged'] == len(vanished) else 'NO'}); "
               f"records == live set: {'yes' if same else 'NO'}")
-        control(url, "mutate", {"delete": args.records // 5})
-        refused = run_child(url, db, "reconcile", "reconcile-2")
-        with connect(db) as conn:
-            untouched = live_identifiers(conn, partner().id) == held
+        support.control(url, "mutate", {"delete": args.records // 5})
+        refused = run("reconcile", "reconcile-2")
+        untouched = support.held_ids(db, pid) == held
         print(f"  20% vanished -> {'refused' if 'refused' in refused else 'APPLIED'} in {refused['seconds']:.1f} s "
               f"(peak RSS {refused['peak_rss_mib']:.1f} MiB); records untouched: {'yes' if untouched else 'NO'}")
         print(f"    {refused.get('refused', '')}")
         return 0 if same and untouched and "refused" in refused else 1
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 if __name__ == "__main__":

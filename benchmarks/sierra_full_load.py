@@ -18,18 +18,9 @@ import argparse
 import json
 import os
 import resource
-import subprocess
-import sys
 import time
-import urllib.request
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Iterator
 
-ROOT = Path(__file__).resolve().parents[1]
-os.environ.setdefault("XDG_RUNTIME_DIR", f"/tmp/ph-runtime-{os.getuid()}")
-os.makedirs(os.environ["XDG_RUNTIME_DIR"], mode=0o700, exist_ok=True)
-sys.path[:0] = [str(ROOT / "plugins"), str(ROOT)]
+import support
 
 KEY, SECRET = "bench-key", "bench-secret"
 
@@ -66,44 +57,6 @@ def child(args: argparse.Namespace) -> None:
     }))
 
 
-@contextmanager
-def simulator(bibs: int) -> Iterator[str]:
-    cmd = [sys.executable, "-m", "include.simulators.sierra", "--bibs", str(bibs), "--deleted-fraction", "0.02",
-           "--port", "0", "--client-key", KEY, "--client-secret", SECRET]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline().strip()
-        assert line.startswith("listening on "), line
-        yield line.removeprefix("listening on ")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-def control(url: str, action: str, body: dict | None = None) -> object:
-    base = url.split("/iii/")[0]
-    data = None if body is None else json.dumps(body).encode()
-    with urllib.request.urlopen(urllib.request.Request(f"{base}/_control/{action}", data=data), timeout=120) as r:
-        payload = r.read().decode()
-    return set(payload.split()) if action == "live_ids" else json.loads(payload)
-
-
-def run_child(url: str, db: str, run_id: str, cursor: str | None, deletions_cursor: str | None) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--url", url, "--db", db, "--run-id", run_id]
-    if cursor:
-        cmd += ["--cursor", cursor, "--deletions-cursor", deletions_cursor]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def held_ids(db: str) -> set[str]:
-    from partner_harvest.store import connect
-    from partner_harvest.store.admin import live_identifiers
-
-    with connect(db) as conn:
-        return live_identifiers(conn, "bench_sierra")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,100000")
@@ -118,28 +71,23 @@ def main() -> int:
         child(args)
         return 0
 
-    from include import embedded_pg
-    from partner_harvest.store import connect, ensure_schema
-    from partner_harvest.store.admin import forget_partner
-
-    db = embedded_pg.start("bench")
     print("Sierra benchmark: export files of 2,000 bibs, change/deletion polls of 2,000; 2% deleted; "
           "simulator and harvester in separate processes; PostgreSQL "
           f"{'given' if os.environ.get('HARVEST_DATABASE_URL') else 'embedded'}")
     rows, ok = [], True
     for size in [int(s) for s in args.sizes.split(",")]:
-        with connect(db) as conn:
-            ensure_schema(conn)
-            forget_partner(conn, "bench_sierra")
-        with simulator(size) as url:
-            full = run_child(url, db, f"full-{size}", None, None)
-            full_equal = held_ids(db) == control(url, "live_ids")
-            control(url, "advance_clock", {"seconds": 3600})
-            changes = control(url, "mutate", {"edit": size // 100, "delete": size // 200, "add": size // 200})
+        db = support.fresh_database("bench_sierra")
+        sim_args = ("--bibs", str(size), "--deleted-fraction", "0.02", "--client-key", KEY, "--client-secret", SECRET)
+        with support.simulator("sierra", *sim_args) as url:
+            full = support.run_child(__file__, "--url", url, "--db", db, "--run-id", f"full-{size}")
+            full_equal = support.held_ids(db, "bench_sierra") == support.control(url, "live_ids")
+            support.control(url, "advance_clock", {"seconds": 3600})
+            changes = support.control(url, "mutate", {"edit": size // 100, "delete": size // 200, "add": size // 200})
             edited, deleted, added = set(changes["edited"]), set(changes["deleted"]), set(changes["added"])
-            incr = run_child(url, db, f"incr-{size}", full["until"], full["deletions_until"])
-            upstream = control(url, "live_ids")
-            incr_equal = held_ids(db) == upstream
+            incr = support.run_child(__file__, "--url", url, "--db", db, "--run-id", f"incr-{size}",
+                                     "--cursor", full["until"], "--deletions-cursor", full["deletions_until"])
+            upstream = support.control(url, "live_ids")
+            incr_equal = support.held_ids(db, "bench_sierra") == upstream
         expected_changes = len(edited - deleted) + len(added)
         # Everything changed lands; anything else fetched is the lag/day overlap (unchanged).
         only_changes = incr["upserted"] == expected_changes and incr["purged"] == len(deleted)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,3 +29,27 @@ def dagbag(airflow_db: None):
     from airflow.dag_processing.dagbag import DagBag
 
     return DagBag(dag_folder=str(ROOT / "dags"))
+
+
+@pytest.fixture
+def aggregation_conn(monkeypatch: pytest.MonkeyPatch, db: str) -> str:
+    """Point the Connection `aggregation_db` at this test's fresh database."""
+    pg = conninfo_to_dict(db)
+    monkeypatch.setenv("AIRFLOW_CONN_AGGREGATION_DB", json.dumps({
+        "conn_type": "postgres", "host": pg.get("host"), "port": int(pg.get("port") or 5432),
+        "login": pg.get("user"), "password": pg.get("password") or None, "schema": pg["dbname"],
+    }))
+    return db
+
+
+@pytest.fixture
+def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Write a registry for this test and point HARVEST_PARTNERS_FILE at it."""
+
+    def write(body: str) -> Path:
+        path = tmp_path / "partners.yaml"
+        path.write_text(body)
+        monkeypatch.setenv("HARVEST_PARTNERS_FILE", str(path))
+        return path
+
+    return write

@@ -6,10 +6,8 @@ import json
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
-from psycopg.conninfo import conninfo_to_dict
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.registry import get_partner
@@ -61,21 +59,14 @@ def webhook():
 
 
 @pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db: str, webhook: WebhookSink, airflow_db):
-    registry = tmp_path / "partners.yaml"
-    registry.write_text(
+def env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, webhook: WebhookSink, airflow_db):
+    registry(
         "partners:\n"
         "  - {id: alertmuseum, protocol: oai-pmh, conn_id: partner_alertmuseum, metadata_prefix: oai_dc,\n"
         "     retries: 0, options: {http: {backoff_factor: 0.01, retries: 1}}}\n"
         "  - {id: deadmuseum, protocol: oai-pmh, conn_id: partner_deadmuseum, retries: 0,\n"
         "     options: {http: {retries: 0, connect_timeout: 2}}}\n"
     )
-    monkeypatch.setenv("HARVEST_PARTNERS_FILE", str(registry))
-    pg = conninfo_to_dict(db)
-    monkeypatch.setenv("AIRFLOW_CONN_AGGREGATION_DB", json.dumps({
-        "conn_type": "postgres", "host": pg.get("host"), "port": int(pg.get("port") or 5432),
-        "login": pg.get("user"), "password": pg.get("password") or None, "schema": pg["dbname"],
-    }))
     monkeypatch.setenv("AIRFLOW_CONN_HARVEST_ALERTS_WEBHOOK", json.dumps({"conn_type": "http", "host": webhook.url}))
     monkeypatch.setenv("AIRFLOW_CONN_PARTNER_DEADMUSEUM", json.dumps(
         {"conn_type": "http", "host": f"http://127.0.0.1:{closed_port()}/oai"}))

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.registry import get_partner
@@ -23,20 +21,13 @@ def repo() -> SimulatedRepository:
 
 
 @pytest.fixture
-def partner_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db: str, repo, airflow_db):
+def partner_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo, airflow_db):
     """Registry, Connections and a clean cursor for partner 'dagmuseum'."""
-    registry = tmp_path / "partners.yaml"
-    registry.write_text(
+    registry(
         "partners:\n"
         "  - {id: dagmuseum, protocol: oai-pmh, conn_id: partner_dagmuseum, metadata_prefix: auto,\n"
         "     lag: 5m, options: {http: {backoff_factor: 0.01, retries: 2}}}\n"
     )
-    monkeypatch.setenv("HARVEST_PARTNERS_FILE", str(registry))
-    pg = conninfo_to_dict(db)
-    monkeypatch.setenv("AIRFLOW_CONN_AGGREGATION_DB", json.dumps({
-        "conn_type": "postgres", "host": pg.get("host"), "port": int(pg.get("port") or 5432),
-        "login": pg.get("user"), "password": pg.get("password") or None, "schema": pg["dbname"],
-    }))
     with OaiSimulator(repo) as sim:
         monkeypatch.setenv("AIRFLOW_CONN_PARTNER_DAGMUSEUM", json.dumps({"conn_type": "http", "host": sim.base_url}))
         set_cursor(None)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 
 import pytest
-from psycopg.conninfo import conninfo_to_dict
 
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
 from partner_harvest.registry import get_partner
@@ -26,9 +24,8 @@ def catalogue() -> SimulatedCatalogue:
 
 
 @pytest.fixture
-def sierra_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db: str, catalogue, airflow_db):
-    registry = tmp_path / "partners.yaml"
-    registry.write_text(
+def sierra_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, catalogue, airflow_db):
+    registry(
         "partners:\n"
         "  - id: daglibrary\n"
         "    protocol: sierra\n"
@@ -36,12 +33,6 @@ def sierra_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db: str, catalog
         "    page_size: 100\n"
         "    options: {http: {backoff_factor: 0.01, retries: 2}, export: {limit: 100, rate_limit_wait: 0}}\n"
     )
-    monkeypatch.setenv("HARVEST_PARTNERS_FILE", str(registry))
-    pg = conninfo_to_dict(db)
-    monkeypatch.setenv("AIRFLOW_CONN_AGGREGATION_DB", json.dumps({
-        "conn_type": "postgres", "host": pg.get("host"), "port": int(pg.get("port") or 5432),
-        "login": pg.get("user"), "password": pg.get("password") or None, "schema": pg["dbname"],
-    }))
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
         monkeypatch.setenv("AIRFLOW_CONN_PARTNER_DAGLIBRARY", json.dumps(
             {"conn_type": "http", "host": sim.base_url, "login": KEY, "password": SECRET}))
@@ -93,7 +84,9 @@ def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env, ca
     assert variable(DELETIONS)["until"] == clock.strftime("%Y-%m-%dT00:00:00Z")
 
     catalogue.advance_clock(86400 * 2)
-    edited, deleted, added = catalogue.edit(6), catalogue.delete(4), catalogue.add(3)
+    catalogue.edit(6)
+    deleted = catalogue.delete(4)
+    catalogue.add(3)
     second = dag.test()
     states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in second.get_task_instances()}
     assert set(states.values()) == {"success"}, states

@@ -1,0 +1,72 @@
+"""What the benchmarks share: simulator processes, their control API, the embedded DB."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("XDG_RUNTIME_DIR", f"/tmp/ph-runtime-{os.getuid()}")
+os.makedirs(os.environ["XDG_RUNTIME_DIR"], mode=0o700, exist_ok=True)
+for _path in (str(ROOT), str(ROOT / "plugins")):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+
+@contextmanager
+def simulator(module: str, *args: str) -> Iterator[str]:
+    """A partner simulator in its own process (so RSS figures are the harvester's alone)."""
+    cmd = [sys.executable, "-m", f"include.simulators.{module}", *args, "--port", "0"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().strip() if proc.stdout else ""
+        if not line.startswith("listening on "):
+            raise SystemExit(f"the {module} simulator did not start: {line!r}")
+        yield line.removeprefix("listening on ")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def control(url: str, action: str, body: dict | None = None) -> object:
+    """The simulators' /_control API; ``live_ids`` comes back as a set."""
+    base = url.split("/iii/")[0] if "/iii/" in url else url.rsplit("/", 1)[0]
+    data = None if body is None else json.dumps(body).encode()
+    with urllib.request.urlopen(urllib.request.Request(f"{base}/_control/{action}", data=data), timeout=300) as r:
+        payload = r.read().decode()
+    return set(payload.split()) if action == "live_ids" else json.loads(payload)
+
+
+def run_child(script: str, *args: str) -> dict:
+    """Run the benchmark's own --child mode in a fresh process; its last line is JSON."""
+    out = subprocess.run([sys.executable, script, "--child", *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"child failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def held_ids(db: str, partner_id: str) -> set[str]:
+    from partner_harvest.store import connect
+    from partner_harvest.store.admin import live_identifiers
+
+    with connect(db) as conn:
+        return live_identifiers(conn, partner_id)
+
+
+def fresh_database(partner_id: str) -> str:
+    """The benchmark database (embedded unless HARVEST_DATABASE_URL), partner emptied."""
+    from include import embedded_pg
+    from partner_harvest.store import connect, ensure_schema
+    from partner_harvest.store.admin import forget_partner
+
+    db = embedded_pg.start("bench")
+    with connect(db) as conn:
+        ensure_schema(conn)
+        forget_partner(conn, partner_id)
+    return db

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import random
 import re
-import threading
 from array import array
 from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
 from typing import NamedTuple
+
+from ..clock import EPOCH, epoch_seconds
+from ..model import SimulatedModel
 
 ID_PREFIX = "oai:sim.example:rec-"
 TYPES: tuple[str, ...] = ("painting", "print", "sculpture")
@@ -40,7 +42,6 @@ _YEAR = 365 * 86400
 _ID_RE = re.compile(r"oai:sim\.example:rec-(\d{7,})")
 _DAY_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _SECONDS_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _DAY_CACHE: dict[int, str] = {}  # days since epoch -> "YYYY-MM-DD" (shared, grows by days only)
 _HOUR_MINUTE = tuple(f"T{m // 60:02d}:{m % 60:02d}:" for m in range(1440))
 _SECOND = tuple(f"{s:02d}Z" for s in range(60))
@@ -91,12 +92,6 @@ def parse_oai_date(text: str) -> tuple[int, str]:
     return int(parsed.replace(tzinfo=timezone.utc).timestamp()), granularity
 
 
-def _epoch(value: datetime) -> int:
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
-    return int(value.timestamp() // 1)
-
-
 class Record(NamedTuple):
     """Immutable snapshot of one record; cheap to create in bulk."""
 
@@ -128,12 +123,14 @@ class Record(NamedTuple):
         return SET_SPECS_BY_KIND[self.kind]
 
 
-class SimulatedRepository:
+class SimulatedRepository(SimulatedModel[str]):
     """A seeded, mutable collection with a simulated clock.
 
     All public methods are thread-safe (one re-entrant lock), because the HTTP
     server reads while tests or the control API mutate.
     """
+
+    _noun = "records"
 
     def __init__(
         self,
@@ -164,11 +161,8 @@ class SimulatedRepository:
         self.page_size = page_size
         self.seed = seed
         self.invalid_every = invalid_every
-        self.mutation_step = mutation_step
-        self.lock = threading.RLock()
+        super().__init__(start_clock, mutation_step, mutation_seed=seed * 1_000_003 + 17)
         self._unit = GRANULARITY_SECONDS[granularity]
-        self._clock = float(_epoch(start_clock))
-        self._mutation_rng = random.Random(seed * 1_000_003 + 17)
         self._build(records, deleted_fraction)
 
     def _build(self, count: int, deleted_fraction: float) -> None:
@@ -184,42 +178,11 @@ class SimulatedRepository:
         for index in rng.sample(range(count), round(count * deleted_fraction)):
             self._state[index] = gone
 
-    # ----------------------------------------------------------------- clock
-    @property
-    def clock(self) -> datetime:
-        """The simulated 'now' (UTC); only mutations and advance_clock move it."""
-        return datetime.fromtimestamp(self._clock, timezone.utc)
-
-    @property
-    def clock_epoch(self) -> int:
-        return int(self._clock // 1)
-
-    def advance_clock(self, seconds: float | timedelta) -> datetime:
-        """Move the simulated clock forward; returns the new clock."""
-        delta = seconds.total_seconds() if isinstance(seconds, timedelta) else float(seconds)
-        if delta < 0:
-            raise ValueError("the simulated clock never goes backwards")
-        with self.lock:
-            self._clock += delta
-            return self.clock
-
     # ------------------------------------------------------------- mutations
-    def _tick(self) -> int:
-        self._clock += self.mutation_step.total_seconds()
-        return int(self._clock // 1)
-
     def _live_indices(self) -> list[int]:
         return [i for i, state in enumerate(self._state) if state == LIVE]
 
-    def _pick_live(self, n: int) -> list[int]:
-        if n < 0:
-            raise ValueError("n must be >= 0")
-        live = self._live_indices()
-        if n > len(live):
-            raise ValueError(f"asked for {n} records but only {len(live)} are live")
-        return sorted(self._mutation_rng.sample(live, n))
-
-    def _indices_for(self, ids: Iterable[str]) -> list[int]:
+    def _live_indices_for(self, ids: Iterable[str]) -> list[int]:
         indices = []
         for identifier in ids:
             number = number_for(identifier)
@@ -231,6 +194,7 @@ class SimulatedRepository:
         return sorted(set(indices))
 
     def _apply_edit(self, indices: list[int]) -> list[str]:
+        """New version, datestamp = the new clock."""
         now = self._tick()
         for i in indices:
             self._version[i] += 1
@@ -238,30 +202,13 @@ class SimulatedRepository:
         return [identifier_for(i + 1) for i in indices]
 
     def _apply_delete(self, indices: list[int]) -> list[str]:
+        """Tombstone, or vanish under deletedRecord=no."""
         now = self._tick()
         gone = GONE if self.deleted_record == "no" else TOMBSTONE
         for i in indices:
             self._state[i] = gone
             self._stamp[i] = now
         return [identifier_for(i + 1) for i in indices]
-
-    def edit(self, n: int) -> list[str]:
-        """Edit n random live records (new version, datestamp = new clock)."""
-        with self.lock:
-            return self._apply_edit(self._pick_live(n))
-
-    def delete(self, n: int) -> list[str]:
-        """Delete n random live records (tombstone, or vanish under deletedRecord=no)."""
-        with self.lock:
-            return self._apply_delete(self._pick_live(n))
-
-    def edit_ids(self, ids: Iterable[str]) -> list[str]:
-        with self.lock:
-            return self._apply_edit(self._indices_for(ids))
-
-    def delete_ids(self, ids: Iterable[str]) -> list[str]:
-        with self.lock:
-            return self._apply_delete(self._indices_for(ids))
 
     def add(self, n: int) -> list[str]:
         """Append n new live records numbered after the highest existing one."""
@@ -337,7 +284,7 @@ class SimulatedRepository:
         day, seconds = divmod(stamp, 86400)
         text = _DAY_CACHE.get(day)
         if text is None:
-            text = _DAY_CACHE[day] = (_EPOCH + timedelta(days=day)).strftime("%Y-%m-%d")
+            text = _DAY_CACHE[day] = (EPOCH + timedelta(days=day)).strftime("%Y-%m-%d")
         if self._unit == 86400:
             return text
         minute, second = divmod(seconds, 60)
@@ -357,7 +304,7 @@ class SimulatedRepository:
         if isinstance(value, str):
             stamp, granularity = parse_oai_date(value)
             return stamp, max(self._unit, GRANULARITY_SECONDS[granularity])
-        return _epoch(value), self._unit
+        return epoch_seconds(value), self._unit
 
     def _set_filter(self, set_spec: str) -> bytearray:
         allowed = bytearray(16)

@@ -11,19 +11,17 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import socket
-import sys
-import threading
 import zlib
 from array import array
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, cast
+from urllib.parse import SplitResult, parse_qsl
 
+from ..clock import iso_seconds
+from ..control import CONTROL_PREFIX, ControlledServer
+from ..loopback import TEXT_TYPE, LoopbackHandler, Response, query_log_form, status_phrase
 from . import payloads
 from .collection import ID_PREFIX, SET_SPECS_BY_KIND, SETS, SimulatedRepository, parse_oai_date
 
@@ -61,14 +59,6 @@ class OaiError(Exception):
 
 
 @dataclass
-class Response:
-    status: int
-    body: bytes
-    content_type: str
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
 class _Chain:
     """Server-side snapshot of one list request; tokens point into it."""
 
@@ -81,24 +71,8 @@ class _Chain:
     pages_served: int = 0
 
 
-def _iso_seconds(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _attr(text: str) -> str:
     return payloads.escape(text)
-
-
-def _as_query(pairs: list[tuple[str, str]]) -> dict[str, Any]:
-    """Request-log form: arg -> value, or a list of values when repeated."""
-    query: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in query:
-            previous = query[key]
-            query[key] = previous + [value] if isinstance(previous, list) else [previous, value]
-        else:
-            query[key] = value
-    return query
 
 
 def _truncate(xml: str) -> str:
@@ -130,13 +104,6 @@ def _hostile(xml: str, kind: str) -> str:
     return xml.replace("</request>", ref + "</request>", 1)
 
 
-def _phrase(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Error"
-
-
 def _accepts_gzip(header: str | None) -> bool:
     for part in (header or "").split(","):
         name, _, params = part.partition(";")
@@ -145,20 +112,24 @@ def _accepts_gzip(header: str | None) -> bool:
     return False
 
 
-class OaiSimulator:
+def _json(status: int, payload: dict[str, Any]) -> Response:
+    return Response(status, json.dumps(payload).encode(), "application/json")
+
+
+class OaiSimulator(ControlledServer):
     """Serve `repo` as an OAI-PMH repository on loopback; use as a context manager."""
+
+    _base_path = "/oai"
+    _thread_prefix = "oai-simulator"
+    _json_reply = staticmethod(_json)
 
     def __init__(self, repo: SimulatedRepository, host: str = "127.0.0.1", port: int = 0, *,
                  token_lifetime: timedelta = timedelta(hours=1), max_chains: int = 64) -> None:
+        super().__init__(host, port, _Handler, repo)
         self.repo = repo
-        self.host = host
         self.token_lifetime = token_lifetime
         self.max_chains = max_chains
-        self.requests: list[dict[str, Any]] = []
-        self.errors: list[str] = []  # unexpected server-side exceptions (should stay empty)
         self.requests_served = 0
-        self._requested_port = port
-        self._lock = threading.Lock()
         self._chains: OrderedDict[int, _Chain] = OrderedDict()
         self._next_chain = 1
         self._nonce = 0
@@ -171,64 +142,6 @@ class OaiSimulator:
         self._expire_after_pending: int | None = None
         self._repeat_token = False
         self._empty_pages = False
-        self._httpd: _Server | None = None
-        self._thread: threading.Thread | None = None
-        self._connections: set[socket.socket] = set()
-
-    # ------------------------------------------------------------ lifecycle
-    def start(self) -> OaiSimulator:
-        if self._httpd is not None:
-            return self
-        self._httpd = _Server((self.host, self._requested_port), _Handler)
-        self._httpd.sim = self
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"oai-simulator-{self.port}", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        httpd, self._httpd = self._httpd, None
-        if httpd is None:
-            return
-        httpd.shutdown()
-        with self._lock:
-            connections = list(self._connections)
-        for conn in connections:  # wake keep-alive handler threads blocked on read
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> OaiSimulator:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        if self._httpd is None:
-            raise RuntimeError("simulator is not running")
-        return self._httpd.server_address[1]
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/oai"
-
-    def _track(self, conn: socket.socket, opened: bool) -> None:
-        with self._lock:
-            (self._connections.add if opened else self._connections.discard)(conn)
-
-    def _record_error(self, exc: BaseException) -> None:
-        with self._lock:
-            self.errors.append(f"{type(exc).__name__}: {exc}")
-
-    def clear_requests(self) -> None:
-        with self._lock:
-            self.requests.clear()
 
     # --------------------------------------------------------- misbehaviour
     def expire_tokens(self) -> None:
@@ -296,12 +209,12 @@ class OaiSimulator:
     def handle_oai(self, pairs: list[tuple[str, str]]) -> Response:
         """Answer one OAI-PMH request given its decoded arguments (no HTTP needed)."""
         with self._lock:
-            self.requests.append(_as_query(pairs))
+            self.requests.append(query_log_form(pairs))
             self.requests_served += 1
             mode, detail = self._take_misbehaviour()
         if mode == "fail":
             status, retry_after = detail
-            phrase = _phrase(status)
+            phrase = status_phrase(status)
             html = f"<html><head><title>{status} {phrase}</title></head><body><h1>{phrase}</h1></body></html>\n"
             headers = {"Retry-After": retry_after} if retry_after is not None else {}
             return Response(status, html.encode(), HTML_CONTENT_TYPE, headers)
@@ -330,7 +243,7 @@ class OaiSimulator:
             # The spec says: after badVerb/badArgument echo only the base URL.
             echo = "" if error.code in ("badVerb", "badArgument") else "".join(
                 f' {k}="{_attr(v)}"' for k, v in pairs)
-        head = (f"{_XML_HEAD}<responseDate>{_iso_seconds(self.repo.clock)}</responseDate>\n"
+        head = (f"{_XML_HEAD}<responseDate>{iso_seconds(self.repo.clock)}</responseDate>\n"
                 f"<request{echo}>{self.base_url}</request>\n")
         return [head, *body, "</OAI-PMH>\n"]
 
@@ -497,7 +410,7 @@ class OaiSimulator:
         if next_token is None:
             token_xml = ""
         elif next_token:
-            expires = _iso_seconds(self.repo.clock + self.token_lifetime)
+            expires = iso_seconds(self.repo.clock + self.token_lifetime)
             token_xml = (f'<resumptionToken completeListSize="{total}" cursor="{cursor}" '
                          f'expirationDate="{expires}">{payloads.escape(next_token)}</resumptionToken>\n')
         else:
@@ -526,22 +439,7 @@ class OaiSimulator:
         return out
 
     # --------------------------------------------------------- control API
-    def handle_control(self, method: str, action: str, body: bytes | None) -> Response:
-        """Out-of-process control: POST /_control/<action> (JSON) or GET reports."""
-        if method == "GET":
-            return self._control_get(action)
-        try:
-            data = json.loads(body or b"{}")
-            if not isinstance(data, dict):
-                raise ValueError("body must be a JSON object")
-            handler = getattr(self, f"_control_{action}", None)
-            if handler is None:
-                return _json(404, {"error": f"unknown action: {action}"})
-            return _json(200, handler(data))
-        except (ValueError, KeyError, TypeError) as exc:
-            return _json(400, {"error": f"{type(exc).__name__}: {exc}"})
-
-    def _control_get(self, action: str) -> Response:
+    def _report(self, action: str) -> Response | None:
         repo = self.repo
         if action in ("live_ids", "deleted_ids"):
             ids = repo.sorted_live_identifiers() if action == "live_ids" else sorted(repo.deleted_identifiers())
@@ -550,34 +448,11 @@ class OaiSimulator:
         if action == "state":
             with self._lock:
                 served, logged = self.requests_served, len(self.requests)
-            return _json(200, {**repo.counts(), "clock": _iso_seconds(repo.clock), "requests": served,
+            return _json(200, {**repo.counts(), "clock": iso_seconds(repo.clock), "requests": served,
                                "logged_requests": logged, "granularity": repo.granularity,
                                "deleted_record": repo.deleted_record, "page_size": repo.page_size,
                                "formats": list(repo.formats), "base_url": self.base_url})
-        if action == "requests":
-            with self._lock:
-                return _json(200, {"requests": list(self.requests)})
-        return _json(404, {"error": f"unknown report: {action}"})
-
-    def _control_mutate(self, data: dict[str, Any]) -> dict[str, Any]:
-        repo = self.repo
-        result: dict[str, Any] = {"edited": [], "deleted": [], "added": []}
-        with repo.lock:  # a harvest in flight sees all of it or none of it
-            if data.get("edit"):
-                result["edited"] += repo.edit(int(data["edit"]))
-            if data.get("edit_ids"):
-                result["edited"] += repo.edit_ids(data["edit_ids"])
-            if data.get("delete"):
-                result["deleted"] += repo.delete(int(data["delete"]))
-            if data.get("delete_ids"):
-                result["deleted"] += repo.delete_ids(data["delete_ids"])
-            if data.get("add"):
-                result["added"] += repo.add(int(data["add"]))
-            result["clock"] = _iso_seconds(repo.clock)
-        return result
-
-    def _control_advance_clock(self, data: dict[str, Any]) -> dict[str, Any]:
-        return {"clock": _iso_seconds(self.repo.advance_clock(float(data["seconds"])))}
+        return None
 
     def _control_expire_tokens(self, data: dict[str, Any]) -> dict[str, Any]:
         self.expire_tokens()
@@ -611,68 +486,21 @@ class OaiSimulator:
         self.empty_pages_with_token(bool(data.get("on", True)))
         return {"ok": True}
 
-    def _control_clear_requests(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.clear_requests()
-        return {"ok": True}
 
-
-def _json(status: int, payload: dict[str, Any]) -> Response:
-    return Response(status, json.dumps(payload).encode(), "application/json")
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    sim: OaiSimulator
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """Stay quiet: dropped connections are normal, anything else goes to sim.errors."""
-        exc = sys.exc_info()[1]
-        if exc is not None and not isinstance(exc, (ConnectionError, TimeoutError)):
-            self.sim._record_error(exc)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(LoopbackHandler):
     server_version = "OaiSimulator/1.0"
-    sys_version = ""
-    disable_nagle_algorithm = True  # avoid 40 ms delayed-ACK stalls on keep-alive
-    server: _Server
 
-    def setup(self) -> None:
-        super().setup()
-        self.server.sim._track(self.connection, True)
+    @property
+    def sim(self) -> OaiSimulator:
+        return cast(OaiSimulator, self.server.sim)
 
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self.server.sim._track(self.connection, False)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """No per-request logging; the simulator keeps its own request log."""
-
-    def do_GET(self) -> None:
-        self._dispatch(None)
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        self._dispatch(self.rfile.read(length) if length else b"")
-
-    def _dispatch(self, body: bytes | None) -> None:
-        sim = self.server.sim
-        url = urlsplit(self.path)
-        try:
-            if url.path == "/oai":
-                query = url.query if body is None else body.decode("utf-8", "replace")
-                response = sim.handle_oai(parse_qsl(query, keep_blank_values=True))
-            elif url.path.startswith("/_control/"):
-                response = sim.handle_control(self.command, url.path[len("/_control/"):], body)
-            else:
-                response = Response(404, b"not found\n", "text/plain; charset=utf-8")
-        except Exception as exc:  # a simulator bug must not hang the client
-            sim._record_error(exc)
-            response = Response(500, f"simulator error: {exc}\n".encode(), "text/plain; charset=utf-8")
-        self._send(response)
+    def _respond(self, url: SplitResult, body: bytes | None) -> Response:
+        if url.path == "/oai":
+            query = url.query if body is None else body.decode("utf-8", "replace")
+            return self.sim.handle_oai(parse_qsl(query, keep_blank_values=True))
+        if url.path.startswith(CONTROL_PREFIX):
+            return self.sim.handle_control(self.command, url.path[len(CONTROL_PREFIX):], body)
+        return Response(404, b"not found\n", TEXT_TYPE)
 
     def _send(self, response: Response) -> None:
         body = response.body

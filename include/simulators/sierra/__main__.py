@@ -1,24 +1,22 @@
-"""Run the Sierra simulator as a process, for benchmarks and the demo.
+"""Stand-alone Sierra REST API simulator process, for benchmarks and the demo.
 
-Prints exactly one line, ``listening on <base_url>``, then serves until
-SIGTERM or SIGINT. Drive it through ``POST /_control/<action>``.
+Its options mirror `SimulatedCatalogue` and `SierraSimulator`. What it prints
+and how it stops is common to all simulators (``include.simulators.cli``).
 """
 
 from __future__ import annotations
 
 import argparse
-import signal
-import threading
 from collections.abc import Sequence
 from datetime import timedelta
 
+from ..cli import add_listen_arguments, serve_until_signalled, simulator_parser
 from .catalogue import SimulatedCatalogue
 from .server import SierraSimulator
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m include.simulators.sierra",
-                                     description="Simulated Sierra ILS REST API (v6) on loopback.")
+    parser = simulator_parser(__package__, "Simulated Sierra ILS REST API (v6) on loopback.")
     parser.add_argument("--bibs", type=int, default=1000)
     parser.add_argument("--deleted-fraction", type=float, default=0.02)
     parser.add_argument("--suppressed-fraction", type=float, default=0.0)
@@ -32,8 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--client-key", default="demo-key")
     parser.add_argument("--client-secret", default="demo-secret")
     parser.add_argument("--legacy-deleted-stubs", action="store_true")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
+    add_listen_arguments(parser)
     return parser
 
 
@@ -44,17 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         suppressed_fraction=args.suppressed_fraction, oversized_every=args.oversized_every,
         invalid_every=args.invalid_every, mutation_step=timedelta(seconds=args.mutation_step),
     )
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    with SierraSimulator(catalogue, host=args.host, port=args.port, client_key=args.client_key,
-                         client_secret=args.client_secret, token_lifetime=args.token_lifetime,
-                         export_quota=args.export_quota,
-                         legacy_deleted_stubs=args.legacy_deleted_stubs) as sim:
-        print(f"listening on {sim.base_url}", flush=True)
-        while not stop.wait(0.2):
-            pass
-    return 0
+    sim = SierraSimulator(catalogue, host=args.host, port=args.port, client_key=args.client_key,
+                          client_secret=args.client_secret, token_lifetime=args.token_lifetime,
+                          export_quota=args.export_quota, legacy_deleted_stubs=args.legacy_deleted_stubs)
+    return serve_until_signalled(sim)
 
 
 if __name__ == "__main__":

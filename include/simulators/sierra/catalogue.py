@@ -10,7 +10,6 @@ derived from a hash of the bib number, not stored.
 from __future__ import annotations
 
 import random
-import threading
 from array import array
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable
@@ -18,9 +17,11 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from typing import NamedTuple
 
+from ..clock import EPOCH, iso_seconds
+from ..model import SimulatedModel
+
 _YEAR = 365 * 86400
 _DAY = 86400
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _DELETED, _SUPPRESSED = 1, 2
 MAX_ID = 9_999_999  # ids are 7-digit strings, so string order == numeric order
 OVERSIZED_ITEMS = 1400  # enough 945s to push an export record past 99,999 bytes
@@ -90,17 +91,11 @@ def check_digit(number: int) -> str:
 
 def iso_z(epoch: int) -> str:
     """Second-precision UTC timestamp as Sierra prints it: 2021-10-07T13:52:27Z."""
-    return (_EPOCH + timedelta(seconds=epoch)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return iso_seconds(EPOCH + timedelta(seconds=epoch))
 
 
 def day_text(epoch: int) -> str:
-    return (_EPOCH + timedelta(seconds=epoch)).strftime("%Y-%m-%d")
-
-
-def _epoch(value: datetime) -> int:
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
-    return int(value.timestamp() // 1)
+    return (EPOCH + timedelta(seconds=epoch)).strftime("%Y-%m-%d")
 
 
 class Bib(NamedTuple):
@@ -131,18 +126,18 @@ class Bib(NamedTuple):
 
     @property
     def updated_date(self) -> datetime:
-        return _EPOCH + timedelta(seconds=self.updated)
+        return EPOCH + timedelta(seconds=self.updated)
 
     @property
     def created_date(self) -> datetime:
-        return _EPOCH + timedelta(seconds=self.created)
+        return EPOCH + timedelta(seconds=self.created)
 
     @property
     def deleted_date(self) -> date | None:
         """Date only, like Sierra's deletedDate."""
         if self.deleted_at is None:
             return None
-        return (_EPOCH + timedelta(seconds=self.deleted_at)).date()
+        return (EPOCH + timedelta(seconds=self.deleted_at)).date()
 
     @property
     def bcode3(self) -> str:
@@ -165,12 +160,14 @@ class BibQuery:
     legacy_deleted_stubs: bool = False  # 2017 behaviour: updatedDate windows also match deletions
 
 
-class SimulatedCatalogue:
+class SimulatedCatalogue(SimulatedModel[str | int]):
     """A seeded, mutable Sierra bib catalogue with a simulated clock.
 
     Public methods are thread-safe (one re-entrant lock, ``lock``) because the
     HTTP server reads while tests or the control API mutate.
     """
+
+    _noun = "bibs"
 
     def __init__(
         self,
@@ -194,10 +191,7 @@ class SimulatedCatalogue:
         self.first_id = first_id
         self.oversized_every = oversized_every
         self.invalid_every = invalid_every
-        self.mutation_step = mutation_step
-        self.lock = threading.RLock()
-        self._clock = float(_epoch(start_clock))
-        self._mutation_rng = random.Random(seed * 1_000_003 + 29)
+        super().__init__(start_clock, mutation_step, mutation_seed=seed * 1_000_003 + 29)
         self._build(bibs, deleted_fraction, suppressed_fraction)
 
     def _build(self, count: int, deleted_fraction: float, suppressed_fraction: float) -> None:
@@ -226,30 +220,7 @@ class SimulatedCatalogue:
         self._cre_keys = array("q", [self._created[i] for i in order])
         self._cre_idx = array("l", order)
 
-    # ----------------------------------------------------------------- clock
-    @property
-    def clock(self) -> datetime:
-        """The simulated 'now' (UTC); only mutations and advance_clock move it."""
-        return _EPOCH + timedelta(seconds=self._clock)
-
-    @property
-    def clock_epoch(self) -> int:
-        return int(self._clock // 1)
-
-    def advance_clock(self, seconds: float | timedelta) -> datetime:
-        """Move the simulated clock forward; returns the new clock."""
-        delta = seconds.total_seconds() if isinstance(seconds, timedelta) else float(seconds)
-        if delta < 0:
-            raise ValueError("the simulated clock never goes backwards")
-        with self.lock:
-            self._clock += delta
-            return self.clock
-
     # ------------------------------------------------------------- mutations
-    def _tick(self) -> int:
-        self._clock += self.mutation_step.total_seconds()
-        return int(self._clock // 1)
-
     def _index(self, bib_id: str | int) -> int:
         i = int(bib_id) - self.first_id
         if not 0 <= i < len(self._flags):
@@ -258,14 +229,6 @@ class SimulatedCatalogue:
 
     def _live_indices(self) -> list[int]:
         return [i for i, f in enumerate(self._flags) if not f & _DELETED]
-
-    def _pick_live(self, n: int) -> list[int]:
-        if n < 0:
-            raise ValueError("n must be >= 0")
-        live = self._live_indices()
-        if n > len(live):
-            raise ValueError(f"asked for {n} bibs but only {len(live)} are live")
-        return sorted(self._mutation_rng.sample(live, n))
 
     def _live_indices_for(self, ids: Iterable[str | int]) -> list[int]:
         indices = set()
@@ -280,6 +243,7 @@ class SimulatedCatalogue:
         return str(self.first_id + i)
 
     def _apply_edit(self, indices: list[int]) -> list[str]:
+        """Version + 1, updatedDate = the new clock."""
         now = self._tick()
         for i in indices:
             self._version[i] += 1
@@ -289,30 +253,13 @@ class SimulatedCatalogue:
         return [self._id(i) for i in indices]
 
     def _apply_delete(self, indices: list[int]) -> list[str]:
+        """Flag as deleted; updatedDate stays as it was."""
         now = self._tick()  # deliberately NOT written to updatedDate (production quirk)
         for i in indices:
             self._flags[i] |= _DELETED
             self._deleted_at[i] = now
             insort(self._deleted_sorted, i)
         return [self._id(i) for i in indices]
-
-    def edit(self, n: int) -> list[str]:
-        """Edit n random live bibs: version + 1, updatedDate = the new clock."""
-        with self.lock:
-            return self._apply_edit(self._pick_live(n))
-
-    def delete(self, n: int) -> list[str]:
-        """Delete n random live bibs; updatedDate stays as it was."""
-        with self.lock:
-            return self._apply_delete(self._pick_live(n))
-
-    def edit_ids(self, ids: Iterable[str | int]) -> list[str]:
-        with self.lock:
-            return self._apply_edit(self._live_indices_for(ids))
-
-    def delete_ids(self, ids: Iterable[str | int]) -> list[str]:
-        with self.lock:
-            return self._apply_delete(self._live_indices_for(ids))
 
     def add(self, n: int) -> list[str]:
         """Append n new live bibs with ids after the highest existing one."""

@@ -17,18 +17,16 @@ import hashlib
 import json
 import math
 import re
-import socket
-import sys
-import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from email.utils import formatdate
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from typing import Any, cast
+from urllib.parse import SplitResult, parse_qsl, unquote
 
+from .. import loopback
+from ..control import CONTROL_PREFIX, ControlledServer
+from ..loopback import LoopbackHandler, query_log_form, status_phrase
 from . import marc
 from .catalogue import Bib, BibQuery, SimulatedCatalogue, day_text, iso_z
 
@@ -72,7 +70,7 @@ class ApiError(Exception):
         self.status = status
         self.code = code
         self.description = description
-        self.name = name or ERROR_NAMES.get(code) or _phrase(status)
+        self.name = name or ERROR_NAMES.get(code) or status_phrase(status)
 
     def body(self) -> dict[str, Any]:
         payload: dict[str, Any] = {"code": self.code, "specificCode": 0, "httpStatus": self.status,
@@ -83,11 +81,10 @@ class ApiError(Exception):
 
 
 @dataclass
-class Response:
-    status: int
-    body: bytes
+class Response(loopback.Response):
+    """A loopback response whose content type defaults to Sierra's JSON."""
+
     content_type: str = JSON_TYPE
-    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -104,27 +101,8 @@ class _Fail:
     match: str | None
 
 
-def _phrase(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Error"
-
-
 def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
     return Response(status, json.dumps(payload, ensure_ascii=False).encode(), JSON_TYPE, headers or {})
-
-
-def _as_query(pairs: list[tuple[str, str]]) -> dict[str, Any]:
-    """Request-log form: param -> value, or a list of values when repeated."""
-    query: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in query:
-            previous = query[key]
-            query[key] = previous + [value] if isinstance(previous, list) else [previous, value]
-        else:
-            query[key] = value
-    return query
 
 
 # ------------------------------------------------------------ parameter parsing
@@ -303,7 +281,7 @@ def render_entry(bib: Bib, names: tuple[str, ...]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ simulator
-class SierraSimulator:
+class SierraSimulator(ControlledServer):
     """Serve `catalogue` as a Sierra REST API on loopback; use as a context manager.
 
     ``export_quota``: bibs/marc requests allowed per simulated hour (None = no limit).
@@ -315,6 +293,10 @@ class SierraSimulator:
     wall-clock seconds; a connection closes after this many requests.
     """
 
+    _base_path = API_PATH
+    _thread_prefix = "sierra-simulator"
+    _json_reply = staticmethod(_json)
+
     def __init__(self, catalogue: SimulatedCatalogue, host: str = "127.0.0.1", port: int = 0,
                  client_key: str = "demo-key", client_secret: str = "demo-secret", token_lifetime: int = 3600,
                  *, export_quota: int | None = None, legacy_deleted_stubs: bool = False,
@@ -322,8 +304,8 @@ class SierraSimulator:
                  keep_alive_timeout: float = 5.0, keep_alive_max: int = 100) -> None:
         if expired_token_code not in (120, 123):
             raise ValueError("expired_token_code must be 120 or 123")
+        super().__init__(host, port, _Handler, catalogue)
         self.catalogue = catalogue
-        self.host = host
         self.client_key = client_key
         self.client_secret = client_secret
         self.token_lifetime = token_lifetime
@@ -333,12 +315,8 @@ class SierraSimulator:
         self.expired_token_code = expired_token_code
         self.keep_alive_timeout = keep_alive_timeout
         self.keep_alive_max = keep_alive_max
-        self.requests: list[dict[str, Any]] = []
-        self.errors: list[str] = []  # unexpected server-side exceptions (should stay empty)
         self.tokens_issued = 0
         self.exports_created = 0
-        self._requested_port = port
-        self._lock = threading.Lock()
         self._tokens: dict[str, _Token] = {}
         self._revoked_through = 0  # tokens with serial <= this were expired by expire_tokens()
         self._files: dict[str, bytes] = {}
@@ -349,73 +327,13 @@ class SierraSimulator:
         self._empty_replies = 0
         self._hang_seconds: float | None = None
         self._export_failures: list[int] = []
-        self._stopping = threading.Event()
-        self._httpd: _Server | None = None
-        self._thread: threading.Thread | None = None
-        self._connections: set[socket.socket] = set()
 
-    # ------------------------------------------------------------ lifecycle
-    def start(self) -> SierraSimulator:
-        if self._httpd is not None:
-            return self
-        self._stopping.clear()
-        self._httpd = _Server((self.host, self._requested_port), _Handler)
-        self._httpd.sim = self
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"sierra-simulator-{self.port}", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        httpd, self._httpd = self._httpd, None
-        if httpd is None:
-            return
-        self._stopping.set()  # releases hanging handlers
-        httpd.shutdown()
-        with self._lock:
-            connections = list(self._connections)
-        for conn in connections:  # wake keep-alive handler threads blocked on read
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> SierraSimulator:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        if self._httpd is None:
-            raise RuntimeError("simulator is not running")
-        return self._httpd.server_address[1]
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}{API_PATH}"
-
+    # ---------------------------------------------------------------- state
     @property
     def open_export_files(self) -> list[str]:
         """Export files generated and not yet DELETEd (names as in the file URL)."""
         with self._lock:
             return sorted(self._files)
-
-    def _track(self, conn: socket.socket, opened: bool) -> None:
-        with self._lock:
-            (self._connections.add if opened else self._connections.discard)(conn)
-
-    def _record_error(self, exc: BaseException) -> None:
-        with self._lock:
-            self.errors.append(f"{type(exc).__name__}: {exc}")
-
-    def clear_requests(self) -> None:
-        with self._lock:
-            self.requests.clear()
 
     def http_date(self) -> str:
         """RFC 7231 date of the simulated clock, for the Date header."""
@@ -479,14 +397,14 @@ class SierraSimulator:
             return _json(fail.status, fail.body)
         code = 111 if fail.status == 500 else 0
         return _json(fail.status, {"code": code, "specificCode": 0, "httpStatus": fail.status,
-                                   "name": ERROR_NAMES[111] if code else _phrase(fail.status)})
+                                   "name": ERROR_NAMES[111] if code else status_phrase(fail.status)})
 
     # --------------------------------------------------------------- request
     def handle(self, method: str, path: str, query: str, headers: Mapping[str, str],
                body: bytes) -> Response | tuple[str, Any]:
         """Answer one API request; a ("empty"|"hang", detail) tuple means do not answer."""
         pairs = parse_qsl(query, keep_blank_values=True)
-        entry = {"method": method, "path": path, "query": _as_query(pairs),
+        entry = {"method": method, "path": path, "query": query_log_form(pairs),
                  "had_auth": bool(headers.get("Authorization")), "status": None}
         with self._lock:
             self.requests.append(entry)
@@ -724,22 +642,7 @@ class SierraSimulator:
         return Response(200, data, "application/octet-stream")
 
     # --------------------------------------------------------- control API
-    def handle_control(self, method: str, action: str, body: bytes | None) -> Response:
-        """Out-of-process control: POST /_control/<action> (JSON) or GET reports."""
-        if method == "GET":
-            return self._control_get(action)
-        try:
-            data = json.loads(body or b"{}")
-            if not isinstance(data, dict):
-                raise ValueError("body must be a JSON object")
-            handler = getattr(self, f"_control_{action}", None)
-            if handler is None:
-                return _json(404, {"error": f"unknown action: {action}"})
-            return _json(200, handler(data))
-        except (ValueError, KeyError, TypeError) as exc:
-            return _json(400, {"error": f"{type(exc).__name__}: {exc}"})
-
-    def _control_get(self, action: str) -> Response:
+    def _report(self, action: str) -> Response | None:
         catalogue = self.catalogue
         if action in ("live_ids", "deleted_ids"):
             ids = catalogue.sorted_live_ids() if action == "live_ids" else sorted(catalogue.deleted_ids())
@@ -752,31 +655,7 @@ class SierraSimulator:
                          "errors": list(self.errors)}
             return _json(200, {**catalogue.counts(), "clock": iso_z(catalogue.clock_epoch),
                                "base_url": self.base_url, **state})
-        if action == "requests":
-            with self._lock:
-                return _json(200, {"requests": list(self.requests)})
-        return _json(404, {"error": f"unknown report: {action}"})
-
-    def _control_mutate(self, data: dict[str, Any]) -> dict[str, Any]:
-        catalogue = self.catalogue
-        result: dict[str, Any] = {"edited": [], "deleted": [], "added": []}
-        with catalogue.lock:  # a harvest in flight sees all of it or none of it
-            if data.get("edit"):
-                result["edited"] += catalogue.edit(int(data["edit"]))
-            if data.get("edit_ids"):
-                result["edited"] += catalogue.edit_ids(data["edit_ids"])
-            if data.get("delete"):
-                result["deleted"] += catalogue.delete(int(data["delete"]))
-            if data.get("delete_ids"):
-                result["deleted"] += catalogue.delete_ids(data["delete_ids"])
-            if data.get("add"):
-                result["added"] += catalogue.add(int(data["add"]))
-            result["clock"] = iso_z(catalogue.clock_epoch)
-        return result
-
-    def _control_advance_clock(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.catalogue.advance_clock(float(data["seconds"]))
-        return {"clock": iso_z(self.catalogue.clock_epoch)}
+        return None
 
     def _control_expire_tokens(self, data: dict[str, Any]) -> dict[str, Any]:
         self.expire_tokens()
@@ -806,10 +685,6 @@ class SierraSimulator:
     def _control_set_export_quota(self, data: dict[str, Any]) -> dict[str, Any]:
         quota = data.get("quota")
         self.export_quota = None if quota is None else int(quota)
-        return {"ok": True}
-
-    def _control_clear_requests(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.clear_requests()
         return {"ok": True}
 
 
@@ -851,82 +726,45 @@ def _compile_query(node: Any) -> Callable[[Bib], bool]:
 
 
 # --------------------------------------------------------------------- HTTP
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    sim: SierraSimulator
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """Stay quiet: dropped connections are normal, anything else goes to sim.errors."""
-        exc = sys.exc_info()[1]
-        if exc is not None and not isinstance(exc, (ConnectionError, TimeoutError)):
-            self.sim._record_error(exc)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(LoopbackHandler):
     server_version = "SierraSimulator/1.0"
-    sys_version = ""
-    disable_nagle_algorithm = True  # avoid 40 ms delayed-ACK stalls on keep-alive
-    server: _Server
+
+    @property
+    def sim(self) -> SierraSimulator:
+        return cast(SierraSimulator, self.server.sim)
 
     def setup(self) -> None:
-        self.timeout = self.server.sim.keep_alive_timeout  # idle keep-alive connections get closed
+        self.timeout = self.sim.keep_alive_timeout  # idle keep-alive connections get closed
         self.served_on_connection = 0
         super().setup()
-        self.server.sim._track(self.connection, True)
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self.server.sim._track(self.connection, False)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """No per-request logging; the simulator keeps its own request log."""
 
     def version_string(self) -> str:
         return self.server_version
 
     def date_time_string(self, timestamp: float | None = None) -> str:
         """The Date header comes from the simulated clock."""
-        return self.server.sim.http_date()
+        return self.sim.http_date()
 
-    def do_GET(self) -> None:
-        self._dispatch()
+    def do_GET(self) -> None:  # every method reads a body, GET included
+        self._dispatch(self._read_body())
 
-    def do_POST(self) -> None:
-        self._dispatch()
+    do_DELETE = do_PUT = LoopbackHandler.do_POST
 
-    def do_DELETE(self) -> None:
-        self._dispatch()
-
-    def do_PUT(self) -> None:
-        self._dispatch()
-
-    def _dispatch(self) -> None:
-        sim = self.server.sim
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
-        url = urlsplit(self.path)
-        try:
-            if url.path.startswith("/_control/"):
-                result: Response | tuple[str, Any] = sim.handle_control(
-                    self.command, url.path[len("/_control/"):], body)
-            else:
-                result = sim.handle(self.command, url.path, url.query, self.headers, body)
-        except Exception as exc:  # a simulator bug must not hang the client
-            sim._record_error(exc)
-            result = Response(500, f"simulator error: {exc}\n".encode(), "text/plain; charset=utf-8")
+    def _respond(self, url: SplitResult, body: bytes | None) -> loopback.Response | None:
+        sim, body = self.sim, body or b""
+        if url.path.startswith(CONTROL_PREFIX):
+            return sim.handle_control(self.command, url.path[len(CONTROL_PREFIX):], body)
+        result = sim.handle(self.command, url.path, url.query, self.headers, body)
         if isinstance(result, tuple):
             mode, detail = result
             if mode == "hang":
                 sim._stopping.wait(detail)
             self.close_connection = True  # no status line at all: an "empty reply"
-            return
-        self._send(result)
+            return None
+        return result
 
-    def _send(self, response: Response) -> None:
-        sim = self.server.sim
+    def _send(self, response: loopback.Response) -> None:
+        sim = self.sim
         self.served_on_connection += 1
         self.send_response(response.status)
         if response.content_type:

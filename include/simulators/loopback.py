@@ -1,0 +1,199 @@
+"""A quiet, threaded HTTP server on loopback: the plumbing every partner simulator needs.
+
+A simulator subclasses `LoopbackServer` (lifecycle, request log, error record)
+and `LoopbackHandler` (its routes and how it writes a response), so what stays
+in the simulator is its protocol. Stopping is clean: keep-alive handler threads
+blocked on a read are woken, so tests never wait for idle connections.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Self
+from urllib.parse import SplitResult, urlsplit
+
+TEXT_TYPE = "text/plain; charset=utf-8"
+
+
+@dataclass
+class Response:
+    """One HTTP answer, built without HTTP so tests can call a simulator directly."""
+
+    status: int
+    body: bytes
+    content_type: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def status_phrase(status: int) -> str:
+    """The reason phrase of `status`; "Error" for codes `HTTPStatus` does not know."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def query_log_form(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """Request-log form: name -> value, or a list of values when repeated."""
+    query: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in query:
+            previous = query[key]
+            query[key] = previous + [value] if isinstance(previous, list) else [previous, value]
+        else:
+            query[key] = value
+    return query
+
+
+class LoopbackServer:
+    """Serve `handler` on loopback from a daemon thread; use as a context manager.
+
+    Tests assert on ``requests`` (the simulator's own request log) and ``errors``
+    (unexpected server-side exceptions, which should stay empty).
+    """
+
+    _base_path = ""  # base_url is http://host:port followed by this
+    _thread_prefix = "loopback-server"
+
+    def __init__(self, host: str, port: int, handler: type[LoopbackHandler]) -> None:
+        self.host = host
+        self.requests: list[dict[str, Any]] = []
+        self.errors: list[str] = []  # unexpected server-side exceptions (should stay empty)
+        self._requested_port = port
+        self._handler = handler
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()  # set by stop(): releases handlers that wait on purpose
+        self._httpd: QuietServer | None = None
+        self._thread: threading.Thread | None = None
+        self._connections: set[socket.socket] = set()
+
+    def start(self) -> Self:
+        if self._httpd is not None:
+            return self
+        self._stopping.clear()
+        self._httpd = QuietServer((self.host, self._requested_port), self._handler)
+        self._httpd.sim = self
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"{self._thread_prefix}-{self.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        self._stopping.set()
+        httpd.shutdown()
+        with self._lock:
+            connections = list(self._connections)
+        for conn in connections:  # wake keep-alive handler threads blocked on read
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("simulator is not running")
+        return self._httpd.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}{self._base_path}"
+
+    def clear_requests(self) -> None:
+        with self._lock:
+            self.requests.clear()
+
+    def _track(self, conn: socket.socket, opened: bool) -> None:
+        with self._lock:
+            (self._connections.add if opened else self._connections.discard)(conn)
+
+    def _record_error(self, exc: BaseException) -> None:
+        with self._lock:
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+
+
+class QuietServer(ThreadingHTTPServer):
+    """Daemon handler threads, and no tracebacks on stderr: errors go to ``sim.errors``."""
+
+    daemon_threads = True
+    sim: LoopbackServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Stay quiet: dropped connections are normal, anything else goes to sim.errors."""
+        exc = sys.exc_info()[1]
+        if exc is not None and not isinstance(exc, (ConnectionError, TimeoutError)):
+            self.sim._record_error(exc)
+
+
+class LoopbackHandler(BaseHTTPRequestHandler):
+    """Keep-alive HTTP/1.1 handler; subclasses supply `_respond` and `_send`.
+
+    GET passes no body, POST passes the request body; a simulator bug becomes a
+    500 (and an entry in ``sim.errors``) rather than a hung client.
+    """
+
+    protocol_version = "HTTP/1.1"
+    sys_version = ""
+    disable_nagle_algorithm = True  # avoid 40 ms delayed-ACK stalls on keep-alive
+    server: QuietServer
+
+    @property
+    def sim(self) -> LoopbackServer:
+        return self.server.sim
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.sim._track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.sim._track(self.connection, False)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """No per-request logging; the simulator keeps its own request log."""
+
+    def do_GET(self) -> None:
+        self._dispatch(None)
+
+    def do_POST(self) -> None:
+        self._dispatch(self._read_body())
+
+    def _read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _dispatch(self, body: bytes | None) -> None:
+        url = urlsplit(self.path)
+        try:
+            response = self._respond(url, body)
+        except Exception as exc:  # a simulator bug must not hang the client
+            self.server.sim._record_error(exc)
+            response = Response(500, f"simulator error: {exc}\n".encode(), TEXT_TYPE)
+        if response is not None:
+            self._send(response)
+
+    def _respond(self, url: SplitResult, body: bytes | None) -> Response | None:
+        """The answer to this request, or None when nothing is to be written."""
+        raise NotImplementedError
+
+    def _send(self, response: Response) -> None:
+        raise NotImplementedError

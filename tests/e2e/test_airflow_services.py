@@ -121,3 +121,33 @@ def test_failed_harvest_task_sends_an_alert_email(airflow_stack: AirflowStack) -
     assert mail.mail_from == "airflow@harvest.example"
     assert re.search(r"(try|attempt)\D{0,20}\b1\b", mail.text, re.IGNORECASE), (
         f"the alert does not name the try number:\n{mail.text}")
+
+
+def test_clearing_a_task_reruns_it_with_the_same_frozen_window(airflow_stack: AirflowStack) -> None:
+    stack = airflow_stack
+    dag_id = f"harvest_{stack.museum}"
+    run_id = stack.trigger(dag_id, {"mode": "window", "from": "2000-01-01T00:00:00Z"})["dag_run_id"]
+    assert stack.wait_for_run(dag_id, run_id, timeout=180)["state"] == "success"
+
+    def audit() -> tuple:
+        with connect(stack.aggregation_db) as conn:
+            return conn.execute(
+                "SELECT window_from, window_until, attempts, fetched FROM harvest_runs"
+                " WHERE partner_id = %s AND run_id = %s AND channel = 'changes'", (stack.museum, run_id)).fetchone()
+
+    window_from, window_until, attempts, fetched = audit()
+    stack.repo.advance_clock(3600)  # the partner's clock moves on; the frozen window must not
+    moved = stack.repo.edit(3)  # re-stamped after the frozen until: outside the window now
+    stack.api("POST", f"/dags/{dag_id}/clearTaskInstances", json={
+        "dag_run_id": run_id, "task_ids": ["harvest_changes"], "include_downstream": True,
+        "only_failed": False, "dry_run": False, "reset_dag_runs": True,
+    })
+
+    def rerun_finished() -> tuple | None:
+        row = audit()
+        return row if row[2] == attempts + 1 and stack.api(
+            "GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"] in ("success", "failed") else None
+
+    again = stack.poll(rerun_finished, 180, f"cleared harvest_changes of {run_id} to run again")
+    assert stack.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"] == "success"
+    assert again == (window_from, window_until, attempts + 1, fetched - len(moved))  # same frozen bounds

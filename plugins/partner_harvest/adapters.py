@@ -28,6 +28,10 @@ class PartnerClock:
 
 
 class Adapter(Protocol):
+    """A protocol adapter. Optional extras, looked up by the pipeline when present:
+    ``plan_channels`` + ``poll_deletions`` (a deletions channel with its own cursor, Sierra)
+    and ``sweep_ids`` + ``fetch_records`` + ``fetch_chunk`` (the weekly reconcile)."""
+
     partner_id: str
 
     def clock(self) -> PartnerClock:

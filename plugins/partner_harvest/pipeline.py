@@ -8,7 +8,7 @@ one transaction, then (in Airflow) move the cursor.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -62,8 +62,7 @@ def freeze_window(
         requested_until=request.requested_until,
         may_advance_cursor=request.may_advance_cursor,
     )
-    window = Window(window.mode, window.from_, window.until, window.granularity,
-                    window.advances_cursor, dict(clock.protocol))
+    window = replace(window, protocol=dict(clock.protocol))
     plan_channels = getattr(adapter, "plan_channels", None)
     if plan_channels is not None:
         window.protocol["channels"] = plan_channels(window, channel_cursors or {})

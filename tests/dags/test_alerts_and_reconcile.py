@@ -136,3 +136,25 @@ def test_quality_alert_on_a_successful_run_with_many_rejects(env, webhook) -> No
     quality = [b["harvest"] for b in webhook.bodies if b["harvest"]["kind"] == "quality"]
     assert len(quality) == 1 and quality[0]["partner"] == "alertmuseum"
     assert any("quarantine rate 10.0% (30 of 300 fetched)" in f for f in quality[0]["findings"])
+
+
+def test_reconcile_waits_while_a_harvest_holds_the_partner(env, webhook, db) -> None:
+    from partner_harvest.store.leases import HARVEST, acquire, release
+    from datetime import timedelta
+
+    repo = SimulatedRepository(records=200, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=43)
+    with OaiSimulator(repo) as sim:
+        env.setenv("AIRFLOW_CONN_PARTNER_ALERTMUSEUM", json.dumps({"conn_type": "http", "host": sim.base_url}))
+        with connect(db) as conn:
+            ensure_schema(conn)
+            acquire(conn, "alertmuseum", "nightly-run", HARVEST, timedelta(hours=1))
+        busy = dag_for("reconcile", "alertmuseum").test()
+        assert states(busy) == {"reconcile": "failed"}
+        alert = next(b["harvest"] for b in webhook.bodies if b["harvest"]["kind"] == "failure")
+        assert "harvest run (nightly-run)" in alert["cause"]
+        with connect(db) as conn:
+            release(conn, "alertmuseum", "nightly-run")
+            assert conn.execute("SELECT count(*) FROM partner_leases").fetchone() == (0,)
+        assert states(dag_for("reconcile", "alertmuseum").test()) == {"reconcile": "success"}
+        with connect(db) as conn:
+            assert conn.execute("SELECT count(*) FROM partner_leases").fetchone() == (0,)  # released

@@ -69,6 +69,15 @@ def xcom_text(dag_id: str) -> str:
         return " ".join(json.dumps(row.value, default=str) for row in rows)
 
 
+def rendered_fields_text(dag_id: str) -> str:
+    from airflow.models.renderedtifields import RenderedTaskInstanceFields
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(RenderedTaskInstanceFields).filter(RenderedTaskInstanceFields.dag_id == dag_id).all()
+        return " ".join(json.dumps(row.rendered_fields, default=str) for row in rows)
+
+
 def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env, catalogue, db, capfd, caplog) -> None:
     caplog.set_level(logging.DEBUG)
     dag = build_dag()
@@ -102,5 +111,8 @@ def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env, ca
     output = capfd.readouterr()
     logged = output.out + output.err + caplog.text
     assert "obtained an access token" in logged and "export page" in logged  # task logs were captured
-    assert SECRET not in logged
-    assert SECRET not in xcom_text("harvest_daglibrary")
+    bearer_tokens = list(sierra_env._tokens)  # every access token the API handed out
+    assert bearer_tokens
+    stored = xcom_text("harvest_daglibrary") + rendered_fields_text("harvest_daglibrary")
+    for secret in (SECRET, *bearer_tokens):
+        assert secret not in logged and secret not in stored

@@ -359,3 +359,16 @@ def test_a_hanging_request_times_out_and_is_retried(conn, sim, catalogue) -> Non
     sim.hang_next(seconds=5)
     _, changes, _, _ = harness.run()
     assert changes.fetched == 3 and harness.held() == catalogue.live_ids()
+
+
+def test_token_is_renewed_before_it_expires(harness: Harness, catalogue, sim) -> None:
+    """Proactive refresh: a token near its end is replaced before use, without a 401."""
+    now = [0.0]
+    adapter = harness.adapter()
+    adapter.client.monotonic = lambda: now[0]
+    adapter.client.server_time()
+    assert adapter.client.tokens_fetched == 1
+    now[0] = 3600 - 59  # inside the refresh margin of a 3600 s token
+    adapter.client.server_time()
+    assert adapter.client.tokens_fetched == 2
+    assert not [r for r in sim.requests if r["status"] == 401]

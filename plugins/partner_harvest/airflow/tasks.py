@@ -24,7 +24,7 @@ from partner_harvest.registry import Partner, RegistryError, get_partner
 from partner_harvest import quality
 from partner_harvest.airflow.notifiers import send_alert
 from partner_harvest.reconcile import reconcile
-from partner_harvest.store import RunRef, connect
+from partner_harvest.store import RunRef, connect, ensure_schema
 from partner_harvest.store import leases
 from partner_harvest.store.quality import run_figures
 from partner_harvest.window import Window, WindowError, channel_window, parse_instant
@@ -85,8 +85,6 @@ def _partner(partner_id: str) -> Partner:
 def hold_lease(partner_id: str, context: dict[str, Any], kind: str = leases.HARVEST) -> None:
     """Every task that reads or writes the partner's data holds the run's lease."""
     with aggregation() as conn:
-        from partner_harvest.store import ensure_schema
-
         ensure_schema(conn)
         leases.acquire(conn, partner_id, context["dag_run"].run_id, kind, LEASE_TTL)
 

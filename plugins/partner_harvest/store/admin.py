@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import psycopg
+from psycopg import sql
 
-_PARTNER_TABLES = ("records", "deletions", "quarantine", "harvest_runs", "staging")
+_PARTNER_TABLES = ("records", "deletions", "quarantine", "harvest_runs", "staging", "partner_leases", "reconcile_ids")
 
 
 def forget_partner(conn: psycopg.Connection, partner_id: str) -> dict[str, int]:
@@ -12,9 +13,8 @@ def forget_partner(conn: psycopg.Connection, partner_id: str) -> dict[str, int]:
     removed: dict[str, int] = {}
     with conn.transaction():
         for table in _PARTNER_TABLES:
-            removed[table] = conn.execute(
-                f"DELETE FROM {table} WHERE partner_id = %s", (partner_id,)  # table names are constants
-            ).rowcount
+            statement = sql.SQL("DELETE FROM {} WHERE partner_id = %s").format(sql.Identifier(table))
+            removed[table] = conn.execute(statement, (partner_id,)).rowcount
     return removed
 
 

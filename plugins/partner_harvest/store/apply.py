@@ -100,10 +100,16 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
     """Apply every staged channel of the run atomically and record it in the audit."""
     params = {"pid": partner_id, "run": run_id}
     with conn.transaction():
-        # One apply per partner at a time: a backfill and the nightly run may overlap.
+        # One apply per partner at a time: a backfill and the nightly run may overlap. A
+        # bounded wait turns a stuck apply elsewhere into an error (and a retry) here.
+        conn.execute("SET LOCAL lock_timeout = '30min'")
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('apply:' || %s))", (partner_id,))
         fetched = dict(conn.execute(_COUNT_STAGED, params).fetchall())
         conn.execute(_BATCH, params)
+        # A fresh temp table has no statistics; without them the planner may nest-loop the
+        # purge over the whole batch for every stored record (minutes instead of seconds).
+        conn.execute("CREATE INDEX ON apply_batch (identifier)")
+        conn.execute("ANALYZE apply_batch")
         upserted = dict(conn.execute(_UPSERT, params).fetchall())
         purged = dict(conn.execute(_PURGE, params).fetchall())
         quarantined = dict(conn.execute(_QUARANTINE, params).fetchall())

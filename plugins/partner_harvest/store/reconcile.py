@@ -76,6 +76,8 @@ SELECT
 
 
 def plan(conn: psycopg.Connection, partner_id: str, run_id: str) -> ReconcilePlan:
+    # The sweep just bulk-loaded the table: give the planner statistics before joining.
+    conn.execute("ANALYZE reconcile_ids")
     row = conn.execute(_PLAN, {"pid": partner_id, "run": run_id}).fetchone()
     conn.commit()
     return ReconcilePlan(*row)

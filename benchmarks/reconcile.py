@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import time
 from datetime import timedelta
 
@@ -47,7 +46,7 @@ def child(args: argparse.Namespace) -> None:
             except MassPurgeRefused as exc:
                 out = {"refused": exc.cause}
     out["seconds"] = time.perf_counter() - started
-    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_rss_mib"] = support.peak_rss_mib()
     print(json.dumps(out))
 
 

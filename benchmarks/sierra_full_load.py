@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import time
 
 import support
@@ -53,7 +52,7 @@ def child(args: argparse.Namespace) -> None:
         "upserted": result.upserted, "purged": result.purged, "unchanged": result.unchanged,
         "quarantined": result.quarantined,
         "harvest_seconds": harvested - started, "total_seconds": applied - started,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mib": support.peak_rss_mib(),
     }))
 
 

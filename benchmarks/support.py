@@ -43,6 +43,19 @@ def control(url: str, action: str, body: dict | None = None) -> object:
     return set(payload.split()) if action == "live_ids" else json.loads(payload)
 
 
+def peak_rss_mib() -> float:
+    """This process's own peak RSS (VmHWM).
+
+    Not ``getrusage().ru_maxrss``: Linux carries that high-water mark across ``execve``,
+    so a child spawned by a big parent would report the parent's size.
+    """
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def run_child(script: str, *args: str) -> dict:
     """Run the benchmark's own --child mode in a fresh process; its last line is JSON."""
     out = subprocess.run([sys.executable, script, "--child", *args], capture_output=True, text=True)

@@ -6,10 +6,7 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("XDG_RUNTIME_DIR", f"/tmp/ph-runtime-{os.getuid()}")
@@ -18,29 +15,7 @@ for _path in (str(ROOT), str(ROOT / "plugins")):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-
-@contextmanager
-def simulator(module: str, *args: str) -> Iterator[str]:
-    """A partner simulator in its own process (so RSS figures are the harvester's alone)."""
-    cmd = [sys.executable, "-m", f"include.simulators.{module}", *args, "--port", "0"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline().strip() if proc.stdout else ""
-        if not line.startswith("listening on "):
-            raise SystemExit(f"the {module} simulator did not start: {line!r}")
-        yield line.removeprefix("listening on ")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-def control(url: str, action: str, body: dict | None = None) -> object:
-    """The simulators' /_control API; ``live_ids`` comes back as a set."""
-    base = url.split("/iii/")[0] if "/iii/" in url else url.rsplit("/", 1)[0]
-    data = None if body is None else json.dumps(body).encode()
-    with urllib.request.urlopen(urllib.request.Request(f"{base}/_control/{action}", data=data), timeout=300) as r:
-        payload = r.read().decode()
-    return set(payload.split()) if action == "live_ids" else json.loads(payload)
+from include.simulators.process import control, simulator_process as simulator  # noqa: E402,F401
 
 
 def peak_rss_mib() -> float:

@@ -14,10 +14,7 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "plugins"), str(ROOT)]
@@ -25,6 +22,7 @@ sys.path[:0] = [str(ROOT / "plugins"), str(ROOT)]
 from psycopg.conninfo import conninfo_to_dict  # noqa: E402
 
 from include import embedded_pg  # noqa: E402
+from include.simulators.process import control, simulator_process as simulator  # noqa: E402
 from partner_harvest.store import connect, ensure_schema  # noqa: E402
 from partner_harvest.store.admin import forget_partner, live_identifiers, run_summary  # noqa: E402
 
@@ -57,31 +55,6 @@ def airflow_env(pg_uri: str, oai_url: str, sierra_url: str) -> dict[str, str]:
         }),
     })
     return env
-
-
-@contextmanager
-def simulator(module: str, *args: str) -> Iterator[str]:
-    """Start a partner simulator process; yields its base URL."""
-    cmd = [sys.executable, "-m", f"include.simulators.{module}", *args, "--port", "0"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline().strip() if proc.stdout else ""
-        if not line.startswith("listening on "):
-            raise SystemExit(f"the {module} simulator did not start: {line!r}")
-        yield line.removeprefix("listening on ")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-def control(url: str, action: str, body: dict | None = None, method: str = "POST") -> object:
-    base = url.split("/iii/")[0] if "/iii/" in url else url.rsplit("/", 1)[0]
-    data = json.dumps(body or {}).encode() if method == "POST" else None
-    request = urllib.request.Request(f"{base}/_control/{action}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        payload = response.read().decode()
-    return json.loads(payload) if action != "live_ids" else set(payload.split())
 
 
 def run_dag(env: dict[str, str], dag_id: str, label: str) -> None:
@@ -148,7 +121,7 @@ def main() -> int:
         for dag_id in partners.values():
             run_dag(env, dag_id, "Second run (incremental from the cursor)")
 
-        upstream = {pid: control(url, "live_ids", method="GET") for pid, url in urls.items()}
+        upstream = {pid: control(url, "live_ids") for pid, url in urls.items()}
         with connect(pg_uri) as conn:
             held = {}
             for partner_id in partners:

@@ -122,15 +122,16 @@ def extra_channels(adapter: object) -> tuple[str, ...]:
     return ("deletions",) if hasattr(adapter, "poll_deletions") else ()
 
 
-@_fail_fast
-def harvest_changes(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+def _stage_channel(partner_id: str, window_data: dict[str, Any], context: dict[str, Any], channel: str) -> dict[str, Any]:
+    """Stream one channel of the frozen window into staging (retries reuse the window)."""
     partner = _partner(partner_id)
     hold_lease(partner_id, context)
     window = Window.from_dict(window_data)
     adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
-    run = RunRef(partner_id, context["dag_run"].run_id, "changes")
+    run = RunRef(partner_id, context["dag_run"].run_id, channel)
+    stage = pipeline.harvest_window if channel == "changes" else pipeline.poll_deletions
     with aggregation() as conn:
-        stats = pipeline.harvest_window(adapter, conn, run, window)
+        stats = stage(adapter, conn, run, window)
     return {
         "pages": stats.pages, "fetched": stats.fetched, "records": stats.records,
         "tombstones": stats.tombstones, "rejected": stats.rejected,
@@ -139,15 +140,13 @@ def harvest_changes(partner_id: str, window_data: dict[str, Any], context: dict[
 
 
 @_fail_fast
+def harvest_changes(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    return _stage_channel(partner_id, window_data, context, "changes")
+
+
+@_fail_fast
 def poll_deletions(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
-    partner = _partner(partner_id)
-    hold_lease(partner_id, context)
-    window = Window.from_dict(window_data)
-    adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
-    run = RunRef(partner_id, context["dag_run"].run_id, "deletions")
-    with aggregation() as conn:
-        stats = pipeline.poll_deletions(adapter, conn, run, window)
-    return {"pages": stats.pages, "fetched": stats.fetched, "tombstones": stats.tombstones, "rejected": stats.rejected}
+    return _stage_channel(partner_id, window_data, context, "deletions")
 
 
 @_fail_fast

@@ -30,6 +30,11 @@ def findings(partner: Partner, figures: RunFigures, now: datetime) -> list[str]:
             f"purge spike: {figures.purged} of {before} records ({figures.purged / before:.1%}) removed in one run, "
             f"over {partner.purge_alert_fraction:.0%}"
         )
+    if figures.announced is not None:
+        found.append(
+            f"the partner announced completeListSize={figures.announced} but {figures.fetched} items came: "
+            "records may be missing (a reconcile will tell)"
+        )
     reference = figures.last_fetch_at or figures.first_run_at
     if reference is not None and now - reference > partner.quiet_period:
         since = figures.last_fetch_at.strftime("%Y-%m-%d %H:%MZ") if figures.last_fetch_at else "never"

@@ -161,9 +161,19 @@ def test_schema_migrations_are_idempotent(db: str) -> None:
     from partner_harvest.store import connect, ensure_schema
 
     with connect(db) as first:
-        assert ensure_schema(first) == ["0001_initial.sql", "0002_reconcile_and_leases.sql"]
+        assert ensure_schema(first) == ["0001_initial.sql", "0002_reconcile_and_leases.sql", "0003_quarantine_current.sql"]
         assert ensure_schema(first) == []
         tables = {r[0] for r in first.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
     assert {"records", "deletions", "quarantine", "harvest_runs", "staging", "schema_migrations",
             "partner_leases", "reconcile_ids"} <= tables
+
+
+def test_quarantine_current_shows_what_is_still_broken(conn: psycopg.Connection) -> None:
+    stage(conn, "p", "r1", [Rejected("a", "no title", "<a/>", T0, "oai_dc"), Rejected("b", "no title", "<b/>", T0, "oai_dc")])
+    apply_run(conn, "p", "r1")
+    stage(conn, "p", "r2", [Rejected("a", "still no title", "<a2/>", T0, "oai_dc"), rec("b", T0 + timedelta(hours=1))])
+    apply_run(conn, "p", "r2")
+    current = conn.execute("SELECT identifier, reason, run_id FROM quarantine_current WHERE partner_id = 'p'").fetchall()
+    assert current == [("a", "still no title", "r2")]  # b was fixed by a later valid version
+    assert conn.execute("SELECT count(*) FROM quarantine").fetchone() == (3,)  # the log keeps all

@@ -40,3 +40,8 @@ def test_quiet_partner() -> None:
     assert findings(PARTNER, figures(fetched=0, last_fetch_at=NOW - timedelta(days=6)), NOW) == []
     [never] = findings(PARTNER, figures(fetched=0, last_fetch_at=None, first_run_at=NOW - timedelta(days=8)), NOW)
     assert "last fetch: never" in never
+
+
+def test_list_size_mismatch() -> None:
+    [line] = findings(PARTNER, figures(announced=120), NOW)
+    assert line.startswith("the partner announced completeListSize=120 but 100 items came")

@@ -16,6 +16,7 @@ class RunFigures:
     held: int  # records held for the partner after the run
     last_fetch_at: datetime | None  # newest applied run that fetched anything
     first_run_at: datetime | None  # oldest run on record
+    announced: int | None = None  # completeListSize, when it disagreed with what came
 
 
 def run_figures(conn: psycopg.Connection, partner_id: str, run_id: str) -> RunFigures:
@@ -25,7 +26,8 @@ def run_figures(conn: psycopg.Connection, partner_id: str, run_id: str) -> RunFi
                (SELECT count(*) FROM records WHERE partner_id = %(pid)s),
                (SELECT max(applied_at) FROM harvest_runs
                  WHERE partner_id = %(pid)s AND status = 'applied' AND fetched > 0),
-               (SELECT min(started_at) FROM harvest_runs WHERE partner_id = %(pid)s)
+               (SELECT min(started_at) FROM harvest_runs WHERE partner_id = %(pid)s),
+               max(complete_list_size) FILTER (WHERE list_size_mismatch)
         FROM harvest_runs WHERE partner_id = %(pid)s AND run_id = %(run)s
         """,
         {"pid": partner_id, "run": run_id},

@@ -56,16 +56,6 @@ HarvestItem = Union[Record, Tombstone, Rejected]
 
 
 @dataclass(slots=True)
-class PageStats:
-    """What one page of a listing carried, for progress logs and the run audit."""
-
-    records: int = 0
-    tombstones: int = 0
-    rejected: int = 0
-    complete_list_size: int | None = None
-
-
-@dataclass(slots=True)
 class HarvestStats:
     """Running totals of one harvest channel; becomes the ``harvest_runs`` row."""
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-_PARTNER_TABLES = ("records", "deletions", "quarantine", "harvest_runs", "staging", "partner_leases", "reconcile_ids")
+_PARTNER_TABLES = (
+    "records", "deletions", "quarantine", "harvest_runs", "staging", "partner_leases", "reconcile_ids", "tombstones",
+)
 
 
 def forget_partner(conn: psycopg.Connection, partner_id: str) -> dict[str, int]:

@@ -37,6 +37,7 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
                 attempts = harvest_runs.attempts + 1, error = NULL, pages = 0, fetched = 0,
                 upserted = 0, unchanged = 0, purged = 0, quarantined = 0,
                 complete_list_size = NULL, list_size_mismatch = false, token_restarts = 0,
+                check_kind = NULL, check_expected = NULL, check_found = NULL, check_ok = NULL, check_detail = NULL,
                 cleaned_pages = 0, harvested_at = NULL, applied_at = NULL
             """,
             (*run.key(), window.mode, window.from_, window.until, window.granularity, metadata_prefix),
@@ -80,4 +81,20 @@ def fail_apply(conn: psycopg.Connection, partner_id: str, run_id: str, error: st
         conn.execute(
             "UPDATE harvest_runs SET status = 'failed', error = %s WHERE partner_id = %s AND run_id = %s",
             (f"apply failed: {error}"[:4000], partner_id, run_id),
+        )
+
+
+def record_check(
+    conn: psycopg.Connection, run: RunRef, kind: str, expected: int | None, found: int | None,
+    ok: bool, detail: str = "",
+) -> None:
+    """Record a completeness check (I12) on the channel's audit row; alerts read it."""
+    with conn.transaction():
+        conn.execute(
+            """
+            UPDATE harvest_runs SET check_kind = %s, check_expected = %s, check_found = %s,
+                check_ok = %s, check_detail = %s
+            WHERE partner_id = %s AND run_id = %s AND channel = %s
+            """,
+            (kind, expected, found, ok, detail[:4000], *run.key()),
         )

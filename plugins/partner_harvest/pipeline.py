@@ -8,6 +8,7 @@ one transaction, then (in Airflow) move the cursor.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -18,6 +19,7 @@ from partner_harvest.adapters import Adapter
 from partner_harvest.errors import HarvestError
 from partner_harvest.records import HarvestStats
 from partner_harvest.store import (
+    DEFAULT_MAX_RECORD_BYTES,
     ApplyResult,
     RunRef,
     StagingWriter,
@@ -28,7 +30,8 @@ from partner_harvest.store import (
     fail_run,
     finish_harvest,
 )
-from partner_harvest.window import Window, channel_window, plan_window
+from partner_harvest.store.apply import StagingIncomplete
+from partner_harvest.window import Window, channel_window, format_instant, plan_window
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,13 @@ def freeze_window(
         may_advance_cursor=request.may_advance_cursor,
     )
     window = replace(window, protocol=dict(clock.protocol))
+    if cursor_until is not None and clock.now < cursor_until - lag:
+        # Not a gap (the window is harvested up to the cursor again) but worth an alert.
+        window.protocol["clock_behind_cursor"] = {
+            "clock": format_instant(clock.now), "cursor": format_instant(cursor_until),
+        }
+        log.warning("%s: the partner's clock %s is behind the cursor %s by more than the lag %s",
+                    adapter.partner_id, format_instant(clock.now), format_instant(cursor_until), lag)
     plan_channels = getattr(adapter, "plan_channels", None)
     if plan_channels is not None:
         window.protocol["channels"] = plan_channels(window, channel_cursors or {})
@@ -74,23 +84,24 @@ def harvest_window(
     adapter: Adapter, conn: psycopg.Connection, run: RunRef, window: Window
 ) -> HarvestStats:
     """Stream the window's changes into staging; on failure the audit row says why."""
-    return _stage(adapter.harvest, adapter.partner_id, conn, run, window)
+    return _stage(adapter, adapter.harvest, conn, run, window)
 
 
 def poll_deletions(adapter: Any, conn: psycopg.Connection, run: RunRef, window: Window) -> HarvestStats:
     """Stream the separate deletions channel (Sierra) into the same run's staging."""
-    return _stage(adapter.poll_deletions, adapter.partner_id, conn, run, window,
+    return _stage(adapter, adapter.poll_deletions, conn, run, window,
                   audit_window=channel_window(window, "deletions"))
 
 
 def _stage(
-    source: Any, partner_id: str, conn: psycopg.Connection, run: RunRef, window: Window,
+    adapter: Any, source: Any, conn: psycopg.Connection, run: RunRef, window: Window,
     audit_window: Window | None = None,
 ) -> HarvestStats:
+    partner_id = adapter.partner_id
     ensure_schema(conn)
     begin_run(conn, run, audit_window or window, window.protocol.get("metadata_prefix"))
     stats = HarvestStats()
-    writer = StagingWriter(conn, run)
+    writer = StagingWriter(conn, run, max_record_bytes=max_record_bytes(adapter))
     try:
         source(window, writer, stats)
     except Exception as exc:
@@ -111,11 +122,36 @@ def _stage(
     return stats
 
 
-def apply_changes(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyResult:
-    """Merge the run's staging into the live tables in one transaction."""
+def max_record_bytes(adapter: Any) -> int:
+    """The partner's payload limit (registry ``options.limits.max_record_bytes``)."""
+    partner = getattr(adapter, "partner", None)
+    limits = (getattr(partner, "options", None) or {}).get("limits") or {}
+    return int(limits.get("max_record_bytes") or DEFAULT_MAX_RECORD_BYTES)
+
+
+def apply_changes(
+    conn: psycopg.Connection, partner_id: str, run_id: str,
+    reharvest: Callable[[list[str]], None] | None = None,
+) -> ApplyResult:
+    """Merge the run's staging into the live tables in one transaction.
+
+    When staging no longer holds what the harvest recorded (the database lost it), the
+    channels named are harvested again through ``reharvest`` (the same frozen window),
+    then applied; without ``reharvest`` the apply fails and nothing moves.
+    """
     ensure_schema(conn)
     try:
-        return apply_run(conn, partner_id, run_id)
+        try:
+            return apply_run(conn, partner_id, run_id)
+        except StagingIncomplete as lost:
+            conn.rollback()
+            if reharvest is None:
+                raise
+            channels = sorted(lost.channels)
+            log.warning("%s: %s; harvesting channel(s) %s of the frozen window again",
+                        partner_id, lost.cause, ", ".join(channels))
+            reharvest(channels)
+            return apply_run(conn, partner_id, run_id)
     except Exception as exc:
         conn.rollback()
         fail_apply(conn, partner_id, run_id, _one_line(exc))

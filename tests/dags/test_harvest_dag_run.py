@@ -85,7 +85,7 @@ def test_incremental_runs_move_the_cursor_and_match_the_partner(partner_env, rep
     with connect(db) as conn:
         fetched = conn.execute(
             "SELECT fetched FROM harvest_runs WHERE partner_id = 'dagmuseum' AND run_id = %s",
-            (second.run_id,),
+            (f"{second.dag_id}/{second.run_id}",),
         ).fetchone()[0]
     assert fetched == len(edited) + len(deleted) + len(added)
 
@@ -126,7 +126,7 @@ def test_failed_apply_keeps_the_cursor_and_a_rerun_completes(partner_env, repo, 
     assert held(db) == before  # nothing half-applied (I4)
     with psycopg.connect(db, autocommit=True) as conn:
         status, error = conn.execute(
-            "SELECT status, error FROM harvest_runs WHERE run_id = %s", (failed.run_id,)).fetchone()
+            "SELECT status, error FROM harvest_runs WHERE run_id = %s", (f"{failed.dag_id}/{failed.run_id}",)).fetchone()
         assert status == "failed" and "simulated failure during apply" in error
         conn.execute("DROP TRIGGER boom ON deletions")
     rerun = dag.test()

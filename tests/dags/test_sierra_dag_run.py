@@ -83,7 +83,7 @@ def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env, ca
     dag = build_dag()
     assert {"freeze_window", "harvest_changes", "poll_deletions", "apply_changes", "advance_cursor",
             "check_quality"} == set(dag.task_ids)
-    assert dag.get_task("apply_changes").upstream_task_ids == {"harvest_changes", "poll_deletions"}
+    assert dag.get_task("apply_changes").upstream_task_ids == {"freeze_window", "harvest_changes", "poll_deletions"}
 
     first = dag.test()
     states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in first.get_task_instances()}
@@ -104,7 +104,7 @@ def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env, ca
         assert live_identifiers(conn, "daglibrary") == catalogue.live_ids()
         channels = dict(conn.execute(
             "SELECT channel, purged FROM harvest_runs WHERE partner_id = 'daglibrary' AND run_id = %s",
-            (second.run_id,)).fetchall())
+            (f"{second.dag_id}/{second.run_id}",)).fetchall())
     assert channels == {"changes": 0, "deletions": len(deleted)}
     assert variable(DELETIONS)["until"] == catalogue.clock.strftime("%Y-%m-%dT00:00:00Z")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import pendulum
@@ -55,7 +56,7 @@ def default_args(partner: Partner) -> dict[str, Any]:
     return {
         **DEFAULT_ARGS,
         "retries": partner.retries,
-        "on_failure_callback": [PartnerAlertNotifier(), tasks.release_lease_after_final_failure],
+        "on_failure_callback": [PartnerAlertNotifier(), partial(tasks.release_lease_after_final_failure, partner_id=partner.id)],
     }
 
 
@@ -88,8 +89,8 @@ def build_harvest_dag(partner: Partner) -> DAG:
             return tasks.poll_deletions(pid, window, get_current_context())
 
         @task(task_id="apply_changes")
-        def apply_changes(*staged: dict[str, Any]) -> dict[str, int]:
-            return tasks.apply_changes(pid, get_current_context())
+        def apply_changes(window: dict[str, Any], *staged: dict[str, Any]) -> dict[str, int]:
+            return tasks.apply_changes(pid, window, get_current_context())
 
         @task(task_id="advance_cursor")
         def advance_cursor(window: dict[str, Any], applied: dict[str, int]) -> dict[str, Any]:
@@ -103,7 +104,7 @@ def build_harvest_dag(partner: Partner) -> DAG:
         staged = [harvest_changes(window)]
         if partner.protocol == "sierra":
             staged.append(poll_deletions(window))
-        applied = apply_changes(*staged)
+        applied = apply_changes(window, *staged)
         advance_cursor(window, applied)
         check_quality(applied)
     return dag

@@ -27,11 +27,13 @@ from partner_harvest.reconcile import reconcile
 from partner_harvest.store import RunRef, connect, ensure_schema
 from partner_harvest.store import leases
 from partner_harvest.store.quality import run_figures
-from partner_harvest.window import Window, WindowError, channel_window, parse_instant
+from partner_harvest.store.runs import abandon_stale_runs, last_applied_until
+from partner_harvest.window import Window, WindowError, channel_window, format_instant, parse_instant
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-LEASE_TTL = timedelta(hours=12)
+LEASE_TTL = leases.DEFAULT_TTL
+ABANDON_AFTER = timedelta(days=7)
 
 
 def _fail_fast(func: Callable[..., T]) -> Callable[..., T]:
@@ -82,25 +84,33 @@ def _partner(partner_id: str) -> Partner:
     return get_partner(partner_id)
 
 
-def hold_lease(partner_id: str, context: dict[str, Any], kind: str = leases.HARVEST) -> None:
-    """Every task that reads or writes the partner's data holds the run's lease."""
-    with aggregation() as conn:
+def run_key(context: dict[str, Any]) -> str:
+    """The run's key in the aggregation (staging, audit, leases): DAG and run together.
+
+    A harvest and a reconcile scheduled at the same instant share Airflow's run id
+    (``scheduled__<time>``); keyed by run id alone they would share staging and leases.
+    """
+    dag_run = context["dag_run"]
+    return f"{dag_run.dag_id}/{dag_run.run_id}"
+
+
+def hold_lease(partner_id: str, context: dict[str, Any], kind: str = leases.HARVEST) -> leases.LeaseKeeper:
+    """Every task that reads or writes the partner's data holds the run's lease while it runs."""
+    conninfo = aggregation_conninfo()
+    with connect(conninfo) as conn:
         ensure_schema(conn)
-        leases.acquire(conn, partner_id, context["dag_run"].run_id, kind, LEASE_TTL)
+    return leases.LeaseKeeper(conninfo, partner_id, run_key(context), kind, ttl=LEASE_TTL)
 
 
-def release_lease(partner_id: str, run_id: str) -> None:
+def release_lease(partner_id: str, holder: str) -> None:
     with aggregation() as conn:
-        leases.release(conn, partner_id, run_id)
+        leases.release(conn, partner_id, holder)
 
 
-def release_lease_after_final_failure(context: dict[str, Any]) -> None:
-    """on_failure_callback: a failed run must not keep a reconcile waiting for 12 hours."""
-    ti = context.get("ti")
-    dag_id = getattr(ti, "dag_id", "") or ""
-    partner_id = dag_id.split("_", 1)[1] if "_" in dag_id else dag_id
+def release_lease_after_final_failure(context: dict[str, Any], partner_id: str) -> None:
+    """on_failure_callback: a failed run lets a reconcile in at once, not after the TTL."""
     try:
-        release_lease(partner_id, context["dag_run"].run_id)
+        release_lease(partner_id, run_key(context))
     except Exception as exc:  # never mask the task's own failure
         log.warning("could not release the lease of %s: %s", partner_id, exc)
 
@@ -108,13 +118,55 @@ def release_lease_after_final_failure(context: dict[str, Any]) -> None:
 @_fail_fast
 def freeze_window(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
     partner = _partner(partner_id)
-    hold_lease(partner_id, context)
-    adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
-    request = run_request(context)
-    cursor = read_cursor(partner_id) if request.mode == "incremental" else None
-    channels = {name: read_cursor(partner_id, name) for name in extra_channels(adapter)}
-    window = pipeline.freeze_window(adapter, partner.lag, cursor, request, channels)
-    return window.to_dict()
+    with hold_lease(partner_id, context):
+        adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+        request = run_request(context)
+        with aggregation() as conn:
+            abandoned = abandon_stale_runs(conn, partner_id, ABANDON_AFTER)
+            if abandoned:
+                log.warning("%s: %d run channel(s) never applied within %s were abandoned and their staging dropped",
+                            partner_id, abandoned, ABANDON_AFTER)
+            cursor = None
+            if request.mode == "incremental":
+                cursor = effective_cursor(conn, partner_id, read_cursor(partner_id), "changes")
+            channels = {name: effective_cursor(conn, partner_id, read_cursor(partner_id, name), name)
+                        for name in extra_channels(adapter)}
+        window = pipeline.freeze_window(adapter, partner.lag, cursor, request, channels)
+        behind = window.protocol.get("clock_behind_cursor")
+        if behind:
+            _alert_clock_behind(partner, context, behind)
+        return window.to_dict()
+
+
+def effective_cursor(conn: psycopg.Connection, partner_id: str, cursor: datetime | None, channel: str) -> datetime | None:
+    """The Variable, unless this database holds less than it says: then the earlier (I1, I12).
+
+    The cursor Variable lives in Airflow's database, the data in the aggregation database;
+    restore the latter from a backup and the Variable runs ahead of it: a silent gap.
+    """
+    if cursor is None:
+        return None
+    applied = last_applied_until(conn, partner_id, channel)
+    if applied is not None and applied >= cursor:
+        return cursor
+    log.warning(
+        "%s: the %s cursor Variable says %s but the aggregation database's newest applied window ends %s "
+        "(restored from a backup, or runs removed from harvest_runs?); harvesting from the earlier. "
+        "The Variable itself is left as it is.",
+        partner_id, channel, format_instant(cursor), format_instant(applied) if applied else "nowhere (no applied run)",
+    )
+    return applied
+
+
+def _alert_clock_behind(partner: Partner, context: dict[str, Any], behind: dict[str, Any]) -> None:
+    lines = [
+        f"Partner: {partner.id}", f"DAG: {partner.dag_id}   run: {context['dag_run'].run_id}",
+        f"The partner's clock ({behind['clock']}) is behind our cursor ({behind['cursor']}) by more than the lag "
+        f"({partner.lag}). The window was harvested up to the cursor again; nothing was skipped, but check the "
+        "partner's clock (a reset, a failover to a server with another clock).",
+    ]
+    send_alert(f"[partner harvest] {partner.id}: partner clock moved backwards", lines,
+               {"kind": "clock_behind", "partner": partner.id, "dag_id": partner.dag_id, **behind})
 
 
 def extra_channels(adapter: object) -> tuple[str, ...]:
@@ -124,19 +176,23 @@ def extra_channels(adapter: object) -> tuple[str, ...]:
 
 def _stage_channel(partner_id: str, window_data: dict[str, Any], context: dict[str, Any], channel: str) -> dict[str, Any]:
     """Stream one channel of the frozen window into staging (retries reuse the window)."""
-    partner = _partner(partner_id)
-    hold_lease(partner_id, context)
-    window = Window.from_dict(window_data)
-    adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
-    run = RunRef(partner_id, context["dag_run"].run_id, channel)
-    stage = pipeline.harvest_window if channel == "changes" else pipeline.poll_deletions
-    with aggregation() as conn:
-        stats = stage(adapter, conn, run, window)
+    with hold_lease(partner_id, context):
+        stats = _stage(partner_id, window_data, context, channel)
     return {
         "pages": stats.pages, "fetched": stats.fetched, "records": stats.records,
         "tombstones": stats.tombstones, "rejected": stats.rejected,
         "complete_list_size": stats.complete_list_size, "restarts": stats.restarts,
     }
+
+
+def _stage(partner_id: str, window_data: dict[str, Any], context: dict[str, Any], channel: str) -> Any:
+    partner = _partner(partner_id)
+    window = Window.from_dict(window_data)
+    adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+    run = RunRef(partner_id, run_key(context), channel)
+    stage = pipeline.harvest_window if channel == "changes" else pipeline.poll_deletions
+    with aggregation() as conn:
+        return stage(adapter, conn, run, window)
 
 
 @_fail_fast
@@ -150,10 +206,15 @@ def poll_deletions(partner_id: str, window_data: dict[str, Any], context: dict[s
 
 
 @_fail_fast
-def apply_changes(partner_id: str, context: dict[str, Any]) -> dict[str, int]:
-    hold_lease(partner_id, context)
-    with aggregation() as conn:
-        return pipeline.apply_changes(conn, partner_id, context["dag_run"].run_id).as_dict()
+def apply_changes(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, int]:
+    """Apply the run; channels whose staging the database lost are harvested again first."""
+
+    def reharvest(channels: list[str]) -> None:
+        for channel in channels:
+            _stage(partner_id, window_data, context, channel)
+
+    with hold_lease(partner_id, context), aggregation() as conn:
+        return pipeline.apply_changes(conn, partner_id, run_key(context), reharvest).as_dict()
 
 
 @_fail_fast
@@ -164,7 +225,7 @@ def move_cursor(partner_id: str, window_data: dict[str, Any], context: dict[str,
     moved = {"changes": advance_cursor(partner_id, window, run_id)}
     for channel in window.protocol.get("channels") or {}:
         moved[channel] = advance_cursor(partner_id, channel_window(window, channel), run_id, channel)
-    release_lease(partner_id, run_id)
+    release_lease(partner_id, run_key(context))
     return moved
 
 
@@ -174,7 +235,7 @@ def check_quality(partner_id: str, context: dict[str, Any]) -> list[str]:
     partner = _partner(partner_id)
     run_id = context["dag_run"].run_id
     with aggregation() as conn:
-        figures = run_figures(conn, partner_id, run_id)
+        figures = run_figures(conn, partner_id, run_key(context))
     found = quality.findings(partner, figures, datetime.now(timezone.utc))
     if found:
         send_alert(
@@ -191,13 +252,11 @@ def check_quality(partner_id: str, context: dict[str, Any]) -> list[str]:
 def reconcile_partner(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
     """The weekly full reconcile; never moves a harvest cursor, never overlaps a harvest."""
     partner = _partner(partner_id)
-    run_id = context["dag_run"].run_id
     allow = bool((context.get("params") or {}).get("allow_mass_purge"))
-    hold_lease(partner_id, context, leases.RECONCILE)
-    try:
+    keeper = hold_lease(partner_id, context, leases.RECONCILE)
+    keeper.release_on_exit = True
+    with keeper:
         adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
         with aggregation() as conn:
-            return reconcile(adapter, conn, partner, run_id, allow_mass_purge=allow).as_dict()
-    finally:
-        release_lease(partner_id, run_id)
+            return reconcile(adapter, conn, partner, run_key(context), allow_mass_purge=allow).as_dict()
 

@@ -1,10 +1,21 @@
-"""Merging a run's staging into the live tables in ONE transaction (I2, I3, I4, I6).
+"""Merging a run's staging into the live tables in ONE transaction (I2, I3, I4, I6, I10, I12).
 
-Order of truth inside a run: for each identifier the newest datestamp wins, and at equal
-datestamps the later-fetched item wins. Against the live table an upsert lands only if
-it is newer than what is stored (or the same datestamp with different content: a
-day-granular repository edited twice in a day); a tombstone purges only a stored version
-that is not newer than the tombstone.
+The order of versions: every version of a record (a live record or a tombstone) carries
+its upstream ``datestamp`` and the time we ``observed`` it (staged it). Versions are
+ordered by ``(datestamp, observed_at)``: a newer datestamp always wins; at equal
+datestamps (a day-granular repository edited twice in a day) the later observation
+wins. Against a stored record of the same key a tombstone wins (a deletion is never
+older than what it deletes).
+
+Each identifier's state is the greatest version ever applied, so the outcome does not
+depend on the order in which runs apply (I10): purges are remembered in ``tombstones``
+with their key, and a late apply of an older run can neither resurrect a purged record
+nor replace newer content. A re-seen version with the same datestamp and content is a
+no-op (I2).
+
+Before it merges anything the apply checks that what is staged for every channel equals
+what the harvest recorded (I12): ``staging`` is UNLOGGED, so a database crash or a
+failover empties it, and an apply over an empty staging would silently skip the window.
 """
 
 from __future__ import annotations
@@ -13,6 +24,8 @@ import logging
 from dataclasses import asdict, dataclass
 
 import psycopg
+
+from partner_harvest.errors import HarvestError
 
 log = logging.getLogger(__name__)
 
@@ -31,55 +44,97 @@ class ApplyResult:
         return asdict(self)
 
 
+class StagingIncomplete(HarvestError):
+    """Staging no longer holds what the harvest recorded (a crash emptied it): harvest again.
+
+    ``channels`` names the channels to harvest again; nothing was applied.
+    """
+
+    def __init__(self, partner_id: str, run_id: str, channels: dict[str, tuple[int, int]]):
+        self.channels = channels
+        detail = ", ".join(f"{c}: {staged} staged, {fetched} harvested" for c, (staged, fetched) in sorted(channels.items()))
+        super().__init__(
+            partner_id, f"apply of run {run_id}",
+            f"staging does not hold what the harvest recorded ({detail}); "
+            "the database lost it (crash, immediate shutdown or failover) — the window must be harvested again",
+        )
+
+
+class RunNotHarvested(HarvestError):
+    """A channel of the run is still harvesting or failed: applying now would lose it."""
+
+
 _BATCH = """
 CREATE TEMP TABLE apply_batch ON COMMIT DROP AS
-SELECT DISTINCT ON (identifier) kind, identifier, datestamp, metadata_prefix, metadata,
+SELECT DISTINCT ON (identifier) kind, identifier, datestamp, observed_at, metadata_prefix, metadata,
        set_specs, title, content_hash, channel
 FROM staging
 WHERE partner_id = %(pid)s AND run_id = %(run)s AND kind IN ('R', 'T')
-ORDER BY identifier, datestamp DESC, seq DESC
+ORDER BY identifier, datestamp DESC, observed_at DESC, seq DESC
 """
 
+# A record lands when it is newer than the stored record and than any remembered tombstone.
+# A data-modifying CTE runs exactly once whether or not the outer query reads it.
 _UPSERT = """
 WITH landed AS (
 INSERT INTO records AS r (partner_id, identifier, datestamp, metadata_prefix, metadata,
-                          set_specs, title, content_hash, run_id)
-SELECT %(pid)s, identifier, datestamp, metadata_prefix, metadata, set_specs, title,
-       content_hash, %(run)s
-FROM apply_batch WHERE kind = 'R'
+                          set_specs, title, content_hash, run_id, observed_at)
+SELECT %(pid)s, b.identifier, b.datestamp, b.metadata_prefix, b.metadata, b.set_specs, b.title,
+       b.content_hash, %(run)s, b.observed_at
+FROM apply_batch b
+WHERE b.kind = 'R' AND NOT EXISTS (
+    SELECT 1 FROM tombstones t
+    WHERE t.partner_id = %(pid)s AND t.identifier = b.identifier
+      AND (t.datestamp, t.observed_at) >= (b.datestamp, b.observed_at))
 ON CONFLICT (partner_id, identifier) DO UPDATE SET
     datestamp = EXCLUDED.datestamp, metadata_prefix = EXCLUDED.metadata_prefix,
     metadata = EXCLUDED.metadata, set_specs = EXCLUDED.set_specs, title = EXCLUDED.title,
-    content_hash = EXCLUDED.content_hash, harvested_at = now(), run_id = EXCLUDED.run_id
-WHERE r.datestamp < EXCLUDED.datestamp
-   OR (r.datestamp = EXCLUDED.datestamp AND r.content_hash <> EXCLUDED.content_hash)
+    content_hash = EXCLUDED.content_hash, harvested_at = now(), run_id = EXCLUDED.run_id,
+    observed_at = EXCLUDED.observed_at
+WHERE (r.datestamp, r.observed_at) < (EXCLUDED.datestamp, EXCLUDED.observed_at)
+  AND (r.datestamp <> EXCLUDED.datestamp OR r.content_hash <> EXCLUDED.content_hash)
 RETURNING r.identifier
+), superseded AS (
+    DELETE FROM tombstones t USING landed l
+    WHERE t.partner_id = %(pid)s AND t.identifier = l.identifier
 )
 SELECT b.channel, count(*) FROM landed JOIN apply_batch b USING (identifier) GROUP BY b.channel
 """
 
+# All CTEs see the snapshot taken before the statement: ``remembered`` skips exactly the
+# tombstones that lose to a stored record, i.e. those ``gone`` did not delete.
 _PURGE = """
 WITH gone AS (
     DELETE FROM records r
     USING apply_batch b
     WHERE b.kind = 'T' AND r.partner_id = %(pid)s AND r.identifier = b.identifier
-      AND r.datestamp <= b.datestamp
+      AND (r.datestamp, r.observed_at) <= (b.datestamp, b.observed_at)
     RETURNING r.identifier, b.datestamp, b.channel
 ), logged AS (
     INSERT INTO deletions (partner_id, identifier, upstream_datestamp, run_id, reason)
     SELECT %(pid)s, identifier, datestamp, %(run)s,
            CASE WHEN channel = 'reconcile' THEN 'reconcile' ELSE 'tombstone' END
     FROM gone
+), remembered AS (
+    INSERT INTO tombstones AS t (partner_id, identifier, datestamp, observed_at, run_id)
+    SELECT %(pid)s, b.identifier, b.datestamp, b.observed_at, %(run)s
+    FROM apply_batch b
+    WHERE b.kind = 'T' AND NOT EXISTS (
+        SELECT 1 FROM records r
+        WHERE r.partner_id = %(pid)s AND r.identifier = b.identifier
+          AND (r.datestamp, r.observed_at) > (b.datestamp, b.observed_at))
+    ON CONFLICT (partner_id, identifier) DO UPDATE SET
+        datestamp = EXCLUDED.datestamp, observed_at = EXCLUDED.observed_at, run_id = EXCLUDED.run_id
+    WHERE (t.datestamp, t.observed_at) < (EXCLUDED.datestamp, EXCLUDED.observed_at)
 )
 SELECT channel, count(*) FROM gone GROUP BY channel
 """
 
-# A data-modifying CTE runs exactly once whether or not the outer query reads it.
 _QUARANTINE = """
 WITH held AS (
 INSERT INTO quarantine (partner_id, identifier, datestamp, metadata_prefix, reason,
-                        raw_payload, run_id)
-SELECT %(pid)s, identifier, datestamp, metadata_prefix, reason, metadata, %(run)s
+                        raw_payload, run_id, observed_at)
+SELECT %(pid)s, identifier, datestamp, metadata_prefix, reason, metadata, %(run)s, observed_at
 FROM staging
 WHERE partner_id = %(pid)s AND run_id = %(run)s AND kind = 'Q'
 ORDER BY seq
@@ -95,6 +150,11 @@ SELECT channel, count(*) FROM staging
 WHERE partner_id = %(pid)s AND run_id = %(run)s GROUP BY channel
 """
 
+_HARVESTED = """
+SELECT channel, fetched, harvested_at IS NOT NULL, status FROM harvest_runs
+WHERE partner_id = %(pid)s AND run_id = %(run)s
+"""
+
 
 def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyResult:
     """Apply every staged channel of the run atomically and record it in the audit."""
@@ -104,7 +164,7 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         # bounded wait turns a stuck apply elsewhere into an error (and a retry) here.
         conn.execute("SET LOCAL lock_timeout = '30min'")
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('apply:' || %s))", (partner_id,))
-        fetched = dict(conn.execute(_COUNT_STAGED, params).fetchall())
+        fetched = _check_staged(conn, partner_id, run_id)
         conn.execute(_BATCH, params)
         # A fresh temp table has no statistics; without them the planner may nest-loop the
         # purge over the whole batch for every stored record (minutes instead of seconds).
@@ -131,19 +191,35 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
     return total
 
 
+def _check_staged(conn: psycopg.Connection, partner_id: str, run_id: str) -> dict[str, int]:
+    """Per channel, what is staged must equal what the harvest recorded (I12); returns it."""
+    params = {"pid": partner_id, "run": run_id}
+    staged = dict(conn.execute(_COUNT_STAGED, params).fetchall())
+    harvested = conn.execute(_HARVESTED, params).fetchall()
+    unfinished = [f"{channel} ({status})" for channel, _, done, status in harvested if not done]
+    if unfinished:
+        raise RunNotHarvested(partner_id, f"apply of run {run_id}",
+                              f"channel(s) {', '.join(sorted(unfinished))} did not finish harvesting; nothing was applied")
+    recorded = {channel: fetched for channel, fetched, _, _ in harvested}
+    lost = {
+        channel: (staged.get(channel, 0), recorded.get(channel, 0))
+        for channel in set(staged) | set(recorded)
+        if staged.get(channel, 0) != recorded.get(channel, 0)
+    }
+    if lost:
+        raise StagingIncomplete(partner_id, run_id, lost)
+    return {channel: recorded[channel] for channel in recorded}
+
+
 def _audit(conn: psycopg.Connection, partner_id: str, run_id: str, per_channel: dict[str, ApplyResult]) -> None:
     """Close every harvested channel of the run with its own outcome counts."""
     for channel, result in per_channel.items():
         conn.execute(
             """
-            UPDATE harvest_runs SET upserted = %s, unchanged = %s, purged = %s, quarantined = %s
+            UPDATE harvest_runs SET upserted = %s, unchanged = %s, purged = %s, quarantined = %s,
+                status = 'applied', applied_at = now(), error = NULL
             WHERE partner_id = %s AND run_id = %s AND channel = %s
             """,
             (result.upserted, result.unchanged, result.purged, result.quarantined,
              partner_id, run_id, channel),
         )
-    conn.execute(
-        "UPDATE harvest_runs SET status = 'applied', applied_at = now()"
-        " WHERE partner_id = %s AND run_id = %s AND status = 'harvested'",
-        (partner_id, run_id),
-    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import psycopg
 
@@ -98,3 +99,43 @@ def record_check(
             """,
             (kind, expected, found, ok, detail[:4000], *run.key()),
         )
+
+
+def last_applied_until(conn: psycopg.Connection, partner_id: str, channel: str = "changes") -> datetime | None:
+    """The until of the newest cursor-moving window applied to this database, if any.
+
+    The cursor Variable lives in Airflow's database and the data here: after a restore of
+    this database from a backup, the Variable is ahead of what it holds.
+    """
+    row = conn.execute(
+        """
+        SELECT max(window_until) FROM harvest_runs
+        WHERE partner_id = %s AND channel = %s AND status = 'applied' AND mode = 'incremental'
+        """,
+        (partner_id, channel),
+    ).fetchone()
+    conn.commit()
+    return row[0] if row else None
+
+
+def abandon_stale_runs(conn: psycopg.Connection, partner_id: str, older_than: timedelta) -> int:
+    """Close runs that never applied within ``older_than`` and drop their staging."""
+    with conn.transaction():
+        abandoned = conn.execute(
+            """
+            UPDATE harvest_runs SET status = 'abandoned',
+                error = COALESCE(error || ' — ', '') || 'abandoned: not applied within ' || %s::text
+            WHERE partner_id = %s AND status IN ('harvesting', 'harvested', 'failed')
+              AND started_at < now() - %s
+            """,
+            (str(older_than), partner_id, older_than),
+        ).rowcount
+        conn.execute(
+            """
+            DELETE FROM staging s WHERE s.partner_id = %(pid)s AND NOT EXISTS (
+                SELECT 1 FROM harvest_runs h
+                WHERE h.partner_id = %(pid)s AND h.run_id = s.run_id AND h.status <> 'abandoned')
+            """,
+            {"pid": partner_id},
+        )
+    return abandoned

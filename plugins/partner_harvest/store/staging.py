@@ -1,6 +1,14 @@
-"""Streaming a window into the staging table with COPY, one page per transaction."""
+"""Streaming a window into the staging table with COPY, one page per transaction.
+
+Whatever PostgreSQL cannot store (a NUL character, a lone surrogate, an identifier too
+long for a btree entry) or the partner's limit forbids (an oversized payload) is turned
+into a quarantined reject here, escaped, with its reason: it never fails the COPY, so it
+never blocks its page, its window or the cursor (I8, I11).
+"""
 
 from __future__ import annotations
+
+import hashlib
 
 import psycopg
 
@@ -12,14 +20,19 @@ _COPY = (
     " metadata_prefix, metadata, set_specs, title, content_hash, reason) FROM STDIN"
 )
 
+MAX_IDENTIFIER_BYTES = 1000  # well inside a btree entry (about 2,700 bytes) with partner_id
+DEFAULT_MAX_RECORD_BYTES = 8 * 1024 * 1024
+QUARANTINED_HEAD_BYTES = 64 * 1024  # what is kept of a payload refused for its size
+
 
 class StagingWriter:
     """Writes harvest items for one run channel; memory is bounded by one page (I5)."""
 
-    def __init__(self, conn: psycopg.Connection, run: RunRef):
+    def __init__(self, conn: psycopg.Connection, run: RunRef, *, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES):
         self.conn = conn
         self.run = run
         self.seq = 0
+        self.max_record_bytes = max_record_bytes
 
     def reset(self) -> None:
         """Drop what this channel staged so far: the window restarts from its bounds."""
@@ -37,7 +50,78 @@ class StagingWriter:
         with self.conn.transaction(), self.conn.cursor() as cur, cur.copy(_COPY) as copy:
             for item in items:
                 self.seq += 1
-                copy.write_row(_row(pid, run_id, channel, self.seq, item))
+                copy.write_row(_row(pid, run_id, channel, self.seq, storable(item, self.max_record_bytes)))
+
+
+def storable(item: HarvestItem, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> HarvestItem:
+    """The item itself when PostgreSQL can store it within the limit, else a Rejected saying why."""
+    problem = _identifier_problem(item.identifier)
+    if problem is None and isinstance(item, Record):
+        problem = _text_problem(item.metadata_prefix, item.metadata, item.title, *item.set_specs)
+        if problem is None:
+            size = len(item.metadata.encode("utf-8"))
+            if size > max_record_bytes:
+                return Rejected(
+                    item.identifier,
+                    f"payload of {size} bytes exceeds the partner's limit of {max_record_bytes} bytes "
+                    f"(registry: options.limits.max_record_bytes); first {QUARANTINED_HEAD_BYTES} bytes kept",
+                    item.metadata.encode("utf-8")[:QUARANTINED_HEAD_BYTES].decode("utf-8", "ignore"),
+                    item.datestamp, item.metadata_prefix,
+                )
+    elif problem is None and isinstance(item, Rejected):
+        if _text_problem(item.reason, item.raw, item.metadata_prefix) is None:
+            return item
+        return Rejected(item.identifier, escape(item.reason), escape(item.raw), item.datestamp, escape(item.metadata_prefix))
+    if problem is None:
+        return item
+    raw = item.metadata if isinstance(item, Record) else item.raw if isinstance(item, Rejected) else ""
+    reason = f"cannot be stored: {problem}"
+    if isinstance(item, Rejected):
+        reason += f"; rejected before that: {item.reason}"
+    return Rejected(
+        _storable_identifier(item.identifier), escape(reason), escape(raw[: 4 * QUARANTINED_HEAD_BYTES]),
+        item.datestamp, escape(getattr(item, "metadata_prefix", None)),
+    )
+
+
+def escape(text: str | None) -> str | None:
+    """Text with NUL and lone surrogates written as backslash escapes (always storable)."""
+    if text is None:
+        return None
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _identifier_problem(identifier: str) -> str | None:
+    problem = _text_problem(identifier)
+    if problem:
+        return f"identifier {problem}"
+    size = len(identifier.encode("utf-8"))
+    if size > MAX_IDENTIFIER_BYTES:
+        return f"identifier of {size} bytes is longer than {MAX_IDENTIFIER_BYTES}"
+    return None
+
+
+def _text_problem(*texts: str | None) -> str | None:
+    for text in texts:
+        if text is None:
+            continue
+        if "\x00" in text:
+            return "contains a NUL character"
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"contains a lone surrogate at position {exc.start}"
+    return None
+
+
+def _storable_identifier(identifier: str) -> str:
+    """An escaped identifier, cut to fit the quarantine index with a digest of the whole."""
+    text = escape(identifier) or ""
+    if len(text.encode("utf-8")) <= MAX_IDENTIFIER_BYTES:
+        return text
+    digest = hashlib.sha256(identifier.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    head = text.encode("utf-8")[: MAX_IDENTIFIER_BYTES - 40].decode("utf-8", "ignore")
+    return f"{head}…[sha256:{digest}]"
 
 
 def _row(pid: str, run_id: str, channel: str, seq: int, item: HarvestItem) -> tuple:

@@ -57,6 +57,13 @@ class SimulatedClock:
             self._clock += delta
             return self.clock
 
+    def rewind_clock(self, seconds: float | timedelta) -> datetime:
+        """Fault injection: the partner's clock jumps backwards (a reset, a failover)."""
+        delta = seconds.total_seconds() if isinstance(seconds, timedelta) else float(seconds)
+        with self.lock:
+            self._clock -= abs(delta)
+            return self.clock
+
     def _tick(self) -> int:
         """One mutation step forward (caller holds ``lock``); returns the new epoch second."""
         self._clock += self.mutation_step.total_seconds()

@@ -1,0 +1,215 @@
+"""The mirror cannot silently diverge, through Airflow (dag.test): issue 7 items 2, 4, 7.
+
+A crash that empties UNLOGGED staging between harvest and apply, a reconcile that shares
+the harvest's run id, an aggregation database restored from a backup behind the cursor,
+and a partner clock that moves backwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from datetime import datetime, timezone
+
+import psycopg
+import pytest
+
+from include import embedded_pg
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
+from partner_harvest.registry import get_partner
+from partner_harvest.store import connect, ensure_schema
+from partner_harvest.store.admin import live_identifiers
+from tests.dags.test_alerts_and_reconcile import WebhookSink
+
+pytestmark = pytest.mark.airflow
+PID = "mirrormuseum"
+CURSOR = f"harvest_cursor__{PID}"
+LOGICAL = datetime(2026, 6, 1, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def repo() -> SimulatedRepository:
+    return SimulatedRepository(records=300, page_size=100, seed=5)
+
+
+@pytest.fixture
+def webhook():
+    sink = WebhookSink()
+    yield sink
+    sink.close()
+
+
+@pytest.fixture
+def env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo, webhook, airflow_db):
+    registry(
+        "partners:\n"
+        f"  - {{id: {PID}, protocol: oai-pmh, conn_id: partner_{PID}, metadata_prefix: oai_dc, retries: 0,\n"
+        "     lag: 5m, options: {http: {backoff_factor: 0.01, retries: 1}}}\n"
+    )
+    monkeypatch.setenv("AIRFLOW_CONN_HARVEST_ALERTS_WEBHOOK", json.dumps({"conn_type": "http", "host": webhook.url}))
+    from airflow.models import Variable
+
+    with OaiSimulator(repo) as sim:
+        monkeypatch.setenv(f"AIRFLOW_CONN_PARTNER_{PID.upper()}", json.dumps({"conn_type": "http", "host": sim.base_url}))
+        Variable.delete(CURSOR)
+        yield sim
+        Variable.delete(CURSOR)
+
+
+def harvest_dag():
+    from partner_harvest.airflow.dag_factory import build_harvest_dag
+
+    dag = build_harvest_dag(get_partner(PID))
+    for task in dag.tasks:
+        task.retries = 0
+    return dag
+
+
+def reconcile_dag():
+    from partner_harvest.airflow.dag_factory import build_reconcile_dag
+
+    dag = build_reconcile_dag(get_partner(PID))
+    for task in dag.tasks:
+        task.retries = 0
+    return dag
+
+
+def states(run) -> dict[str, str]:
+    return {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
+
+
+def cursor() -> dict | None:
+    from airflow.models import Variable
+
+    return Variable.get(CURSOR, default_var=None, deserialize_json=True)
+
+
+class AfterTask:
+    """An Airflow listener that runs ``action`` once, right after ``task_id`` succeeded."""
+
+    def __init__(self, task_id: str, action) -> None:
+        self.task_id, self.action, self.fired = task_id, action, 0
+
+    from airflow.listeners import hookimpl
+
+    @hookimpl
+    def on_task_instance_success(self, previous_state, task_instance) -> None:
+        if task_instance.task_id == self.task_id and not self.fired:
+            self.fired += 1
+            self.action()
+
+
+@pytest.fixture
+def listen():
+    from airflow.sdk.listener import get_listener_manager
+
+    manager = get_listener_manager()
+    added = []
+
+    def add(listener) -> None:
+        manager.add_listener(listener)
+        added.append(listener)
+
+    yield add
+    manager.clear()
+
+
+def crash_postgres(conninfo: str) -> None:
+    """SIGKILL one backend: the postmaster restarts every process and runs crash recovery,
+    which empties UNLOGGED tables, as after a power cut or an immediate shutdown."""
+    with psycopg.connect(conninfo, autocommit=True) as victim:
+        pid = victim.execute("SELECT pg_backend_pid()").fetchone()[0]
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:  # wait for recovery to finish: the server answers again
+        try:
+            with psycopg.connect(conninfo, connect_timeout=2) as probe:
+                probe.execute("SELECT 1")
+                return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+@pytest.mark.skipif(bool(os.environ.get(embedded_pg.DATABASE_URL_ENV)), reason="needs the embedded server to crash it")
+def test_staging_lost_to_a_crash_between_harvest_and_apply_is_harvested_again(env, repo, db, listen) -> None:
+    listen(AfterTask("harvest_changes", lambda: crash_postgres(db)))
+    run = harvest_dag().test()
+    assert set(states(run).values()) == {"success"}, states(run)
+    with connect(db) as conn:
+        ensure_schema(conn)
+        assert live_identifiers(conn, PID) == repo.live_identifiers()
+        row = conn.execute("SELECT status, fetched, upserted, unchanged, purged, quarantined, attempts FROM harvest_runs"
+                           " WHERE partner_id = %s", (PID,)).fetchone()
+    status, fetched, upserted, unchanged, purged, quarantined, attempts = row
+    assert status == "applied" and attempts == 2  # harvested, lost, harvested again
+    assert upserted + unchanged + purged + quarantined == fetched == len(repo.live_identifiers()) + len(repo.deleted_identifiers())
+    assert cursor()["until"] == repo.clock.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_a_reconcile_sharing_the_harvest_run_id_neither_takes_its_lease_nor_its_staging(env, repo, db) -> None:
+    """Both DAGs name a run after its time; keyed by run id alone they shared lease and staging."""
+    skip_apply = "apply_changes|advance_cursor|check_quality"  # the harvest waits for its apply
+    harvested = harvest_dag().test(run_after=LOGICAL, logical_date=LOGICAL, mark_success_pattern=skip_apply)
+    refused = reconcile_dag().test(run_after=LOGICAL, logical_date=LOGICAL)
+    assert harvested.run_id == refused.run_id  # the collision this guards against
+    assert states(refused) == {"reconcile": "failed"}  # the harvest holds the partner
+
+    later = LOGICAL.replace(day=2)
+    harvested = harvest_dag().test(run_after=later, logical_date=later, mark_success_pattern=skip_apply)
+    with connect(db) as conn:  # the harvest's lease runs out (its task ended long ago)
+        conn.execute("UPDATE partner_leases SET expires_at = now() - interval '1 second'")
+        conn.commit()
+    reconciled = reconcile_dag().test(run_after=later, logical_date=later)
+    assert states(reconciled) == {"reconcile": "success"}
+    with connect(db) as conn:
+        ensure_schema(conn)
+        rows = dict(conn.execute("SELECT run_id || ' ' || channel, status FROM harvest_runs WHERE partner_id = %s",
+                                 (PID,)).fetchall())
+        staged = dict(conn.execute("SELECT run_id, count(*) FROM staging WHERE partner_id = %s GROUP BY run_id",
+                                   (PID,)).fetchall())
+    key = f"harvest_{PID}/{harvested.run_id}"
+    assert rows[f"{key} changes"] == "harvested"  # still waiting for its own apply
+    assert rows[f"reconcile_{PID}/{reconciled.run_id} reconcile"] == "applied"
+    assert staged[key] == len(repo.live_identifiers()) + len(repo.deleted_identifiers())
+
+
+def test_a_restored_aggregation_database_is_harvested_from_its_last_applied_window(env, repo, db, caplog) -> None:
+    dag = harvest_dag()
+    assert set(states(dag.test()).values()) == {"success"}
+    first_until = cursor()["until"]
+    edited_early = repo.edit(5)
+    repo.advance_clock(3600)
+    assert set(states(dag.test()).values()) == {"success"}
+    # Restore yesterday's backup: the second run's changes and audit vanish from the database.
+    with connect(db) as conn:
+        conn.execute("DELETE FROM harvest_runs WHERE partner_id = %s AND window_from IS NOT NULL", (PID,))
+        conn.execute("DELETE FROM records WHERE partner_id = %s AND identifier = ANY(%s)", (PID, edited_early))
+        conn.commit()
+    repo.advance_clock(3600)
+    third = dag.test()
+    assert set(states(third).values()) == {"success"}
+    with connect(db) as conn:
+        window_from = conn.execute(
+            "SELECT window_from FROM harvest_runs WHERE partner_id = %s AND run_id = %s",
+            (PID, f"{third.dag_id}/{third.run_id}")).fetchone()[0]
+        assert live_identifiers(conn, PID) == repo.live_identifiers()
+    assert window_from.strftime("%Y-%m-%dT%H:%M:%SZ") < first_until  # from the earlier bound, minus the lag
+    assert "newest applied window ends" in caplog.text
+
+
+def test_a_partner_clock_behind_the_cursor_alerts_and_skips_nothing(env, repo, db, webhook) -> None:
+    dag = harvest_dag()
+    assert set(states(dag.test()).values()) == {"success"}
+    before = cursor()["until"]
+    repo.rewind_clock(6 * 3600)  # more than the 5 minute lag
+    run = dag.test()
+    assert set(states(run).values()) == {"success"}
+    assert cursor()["until"] == before  # never backwards
+    alerts = [b["harvest"] for b in webhook.bodies if b["harvest"]["kind"] == "clock_behind"]
+    assert len(alerts) == 1 and alerts[0]["partner"] == PID
+    with connect(db) as conn:
+        assert live_identifiers(conn, PID) == repo.live_identifiers()

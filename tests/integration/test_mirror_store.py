@@ -1,0 +1,225 @@
+"""The mirror cannot silently diverge, at the store: issue 7 items 2, 3, 6, 9, 14 and I10.
+
+Every test here failed on the store before it remembered tombstones, ordered versions by
+(datestamp, observation), checked staged counts inside the apply and made every item
+storable.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+
+from partner_harvest.pipeline import apply_changes
+from partner_harvest.records import HarvestStats, Record, Rejected, Tombstone
+from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, finish_harvest
+from partner_harvest.store.apply import RunNotHarvested, StagingIncomplete
+from partner_harvest.store.runs import abandon_stale_runs, fail_apply
+from partner_harvest.window import Window
+
+T0 = datetime(2026, 3, 1, tzinfo=timezone.utc)
+WINDOW = Window("incremental", None, T0 + timedelta(days=10), "day", True, {"metadata_prefix": "oai_dc"})
+
+
+def rec(ident: str, at: datetime, title: str = "t") -> Record:
+    return Record(ident, at, "oai_dc", f'<dc xmlns="urn:x"><title>{title}</title></dc>', (), title)
+
+
+def stage(conn: psycopg.Connection, run_id: str, items: list, channel: str = "changes", partner: str = "p",
+          **writer_options) -> HarvestStats:
+    run = RunRef(partner, run_id, channel)
+    begin_run(conn, run, WINDOW, "oai_dc")
+    stats = HarvestStats(pages=1)
+    for item in items:
+        stats.add(item)
+    StagingWriter(conn, run, **writer_options).write_page(items)
+    finish_harvest(conn, run, stats)
+    return stats
+
+
+def live(conn: psycopg.Connection, partner: str = "p") -> dict[str, str]:
+    return dict(conn.execute("SELECT identifier, title FROM records WHERE partner_id = %s", (partner,)).fetchall())
+
+
+def status(conn: psycopg.Connection, run_id: str) -> tuple:
+    return conn.execute("SELECT status, error FROM harvest_runs WHERE partner_id = 'p' AND run_id = %s"
+                        " AND channel = 'changes'", (run_id,)).fetchone()
+
+
+# -- item 3 / I10: the outcome does not depend on the order in which runs apply --------------
+
+def test_a_late_apply_of_an_older_run_never_resurrects_a_purged_record(conn: psycopg.Connection) -> None:
+    stage(conn, "old", [rec("x", T0, "v1")])           # harvested first, applied late
+    stage(conn, "new", [Tombstone("x", T0 + timedelta(days=1))])
+    apply_run(conn, "p", "new")
+    late = apply_run(conn, "p", "old")
+    assert live(conn) == {}
+    assert late.upserted == 0 and late.unchanged == 1
+    assert conn.execute("SELECT count(*) FROM deletions").fetchone()[0] == 0  # nothing held when it was purged
+
+
+def test_an_older_same_day_version_never_replaces_newer_content(conn: psycopg.Connection) -> None:
+    """Day granularity: two versions stamped the same day; the later observation wins."""
+    stage(conn, "morning", [rec("x", T0, "morning")])
+    stage(conn, "evening", [rec("x", T0, "evening")])
+    apply_run(conn, "p", "evening")
+    apply_run(conn, "p", "morning")  # a cleared apply of the older run, days later
+    assert live(conn) == {"x": "evening"}
+
+
+def test_a_record_recreated_the_same_day_as_its_deletion_is_kept(conn: psycopg.Connection) -> None:
+    """Deleted and re-created on day D (day granularity): the later observation is live."""
+    stage(conn, "n1", [rec("x", T0, "v1")])
+    apply_run(conn, "p", "n1")
+    stage(conn, "n2", [Tombstone("x", T0)])
+    stage(conn, "n3", [rec("x", T0, "v2")])
+    apply_run(conn, "p", "n3")
+    apply_run(conn, "p", "n2")
+    assert live(conn) == {"x": "v2"}
+
+
+def test_a_remembered_purge_yields_to_a_newer_version(conn: psycopg.Connection) -> None:
+    stage(conn, "n1", [rec("x", T0, "v1")])
+    apply_run(conn, "p", "n1")
+    stage(conn, "n2", [Tombstone("x", T0 + timedelta(days=1))])
+    apply_run(conn, "p", "n2")
+    stage(conn, "n3", [rec("x", T0 + timedelta(days=2), "reborn")])
+    assert apply_run(conn, "p", "n3").upserted == 1
+    assert live(conn) == {"x": "reborn"}
+    assert conn.execute("SELECT count(*) FROM tombstones").fetchone()[0] == 0  # superseded memory is dropped
+
+
+def test_any_apply_order_gives_the_same_mirror(db: str) -> None:
+    """I10 as a property: random versions staged in runs, applied in every order, agree."""
+    from partner_harvest.store import connect, ensure_schema
+
+    rng = random.Random(7)
+    days = [T0 + timedelta(days=d) for d in range(3)]
+    runs: list[list] = []
+    for _ in range(4):
+        items = []
+        for ident in ("a", "b", "c", "d"):
+            if rng.random() < 0.8:
+                day = rng.choice(days)
+                items.append(Tombstone(ident, day) if rng.random() < 0.35 else rec(ident, day, f"v{rng.randrange(100)}"))
+        runs.append(items)
+    outcomes = set()
+    with connect(db) as conn:
+        ensure_schema(conn)
+        for order in itertools.permutations(range(len(runs))):
+            conn.execute("TRUNCATE records, tombstones, deletions, harvest_runs, staging, quarantine")
+            conn.commit()
+            for index, items in enumerate(runs):  # observed in this order, whatever the apply order
+                stage(conn, f"r{index}", items)
+            for index in order:
+                apply_run(conn, "p", f"r{index}")
+            outcomes.add(tuple(sorted(live(conn).items())))
+    assert len(outcomes) == 1, outcomes
+
+
+# -- item 6: equal datestamps -------------------------------------------------------------
+
+def test_at_equal_datestamps_a_tombstone_beats_the_stored_version_it_follows(conn: psycopg.Connection) -> None:
+    stage(conn, "n1", [rec("x", T0, "v1")])
+    apply_run(conn, "p", "n1")
+    stage(conn, "n2", [Tombstone("x", T0)])
+    assert apply_run(conn, "p", "n2").purged == 1
+    assert live(conn) == {}
+
+
+# -- item 2: staging lost between harvest and apply -------------------------------------------
+
+def test_apply_refuses_when_staging_lost_what_the_harvest_recorded(conn: psycopg.Connection) -> None:
+    stage(conn, "n1", [rec("x", T0), rec("y", T0)])
+    conn.execute("TRUNCATE staging")  # what crash recovery does to an UNLOGGED table
+    conn.commit()
+    with pytest.raises(StagingIncomplete) as caught:
+        apply_run(conn, "p", "n1")
+    conn.rollback()
+    assert caught.value.channels == {"changes": (0, 2)}
+    assert "harvested again" in str(caught.value)
+    assert status(conn, "n1")[0] == "harvested"  # never marked applied with 0 rows
+    assert live(conn) == {}
+
+
+def test_apply_harvests_lost_channels_again_then_applies(conn: psycopg.Connection) -> None:
+    stage(conn, "n1", [rec("x", T0), rec("y", T0)])
+    conn.execute("TRUNCATE staging")
+    conn.commit()
+    again: list[list[str]] = []
+
+    def reharvest(channels: list[str]) -> None:
+        again.append(channels)
+        stage(conn, "n1", [rec("x", T0), rec("y", T0), rec("z", T0)])
+
+    result = apply_changes(conn, "p", "n1", reharvest)
+    assert again == [["changes"]]
+    assert result.upserted == 3 and set(live(conn)) == {"x", "y", "z"}
+
+
+def test_apply_refuses_a_run_whose_channel_is_still_harvesting(conn: psycopg.Connection) -> None:
+    begin_run(conn, RunRef("p", "n1", "changes"), WINDOW, "oai_dc")
+    with pytest.raises(RunNotHarvested):
+        apply_run(conn, "p", "n1")
+
+
+# -- item 9 and issue 11 item 4: what cannot be stored is quarantined, never blocks ------------
+
+@pytest.mark.parametrize("bad, why", [
+    (Record("nul\x00id", T0, "oai_dc", "<x/>"), "NUL"),
+    (Record("x", T0, "oai_dc", "<x>a\x00b</x>"), "NUL"),
+    (Record("x", T0, "oai_dc", "<x>\ud800</x>"), "surrogate"),
+    (Record("x", T0, "oai_dc", "<x/>", (), "title \udfff"), "surrogate"),
+    (Record("i" * 3000, T0, "oai_dc", "<x/>"), "longer than"),
+    (Rejected("y\x00", "bad \x00 reason", "raw \ud800"), "NUL"),
+])
+def test_what_postgresql_cannot_store_is_quarantined_and_the_page_lands(conn: psycopg.Connection, bad, why: str) -> None:
+    stage(conn, "n1", [rec("good1", T0), bad, rec("good2", T0)])
+    result = apply_run(conn, "p", "n1")
+    assert set(live(conn)) == {"good1", "good2"}
+    assert result.quarantined == 1 and result.fetched == 3
+    reason, identifier = conn.execute("SELECT reason, identifier FROM quarantine").fetchone()
+    assert why in reason
+    assert "\x00" not in identifier and len(identifier.encode()) <= 1000
+
+
+def test_an_oversized_payload_is_quarantined_with_the_limit(conn: psycopg.Connection) -> None:
+    big = Record("big", T0, "oai_dc", "<x>" + "a" * 5000 + "</x>")
+    stage(conn, "n1", [rec("small", T0), big], max_record_bytes=1000)
+    assert apply_run(conn, "p", "n1").quarantined == 1
+    reason, raw = conn.execute("SELECT reason, raw_payload FROM quarantine").fetchone()
+    assert "5007 bytes exceeds" in reason and "1000" in reason and "max_record_bytes" in reason
+    assert set(live(conn)) == {"small"}
+
+
+# -- item 14 ----------------------------------------------------------------------------------
+
+def test_a_retried_apply_clears_the_failure(conn: psycopg.Connection) -> None:
+    stage(conn, "n1", [rec("x", T0)])
+    fail_apply(conn, "p", "n1", "lock timeout")
+    apply_run(conn, "p", "n1")
+    assert status(conn, "n1") == ("applied", None)
+
+
+def test_quarantine_current_forgets_a_reject_superseded_in_the_same_run(conn: psycopg.Connection) -> None:
+    stage(conn, "n1", [Rejected("x", "no title", "<bad/>", T0), rec("x", T0 + timedelta(hours=1), "fixed")])
+    apply_run(conn, "p", "n1")
+    assert conn.execute("SELECT count(*) FROM quarantine_current").fetchone()[0] == 0
+    stage(conn, "n2", [Rejected("x", "no title", "<bad/>", T0 + timedelta(hours=2))])
+    apply_run(conn, "p", "n2")
+    assert conn.execute("SELECT identifier FROM quarantine_current").fetchall() == [("x",)]
+
+
+def test_staging_of_abandoned_runs_is_dropped(conn: psycopg.Connection) -> None:
+    stage(conn, "old", [rec("x", T0)])
+    stage(conn, "fresh", [rec("y", T0)])
+    conn.execute("UPDATE harvest_runs SET started_at = now() - interval '8 days' WHERE run_id = 'old'")
+    conn.commit()
+    assert abandon_stale_runs(conn, "p", timedelta(days=7)) == 1
+    left = dict(conn.execute("SELECT run_id, count(*) FROM staging GROUP BY run_id").fetchall())
+    assert left == {"fresh": 1}
+    assert status(conn, "old")[0] == "abandoned"

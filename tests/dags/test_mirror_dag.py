@@ -213,3 +213,28 @@ def test_a_partner_clock_behind_the_cursor_alerts_and_skips_nothing(env, repo, d
     assert len(alerts) == 1 and alerts[0]["partner"] == PID
     with connect(db) as conn:
         assert live_identifiers(conn, PID) == repo.live_identifiers()
+
+
+def test_a_cleared_apply_of_an_older_run_never_resurrects_a_purged_record(env, repo, db) -> None:
+    """Item 3 through Airflow: run A's apply fails, run B purges X, the operator then reruns A's
+    apply (``airflow tasks test``, as a clear from the UI would): X stays purged."""
+    import subprocess
+    import sys
+
+    dag = harvest_dag()
+    assert set(states(dag.test()).values()) == {"success"}
+    (x,) = repo.edit(1)
+    stale = dag.test(mark_success_pattern="apply_changes|advance_cursor|check_quality")  # A: staged, not applied
+    repo.delete_ids([x])
+    assert x in repo.deleted_identifiers()
+    assert set(states(dag.test()).values()) == {"success"}  # B: purges x
+    with connect(db) as conn:
+        assert x not in live_identifiers(conn, PID)
+    rerun = subprocess.run(
+        [sys.executable, "-m", "airflow", "tasks", "test", stale.dag_id, "apply_changes", stale.run_id],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    with connect(db) as conn:
+        assert live_identifiers(conn, PID) == repo.live_identifiers()
+        assert x not in live_identifiers(conn, PID)

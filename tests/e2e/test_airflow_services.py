@@ -86,9 +86,9 @@ def test_backfill_harvests_each_data_interval_as_a_window_and_keeps_the_cursor(
 
     with connect(stack.aggregation_db) as conn:
         rows = conn.execute(
-            "SELECT run_id, mode, window_from, window_until, status FROM harvest_runs"
+            "SELECT split_part(run_id, '/', 2), mode, window_from, window_until, status FROM harvest_runs"
             " WHERE partner_id = %s AND channel = 'changes' AND run_id = ANY(%s)",
-            (stack.museum, list(intervals)),
+            (stack.museum, [f"{dag_id}/{run_id}" for run_id in intervals]),
         ).fetchall()
     harvested = {run_id: (mode, start, until, status) for run_id, mode, start, until, status in rows}
     assert harvested == {run_id: ("window", start, end, "applied")
@@ -133,7 +133,8 @@ def test_clearing_a_task_reruns_it_with_the_same_frozen_window(airflow_stack: Ai
         with connect(stack.aggregation_db) as conn:
             return conn.execute(
                 "SELECT window_from, window_until, attempts, fetched FROM harvest_runs"
-                " WHERE partner_id = %s AND run_id = %s AND channel = 'changes'", (stack.museum, run_id)).fetchone()
+                " WHERE partner_id = %s AND run_id = %s AND channel = 'changes'",
+                (stack.museum, f"{dag_id}/{run_id}")).fetchone()
 
     window_from, window_until, attempts, fetched = audit()
     stack.repo.advance_clock(3600)  # the partner's clock moves on; the frozen window must not

@@ -115,15 +115,23 @@ class OaiAdapter:
 
     # -- reconcile -------------------------------------------------------------------
 
+    # Vanished candidates verified by GetRecord per reconcile; the rest wait for the next.
+    verify_limit = 1000
+    # More missing records than this are fetched by one ListRecords stream, not GetRecord.
+    bulk_missing_threshold = 500
+
     def sweep_ids(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
-        """Every header up to the frozen until (ListIdentifiers: cheap, headers only)."""
+        """Every header the partner lists now (ListIdentifiers: cheap, headers only).
+
+        No ``until``: a record edited while the sweep runs gets a datestamp later than the
+        reconcile's clock, and a sweep bounded by that clock would not list it at all.
+        """
         prefix = window.protocol["metadata_prefix"]
-        until = format_datestamp(window.until, window.protocol.get("oai_granularity", DAY_GRANULARITY))
         restarts = 0
         while True:
             try:
                 for page in self.client.list_pages("ListIdentifiers", metadata_prefix=prefix,
-                                                   set_spec=self.partner.set_spec, from_=None, until=until):
+                                                   set_spec=self.partner.set_spec, from_=None, until=None):
                     stats.pages += 1
                     rows = [(h.identifier, _stamp(h), h.deleted) for h in page.items if h.identifier]
                     stats.fetched += len(rows)
@@ -141,18 +149,32 @@ class OaiAdapter:
 
     def fetch_records(self, window: Window, identifiers: list[str]) -> list[HarvestItem]:
         """GetRecord for ids the aggregation lacks; an id gone meanwhile is skipped."""
-        prefix = window.protocol["metadata_prefix"]
         items: list[HarvestItem] = []
         for identifier in identifiers:
-            params = {"verb": "GetRecord", "identifier": identifier, "metadataPrefix": prefix}
-            try:
-                items.append(self.client.call(params, lambda c: parse.parse_get_record(c, prefix)))  # type: ignore[arg-type]
-            except PartnerProtocolError as exc:
-                if isinstance(exc.__cause__, IdDoesNotExist):
-                    log.info("%s: %s vanished during the reconcile; skipped", self.partner_id, identifier)
-                    continue
-                raise
+            item = self._get_record(window, identifier)
+            if item is None:
+                log.info("%s: %s vanished during the reconcile; skipped", self.partner_id, identifier)
+                continue
+            items.append(item)
         return items
+
+    def verify_vanished(self, window: Window, identifiers: list[str]) -> list[tuple[str, HarvestItem | None]]:
+        """Ask the partner about ids the sweep did not list: None means idDoesNotExist.
+
+        A sweep is not proof of absence: offset paging shifted by a concurrent deletion
+        skips records, and some servers drop records re-dated mid-list.
+        """
+        return [(identifier, self._get_record(window, identifier)) for identifier in identifiers]
+
+    def _get_record(self, window: Window, identifier: str) -> HarvestItem | None:
+        prefix = window.protocol["metadata_prefix"]
+        params = {"verb": "GetRecord", "identifier": identifier, "metadataPrefix": prefix}
+        try:
+            return self.client.call(params, lambda c: parse.parse_get_record(c, prefix))  # type: ignore[return-value]
+        except PartnerProtocolError as exc:
+            if isinstance(exc.__cause__, IdDoesNotExist):
+                return None
+            raise
 
 
 def _stamp(header: parse.OaiHeader):

@@ -209,14 +209,15 @@ class OaiSimulator(ControlledServer):
             self._requery = on
 
     def mutate_after_pages(self, pages: int, *, edit: int = 0, delete: int = 0,
-                           edit_ids: list[str] | None = None, delete_ids: list[str] | None = None) -> None:
-        """Staff work during a harvest: once the next list chain has served `pages`
-        pages, edit/delete records before serving the next one (one shot). What was
-        done is appended to ``mutations``."""
+                           edit_ids: list[str] | None = None, delete_ids: list[str] | None = None,
+                           verb: str | None = None) -> None:
+        """Staff work during a harvest: once the next list chain (of `verb`, if given) has
+        served `pages` pages, edit/delete records before serving the next one (one shot).
+        What was done is appended to ``mutations``."""
         if pages < 1:
             raise ValueError("pages must be >= 1")
         spec = {"edit": edit, "delete": delete, "edit_ids": list(edit_ids or ()),
-                "delete_ids": list(delete_ids or ())}
+                "delete_ids": list(delete_ids or ()), "verb": verb}
         with self._lock:
             self._mutate_pending = (pages, spec)
 
@@ -391,11 +392,14 @@ class OaiSimulator(ControlledServer):
     # ------------------------------------------------------ lists and tokens
     def _new_chain(self, verb: str, prefix: str, numbers: list[int], args: dict[str, str]) -> _Chain:
         query = (args.get("from"), args.get("until"), args.get("set")) if self._requery else None
+        mutate = self._mutate_pending
+        if mutate is not None and mutate[1]["verb"] not in (None, verb):
+            mutate = None  # waits for a chain of its verb
         chain = _Chain(self._next_chain, verb, prefix, array("l", numbers), self.repo.page_size,
-                       expire_after=self._expire_after_pending, query=query,
-                       mutate_after=self._mutate_pending)
+                       expire_after=self._expire_after_pending, query=query, mutate_after=mutate)
         self._expire_after_pending = None
-        self._mutate_pending = None
+        if mutate is not None:
+            self._mutate_pending = None
         self._next_chain += 1
         self._chains[chain.chain_id] = chain
         while len(self._chains) > self.max_chains:
@@ -552,7 +556,7 @@ class OaiSimulator(ControlledServer):
     def _control_mutate_after_pages(self, data: dict[str, Any]) -> dict[str, Any]:
         self.mutate_after_pages(int(data["pages"]), edit=int(data.get("edit", 0)),
                                 delete=int(data.get("delete", 0)), edit_ids=data.get("edit_ids"),
-                                delete_ids=data.get("delete_ids"))
+                                delete_ids=data.get("delete_ids"), verb=data.get("verb"))
         return {"ok": True}
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 
+from partner_harvest.records import Tombstone
 from partner_harvest.store.runs import RunRef
 
 _COPY_IDS = "COPY reconcile_ids (partner_id, run_id, identifier, datestamp, deleted) FROM STDIN"
@@ -136,10 +137,11 @@ def missing_span(conn: psycopg.Connection, partner_id: str, run_id: str) -> tupl
 
 
 class MissingOnlySink:
-    """Passes on only items for identifiers the aggregation does not hold.
+    """Passes on only records (valid or rejected) the aggregation does not hold.
 
     A bulk ListRecords over the missing records' datestamp range also returns records we
-    hold; staging them would only cost COPY and apply time for ``unchanged`` rows. Memory
+    hold, and tombstones of records we never had; staging them would only cost COPY and
+    apply time for ``unchanged`` rows (the apply would keep them unchanged anyway). Memory
     stays bounded by a page: each page asks the database which of its ids are held.
     """
 
@@ -158,7 +160,7 @@ class MissingOnlySink:
             )
         }
         self.conn.commit()
-        wanted = [item for item in items if item.identifier not in held]
+        wanted = [item for item in items if item.identifier not in held and not isinstance(item, Tombstone)]
         self.writer.write_page(wanted)
         self.staged += len(wanted)
 

@@ -74,6 +74,7 @@ class _Chain:
     query: tuple[str | None, str | None, str | None] | None = None
     # Staff edits between pages: (pages served first, mutation spec), applied once.
     mutate_after: tuple[int, dict[str, Any]] | None = None
+    end_after: int | None = None  # the list stops short: no token after this many pages
 
 
 def _attr(text: str) -> str:
@@ -149,6 +150,7 @@ class OaiSimulator(ControlledServer):
         self._empty_pages = False
         self._requery = False
         self._mutate_pending: tuple[int, dict[str, Any]] | None = None
+        self._end_after_pending: int | None = None
         self.mutations: list[dict[str, list[str]]] = []  # what mutate_after_pages did, in order
 
     # --------------------------------------------------------- misbehaviour
@@ -220,6 +222,14 @@ class OaiSimulator(ControlledServer):
                 "delete_ids": list(delete_ids or ()), "verb": verb}
         with self._lock:
             self._mutate_pending = (pages, spec)
+
+    def end_list_after(self, pages: int) -> None:
+        """The next list chain ends silently after `pages` pages: no resumptionToken,
+        while completeListSize still counts the whole list (one shot)."""
+        if pages < 1:
+            raise ValueError("pages must be >= 1")
+        with self._lock:
+            self._end_after_pending = pages
 
     def _mutate(self, spec: dict[str, Any]) -> None:
         repo = self.repo
@@ -396,8 +406,10 @@ class OaiSimulator(ControlledServer):
         if mutate is not None and mutate[1]["verb"] not in (None, verb):
             mutate = None  # waits for a chain of its verb
         chain = _Chain(self._next_chain, verb, prefix, array("l", numbers), self.repo.page_size,
-                       expire_after=self._expire_after_pending, query=query, mutate_after=mutate)
+                       expire_after=self._expire_after_pending, query=query, mutate_after=mutate,
+                       end_after=self._end_after_pending)
         self._expire_after_pending = None
+        self._end_after_pending = None
         if mutate is not None:
             self._mutate_pending = None
         self._next_chain += 1
@@ -466,6 +478,8 @@ class OaiSimulator(ControlledServer):
                     page, next_token = [], self._token(chain, cursor, fresh=True)
                 elif self._repeat_token and token is not None:
                     next_token = token
+                elif chain.end_after is not None and chain.pages_served >= chain.end_after:
+                    next_token = ""
                 elif cursor + len(page) < total:
                     next_token = self._token(chain, cursor + len(page))
                 else:
@@ -547,6 +561,10 @@ class OaiSimulator(ControlledServer):
 
     def _control_empty_pages_with_token(self, data: dict[str, Any]) -> dict[str, Any]:
         self.empty_pages_with_token(bool(data.get("on", True)))
+        return {"ok": True}
+
+    def _control_end_list_after(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.end_list_after(int(data["pages"]))
         return {"ok": True}
 
     def _control_requery_pages(self, data: dict[str, Any]) -> dict[str, Any]:

@@ -67,6 +67,8 @@ class OaiAdapter:
         while True:
             try:
                 self._stream(prefix, from_, until, sink, stats)
+                if window.is_full:
+                    stats.extra["checks"] = self._completeness(prefix, until, stats)
                 return
             except BadResumptionToken as exc:
                 restarts += 1
@@ -112,6 +114,58 @@ class OaiAdapter:
             )
         stats.extra["cleaned_pages"] = cleaned
 
+
+    # -- completeness (I12) --------------------------------------------------------------
+
+    def _completeness(self, prefix: str, until: str, stats: HarvestStats) -> list[tuple]:
+        """Second witnesses of a full harvest, as record_check arguments, failures last
+        (the audit row keeps the last one recorded).
+
+        ``oai-complete-list-size``: the repository's own count on the list's last page.
+        ``oai-list-identifiers`` (``options.completeness.list_identifiers``): a separate
+        ListIdentifiers count of the same prefix, set and until, against everything
+        fetched (records + tombstones + rejects). Either differing means the list stopped
+        short, repeated itself, or changed while it was read.
+        """
+        checks: list[tuple] = []
+        if stats.complete_list_size is not None:
+            expected = stats.complete_list_size
+            checks.append((
+                "oai-complete-list-size", expected, stats.fetched, expected == stats.fetched,
+                f"completeListSize={expected} on the last page; fetched {stats.fetched} "
+                f"({stats.records} records, {stats.tombstones} deleted, {stats.rejected} rejected)",
+            ))
+        if (self.partner.options.get("completeness") or {}).get("list_identifiers"):
+            checks.append(self._list_identifiers_check(prefix, until, stats))
+        checks.sort(key=lambda check: check[3], reverse=True)
+        return checks
+
+    def _list_identifiers_check(self, prefix: str, until: str, stats: HarvestStats) -> tuple:
+        request = f"ListIdentifiers metadataPrefix={prefix} set={self.partner.set_spec} until={until}"
+        restarts = 0
+        while True:
+            listed = 0
+            try:
+                for page in self.client.list_pages("ListIdentifiers", metadata_prefix=prefix,
+                                                   set_spec=self.partner.set_spec, from_=None, until=until):
+                    listed += len(page.items)
+                break
+            except BadResumptionToken:
+                restarts += 1
+                if restarts <= self.partner.max_token_restarts:
+                    continue
+                return ("oai-list-identifiers", None, stats.fetched, False,
+                        f"{request}: resumptionToken expired {restarts} times; nothing proven")
+            except HarvestError as exc:  # the witness failing must not fail a finished harvest
+                log.warning("%s: the ListIdentifiers count failed: %s", self.partner_id, exc)
+                return ("oai-list-identifiers", None, stats.fetched, False,
+                        f"{request}: could not count ({' '.join(str(exc).split())}); nothing proven")
+        ok = listed == stats.fetched
+        detail = (f"{request} lists {listed} headers; the harvest fetched {stats.fetched} "
+                  f"({stats.records} records, {stats.tombstones} deleted, {stats.rejected} rejected)")
+        if not ok:
+            log.warning("%s: completeness check failed: %s", self.partner_id, detail)
+        return ("oai-list-identifiers", listed, stats.fetched, ok, detail)
 
     # -- reconcile -------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import psycopg
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
+from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef
 from partner_harvest.window import format_instant
@@ -101,3 +102,14 @@ def test_the_witness_counts_the_same_set(conn) -> None:
         assert check(conn, "full")[:4] == ("oai-list-identifiers", in_set, in_set, True)
         witness = [r for r in sim.requests if r.get("verb") == "ListIdentifiers" and "resumptionToken" not in r]
         assert witness[0]["set"] == "type:print"
+
+
+def test_a_witness_that_fails_proves_nothing_and_does_not_fail_the_harvest() -> None:
+    repo = SimulatedRepository(records=300, page_size=100, deleted_fraction=0.0, seed=66)
+    with OaiSimulator(repo) as sim:
+        adapter = build_adapter(oai_partner(WITNESS), Endpoint(sim.base_url))
+        stats = HarvestStats(fetched=300, records=300)
+        sim.fail_next(10, status=503)  # more than the HTTP retries
+        kind, expected, found, ok, detail = adapter._list_identifiers_check("oai_dc", "2026-01-01T00:00:00Z", stats)
+        assert (kind, expected, found, ok) == ("oai-list-identifiers", None, 300, False)
+        assert "could not count" in detail and "HTTP 503" in detail and "nothing proven" in detail

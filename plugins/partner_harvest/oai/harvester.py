@@ -67,7 +67,7 @@ class OaiAdapter:
         while True:
             try:
                 self._stream(prefix, from_, until, sink, stats)
-                if window.is_full:
+                if window.is_full and window.mode != "reconcile":  # not the reconcile's bulk fetch
                     stats.extra["checks"] = self._completeness(prefix, until, stats)
                 return
             except BadResumptionToken as exc:

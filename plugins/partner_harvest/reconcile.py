@@ -76,7 +76,7 @@ def reconcile(
         log.info("%s: reconcile plan: %s", partner.id, plan.as_dict())
         _guard(conn, run, partner, plan, allow_mass_purge)
         writer = StagingWriter(conn, run)
-        verified = _verify_vanished(adapter, conn, partner, run, window, sweep, writer)
+        verified = _verify_vanished(adapter, conn, partner, run, window, sweep, writer, allow_mass_purge)
         writer.seq += sql.stage_removals(conn, run, window.until, first_seq=writer.seq)
         fetched, bulk = _fetch_missing(adapter, conn, partner, run, window, writer)
         stats.fetched = writer.seq  # everything staged: the apply's four outcomes add up to it
@@ -96,27 +96,29 @@ def reconcile(
 
 def _verify_vanished(
     adapter: Any, conn: psycopg.Connection, partner: Partner, run: RunRef, window: Window,
-    sweep: sql.IdSweepWriter, writer: StagingWriter,
+    sweep: sql.IdSweepWriter, writer: StagingWriter, unbounded: bool = False,
 ) -> dict[str, int]:
     """Confirm each vanished candidate with the partner before it may become a tombstone.
 
     A live answer is staged (the apply refreshes or keeps it) and recorded as listed; a
     deleted answer is recorded with its deletion datestamp; idDoesNotExist leaves the
-    candidate vanished. Candidates beyond ``verify_limit`` are kept for the next reconcile.
+    candidate vanished. Candidates beyond ``verify_limit`` are kept for the next reconcile,
+    unless the operator allowed a mass purge: then every candidate is verified (a long
+    run, once, instead of a refusal every week until the budget has worked through them).
     """
     verify = getattr(adapter, "verify_vanished", None)
     counts = {"gone": 0, "deleted": 0, "live": 0, "unverified": 0}
     if verify is None:
         return counts
-    counts["unverified"] = sql.keep_unverified(conn, partner.id, run.run_id, adapter.verify_limit)
+    if not unbounded:
+        counts["unverified"] = sql.keep_unverified(conn, partner.id, run.run_id, adapter.verify_limit)
     if counts["unverified"]:
         log.warning(
             "%s: %d vanished records beyond the verification budget of %d are kept; the next "
             "reconcile verifies them", partner.id, counts["unverified"], adapter.verify_limit,
         )
-    candidates = sql.vanished_identifiers(conn, partner.id, run.run_id)
-    for start in range(0, len(candidates), adapter.fetch_chunk):
-        answers = verify(window, candidates[start:start + adapter.fetch_chunk])
+    for chunk in sql.vanished_identifiers(conn, partner.id, run.run_id, adapter.fetch_chunk):
+        answers = verify(window, chunk)
         listed: list[tuple[str, Any, bool]] = []
         live: list[Any] = []
         for identifier, item in answers:
@@ -131,7 +133,7 @@ def _verify_vanished(
                 live.append(item)
         sweep.write_page(listed)
         writer.write_page(live)
-    if candidates:
+    if any(counts.values()):
         log.info("%s: vanished candidates verified: %s", partner.id, counts)
     return counts
 

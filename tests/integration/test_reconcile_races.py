@@ -117,6 +117,19 @@ def test_vanished_candidates_beyond_the_verify_limit_are_kept_for_the_next_recon
         assert second.purged == 18 and held(conn, "museum") == repo.live_identifiers()
 
 
+def test_an_allowed_mass_purge_verifies_every_candidate_at_once(conn) -> None:
+    repo = SimulatedRepository(records=1000, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=46)
+    with OaiSimulator(repo) as sim:
+        partner = oai_partner()
+        full_harvest(sim, conn, partner)
+        repo.delete(100)  # 10%: over the mass-purge limit
+        adapter = build_adapter(partner, Endpoint(sim.base_url))
+        adapter.verify_limit = 12
+        result = reconcile(adapter, conn, partner, "rec", allow_mass_purge=True)
+        assert result.purged == 100 and held(conn, "museum") == repo.live_identifiers()
+        assert result.verified == {"gone": 100, "deleted": 0, "live": 0, "unverified": 0}
+
+
 def test_a_record_deleted_during_the_sweep_never_costs_a_neighbour(conn) -> None:
     repo = SimulatedRepository(records=600, page_size=100, deleted_record="persistent", deleted_fraction=0.0,
                                seed=44)

@@ -111,11 +111,26 @@ def keep_unverified(conn: psycopg.Connection, partner_id: str, run_id: str, budg
         return cur.rowcount
 
 
-def vanished_identifiers(conn: psycopg.Connection, partner_id: str, run_id: str) -> list[str]:
-    """Held locally, absent from the sweep (call after keep_unverified: bounded)."""
-    rows = conn.execute(_VANISHED, {"pid": partner_id, "run": run_id}).fetchall()
-    conn.commit()
-    return [r[0] for r in rows]
+def vanished_identifiers(conn: psycopg.Connection, partner_id: str, run_id: str, chunk: int) -> Iterator[list[str]]:
+    """Held locally, absent from the sweep, in chunks by identifier (keyset: the caller
+    may add answers to ``reconcile_ids`` between chunks)."""
+    after = ""
+    while True:
+        rows = conn.execute(
+            """
+            SELECT r.identifier FROM records r
+            WHERE r.partner_id = %(pid)s AND r.identifier > %(after)s
+              AND NOT EXISTS (SELECT 1 FROM reconcile_ids u
+                              WHERE u.partner_id = %(pid)s AND u.run_id = %(run)s AND u.identifier = r.identifier)
+            ORDER BY r.identifier LIMIT %(chunk)s
+            """,
+            {"pid": partner_id, "run": run_id, "after": after, "chunk": chunk},
+        ).fetchall()
+        conn.commit()
+        if not rows:
+            return
+        yield [r[0] for r in rows]
+        after = rows[-1][0]
 
 
 def missing_span(conn: psycopg.Connection, partner_id: str, run_id: str) -> tuple[int, datetime | None, bool]:

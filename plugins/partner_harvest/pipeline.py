@@ -29,6 +29,7 @@ from partner_harvest.store import (
     fail_apply,
     fail_run,
     finish_harvest,
+    record_check,
 )
 from partner_harvest.store.apply import StagingIncomplete
 from partner_harvest.window import Window, channel_window, format_instant, plan_window
@@ -109,6 +110,8 @@ def _stage(
         fail_run(conn, run, _one_line(exc))
         raise
     finish_harvest(conn, run, stats)
+    for check in stats.extra.get("checks", ()):  # second witnesses the adapter ran (I12)
+        record_check(conn, run, *check)
     if stats.complete_list_size is not None and stats.complete_list_size != stats.fetched:
         log.warning(
             "%s: the repository announced completeListSize=%d but %d items were fetched",

@@ -4,18 +4,23 @@ It is the only way to see deletions of a partner that never announces them (OAI-
 ``deletedRecord`` ``no`` or ``transient``) and a safety net for every other partner.
 A mass-purge guard refuses to apply when a sweep would remove more than a fraction of
 the partner's records: a partner outage that lists nothing must never empty it.
+
+Nothing the partner still holds is purged: an adapter that can (``verify_vanished``)
+asks the partner about every vanished candidate, within a budget, before it becomes a
+tombstone. Many missing records (over ``bulk_missing_threshold``) come back through one
+ListRecords stream instead of one request each.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
 from partner_harvest.errors import HarvestError
-from partner_harvest.records import HarvestStats
+from partner_harvest.records import HarvestStats, Tombstone
 from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, ensure_schema, fail_run, finish_harvest
 from partner_harvest.store import reconcile as sql
@@ -38,10 +43,14 @@ class ReconcileResult:
     fetched_missing: int
     purged: int
     upserted: int
+    # Answers about vanished candidates: gone (idDoesNotExist), deleted (deleted header),
+    # live (the sweep missed it: kept and refreshed), unverified (over budget: kept).
+    verified: dict[str, int] = field(default_factory=dict)
+    bulk_fetch: bool = False  # missing records came through one list stream
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.plan.as_dict(), "fetched_missing": self.fetched_missing, "purged": self.purged,
-                "upserted": self.upserted}
+                "upserted": self.upserted, "verified": dict(self.verified), "bulk_fetch": self.bulk_fetch}
 
 
 def reconcile(
@@ -67,15 +76,10 @@ def reconcile(
         log.info("%s: reconcile plan: %s", partner.id, plan.as_dict())
         _guard(conn, run, partner, plan, allow_mass_purge)
         writer = StagingWriter(conn, run)
-        removals = sql.stage_removals(conn, run, window.until, first_seq=0)
-        writer.seq = removals
-        fetched = 0
-        for identifiers in sql.missing_identifiers(conn, partner.id, run_id, adapter.fetch_chunk):
-            items = adapter.fetch_records(window, identifiers)
-            writer.write_page(items)
-            fetched += len(items)
-            log.info("%s: reconcile fetched %d missing records so far", partner.id, fetched)
-        stats.fetched = removals + fetched
+        verified = _verify_vanished(adapter, conn, partner, run, window, sweep, writer, allow_mass_purge)
+        writer.seq += sql.stage_removals(conn, run, window.until, first_seq=writer.seq)
+        fetched, bulk = _fetch_missing(adapter, conn, partner, run, window, writer)
+        stats.fetched = writer.seq  # everything staged: the apply's four outcomes add up to it
         finish_harvest(conn, run, stats)
         result = apply_run(conn, partner.id, run_id)
     except Exception as exc:
@@ -85,9 +89,83 @@ def reconcile(
         raise
     finally:
         sql.clear(conn, partner.id, run_id)
-    outcome = ReconcileResult(plan, fetched, result.purged, result.upserted)
+    outcome = ReconcileResult(plan, fetched, result.purged, result.upserted, verified, bulk)
     log.info("%s: reconcile applied: %s", partner.id, outcome.as_dict())
     return outcome
+
+
+def _verify_vanished(
+    adapter: Any, conn: psycopg.Connection, partner: Partner, run: RunRef, window: Window,
+    sweep: sql.IdSweepWriter, writer: StagingWriter, unbounded: bool = False,
+) -> dict[str, int]:
+    """Confirm each vanished candidate with the partner before it may become a tombstone.
+
+    A live answer is staged (the apply refreshes or keeps it) and recorded as listed; a
+    deleted answer is recorded with its deletion datestamp; idDoesNotExist leaves the
+    candidate vanished. Candidates beyond ``verify_limit`` are kept for the next reconcile,
+    unless the operator allowed a mass purge: then every candidate is verified (a long
+    run, once, instead of a refusal every week until the budget has worked through them).
+    """
+    verify = getattr(adapter, "verify_vanished", None)
+    counts = {"gone": 0, "deleted": 0, "live": 0, "unverified": 0}
+    if verify is None:
+        return counts
+    if not unbounded:
+        counts["unverified"] = sql.keep_unverified(conn, partner.id, run.run_id, adapter.verify_limit)
+    if counts["unverified"]:
+        log.warning(
+            "%s: %d vanished records beyond the verification budget of %d are kept; the next "
+            "reconcile verifies them", partner.id, counts["unverified"], adapter.verify_limit,
+        )
+    for chunk in sql.vanished_identifiers(conn, partner.id, run.run_id, adapter.fetch_chunk):
+        answers = verify(window, chunk)
+        listed: list[tuple[str, Any, bool]] = []
+        live: list[Any] = []
+        for identifier, item in answers:
+            if item is None:
+                counts["gone"] += 1
+            elif isinstance(item, Tombstone):
+                counts["deleted"] += 1
+                listed.append((identifier, item.datestamp, True))
+            else:  # a Record, or a Rejected one: either way the partner still holds it
+                counts["live"] += 1
+                listed.append((identifier, getattr(item, "datestamp", None), False))
+                live.append(item)
+        sweep.write_page(listed)
+        writer.write_page(live)
+    if any(counts.values()):
+        log.info("%s: vanished candidates verified: %s", partner.id, counts)
+    return counts
+
+
+def _fetch_missing(
+    adapter: Any, conn: psycopg.Connection, partner: Partner, run: RunRef, window: Window,
+    writer: StagingWriter,
+) -> tuple[int, bool]:
+    """Stage the live records the aggregation lacks; returns (how many, whether in bulk).
+
+    Past the adapter's ``bulk_missing_threshold`` one list stream over the missing
+    records' datestamp range (the whole list if one has no datestamp) replaces a request
+    per record; what it did not return (edited past the clock since) goes by id.
+    """
+    start = writer.seq
+    bulk = False
+    threshold = getattr(adapter, "bulk_missing_threshold", None)
+    if threshold is not None:
+        missing, oldest, undated = sql.missing_span(conn, partner.id, run.run_id)
+        if missing > threshold:
+            bulk = True
+            since = None if undated or oldest is None else oldest
+            span = Window("reconcile", since, window.until, window.granularity, False, dict(window.protocol))
+            log.info("%s: %d records missing; fetching them with one list stream: %s",
+                     partner.id, missing, span.describe())
+            sink = sql.MissingOnlySink(conn, writer, partner.id)
+            adapter.harvest(span, sink, HarvestStats())
+            log.info("%s: reconcile list stream staged %d missing records", partner.id, sink.staged)
+    for identifiers in sql.missing_identifiers(conn, partner.id, run.run_id, adapter.fetch_chunk):
+        writer.write_page(adapter.fetch_records(window, identifiers))
+        log.info("%s: reconcile fetched %d missing records so far", partner.id, writer.seq - start)
+    return writer.seq - start, bulk
 
 
 def _guard(conn: psycopg.Connection, run: RunRef, partner: Partner, plan: sql.ReconcilePlan, allowed: bool) -> None:

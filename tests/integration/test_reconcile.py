@@ -57,7 +57,8 @@ def test_reconcile_removes_exactly_what_vanished_without_tombstones(conn) -> Non
             "SELECT reason, count(*) FROM deletions WHERE run_id = 'reconcile-1' GROUP BY reason").fetchall()
         assert reasons == [("reconcile", 1000)]
         sweep = [r for r in sim.requests if r.get("verb") == "ListIdentifiers"]
-        assert sweep and set(sweep[0]) == {"verb", "metadataPrefix", "until"}
+        assert sweep and set(sweep[0]) == {"verb", "metadataPrefix"}  # no until: the list as it is now
+        assert result.verified == {"gone": 1000, "deleted": 0, "live": 0, "unverified": 0}
         assert conn.execute("SELECT count(*) FROM reconcile_ids").fetchone() == (0,)
 
 

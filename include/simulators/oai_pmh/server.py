@@ -3,7 +3,8 @@
 Strict about arguments (so tests catch sloppy clients), quick to render (so a
 harvest benchmark measures the client), and able to misbehave on demand the way
 real partner endpoints do: expired or repeating tokens, empty pages, 503s with
-Retry-After, HTML or truncated bodies, hostile DTDs.
+Retry-After, HTML or truncated bodies, hostile DTDs, offset paging that re-runs the
+query on every page, and staff edits between the pages of a list.
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ class _Chain:
     page_size: int
     expire_after: int | None = None
     pages_served: int = 0
+    # Re-query mode: (from, until, set) re-run on every page against the current state.
+    query: tuple[str | None, str | None, str | None] | None = None
+    # Staff edits between pages: (pages served first, mutation spec), applied once.
+    mutate_after: tuple[int, dict[str, Any]] | None = None
+    end_after: int | None = None  # the list stops short: no token after this many pages
 
 
 def _attr(text: str) -> str:
@@ -142,6 +148,10 @@ class OaiSimulator(ControlledServer):
         self._expire_after_pending: int | None = None
         self._repeat_token = False
         self._empty_pages = False
+        self._requery = False
+        self._mutate_pending: tuple[int, dict[str, Any]] | None = None
+        self._end_after_pending: int | None = None
+        self.mutations: list[dict[str, list[str]]] = []  # what mutate_after_pages did, in order
 
     # --------------------------------------------------------- misbehaviour
     def expire_tokens(self) -> None:
@@ -189,6 +199,53 @@ class OaiSimulator(ControlledServer):
         """While on, list responses hold no records but always a fresh token."""
         with self._lock:
             self._empty_pages = on
+
+    def requery_pages(self, on: bool = True) -> None:
+        """While on, new list chains re-run their query on every page (offset paging).
+
+        Many database-backed servers keep no snapshot: the token holds the arguments and
+        an offset. A record edited past ``until``, or vanished, mid-list then drops out
+        and shifts every later record back by one, so one of them is never served.
+        """
+        with self._lock:
+            self._requery = on
+
+    def mutate_after_pages(self, pages: int, *, edit: int = 0, delete: int = 0,
+                           edit_ids: list[str] | None = None, delete_ids: list[str] | None = None,
+                           verb: str | None = None) -> None:
+        """Staff work during a harvest: once the next list chain (of `verb`, if given) has
+        served `pages` pages, edit/delete records before serving the next one (one shot).
+        What was done is appended to ``mutations``."""
+        if pages < 1:
+            raise ValueError("pages must be >= 1")
+        spec = {"edit": edit, "delete": delete, "edit_ids": list(edit_ids or ()),
+                "delete_ids": list(delete_ids or ()), "verb": verb}
+        with self._lock:
+            self._mutate_pending = (pages, spec)
+
+    def end_list_after(self, pages: int) -> None:
+        """The next list chain ends silently after `pages` pages: no resumptionToken,
+        while completeListSize still counts the whole list (one shot)."""
+        if pages < 1:
+            raise ValueError("pages must be >= 1")
+        with self._lock:
+            self._end_after_pending = pages
+
+    def _mutate(self, spec: dict[str, Any]) -> None:
+        repo = self.repo
+        edited: list[str] = []
+        deleted: list[str] = []
+        with repo.lock:  # the next page sees all of it
+            if spec["edit"]:
+                edited += repo.edit(spec["edit"])
+            if spec["edit_ids"]:
+                edited += repo.edit_ids(spec["edit_ids"])
+            if spec["delete"]:
+                deleted += repo.delete(spec["delete"])
+            if spec["delete_ids"]:
+                deleted += repo.delete_ids(spec["delete_ids"])
+        with self._lock:
+            self.mutations.append({"edited": edited, "deleted": deleted})
 
     def _take_misbehaviour(self) -> tuple[str, Any]:
         if self._fail_count > 0:
@@ -343,10 +400,18 @@ class OaiSimulator(ControlledServer):
         return self._list("ListIdentifiers", args)
 
     # ------------------------------------------------------ lists and tokens
-    def _new_chain(self, verb: str, prefix: str, numbers: list[int]) -> _Chain:
+    def _new_chain(self, verb: str, prefix: str, numbers: list[int], args: dict[str, str]) -> _Chain:
+        query = (args.get("from"), args.get("until"), args.get("set")) if self._requery else None
+        mutate = self._mutate_pending
+        if mutate is not None and mutate[1]["verb"] not in (None, verb):
+            mutate = None  # waits for a chain of its verb
         chain = _Chain(self._next_chain, verb, prefix, array("l", numbers), self.repo.page_size,
-                       expire_after=self._expire_after_pending)
+                       expire_after=self._expire_after_pending, query=query, mutate_after=mutate,
+                       end_after=self._end_after_pending)
         self._expire_after_pending = None
+        self._end_after_pending = None
+        if mutate is not None:
+            self._mutate_pending = None
         self._next_chain += 1
         self._chains[chain.chain_id] = chain
         while len(self._chains) > self.max_chains:
@@ -359,7 +424,8 @@ class OaiSimulator(ControlledServer):
         if chain is None or match is None:
             raise OaiError("badResumptionToken", "unknown or expired resumptionToken")
         cursor = int(match.group(2))
-        if chain.verb != verb or chain.prefix != match.group(3) or not 0 <= cursor < len(chain.numbers):
+        in_range = 0 <= cursor < len(chain.numbers) or (chain.query is not None and cursor >= 0)
+        if chain.verb != verb or chain.prefix != match.group(3) or not in_range:
             raise OaiError("badResumptionToken", "resumptionToken does not belong to this request")
         if chain.expire_after is not None and chain.pages_served >= chain.expire_after:
             del self._chains[chain.chain_id]
@@ -382,6 +448,15 @@ class OaiSimulator(ControlledServer):
         if token is not None:
             with self._lock:
                 chain, cursor = self._resume(verb, token)
+                mutation = chain.mutate_after
+                if mutation is not None and chain.pages_served >= mutation[0]:
+                    chain.mutate_after = None
+                else:
+                    mutation = None
+            if mutation is not None:
+                self._mutate(mutation[1])
+            if chain.query is not None:
+                chain.numbers = array("l", self.repo.select_numbers(*chain.query))
             prefix, numbers = chain.prefix, chain.numbers
         else:
             prefix, cursor = args["metadataPrefix"], 0
@@ -392,7 +467,7 @@ class OaiSimulator(ControlledServer):
                 raise OaiError("noRecordsMatch", "no records match the request")
         with self._lock:
             if chain is None and (len(numbers) > self.repo.page_size or self._empty_pages):
-                chain = self._new_chain(verb, prefix, numbers)
+                chain = self._new_chain(verb, prefix, numbers, args)
             page_size = chain.page_size if chain else self.repo.page_size
             total = len(numbers)
             page = numbers[cursor:cursor + page_size]
@@ -403,6 +478,8 @@ class OaiSimulator(ControlledServer):
                     page, next_token = [], self._token(chain, cursor, fresh=True)
                 elif self._repeat_token and token is not None:
                     next_token = token
+                elif chain.end_after is not None and chain.pages_served >= chain.end_after:
+                    next_token = ""
                 elif cursor + len(page) < total:
                     next_token = self._token(chain, cursor + len(page))
                 else:
@@ -484,6 +561,20 @@ class OaiSimulator(ControlledServer):
 
     def _control_empty_pages_with_token(self, data: dict[str, Any]) -> dict[str, Any]:
         self.empty_pages_with_token(bool(data.get("on", True)))
+        return {"ok": True}
+
+    def _control_end_list_after(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.end_list_after(int(data["pages"]))
+        return {"ok": True}
+
+    def _control_requery_pages(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.requery_pages(bool(data.get("on", True)))
+        return {"ok": True}
+
+    def _control_mutate_after_pages(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.mutate_after_pages(int(data["pages"]), edit=int(data.get("edit", 0)),
+                                delete=int(data.get("delete", 0)), edit_ids=data.get("edit_ids"),
+                                delete_ids=data.get("delete_ids"), verb=data.get("verb"))
         return {"ok": True}
 
 

@@ -67,6 +67,8 @@ class OaiAdapter:
         while True:
             try:
                 self._stream(prefix, from_, until, sink, stats)
+                if window.is_full and window.mode != "reconcile":  # not the reconcile's bulk fetch
+                    stats.extra["checks"] = self._completeness(prefix, until, stats)
                 return
             except BadResumptionToken as exc:
                 restarts += 1
@@ -113,17 +115,77 @@ class OaiAdapter:
         stats.extra["cleaned_pages"] = cleaned
 
 
+    # -- completeness (I12) --------------------------------------------------------------
+
+    def _completeness(self, prefix: str, until: str, stats: HarvestStats) -> list[tuple]:
+        """Second witnesses of a full harvest, as record_check arguments, failures last
+        (the audit row keeps the last one recorded).
+
+        ``oai-complete-list-size``: the repository's own count on the list's last page.
+        ``oai-list-identifiers`` (``options.completeness.list_identifiers``): a separate
+        ListIdentifiers count of the same prefix, set and until, against everything
+        fetched (records + tombstones + rejects). Either differing means the list stopped
+        short, repeated itself, or changed while it was read.
+        """
+        checks: list[tuple] = []
+        if stats.complete_list_size is not None:
+            expected = stats.complete_list_size
+            checks.append((
+                "oai-complete-list-size", expected, stats.fetched, expected == stats.fetched,
+                f"completeListSize={expected} on the last page; fetched {stats.fetched} "
+                f"({stats.records} records, {stats.tombstones} deleted, {stats.rejected} rejected)",
+            ))
+        if (self.partner.options.get("completeness") or {}).get("list_identifiers"):
+            checks.append(self._list_identifiers_check(prefix, until, stats))
+        checks.sort(key=lambda check: check[3], reverse=True)
+        return checks
+
+    def _list_identifiers_check(self, prefix: str, until: str, stats: HarvestStats) -> tuple:
+        request = f"ListIdentifiers metadataPrefix={prefix} set={self.partner.set_spec} until={until}"
+        restarts = 0
+        while True:
+            listed = 0
+            try:
+                for page in self.client.list_pages("ListIdentifiers", metadata_prefix=prefix,
+                                                   set_spec=self.partner.set_spec, from_=None, until=until):
+                    listed += len(page.items)
+                break
+            except BadResumptionToken:
+                restarts += 1
+                if restarts <= self.partner.max_token_restarts:
+                    continue
+                return ("oai-list-identifiers", None, stats.fetched, False,
+                        f"{request}: resumptionToken expired {restarts} times; nothing proven")
+            except HarvestError as exc:  # the witness failing must not fail a finished harvest
+                log.warning("%s: the ListIdentifiers count failed: %s", self.partner_id, exc)
+                return ("oai-list-identifiers", None, stats.fetched, False,
+                        f"{request}: could not count ({' '.join(str(exc).split())}); nothing proven")
+        ok = listed == stats.fetched
+        detail = (f"{request} lists {listed} headers; the harvest fetched {stats.fetched} "
+                  f"({stats.records} records, {stats.tombstones} deleted, {stats.rejected} rejected)")
+        if not ok:
+            log.warning("%s: completeness check failed: %s", self.partner_id, detail)
+        return ("oai-list-identifiers", listed, stats.fetched, ok, detail)
+
     # -- reconcile -------------------------------------------------------------------
 
+    # Vanished candidates verified by GetRecord per reconcile; the rest wait for the next.
+    verify_limit = 1000
+    # More missing records than this are fetched by one ListRecords stream, not GetRecord.
+    bulk_missing_threshold = 500
+
     def sweep_ids(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
-        """Every header up to the frozen until (ListIdentifiers: cheap, headers only)."""
+        """Every header the partner lists now (ListIdentifiers: cheap, headers only).
+
+        No ``until``: a record edited while the sweep runs gets a datestamp later than the
+        reconcile's clock, and a sweep bounded by that clock would not list it at all.
+        """
         prefix = window.protocol["metadata_prefix"]
-        until = format_datestamp(window.until, window.protocol.get("oai_granularity", DAY_GRANULARITY))
         restarts = 0
         while True:
             try:
                 for page in self.client.list_pages("ListIdentifiers", metadata_prefix=prefix,
-                                                   set_spec=self.partner.set_spec, from_=None, until=until):
+                                                   set_spec=self.partner.set_spec, from_=None, until=None):
                     stats.pages += 1
                     rows = [(h.identifier, _stamp(h), h.deleted) for h in page.items if h.identifier]
                     stats.fetched += len(rows)
@@ -141,18 +203,32 @@ class OaiAdapter:
 
     def fetch_records(self, window: Window, identifiers: list[str]) -> list[HarvestItem]:
         """GetRecord for ids the aggregation lacks; an id gone meanwhile is skipped."""
-        prefix = window.protocol["metadata_prefix"]
         items: list[HarvestItem] = []
         for identifier in identifiers:
-            params = {"verb": "GetRecord", "identifier": identifier, "metadataPrefix": prefix}
-            try:
-                items.append(self.client.call(params, lambda c: parse.parse_get_record(c, prefix)))  # type: ignore[arg-type]
-            except PartnerProtocolError as exc:
-                if isinstance(exc.__cause__, IdDoesNotExist):
-                    log.info("%s: %s vanished during the reconcile; skipped", self.partner_id, identifier)
-                    continue
-                raise
+            item = self._get_record(window, identifier)
+            if item is None:
+                log.info("%s: %s vanished during the reconcile; skipped", self.partner_id, identifier)
+                continue
+            items.append(item)
         return items
+
+    def verify_vanished(self, window: Window, identifiers: list[str]) -> list[tuple[str, HarvestItem | None]]:
+        """Ask the partner about ids the sweep did not list: None means idDoesNotExist.
+
+        A sweep is not proof of absence: offset paging shifted by a concurrent deletion
+        skips records, and some servers drop records re-dated mid-list.
+        """
+        return [(identifier, self._get_record(window, identifier)) for identifier in identifiers]
+
+    def _get_record(self, window: Window, identifier: str) -> HarvestItem | None:
+        prefix = window.protocol["metadata_prefix"]
+        params = {"verb": "GetRecord", "identifier": identifier, "metadataPrefix": prefix}
+        try:
+            return self.client.call(params, lambda c: parse.parse_get_record(c, prefix))  # type: ignore[return-value]
+        except PartnerProtocolError as exc:
+            if isinstance(exc.__cause__, IdDoesNotExist):
+                return None
+            raise
 
 
 def _stamp(header: parse.OaiHeader):

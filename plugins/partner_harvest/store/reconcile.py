@@ -2,7 +2,11 @@
 
 Vanished records are staged as tombstones dated at the sweep's frozen until, so the
 normal one-transaction apply purges them (reason ``reconcile``) and can never purge a
-version that arrived after the sweep started.
+version that arrived after the sweep started. A sweep can miss records the partner still
+holds (offset paging shifted by a concurrent deletion, a record re-dated mid-list), so
+vanished candidates are verified one by one first: the answers are added to
+``reconcile_ids`` (live or deleted), and candidates beyond the verification budget are
+added as live with no datestamp, i.e. kept until a later reconcile confirms them.
 """
 
 from __future__ import annotations
@@ -10,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from typing import Any
 
 import psycopg
 
+from partner_harvest.records import Tombstone
 from partner_harvest.store.runs import RunRef
 
 _COPY_IDS = "COPY reconcile_ids (partner_id, run_id, identifier, datestamp, deleted) FROM STDIN"
@@ -83,8 +89,111 @@ def plan(conn: psycopg.Connection, partner_id: str, run_id: str) -> ReconcilePla
     return ReconcilePlan(*row)
 
 
+_VANISHED = """
+SELECT r.identifier FROM records r
+WHERE r.partner_id = %(pid)s
+  AND NOT EXISTS (SELECT 1 FROM reconcile_ids u
+                  WHERE u.partner_id = %(pid)s AND u.run_id = %(run)s AND u.identifier = r.identifier)
+ORDER BY r.identifier
+"""
+
+
+def keep_unverified(conn: psycopg.Connection, partner_id: str, run_id: str, budget: int) -> int:
+    """Mark vanished candidates beyond the first ``budget`` (by identifier) as kept."""
+    with conn.transaction():
+        cur = conn.execute(
+            f"""
+            INSERT INTO reconcile_ids (partner_id, run_id, identifier, datestamp, deleted)
+            SELECT %(pid)s, %(run)s, identifier, NULL, false FROM ({_VANISHED} OFFSET %(budget)s) beyond
+            """,
+            {"pid": partner_id, "run": run_id, "budget": budget},
+        )
+        return cur.rowcount
+
+
+def vanished_identifiers(conn: psycopg.Connection, partner_id: str, run_id: str, chunk: int) -> Iterator[list[str]]:
+    """Held locally, absent from the sweep, in chunks by identifier (keyset: the caller
+    may add answers to ``reconcile_ids`` between chunks)."""
+    after = ""
+    while True:
+        rows = conn.execute(
+            """
+            SELECT r.identifier FROM records r
+            WHERE r.partner_id = %(pid)s AND r.identifier > %(after)s
+              AND NOT EXISTS (SELECT 1 FROM reconcile_ids u
+                              WHERE u.partner_id = %(pid)s AND u.run_id = %(run)s AND u.identifier = r.identifier)
+            ORDER BY r.identifier LIMIT %(chunk)s
+            """,
+            {"pid": partner_id, "run": run_id, "after": after, "chunk": chunk},
+        ).fetchall()
+        conn.commit()
+        if not rows:
+            return
+        yield [r[0] for r in rows]
+        after = rows[-1][0]
+
+
+def missing_span(conn: psycopg.Connection, partner_id: str, run_id: str) -> tuple[int, datetime | None, bool]:
+    """How many live upstream ids are missing, their oldest datestamp, and whether any
+    has no datestamp (then only the whole list is sure to cover them)."""
+    row = conn.execute(
+        """
+        SELECT count(DISTINCT u.identifier), min(u.datestamp), bool_or(u.datestamp IS NULL)
+        FROM reconcile_ids u
+        WHERE u.partner_id = %(pid)s AND u.run_id = %(run)s AND NOT u.deleted
+          AND NOT EXISTS (SELECT 1 FROM records r WHERE r.partner_id = %(pid)s AND r.identifier = u.identifier)
+          AND NOT EXISTS (SELECT 1 FROM reconcile_ids d WHERE d.partner_id = %(pid)s AND d.run_id = %(run)s
+                          AND d.identifier = u.identifier AND d.deleted)
+        """,
+        {"pid": partner_id, "run": run_id},
+    ).fetchone()
+    conn.commit()
+    return int(row[0]), row[1], bool(row[2])
+
+
+class MissingOnlySink:
+    """Passes on only records (valid or rejected) the aggregation does not hold.
+
+    A bulk ListRecords over the missing records' datestamp range also returns records we
+    hold, and tombstones of records we never had; staging them would only cost COPY and
+    apply time for ``unchanged`` rows (the apply would keep them unchanged anyway). Memory
+    stays bounded by a page: each page asks the database which of its ids are held.
+    """
+
+    def __init__(self, conn: psycopg.Connection, writer: Any, partner_id: str):
+        self.conn, self.writer, self.partner_id = conn, writer, partner_id
+        self.first_seq = writer.seq
+        self.staged = 0
+
+    def write_page(self, items: list[Any]) -> None:
+        if not items:
+            return
+        held = {
+            r[0] for r in self.conn.execute(
+                "SELECT identifier FROM records WHERE partner_id = %s AND identifier = ANY(%s)",
+                (self.partner_id, [item.identifier for item in items]),
+            )
+        }
+        self.conn.commit()
+        wanted = [item for item in items if item.identifier not in held and not isinstance(item, Tombstone)]
+        self.writer.write_page(wanted)
+        self.staged += len(wanted)
+
+    def reset(self) -> None:
+        """An expired token restarts the listing: drop only what this sink staged."""
+        run = self.writer.run
+        with self.conn.transaction():
+            self.conn.execute(
+                "DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s AND seq > %s",
+                (*run.key(), self.first_seq),
+            )
+        self.writer.seq = self.first_seq
+        self.staged = 0
+
+
 def missing_identifiers(conn: psycopg.Connection, partner_id: str, run_id: str, chunk: int) -> Iterator[list[str]]:
-    """Live upstream ids the aggregation lacks, in chunks, streamed from the server."""
+    """Live upstream ids the aggregation lacks and this run has not staged yet, in
+    chunks, streamed from the server."""
     with conn.transaction(), conn.cursor(name="reconcile_missing") as cur:
         cur.itersize = chunk
         cur.execute(
@@ -94,6 +203,8 @@ def missing_identifiers(conn: psycopg.Connection, partner_id: str, run_id: str, 
               AND NOT EXISTS (SELECT 1 FROM records r WHERE r.partner_id = %(pid)s AND r.identifier = u.identifier)
               AND NOT EXISTS (SELECT 1 FROM reconcile_ids d WHERE d.partner_id = %(pid)s AND d.run_id = %(run)s
                               AND d.identifier = u.identifier AND d.deleted)
+              AND NOT EXISTS (SELECT 1 FROM staging s WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s
+                              AND s.identifier = u.identifier)
             ORDER BY 1
             """,
             {"pid": partner_id, "run": run_id},

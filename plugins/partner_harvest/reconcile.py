@@ -77,7 +77,7 @@ def reconcile(
         _guard(conn, run, partner, plan, allow_mass_purge)
         writer = StagingWriter(conn, run)
         verified = _verify_vanished(adapter, conn, partner, run, window, sweep, writer, allow_mass_purge)
-        writer.seq += sql.stage_removals(conn, run, window.until, first_seq=writer.seq)
+        writer.seq += sql.stage_removals(conn, run, first_seq=writer.seq)
         fetched, bulk = _fetch_missing(adapter, conn, partner, run, window, writer)
         stats.fetched = writer.seq  # everything staged: the apply's four outcomes add up to it
         finish_harvest(conn, run, stats)

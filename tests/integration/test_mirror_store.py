@@ -223,3 +223,21 @@ def test_staging_of_abandoned_runs_is_dropped(conn: psycopg.Connection) -> None:
     left = dict(conn.execute("SELECT run_id, count(*) FROM staging GROUP BY run_id").fetchall())
     assert left == {"fresh": 1}
     assert status(conn, "old")[0] == "abandoned"
+
+
+def test_a_record_purged_by_a_reconcile_comes_back_when_the_partner_lists_it_again(conn: psycopg.Connection) -> None:
+    """The vanished tombstone carries the stored version's datestamp, not the reconcile clock:
+    a record restored upstream with its old datestamp is not blocked by the remembered purge."""
+    from partner_harvest.store import reconcile as sweep_sql
+
+    stage(conn, "n1", [rec("x", T0, "v1"), rec("y", T0, "v1")])
+    apply_run(conn, "p", "n1")
+    run = RunRef("p", "rec1", "reconcile")
+    begin_run(conn, run, WINDOW, "oai_dc")
+    sweep_sql.IdSweepWriter(conn, "p", "rec1").write_page([("y", T0, False)])  # x vanished upstream
+    staged = sweep_sql.stage_removals(conn, run, first_seq=0)
+    finish_harvest(conn, run, HarvestStats(pages=1, fetched=staged))
+    assert apply_run(conn, "p", "rec1").purged == 1 and set(live(conn)) == {"y"}
+    stage(conn, "n2", [rec("x", T0, "v1")])  # restored upstream, same datestamp and content
+    apply_run(conn, "p", "n2")
+    assert set(live(conn)) == {"x", "y"}

@@ -1,8 +1,9 @@
 """SQL of a reconcile: the staged upstream id set against ``records``.
 
-Vanished records are staged as tombstones dated at the sweep's frozen until, so the
-normal one-transaction apply purges them (reason ``reconcile``) and can never purge a
-version that arrived after the sweep started. A sweep can miss records the partner still
+Vanished records are staged as tombstones dated at the stored version's own datestamp
+(observed now), so the normal one-transaction apply purges exactly that version (reason
+``reconcile``), never a newer one, and the remembered purge yields as soon as the partner
+lists the record again, even with its old datestamp (a record restored upstream). A sweep can miss records the partner still
 holds (offset paging shifted by a concurrent deletion, a record re-dated mid-list), so
 vanished candidates are verified one by one first: the answers are added to
 ``reconcile_ids`` (live or deleted), and candidates beyond the verification budget are
@@ -219,14 +220,14 @@ def missing_identifiers(conn: psycopg.Connection, partner_id: str, run_id: str, 
             yield batch
 
 
-def stage_removals(conn: psycopg.Connection, run: RunRef, until: datetime, first_seq: int) -> int:
+def stage_removals(conn: psycopg.Connection, run: RunRef, first_seq: int) -> int:
     """Stage tombstones for vanished and upstream-deleted records; returns how many."""
     with conn.transaction():
         cur = conn.execute(
             """
             INSERT INTO staging (partner_id, run_id, channel, seq, kind, identifier, datestamp)
             SELECT %(pid)s, %(run)s, %(channel)s, %(seq)s + row_number() OVER (ORDER BY r.identifier), 'T',
-                   r.identifier, COALESCE(d.datestamp, %(until)s)
+                   r.identifier, COALESCE(d.datestamp, r.datestamp)
             FROM records r
             LEFT JOIN LATERAL (
                 SELECT max(u.datestamp) AS datestamp, bool_or(u.deleted) AS deleted, bool_or(NOT u.deleted) AS live
@@ -235,7 +236,7 @@ def stage_removals(conn: psycopg.Connection, run: RunRef, until: datetime, first
             ) d ON true
             WHERE r.partner_id = %(pid)s AND (d.live IS NULL OR (d.deleted AND NOT d.live))
             """,
-            {"pid": run.partner_id, "run": run.run_id, "channel": run.channel, "seq": first_seq, "until": until},
+            {"pid": run.partner_id, "run": run.run_id, "channel": run.channel, "seq": first_seq},
         )
         return cur.rowcount
 

@@ -35,6 +35,9 @@ def findings(partner: Partner, figures: RunFigures, now: datetime) -> list[str]:
             f"the partner announced completeListSize={figures.announced} but {figures.fetched} items came: "
             "records may be missing (a reconcile will tell)"
         )
+    for check in figures.failed_checks:
+        found.append(f"completeness check failed: {check}; records may be missing or extra (see README, "
+                     "'Completeness checks')")
     reference = figures.last_fetch_at or figures.first_run_at
     if reference is not None and now - reference > partner.quiet_period:
         since = figures.last_fetch_at.strftime("%Y-%m-%d %H:%MZ") if figures.last_fetch_at else "never"

@@ -241,3 +241,14 @@ def test_a_record_purged_by_a_reconcile_comes_back_when_the_partner_lists_it_aga
     stage(conn, "n2", [rec("x", T0, "v1")])  # restored upstream, same datestamp and content
     apply_run(conn, "p", "n2")
     assert set(live(conn)) == {"x", "y"}
+
+
+def test_run_figures_carry_the_failed_completeness_checks(conn: psycopg.Connection) -> None:
+    from partner_harvest.store import record_check
+    from partner_harvest.store.quality import run_figures
+
+    stage(conn, "n1", [rec("x", T0)])
+    record_check(conn, RunRef("p", "n1", "changes"), "oai-list-identifiers", 5, 1, False, "4 identifiers never came")
+    apply_run(conn, "p", "n1")
+    [line] = run_figures(conn, "p", "n1").failed_checks
+    assert "oai-list-identifiers" in line and "says 5" in line and "4 identifiers never came" in line

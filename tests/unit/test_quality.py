@@ -45,3 +45,9 @@ def test_quiet_partner() -> None:
 def test_list_size_mismatch() -> None:
     [line] = findings(PARTNER, figures(announced=120), NOW)
     assert line.startswith("the partner announced completeListSize=120 but 100 items came")
+
+
+def test_a_failed_completeness_check_is_a_finding() -> None:
+    check = "sierra-id-enumeration on the changes channel: the witness says 100, the run holds 98"
+    [line] = findings(PARTNER, figures(failed_checks=(check,)), NOW)
+    assert line.startswith("completeness check failed: sierra-id-enumeration") and "98" in line

@@ -17,6 +17,7 @@ class RunFigures:
     last_fetch_at: datetime | None  # newest applied run that fetched anything
     first_run_at: datetime | None  # oldest run on record
     announced: int | None = None  # completeListSize, when it disagreed with what came
+    failed_checks: tuple[str, ...] = ()  # completeness checks (I12) that did not hold
 
 
 def run_figures(conn: psycopg.Connection, partner_id: str, run_id: str) -> RunFigures:
@@ -32,5 +33,17 @@ def run_figures(conn: psycopg.Connection, partner_id: str, run_id: str) -> RunFi
         """,
         {"pid": partner_id, "run": run_id},
     ).fetchone()
+    failed = conn.execute(
+        """
+        SELECT channel, check_kind, check_expected, check_found, check_detail FROM harvest_runs
+        WHERE partner_id = %s AND run_id = %s AND check_ok = false ORDER BY channel
+        """,
+        (partner_id, run_id),
+    ).fetchall()
     conn.commit()
-    return RunFigures(*row)
+    checks = tuple(
+        f"{kind} on the {channel} channel: the witness says {expected if expected is not None else 'nothing'}, "
+        f"the run holds {found if found is not None else 'unknown'}" + (f" ({detail})" if detail else "")
+        for channel, kind, expected, found, detail in failed
+    )
+    return RunFigures(*row, failed_checks=checks)

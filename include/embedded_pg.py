@@ -46,3 +46,17 @@ def stop(label: str = "pg") -> None:
 
     server = pgserver.get_server(data_dir(label), cleanup_mode="stop")
     server.cleanup()
+
+
+def restart_immediately(label: str) -> None:
+    """Fault injection: ``pg_ctl restart -m immediate`` of the embedded server.
+
+    An immediate shutdown skips the checkpoint, so the restart runs crash recovery: open
+    connections are cut and UNLOGGED tables come back empty, as after a power cut.
+    """
+    import getpass
+
+    from pgserver._commands import pg_ctl
+
+    user = "pgserver" if getpass.getuser() == "root" else None  # pgserver's own user when root
+    pg_ctl(["-m", "immediate", "-w", "restart"], pgdata=data_dir(label), user=user, timeout=120)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from datetime import datetime, timezone
 
@@ -117,13 +116,11 @@ def listen():
 
 
 def crash_postgres(conninfo: str) -> None:
-    """SIGKILL one backend: the postmaster restarts every process and runs crash recovery,
-    which empties UNLOGGED tables, as after a power cut or an immediate shutdown."""
-    with psycopg.connect(conninfo, autocommit=True) as victim:
-        pid = victim.execute("SELECT pg_backend_pid()").fetchone()[0]
-        os.kill(pid, signal.SIGKILL)
+    """An immediate restart of the embedded server (crash recovery empties UNLOGGED
+    staging), then wait until it answers again."""
+    embedded_pg.restart_immediately("test")
     deadline = time.monotonic() + 60
-    while True:  # wait for recovery to finish: the server answers again
+    while True:
         try:
             with psycopg.connect(conninfo, connect_timeout=2) as probe:
                 probe.execute("SELECT 1")

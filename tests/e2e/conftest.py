@@ -41,6 +41,7 @@ SERVICES = ("api-server", "scheduler", "dag-processor")
 STARTUP_TIMEOUT = 120.0  # API healthy, scheduler and dag-processor heartbeating
 PARSE_TIMEOUT = 120.0  # both harvest DAGs serialized
 STOP_TIMEOUT = 20.0  # for all services, after SIGTERM, before SIGKILL
+LEASE_TTL_SECONDS = 6  # a killed task's lease ends this soon after it stops renewing
 T = TypeVar("T")
 
 
@@ -396,6 +397,7 @@ def _start_airflow(pg_server: str, base: Path, cleanup: ExitStack) -> AirflowSta
         "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.2",
         "AIRFLOW__SCHEDULER__PARSING_CLEANUP_INTERVAL": "600",
         "HARVEST_PARTNERS_FILE": str(registry),
+        "HARVEST_LEASE_TTL_SECONDS": str(LEASE_TTL_SECONDS),
         "AIRFLOW_CONN_AGGREGATION_DB": _postgres_connection(aggregation_db),
         f"AIRFLOW_CONN_PARTNER_{MUSEUM.upper()}": json.dumps({"conn_type": "http", "host": simulator.base_url}),
         f"AIRFLOW_CONN_PARTNER_{BROKEN.upper()}": json.dumps(
@@ -432,7 +434,7 @@ def _start_airflow(pg_server: str, base: Path, cleanup: ExitStack) -> AirflowSta
             )
     poll(lambda: _services_healthy(stack), STARTUP_TIMEOUT,
          "a healthy api-server, scheduler and dag-processor", diagnostics=stack.diagnostics)
-    dag_ids = (f"harvest_{MUSEUM}", f"harvest_{BROKEN}")
+    dag_ids = (f"harvest_{MUSEUM}", f"harvest_{BROKEN}", f"reconcile_{MUSEUM}")
     for dag_id in dag_ids:
         dag = poll(lambda dag_id=dag_id: _dag_parsed(stack, dag_id), PARSE_TIMEOUT, f"DAG {dag_id} to be parsed",
                    diagnostics=lambda: _import_errors(stack))

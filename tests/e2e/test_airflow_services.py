@@ -152,3 +152,64 @@ def test_clearing_a_task_reruns_it_with_the_same_frozen_window(airflow_stack: Ai
     again = stack.poll(rerun_finished, 180, f"cleared harvest_changes of {run_id} to run again")
     assert stack.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"] == "success"
     assert again == (window_from, window_until, attempts + 1, fetched - len(moved))  # same frozen bounds
+
+
+def _process_of(ti_id: str) -> int | None:
+    """The PID of the task runner Airflow titled ``airflow worker -- <ti id>``."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\x00", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if f"airflow worker -- {ti_id}" in cmdline:
+            return int(proc.name)
+    return None
+
+
+def test_a_task_killed_with_sigkill_frees_its_partner_within_the_lease_ttl(airflow_stack: AirflowStack) -> None:
+    """Issue 7 item 10: no failure callback runs after SIGKILL (the task goes up for retry);
+    the lease still ends within its TTL, and the weekly reconcile then runs."""
+    import os
+    import signal
+    import time
+
+    from conftest import LEASE_TTL_SECONDS
+
+    stack = airflow_stack
+    dag_id = f"harvest_{stack.museum}"
+    stack.simulator.fail_next(1, status=503, retry_after=120)  # the next request waits 2 minutes
+    run_id = stack.trigger(dag_id, {"mode": "full"})["dag_run_id"]
+
+    def lease_holders() -> list[str]:
+        with connect(stack.aggregation_db) as conn:
+            ensure_schema(conn)
+            return [r[0] for r in conn.execute(
+                "SELECT holder FROM partner_leases WHERE partner_id = %s AND expires_at > now()",
+                (stack.museum,)).fetchall()]
+
+    def stalled_task() -> tuple[str, int] | None:
+        tis = stack.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+        for ti in tis:
+            if ti["state"] == "running" and lease_holders():
+                pid = _process_of(ti["id"])
+                if pid:
+                    return ti["task_id"], pid
+        return None
+
+    task_id, pid = stack.poll(stalled_task, 120, f"a task of {run_id} to run and hold the lease")
+    assert lease_holders() == [f"{dag_id}/{run_id}"]
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    stack.poll(lambda: not lease_holders() or None, LEASE_TTL_SECONDS + 20, "the dead task's lease to end")
+    freed_after = time.monotonic() - killed
+    assert freed_after <= LEASE_TTL_SECONDS + 3, freed_after
+
+    reconcile = f"reconcile_{stack.museum}"
+    rec_id = stack.trigger(reconcile, {})["dag_run_id"]
+    assert stack.wait_for_run(reconcile, rec_id, timeout=180)["state"] == "success", \
+        stack.task_summary(reconcile, rec_id)
+    state = stack.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}")["state"]
+    assert state in ("up_for_retry", "failed", "scheduled", "queued", "running"), state
+    stack.api("PATCH", f"/dags/{dag_id}/dagRuns/{run_id}", json={"state": "failed"})  # leave no run behind

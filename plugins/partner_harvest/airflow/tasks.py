@@ -7,6 +7,7 @@ once; everything else is left to the task's retries with exponential backoff.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -32,7 +33,8 @@ from partner_harvest.window import Window, WindowError, channel_window, format_i
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-LEASE_TTL = leases.DEFAULT_TTL
+# How long a dead task's lease blocks its partner; the deployment may shorten it.
+LEASE_TTL = timedelta(seconds=float(os.environ.get("HARVEST_LEASE_TTL_SECONDS") or leases.DEFAULT_TTL.total_seconds()))
 ABANDON_AFTER = timedelta(days=7)
 
 

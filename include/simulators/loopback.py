@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import sys
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,12 +23,21 @@ TEXT_TYPE = "text/plain; charset=utf-8"
 
 @dataclass
 class Response:
-    """One HTTP answer, built without HTTP so tests can call a simulator directly."""
+    """One HTTP answer, built without HTTP so tests can call a simulator directly.
+
+    With `stream`, the body is those chunks instead, written as they come and ended by
+    closing the connection (an endless body is an endless iterable); `pause` waits
+    before each chunk (a slow drip), and `drip_head` drips the status line and headers
+    too, one byte per pause. Simulators send it with `LoopbackHandler._send_stream`.
+    """
 
     status: int
     body: bytes
     content_type: str
     headers: dict[str, str] = field(default_factory=dict)
+    stream: Iterable[bytes] | None = None
+    pause: float = 0.0
+    drip_head: bool = False
 
 
 def status_phrase(status: int) -> str:
@@ -197,3 +207,28 @@ class LoopbackHandler(BaseHTTPRequestHandler):
 
     def _send(self, response: Response) -> None:
         raise NotImplementedError
+
+    def _send_stream(self, response: Response) -> None:
+        """Write a streamed (possibly endless, possibly dripping) response until the
+        chunks run out, the client hangs up or the simulator stops."""
+        assert response.stream is not None
+        self.close_connection = True
+        lines = [f"HTTP/1.1 {response.status} {status_phrase(response.status)}",
+                 f"Content-Type: {response.content_type}", "Connection: close",
+                 *(f"{name}: {value}" for name, value in response.headers.items())]
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        stopping = self.sim._stopping
+        try:
+            if response.drip_head:
+                for i in range(len(head)):
+                    if stopping.wait(response.pause):
+                        return
+                    self.wfile.write(head[i:i + 1])
+            else:
+                self.wfile.write(head)
+            for chunk in response.stream:
+                if stopping.wait(response.pause) if response.pause else stopping.is_set():
+                    return
+                self.wfile.write(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up: what a hostile server hopes for

@@ -9,6 +9,7 @@ blocked on a read are woken, so tests never wait for idle connections.
 from __future__ import annotations
 
 import socket
+import ssl
 import sys
 import threading
 from collections.abc import Iterable
@@ -70,8 +71,10 @@ class LoopbackServer:
     _base_path = ""  # base_url is http://host:port followed by this
     _thread_prefix = "loopback-server"
 
-    def __init__(self, host: str, port: int, handler: type[LoopbackHandler]) -> None:
+    def __init__(self, host: str, port: int, handler: type[LoopbackHandler], *,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.host = host
+        self.tls = tls  # serve HTTPS with this server-side context (tests of a partner's own CA)
         self.requests: list[dict[str, Any]] = []
         self.errors: list[str] = []  # unexpected server-side exceptions (should stay empty)
         self._requested_port = port
@@ -88,6 +91,9 @@ class LoopbackServer:
         self._stopping.clear()
         self._httpd = QuietServer((self.host, self._requested_port), self._handler)
         self._httpd.sim = self
+        if self.tls is not None:  # handshake in the handler thread, so a bad client blocks no one
+            self._httpd.socket = self.tls.wrap_socket(self._httpd.socket, server_side=True,
+                                                      do_handshake_on_connect=False)
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                         name=f"{self._thread_prefix}-{self.port}", daemon=True)
         self._thread.start()
@@ -124,7 +130,8 @@ class LoopbackServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}{self._base_path}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}{self._base_path}"
 
     def clear_requests(self) -> None:
         with self._lock:
@@ -148,7 +155,7 @@ class QuietServer(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         """Stay quiet: dropped connections are normal, anything else goes to sim.errors."""
         exc = sys.exc_info()[1]
-        if exc is not None and not isinstance(exc, (ConnectionError, TimeoutError)):
+        if exc is not None and not isinstance(exc, (ConnectionError, TimeoutError, ssl.SSLError)):
             self.sim._record_error(exc)
 
 

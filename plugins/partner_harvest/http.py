@@ -261,7 +261,7 @@ def _verify_setting(value: Any) -> bool | str:
         value = True
     if value is True:
         return True
-    if value is False or value is None or (isinstance(value, str) and value.strip().lower() in ("false", "0", "no", "")):
+    if not value or (isinstance(value, str) and value.strip().lower() in ("false", "0", "no", "off")):
         raise ValueError(
             "extra 'verify' switches TLS verification off, which is refused: a partner with "
             "its own CA gives the path of its CA bundle as 'verify'"

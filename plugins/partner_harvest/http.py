@@ -171,15 +171,17 @@ class _HTTPSConnection(HTTPSConnection):
     response_class = _DeadlineResponse
 
 
-class _HTTPPool(HTTPConnectionPool):
+class PartnerHTTPConnectionPool(HTTPConnectionPool):
+    """urllib3's pool, with connections whose responses read through the deadline."""
+
     ConnectionCls = _HTTPConnection
 
 
-class _HTTPSPool(HTTPSConnectionPool):
+class PartnerHTTPSConnectionPool(HTTPSConnectionPool):
     ConnectionCls = _HTTPSConnection
 
 
-_POOL_CLASSES = {"http": _HTTPPool, "https": _HTTPSPool}
+_POOL_CLASSES = {"http": PartnerHTTPConnectionPool, "https": PartnerHTTPSConnectionPool}
 
 
 # ---------------------------------------------------------------------- retries

@@ -193,6 +193,17 @@ def test_a_url_the_partner_hands_us_gets_no_credentials(partner_and_stranger) ->
     assert authorization(stranger.seen) == [None, None]
 
 
+def test_the_connections_proxy_is_used_and_wins_over_the_environment(partner_and_stranger, monkeypatch) -> None:
+    proxy, decoy = partner_and_stranger
+    monkeypatch.setenv("HTTP_PROXY", decoy.base_url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    session = build_session("museum", HttpPolicy(retries=0), home="http://museum.invalid/oai",
+                            transport=Transport(proxies={"http": proxy.base_url}))
+    assert session.get("http://museum.invalid/oai", params={"verb": "Identify"}).status_code == 200
+    assert [h["Host"] for h in proxy.seen] == ["museum.invalid"] and decoy.seen == []
+
+
 # ---------------------------------------------------------------------- TLS
 
 

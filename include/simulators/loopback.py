@@ -9,8 +9,10 @@ blocked on a read are woken, so tests never wait for idle connections.
 from __future__ import annotations
 
 import socket
+import ssl
 import sys
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,12 +24,21 @@ TEXT_TYPE = "text/plain; charset=utf-8"
 
 @dataclass
 class Response:
-    """One HTTP answer, built without HTTP so tests can call a simulator directly."""
+    """One HTTP answer, built without HTTP so tests can call a simulator directly.
+
+    With `stream`, the body is those chunks instead, written as they come and ended by
+    closing the connection (an endless body is an endless iterable); `pause` waits
+    before each chunk (a slow drip), and `drip_head` drips the status line and headers
+    too, one byte per pause. Simulators send it with `LoopbackHandler._send_stream`.
+    """
 
     status: int
     body: bytes
     content_type: str
     headers: dict[str, str] = field(default_factory=dict)
+    stream: Iterable[bytes] | None = None
+    pause: float = 0.0
+    drip_head: bool = False
 
 
 def status_phrase(status: int) -> str:
@@ -60,8 +71,10 @@ class LoopbackServer:
     _base_path = ""  # base_url is http://host:port followed by this
     _thread_prefix = "loopback-server"
 
-    def __init__(self, host: str, port: int, handler: type[LoopbackHandler]) -> None:
+    def __init__(self, host: str, port: int, handler: type[LoopbackHandler], *,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.host = host
+        self.tls = tls  # serve HTTPS with this server-side context (tests of a partner's own CA)
         self.requests: list[dict[str, Any]] = []
         self.errors: list[str] = []  # unexpected server-side exceptions (should stay empty)
         self._requested_port = port
@@ -78,6 +91,9 @@ class LoopbackServer:
         self._stopping.clear()
         self._httpd = QuietServer((self.host, self._requested_port), self._handler)
         self._httpd.sim = self
+        if self.tls is not None:  # handshake in the handler thread, so a bad client blocks no one
+            self._httpd.socket = self.tls.wrap_socket(self._httpd.socket, server_side=True,
+                                                      do_handshake_on_connect=False)
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                         name=f"{self._thread_prefix}-{self.port}", daemon=True)
         self._thread.start()
@@ -114,7 +130,8 @@ class LoopbackServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}{self._base_path}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}{self._base_path}"
 
     def clear_requests(self) -> None:
         with self._lock:
@@ -138,7 +155,7 @@ class QuietServer(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         """Stay quiet: dropped connections are normal, anything else goes to sim.errors."""
         exc = sys.exc_info()[1]
-        if exc is not None and not isinstance(exc, (ConnectionError, TimeoutError)):
+        if exc is not None and not isinstance(exc, (ConnectionError, TimeoutError, ssl.SSLError)):
             self.sim._record_error(exc)
 
 
@@ -197,3 +214,28 @@ class LoopbackHandler(BaseHTTPRequestHandler):
 
     def _send(self, response: Response) -> None:
         raise NotImplementedError
+
+    def _send_stream(self, response: Response) -> None:
+        """Write a streamed (possibly endless, possibly dripping) response until the
+        chunks run out, the client hangs up or the simulator stops."""
+        assert response.stream is not None
+        self.close_connection = True
+        lines = [f"HTTP/1.1 {response.status} {status_phrase(response.status)}",
+                 f"Content-Type: {response.content_type}", "Connection: close",
+                 *(f"{name}: {value}" for name, value in response.headers.items())]
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        stopping = self.sim._stopping
+        try:
+            if response.drip_head:
+                for i in range(len(head)):
+                    if stopping.wait(response.pause):
+                        return
+                    self.wfile.write(head[i:i + 1])
+            else:
+                self.wfile.write(head)
+            for chunk in response.stream:
+                if stopping.wait(response.pause) if response.pause else stopping.is_set():
+                    return
+                self.wfile.write(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up: what a hostile server hopes for

@@ -7,12 +7,13 @@ from typing import Any
 
 from partner_harvest.adapters import Adapter
 from partner_harvest.errors import ConfigurationError
-from partner_harvest.http import RETRY_STATUSES, HttpPolicy, build_session
+from partner_harvest.http import RETRY_STATUSES, HttpPolicy, Transport, build_session
 from partner_harvest.oai.client import OaiClient
 from partner_harvest.oai.harvester import OaiAdapter
 from partner_harvest.registry import Partner
 from partner_harvest.sierra.client import SierraClient
 from partner_harvest.sierra.harvester import SierraAdapter
+from partner_harvest.xmlsafe import XmlLimits
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class Endpoint:
     base_url: str
     login: str | None = None
     password: str | None = field(default=None, repr=False)
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # may name proxy credentials
 
 
 def http_policy(partner: Partner) -> HttpPolicy:
@@ -40,13 +41,26 @@ def http_policy(partner: Partner) -> HttpPolicy:
     unknown = set(overrides) - allowed
     if unknown:
         raise ConfigurationError(partner.id, "registry", f"unknown options.http keys: {sorted(unknown)}")
-    return HttpPolicy(**overrides)
+    try:
+        return HttpPolicy(**overrides)
+    except ValueError as exc:
+        raise ConfigurationError(partner.id, "registry", str(exc)) from None
+
+
+def transport(partner: Partner, endpoint: Endpoint) -> Transport:
+    """TLS and proxy settings from the Connection's extras (``verify``, ``cert``, ``proxies``)."""
+    try:
+        return Transport.from_extra(endpoint.extra)
+    except ValueError as exc:
+        raise ConfigurationError(partner.id, f"Connection '{partner.conn_id}'", str(exc)) from None
 
 
 def build_adapter(partner: Partner, endpoint: Endpoint) -> Adapter:
-    session = build_session(partner.id, http_policy(partner))
+    policy = http_policy(partner)
+    session = build_session(partner.id, policy, home=endpoint.base_url, transport=transport(partner, endpoint))
     if partner.protocol == "oai-pmh":
-        return OaiAdapter(partner, OaiClient(partner.id, endpoint.base_url, session))
+        client = OaiClient(partner.id, endpoint.base_url, session, xml_limits=XmlLimits(policy.max_xml_nodes))
+        return OaiAdapter(partner, client)
     if partner.protocol == "sierra":
         sierra = dict(partner.options.get("sierra", {}) or {})
         client = SierraClient(partner.id, endpoint.base_url, session, endpoint.login or "", endpoint.password or "", **sierra)

@@ -1,29 +1,54 @@
-"""One configured ``requests.Session`` per harvest: timeouts, retries, Retry-After.
+"""One configured ``requests.Session`` per partner: timeouts, retries, limits, credentials.
 
 Partners throttle with 503/429 and ``Retry-After`` (seconds or an HTTP-date); some send a
 day. We honour it up to a cap, back off exponentially otherwise, and log every retry
 with the partner's name so an operator can see why a run is slow.
+
+A partner's server is outside our control, so the session also bounds what it can do to
+a worker (see the README, "What a partner cannot do to you"):
+
+- every body is read streaming, and at most ``max_response_bytes`` *decoded* bytes are
+  kept (a small gzip can expand to gigabytes; a body can be endless);
+- every request ends within ``request_deadline`` seconds of talking to the server, even
+  when the server drips one byte at a time (which never trips a read timeout);
+- credentials (an ``Authorization`` header, Basic auth) never leave the partner's origin
+  (scheme, host and port): not on a redirect, not on a URL the partner hands us;
+- TLS is verified; a partner's own CA bundle, client certificate or proxy come from its
+  Connection's extras (:class:`Transport`), never from code.
 """
 
 from __future__ import annotations
 
+import http.client
+import io
 import logging
-from dataclasses import dataclass
+import os
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.util.retry import Retry
 
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 USER_AGENT = "partner-harvest/0.1 (+aggregator; OAI-PMH and Sierra harvester)"
+MiB = 1024 * 1024
+READ_CHUNK = 64 * 1024  # decoded bytes per read: urllib3 >= 2.6 inflates no more than asked
 
 
 @dataclass(frozen=True)
 class HttpPolicy:
-    """How patient to be with one partner; sane defaults for a nightly job."""
+    """How patient, and how trusting, to be with one partner (registry ``options.http``)."""
 
     connect_timeout: float = 10.0
     read_timeout: float = 120.0
@@ -33,6 +58,133 @@ class HttpPolicy:
     retry_after_cap: float = 300.0
     user_agent: str = USER_AGENT
     retry_statuses: frozenset[int] = RETRY_STATUSES
+    # The largest honest page we know (2,000 rich MARCXML/LIDO records) is well below this.
+    max_response_bytes: int = 64 * MiB
+    # Seconds one request may spend talking to the server (redirects included, the waits
+    # between urllib3's retries excluded: retries x retry_after_cap bound those).
+    request_deadline: float = 600.0
+    # libxml2 nodes of one XML page, counted before parsing (see xmlsafe.XmlLimits): about
+    # 250 MB of tree; honest pages hold one per ~20 bytes, so raise it with a cap past 40 MiB.
+    max_xml_nodes: int = 2_000_000
+
+    def __post_init__(self) -> None:
+        for name in ("max_response_bytes", "max_xml_nodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"options.http.{name} must be a positive integer, got {value!r}")
+        deadline = self.request_deadline
+        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or deadline <= 0:
+            raise ValueError(f"options.http.request_deadline must be a positive number of seconds, got {deadline!r}")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class ResponseTooLarge(requests.RequestException):
+    """The body grew past the partner's cap on decoded bytes; reading stopped there."""
+
+
+class RequestDeadlineExceeded(requests.Timeout):
+    """The request did not complete within the partner's total deadline."""
+
+
+class _DeadlinePassed(Exception):
+    """Raised inside urllib3 on purpose: not an OSError/TimeoutError, so never retried."""
+
+
+# ------------------------------------------------------------------------- deadline
+
+
+class _Deadline:
+    """A moving end: waiting politely between retries does not count against it."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+
+    def remaining(self) -> float:
+        return self.at - time.monotonic()
+
+    def extend(self, seconds: float) -> None:
+        self.at += seconds
+
+
+_DEADLINE: ContextVar[_Deadline | None] = ContextVar("partner_http_deadline", default=None)
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket reader under http.client: no single recv may outlive the deadline.
+
+    A read timeout bounds the gap between bytes; a server that sends one byte every few
+    seconds never trips it. Here every recv waits at most until the deadline.
+    """
+
+    def __init__(self, raw: io.RawIOBase, sock: socket.socket, deadline: _Deadline):
+        super().__init__()
+        self._raw = raw
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        remaining = self._deadline.remaining()
+        if remaining <= 0:
+            raise _DeadlinePassed()
+        timeout = self._sock.gettimeout()
+        self._sock.settimeout(remaining if timeout is None else min(timeout, remaining))
+        try:
+            return self._raw.readinto(buffer)
+        except TimeoutError:
+            if self._deadline.remaining() <= 0:
+                raise _DeadlinePassed() from None
+            raise
+        finally:
+            self._sock.settimeout(timeout)
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()
+        super().close()
+
+
+class _DeadlineResponse(http.client.HTTPResponse):
+    """http.client's response reading through a :class:`_DeadlineReader` when one is set."""
+
+    def __init__(self, sock: socket.socket, *args: Any, **kwargs: Any):
+        super().__init__(sock, *args, **kwargs)
+        deadline = _DEADLINE.get()
+        if deadline is not None and isinstance(self.fp, io.BufferedReader):
+            raw = self.fp.detach()  # detach: the old reader must not close the socket file
+            self.fp = io.BufferedReader(_DeadlineReader(raw, sock, deadline))  # type: ignore[arg-type]
+
+
+class _HTTPConnection(HTTPConnection):
+    response_class = _DeadlineResponse
+
+
+class _HTTPSConnection(HTTPSConnection):
+    response_class = _DeadlineResponse
+
+
+class PartnerHTTPConnectionPool(HTTPConnectionPool):
+    """urllib3's pool, with connections whose responses read through the deadline."""
+
+    ConnectionCls = _HTTPConnection
+
+
+class PartnerHTTPSConnectionPool(HTTPSConnectionPool):
+    ConnectionCls = _HTTPSConnection
+
+
+_POOL_CLASSES = {"http": PartnerHTTPConnectionPool, "https": PartnerHTTPSConnectionPool}
+
+
+# ---------------------------------------------------------------------- retries
 
 
 class CappedRetry(Retry):
@@ -51,6 +203,16 @@ class CappedRetry(Retry):
     def parse_retry_after(self, retry_after: str) -> float:
         return min(super().parse_retry_after(retry_after), self.retry_after_cap)
 
+    def sleep(self, response: Any = None) -> None:
+        """Wait as told; the wait does not count against the request's deadline."""
+        deadline = _DEADLINE.get()
+        started = time.monotonic()
+        try:
+            super().sleep(response)
+        finally:
+            if deadline is not None:
+                deadline.extend(time.monotonic() - started)
+
     def increment(self, method=None, url=None, response=None, error=None, _pool=None, _stacktrace=None):  # type: ignore[override]
         new = super().increment(method, url, response, error, _pool, _stacktrace)
         cause = f"HTTP {response.status}" if response is not None else f"{type(error).__name__}: {error}"
@@ -65,20 +227,220 @@ class CappedRetry(Retry):
         return new
 
 
-class PartnerSession(requests.Session):
-    """A Session whose requests always carry a timeout (requests has none by default)."""
+# ------------------------------------------------------------------------ transport
 
-    def __init__(self, timeout: tuple[float, float]):
+
+@dataclass(frozen=True)
+class Transport:
+    """TLS and proxy settings of one partner, from its Connection's extras.
+
+    The keys are those of Airflow's HTTP connection: ``verify`` (``true``, or the path
+    of the partner's CA bundle), ``cert`` (a PEM with certificate and key, or
+    ``[cert, key]``) and ``proxies`` (``{"https": "http://proxy:3128"}``). Switching
+    verification off is refused: give the partner's CA bundle instead.
+    """
+
+    verify: bool | str = True
+    cert: str | tuple[str, str] | None = None
+    proxies: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold proxy credentials
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any] | None) -> "Transport":
+        """Read and check the extras; ValueError names the extra key at fault."""
+        extra = extra or {}
+        verify = _verify_setting(extra.get("verify", True))
+        cert = _cert_setting(extra.get("cert"))
+        proxies = extra.get("proxies") or {}
+        if not isinstance(proxies, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in proxies.items()
+        ):
+            raise ValueError("extra 'proxies' must map a scheme to a proxy URL, e.g. {\"https\": \"http://proxy:3128\"}")
+        return cls(verify=verify, cert=cert, proxies=dict(proxies))
+
+
+def _verify_setting(value: Any) -> bool | str:
+    if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes"):
+        value = True
+    if value is True:
+        return True
+    if not value or (isinstance(value, str) and value.strip().lower() in ("false", "0", "no", "off")):
+        raise ValueError(
+            "extra 'verify' switches TLS verification off, which is refused: a partner with "
+            "its own CA gives the path of its CA bundle as 'verify'"
+        )
+    if not isinstance(value, str):
+        raise ValueError(f"extra 'verify' must be true or the path of a CA bundle, got {type(value).__name__}")
+    if not os.path.exists(value):
+        raise ValueError(f"extra 'verify': CA bundle {value!r} does not exist on this worker")
+    return value
+
+
+def _cert_setting(value: Any) -> str | tuple[str, str] | None:
+    if value in (None, ""):
+        return None
+    paths = [value] if isinstance(value, str) else value
+    if not isinstance(paths, (list, tuple)) or len(paths) not in (1, 2) or not all(isinstance(p, str) for p in paths):
+        raise ValueError("extra 'cert' must be the path of a PEM (certificate and key) or [certificate, key]")
+    for path in paths:
+        if not os.path.isfile(path):
+            raise ValueError(f"extra 'cert': {path!r} does not exist on this worker")
+    return paths[0] if len(paths) == 1 else (paths[0], paths[1])
+
+
+# -------------------------------------------------------------------------- origins
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) with the scheme's default port filled in."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    port = parts.port or {"http": 80, "https": 443}.get(scheme)
+    return scheme, (parts.hostname or "").lower(), port
+
+
+def _show(o: tuple[str, str, int | None]) -> str:
+    return f"{o[0]}://{o[1]}:{o[2]}"
+
+
+# ------------------------------------------------------------------ adapter, session
+
+
+class PartnerAdapter(HTTPAdapter):
+    """Reads every body (redirects included) streaming, up to a cap on decoded bytes."""
+
+    def __init__(self, label: str, max_response_bytes: int, **kwargs: Any):
+        self.label = label
+        self.max_response_bytes = max_response_bytes
+        super().__init__(**kwargs)
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = _POOL_CLASSES
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if not proxy.lower().startswith("socks"):  # SOCKS managers have pools of their own
+            manager.pool_classes_by_scheme = _POOL_CLASSES
+        return manager
+
+    def send(self, request: requests.PreparedRequest, stream: bool = False, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        response = super().send(request, stream=True, **kwargs)
+        try:
+            self._read_body(response)
+        except BaseException:
+            response.close()  # never drain a hostile body to reuse the connection
+            raise
+        return response
+
+    def _read_body(self, response: requests.Response) -> None:
+        cap = self.max_response_bytes
+        declared = response.headers.get("Content-Length", "")
+        if not response.headers.get("Content-Encoding") and declared.isdigit() and int(declared) > cap:
+            raise self._too_large(response, f"it announces {int(declared):,} bytes")
+        body = io.BytesIO()
+        size = 0
+        for chunk in response.iter_content(READ_CHUNK):
+            size += len(chunk)
+            if size > cap:
+                raise self._too_large(response, f"stopped reading after {size:,} bytes")
+            body.write(chunk)
+        response._content = body.getvalue()  # type: ignore[attr-defined]
+        response._content_consumed = True  # type: ignore[attr-defined]
+
+    def _too_large(self, response: requests.Response, detail: str) -> ResponseTooLarge:
+        cap = self.max_response_bytes
+        log.warning("%s: response to %s %s exceeds %d bytes", self.label, response.request.method,
+                    response.request.url, cap)
+        return ResponseTooLarge(
+            f"the response body exceeds the cap of {cap:,} bytes ({cap / MiB:g} MiB) after decoding "
+            f"(options.http.max_response_bytes); {detail}",
+            response=response, request=response.request,
+        )
+
+
+class PartnerSession(requests.Session):
+    """A Session bound to one partner: timeouts, a deadline, TLS, and no credential leaks.
+
+    ``home`` is the partner's base URL: an ``Authorization`` header (a Bearer token, Basic
+    auth) is only ever sent to its origin; anywhere else, including every redirect that
+    changes scheme, host or port, it is removed before the request leaves.
+    """
+
+    def __init__(
+        self,
+        timeout: tuple[float, float],
+        *,
+        label: str = "",
+        home: str | None = None,
+        deadline: float | None = None,
+        transport: Transport | None = None,
+    ):
         super().__init__()
         self.default_timeout = timeout
+        self.label = label
+        self.home = origin(home) if home else None
+        self.deadline = deadline
+        self.transport = transport or Transport()
+        self.verify = self.transport.verify
+        self.cert = self.transport.cert  # type: ignore[assignment]
+        self.proxies = dict(self.transport.proxies)  # type: ignore[assignment]
 
     def request(self, method: str, url: str, **kwargs: Any) -> requests.Response:  # type: ignore[override]
         kwargs.setdefault("timeout", self.default_timeout)
-        return super().request(method, url, **kwargs)
+        # Per request, so that REQUESTS_CA_BUNDLE or HTTPS_PROXY never override a partner's own.
+        if self.transport.verify is not True:
+            kwargs.setdefault("verify", self.transport.verify)
+        if self.transport.proxies:
+            kwargs.setdefault("proxies", dict(self.transport.proxies))
+        with self._deadline() as deadline:
+            try:
+                return super().request(method, url, **kwargs)
+            except _DeadlinePassed:
+                assert deadline is not None
+                raise RequestDeadlineExceeded(
+                    f"no complete response within the request deadline of {deadline.seconds:g} s "
+                    "(options.http.request_deadline); the server was still sending"
+                ) from None
+
+    @contextmanager
+    def _deadline(self) -> Iterator[_Deadline | None]:
+        deadline = _Deadline(self.deadline) if self.deadline else None
+        token = _DEADLINE.set(deadline)
+        try:
+            yield deadline
+        finally:
+            _DEADLINE.reset(token)
+
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        """Every hop passes here: credentials go to the partner's origin and nowhere else."""
+        if self.home is not None and "Authorization" in request.headers:
+            target = origin(request.url or "")
+            if target != self.home:
+                del request.headers["Authorization"]
+                log.warning("%s: credentials withheld from %s (not the partner's origin %s)",
+                            self.label or "partner", _show(target), _show(self.home))
+        return super().send(request, **kwargs)
+
+    def should_strip_auth(self, old_url: str, new_url: str) -> bool:
+        """Strict: any change of scheme, host or port drops credentials (even http->https)."""
+        return origin(old_url) != origin(new_url)
+
+    def rebuild_auth(self, prepared_request: requests.PreparedRequest, response: requests.Response) -> None:
+        """Strip credentials on a cross-origin redirect; never pick new ones up from .netrc."""
+        if "Authorization" in prepared_request.headers and self.should_strip_auth(
+            response.request.url or "", prepared_request.url or ""
+        ):
+            del prepared_request.headers["Authorization"]
 
 
-def build_session(label: str, policy: HttpPolicy | None = None) -> PartnerSession:
-    """A session for one partner's harvest: gzip accepted, retries with backoff."""
+def build_session(
+    label: str,
+    policy: HttpPolicy | None = None,
+    *,
+    home: str | None = None,
+    transport: Transport | None = None,
+) -> PartnerSession:
+    """A session for one partner's harvest: gzip accepted, retries with backoff, limits."""
     policy = policy or HttpPolicy()
     retry = CappedRetry(
         total=policy.retries,
@@ -95,8 +457,11 @@ def build_session(label: str, policy: HttpPolicy | None = None) -> PartnerSessio
         retry_after_cap=policy.retry_after_cap,
         label=label,
     )
-    session = PartnerSession((policy.connect_timeout, policy.read_timeout))
-    adapter = HTTPAdapter(max_retries=retry, pool_connections=1, pool_maxsize=2)
+    session = PartnerSession(
+        (policy.connect_timeout, policy.read_timeout), label=label, home=home,
+        deadline=policy.request_deadline, transport=transport,
+    )
+    adapter = PartnerAdapter(label, policy.max_response_bytes, max_retries=retry, pool_connections=1, pool_maxsize=2)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     session.headers.update({"User-Agent": policy.user_agent, "Accept-Encoding": "gzip, deflate"})

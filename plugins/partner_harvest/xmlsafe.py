@@ -4,12 +4,20 @@ Partner bodies are untrusted: they may be hostile (entity expansion, XXE), not X
 (HTML error pages, empty 200s), truncated, or carry characters XML 1.0 forbids (quirk 13).
 Each case gets its own exception with a one-line cause so the harvest can name it (I9).
 Nothing is parsed with ``recover=True``: a silently repaired page loses records.
+
+Size is bounded too (I5, I9): libxml2's own limits stay on (``huge_tree=False``: at most
+256 levels of nesting, 10 MB per text node or attribute value), and a page with more
+elements and attributes than :class:`XmlLimits` allows is refused before a tree is built
+(lxml has no such limit, and its tree costs about 125 bytes per node).
 """
 
 from __future__ import annotations
 
 import codecs
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from lxml import etree
@@ -20,8 +28,11 @@ __all__ = [
     "NotXmlError",
     "ParsedXml",
     "XmlInputError",
+    "XmlLimitError",
+    "XmlLimits",
     "parse_document",
     "parse_xml",
+    "xml_limits",
 ]
 
 
@@ -45,6 +56,36 @@ class MalformedXmlError(XmlInputError):
     """The body looks like XML but is not well-formed (truncated, undefined entity, ...)."""
 
 
+class XmlLimitError(XmlInputError):
+    """The document exceeds a size limit (nesting, node count, text or attribute length)."""
+
+
+@dataclass(frozen=True, slots=True)
+class XmlLimits:
+    """How much tree one page may cost: about 250 MB of lxml tree at the default.
+
+    ``max_nodes`` bounds the libxml2 nodes of a page, counted before parsing from its
+    bytes: one per ``<`` (an element, or at most an end tag or comment) and two per
+    ``=`` (an attribute keeps its value in a node of its own). A cheap upper bound that
+    never under-counts; honest pages hold about one such node per 20 bytes.
+    """
+
+    max_nodes: int = 2_000_000
+
+
+_LIMITS: ContextVar[XmlLimits] = ContextVar("xml_limits", default=XmlLimits())
+
+
+@contextmanager
+def xml_limits(limits: XmlLimits | None) -> Iterator[None]:
+    """Parse with `limits` inside the block (a partner's own, from the registry)."""
+    token = _LIMITS.set(limits or XmlLimits())
+    try:
+        yield
+    finally:
+        _LIMITS.reset(token)
+
+
 @dataclass(frozen=True, slots=True)
 class ParsedXml:
     """A parsed document plus whether invalid characters had to be stripped to get it."""
@@ -60,6 +101,7 @@ _HTML_START = re.compile(
 )
 _HTML_HINT = re.compile(rb"<html[\s>]")
 _EXPANSION_ATTACK = re.compile(r"amplification|entity reference loop", re.I)
+_PARSER_LIMIT = re.compile(r"XML_PARSE_HUGE|excessive depth|resource limit|too long|too large", re.I)
 _ENCODING_DECL = re.compile(rb"^\s*<\?xml[^>]*?encoding\s*=\s*[\"']([A-Za-z0-9._:-]+)[\"']")
 # Everything outside the XML 1.0 Char production.
 _INVALID_CHARS = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -85,15 +127,17 @@ def parse_xml(content: bytes) -> etree._Element:
     return parse_document(content).root
 
 
-def parse_document(content: bytes) -> ParsedXml:
+def parse_document(content: bytes, limits: XmlLimits | None = None) -> ParsedXml:
     """Like parse_xml, but also reports whether invalid characters were stripped.
 
     The strict parse comes first; only when it fails and the body holds characters
     XML 1.0 forbids are they removed and the body parsed once more, so the caller can
-    log and count the cleaned page instead of losing it.
+    log and count the cleaned page instead of losing it. `limits` defaults to those set
+    by :func:`xml_limits` (else :class:`XmlLimits`).
     """
     _refuse_non_xml(content)
     _refuse_entity_declarations(content)
+    _refuse_too_many_nodes(content, limits or _LIMITS.get())
     try:
         root = etree.fromstring(content, _new_parser())
     except etree.XMLSyntaxError as exc:
@@ -103,6 +147,8 @@ def parse_document(content: bytes) -> ParsedXml:
         try:
             root = etree.fromstring(cleaned, _new_parser())
         except etree.XMLSyntaxError as exc2:
+            if _PARSER_LIMIT.search(_lxml_message(exc2)):
+                raise _limit_error(exc2) from None
             raise MalformedXmlError(
                 f"not well-formed XML even after removing {removed} invalid XML 1.0 "
                 f"character(s): {_lxml_message(exc2)}"
@@ -136,6 +182,24 @@ def _refuse_entity_declarations(content: bytes) -> None:
         )
 
 
+def _refuse_too_many_nodes(content: bytes, limits: XmlLimits) -> None:
+    # bytes.count runs at memory speed; building the tree first would cost ~125 bytes a node.
+    nodes = content.count(b"<") + 2 * content.count(b"=")
+    if nodes > limits.max_nodes:
+        raise XmlLimitError(
+            f"document would build up to {nodes:,} XML nodes (elements and attributes, counted "
+            f"from its '<' and '=' characters), more than the limit of {limits.max_nodes:,} "
+            "(options.http.max_xml_nodes); refused before parsing"
+        )
+
+
+def _limit_error(exc: etree.XMLSyntaxError) -> XmlLimitError:
+    return XmlLimitError(
+        f"document exceeds a parser safety limit (at most 256 levels of nesting, 10 MB per "
+        f"text node or attribute value; huge_tree stays off): {_lxml_message(exc)}"
+    )
+
+
 def _checked_root(root: etree._Element) -> etree._Element:
     dtd = root.getroottree().docinfo.internalDTD
     if dtd is not None and any(True for _ in dtd.iterentities()):
@@ -152,6 +216,8 @@ def _checked_root(root: etree._Element) -> etree._Element:
 
 def _syntax_error(content: bytes, exc: etree.XMLSyntaxError) -> XmlInputError:
     message = _lxml_message(exc)
+    if _PARSER_LIMIT.search(message) and not _EXPANSION_ATTACK.search(message):
+        return _limit_error(exc)
     if _EXPANSION_ATTACK.search(message):
         # libxml2's own guard fired: an expansion attack the byte scan could not read.
         return HostileXmlError(f"entity expansion attack stopped by the parser: {message}")

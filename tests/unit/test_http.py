@@ -5,7 +5,9 @@ from __future__ import annotations
 from email.utils import format_datetime
 from datetime import datetime, timedelta, timezone
 
-from partner_harvest.http import HttpPolicy, build_session
+import pytest
+
+from partner_harvest.http import HttpPolicy, Transport, build_session, origin
 
 
 def retry_of(policy: HttpPolicy):
@@ -34,3 +36,52 @@ def test_session_defaults() -> None:
     retry = session.get_adapter("https://x").max_retries
     assert retry.total == 4 and 503 in retry.status_forcelist and 429 in retry.status_forcelist
     assert retry.respect_retry_after_header and retry.new().retry_after_cap == retry.retry_after_cap
+    assert session.verify is True and session.cert is None and session.proxies == {}
+
+
+def test_limit_defaults() -> None:
+    policy = HttpPolicy()
+    assert policy.max_response_bytes == 64 * 1024 * 1024
+    assert policy.request_deadline == 600 and policy.max_xml_nodes == 2_000_000
+
+
+@pytest.mark.parametrize("field,value", [("max_response_bytes", 0), ("max_response_bytes", True),
+                                         ("request_deadline", 0), ("max_xml_nodes", 1.5)])
+def test_bad_limits_are_refused(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"options.http.{field}"):
+        HttpPolicy(**{field: value})
+
+
+@pytest.mark.parametrize("old,new,strip", [
+    ("https://p.example/oai", "https://p.example/other?x=1", False),
+    ("https://p.example/oai", "https://p.example:443/oai", False),
+    ("https://p.example/oai", "http://p.example/oai", True),  # downgrade
+    ("http://p.example/oai", "https://p.example/oai", True),  # requests keeps auth here; we do not
+    ("https://p.example/oai", "https://p.example:8443/oai", True),
+    ("https://p.example/oai", "https://cdn.p.example/oai", True),
+    ("https://P.EXAMPLE/oai", "https://p.example/oai", False),
+])
+def test_credentials_only_follow_a_redirect_within_the_origin(old: str, new: str, strip: bool) -> None:
+    assert build_session("p").should_strip_auth(old, new) is strip
+
+
+def test_origin_fills_in_default_ports() -> None:
+    assert origin("https://Partner.Example/iii/sierra-api/v6") == ("https", "partner.example", 443)
+    assert origin("http://127.0.0.1:8080/oai") == ("http", "127.0.0.1", 8080)
+
+
+def test_transport_from_connection_extras(tmp_path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-")
+    assert Transport.from_extra(None) == Transport()
+    assert Transport.from_extra({"verify": "true", "unrelated": 1}).verify is True
+    transport = Transport.from_extra({"verify": str(ca), "cert": [str(ca), str(ca)],
+                                      "proxies": {"https": "http://u:secret@proxy:3128"}})
+    assert transport.verify == str(ca) and transport.cert == (str(ca), str(ca))
+    assert "secret" not in repr(transport)
+
+
+@pytest.mark.parametrize("verify", [False, "false", "False", 0, None, ""])
+def test_switching_tls_verification_off_is_refused(verify: object) -> None:
+    with pytest.raises(ValueError, match="refused"):
+        Transport.from_extra({"verify": verify})

@@ -12,8 +12,11 @@ from partner_harvest.xmlsafe import (
     MalformedXmlError,
     NotXmlError,
     XmlInputError,
+    XmlLimitError,
+    XmlLimits,
     parse_document,
     parse_xml,
+    xml_limits,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "oai"
@@ -192,3 +195,59 @@ def test_other_errors_are_not_retried() -> None:
     with pytest.raises(MalformedXmlError) as info:
         parse_document(b"<a><b></a>")
     assert "after removing" not in info.value.cause
+
+
+# -- size limits (issue 11): refused with a clear cause, before memory is spent --------------
+
+
+def test_nesting_deeper_than_libxml2_allows_is_a_limit_error() -> None:
+    depth = 10_000
+    with pytest.raises(XmlLimitError, match="Excessive depth.*256"):
+        parse_xml(b"<r>" + b"<d>" * depth + b"</d>" * depth + b"</r>")
+
+
+def test_nesting_within_the_limit_parses() -> None:
+    depth = 200
+    root = parse_xml(b"<r>" + b"<d>" * depth + b"</d>" * depth + b"</r>")
+    assert len(root) == 1
+
+
+@pytest.mark.parametrize("body", [
+    b'<r a="' + b"x" * 11_000_000 + b'"/>',  # one huge attribute value
+    b"<r>" + b"x" * 11_000_000 + b"</r>",  # one huge text node
+], ids=["attribute-value", "text-node"])
+def test_values_past_libxml2s_10_mb_are_a_limit_error(body: bytes) -> None:
+    with pytest.raises(XmlLimitError, match="safety limit"):
+        parse_xml(body)
+
+
+def test_millions_of_elements_are_refused_before_parsing() -> None:
+    body = b"<r>" + b"<w/>" * 2_100_000 + b"</r>"
+    with pytest.raises(XmlLimitError) as info:
+        parse_xml(body)
+    assert "2,100,002 XML nodes" in info.value.cause and "limit of 2,000,000" in info.value.cause
+
+
+def test_attributes_count_twice() -> None:
+    tag = b"<w " + b" ".join(b'a%d=""' % i for i in range(1000)) + b"/>"
+    with pytest.raises(XmlLimitError, match="limit of 2,000,000"):
+        parse_xml(b"<r>" + tag * 1001 + b"</r>")  # 1,001,000 attributes
+
+
+def test_limits_can_be_given_or_set_for_a_block() -> None:
+    body = b"<r>" + b"<w/>" * 50 + b"</r>"
+    assert len(parse_xml(body)) == 50
+    with pytest.raises(XmlLimitError, match="limit of 10 "):
+        parse_document(body, XmlLimits(max_nodes=10))
+    with xml_limits(XmlLimits(max_nodes=10)):
+        with pytest.raises(XmlLimitError):
+            parse_xml(body)
+    assert len(parse_xml(body)) == 50  # the block's limit ends with it
+
+
+def test_huge_tree_stays_off() -> None:
+    from partner_harvest.xmlsafe import _new_parser
+
+    parser = _new_parser()
+    with pytest.raises(etree.XMLSyntaxError):
+        etree.fromstring(b"<r>" + b"<d>" * 300 + b"</d>" * 300 + b"</r>", parser)

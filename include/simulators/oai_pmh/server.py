@@ -10,6 +10,7 @@ query on every page, and staff edits between the pages of a list.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import re
 import zlib
@@ -30,6 +31,10 @@ OAI_NS = "http://www.openarchives.org/OAI/2.0/"
 XML_CONTENT_TYPE = "text/xml; charset=utf-8"
 HTML_CONTENT_TYPE = "text/html; charset=utf-8"
 HOSTILE_KINDS = ("billion_laughs", "xxe")
+# attack_next: bodies that try to exhaust the harvesting worker rather than fool its parser.
+ATTACK_KINDS = ("gzip_bomb", "endless_body", "slow_drip", "deep_xml", "wide_xml", "many_attributes")
+_ATTACK_SIZES = {"gzip_bomb": 1 << 30, "deep_xml": 100_000, "wide_xml": 5_000_000,
+                 "many_attributes": 5_000_000}
 _XML_HEAD = (
     '<?xml version="1.0" encoding="UTF-8"?>\n'
     f'<OAI-PMH xmlns="{OAI_NS}" xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
@@ -118,6 +123,13 @@ def _accepts_gzip(header: str | None) -> bool:
     return False
 
 
+def _gzip_bomb(head: bytes, size: int) -> bytes:
+    """A gzip body inflating to `size` bytes: members of 1 MiB of whitespace, ~1 KiB each."""
+    block = gzip.compress(b" " * (1 << 20), compresslevel=9, mtime=0)
+    return b"".join([gzip.compress(head, mtime=0), block * max(1, size >> 20),
+                     gzip.compress(b"</OAI-PMH>\n", mtime=0)])
+
+
 def _json(status: int, payload: dict[str, Any]) -> Response:
     return Response(status, json.dumps(payload).encode(), "application/json")
 
@@ -152,6 +164,7 @@ class OaiSimulator(ControlledServer):
         self._mutate_pending: tuple[int, dict[str, Any]] | None = None
         self._end_after_pending: int | None = None
         self.mutations: list[dict[str, list[str]]] = []  # what mutate_after_pages did, in order
+        self._attack: dict[str, Any] | None = None
 
     # --------------------------------------------------------- misbehaviour
     def expire_tokens(self) -> None:
@@ -262,13 +275,62 @@ class OaiSimulator(ControlledServer):
             return "hostile", kind
         return "", None
 
+    def attack_next(self, kind: str, *, size: int | None = None, interval: float = 1.0,
+                    verb: str | None = None, headers: bool = False) -> None:
+        """The next OAI request (the next one with `verb`, if given) gets a hostile body.
+
+        gzip_bomb: a gzip body of about size/1000 bytes that inflates to `size` bytes of
+        XML whitespace (default 1 GiB); endless_body: XML that never ends; slow_drip: the
+        real answer, one byte every `interval` seconds (with `headers`, the status line
+        and headers drip too); deep_xml: elements nested `size` deep; wide_xml: `size`
+        empty elements; many_attributes: `size` attributes, 1,000 per element.
+        """
+        if kind not in ATTACK_KINDS:
+            raise ValueError(f"kind must be one of {ATTACK_KINDS}")
+        with self._lock:
+            self._attack = {"kind": kind, "size": size or _ATTACK_SIZES.get(kind, 0),
+                            "interval": float(interval), "verb": verb, "headers": headers}
+
+    def _take_attack(self, pairs: list[tuple[str, str]]) -> dict[str, Any] | None:
+        attack = self._attack
+        if attack is None or (attack["verb"] and ("verb", attack["verb"]) not in pairs):
+            return None
+        self._attack = None
+        return attack
+
+    def _attack_response(self, attack: dict[str, Any], pairs: list[tuple[str, str]]) -> Response:
+        kind, size = attack["kind"], attack["size"]
+        head = (f"{_XML_HEAD}<responseDate>{iso_seconds(self.repo.clock)}</responseDate>\n"
+                f"<request>{self.base_url}</request>\n").encode()
+        if kind == "gzip_bomb":
+            return Response(200, _gzip_bomb(head, size), XML_CONTENT_TYPE, {"Content-Encoding": "gzip"})
+        if kind == "endless_body":
+            filler = b"<!-- " + b"-" * 65_000 + b" -->\n"
+            return Response(200, b"", XML_CONTENT_TYPE, stream=itertools.chain([head], itertools.repeat(filler)))
+        if kind == "slow_drip":
+            body = b"".join(part.encode() for part in self._protocol(pairs))
+            return Response(200, b"", XML_CONTENT_TYPE, stream=(body[i:i + 1] for i in range(len(body))),
+                            pause=attack["interval"], drip_head=attack["headers"])
+        if kind == "deep_xml":
+            payload = b"<deep>" * size + b"</deep>" * size
+        elif kind == "wide_xml":
+            payload = b"<wide>" + b"<w/>" * size + b"</wide>"
+        else:
+            per = 1000
+            tag = b"<w " + b" ".join(b'a%d=""' % i for i in range(per)) + b"/>"
+            payload = b"<wide>" + tag * max(1, size // per) + b"</wide>"
+        return Response(200, head + payload + b"\n</OAI-PMH>\n", XML_CONTENT_TYPE)
+
     # -------------------------------------------------------------- OAI-PMH
     def handle_oai(self, pairs: list[tuple[str, str]]) -> Response:
         """Answer one OAI-PMH request given its decoded arguments (no HTTP needed)."""
         with self._lock:
             self.requests.append(query_log_form(pairs))
             self.requests_served += 1
-            mode, detail = self._take_misbehaviour()
+            attack = self._take_attack(pairs)
+            mode, detail = self._take_misbehaviour() if attack is None else ("", None)
+        if attack is not None:
+            return self._attack_response(attack, pairs)
         if mode == "fail":
             status, retry_after = detail
             phrase = status_phrase(status)
@@ -577,6 +639,11 @@ class OaiSimulator(ControlledServer):
                                 delete_ids=data.get("delete_ids"), verb=data.get("verb"))
         return {"ok": True}
 
+    def _control_attack_next(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.attack_next(str(data["kind"]), size=data.get("size"), interval=float(data.get("interval", 1.0)),
+                         verb=data.get("verb"), headers=bool(data.get("headers", False)))
+        return {"ok": True}
+
 
 class _Handler(LoopbackHandler):
     server_version = "OaiSimulator/1.0"
@@ -594,10 +661,13 @@ class _Handler(LoopbackHandler):
         return Response(404, b"not found\n", TEXT_TYPE)
 
     def _send(self, response: Response) -> None:
+        if response.stream is not None:
+            self._send_stream(response)
+            return
         body = response.body
         self.send_response(response.status)
         self.send_header("Content-Type", response.content_type)
-        if _accepts_gzip(self.headers.get("Accept-Encoding")):
+        if "Content-Encoding" not in response.headers and _accepts_gzip(self.headers.get("Accept-Encoding")):
             body = gzip.compress(body, compresslevel=1, mtime=0)
             self.send_header("Content-Encoding", "gzip")
         self.send_header("Vary", "Accept-Encoding")

@@ -15,7 +15,11 @@ AGGREGATION_CONN_ID = "aggregation_db"
 
 
 def partner_endpoint(conn_id: str) -> Endpoint:
-    """The Connection's host is the endpoint's base URL (a bare host gets schema/port)."""
+    """The Connection's host is the endpoint's base URL (a bare host gets schema/port).
+
+    Its extras travel along whole: ``verify`` (a CA bundle), ``cert`` and ``proxies``
+    configure the partner's session (``factory.transport``); ``verify: false`` is refused.
+    """
     conn = BaseHook.get_connection(conn_id)
     host = (conn.host or "").strip()
     if "://" in host:

@@ -22,7 +22,7 @@ from partner_harvest.errors import (
 )
 from partner_harvest.oai import parse
 from partner_harvest.oai.errors import BadResumptionToken, OaiProtocolError, OaiResponseError
-from partner_harvest.xmlsafe import XmlInputError
+from partner_harvest.xmlsafe import XmlInputError, XmlLimits, xml_limits
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +37,13 @@ class OaiClient:
         session: requests.Session,
         *,
         max_empty_pages: int = 3,
+        xml_limits: XmlLimits | None = None,
     ):
         self.partner_id = partner_id
         self.base_url = base_url
         self.session = session
         self.max_empty_pages = max_empty_pages
+        self.xml_limits = xml_limits or XmlLimits()
 
     # -- single requests ---------------------------------------------------------------
 
@@ -67,7 +69,8 @@ class OaiClient:
         content = self.fetch(params)
         request = self.describe(params)
         try:
-            return parser(content)
+            with xml_limits(self.xml_limits):
+                return parser(content)
         except BadResumptionToken:
             raise
         except OaiProtocolError as exc:

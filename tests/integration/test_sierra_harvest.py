@@ -304,7 +304,7 @@ def test_legacy_deleted_stubs_are_tombstones_never_rejects(conn) -> None:
         assert changes.rejected == 0 and deletions.tombstones >= 4
         assert result.purged == 4 and not set(deleted) & harness.held()
         stub = harness.adapter()._entry_to_item({"id": "1000007", "deleted": True, "deletedDate": "2026-01-02"})
-        assert stub == Tombstone("1000007", datetime(2026, 1, 2, 23, 59, 59, tzinfo=timezone.utc))
+        assert stub == Tombstone("1000007", datetime(2026, 1, 2, 23, 59, 59, 999_999, tzinfo=timezone.utc))
 
 
 def test_transient_faults_are_retried(harness: Harness, catalogue, sim) -> None:

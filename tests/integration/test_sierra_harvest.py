@@ -482,16 +482,19 @@ def test_marc8_records_are_converted_not_replaced(conn) -> None:
             assert metadata == from_json.metadata
 
 
-def test_invalid_utf8_is_quarantined_with_the_raw_bytes_escaped(conn) -> None:
-    catalogue = SimulatedCatalogue(bibs=200, deleted_fraction=0.0, seed=26, bad_utf8_every=13)
+def test_invalid_utf8_or_marc8_is_quarantined_with_the_raw_bytes_escaped(conn) -> None:
+    catalogue = SimulatedCatalogue(bibs=200, deleted_fraction=0.0, seed=26, bad_utf8_every=13, marc8_every=2)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
         harness = Harness(sim, conn, partner())
         harness.run()
         bad = {b for b in catalogue.live_ids() if catalogue.has_bad_utf8(int(b))}
-        assert bad and harness.held() == catalogue.live_ids() - bad
+        bad_marc8 = {b for b in bad if catalogue.is_marc8(int(b))}
+        assert bad_marc8 and bad - bad_marc8 and harness.held() == catalogue.live_ids() - bad
         rows = conn.execute("SELECT identifier, reason, raw_payload FROM quarantine").fetchall()
         assert {r[0] for r in rows} == bad
-        assert all("invalid UTF-8" in reason and "\\xff" in raw and "\ufffd" not in raw for _, reason, raw in rows)
+        for identifier, reason, raw in rows:
+            charset = "MARC-8" if identifier in bad_marc8 else "UTF-8"
+            assert f"invalid {charset}" in reason and "\\xff" in raw and "\ufffd" not in raw
         assert conn.execute("SELECT count(*) FROM records WHERE metadata LIKE %s", ("%\ufffd%",)).fetchone()[0] == 0
 
 

@@ -124,7 +124,7 @@ class Bib(NamedTuple):
     marc8: bool = False  # the export writes it in MARC-8 (leader/09 blank)
     no_005: bool = False  # its MARC lacks the 005 transaction stamp
     no_ids: bool = False  # its MARC lacks both 001 and (in the export) 907
-    bad_utf8: bool = False  # the export writes an invalid UTF-8 byte into its 245
+    bad_utf8: bool = False  # the export writes a 0xFF byte into its 245 (bad UTF-8, or unmapped MARC-8)
 
     @property
     def number(self) -> int:

@@ -169,11 +169,12 @@ def export_record(bib: Bib) -> tuple[bytes, bool]:
     """One bib as the bibs/marc export writes it, and whether it was truncated.
 
     A ``bad_utf8`` bib gets its first title byte replaced by 0xFF (same length, so the
-    directory stays valid): the bytes a broken conversion upstream would leave.
+    directory stays valid): the bytes a broken conversion upstream would leave. In a
+    MARC-8 record 0xFF is no character either.
     """
     data, dropped = encode(leader_for(bib, export=True), marc_fields(bib, export=True), MAX_RECORD_BYTES)
     if bib.bad_utf8 and not bib.invalid:
-        title = f"\x1fa{bib.title}".encode()
+        title = b"\x1fa" + (marc8.encode(bib.title) if bib.marc8 else bib.title.encode())
         at = data.find(title)
         if at >= 0:
             data = data[:at + 2] + b"\xff" + data[at + 3:]

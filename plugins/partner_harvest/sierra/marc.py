@@ -11,6 +11,8 @@ with its raw bytes escaped.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 from collections.abc import Iterator
@@ -114,14 +116,22 @@ def decode_record(raw: bytes) -> tuple[pymarc.Record | None, str | None]:
     coding = chr(raw[9]) if len(raw) > 9 else ""
     if coding not in ("a", " "):
         return None, f"MARC: unknown character coding scheme {coding!r} in leader/09"
+    complaints = io.StringIO()
     try:
-        record = pymarc.Record(raw, to_unicode=True, force_utf8=False, utf8_handling="strict",
-                               hide_utf8_warnings=True)
+        # pymarc's MARC-8 decoder turns a byte it cannot map into a space and only says so
+        # on stderr: listen there (harvest tasks are single-threaded), so a damaged record is
+        # quarantined instead of stored with a silent blank.
+        with contextlib.redirect_stderr(complaints):
+            record = pymarc.Record(raw, to_unicode=True, force_utf8=False, utf8_handling="strict",
+                                   hide_utf8_warnings=coding == "a")
     except UnicodeDecodeError as exc:
         charset = "UTF-8 (leader/09 'a')" if coding == "a" else "MARC-8 (leader/09 blank)"
         return None, f"MARC: invalid {charset} at byte {exc.start} of a field: {exc.reason}"
     except Exception as exc:
         return None, f"MARC: unreadable record ({type(exc).__name__}: {exc})"
+    if complaints.getvalue().strip():
+        first = complaints.getvalue().strip().splitlines()[0]
+        return None, f"MARC: invalid MARC-8 (leader/09 blank): {first}"
     if any("\ufffd" in value for value in _texts(record)):
         return None, "MARC: undecodable characters (U+FFFD) after character set conversion"
     if coding == " ":

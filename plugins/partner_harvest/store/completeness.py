@@ -29,7 +29,7 @@ class Gap:
 
 
 def _keys(run: RunRef) -> tuple[str, str]:
-    base = f"{run.run_id}\x1f{run.channel}\x1fcompleteness"
+    base = f"{run.run_id}/{run.channel}/completeness"
     return f"{base}:listed", f"{base}:missing"
 
 

@@ -273,14 +273,19 @@ class SierraAdapter:
         gap = completeness.measure_gap(conn, run)
         log.info("%s: id enumeration: %d live ids listed in %d pages; the export staged %d of them, %d missing, "
                  "%d staged records not listed", self.partner_id, gap.expected, pages, gap.found, gap.missing, gap.extra)
-        fetched = 0
+        fetched = deleted_since = 0
         for batch in completeness.missing_batches(conn, run, MISSING_BATCH):
             items = self.fetch_records(window, batch)
-            if items:
-                self._write(items, staging, stats, "completeness fetch")
             fetched += len(items)
+            got = {item.identifier for item in items}
+            gone = self._deleted_since([i for i in batch if i not in got])
+            deleted_since += len(gone)
+            if items or gone:
+                self._write(items + gone, staging, stats, "completeness fetch")
         left, sample = completeness.still_missing(conn, run)
         detail = f"fetched {fetched} missing of {gap.missing}"
+        if deleted_since:
+            detail += f"; {deleted_since} deleted since they were listed (staged as deletions)"
         if gap.missing:
             detail += f" (export staged {gap.found} of {gap.expected} listed)"
         if left:
@@ -322,6 +327,17 @@ class SierraAdapter:
             params = {"id": ",".join(chunk), "fields": ",".join(self.fields), "deleted": "false", "limit": len(chunk)}
             body = self.client.get_json("/bibs", params, empty_ok=True) or {}
             items.extend(self._entry_to_item(entry) for entry in body.get("entries") or [])
+        return items
+
+    def _deleted_since(self, identifiers: list[str]) -> list[HarvestItem]:
+        """Listed live, gone by the fetch: deleted meanwhile? Their tombstones, from one id-list query per chunk."""
+        items: list[HarvestItem] = []
+        for start in range(0, len(identifiers), self.fetch_chunk):
+            chunk = identifiers[start:start + self.fetch_chunk]
+            params = {"id": ",".join(chunk), "fields": "id,deleted,deletedDate", "limit": len(chunk)}
+            body = self.client.get_json("/bibs", params, empty_ok=True) or {}
+            items.extend(self._tombstone(entry, str(entry.get("id", "")))
+                         for entry in body.get("entries") or [] if entry.get("deleted") is True)
         return items
 
     # -- shared ----------------------------------------------------------------------

@@ -96,7 +96,11 @@ def missing_batches(conn: psycopg.Connection, run: RunRef, size: int) -> Iterato
 
 
 def still_missing(conn: psycopg.Connection, run: RunRef, sample: int = 20) -> tuple[int, list[str]]:
-    """How many listed ids the run still has not staged after the fix-up, and the first few."""
+    """How many listed ids the run still has not staged after the fix-up, and the first few.
+
+    A listed id staged as a deletion (deleted between the listing and the fetch) is
+    accounted for.
+    """
     listed_key = _keys(run)[0]
     rows = conn.execute(
         """
@@ -105,7 +109,7 @@ def still_missing(conn: psycopg.Connection, run: RunRef, sample: int = 20) -> tu
         ) l
         WHERE NOT EXISTS (SELECT 1 FROM staging s
                           WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.channel = %(channel)s
-                            AND s.kind IN ('R', 'Q') AND s.identifier = l.identifier)
+                            AND s.kind IN ('R', 'Q', 'T') AND s.identifier = l.identifier)
         ORDER BY l.identifier LIMIT %(sample)s
         """,
         {"pid": run.partner_id, "run": run.run_id, "channel": run.channel, "listed": listed_key, "sample": sample},

@@ -1,20 +1,26 @@
 """Benchmark: a Sierra full load through the two-phase MARC export, then an incremental run.
 
-For each size (default 10,000 then 100,000 bibs; 2% deleted) it starts the Sierra
-simulator in its own process, runs a full load in a fresh harvesting process (export in
-2,000-record files, pymarc, MARCXML, staging, apply), checks ``records`` against the
-simulator's live set, then lets the catalogue edit 1%, delete 0.5% and add 0.5% and runs
-an incremental harvest (change poll + deletion poll on its day cursor).
+For each size (default 10,000 then 100,000 bibs; 5% deleted and 3% suppressed, spread
+over every export block) and each ``options.export.limit`` (default 2000 and 5000, which
+the client pages at Sierra's 2000) it starts the Sierra simulator in its own process, runs
+a full load in a fresh harvesting process (export, pymarc, MARCXML, staging, then the
+JSON API id enumeration that proves completeness and fetches what the export missed,
+apply), checks ``records`` against the simulator's live set, then lets the catalogue edit
+1%, delete 0.5% and add 0.5% and runs an incremental harvest (change poll + deletion
+poll on its day cursor).
 
-Printed per size: records/s of the full load, peak RSS of the harvesting process, what
-the incremental run fetched on each channel; and the RSS ratio between the sizes.
+Printed per run: records/s of the full load, the completeness check (listed, staged by
+the export, fetched), peak RSS of the harvesting process, what the incremental run
+fetched on each channel; and the RSS ratio between the sizes.
 
-    .venv/bin/python benchmarks/sierra_full_load.py [--sizes 10000,100000]
+    .venv/bin/python benchmarks/sierra_full_load.py [--sizes 10000,100000] [--limits 2000,5000]
+        [--export-omits-suppressed]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import time
@@ -32,7 +38,8 @@ def child(args: argparse.Namespace) -> None:
     from partner_harvest.store import RunRef, connect
     from partner_harvest.window import parse_instant
 
-    partner = Partner(id="bench_sierra", protocol="sierra", conn_id="-", page_size=2000)
+    partner = Partner(id="bench_sierra", protocol="sierra", conn_id="-", page_size=2000,
+                      options={"export": {"limit": args.limit}})
     adapter = build_adapter(partner, Endpoint(args.url, KEY, SECRET))
     cursor = parse_instant(args.cursor) if args.cursor else None
     deletions = parse_instant(args.deletions_cursor) if args.deletions_cursor else None
@@ -43,6 +50,10 @@ def child(args: argparse.Namespace) -> None:
         changes = pipeline.harvest_window(adapter, conn, RunRef(partner.id, args.run_id, "changes"), window)
         polled = pipeline.poll_deletions(adapter, conn, RunRef(partner.id, args.run_id, "deletions"), window)
         harvested = time.perf_counter()
+        check = conn.execute(
+            "SELECT check_kind, check_expected, check_found, check_ok, check_detail FROM harvest_runs"
+            " WHERE partner_id = %s AND run_id = %s AND channel = 'changes'", (partner.id, args.run_id)).fetchone()
+        conn.commit()
         result = pipeline.apply_changes(conn, partner.id, args.run_id)
     applied = time.perf_counter()
     print(json.dumps({
@@ -53,12 +64,17 @@ def child(args: argparse.Namespace) -> None:
         "quarantined": result.quarantined,
         "harvest_seconds": harvested - started, "total_seconds": applied - started,
         "peak_rss_mib": support.peak_rss_mib(),
+        "check": dict(zip(("kind", "expected", "found", "ok", "detail"), check)),
     }))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--limits", default="2000,5000", help="options.export.limit values to run")
+    parser.add_argument("--limit", type=int, default=2000, help=argparse.SUPPRESS)
+    parser.add_argument("--export-omits-suppressed", action="store_true",
+                        help="the simulated export leaves suppressed bibs out (the id enumeration must fetch them)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url")
     parser.add_argument("--db")
@@ -70,40 +86,52 @@ def main() -> int:
         child(args)
         return 0
 
-    print("Sierra benchmark: export files of 2,000 bibs, change/deletion polls of 2,000; 2% deleted; "
+    omit = ["--export-omits-suppressed"] if args.export_omits_suppressed else []
+    print("Sierra benchmark: 5% deleted and 3% suppressed bibs spread over every export block"
+          f"{' (the export omits suppressed bibs)' if omit else ''}; change/deletion polls of 2,000; "
           "simulator and harvester in separate processes; PostgreSQL "
           f"{'given' if os.environ.get('HARVEST_DATABASE_URL') else 'embedded'}")
     rows, ok = [], True
-    for size in [int(s) for s in args.sizes.split(",")]:
+    sizes, limits = [int(s) for s in args.sizes.split(",")], [int(v) for v in args.limits.split(",")]
+    for size, limit in itertools.product(sizes, limits):
         db = support.fresh_database("bench_sierra")
-        sim_args = ("--bibs", str(size), "--deleted-fraction", "0.02", "--client-key", KEY, "--client-secret", SECRET)
+        sim_args = ("--bibs", str(size), "--deleted-fraction", "0.05", "--suppressed-fraction", "0.03",
+                    "--client-key", KEY, "--client-secret", SECRET, *omit)
         with support.simulator("sierra", *sim_args) as url:
-            full = support.run_child(__file__, "--url", url, "--db", db, "--run-id", f"full-{size}")
-            full_equal = support.held_ids(db, "bench_sierra") == support.control(url, "live_ids")
+            full = support.run_child(__file__, "--url", url, "--db", db, "--run-id", f"full-{size}-{limit}",
+                                     "--limit", str(limit))
+            live = support.control(url, "live_ids")
+            full_equal = support.held_ids(db, "bench_sierra") == live
             support.control(url, "advance_clock", {"seconds": 3600})
             changes = support.control(url, "mutate", {"edit": size // 100, "delete": size // 200, "add": size // 200})
             edited, deleted, added = set(changes["edited"]), set(changes["deleted"]), set(changes["added"])
-            incr = support.run_child(__file__, "--url", url, "--db", db, "--run-id", f"incr-{size}",
-                                     "--cursor", full["until"], "--deletions-cursor", full["deletions_until"])
+            incr = support.run_child(__file__, "--url", url, "--db", db, "--run-id", f"incr-{size}-{limit}",
+                                     "--cursor", full["until"], "--deletions-cursor", full["deletions_until"],
+                                     "--limit", str(limit))
             upstream = support.control(url, "live_ids")
             incr_equal = support.held_ids(db, "bench_sierra") == upstream
         expected_changes = len(edited - deleted) + len(added)
         # Everything changed lands; anything else fetched is the lag/day overlap (unchanged).
         only_changes = incr["upserted"] == expected_changes and incr["purged"] == len(deleted)
-        ok = ok and full_equal and incr_equal and only_changes
+        check = full["check"]
+        check_ok = bool(check["ok"]) and check["expected"] == len(live)
+        ok = ok and full_equal and incr_equal and only_changes and check_ok
         rows.append((size, full))
-        print(f"\n{size:,} bibs")
-        print(f"  full load (export): {full['changes_fetched'] / full['harvest_seconds']:,.0f} records/s exported+parsed+staged "
-              f"({full['harvest_seconds']:.1f} s); {full['changes_fetched'] / full['total_seconds']:,.0f} records/s including apply "
-              f"({full['total_seconds']:.1f} s); {full['pages']} export files")
+        print(f"\n{size:,} bibs ({len(live):,} live), options.export.limit {limit}")
+        print(f"  full load (export + id enumeration): {full['changes_fetched'] / full['harvest_seconds']:,.0f} records/s "
+              f"exported+parsed+staged ({full['harvest_seconds']:.1f} s); {full['changes_fetched'] / full['total_seconds']:,.0f} "
+              f"records/s including apply ({full['total_seconds']:.1f} s); {full['pages']} pages staged")
+        print(f"  completeness check {check['kind']}: expected {check['expected']:,} live ids, the export staged "
+              f"{check['found']:,}, ok={check['ok']}; {check['detail']}")
         print(f"  peak RSS of the harvesting process: {full['peak_rss_mib']:.1f} MiB")
-        print(f"  records == simulator live set: {'yes' if full_equal else 'NO'}")
+        print(f"  records == simulator live set: {'yes' if full_equal else 'NO'} "
+              f"(upserted {full['upserted']:,}, quarantined {full['quarantined']:,})")
         print(f"  after edit 1% / delete 0.5% / add 0.5%: change poll fetched {incr['changes_fetched']:,} "
               f"({expected_changes:,} edited-and-live or added + re-seen in the 10-minute lag), deletion poll fetched "
               f"{incr['deletions_fetched']:,} ({len(deleted):,} new + re-seen in the day overlap), "
               f"upserted {incr['upserted']:,}, purged {incr['purged']:,}, {incr['total_seconds']:.1f} s; "
               f"records == live set: {'yes' if incr_equal else 'NO'}")
-    if len(rows) > 1:
+    if len(sizes) > 1:
         small, large = rows[0], rows[-1]
         print(f"\npeak RSS ratio {large[0]:,} / {small[0]:,} bibs: {large[1]['peak_rss_mib'] / small[1]['peak_rss_mib']:.2f}")
     return 0 if ok else 1

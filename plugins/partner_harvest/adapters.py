@@ -18,6 +18,14 @@ class ItemSink(Protocol):
     def reset(self) -> None: ...
 
 
+class StagingSink(ItemSink, Protocol):
+    """A sink staging into PostgreSQL (``StagingWriter``): an adapter that proves its
+    completeness (I12) compares in SQL on ``conn`` and records the check on ``run``."""
+
+    conn: Any  # psycopg.Connection
+    run: Any  # store.RunRef
+
+
 @dataclass(frozen=True)
 class PartnerClock:
     """The partner's own idea of now, and the facts the window must be written in."""

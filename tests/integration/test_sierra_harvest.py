@@ -304,7 +304,7 @@ def test_legacy_deleted_stubs_are_tombstones_never_rejects(conn) -> None:
         assert changes.rejected == 0 and deletions.tombstones >= 4
         assert result.purged == 4 and not set(deleted) & harness.held()
         stub = harness.adapter()._entry_to_item({"id": "1000007", "deleted": True, "deletedDate": "2026-01-02"})
-        assert stub == Tombstone("1000007", datetime(2026, 1, 2, 23, 59, 59, tzinfo=timezone.utc))
+        assert stub == Tombstone("1000007", datetime(2026, 1, 2, 23, 59, 59, 999_999, tzinfo=timezone.utc))
 
 
 def test_transient_faults_are_retried(harness: Harness, catalogue, sim) -> None:
@@ -372,3 +372,256 @@ def test_token_is_renewed_before_it_expires(harness: Harness, catalogue, sim) ->
     adapter.client.server_time()
     assert adapter.client.tokens_fetched == 2
     assert not [r for r in sim.requests if r["status"] == 401]
+
+
+# -- issue 7: a mirror that cannot silently diverge (Sierra) ----------------------------
+
+
+def check_row(conn, run_id: str = "run-1") -> tuple:
+    row = conn.execute(
+        "SELECT check_kind, check_expected, check_found, check_ok, check_detail FROM harvest_runs"
+        " WHERE partner_id = 'library' AND run_id = %s AND channel = 'changes'", (run_id,)).fetchone()
+    conn.commit()
+    return row
+
+
+def suppressed_live(catalogue: SimulatedCatalogue) -> set[str]:
+    return {b.id for b in catalogue.bibs(int(i) for i in catalogue.sorted_live_ids()) if b.suppressed}
+
+
+@pytest.mark.parametrize("limit", [2000, 5000])
+def test_full_load_with_deleted_and_suppressed_bibs_in_every_block_holds_the_live_set(conn, limit) -> None:
+    """Real blocks hold deleted bibs (outputRecords < inputRecords): the export must not stop
+    after the first block, also when options.export.limit exceeds Sierra's 2000."""
+    catalogue = SimulatedCatalogue(bibs=6000, deleted_fraction=0.05, suppressed_fraction=0.03, seed=21)
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
+        harness = Harness(sim, conn, partner(options={"export": {"limit": limit, "rate_limit_wait": 0}}))
+        _, changes, _, result = harness.run()
+        live = catalogue.live_ids()
+        assert harness.held() == live and result.upserted == len(live)
+        exports = [r for r in sim.requests if r["path"].endswith("/bibs/marc")]
+        assert len(exports) == 4 and exports[-1]["status"] == 404  # 3 blocks of 2000, then 404/107
+        assert {r["query"]["limit"] for r in exports} == {"2000"}
+        kind, expected, found, ok, detail = check_row(conn)
+        assert (kind, expected, found, ok) == ("sierra-id-enumeration", len(live), len(live), True)
+        assert detail.startswith("fetched 0 missing of 0")
+
+
+@pytest.mark.parametrize("deleted_field", ["nonzero", "always", "never"])
+def test_a_block_of_only_deleted_bibs_is_not_the_end_of_the_export(conn, deleted_field) -> None:
+    catalogue = SimulatedCatalogue(bibs=500, deleted_fraction=0.0, suppressed_fraction=0.0, seed=22)
+    catalogue.delete_ids(str(n) for n in range(1000101, 1000301))  # blocks 2 and 3 (limit 100): all deleted
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET, deleted_records_field=deleted_field) as sim:
+        harness = Harness(sim, conn, partner())
+        harness.run()
+        assert harness.held() == catalogue.live_ids() and len(catalogue.live_ids()) == 300
+        starts = [r["query"]["id"] for r in sim.requests if r["path"].endswith("/bibs/marc")]
+        assert starts == ["[0,]", "[1000101,]", "[1000201,]", "[1000301,]", "[1000401,]", "[1000501,]"]
+        _, expected, found, ok, _ = check_row(conn)
+        assert expected == found == 300 and ok  # the export itself delivered everything
+        id_list_fetches = [r for r in sim.requests if r["path"].endswith("/bibs") and not r["query"]["id"].startswith("[")]
+        assert id_list_fetches == []  # nothing left for the completeness fix-up
+
+
+def test_suppressed_bibs_the_export_omits_are_found_and_fetched_in_batches(conn) -> None:
+    catalogue = SimulatedCatalogue(bibs=1200, deleted_fraction=0.05, suppressed_fraction=0.05, seed=23)
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET, export_omits_suppressed=True) as sim:
+        harness = Harness(sim, conn, partner(options={"export": {"limit": 2000, "rate_limit_wait": 0}}))
+        harness.run()
+        live, suppressed = catalogue.live_ids(), suppressed_live(catalogue)
+        assert suppressed and harness.held() == live  # the mirror holds suppressed bibs too
+        kind, expected, found, ok, detail = check_row(conn)
+        assert (expected, found, ok) == (len(live), len(live) - len(suppressed), True)
+        assert detail.startswith(f"fetched {len(suppressed)} missing of {len(suppressed)}")
+        fetches = [r["query"] for r in sim.requests
+                   if r["path"].endswith("/bibs") and not r["query"]["id"].startswith("[")]
+        assert len(fetches) == -(-len(suppressed) // 25)  # id lists of 25, never one by one
+        assert sorted(i for q in fetches for i in q["id"].split(",")) == sorted(suppressed)
+        assert conn.execute("SELECT count(*) FROM reconcile_ids").fetchone()[0] == 0  # check's ids cleared
+
+
+def test_bibs_without_005_or_without_ids_do_not_stop_the_full_load(conn) -> None:
+    catalogue = SimulatedCatalogue(bibs=300, deleted_fraction=0.0, seed=24, no_005_every=7, no_id_every=11)
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
+        harness = Harness(sim, conn, partner())
+        window, *_ = harness.run()
+        no_ids = {b for b in catalogue.live_ids() if catalogue.lacks_ids(int(b))}
+        no_005 = {b for b in catalogue.live_ids() if catalogue.lacks_005(int(b))} - no_ids
+        # A bib without 001 is invalid MARC here (no control number): it is quarantined, never held.
+        assert no_ids and no_005 and harness.held() == catalogue.live_ids() - no_ids
+        stamps = dict(conn.execute("SELECT identifier, datestamp FROM records WHERE identifier = ANY(%s)",
+                                   (sorted(no_005),)).fetchall())
+        assert set(stamps) == no_005 and set(stamps.values()) == {window.until}  # no 005: the window's until
+        reasons = conn.execute("SELECT identifier, reason FROM quarantine").fetchall()
+        from_export = [(i, r) for i, r in reasons if i.startswith("(no bib id")]
+        assert len(from_export) == len(no_ids) and all("neither 907 $a nor 001" in r for _, r in from_export)
+        # ... and the completeness check found them missing and fetched them through the JSON API
+        assert {i for i, r in reasons if not i.startswith("(")} == no_ids
+        _, expected, found, ok, detail = check_row(conn)
+        assert ok and found == expected - len(no_ids) and detail.startswith(f"fetched {len(no_ids)} missing")
+
+
+def test_marc8_records_are_converted_not_replaced(conn) -> None:
+    from include.simulators.sierra import marc_in_json
+    from partner_harvest.sierra import marc as sierra_marc
+
+    catalogue = SimulatedCatalogue(bibs=200, deleted_fraction=0.0, seed=25, marc8_every=3)
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
+        harness = Harness(sim, conn, partner())
+        _, changes, _, result = harness.run()
+        assert result.quarantined == 0 and harness.held() == catalogue.live_ids()
+        assert conn.execute("SELECT count(*) FROM records WHERE metadata LIKE %s", ("%\ufffd%",)).fetchone()[0] == 0
+        marc8 = [catalogue.get(b) for b in sorted(catalogue.live_ids()) if catalogue.is_marc8(int(b))]
+        assert marc8 and all(not b.title.isascii() for b in marc8)
+        for bib in marc8:
+            title, metadata = conn.execute("SELECT title, metadata FROM records WHERE identifier = %s",
+                                           (bib.id,)).fetchone()
+            assert title.startswith(bib.title)
+            # the converted export record is the same bib the JSON API serves, byte for byte
+            from_json = sierra_marc.to_item(sierra_marc.from_marc_json(marc_in_json(bib, zero_leader=True)),
+                                            bib.id, bib.updated_date)
+            assert metadata == from_json.metadata
+
+
+def test_invalid_utf8_or_marc8_is_quarantined_with_the_raw_bytes_escaped(conn) -> None:
+    catalogue = SimulatedCatalogue(bibs=200, deleted_fraction=0.0, seed=26, bad_utf8_every=13, marc8_every=2)
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
+        harness = Harness(sim, conn, partner())
+        harness.run()
+        bad = {b for b in catalogue.live_ids() if catalogue.has_bad_utf8(int(b))}
+        bad_marc8 = {b for b in bad if catalogue.is_marc8(int(b))}
+        assert bad_marc8 and bad - bad_marc8 and harness.held() == catalogue.live_ids() - bad
+        rows = conn.execute("SELECT identifier, reason, raw_payload FROM quarantine").fetchall()
+        assert {r[0] for r in rows} == bad
+        for identifier, reason, raw in rows:
+            charset = "MARC-8" if identifier in bad_marc8 else "UTF-8"
+            assert f"invalid {charset}" in reason and "\\xff" in raw and "\ufffd" not in raw
+        assert conn.execute("SELECT count(*) FROM records WHERE metadata LIKE %s", ("%\ufffd%",)).fetchone()[0] == 0
+
+
+def test_an_edit_at_the_last_second_of_a_day_loses_to_a_deletion_that_day(conn, sim, catalogue) -> None:
+    """Deletion on D = D 23:59:59.999999: beats an edit stamped D 23:59:59 in the same run."""
+    harness = Harness(sim, conn, partner(lag=timedelta(0)))
+    harness.run()
+    day_end = datetime.combine(catalogue.clock.date() + timedelta(days=1), datetime.min.time(), tzinfo=timezone.utc)
+    catalogue.advance_clock(day_end - catalogue.clock - timedelta(seconds=2))
+    catalogue.mutation_step = timedelta(seconds=1)
+    live = sorted(catalogue.live_ids())
+    victim = live[5]
+    catalogue.edit_ids(live[:5] + [victim])  # the victim is staged 6th on the changes channel
+    assert catalogue.get(victim).updated_date == catalogue.clock == day_end - timedelta(seconds=1)
+    catalogue.mutation_step = timedelta(0)
+
+    def delete_on_the_same_day() -> None:  # after the change poll saw the edit
+        catalogue.delete_ids([victim])
+        assert str(catalogue.get(victim).deleted_date) == str((day_end - timedelta(days=1)).date())
+
+    _, changes, deletions, result = harness.run(between=delete_on_the_same_day)
+    assert changes.records == 6 and 1 <= deletions.tombstones < 6  # the tombstone's seq is lower than the edit's
+    assert victim not in harness.held() and harness.held() == catalogue.live_ids()
+
+
+def test_a_legacy_edit_stamped_the_next_midnight_beats_an_earlier_applied_deletion(harness: Harness, catalogue, conn) -> None:
+    from partner_harvest.records import HarvestStats, Record
+    from partner_harvest.sierra.harvester import end_of_day
+    from partner_harvest.store import StagingWriter, apply_run, begin_run, finish_harvest
+
+    harness.run()
+    victim = sorted(catalogue.live_ids())[0]
+    xml = conn.execute("SELECT metadata FROM records WHERE identifier = %s", (victim,)).fetchone()[0]
+    day = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    window = Window("incremental", day, day + timedelta(days=2), "seconds", True)
+    for run_id, channel, item in (("gone", "deletions", Tombstone(victim, end_of_day(day.date()))),
+                                  ("back", "changes", Record(victim, day + timedelta(days=1), "marc21", xml, (), "again"))):
+        run = RunRef("library", run_id, channel)
+        begin_run(conn, run, window, "marc21")
+        StagingWriter(conn, run).write_page([item])
+        finish_harvest(conn, run, HarvestStats(pages=1, fetched=1))
+        apply_run(conn, "library", run_id)
+        assert (victim in harness.held()) == (run_id == "back")
+
+
+class _RecordingListener:
+    """A loopback HTTP listener that records every request it gets (the foreign file host)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        seen = self.requests = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def _record(self) -> None:
+                seen.append({"method": self.command, "path": self.path, "authorization": self.headers.get("Authorization")})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_DELETE = do_POST = do_PUT = _record
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.origin = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_an_export_file_on_another_origin_never_gets_our_token_or_a_delete(conn) -> None:
+    catalogue = SimulatedCatalogue(bibs=300, deleted_fraction=0.05, seed=27)
+    with _RecordingListener() as foreign, SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET,
+                                                          file_origin=foreign.origin) as sim:
+        harness = Harness(sim, conn, partner())
+        harness.run()
+        assert not any(r["authorization"] for r in foreign.requests)
+        assert not any(r["method"] == "DELETE" for r in foreign.requests)
+        assert foreign.requests == []  # nothing at all goes there
+        assert harness.held() == catalogue.live_ids() and not sim.open_export_files
+        assert [r["method"] for r in sim.requests if "/bibs/marc/files/" in r["path"]].count("DELETE") == 3
+
+
+def test_export_query_parameters_come_only_from_options_export_params(conn, sim, catalogue) -> None:
+    options = {"export": {"limit": 200, "rate_limit_wait": 0, "max_rate_limit_waits": 1,
+                          "params": {"mapping": "toc"}, "locations": "main"}}
+    harness = Harness(sim, conn, partner(options=options))
+    harness.run()
+    exports = [r["query"] for r in sim.requests if r["path"].endswith("/bibs/marc")]
+    assert exports and all(q.get("mapping") == "toc" and "locations" not in q and "params" not in q for q in exports)
+    assert harness.held() == catalogue.live_ids()
+    with pytest.raises(ConfigurationError):
+        Harness(sim, conn, partner(options={"export": {"params": {"id": "[1,2]"}}})).adapter()
+
+
+def test_a_bib_deleted_between_the_listing_and_the_fetch_is_staged_as_a_deletion(conn) -> None:
+    catalogue = SimulatedCatalogue(bibs=400, deleted_fraction=0.02, suppressed_fraction=0.05, seed=28)
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET, export_omits_suppressed=True) as sim:
+        harness = Harness(sim, conn, partner())
+        victim = sorted(suppressed_live(catalogue))[0]
+        make_adapter = harness.adapter
+
+        def adapter_that_sees_a_deletion_after_the_listing():
+            adapter = make_adapter()
+            pages = adapter.client.bib_pages
+
+            def listing(params, limit, start_id=0):
+                yield from pages(params, limit, start_id)
+                if params.get("fields") == "id":
+                    catalogue.delete_ids([victim])
+
+            adapter.client.bib_pages = listing
+            return adapter
+
+        harness.adapter = adapter_that_sees_a_deletion_after_the_listing
+        harness.run()
+        assert victim not in harness.held() and harness.held() == catalogue.live_ids()
+        _, expected, found, ok, detail = check_row(conn)
+        assert ok and "1 deleted since they were listed" in detail

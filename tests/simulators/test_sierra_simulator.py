@@ -39,6 +39,7 @@ from include.simulators.sierra import (  # noqa: E402
     encode,
     export_record,
     marc_fields,
+    marc_in_json,
 )
 from include.simulators.sierra.marc import leader_for  # noqa: E402
 
@@ -434,10 +435,12 @@ def test_export_three_phases_with_truncation(sim: SierraSimulator, client: reque
     summary = get(client, sim, "/bibs/marc", id="[1000050,9999999]", limit=100)
     assert summary.status_code == 200
     body = summary.json()
-    live = sorted(catalogue.live_ids())
-    expected = [i for i in live if i >= "1000050"][:100]
+    block = [str(n) for n in range(1000050, 1000150)]  # the lowest 100 ids, deleted ones included
+    gone = catalogue.deleted_ids()
+    expected = [i for i in block if i not in gone]
     oversized = [i for i in expected if int(i) % 100 == 0]
-    assert body["inputRecords"] == body["outputRecords"] == 100 and body["errors"] == len(oversized) > 0
+    assert body["inputRecords"] == 100 and body["outputRecords"] == len(expected) < 100
+    assert body["deletedRecords"] == 100 - len(expected) and body["errors"] == len(oversized) > 0
     url = urlsplit(body["file"])
     assert url.path.startswith("/iii/sierra-api/v6/bibs/marc/files/") and url.path.endswith(".mrc")
     name = url.path.rsplit("/", 1)[1]
@@ -472,7 +475,8 @@ def test_export_keyset_sweep_covers_every_live_bib(sim: SierraSimulator, client:
         ids = [sierra_id(r) for r in read_marc(client.get(file_url).content)]
         client.delete(file_url)
         exported += ids
-        cursor = max(int(i) for i in ids) + 1
+        # The block held the lowest n ids >= cursor, so no live id below cursor + n is left out.
+        cursor = max([cursor + summary.json()["inputRecords"], *(int(i) + 1 for i in ids)])
     assert exported == catalogue.sorted_live_ids() and sim.open_export_files == []
 
 
@@ -486,6 +490,64 @@ def test_export_by_id_list_and_empty_variants(sim: SierraSimulator, client: requ
     with SierraSimulator(catalogue, empty_export_file=True) as other, login(other) as other_client:
         empty = get(other_client, other, "/bibs/marc", id="[9000000,9999999]").json()
         assert empty["outputRecords"] == 0 and other_client.get(empty["file"]).content == b""
+
+
+def test_export_blocks_count_deleted_and_suppressed_bibs(catalogue: SimulatedCatalogue) -> None:
+    """A block is the lowest ids of the range, deleted ones included: inputRecords > outputRecords."""
+    block = [str(n) for n in range(1000001, 1000201)]
+    gone, hidden = catalogue.deleted_ids(), {b for b in block if catalogue.get(b).suppressed}
+    live = [b for b in block if b not in gone]
+    assert gone & set(block) and hidden - gone
+    for variant, omit in (("nonzero", False), ("always", True), ("never", False)):
+        with SierraSimulator(catalogue, export_omits_suppressed=omit, deleted_records_field=variant) as sim, \
+                login(sim) as client:
+            body = get(client, sim, "/bibs/marc", id="[1000001,]", limit=200).json()
+            out = [b for b in live if not (omit and b in hidden)]
+            assert body["inputRecords"] == 200 and body["outputRecords"] == len(out)
+            assert body.get("deletedRecords") == (None if variant == "never" else 200 - len(live))
+            assert [sierra_id(r) for r in read_marc(client.get(body["file"]).content)] == out
+    with SierraSimulator(catalogue, deleted_records_field="always") as sim, login(sim) as client:
+        first_live = next(b for b in block if b not in gone)
+        body = get(client, sim, "/bibs/marc", id=f"[{first_live},{first_live}]").json()
+        assert body["deletedRecords"] == 0 and body["inputRecords"] == body["outputRecords"] == 1
+
+
+def test_a_block_of_deleted_bibs_gives_an_empty_file_not_404() -> None:
+    catalogue = SimulatedCatalogue(bibs=50, deleted_fraction=0.0, suppressed_fraction=0.0)
+    catalogue.delete_ids([str(n) for n in range(1000001, 1000011)])
+    with SierraSimulator(catalogue) as sim, login(sim) as client:
+        body = get(client, sim, "/bibs/marc", id="[1000001,]", limit=10).json()
+        assert (body["inputRecords"], body["outputRecords"], body["deletedRecords"]) == (10, 0, 10)
+        assert client.get(body["file"]).content == b""
+        assert get(client, sim, "/bibs/marc", id="[1000051,]").json() == NOT_FOUND
+
+
+def test_export_file_url_can_name_another_origin(catalogue: SimulatedCatalogue) -> None:
+    with SierraSimulator(catalogue, file_origin="http://127.0.0.1:9/") as sim, login(sim) as client:
+        body = get(client, sim, "/bibs/marc", id="[1000001,]", limit=5).json()
+        url = urlsplit(body["file"])
+        assert url.netloc == "127.0.0.1:9" and url.path.startswith("/iii/sierra-api/v6/bibs/marc/files/")
+        name = url.path.rsplit("/", 1)[1]
+        assert client.get(f"{sim.base_url}/bibs/marc/files/{name}").status_code == 200  # served here
+
+
+def test_marc8_and_damaged_export_records() -> None:
+    catalogue = SimulatedCatalogue(bibs=60, deleted_fraction=0.0, marc8_every=3, no_005_every=5,
+                                   no_id_every=7, bad_utf8_every=11)
+    marc8 = catalogue.get(1000003)
+    data, _ = export_record(marc8)
+    assert data[9:10] == b" " and marc8.title.encode() not in data  # MARC-8 bytes, not UTF-8
+    record = next(iter(pymarc.MARCReader(data, to_unicode=True)))  # pymarc's MARC-8 decoder
+    assert record["245"]["a"] == marc8.title and not marc8.title.isascii()
+    assert marc_in_json(marc8)["leader"][9] == "a"  # the JSON API serves Unicode
+    no_005 = bib_marc(catalogue.get(1000005))
+    assert no_005.get("005") is None and no_005.get("001") is not None
+    no_ids = bib_marc(catalogue.get(1000007))
+    assert no_ids.get("001") is None and no_ids.get("907") is None
+    bad, _ = export_record(catalogue.get(1000011))
+    with pytest.raises(UnicodeDecodeError):
+        pymarc.Record(bad, to_unicode=True, utf8_handling="strict")
+    assert len(bad) == int(bad[:5])  # still a well-formed ISO 2709 record
 
 
 def test_export_file_needs_a_live_token(sim: SierraSimulator, client: requests.Session) -> None:

@@ -19,7 +19,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = simulator_parser(__package__, "Simulated Sierra ILS REST API (v6) on loopback.")
     parser.add_argument("--bibs", type=int, default=1000)
     parser.add_argument("--deleted-fraction", type=float, default=0.02)
-    parser.add_argument("--suppressed-fraction", type=float, default=0.0)
+    parser.add_argument("--suppressed-fraction", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--first-id", type=int, default=1_000_001)
     parser.add_argument("--oversized-every", type=int, default=0)
@@ -30,6 +30,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--client-key", default="demo-key")
     parser.add_argument("--client-secret", default="demo-secret")
     parser.add_argument("--legacy-deleted-stubs", action="store_true")
+    parser.add_argument("--marc8-every", type=int, default=0, help="every n-th bib is MARC-8 in the export")
+    parser.add_argument("--no-005-every", type=int, default=0)
+    parser.add_argument("--no-id-every", type=int, default=0, help="every n-th bib lacks 001 and 907")
+    parser.add_argument("--bad-utf8-every", type=int, default=0)
+    parser.add_argument("--export-omits-suppressed", action="store_true")
+    parser.add_argument("--deleted-records-field", choices=("nonzero", "always", "never"), default="nonzero")
+    parser.add_argument("--file-origin", default=None, help="origin the export summary's file URL names")
     add_listen_arguments(parser)
     return parser
 
@@ -40,10 +47,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         bibs=args.bibs, deleted_fraction=args.deleted_fraction, seed=args.seed, first_id=args.first_id,
         suppressed_fraction=args.suppressed_fraction, oversized_every=args.oversized_every,
         invalid_every=args.invalid_every, mutation_step=timedelta(seconds=args.mutation_step),
+        marc8_every=args.marc8_every, no_005_every=args.no_005_every, no_id_every=args.no_id_every,
+        bad_utf8_every=args.bad_utf8_every,
     )
     sim = SierraSimulator(catalogue, host=args.host, port=args.port, client_key=args.client_key,
                           client_secret=args.client_secret, token_lifetime=args.token_lifetime,
-                          export_quota=args.export_quota, legacy_deleted_stubs=args.legacy_deleted_stubs)
+                          export_quota=args.export_quota, legacy_deleted_stubs=args.legacy_deleted_stubs,
+                          export_omits_suppressed=args.export_omits_suppressed,
+                          deleted_records_field=args.deleted_records_field, file_origin=args.file_origin)
     return serve_until_signalled(sim)
 
 

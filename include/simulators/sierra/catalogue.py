@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from ..clock import EPOCH, iso_seconds
 from ..model import SimulatedModel
+from .marc8 import encodable
 
 _YEAR = 365 * 86400
 _DAY = 86400
@@ -71,6 +72,7 @@ COUNTRIES: tuple[tuple[str, str], ...] = (
 LOCATIONS: tuple[str, ...] = ("main", "stack", "ref", "spec", "child")
 SUBJECTS: tuple[str, ...] = ("History", "Art", "Music", "Cartography", "Poetry", "Architecture",
                              "Bookbinding", "Economic history")
+MARC8_TITLES: tuple[str, ...] = tuple(t for t in TITLES if encodable(t) and not t.isascii())  # with diacritics
 
 
 def _mix(number: int, seed: int) -> int:
@@ -119,6 +121,10 @@ class Bib(NamedTuple):
     location: str
     subject: str
     isbn: str | None
+    marc8: bool = False  # the export writes it in MARC-8 (leader/09 blank)
+    no_005: bool = False  # its MARC lacks the 005 transaction stamp
+    no_ids: bool = False  # its MARC lacks both 001 and (in the export) 907
+    bad_utf8: bool = False  # the export writes a 0xFF byte into its 245 (bad UTF-8, or unmapped MARC-8)
 
     @property
     def number(self) -> int:
@@ -176,13 +182,24 @@ class SimulatedCatalogue(SimulatedModel[str | int]):
         seed: int = 1,
         start_clock: datetime = datetime(2026, 1, 1, tzinfo=timezone.utc),
         first_id: int = 1_000_001,
-        suppressed_fraction: float = 0.0,
+        suppressed_fraction: float = 0.01,
         oversized_every: int = 0,
         invalid_every: int = 0,
         mutation_step: timedelta = timedelta(seconds=60),
+        *,
+        marc8_every: int = 0,
+        no_005_every: int = 0,
+        no_id_every: int = 0,
+        bad_utf8_every: int = 0,
     ) -> None:
-        if bibs < 0 or oversized_every < 0 or invalid_every < 0:
-            raise ValueError("bibs, oversized_every and invalid_every must be >= 0")
+        """Deleted and suppressed bibs are a random sample, so they fall in every export block.
+
+        ``*_every``: every n-th bib is MARC-8 in the export, lacks 005, lacks 001/907,
+        or carries an invalid UTF-8 byte in the export (0 = never).
+        """
+        everies = (oversized_every, invalid_every, marc8_every, no_005_every, no_id_every, bad_utf8_every)
+        if bibs < 0 or min(everies) < 0:
+            raise ValueError("bibs and the *_every options must be >= 0")
         if not 0 <= deleted_fraction <= 1 or not 0 <= suppressed_fraction <= 1:
             raise ValueError("fractions must lie in [0, 1]")
         if not 1_000_000 <= first_id or first_id + bibs - 1 > MAX_ID:
@@ -191,6 +208,10 @@ class SimulatedCatalogue(SimulatedModel[str | int]):
         self.first_id = first_id
         self.oversized_every = oversized_every
         self.invalid_every = invalid_every
+        self.marc8_every = marc8_every
+        self.no_005_every = no_005_every
+        self.no_id_every = no_id_every
+        self.bad_utf8_every = bad_utf8_every
         super().__init__(start_clock, mutation_step, mutation_seed=seed * 1_000_003 + 29)
         self._build(bibs, deleted_fraction, suppressed_fraction)
 
@@ -293,12 +314,28 @@ class SimulatedCatalogue(SimulatedModel[str | int]):
     def is_invalid(self, number: int) -> bool:
         return self.invalid_every > 0 and (number - self.first_id + 1) % self.invalid_every == 0
 
+    def _every(self, every: int, number: int) -> bool:
+        return every > 0 and (number - self.first_id + 1) % every == 0
+
+    def is_marc8(self, number: int) -> bool:
+        return self._every(self.marc8_every, number)
+
+    def lacks_005(self, number: int) -> bool:
+        return self._every(self.no_005_every, number)
+
+    def lacks_ids(self, number: int) -> bool:
+        return self._every(self.no_id_every, number)
+
+    def has_bad_utf8(self, number: int) -> bool:
+        return self._every(self.bad_utf8_every, number)
+
     def _bib(self, i: int) -> Bib:
         number = self.first_id + i
         h = _mix(number, self.seed)
         flags = self._flags[i]
         version = self._version[i]
-        title = TITLES[h % len(TITLES)]
+        marc8 = self.is_marc8(number)
+        title = MARC8_TITLES[h % len(MARC8_TITLES)] if marc8 else TITLES[h % len(TITLES)]
         if version > 1:  # edits change visible content, so a harvest can prove it saw them
             title = f"{title} (revision {version - 1})"
         year = 1900 + (h >> 4) % 126
@@ -313,6 +350,8 @@ class SimulatedCatalogue(SimulatedModel[str | int]):
             country=COUNTRIES[(h >> 17) % len(COUNTRIES)], location=LOCATIONS[(h >> 20) % len(LOCATIONS)],
             subject=SUBJECTS[(h >> 23) % len(SUBJECTS)],
             isbn=None if h % 5 == 0 else f"978{number:07d}{h % 1000:03d}",
+            marc8=marc8, no_005=self.lacks_005(number), no_ids=self.lacks_ids(number),
+            bad_utf8=self.has_bad_utf8(number),
         )
 
     def get(self, bib_id: str | int) -> Bib | None:

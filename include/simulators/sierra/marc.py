@@ -14,11 +14,13 @@ Identifiers: ``001`` holds ``b`` + the 7-digit id WITHOUT check digit
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
 import pymarc
 from pymarc import Field, Indicators, Subfield
 
+from . import marc8
 from .catalogue import Bib, check_digit
 
 MAX_RECORD_BYTES = 99_999  # ISO 2709 length field is five digits
@@ -55,8 +57,12 @@ def _stamp005(epoch: int) -> str:
     return f"{y}{m}{d}{rest // 3600:02d}{rest // 60 % 60:02d}{rest % 60:02d}.0"
 
 
-def leader_for(bib: Bib) -> str:
-    return LEADER_TEMPLATE.format(type=_RECORD_TYPES.get(bib.material_type[0], "a"))
+def leader_for(bib: Bib, export: bool = False) -> str:
+    """Leader/09 is "a" (UTF-8), or blank (MARC-8) for a MARC-8 bib in the export."""
+    leader = LEADER_TEMPLATE.format(type=_RECORD_TYPES.get(bib.material_type[0], "a"))
+    if export and bib.marc8:
+        leader = leader[:9] + " " + leader[10:]
+    return leader
 
 
 def _f008(bib: Bib) -> str:
@@ -84,11 +90,12 @@ def _item_fields(bib: Bib) -> list[DataField]:
 def marc_fields(bib: Bib, export: bool = True) -> list[MarcField]:
     """The record's fields in storage order; `export` adds 907/998 and the 945 items."""
     year = str(bib.publish_year)
-    fields: list[MarcField] = [
-        ("001", f"b{bib.id}"),
-        ("005", _stamp005(bib.updated)),
-        ("008", _f008(bib)),
-    ]
+    fields: list[MarcField] = []
+    if not bib.no_ids:
+        fields.append(("001", f"b{bib.id}"))
+    if not bib.no_005:
+        fields.append(("005", _stamp005(bib.updated)))
+    fields.append(("008", _f008(bib)))
     if bib.isbn:
         fields.append(("020", " ", " ", (("a", bib.isbn),)))
     fields.append(("040", " ", " ", (("a", "SIM"), ("b", "eng"), ("c", "SIM"))))
@@ -100,11 +107,12 @@ def marc_fields(bib: Bib, export: bool = True) -> list[MarcField]:
     fields.append(("300", " ", " ", (("a", f"{100 + bib.number % 400} p."),)))
     fields.append(("650", " ", "0", (("a", bib.subject),)))
     if export:
-        fields.append(("907", " ", " ", (
-            ("a", f".b{bib.id}{check_digit(bib.number)}"),
-            ("b", _mdy(bib.updated)),
-            ("c", _mdy(bib.created)),
-        )))
+        if not bib.no_ids:
+            fields.append(("907", " ", " ", (
+                ("a", f".b{bib.id}{check_digit(bib.number)}"),
+                ("b", _mdy(bib.updated)),
+                ("c", _mdy(bib.created)),
+            )))
         fields.append(("998", " ", " ", (
             ("a", bib.location), ("b", "0"), ("c", _mdy(bib.created)),
             ("d", bib.material_type[0]), ("e", bib.bcode3), ("f", bib.lang[0]),
@@ -126,19 +134,21 @@ def bib_marc(bib: Bib, export: bool = True) -> pymarc.Record:
     return record
 
 
-def _encode_field(f: MarcField) -> bytes:
+def _encode_field(f: MarcField, to_bytes: Callable[[str], bytes] = str.encode) -> bytes:
     if len(f) == 2:
-        return (f[1] + "\x1e").encode()
-    return (f[1] + f[2] + "".join(["\x1f" + code + value for code, value in f[3]]) + "\x1e").encode()
+        return to_bytes(f[1] + "\x1e")
+    return to_bytes(f[1] + f[2] + "".join(["\x1f" + code + value for code, value in f[3]]) + "\x1e")
 
 
 def encode(leader: str, fields: list[MarcField], max_bytes: int | None = None) -> tuple[bytes, int]:
     """ISO 2709 bytes, same as pymarc's ``as_marc()``, and how many 945s were cut.
 
     With `max_bytes`, trailing 945 fields are dropped until the record fits,
-    which is what Sierra's export does to records over 99,999 bytes.
+    which is what Sierra's export does to records over 99,999 bytes. A leader whose
+    position 9 is blank means MARC-8: the fields are written in MARC-8.
     """
-    encoded = [_encode_field(f) for f in fields]
+    to_bytes = marc8.encode if leader[9] == " " else str.encode
+    encoded = [_encode_field(f, to_bytes) for f in fields]
     dropped = 0
     if max_bytes is not None:
         size = 24 + 12 * len(encoded) + 1 + sum(map(len, encoded)) + 1
@@ -156,8 +166,18 @@ def encode(leader: str, fields: list[MarcField], max_bytes: int | None = None) -
 
 
 def export_record(bib: Bib) -> tuple[bytes, bool]:
-    """One bib as the bibs/marc export writes it, and whether it was truncated."""
-    data, dropped = encode(leader_for(bib), marc_fields(bib, export=True), MAX_RECORD_BYTES)
+    """One bib as the bibs/marc export writes it, and whether it was truncated.
+
+    A ``bad_utf8`` bib gets its first title byte replaced by 0xFF (same length, so the
+    directory stays valid): the bytes a broken conversion upstream would leave. In a
+    MARC-8 record 0xFF is no character either.
+    """
+    data, dropped = encode(leader_for(bib, export=True), marc_fields(bib, export=True), MAX_RECORD_BYTES)
+    if bib.bad_utf8 and not bib.invalid:
+        title = b"\x1fa" + (marc8.encode(bib.title) if bib.marc8 else bib.title.encode())
+        at = data.find(title)
+        if at >= 0:
+            data = data[:at + 2] + b"\xff" + data[at + 3:]
     return data, dropped > 0
 
 

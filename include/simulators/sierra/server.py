@@ -289,6 +289,14 @@ class SierraSimulator(ControlledServer):
     ``empty_export_file``: an empty export range yields a file with outputRecords 0
     (BR1, 2018) instead of 404/107 (BR2, 2019).
     ``expired_token_code``: 123 ("invalid_grant", observed) or 120 ("invalid_token", documented).
+    An export block is the lowest ``limit`` ids of the range, deleted bibs included (as
+    on a real server): they count in ``inputRecords``, not in ``outputRecords``.
+    ``export_omits_suppressed``: suppressed bibs are left out of the file too (an export
+    setting some sites use); they still count in ``inputRecords``.
+    ``deleted_records_field``: "nonzero" (default: ``deletedRecords`` only when some
+    input bibs were deleted), "always", or "never" (the reference marks it optional).
+    ``file_origin``: the summary's ``file`` URL names this origin (e.g. another
+    loopback port) instead of the API's own; the file is still served here.
     ``keep_alive_timeout``/``keep_alive_max``: idle connections close after this many
     wall-clock seconds; a connection closes after this many requests.
     """
@@ -301,9 +309,13 @@ class SierraSimulator(ControlledServer):
                  client_key: str = "demo-key", client_secret: str = "demo-secret", token_lifetime: int = 3600,
                  *, export_quota: int | None = None, legacy_deleted_stubs: bool = False,
                  empty_export_file: bool = False, expired_token_code: int = 123,
-                 keep_alive_timeout: float = 5.0, keep_alive_max: int = 100) -> None:
+                 keep_alive_timeout: float = 5.0, keep_alive_max: int = 100,
+                 export_omits_suppressed: bool = False, deleted_records_field: str = "nonzero",
+                 file_origin: str | None = None) -> None:
         if expired_token_code not in (120, 123):
             raise ValueError("expired_token_code must be 120 or 123")
+        if deleted_records_field not in ("nonzero", "always", "never"):
+            raise ValueError("deleted_records_field must be nonzero, always or never")
         super().__init__(host, port, _Handler, catalogue)
         self.catalogue = catalogue
         self.client_key = client_key
@@ -315,6 +327,9 @@ class SierraSimulator(ControlledServer):
         self.expired_token_code = expired_token_code
         self.keep_alive_timeout = keep_alive_timeout
         self.keep_alive_max = keep_alive_max
+        self.export_omits_suppressed = export_omits_suppressed
+        self.deleted_records_field = deleted_records_field
+        self.file_origin = file_origin.rstrip("/") if file_origin else None
         self.tokens_issued = 0
         self.exports_created = 0
         self._tokens: dict[str, _Token] = {}
@@ -607,25 +622,25 @@ class SierraSimulator(ControlledServer):
                 minutes = math.ceil((self._quota_start + HOUR - now) / 60)
                 raise ApiError(500, 138, f"Rate exceeded for endpoint. Try again in {minutes} minutes")
             self._quota_used += 1
-        live_query = replace(query, deleted=False)
-        numbers = self.catalogue.select(live_query, offset, limit)
-        if not numbers and not self.empty_export_file:
+        block = self.catalogue.bibs(self.catalogue.select(replace(query, deleted=None), offset, limit))
+        if not block and not self.empty_export_file:
             raise ApiError(404, 107)
-        records = [marc.export_record(bib) for bib in self.catalogue.bibs(numbers)]
+        deleted = sum(1 for bib in block if bib.deleted)
+        output = [bib for bib in block
+                  if not bib.deleted and not (bib.suppressed and self.export_omits_suppressed)]
+        records = [marc.export_record(bib) for bib in output]
         data = b"".join(r for r, _ in records)
-        summary: dict[str, Any] = {"inputRecords": len(records), "outputRecords": len(records),
+        summary: dict[str, Any] = {"inputRecords": len(block), "outputRecords": len(records),
                                    "errors": sum(1 for _, cut in records if cut)}
-        if query.id_list is not None:
-            deleted = len(self.catalogue.select(BibQuery(id_list=query.id_list, deleted=True)))
-            if deleted:
-                summary["inputRecords"] += deleted
-                summary["deletedRecords"] = deleted
+        if self.deleted_records_field == "always" or (self.deleted_records_field == "nonzero" and deleted):
+            summary["deletedRecords"] = deleted
         with self._lock:
             self._file_seq += 1
             self.exports_created += 1
             name = f"{datetime.fromtimestamp(now, timezone.utc):%Y%m%dT%H%M%S}-bibs-{self._file_seq}.mrc"
             self._files[name] = data
-        return _json(200, {"file": f"{self.base_url}/bibs/marc/files/{name}", **summary})
+        origin = f"{self.file_origin}{API_PATH}" if self.file_origin else self.base_url
+        return _json(200, {"file": f"{origin}/bibs/marc/files/{name}", **summary})
 
     def _file(self, method: str, name: str) -> Response:
         if not name.endswith(".mrc"):

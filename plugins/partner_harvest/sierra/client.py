@@ -6,19 +6,22 @@ Facts of production catalogues this encodes (see the Sierra reference):
 - 404 with code 107 on a list query means "no results";
 - pages end on a short page; ``total`` is only the size of this page;
 - ``bibs/marc`` is two-phase: a summary naming a file, the file, then DELETE the file.
+  The file is fetched and deleted on the configured base URL by its id: the summary's
+  URL may name another host, which must never see our token.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import requests
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -37,6 +40,7 @@ AUTH_EXPIRED_CODES = frozenset({120, 123})
 NOT_FOUND = 107
 RATE_LIMITED = 138
 MAX_LIMIT = 2000
+_FILE_ID = re.compile(r"[A-Za-z0-9._-]+")
 
 
 class SierraServerError(PartnerHttpError):
@@ -57,6 +61,29 @@ class ExportBlock:
     @property
     def errors(self) -> int:
         return int(self.summary.get("errors") or 0)
+
+    @property
+    def input_records(self) -> int | None:
+        """How many ids the block covered, deleted (and omitted) ones included; None if unsaid."""
+        return _count(self.summary.get("inputRecords"))
+
+    @property
+    def output_records(self) -> int:
+        return _count(self.summary.get("outputRecords")) or 0
+
+    @property
+    def deleted_records(self) -> int | None:
+        return _count(self.summary.get("deletedRecords"))
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
 
 
 def error_code(response: requests.Response) -> int | None:
@@ -159,8 +186,10 @@ class SierraClient:
         accept: str | None = None,
         empty_ok: bool = False,
     ) -> requests.Response | None:
-        """One authenticated call; None for "no results" (404/107) when ``empty_ok``."""
-        url = path if path.startswith("http") else f"{self.base_url}{path}"
+        """One authenticated call on the base URL; None for "no results" (404/107) when ``empty_ok``."""
+        if not path.startswith("/"):
+            raise ValueError(f"{self.partner_id}: requests go to paths under the base URL, not {path!r}")
+        url = f"{self.base_url}{path}"
         what = self.describe(method, url.removeprefix(self.base_url), params)
         retrying = Retrying(
             stop=stop_after_attempt(max(1, self.server_error_tries)),
@@ -243,34 +272,59 @@ class SierraClient:
                                        f"ids did not ascend (last id {entries[-1]['id']} after cursor {cursor})")
             cursor = next_cursor
 
-    def export_block(self, start_id: int, limit: int, options: dict[str, Any] | None = None) -> ExportBlock | None:
-        """Phase 1-3 of ``bibs/marc`` for the lowest ``limit`` ids from ``start_id``."""
-        params = {"id": f"[{start_id},]", "limit": min(limit, MAX_LIMIT), **(options or {})}
-        summary = self.get_json("/bibs/marc", params, empty_ok=True)
+    def export_block(self, start_id: int, limit: int, params: dict[str, Any] | None = None) -> ExportBlock | None:
+        """Phase 1-3 of ``bibs/marc`` for the lowest ``limit`` ids from ``start_id``; None on 404/107.
+
+        ``limit`` above Sierra's cap is sent as the cap (the caller pages on, whatever it asked).
+        """
+        query = {**(params or {}), "id": f"[{start_id},]", "limit": min(max(1, limit), MAX_LIMIT)}
+        summary = self.get_json("/bibs/marc", query, empty_ok=True)
         if summary is None:
             return None
-        file_url = summary.get("file")
-        if not file_url or not int(summary.get("outputRecords") or 0):
-            if file_url:
-                self._delete_file(file_url)
+        file_ref = summary.get("file")
+        if not file_ref:
+            if _count(summary.get("outputRecords")):
+                raise PartnerDataError(self.partner_id, self.describe("GET", "/bibs/marc", query),
+                                       f"export summary without a file: {summary}")
             return ExportBlock(summary, b"")
+        file_path = self.export_file_path(str(file_ref))
         try:
-            response = self.request("GET", file_url)
+            if not _count(summary.get("outputRecords")):
+                return ExportBlock(summary, b"")
+            response = self.request("GET", file_path)
             assert response is not None
             content_type = response.headers.get("Content-Type", "")
             if "json" in content_type or "html" in content_type:
-                raise PartnerDataError(self.partner_id, self.describe("GET", file_url),
+                raise PartnerDataError(self.partner_id, self.describe("GET", file_path),
                                        f"export file is {content_type}, not MARC: {_body_snippet(response)}")
             return ExportBlock(summary, response.content)
         finally:
-            self._delete_file(file_url)
+            self._delete_file(file_path)
 
-    def _delete_file(self, file_url: str) -> None:
+    def export_file_path(self, file_ref: str) -> str:
+        """The export file's path on OUR base URL, from the id at the end of the summary's ``file``.
+
+        The summary's URL is server-supplied: sending our bearer token (or a DELETE) to
+        whatever host it names would hand the token to that host. Only its last path
+        segment is used; another origin is logged.
+        """
+        parts = urlsplit(file_ref)
+        file_id = parts.path.rstrip("/").rsplit("/", 1)[-1]
+        if not _FILE_ID.fullmatch(file_id) or file_id in (".", ".."):
+            raise PartnerDataError(self.partner_id, "GET bibs/marc", f"export summary names no usable file id: {file_ref[:200]!r}")
+        ours = urlsplit(self.base_url)
+        if parts.netloc and (parts.scheme.lower(), parts.netloc.lower()) != (ours.scheme.lower(), ours.netloc.lower()):
+            log.warning("%s: the export summary names its file on another origin (%s://%s); fetching and "
+                        "deleting file %s on the configured base %s instead, no request goes there",
+                        self.partner_id, parts.scheme, parts.netloc, file_id, self.base_url)
+        return f"/bibs/marc/files/{file_id}"
+
+    def _delete_file(self, file_path: str) -> None:
         """Exports leave files on the server until deleted; never leave one behind."""
         try:
-            self.request("DELETE", file_url)
+            self.request("DELETE", file_path)
         except (PartnerHttpError, PartnerProtocolError) as exc:
-            log.warning("%s: could not delete export file %s: %s", self.partner_id, file_url, exc.cause)
+            log.warning("%s: could not delete export file %s: %s", self.partner_id, file_path, exc.cause)
 
     def bib_marc_json(self, bib_id: str) -> dict[str, Any]:
         """A whole bib as MARC-in-JSON through ``bibs/{id}/marc`` (no export size ceiling)."""

@@ -1,8 +1,12 @@
 """The Sierra adapter: change poll, separate deletion poll, and the MARC export full load.
 
 Ordering of a deletion against edits: ``deletedDate`` is a day, so a tombstone is stamped
-at the last second of that day (D 23:59:59Z). It beats every edit stamped on D or
-earlier and loses to a version stamped after D (a record re-created later).
+at the last microsecond of that day (D 23:59:59.999999Z). Sierra stamps versions in whole
+seconds, so it beats every edit stamped on D or earlier (ties are impossible) and loses to
+a version stamped D+1 or later (a record re-created later).
+
+Full load: the ``bibs/marc`` export, keyset over id blocks; then the JSON API's list of
+live ids is the second witness (I12), and the bibs the export left out are fetched.
 """
 
 from __future__ import annotations
@@ -10,16 +14,18 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from datetime import date, datetime, time as dtime, timedelta, timezone
 from typing import Any
 
-from partner_harvest.adapters import ItemSink, PartnerClock
-from partner_harvest.errors import ConfigurationError, HarvestError
+from partner_harvest.adapters import ItemSink, PartnerClock, StagingSink
+from partner_harvest.errors import ConfigurationError, HarvestError, HarvestLoopError
 from partner_harvest.records import HarvestItem, HarvestStats, Rejected, Tombstone
 from partner_harvest.registry import Partner
 from partner_harvest.sierra import marc
-from partner_harvest.sierra.client import ExportRateLimited, SierraClient
+from partner_harvest.sierra.client import MAX_LIMIT, ExportBlock, ExportRateLimited, SierraClient
+from partner_harvest.store import completeness, record_check
 from partner_harvest.window import SECONDS, Window, format_instant
 
 log = logging.getLogger(__name__)
@@ -29,6 +35,19 @@ REQUIRED_FIELDS = ("id", "updatedDate", "marc")
 DELETION_FIELDS = "id,deletedDate"
 EXPORT_SIZE_CEILING = 99_999
 TRUNCATION_SUSPECT = 0.95  # records this close to the ceiling may have lost their tail
+MAX_BIB_ID = 9_999_999  # record numbers are 7 digits
+RESERVED_EXPORT_PARAMS = frozenset({"id", "limit", "offset"})  # the keyset owns these
+CHECK_KIND = "sierra-id-enumeration"
+MISSING_BATCH = 500  # missing ids read back from PostgreSQL at a time (fetched 25 per request)
+_RAW_907 = re.compile(rb"\x1fa\.b(\d{7})[\dx]", re.IGNORECASE)
+
+
+def _option(container: Any, key: str, default: Any = None) -> Any:
+    """A registry option from a mapping or a typed (pydantic) model alike."""
+    if container is None:
+        return default
+    value = container.get(key) if isinstance(container, Mapping) else getattr(container, key, None)
+    return default if value is None else value
 
 
 def sierra_timestamp(value: datetime) -> str:
@@ -41,7 +60,8 @@ def parse_sierra_timestamp(text: str) -> datetime:
 
 
 def end_of_day(day: date) -> datetime:
-    return datetime.combine(day, dtime(23, 59, 59), tzinfo=timezone.utc)
+    """A deletion on `day` sorts after every whole-second version of that day, before D+1."""
+    return datetime.combine(day, dtime(23, 59, 59, 999_999), tzinfo=timezone.utc)
 
 
 class SierraAdapter:
@@ -58,11 +78,22 @@ class SierraAdapter:
         missing = [f for f in REQUIRED_FIELDS if f not in self.fields]
         if missing:
             raise ConfigurationError(partner.id, "registry", f"'fields' must include {', '.join(missing)}")
-        export = dict(partner.options.get("export", {}) or {})
-        self.export_limit = int(export.pop("limit", partner.page_size))
-        self.rate_limit_wait = float(export.pop("rate_limit_wait", 300))
-        self.max_rate_limit_waits = int(export.pop("max_rate_limit_waits", 12))
-        self.export_params = export  # passed through, e.g. mapping, locations
+        export = _option(partner.options, "export")
+        # Above Sierra's 2000 the client pages at 2000: the loop never compares with the limit.
+        self.export_limit = int(_option(export, "limit", partner.page_size))
+        if self.export_limit < 1:
+            raise ConfigurationError(partner.id, "registry", "options.export.limit must be >= 1")
+        self.rate_limit_wait = float(_option(export, "rate_limit_wait", 300))
+        self.max_rate_limit_waits = int(_option(export, "max_rate_limit_waits", 12))
+        # Extra export query parameters (mapping, locations...) come ONLY from options.export.params.
+        params = _option(export, "params", {})
+        if not isinstance(params, Mapping):
+            raise ConfigurationError(partner.id, "registry", "options.export.params must be a mapping")
+        reserved = sorted(RESERVED_EXPORT_PARAMS & set(params))
+        if reserved:
+            raise ConfigurationError(partner.id, "registry",
+                                     f"options.export.params must not set {', '.join(reserved)} (the export keyset owns them)")
+        self.export_params = {str(k): str(v) for k, v in params.items()}
 
     # -- window ----------------------------------------------------------------------
 
@@ -146,10 +177,24 @@ class SierraAdapter:
     # -- full load -------------------------------------------------------------------
 
     def _export_full_load(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
-        """Keyset over id ranges through the two-phase export; 138 waits and resumes."""
+        """The export, then the proof that it delivered every live bib."""
+        self._export(window, sink, stats)
+        self._prove_complete(window, sink, stats)
+
+    def _export(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
+        """Keyset over id blocks through the two-phase export; 138 waits and resumes.
+
+        A block is the lowest ids from the cursor, deleted ones included: ``inputRecords``
+        counts them, ``outputRecords`` does not. Every id in [cursor, cursor + inputRecords)
+        that exists was in the block, so the next block starts at
+        max(cursor + inputRecords, highest exported id + 1): a block of deleted (or
+        omitted suppressed) bibs moves on, and the cursor strictly rises. The export ends
+        only on 404/107 or an empty block.
+        """
         cursor = 0
         waits = 0
-        while True:
+        blocks = 0
+        while cursor <= MAX_BIB_ID:
             try:
                 block = self.client.export_block(cursor, self.export_limit, self.export_params)
             except ExportRateLimited as exc:
@@ -161,17 +206,28 @@ class SierraAdapter:
                 self.sleep(self.rate_limit_wait)
                 continue
             if block is None:
+                log.info("%s: export ends at id %d (404/107: no ids left) after %d blocks", self.partner_id, cursor, blocks)
                 return
-            items, last_id = self._block_items(block, window)
-            self._write(items, sink, stats, "export")
-            output = int(block.summary.get("outputRecords") or 0)
-            if last_id is None or output < self.export_limit:
+            blocks += 1
+            items, last_id = self._block_items(block, window, cursor)
+            if items:
+                self._write(items, sink, stats, "export")
+            covered = block.input_records
+            if covered is None:  # a summary without inputRecords: only what came is known
+                covered = block.output_records
+            if covered == 0 and last_id is None:
+                log.info("%s: export ends at id %d (empty block) after %d blocks", self.partner_id, cursor, blocks)
                 return
-            if last_id + 1 <= cursor:
-                raise HarvestError(self.partner_id, f"bibs/marc id=[{cursor},]", "export ids did not ascend")
-            cursor = last_id + 1
+            next_cursor = max(cursor + covered, last_id + 1 if last_id is not None else 0)
+            if next_cursor <= cursor:
+                raise HarvestLoopError(self.partner_id, f"GET bibs/marc?id=[{cursor},]",
+                                       f"export ids did not ascend (highest id {last_id}, inputRecords {covered})")
+            if block.output_records < covered:
+                log.info("%s: export block from id %d: %d ids in, %d records out (%s deleted)", self.partner_id,
+                         cursor, covered, block.output_records, block.deleted_records)
+            cursor = next_cursor
 
-    def _block_items(self, block: Any, window: Window) -> tuple[list[HarvestItem], int | None]:
+    def _block_items(self, block: ExportBlock, window: Window, cursor: int) -> tuple[list[HarvestItem], int | None]:
         parsed = list(marc.read_iso2709(block.marc))
         suspects: set[int] = set()
         if block.errors:
@@ -183,19 +239,63 @@ class SierraAdapter:
         items: list[HarvestItem] = []
         last_id: int | None = None
         for index, (record, raw, problem) in enumerate(parsed):
-            bib_id = marc.bib_id_of(record) if record is not None else None
+            bib_id = marc.bib_id_of(record) if record is not None else _raw_bib_id(raw)
             if bib_id and bib_id.isdigit():
                 last_id = max(last_id or 0, int(bib_id))
+            stamp = (marc.stamp_of(record) if record is not None else None) or window.until
             if record is None or not bib_id:
-                items.append(Rejected(bib_id or "(unreadable export record)", problem or "MARC: no bib id (907/001)",
-                                      raw.decode("latin-1")[:200000], None, marc.PREFIX))
+                where = f"(no bib id: export block from id {cursor}, record {index + 1})"
+                reason = problem or "MARC: no bib id (neither 907 $a nor 001)"
+                items.append(Rejected(bib_id or where, reason, marc.escape_raw(raw), stamp, marc.PREFIX))
                 continue
-            stamp = marc.stamp_of(record) or window.until
             if index in suspects:
                 items.append(self._refetch(bib_id, stamp))
             else:
                 items.append(marc.to_item(record, bib_id, stamp))
         return items, last_id
+
+    def _prove_complete(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
+        """I12: list the live ids through the JSON API, compare in SQL, fetch what is missing.
+
+        The enumeration (``deleted=false``, suppressed included) is staged with COPY and
+        compared with this channel's staged records and rejects; the missing bibs are
+        fetched in id-list batches into the same staging, and the check is recorded.
+        """
+        conn, run = getattr(sink, "conn", None), getattr(sink, "run", None)
+        if conn is None or run is None:
+            raise TypeError(f"{self.partner_id}: a Sierra full load needs a staging sink (conn, run) to prove completeness")
+        staging: StagingSink = sink  # type: ignore[assignment]
+        listed = completeness.listed_ids_writer(conn, run)
+        pages = 0
+        for entries in self.client.bib_pages({"deleted": "false", "fields": "id"}, MAX_LIMIT):
+            listed.write_page([(str(e["id"]), None, False) for e in entries if e.get("id")])
+            pages += 1
+        gap = completeness.measure_gap(conn, run)
+        log.info("%s: id enumeration: %d live ids listed in %d pages; the export staged %d of them, %d missing, "
+                 "%d staged records not listed", self.partner_id, gap.expected, pages, gap.found, gap.missing, gap.extra)
+        fetched = deleted_since = 0
+        for batch in completeness.missing_batches(conn, run, MISSING_BATCH):
+            items = self.fetch_records(window, batch)
+            fetched += len(items)
+            got = {item.identifier for item in items}
+            gone = self._deleted_since([i for i in batch if i not in got])
+            deleted_since += len(gone)
+            if items or gone:
+                self._write(items + gone, staging, stats, "completeness fetch")
+        left, sample = completeness.still_missing(conn, run)
+        detail = f"fetched {fetched} missing of {gap.missing}"
+        if deleted_since:
+            detail += f"; {deleted_since} deleted since they were listed (staged as deletions)"
+        if gap.missing:
+            detail += f" (export staged {gap.found} of {gap.expected} listed)"
+        if left:
+            detail += f"; still missing {left}: {', '.join(sample)}"
+        if gap.extra:
+            detail += f"; {gap.extra} staged records not listed live (deleted since the export?)"
+        record_check(conn, run, CHECK_KIND, expected=gap.expected, found=gap.found, ok=left == 0, detail=detail)
+        completeness.clear(conn, run)
+        (log.info if left == 0 else log.error)("%s: completeness check %s: %s", self.partner_id,
+                                               "passed" if left == 0 else "FAILED", detail)
 
     def _refetch(self, bib_id: str, stamp: datetime) -> HarvestItem:
         """A record the export may have truncated: fetch it whole, or quarantine it."""
@@ -229,6 +329,17 @@ class SierraAdapter:
             items.extend(self._entry_to_item(entry) for entry in body.get("entries") or [])
         return items
 
+    def _deleted_since(self, identifiers: list[str]) -> list[HarvestItem]:
+        """Listed live, gone by the fetch: deleted meanwhile? Their tombstones, from one id-list query per chunk."""
+        items: list[HarvestItem] = []
+        for start in range(0, len(identifiers), self.fetch_chunk):
+            chunk = identifiers[start:start + self.fetch_chunk]
+            params = {"id": ",".join(chunk), "fields": "id,deleted,deletedDate", "limit": len(chunk)}
+            body = self.client.get_json("/bibs", params, empty_ok=True) or {}
+            items.extend(self._tombstone(entry, str(entry.get("id", "")))
+                         for entry in body.get("entries") or [] if entry.get("deleted") is True)
+        return items
+
     # -- shared ----------------------------------------------------------------------
 
     def _write(self, items: list[HarvestItem], sink: ItemSink, stats: HarvestStats, what: str) -> None:
@@ -239,6 +350,12 @@ class SierraAdapter:
         log.info("%s: %s page %d: %d items; %d fetched (%d records, %d deleted, %d rejected)",
                  self.partner_id, what, stats.pages, len(items), stats.fetched, stats.records,
                  stats.tombstones, stats.rejected)
+
+
+def _raw_bib_id(raw: bytes) -> str | None:
+    """The 907 $a id of a record pymarc could not decode, so its quarantine row names the bib."""
+    match = _RAW_907.search(raw)
+    return match.group(1).decode("ascii") if match else None
 
 
 def _json(entry: dict[str, Any]) -> str:

@@ -2,10 +2,17 @@
 
 Every bib lands as MARCXML (prefix ``marc21``) and is validated by the same rules as an
 OAI-PMH ``marcxml`` payload; what fails goes to quarantine with its reason.
+
+Character sets: leader/09 "a" is UTF-8 and is decoded strictly; blank is MARC-8 and is
+converted with pymarc's MARC-8 decoder (leader/09 then says "a", as the text now is).
+Nothing is stored with replacement characters: an undecodable record is quarantined
+with its raw bytes escaped.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 from collections.abc import Iterator
@@ -33,7 +40,7 @@ def bib_id_of(record: pymarc.Record) -> str | None:
             match = _ID_IN_907.match(value.strip())
             if match:
                 return match.group(1)
-    control = record["001"]
+    control = record.get("001")  # pymarc 5: record["001"] raises KeyError when absent
     if control is not None and control.data:
         digits = re.sub(r"\D", "", control.data)
         return digits or None
@@ -42,7 +49,7 @@ def bib_id_of(record: pymarc.Record) -> str | None:
 
 def stamp_of(record: pymarc.Record) -> datetime | None:
     """The 005 "date and time of latest transaction", when the record carries one."""
-    field = record["005"]
+    field = record.get("005")
     if field is None or not field.data:
         return None
     try:
@@ -100,15 +107,50 @@ def read_iso2709(data: bytes) -> Iterator[tuple[pymarc.Record | None, bytes, str
         length = int(data[position:position + 5])
         raw = data[position:position + length]
         position += max(length, 1)
-        try:
-            record = next(iter(pymarc.MARCReader(raw, to_unicode=True, force_utf8=True, utf8_handling="replace")))
-        except Exception as exc:
-            yield None, raw, f"MARC: unreadable record ({type(exc).__name__}: {exc})"
-            continue
-        if record is None:
-            yield None, raw, "MARC: unreadable record"
-            continue
-        yield record, raw, None
+        record, problem = decode_record(raw)
+        yield record, raw, problem
+
+
+def decode_record(raw: bytes) -> tuple[pymarc.Record | None, str | None]:
+    """One ISO 2709 record in its declared character set, or (None, why)."""
+    coding = chr(raw[9]) if len(raw) > 9 else ""
+    if coding not in ("a", " "):
+        return None, f"MARC: unknown character coding scheme {coding!r} in leader/09"
+    complaints = io.StringIO()
+    try:
+        # pymarc's MARC-8 decoder turns a byte it cannot map into a space and only says so
+        # on stderr: listen there (harvest tasks are single-threaded), so a damaged record is
+        # quarantined instead of stored with a silent blank.
+        with contextlib.redirect_stderr(complaints):
+            record = pymarc.Record(raw, to_unicode=True, force_utf8=False, utf8_handling="strict",
+                                   hide_utf8_warnings=coding == "a")
+    except UnicodeDecodeError as exc:
+        charset = "UTF-8 (leader/09 'a')" if coding == "a" else "MARC-8 (leader/09 blank)"
+        return None, f"MARC: invalid {charset} at byte {exc.start} of a field: {exc.reason}"
+    except Exception as exc:
+        return None, f"MARC: unreadable record ({type(exc).__name__}: {exc})"
+    if complaints.getvalue().strip():
+        first = complaints.getvalue().strip().splitlines()[0]
+        return None, f"MARC: invalid MARC-8 (leader/09 blank): {first}"
+    if any("\ufffd" in value for value in _texts(record)):
+        return None, "MARC: undecodable characters (U+FFFD) after character set conversion"
+    if coding == " ":
+        record.leader = pymarc.Leader(str(record.leader)[:9] + "a" + str(record.leader)[10:])
+    return record, None
+
+
+def _texts(record: pymarc.Record) -> Iterator[str]:
+    for field in record.fields:
+        if field.is_control_field():
+            yield field.data or ""
+        else:
+            for subfield in field.subfields:
+                yield subfield.value
+
+
+def escape_raw(raw: bytes) -> str:
+    """Raw bytes as storable text: valid UTF-8 stays readable, anything else shows as \\xNN."""
+    return raw.decode("utf-8", "backslashreplace").replace("\x00", "\\x00")[:200000]
 
 
 def from_marc_json(data: dict[str, Any] | str) -> pymarc.Record:

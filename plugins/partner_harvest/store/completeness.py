@@ -1,0 +1,125 @@
+"""SQL of a completeness check: an independent id enumeration against what a run staged (I12).
+
+A Sierra full load stages what the MARC export delivered. A second witness, the JSON
+API's list of live ids, is staged with COPY into the unlogged ``reconcile_ids`` table
+under a run key of its own, and compared in SQL, so a million ids never sit in memory.
+The ids the export missed are written to that table under a second key and read back
+in keyset batches for the fix-up fetch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+
+from partner_harvest.store.reconcile import IdSweepWriter
+from partner_harvest.store.runs import RunRef
+
+
+@dataclass(frozen=True)
+class Gap:
+    """The enumeration against the staging: ``found`` of ``expected`` live ids were staged."""
+
+    expected: int  # distinct live ids the witness listed
+    found: int  # of those, staged by the run (records and rejects)
+    missing: int  # listed but not staged
+    extra: int  # staged records the witness did not list (deleted since, or never live)
+
+
+def _keys(run: RunRef) -> tuple[str, str]:
+    base = f"{run.run_id}/{run.channel}/completeness"
+    return f"{base}:listed", f"{base}:missing"
+
+
+def listed_ids_writer(conn: psycopg.Connection, run: RunRef) -> IdSweepWriter:
+    """Where the enumeration goes, page by page (COPY); cleared first."""
+    writer = IdSweepWriter(conn, run.partner_id, _keys(run)[0])
+    writer.reset()
+    return writer
+
+
+def measure_gap(conn: psycopg.Connection, run: RunRef) -> Gap:
+    """Compare the enumeration with the staging; remember the missing ids for the fix-up."""
+    listed_key, missing_key = _keys(run)
+    params = {"pid": run.partner_id, "run": run.run_id, "channel": run.channel,
+              "listed": listed_key, "missing": missing_key}
+    with conn.transaction():
+        conn.execute("DELETE FROM reconcile_ids WHERE partner_id = %(pid)s AND run_id = %(missing)s", params)
+        # Freshly bulk-loaded tables: give the planner statistics before the anti-joins.
+        conn.execute("ANALYZE reconcile_ids")
+        conn.execute("ANALYZE staging")
+        conn.execute(
+            """
+            INSERT INTO reconcile_ids (partner_id, run_id, identifier, deleted)
+            SELECT DISTINCT %(pid)s, %(missing)s, l.identifier, false FROM reconcile_ids l
+            WHERE l.partner_id = %(pid)s AND l.run_id = %(listed)s
+              AND NOT EXISTS (SELECT 1 FROM staging s
+                              WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.channel = %(channel)s
+                                AND s.kind IN ('R', 'Q') AND s.identifier = l.identifier)
+            """,
+            params,
+        )
+        expected, missing, extra = conn.execute(
+            """
+            SELECT
+                (SELECT count(DISTINCT identifier) FROM reconcile_ids
+                 WHERE partner_id = %(pid)s AND run_id = %(listed)s),
+                (SELECT count(*) FROM reconcile_ids WHERE partner_id = %(pid)s AND run_id = %(missing)s),
+                (SELECT count(DISTINCT s.identifier) FROM staging s
+                 WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.channel = %(channel)s AND s.kind = 'R'
+                   AND NOT EXISTS (SELECT 1 FROM reconcile_ids l WHERE l.partner_id = %(pid)s
+                                   AND l.run_id = %(listed)s AND l.identifier = s.identifier))
+            """,
+            params,
+        ).fetchone()
+    return Gap(expected=expected, found=expected - missing, missing=missing, extra=extra)
+
+
+def missing_batches(conn: psycopg.Connection, run: RunRef, size: int) -> Iterator[list[str]]:
+    """The ids the enumeration listed and the run had not staged, in keyset batches."""
+    missing_key = _keys(run)[1]
+    after = ""
+    while True:
+        rows = conn.execute(
+            "SELECT identifier FROM reconcile_ids WHERE partner_id = %s AND run_id = %s AND identifier > %s"
+            " ORDER BY identifier LIMIT %s",
+            (run.partner_id, missing_key, after, size),
+        ).fetchall()
+        conn.commit()
+        if not rows:
+            return
+        batch = [identifier for (identifier,) in rows]
+        yield batch
+        after = batch[-1]
+
+
+def still_missing(conn: psycopg.Connection, run: RunRef, sample: int = 20) -> tuple[int, list[str]]:
+    """How many listed ids the run still has not staged after the fix-up, and the first few.
+
+    A listed id staged as a deletion (deleted between the listing and the fetch) is
+    accounted for.
+    """
+    listed_key = _keys(run)[0]
+    rows = conn.execute(
+        """
+        SELECT l.identifier, count(*) OVER () FROM (
+            SELECT DISTINCT identifier FROM reconcile_ids WHERE partner_id = %(pid)s AND run_id = %(listed)s
+        ) l
+        WHERE NOT EXISTS (SELECT 1 FROM staging s
+                          WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.channel = %(channel)s
+                            AND s.kind IN ('R', 'Q', 'T') AND s.identifier = l.identifier)
+        ORDER BY l.identifier LIMIT %(sample)s
+        """,
+        {"pid": run.partner_id, "run": run.run_id, "channel": run.channel, "listed": listed_key, "sample": sample},
+    ).fetchall()
+    conn.commit()
+    return (rows[0][1] if rows else 0), [identifier for identifier, _ in rows]
+
+
+def clear(conn: psycopg.Connection, run: RunRef) -> None:
+    """Drop the check's ids (the audit row keeps the result)."""
+    with conn.transaction():
+        conn.execute("DELETE FROM reconcile_ids WHERE partner_id = %s AND run_id = ANY(%s)",
+                     (run.partner_id, list(_keys(run))))

@@ -19,8 +19,9 @@ CURSOR, DELETIONS = "harvest_cursor__daglibrary", "harvest_cursor__daglibrary__d
 
 
 @pytest.fixture
-def catalogue() -> SimulatedCatalogue:
-    return SimulatedCatalogue(bibs=300, deleted_fraction=0.03, seed=21)
+def catalogue(request: pytest.FixtureRequest) -> SimulatedCatalogue:
+    extra = getattr(request, "param", {})  # switches of the simulator, for one test
+    return SimulatedCatalogue(bibs=300, deleted_fraction=0.03, seed=21, **extra)
 
 
 @pytest.fixture
@@ -116,3 +117,21 @@ def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env, ca
     stored = xcom_text("harvest_daglibrary") + rendered_fields_text("harvest_daglibrary")
     for secret in (SECRET, *bearer_tokens):
         assert secret not in logged and secret not in stored
+
+
+@pytest.mark.parametrize("catalogue", [{"nul_every": 50}], indirect=True)
+def test_bibs_holding_a_nul_character_are_quarantined_and_the_run_completes(sierra_env, catalogue, db) -> None:
+    """Issue 7 item 9 through Airflow: a NUL made the page's COPY fail on every retry, for ever."""
+    run = build_dag().test()
+    states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
+    assert set(states.values()) == {"success"}, states
+    poisoned = {str(n) for n in range(catalogue.first_id, catalogue.first_id + 300)
+                if catalogue._every(catalogue.nul_every, n) and str(n) in catalogue.live_ids()}
+    assert poisoned
+    with connect(db) as conn:
+        ensure_schema(conn)
+        assert live_identifiers(conn, "daglibrary") == catalogue.live_ids() - poisoned
+        held = dict(conn.execute("SELECT identifier, reason FROM quarantine WHERE partner_id = 'daglibrary'").fetchall())
+    assert set(held) == poisoned
+    assert all("NUL" in reason or "XML compatible" in reason for reason in held.values()), held
+    assert variable(CURSOR)["until"] == catalogue.clock.strftime("%Y-%m-%dT%H:%M:%SZ")

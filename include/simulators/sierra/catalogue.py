@@ -191,13 +191,16 @@ class SimulatedCatalogue(SimulatedModel[str | int]):
         no_005_every: int = 0,
         no_id_every: int = 0,
         bad_utf8_every: int = 0,
+        nul_every: int = 0,
     ) -> None:
         """Deleted and suppressed bibs are a random sample, so they fall in every export block.
 
         ``*_every``: every n-th bib is MARC-8 in the export, lacks 005, lacks 001/907,
-        or carries an invalid UTF-8 byte in the export (0 = never).
+        or carries an invalid UTF-8 byte in the export, or a NUL character in its title
+        (MARC-in-JSON ``\u0000``, a 0x00 byte in the export; real catalogues hold such
+        control characters from old imports) (0 = never).
         """
-        everies = (oversized_every, invalid_every, marc8_every, no_005_every, no_id_every, bad_utf8_every)
+        everies = (oversized_every, invalid_every, marc8_every, no_005_every, no_id_every, bad_utf8_every, nul_every)
         if bibs < 0 or min(everies) < 0:
             raise ValueError("bibs and the *_every options must be >= 0")
         if not 0 <= deleted_fraction <= 1 or not 0 <= suppressed_fraction <= 1:
@@ -212,6 +215,7 @@ class SimulatedCatalogue(SimulatedModel[str | int]):
         self.no_005_every = no_005_every
         self.no_id_every = no_id_every
         self.bad_utf8_every = bad_utf8_every
+        self.nul_every = nul_every
         super().__init__(start_clock, mutation_step, mutation_seed=seed * 1_000_003 + 29)
         self._build(bibs, deleted_fraction, suppressed_fraction)
 
@@ -338,6 +342,8 @@ class SimulatedCatalogue(SimulatedModel[str | int]):
         title = MARC8_TITLES[h % len(MARC8_TITLES)] if marc8 else TITLES[h % len(TITLES)]
         if version > 1:  # edits change visible content, so a harvest can prove it saw them
             title = f"{title} (revision {version - 1})"
+        if self._every(self.nul_every, number):
+            title = f"{title}\x00"
         year = 1900 + (h >> 4) % 126
         return Bib(
             id=str(number), updated=self._updated[i], created=self._created[i], version=version,

@@ -208,10 +208,13 @@ def build_dags(kind: str, wanted: str | None = None) -> list[DAG]:
 def error_dag_id(kind: str, error: RegistryError, used: set[str], index: int) -> str:
     """``<kind>_<id>`` when the entry has a usable id (the DAG it would have been), else a
     name that cannot clash with a valid partner's DAG."""
-    label = re.sub(r"[^A-Za-z0-9_.-]", "_", error.partner or "")[:200].strip("_") or f"entry{index + 1}"
+    label = error.partner or ""
+    if label.startswith("#"):  # an entry without a readable id: its position
+        label = f"entry{label[1:]}"
+    label = re.sub(r"[^A-Za-z0-9_.-]", "_", label)[:200].strip("_") or f"invalid{index + 1}"
     dag_id = f"{kind}_{label}"
     if dag_id in used:
-        dag_id = f"{kind}_{label}__invalid_entry{index + 1}"
+        dag_id = f"{kind}_{label}__invalid{index + 1}"
     return dag_id
 
 

@@ -98,6 +98,11 @@ def run_overdue_alert(
     context = context or {}
     dag_run = context.get("dag_run") or {}
     run_id = dag_run.get("dag_run_id") or dag_run.get("run_id") or "?"
+    if dag_run.get("state") in ("success", "failed"):
+        # Airflow prunes a run's deadlines only on success; a failed run was already
+        # alerted by its task's failure notifier.
+        log.info("%s: run %s of %s is %s; no overdue alert", partner_id, run_id, dag_id, dag_run["state"])
+        return []
     subject = f"[partner harvest] {partner_id}: {dag_id} run {run_id} not finished {run_deadline} after it was queued"
     lines = [
         f"Partner: {partner_id}",

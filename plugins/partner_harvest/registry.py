@@ -217,13 +217,23 @@ class SierraOptions(_Strict):
 _RESERVED_EXPORT_PARAMS = ("id", "limit")
 
 
+def _query_value(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"must be a string or an integer, got {value!r}")
+    return value
+
+
+QueryValue = Annotated[Any, BeforeValidator(_query_value),
+                       WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "integer"}]})]
+
+
 class ExportOptions(_Strict):
     """options.export: the Sierra bibs/marc full-load export."""
 
     limit: Annotated[StrictInt, Field(ge=1)] = 2000
     rate_limit_wait: Annotated[float, Field(ge=0, strict=True)] = 300.0
     max_rate_limit_waits: Annotated[StrictInt, Field(ge=0)] = 12
-    params: dict[StrictStr, StrictStr | StrictInt] = Field(
+    params: dict[StrictStr, QueryValue] = Field(
         default_factory=dict, description="extra query parameters of bibs/marc, passed through as given")
 
     @field_validator("params")
@@ -465,3 +475,24 @@ def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
     if not fields:
         return []
     return sorted(info.alias or name for name, info in fields.items())
+
+
+def schema_text() -> str:
+    import json
+
+    return json.dumps(registry_schema(), indent=2) + "\n"
+
+
+if __name__ == "__main__":  # python -m partner_harvest.registry [--write-schema]
+    import sys
+
+    if sys.argv[1:] == ["--write-schema"]:
+        SCHEMA_FILE.write_text(schema_text(), encoding="utf-8")
+        print(f"wrote {SCHEMA_FILE}")
+    else:
+        loaded = load_registry()
+        for p in loaded.partners:
+            print(f"ok       {p.id} ({p.protocol})")
+        for e in loaded.errors:
+            print(f"INVALID  {e}")
+        sys.exit(1 if loaded.errors else 0)

@@ -9,7 +9,7 @@ import socket
 import pytest
 from test_run_deadline import Sink  # pytest (prepend mode) puts tests/dags on sys.path
 
-from partner_harvest.airflow.notifiers import run_overdue_alert, send_alert
+from partner_harvest.airflow.notifiers import send_alert
 
 pytestmark = pytest.mark.airflow
 TOKEN = "s3cr3t-token"
@@ -42,6 +42,8 @@ def test_a_failing_webhook_is_logged_without_its_url(case: str, monkeypatch: pyt
 
 
 def test_overdue_alert_only_for_a_run_still_unfinished(monkeypatch: pytest.MonkeyPatch) -> None:
+    from partner_harvest.airflow.notifiers import run_overdue_alert
+
     sink = Sink()
     monkeypatch.setenv("AIRFLOW_CONN_HARVEST_ALERTS_WEBHOOK", json.dumps({"conn_type": "http", "host": sink.url}))
     try:

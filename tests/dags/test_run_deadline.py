@@ -97,6 +97,7 @@ def test_missing_pool_run_alerts_when_its_deadline_passes(registry, sink: Sink, 
             session.add(DagBundleModel(name=BUNDLE))
     bag = BundleDagBag(dag_folder=str(ROOT / "dags" / "partner_harvest.py"), bundle_path=ROOT / "dags",
                        bundle_name=BUNDLE)
+    assert "harvest_poolless" in bag.dag_ids and not bag.import_errors
     sync_bag_to_db(bag, BUNDLE, None)
 
     run_id = f"manual__deadline_{utcnow().timestamp():.0f}"

@@ -29,9 +29,9 @@ from pydantic import (
     StrictStr,
     ValidationError,
     WithJsonSchema,
+    ValidationInfo,
     create_model,
     field_validator,
-    model_validator,
 )
 
 from partner_harvest.http import HttpPolicy
@@ -310,13 +310,15 @@ class PartnerEntry(_Strict):
             raise ValueError("must be at least 1m")
         return value
 
-    @model_validator(mode="after")
-    def _protocol_options(self) -> PartnerEntry:
-        if self.protocol != "sierra":
+    @field_validator("options")
+    @classmethod
+    def _protocol_options(cls, value: Options, info: ValidationInfo) -> Options:
+        protocol = info.data.get("protocol")
+        if protocol is not None and protocol != "sierra":
             for name in ("sierra", "export"):
-                if name in self.options.model_fields_set:
+                if name in value.model_fields_set:
                     raise ValueError(f"options.{name} applies to protocol sierra only")
-        return self
+        return value
 
     def to_partner(self) -> Partner:
         prefix = self.metadata_prefix or ("auto" if self.protocol == "oai-pmh" else "marc21")

@@ -183,7 +183,7 @@ def test_every_http_policy_field_is_an_allowed_option(tmp_path: Path) -> None:
 def test_sierra_only_options_on_an_oai_partner(tmp_path: Path) -> None:
     path = write(tmp_path, "partners:\n  - {id: m, protocol: oai-pmh, conn_id: c, options: {export: {limit: 5}}}\n")
     (error,) = load_registry(path).errors
-    assert "options.export applies to protocol sierra only" in str(error)
+    assert error.field == "options" and "options.export applies to protocol sierra only" in str(error)
 
 
 # -- the published JSON Schema -------------------------------------------------------------

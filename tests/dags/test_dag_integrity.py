@@ -91,15 +91,25 @@ def test_dag_processor_keeps_the_valid_partners_scheduled(registry, airflow_db) 
     assert "partner 'broken', field 'lag'" in errors["partner_registry_check.py"]
 
 
-def test_error_dag_fails_with_the_entrys_message(registry, airflow_db) -> None:
+def test_error_dag_fails_and_alerts_with_the_entrys_message(registry, airflow_db, monkeypatch) -> None:
+    import json
+
     from airflow.utils.state import DagRunState
+    from test_run_deadline import Sink  # pytest (prepend mode) puts tests/dags on sys.path
 
     from partner_harvest.airflow.dag_factory import build_dags
 
-    registry(MIXED_REGISTRY)
-    (dag,) = build_dags("harvest", "harvest_broken")
-    run = dag.test()
-    assert run.state == DagRunState.FAILED
+    path = registry(MIXED_REGISTRY)
+    sink = Sink()
+    monkeypatch.setenv("AIRFLOW_CONN_HARVEST_ALERTS_WEBHOOK", json.dumps({"conn_type": "http", "host": sink.url}))
+    try:
+        (dag,) = build_dags("harvest", "harvest_broken")
+        assert dag.test().state == DagRunState.FAILED
+    finally:
+        sink.close()
+    (alert,) = sink.bodies
+    assert alert["harvest"]["partner"] == "broken" and alert["harvest"]["task_id"] == "registry_error"
+    assert f"{path}: partner 'broken', field 'lag'" in alert["harvest"]["cause"]
 
 
 def test_unreadable_registry_is_an_import_error_of_the_dag_files(registry, airflow_db) -> None:

@@ -1,11 +1,10 @@
-"""One harvest DAG per partner in the registry (include/partners.yaml): harvest_<id>."""
+"""One harvest DAG per partner in the registry (include/partners.yaml): harvest_<id>.
+
+An invalid entry gets an error DAG of the same name instead; the others are unaffected.
+"""
 
 from airflow.sdk import get_parsing_context
 
-from partner_harvest.airflow.dag_factory import build_harvest_dag
-from partner_harvest.registry import load_partners
+from partner_harvest.airflow.dag_factory import build_dags
 
-_wanted = get_parsing_context().dag_id
-for _partner in load_partners():
-    if _wanted is None or _wanted == _partner.dag_id:
-        build_harvest_dag(_partner)
+build_dags("harvest", get_parsing_context().dag_id)

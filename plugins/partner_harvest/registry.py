@@ -1,31 +1,60 @@
 """The partner registry: which partners exist and how each is harvested.
 
-Loaded from ``include/partners.yaml`` (or ``$HARVEST_PARTNERS_FILE``) at DAG-parse time,
-so a bad entry must fail loudly with the file, the partner and the field in the message.
+Loaded from ``include/partners.yaml`` (or ``$HARVEST_PARTNERS_FILE``) at DAG-parse time and
+validated with pydantic (``registry_schema`` publishes the same model as JSON Schema). One
+bad entry must not take the other partners down: :func:`load_registry` returns the valid
+partners and, separately, one :class:`RegistryError` per invalid entry, naming the file,
+the partner and the field. Only a file that cannot be read at all fails as a whole.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import typing
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    WithJsonSchema,
+    ValidationInfo,
+    create_model,
+    field_validator,
+)
+
+from partner_harvest.http import HttpPolicy
 
 PARTNERS_FILE_ENV = "HARVEST_PARTNERS_FILE"
 DEFAULT_PARTNERS_FILE = Path(__file__).resolve().parents[2] / "include" / "partners.yaml"
+SCHEMA_FILE = DEFAULT_PARTNERS_FILE.with_name("partners.schema.json")
 
 PROTOCOLS = ("oai-pmh", "sierra")
-_ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+# Words of lowercase letters and digits joined by single '_': never '__' (the separator of
+# cursor keys, harvest_cursor__<id>__<channel>) and never a trailing '_'.
+ID_PATTERN = r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$"
+ID_MAX_LENGTH = 63
+_ID = re.compile(ID_PATTERN)
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+CURSOR_PREFIX = "harvest_cursor__"
+DEFAULT_MAX_RECORD_BYTES = 8 * 1024 * 1024
+DEFAULT_RUN_DEADLINE = timedelta(hours=20)
 
 
 class RegistryError(ValueError):
-    """The registry file is unusable; the message names file, partner and field."""
+    """The registry, or one entry of it, is unusable; the message names file, partner and field."""
 
     def __init__(self, path: Path | str, partner: str | None, field_name: str | None, problem: str):
         where = f"{path}"
@@ -37,6 +66,7 @@ class RegistryError(ValueError):
         self.path = str(path)
         self.partner = partner
         self.field = field_name
+        self.problem = problem
 
 
 @dataclass(frozen=True)
@@ -62,6 +92,7 @@ class Partner:
     quarantine_alert_rate: float = 0.05
     purge_alert_fraction: float = 0.05
     quiet_period: timedelta = timedelta(days=7)
+    run_deadline: timedelta = DEFAULT_RUN_DEADLINE
     options: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -70,7 +101,7 @@ class Partner:
 
     @property
     def cursor_key(self) -> str:
-        return f"harvest_cursor__{self.id}"
+        return cursor_key(self.id)
 
     @property
     def reconcile_dag_id(self) -> str:
@@ -82,8 +113,19 @@ class Partner:
         return f"partner_{self.id}"
 
 
+def cursor_key(partner_id: str, channel: str | None = None) -> str:
+    """``harvest_cursor__<id>[__<channel>]``; ids and channels never contain ``__``,
+    so no partner's key can equal another partner's channel key."""
+    for part in (partner_id, channel):
+        if part is not None and not _ID.match(part):
+            raise ValueError(f"cursor key part {part!r} is not a slug without '__' (pattern {ID_PATTERN})")
+    return CURSOR_PREFIX + partner_id + (f"__{channel}" if channel else "")
+
+
 def parse_duration(value: Any) -> timedelta:
     """Accept ``600``, ``"600s"``, ``"10m"``, ``"2h"`` or ``"1d"``."""
+    if isinstance(value, timedelta):
+        return value
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, (int, float)) and value >= 0:
@@ -94,12 +136,239 @@ def parse_duration(value: Any) -> timedelta:
     return timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
 
 
+# -- the model ---------------------------------------------------------------------------
+
+def _cron(value: Any) -> Any:
+    if not isinstance(value, str) or len(value.split()) != 5:
+        raise ValueError(f"must be a five-field cron expression, got {value!r}")
+    return value
+
+
+def _field_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return [f.strip() for f in value.split(",") if f.strip()]
+    return value
+
+
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(parse_duration),
+    WithJsonSchema({
+        "anyOf": [
+            {"type": "integer", "minimum": 0, "description": "seconds"},
+            {"type": "string", "pattern": r"^\s*\d+\s*[smhd]?\s*$", "description": "e.g. 600s, 10m, 2h, 1d"},
+        ]
+    }),
+]
+Cron = Annotated[
+    str,
+    BeforeValidator(_cron),
+    WithJsonSchema({"type": "string", "pattern": r"^\s*\S+(\s+\S+){4}\s*$",
+                    "description": "five-field cron expression, UTC"}),
+]
+Fraction = Annotated[float, Field(ge=0, le=1, strict=True)]
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors everywhere: a typo must never be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _strict_type(annotation: Any) -> Any:
+    """Strict scalars for the HttpPolicy mirror: YAML 'yes' or '5' must not pass as 5."""
+    return {int: StrictInt, bool: StrictBool, str: StrictStr,
+            float: Annotated[float, Field(strict=True)]}.get(annotation, annotation)
+
+
+def _http_options_model() -> type[BaseModel]:
+    """Mirror every field of HttpPolicy, so fields added to it are accepted here too."""
+    try:
+        hints = typing.get_type_hints(HttpPolicy)
+    except Exception:  # an annotation we cannot resolve: still check the key names
+        hints = {}
+    definitions: dict[str, Any] = {}
+    for f in dataclasses.fields(HttpPolicy):
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = ...  # required by HttpPolicy itself
+        if isinstance(default, frozenset):
+            default = sorted(default)  # JSON-friendly in the published schema
+        definitions[f.name] = (_strict_type(hints.get(f.name, Any)), default)
+    return create_model("HttpOptions", __base__=_Strict,
+                        __doc__="options.http: overrides of partner_harvest.http.HttpPolicy",
+                        **definitions)
+
+
+HttpOptions = _http_options_model()
+
+
+class SierraOptions(_Strict):
+    """options.sierra: keyword arguments of SierraClient."""
+
+    refresh_margin: Annotated[float, Field(ge=0, strict=True)] = 60.0
+    server_error_tries: Annotated[StrictInt, Field(ge=1)] = 3
+    server_error_backoff: Annotated[float, Field(ge=0, strict=True)] = 2.0
+
+
+_RESERVED_EXPORT_PARAMS = ("id", "limit")
+
+
+def _query_value(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"must be a string or an integer, got {value!r}")
+    return value
+
+
+QueryValue = Annotated[Any, BeforeValidator(_query_value),
+                       WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "integer"}]})]
+
+
+class ExportOptions(_Strict):
+    """options.export: the Sierra bibs/marc full-load export."""
+
+    limit: Annotated[StrictInt, Field(ge=1)] = 2000
+    rate_limit_wait: Annotated[float, Field(ge=0, strict=True)] = 300.0
+    max_rate_limit_waits: Annotated[StrictInt, Field(ge=0)] = 12
+    params: dict[StrictStr, QueryValue] = Field(
+        default_factory=dict, description="extra query parameters of bibs/marc, passed through as given")
+
+    @field_validator("params")
+    @classmethod
+    def _no_reserved(cls, value: dict[str, Any]) -> dict[str, Any]:
+        clash = sorted(set(value) & set(_RESERVED_EXPORT_PARAMS))
+        if clash:
+            raise ValueError(f"{', '.join(clash)} are set by the harvester, not by params")
+        return value
+
+
+class LimitsOptions(_Strict):
+    max_record_bytes: Annotated[StrictInt, Field(ge=1)] = DEFAULT_MAX_RECORD_BYTES
+
+
+class CompletenessOptions(_Strict):
+    list_identifiers: StrictBool = False
+
+
+class Options(_Strict):
+    http: HttpOptions = Field(default_factory=HttpOptions)  # type: ignore[valid-type]
+    sierra: SierraOptions = Field(default_factory=SierraOptions)
+    export: ExportOptions = Field(default_factory=ExportOptions)
+    limits: LimitsOptions = Field(default_factory=LimitsOptions)
+    completeness: CompletenessOptions = Field(default_factory=CompletenessOptions)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dicts for ``partner.options.get(...)``; http/sierra/export only the keys given,
+        so the code's own defaults apply to the rest."""
+        return {
+            "http": self.http.model_dump(exclude_unset=True),
+            "sierra": self.sierra.model_dump(exclude_unset=True),
+            "export": self.export.model_dump(exclude_unset=True),
+            "limits": self.limits.model_dump(),
+            "completeness": self.completeness.model_dump(),
+        }
+
+
+class PartnerEntry(_Strict):
+    """One entry of ``partners:`` as written in the YAML file."""
+
+    id: Annotated[str, Field(pattern=ID_PATTERN, max_length=ID_MAX_LENGTH, strict=True,
+                             description="slug; DAGs harvest_<id>/reconcile_<id>, pool partner_<id>")]
+    protocol: Literal["oai-pmh", "sierra"]
+    conn_id: Annotated[str, Field(min_length=1, pattern=r"\S", strict=True,
+                                  description="Airflow Connection whose host is the endpoint's base URL")]
+    schedule: Cron = "0 2 * * *"
+    lag: Duration = timedelta(minutes=10)
+    metadata_prefix: Annotated[str, Field(min_length=1, pattern=r"\S", strict=True)] | None = Field(
+        default=None, description="a prefix, or auto; default auto (OAI-PMH) / marc21 (Sierra)")
+    set: Annotated[str, Field(min_length=1, pattern=r"\S", strict=True)] | None = None
+    description: StrictStr = ""
+    max_token_restarts: Annotated[StrictInt, Field(ge=0, le=100)] = 3
+    page_size: Annotated[StrictInt, Field(ge=1, le=2000)] = 2000
+    fields: Annotated[list[StrictStr], BeforeValidator(_field_list)] = Field(default_factory=list)
+    deletion_overlap_days: Annotated[StrictInt, Field(ge=0, le=365)] = 1
+    pool_slots: Annotated[StrictInt, Field(ge=1, le=64)] = 1
+    retries: Annotated[StrictInt, Field(ge=0, le=10)] = 3
+    reconcile_schedule: Cron = "0 4 * * 0"
+    max_purge_fraction: Fraction = 0.05
+    quarantine_alert_rate: Fraction = 0.05
+    purge_alert_fraction: Fraction = 0.05
+    quiet_period: Duration = timedelta(days=7)
+    run_deadline: Duration = Field(
+        default=DEFAULT_RUN_DEADLINE,
+        description="alert when a run has not finished this long after it was queued "
+        "(a missing pool, a stuck task); at least 1m")
+    options: Options = Field(default_factory=Options)
+
+    @field_validator("run_deadline")
+    @classmethod
+    def _deadline_floor(cls, value: timedelta) -> timedelta:
+        if value < timedelta(minutes=1):
+            raise ValueError("must be at least 1m")
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _protocol_options(cls, value: Options, info: ValidationInfo) -> Options:
+        protocol = info.data.get("protocol")
+        if protocol is not None and protocol != "sierra":
+            for name in ("sierra", "export"):
+                if name in value.model_fields_set:
+                    raise ValueError(f"options.{name} applies to protocol sierra only")
+        return value
+
+    def to_partner(self) -> Partner:
+        prefix = self.metadata_prefix or ("auto" if self.protocol == "oai-pmh" else "marc21")
+        return Partner(
+            id=self.id, protocol=self.protocol, conn_id=self.conn_id.strip(), schedule=self.schedule,
+            lag=self.lag, metadata_prefix=prefix.strip(), set_spec=self.set, description=self.description,
+            max_token_restarts=self.max_token_restarts, page_size=self.page_size, fields=tuple(self.fields),
+            deletion_overlap_days=self.deletion_overlap_days, pool_slots=self.pool_slots,
+            retries=self.retries, reconcile_schedule=self.reconcile_schedule,
+            max_purge_fraction=float(self.max_purge_fraction),
+            quarantine_alert_rate=float(self.quarantine_alert_rate),
+            purge_alert_fraction=float(self.purge_alert_fraction), quiet_period=self.quiet_period,
+            run_deadline=self.run_deadline, options=self.options.as_dict(),
+        )
+
+
+class RegistryFile(_Strict):
+    """The whole file: ``partners:``, a list of partner entries."""
+
+    model_config = ConfigDict(extra="forbid", title="partner harvest registry")
+    partners: list[PartnerEntry]
+
+
+def registry_schema() -> dict[str, Any]:
+    """The JSON Schema of the registry file (committed as include/partners.schema.json)."""
+    schema = RegistryFile.model_json_schema()
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
+# -- loading -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Registry:
+    """The valid partners, and one error per invalid entry (which builds nothing)."""
+
+    path: Path
+    partners: list[Partner]
+    errors: list[RegistryError]
+
+    def error_for(self, partner_id: str) -> RegistryError | None:
+        return next((e for e in self.errors if e.partner == partner_id), None)
+
+
 def partners_file() -> Path:
     return Path(os.environ.get(PARTNERS_FILE_ENV) or DEFAULT_PARTNERS_FILE)
 
 
-def load_partners(path: Path | str | None = None) -> list[Partner]:
-    """Read and validate every partner; sorted by id so DAG generation is stable."""
+def load_registry(path: Path | str | None = None) -> Registry:
+    """Read the file; validate each entry on its own. Raises only when the file as a whole
+    is unusable (missing, not YAML, no ``partners:`` list)."""
     path = Path(path) if path else partners_file()
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -107,113 +376,125 @@ def load_partners(path: Path | str | None = None) -> list[Partner]:
         raise RegistryError(path, None, None, "file not found") from None
     except yaml.YAMLError as exc:
         raise RegistryError(path, None, None, f"not valid YAML: {exc}") from None
-    entries = raw.get("partners") if isinstance(raw, dict) else None
-    if not isinstance(entries, list):
+    if not isinstance(raw, dict) or not isinstance(raw.get("partners"), list):
         raise RegistryError(path, None, "partners", "expected a top-level 'partners:' list")
+    unknown = sorted(str(k) for k in raw if k != "partners")
+    if unknown:
+        raise RegistryError(path, None, unknown[0], "unknown top-level key (only 'partners:' is allowed)")
+    entries: list[tuple[str, PartnerEntry | RegistryError]] = []
+    for index, entry in enumerate(raw["partners"]):
+        label = _label(entry, index)
+        try:
+            entries.append((label, PartnerEntry.model_validate(entry)))
+        except ValidationError as exc:
+            entries.append((label, _entry_error(path, label, exc)))
+    counts: dict[str, int] = {}
+    for label, _ in entries:
+        counts[label] = counts.get(label, 0) + 1
     partners: list[Partner] = []
-    seen: set[str] = set()
-    for index, entry in enumerate(entries):
-        partner = _parse_partner(path, index, entry)
-        if partner.id in seen:
-            raise RegistryError(path, partner.id, "id", "duplicate partner id")
-        seen.add(partner.id)
-        partners.append(partner)
-    return sorted(partners, key=lambda p: p.id)
+    errors: list[RegistryError] = []
+    for label, result in entries:
+        if counts[label] > 1:
+            # Which of the two is meant is unknowable: neither runs, both are reported.
+            error = RegistryError(path, label, "id", f"duplicate partner id ({counts[label]} entries)")
+            if error.partner not in {e.partner for e in errors}:
+                errors.append(error)
+        elif isinstance(result, RegistryError):
+            errors.append(result)
+        else:
+            partners.append(result.to_partner())
+    return Registry(path, sorted(partners, key=lambda p: p.id), errors)
+
+
+def load_partners(path: Path | str | None = None) -> list[Partner]:
+    """Every partner, sorted by id; raises the first entry's error if any entry is invalid
+    (for tools that must see the whole registry; the DAG files use :func:`load_registry`)."""
+    registry = load_registry(path)
+    if registry.errors:
+        raise registry.errors[0]
+    return registry.partners
 
 
 def get_partner(partner_id: str, path: Path | str | None = None) -> Partner:
-    for partner in load_partners(path):
+    """One partner; another partner's bad entry does not matter here."""
+    registry = load_registry(path)
+    for partner in registry.partners:
         if partner.id == partner_id:
             return partner
-    raise RegistryError(path or partners_file(), partner_id, "id", "no such partner in the registry")
+    error = registry.error_for(partner_id)
+    if error is not None:
+        raise error
+    raise RegistryError(registry.path, partner_id, "id", "no such partner in the registry")
 
 
-_KNOWN_FIELDS = {
-    "id", "protocol", "conn_id", "schedule", "lag", "metadata_prefix", "set", "description",
-    "max_token_restarts", "page_size", "fields", "deletion_overlap_days", "pool_slots", "options",
-    "retries", "reconcile_schedule", "max_purge_fraction", "quarantine_alert_rate",
-    "purge_alert_fraction", "quiet_period",
-}
+def _label(entry: Any, index: int) -> str:
+    """How errors name an entry: its id when it has a readable one, else its position."""
+    pid = entry.get("id") if isinstance(entry, dict) else None
+    if isinstance(pid, str) and pid.strip() and len(pid) <= 100 and pid.isprintable():
+        return pid.strip()
+    return f"#{index + 1}"
 
 
-def _parse_partner(path: Path, index: int, entry: Any) -> Partner:
-    if not isinstance(entry, dict):
-        raise RegistryError(path, f"#{index + 1}", None, "each partner must be a mapping")
-    pid = entry.get("id")
-    label = str(pid) if pid else f"#{index + 1}"
+def _entry_error(path: Path, label: str, exc: ValidationError) -> RegistryError:
+    problems = []
+    for err in exc.errors(include_url=False, include_input=False):
+        loc = ".".join(str(part) for part in err["loc"])
+        problems.append((loc or None, _describe(err)))
+    field_name, problem = problems[0]
+    if field_name is None:
+        problem = "each partner must be a mapping" if "dict" in problem or "mapping" in problem else problem
+    more = "; ".join(f"field '{loc}': {text}" for loc, text in problems[1:])
+    return RegistryError(path, label, field_name, problem + (f" (also {more})" if more else ""))
 
-    def fail(field_name: str, problem: str) -> RegistryError:
-        return RegistryError(path, label, field_name, problem)
 
-    unknown = sorted(set(entry) - _KNOWN_FIELDS)
-    if unknown:
-        raise fail(unknown[0], f"unknown field (known: {', '.join(sorted(_KNOWN_FIELDS))})")
-    if not isinstance(pid, str) or not _ID_PATTERN.match(pid):
-        raise fail("id", "must be a slug: lowercase letters, digits and '_', starting with a letter")
-    protocol = entry.get("protocol")
-    if protocol not in PROTOCOLS:
-        raise fail("protocol", f"must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
-    conn_id = entry.get("conn_id")
-    if not isinstance(conn_id, str) or not conn_id.strip():
-        raise fail("conn_id", "required: the Airflow Connection whose host is the endpoint")
-    schedules = {}
-    for name in ("schedule", "reconcile_schedule"):
-        value = entry.get(name, getattr(Partner, name))
-        if not isinstance(value, str) or len(value.split()) != 5:
-            raise fail(name, f"must be a five-field cron expression, got {value!r}")
-        schedules[name] = value
-    fractions = {}
-    for name in ("max_purge_fraction", "quarantine_alert_rate", "purge_alert_fraction"):
-        value = entry.get(name, getattr(Partner, name))
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-            raise fail(name, f"must be a fraction from 0 to 1, got {value!r}")
-        fractions[name] = float(value)
-    try:
-        quiet_period = parse_duration(entry.get("quiet_period", "7d"))
-    except ValueError as exc:
-        raise fail("quiet_period", str(exc)) from None
-    try:
-        lag = parse_duration(entry.get("lag", "10m"))
-    except ValueError as exc:
-        raise fail("lag", str(exc)) from None
-    prefix = entry.get("metadata_prefix", "auto" if protocol == "oai-pmh" else "marc21")
-    if not isinstance(prefix, str) or not prefix.strip():
-        raise fail("metadata_prefix", "must be a metadata prefix or 'auto'")
-    set_spec = entry.get("set")
-    if set_spec is not None and (not isinstance(set_spec, str) or not set_spec.strip()):
-        raise fail("set", "must be a non-empty setSpec when given")
-    ints = {}
-    for name, default, low, high in (
-        ("max_token_restarts", 3, 0, 100),
-        ("page_size", 2000, 1, 2000),
-        ("deletion_overlap_days", 1, 0, 365),
-        ("pool_slots", 1, 1, 64),
-        ("retries", 3, 0, 10),
-    ):
-        value = entry.get(name, default)
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise fail(name, f"must be an integer from {low} to {high}, got {value!r}")
-        ints[name] = value
-    fields_value = entry.get("fields", [])
-    if isinstance(fields_value, str):
-        fields_value = [f.strip() for f in fields_value.split(",") if f.strip()]
-    if not isinstance(fields_value, list) or not all(isinstance(f, str) for f in fields_value):
-        raise fail("fields", "must be a list of field names")
-    options = entry.get("options", {})
-    if not isinstance(options, dict):
-        raise fail("options", "must be a mapping")
-    return Partner(
-        id=pid,
-        protocol=protocol,
-        conn_id=conn_id.strip(),
-        quiet_period=quiet_period,
-        **schedules,
-        **fractions,
-        lag=lag,
-        metadata_prefix=prefix.strip(),
-        set_spec=set_spec,
-        description=str(entry.get("description", "")),
-        fields=tuple(fields_value),
-        options=dict(options),
-        **ints,
-    )
+def _describe(err: Any) -> str:
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(err["loc"][:-1])
+        return f"unknown field (known: {', '.join(allowed)})" if allowed else "unknown field"
+    if kind == "missing":
+        return "required"
+    if kind == "model_type":
+        return "must be a mapping"
+    message = str(err["msg"])
+    message = message.removeprefix("Value error, ")
+    if kind == "string_pattern_mismatch" and err["loc"] == ("id",):
+        message = "must be a slug: lowercase letters and digits in words joined by single '_', starting with a letter (no '__', no trailing '_')"
+    if kind == "literal_error" and err["loc"] == ("protocol",):
+        message = f"must be one of {', '.join(PROTOCOLS)}"
+    return message
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys the model allows at ``loc`` (a path of field names)."""
+    model: Any = PartnerEntry
+    for part in loc:
+        info = getattr(model, "model_fields", {}).get(part)
+        if info is None:
+            return []
+        model = info.annotation
+    fields = getattr(model, "model_fields", None)
+    if not fields:
+        return []
+    return sorted(info.alias or name for name, info in fields.items())
+
+
+def schema_text() -> str:
+    import json
+
+    return json.dumps(registry_schema(), indent=2) + "\n"
+
+
+if __name__ == "__main__":  # python -m partner_harvest.registry [--write-schema]
+    import sys
+
+    if sys.argv[1:] == ["--write-schema"]:
+        SCHEMA_FILE.write_text(schema_text(), encoding="utf-8")
+        print(f"wrote {SCHEMA_FILE}")
+    else:
+        loaded = load_registry()
+        for p in loaded.partners:
+            print(f"ok       {p.id} ({p.protocol})")
+        for e in loaded.errors:
+            print(f"INVALID  {e}")
+        sys.exit(1 if loaded.errors else 0)

@@ -8,6 +8,8 @@ import pytest
 
 from partner_harvest.registry import load_partners
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def test_no_import_errors(dagbag) -> None:
     assert dagbag.import_errors == {}
@@ -36,17 +38,97 @@ def test_harvest_dag_shape(dagbag, partner) -> None:
     assert set(dag.params.get_param("mode").schema["enum"]) == {"incremental", "full", "window"}
 
 
-def test_bad_registry_fails_parsing_naming_file_partner_field(tmp_path: Path, monkeypatch, airflow_db) -> None:
+MIXED_REGISTRY = """\
+partners:
+  - {id: good, protocol: oai-pmh, conn_id: c}
+  - {id: broken, protocol: oai-pmh, conn_id: c, lag: whenever}
+  - {id: library, protocol: sierra, conn_id: s, options: {export: {limit: 2000, mapping: x}}}
+"""
+
+
+def test_one_bad_entry_is_that_partners_error_and_the_others_still_load(registry, airflow_db) -> None:
     from airflow.dag_processing.dagbag import DagBag
 
-    bad = tmp_path / "partners.yaml"
-    bad.write_text("partners:\n  - {id: broken, protocol: oai-pmh, conn_id: c, lag: whenever}\n")
-    monkeypatch.setenv("HARVEST_PARTNERS_FILE", str(bad))
-    root = Path(__file__).resolve().parents[2]
-    errors = DagBag(dag_folder=str(root / "dags")).import_errors
-    assert {Path(path).name for path in errors} == {"partner_harvest.py", "partner_reconcile.py"}
+    path = registry(MIXED_REGISTRY)
+    bag = DagBag(dag_folder=str(ROOT / "dags"))
+    assert {"harvest_good", "reconcile_good"} <= set(bag.dag_ids)
+    assert "advance_cursor" in bag.get_dag("harvest_good").task_ids
+    # The import error lives in its own file, one line per invalid entry.
+    assert {Path(p).name for p in bag.import_errors} == {"partner_registry_check.py"}
+    (message,) = bag.import_errors.values()
+    assert f"{path}: partner 'broken', field 'lag': not a duration" in message
+    assert f"{path}: partner 'library', field 'options.export.mapping': unknown field" in message
+    # Each invalid partner keeps its DAG names, as one task failing with its own error.
+    for dag_id, field in (("harvest_broken", "'lag'"), ("reconcile_broken", "'lag'"),
+                          ("harvest_library", "'options.export.mapping'")):
+        dag = bag.get_dag(dag_id)
+        assert dag.task_ids == ["registry_error"] and "registry-error" in dag.tags
+        assert str(path) in dag.description and f"field {field}" in dag.description
+
+
+def test_dag_processor_keeps_the_valid_partners_scheduled(registry, airflow_db) -> None:
+    """What the dag processor writes: an import error in a DAG file marks every DAG of that
+    file stale and unschedulable, so it must only ever land on the check file."""
+    from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
+    from airflow.models.dag import DagModel
+    from airflow.models.dagbundle import DagBundleModel
+    from airflow.models.errors import ParseImportError
+    from airflow.utils.session import create_session
+
+    registry(MIXED_REGISTRY)
+    with create_session() as session:
+        if session.get(DagBundleModel, "test-registry") is None:
+            session.add(DagBundleModel(name="test-registry"))
+    bag = BundleDagBag(dag_folder=str(ROOT / "dags"), bundle_path=ROOT / "dags", bundle_name="test-registry")
+    sync_bag_to_db(bag, "test-registry", None)
+    with create_session() as session:
+        models = {m.dag_id: m for m in session.query(DagModel).filter(DagModel.bundle_name == "test-registry")}
+        errors = {e.filename: e.stacktrace for e in
+                  session.query(ParseImportError).filter(ParseImportError.bundle_name == "test-registry")}
+    for dag_id in ("harvest_good", "reconcile_good", "harvest_broken"):
+        assert not models[dag_id].has_import_errors and not models[dag_id].is_stale, dag_id
+    assert set(errors) == {"partner_registry_check.py"}
+    assert "partner 'broken', field 'lag'" in errors["partner_registry_check.py"]
+
+
+def test_error_dag_fails_and_alerts_with_the_entrys_message(registry, airflow_db, monkeypatch) -> None:
+    import json
+
+    from airflow.utils.state import DagRunState
+    from test_run_deadline import Sink  # pytest (prepend mode) puts tests/dags on sys.path
+
+    from partner_harvest.airflow.dag_factory import build_dags
+
+    path = registry(MIXED_REGISTRY)
+    sink = Sink()
+    monkeypatch.setenv("AIRFLOW_CONN_HARVEST_ALERTS_WEBHOOK", json.dumps({"conn_type": "http", "host": sink.url}))
+    try:
+        (dag,) = build_dags("harvest", "harvest_broken")
+        assert dag.test().state == DagRunState.FAILED
+    finally:
+        sink.close()
+    (alert,) = sink.bodies
+    assert alert["harvest"]["partner"] == "broken" and alert["harvest"]["task_id"] == "registry_error"
+    assert f"{path}: partner 'broken', field 'lag'" in alert["harvest"]["cause"]
+
+
+def test_unreadable_registry_is_an_import_error_of_the_dag_files(registry, airflow_db) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    path = registry("partners: [\n")
+    errors = DagBag(dag_folder=str(ROOT / "dags")).import_errors
+    assert {Path(p).name for p in errors} == {"partner_harvest.py", "partner_reconcile.py"}
     for message in errors.values():
-        assert str(bad) in message and "partner 'broken'" in message and "field 'lag'" in message
+        assert f"{path}: not valid YAML" in message
+
+
+def test_error_dag_names_never_clash_with_a_valid_partner(registry) -> None:
+    from partner_harvest.airflow.dag_factory import build_dags
+
+    registry("partners:\n  - {id: a_b, protocol: oai-pmh, conn_id: c}\n"
+             "  - {id: 'a b', protocol: oai-pmh, conn_id: c}\n  - {protocol: oai-pmh}\n")
+    ids = sorted(d.dag_id for d in build_dags("harvest"))
+    assert ids == ["harvest_a_b", "harvest_a_b__invalid1", "harvest_entry3"]
 
 
 def test_airflow_plugin_loader_leaves_the_library_alone() -> None:
@@ -71,8 +153,22 @@ def test_pools_are_synced_from_the_registry(tmp_path: Path, monkeypatch, airflow
     from partner_harvest.airflow.pools import sync_pools
 
     registry = tmp_path / "partners.yaml"
-    registry.write_text("partners:\n  - {id: pooled, protocol: oai-pmh, conn_id: c, pool_slots: 2}\n")
+    registry.write_text("partners:\n  - {id: pooled, protocol: oai-pmh, conn_id: c, pool_slots: 2}\n"
+                        "  - {id: unpooled, protocol: oai-pmh, conn_id: c, lag: never}\n")
     monkeypatch.setenv("HARVEST_PARTNERS_FILE", str(registry))
     assert sync_pools() == [("partner_pooled", 2, "Concurrent requests to partner pooled (oai-pmh, Connection c)")]
     sync_pools()  # idempotent
     assert Pool.get_pool("partner_pooled").slots == 2
+    assert Pool.get_pool("partner_unpooled") is None  # an invalid entry runs nothing
+
+
+def test_pool_check_names_a_missing_pool(registry, airflow_db, capsys) -> None:
+    from airflow.models.pool import Pool
+
+    from partner_harvest.airflow.pools import main
+
+    registry("partners:\n  - {id: forgotten, protocol: oai-pmh, conn_id: c}\n")
+    Pool.delete_pool("partner_forgotten") if Pool.get_pool("partner_forgotten") else None
+    assert main(["--check"]) == 1
+    assert "pool partner_forgotten is missing: the tasks of partner forgotten will never be scheduled" in capsys.readouterr().err
+    assert main([]) == 0 and main(["--check"]) == 0

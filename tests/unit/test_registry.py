@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from partner_harvest.registry import RegistryError, load_partners
+from partner_harvest.registry import (
+    DEFAULT_PARTNERS_FILE,
+    SCHEMA_FILE,
+    RegistryError,
+    cursor_key,
+    get_partner,
+    load_partners,
+    load_registry,
+    schema_text,
+)
 
 
 def write(tmp_path: Path, body: str) -> Path:
@@ -66,3 +75,134 @@ def test_env_variable_points_at_another_file(tmp_path: Path, monkeypatch: pytest
     path = write(tmp_path, "partners:\n  - {id: other, protocol: oai-pmh, conn_id: c}\n")
     monkeypatch.setenv("HARVEST_PARTNERS_FILE", str(path))
     assert [p.id for p in load_partners()] == ["other"]
+
+
+# -- one bad entry stops only its partner --------------------------------------------------
+
+def test_an_invalid_entry_leaves_the_others_usable(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+partners:
+  - {id: good, protocol: oai-pmh, conn_id: c}
+  - {id: bad, protocol: oai-pmh, conn_id: c, lag: whenever}
+  - {id: twin, protocol: oai-pmh, conn_id: c}
+  - {id: twin, protocol: sierra, conn_id: d}
+""")
+    registry = load_registry(path)
+    assert [p.id for p in registry.partners] == ["good"]
+    assert [(e.partner, e.field) for e in registry.errors] == [("bad", "lag"), ("twin", "id")]
+    assert get_partner("good", path).conn_id == "c"
+    with pytest.raises(RegistryError, match="partner 'bad', field 'lag': not a duration"):
+        get_partner("bad", path)
+    with pytest.raises(RegistryError, match="partner 'bad'"):
+        load_partners(path)  # strict, for tools that need the whole registry
+
+
+# -- cursor keys cannot collide -----------------------------------------------------------
+
+@pytest.mark.parametrize("pid", ["x__deletions", "a__b", "x_", "_x"])
+def test_ids_that_could_share_a_cursor_key_are_rejected(tmp_path: Path, pid: str) -> None:
+    path = write(tmp_path, f"partners:\n  - {{id: x, protocol: sierra, conn_id: c}}\n"
+                           f"  - {{id: '{pid}', protocol: oai-pmh, conn_id: c}}\n")
+    registry = load_registry(path)
+    assert [p.id for p in registry.partners] == ["x"]
+    (error,) = registry.errors
+    assert error.partner == pid and error.field == "id" and "'__'" in str(error)
+
+
+def test_cursor_keys_are_unique_per_partner_and_channel() -> None:
+    assert cursor_key("x", "deletions") == "harvest_cursor__x__deletions"
+    with pytest.raises(ValueError, match="x__deletions"):
+        cursor_key("x__deletions")
+    ids = ["x", "x_deletions", "deletions", "x_y", "x_y_deletions", "a1"]
+    keys = [cursor_key(pid, channel) for pid in ids for channel in (None, "deletions")]
+    assert len(set(keys)) == len(keys)
+
+
+# -- options are typed ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("options,field,problem", [
+    ("{export: {limit: 2000, mapping: x}}", "options.export.mapping", "unknown field (known: limit, max_rate_limit_waits, params, rate_limit_wait)"),
+    ("{export: {limit: 0}}", "options.export.limit", "greater than or equal to 1"),
+    ("{export: {params: {id: '[1,]'}}}", "options.export.params", "id are set by the harvester"),
+    ("{export: {params: {locations: [a, b]}}}", "options.export.params.locations", ""),
+    ("{http: {read_timeout: 10, retriez: 2}}", "options.http.retriez", "unknown field"),
+    ("{http: {retries: '5'}}", "options.http.retries", "valid integer"),
+    ("{sierra: {server_error_tries: 0}}", "options.sierra.server_error_tries", "greater than or equal to 1"),
+    ("{sierra: {token_ttl: 5}}", "options.sierra.token_ttl", "unknown field"),
+    ("{limits: {max_record_bytes: big}}", "options.limits.max_record_bytes", "valid integer"),
+    ("{completeness: {list_identifiers: 'yes'}}", "options.completeness.list_identifiers", "valid boolean"),
+    ("{colour: blue}", "options.colour", "unknown field (known: completeness, export, http, limits, sierra)"),
+])
+def test_bad_options_name_the_key(tmp_path: Path, options: str, field: str, problem: str) -> None:
+    path = write(tmp_path, f"partners:\n  - {{id: lib, protocol: sierra, conn_id: c, options: {options}}}\n")
+    (error,) = load_registry(path).errors
+    assert error.field == field and problem in error.problem and f"field '{field}'" in str(error)
+
+
+def test_options_defaults_and_pass_through(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+partners:
+  - {id: museum, protocol: oai-pmh, conn_id: c, options: {http: {read_timeout: 30}}}
+  - id: lib
+    protocol: sierra
+    conn_id: c
+    options:
+      http: {retry_statuses: [429, 503]}
+      sierra: {refresh_margin: 30}
+      export: {limit: 5000, params: {mapping: marc21, locations: 3}}
+      limits: {max_record_bytes: 1024}
+      completeness: {list_identifiers: true}
+""")
+    lib, museum = load_partners(path)
+    assert museum.options == {"http": {"read_timeout": 30}, "sierra": {}, "export": {},
+                              "limits": {"max_record_bytes": 8 * 1024 * 1024},
+                              "completeness": {"list_identifiers": False}}
+    assert lib.options["export"] == {"limit": 5000, "params": {"mapping": "marc21", "locations": 3}}
+    assert lib.options["http"]["retry_statuses"] == frozenset({429, 503})
+    assert lib.options["sierra"] == {"refresh_margin": 30}
+    assert lib.options["limits"]["max_record_bytes"] == 1024 and lib.options["completeness"]["list_identifiers"]
+    assert lib.run_deadline == timedelta(hours=20)
+
+
+def test_every_http_policy_field_is_an_allowed_option(tmp_path: Path) -> None:
+    """options.http mirrors HttpPolicy, so a field added there is accepted here."""
+    import dataclasses
+    import json
+
+    from partner_harvest.http import HttpPolicy
+
+    policy = HttpPolicy()
+    values = {f.name: getattr(policy, f.name) for f in dataclasses.fields(HttpPolicy)}
+    values = {k: sorted(v) if isinstance(v, frozenset) else v for k, v in values.items()}
+    path = write(tmp_path, "partners:\n  - {id: m, protocol: oai-pmh, conn_id: c, options: {http: %s}}\n"
+                 % json.dumps(values))
+    (partner,) = load_partners(path)
+    assert HttpPolicy(**partner.options["http"]) == policy
+
+
+def test_sierra_only_options_on_an_oai_partner(tmp_path: Path) -> None:
+    path = write(tmp_path, "partners:\n  - {id: m, protocol: oai-pmh, conn_id: c, options: {export: {limit: 5}}}\n")
+    (error,) = load_registry(path).errors
+    assert error.field == "options" and "options.export applies to protocol sierra only" in str(error)
+
+
+# -- the published JSON Schema -------------------------------------------------------------
+
+def test_committed_schema_is_the_generated_one() -> None:
+    """Regenerate with: PYTHONPATH=plugins python -m partner_harvest.registry --write-schema"""
+    assert SCHEMA_FILE.read_text(encoding="utf-8") == schema_text()
+
+
+def test_schema_accepts_the_project_registry_and_rejects_unknown_keys() -> None:
+    import json
+
+    import jsonschema
+    import yaml
+
+    schema = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    project = yaml.safe_load(DEFAULT_PARTNERS_FILE.read_text(encoding="utf-8"))
+    jsonschema.validate(project, schema)
+    assert "yaml-language-server: $schema=partners.schema.json" in DEFAULT_PARTNERS_FILE.read_text().splitlines()[0]
+    project["partners"][1]["options"]["export"]["mapping"] = "x"
+    with pytest.raises(jsonschema.ValidationError, match="mapping"):
+        jsonschema.validate(project, schema)

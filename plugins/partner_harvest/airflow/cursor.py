@@ -11,13 +11,15 @@ from typing import Any
 
 from airflow.sdk import Variable
 
+from partner_harvest.registry import cursor_key as registry_cursor_key
 from partner_harvest.window import Window, format_instant, next_cursor, parse_instant
 
 log = logging.getLogger(__name__)
 
 
 def cursor_key(partner_id: str, channel: str | None = None) -> str:
-    return f"harvest_cursor__{partner_id}" + (f"__{channel}" if channel else "")
+    """The Variable's name; unique per partner and channel (see registry.cursor_key)."""
+    return registry_cursor_key(partner_id, channel)
 
 
 def read_cursor(partner_id: str, channel: str | None = None) -> datetime | None:

@@ -1,17 +1,32 @@
-"""Building one harvest DAG per registry partner; the DAG file only calls this."""
+"""Building the DAGs of the registry's partners; the DAG files only call this.
+
+A partner whose entry is invalid still gets its ``harvest_<id>``/``reconcile_<id>``: a
+one-task DAG that shows the validation error (description, docs) and fails with it, so
+the operator sees that partner's problem while every valid partner keeps running.
+"""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from functools import partial
 from typing import Any
 
 import pendulum
-from airflow.sdk import DAG, CronTriggerTimetable, Param, get_current_context, task
+from airflow.sdk import (
+    DAG,
+    CronTriggerTimetable,
+    DeadlineAlert,
+    DeadlineReference,
+    Param,
+    SyncCallback,
+    get_current_context,
+    task,
+)
 
 from partner_harvest.airflow import tasks
-from partner_harvest.airflow.notifiers import PartnerAlertNotifier
-from partner_harvest.registry import Partner
+from partner_harvest.airflow.notifiers import PartnerAlertNotifier, run_overdue_alert
+from partner_harvest.registry import Partner, RegistryError, load_registry
 
 START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
 
@@ -60,11 +75,29 @@ def default_args(partner: Partner) -> dict[str, Any]:
     }
 
 
+def run_deadline(partner: Partner, dag_id: str) -> DeadlineAlert:
+    """Alert when a run has not finished ``run_deadline`` after it was queued.
+
+    Airflow never schedules a task whose pool is missing and says so only in the
+    scheduler's log; the run then waits forever. The scheduler checks deadlines itself,
+    whatever the pool, and the executor runs the callback (no triggerer needed).
+    """
+    return DeadlineAlert(
+        reference=DeadlineReference.DAGRUN_QUEUED_AT,
+        interval=partner.run_deadline,
+        callback=SyncCallback(run_overdue_alert, kwargs={
+            "partner_id": partner.id, "dag_id": dag_id, "pool": partner.pool,
+            "run_deadline": str(partner.run_deadline),
+        }),
+    )
+
+
 def build_harvest_dag(partner: Partner) -> DAG:
     pid = partner.id
     pool = {"pool": partner.pool}  # tasks that send requests to the partner
     with DAG(
         dag_id=partner.dag_id,
+        deadline=run_deadline(partner, partner.dag_id),
         description=f"Incremental harvest of {pid} ({partner.protocol})",
         schedule=CronTriggerTimetable(partner.schedule, timezone="UTC", interval=timedelta(days=1)),
         start_date=START_DATE,
@@ -123,6 +156,7 @@ def build_reconcile_dag(partner: Partner) -> DAG:
     pid = partner.id
     with DAG(
         dag_id=partner.reconcile_dag_id,
+        deadline=run_deadline(partner, partner.reconcile_dag_id),
         description=f"Weekly full reconcile of {pid} ({partner.protocol})",
         schedule=CronTriggerTimetable(partner.reconcile_schedule, timezone="UTC"),
         start_date=START_DATE,
@@ -146,3 +180,101 @@ def build_reconcile_dag(partner: Partner) -> DAG:
 
         reconcile()
     return dag
+
+
+# -- the registry, partner by partner ------------------------------------------------------
+
+KINDS = {"harvest": build_harvest_dag, "reconcile": build_reconcile_dag}
+
+
+def build_dags(kind: str, wanted: str | None = None) -> list[DAG]:
+    """Every ``<kind>_<id>`` DAG of the registry (only ``wanted`` when the parsing context
+    names one): the real DAG for a valid entry, an error DAG for an invalid one. A file
+    that is unusable as a whole raises, which Airflow shows as the DAG file's import error."""
+    registry = load_registry()
+    builder = KINDS[kind]
+    built: list[DAG] = []
+    used = {f"{kind}_{p.id}" for p in registry.partners}
+    for partner in registry.partners:
+        if wanted is None or wanted == f"{kind}_{partner.id}":
+            built.append(builder(partner))
+    for index, error in enumerate(registry.errors):
+        dag_id = error_dag_id(kind, error, used, index)
+        used.add(dag_id)
+        if wanted is None or wanted == dag_id:
+            built.append(build_error_dag(kind, dag_id, error))
+    return built
+
+
+def error_dag_id(kind: str, error: RegistryError, used: set[str], index: int) -> str:
+    """``<kind>_<id>`` when the entry has a usable id (the DAG it would have been), else a
+    name that cannot clash with a valid partner's DAG."""
+    label = error.partner or ""
+    if label.startswith("#"):  # an entry without a readable id: its position
+        label = f"entry{label[1:]}"
+    label = re.sub(r"[^A-Za-z0-9_.-]", "_", label)[:200].strip("_") or f"invalid{index + 1}"
+    dag_id = f"{kind}_{label}"
+    if dag_id in used:
+        dag_id = f"{kind}_{label}__invalid{index + 1}"
+    return dag_id
+
+
+def build_error_dag(kind: str, dag_id: str, error: RegistryError) -> DAG:
+    """A DAG whose only task fails with the registry error (and so alerts, like any
+    failure) on the default schedule; its description carries the error for the DAG list."""
+    message = str(error)
+    with DAG(
+        dag_id=dag_id,
+        description=f"INVALID REGISTRY ENTRY: {message}"[:1000],
+        schedule=CronTriggerTimetable("0 2 * * *" if kind == "harvest" else "0 4 * * 0", timezone="UTC"),
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        default_args={**DEFAULT_ARGS, "retries": 0, "on_failure_callback": [PartnerAlertNotifier()]},
+        tags=[kind, "registry-error", f"partner:{error.partner}"[:100]],
+        doc_md=(
+            f"### Invalid registry entry\n\n`{message}`\n\nThis partner is not {kind}ed until "
+            f"its entry in `{error.path}` is fixed; every other partner runs as usual. Fix "
+            "the entry; the next parse replaces this DAG with the real one."
+        ),
+    ) as dag:
+
+        @task(task_id="registry_error")
+        def registry_error() -> None:
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException(message)
+
+        registry_error()
+    return dag
+
+
+def registry_problems() -> list[RegistryError]:
+    """The invalid entries; [] when the file as a whole is unusable (the DAG files report that)."""
+    try:
+        return load_registry().errors
+    except RegistryError:
+        return []
+
+
+class InvalidRegistryEntries(RegistryError):
+    """Raised at parse time of dags/partner_registry_check.py: one line per invalid entry."""
+
+    def __init__(self, errors: list[RegistryError]):
+        listing = "\n".join(f"- {error}" for error in errors)
+        ValueError.__init__(
+            self,
+            f"{len(errors)} invalid partner entr{'y' if len(errors) == 1 else 'ies'} in {errors[0].path}; "
+            "their DAGs only fail with this error, every other partner runs:\n" + listing,
+        )
+        self.path = errors[0].path
+        self.partner = errors[0].partner if len(errors) == 1 else None
+        self.field = errors[0].field if len(errors) == 1 else None
+        self.problem = listing
+        self.errors = errors
+
+
+def raise_registry_problems() -> None:
+    problems = registry_problems()
+    if problems:
+        raise InvalidRegistryEntries(problems)

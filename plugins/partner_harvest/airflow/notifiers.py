@@ -89,6 +89,34 @@ class PartnerAlertNotifier(BaseNotifier):
         send_alert(subject, lines, {"kind": "failure", **fields}, self.smtp_conn_id, self.webhook_conn_id)
 
 
+def run_overdue_alert(
+    partner_id: str, dag_id: str, pool: str, run_deadline: str, context: dict[str, Any] | None = None
+) -> list[str]:
+    """Deadline callback (executor): a run has not finished ``run_deadline`` after it was
+    queued. The usual cause is a missing pool (Airflow never schedules its tasks, and only
+    the scheduler's log says so), else a stuck task or a very slow partner."""
+    context = context or {}
+    dag_run = context.get("dag_run") or {}
+    run_id = dag_run.get("dag_run_id") or dag_run.get("run_id") or "?"
+    if dag_run.get("state") in ("success", "failed"):
+        # Airflow prunes a run's deadlines only on success; a failed run was already
+        # alerted by its task's failure notifier.
+        log.info("%s: run %s of %s is %s; no overdue alert", partner_id, run_id, dag_id, dag_run["state"])
+        return []
+    subject = f"[partner harvest] {partner_id}: {dag_id} run {run_id} not finished {run_deadline} after it was queued"
+    lines = [
+        f"Partner: {partner_id}",
+        f"DAG: {dag_id}   run: {run_id}   state: {dag_run.get('state', '?')}",
+        f"Queued at: {dag_run.get('queued_at', '?')}   deadline: {run_deadline}",
+        f"Check first that the pool {pool} exists (Admin > Pools): Airflow never schedules a task "
+        "whose pool is missing. Create it with `python -m partner_harvest.airflow.pools`.",
+        "Otherwise a task is stuck or the partner is very slow: see the run's tasks in the UI.",
+    ]
+    fields = {"kind": "overdue", "partner": partner_id, "dag_id": dag_id, "run_id": run_id,
+              "pool": pool, "run_deadline": run_deadline}
+    return send_alert(subject, lines, fields)
+
+
 def send_alert(
     subject: str,
     lines: Iterable[str],
@@ -109,7 +137,8 @@ def send_alert(
             sender(conn_id, conn, subject, lines, fields)
             sent.append(name)
         except Exception as exc:  # an alert channel failing must not hide the original failure
-            log.error("could not send the %s alert through Connection %s: %s", name, conn_id, one_line(exc))
+            cause = redact(one_line(f"{type(exc).__name__}: {exc}"), _secrets_of(conn))
+            log.error("could not send the %s alert through Connection %s: %s", name, conn_id, cause)
     return sent
 
 
@@ -132,7 +161,14 @@ def _send_email(conn_id: str, conn: Any, subject: str, lines: list[str], fields:
         hook.send_email_smtp(to=to, subject=subject, html_content=body, from_email=extra.get("from_email"))
 
 
+class AlertChannelError(RuntimeError):
+    """A channel could not deliver; the message never holds the webhook URL or a password."""
+
+
 def _send_webhook(conn_id: str, conn: Any, subject: str, lines: list[str], fields: dict[str, Any]) -> None:
+    """POST the alert. The URL is itself a credential (Slack-style webhooks carry their
+    token in the path), and requests' errors quote it: only the status or the exception
+    type leaves this function."""
     url = (conn.host or "").strip()
     if "://" not in url:
         url = f"{conn.schema or 'https'}://{url}{':' + str(conn.port) if conn.port else ''}"
@@ -140,5 +176,27 @@ def _send_webhook(conn_id: str, conn: Any, subject: str, lines: list[str], field
     if conn.password:
         headers["Authorization"] = f"Bearer {conn.password}"
     payload = {"text": subject + "\n" + "\n".join(lines), "harvest": fields}
-    response = requests.post(url, json=payload, headers=headers, timeout=15)
-    response.raise_for_status()
+    try:
+        response = requests.post(url, json=payload, headers=headers, timeout=15)
+    except requests.RequestException as exc:
+        raise AlertChannelError(f"webhook of Connection {conn_id} unreachable ({type(exc).__name__})") from None
+    if response.status_code >= 400:
+        raise AlertChannelError(f"webhook of Connection {conn_id} answered HTTP {response.status_code}")
+
+
+def _secrets_of(conn: Any) -> list[str]:
+    """Strings of a Connection that must never reach a log line (longest first)."""
+    values = {str(v).strip() for v in (getattr(conn, "host", None), getattr(conn, "password", None)) if v}
+    for value in list(values):
+        if "://" in value:  # the path of a webhook URL carries its token
+            values.add(value.split("://", 1)[1])
+            path = value.split("://", 1)[1].partition("/")[2]
+            if path:
+                values.add("/" + path)
+    return sorted((v for v in values if len(v) >= 4), key=len, reverse=True)
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text

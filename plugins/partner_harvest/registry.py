@@ -363,7 +363,16 @@ class Registry:
 
 
 def partners_file() -> Path:
-    return Path(os.environ.get(PARTNERS_FILE_ENV) or DEFAULT_PARTNERS_FILE)
+    """``$HARVEST_PARTNERS_FILE``; else the repository's include/partners.yaml when the
+    package runs from its source tree (plugins/ or an editable install); else, installed
+    into site-packages, ``$AIRFLOW_HOME/include/partners.yaml`` (the layout of this repo)."""
+    given = os.environ.get(PARTNERS_FILE_ENV)
+    if given:
+        return Path(given)
+    if DEFAULT_PARTNERS_FILE.is_file():
+        return DEFAULT_PARTNERS_FILE
+    airflow_home = Path(os.environ.get("AIRFLOW_HOME") or "~/airflow").expanduser()
+    return airflow_home / "include" / "partners.yaml"
 
 
 def load_registry(path: Path | str | None = None) -> Registry:

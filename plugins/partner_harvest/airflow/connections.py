@@ -6,6 +6,8 @@ that could reach a log line, an XCom or a rendered field.
 
 from __future__ import annotations
 
+from typing import Any
+
 from airflow.sdk import BaseHook
 from psycopg.conninfo import make_conninfo
 
@@ -33,7 +35,11 @@ def partner_endpoint(conn_id: str) -> Endpoint:
 
 def aggregation_conninfo(conn_id: str = AGGREGATION_CONN_ID) -> str:
     """libpq conninfo for the aggregation database (host may be a socket directory)."""
-    conn = BaseHook.get_connection(conn_id)
+    return conninfo_from_connection(BaseHook.get_connection(conn_id))
+
+
+def conninfo_from_connection(conn: Any) -> str:
+    """libpq conninfo from any Airflow Connection object (task SDK or core model)."""
     params = {
         "host": conn.host or None,
         "port": conn.port or None,

@@ -3,17 +3,39 @@
 Migrations are numbered SQL files next to this module. Each is applied once, under an
 advisory lock so two tasks starting together do not race, and recorded in
 ``schema_migrations``.
+
+Deployments whose tasks must not run DDL set ``HARVEST_SCHEMA_MANAGED=external`` and apply
+the migrations themselves (``partner-harvest migrate``, with an owner role): tasks then only
+check that every migration of this code is recorded, and fail naming the missing ones.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from importlib import resources
 
 import psycopg
 
 log = logging.getLogger(__name__)
 _LOCK_KEY = 0x5048_0001  # arbitrary constant: "PH" schema lock
+SCHEMA_MANAGED_ENV = "HARVEST_SCHEMA_MANAGED"
+
+
+class SchemaNotReady(RuntimeError):
+    """The schema is managed outside the tasks and lacks migrations this code needs."""
+
+
+def schema_managed_externally() -> bool:
+    return (os.environ.get(SCHEMA_MANAGED_ENV) or "").strip().lower() == "external"
+
+
+def pending_migrations(conn: psycopg.Connection) -> list[str]:
+    """The migrations of this code not recorded in the database (reads only, no DDL)."""
+    with conn.transaction():
+        exists = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()[0]
+        done = {row[0] for row in conn.execute("SELECT name FROM schema_migrations")} if exists else set()
+    return [name for name, _ in migration_files() if name not in done]
 
 
 def migration_files() -> list[tuple[str, str]]:
@@ -23,7 +45,25 @@ def migration_files() -> list[tuple[str, str]]:
 
 
 def ensure_schema(conn: psycopg.Connection) -> list[str]:
-    """Apply pending migrations; returns the names applied now (usually none)."""
+    """Apply pending migrations; returns the names applied now (usually none).
+
+    With ``HARVEST_SCHEMA_MANAGED=external`` it runs no DDL: it raises
+    :class:`SchemaNotReady` when a migration is missing, else returns ``[]``.
+    """
+    if schema_managed_externally():
+        missing = pending_migrations(conn)
+        if missing:
+            raise SchemaNotReady(
+                f"the aggregation database lacks schema migration(s) {', '.join(missing)} and "
+                f"{SCHEMA_MANAGED_ENV}=external forbids tasks to apply them: run `partner-harvest migrate` "
+                "with a role that may change the schema"
+            )
+        return []
+    return apply_migrations(conn)
+
+
+def apply_migrations(conn: psycopg.Connection) -> list[str]:
+    """Apply pending migrations under the advisory lock, whatever the environment says."""
     applied_now: list[str] = []
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))

@@ -1,0 +1,53 @@
+"""Airflow's side of the ``partner-harvest`` command line: Variables, pools, the Connection.
+
+It uses Airflow's core models in-process, as ``airflow variables`` and ``airflow pools``
+do, so it runs where the Airflow CLI runs (same ``AIRFLOW_HOME``/configuration, access to
+the metadata database and the secrets backend). Never imported by tasks or DAG files.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from airflow.models.connection import Connection
+from airflow.models.pool import Pool
+from airflow.models.variable import Variable
+
+from partner_harvest.airflow.connections import AGGREGATION_CONN_ID, conninfo_from_connection
+
+
+def aggregation_conninfo(conn_id: str = AGGREGATION_CONN_ID) -> str:
+    """The aggregation database from the Connection (environment, secrets backend or metastore)."""
+    return conninfo_from_connection(Connection.get_connection_from_secrets(conn_id))
+
+
+def read_variable(key: str) -> Any | None:
+    """The Variable's value (JSON decoded when it is JSON), or None when it does not exist."""
+    raw = Variable.get(key, default_var=None)
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except (TypeError, ValueError):
+        return raw
+
+
+def write_variable(key: str, value: dict[str, Any], description: str) -> None:
+    Variable.set(key, value, description=description, serialize_json=True)
+
+
+def delete_variable(key: str) -> bool:
+    """Delete from the metadata database; True when a row was removed."""
+    return bool(Variable.delete(key))
+
+
+def pool_exists(name: str) -> bool:
+    return Pool.get_pool(name) is not None
+
+
+def delete_pool(name: str) -> bool:
+    if not pool_exists(name):
+        return False
+    Pool.delete_pool(name)
+    return True

@@ -1,0 +1,335 @@
+"""``partner-harvest``: the operator's command line, installed with the package.
+
+    partner-harvest validate                     check the registry; exit 1 listing every invalid entry
+    partner-harvest status [--partner ID]        one line per partner, from the aggregation database
+    partner-harvest sync-pools [--check]         create/update the Airflow pools partner_<id>
+    partner-harvest reset-cursor ID [--to WHEN]  delete or set the partner's cursor Variables (asks first)
+    partner-harvest forget ID                    drop a partner's rows, pool and Variables (asks first)
+    partner-harvest migrate [--check]            apply the aggregation schema (for HARVEST_SCHEMA_MANAGED=external)
+
+The aggregation database is ``--database-url``, else ``$HARVEST_DATABASE_URL``, else the
+Airflow Connection ``aggregation_db``. Variables, pools and that Connection go through
+Airflow's own models in-process: run the commands that need them where the Airflow CLI
+runs (same ``AIRFLOW_HOME`` and configuration, access to the metadata database).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import datetime, timezone
+from types import ModuleType
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from partner_harvest.registry import PARTNERS_FILE_ENV, Partner, Registry, RegistryError, cursor_key, load_registry
+from partner_harvest.store import connect
+from partner_harvest.store.admin import _PARTNER_TABLES, forget_partner
+from partner_harvest.store.runs import last_applied_until
+from partner_harvest.store.schema import apply_migrations, migration_files, pending_migrations
+from partner_harvest.window import DAY, SECONDS, WindowError, floor_to, format_instant, parse_instant
+
+DATABASE_URL_ENV = "HARVEST_DATABASE_URL"
+CURSOR_CHANNELS = {"changes": None, "deletions": "deletions"}
+
+
+class CliError(Exception):
+    """A command cannot do what was asked; the message says why (exit status 1)."""
+
+
+# -- plumbing ---------------------------------------------------------------------------
+
+def _registry(args: argparse.Namespace) -> Registry:
+    try:
+        return load_registry(args.registry)
+    except RegistryError as exc:
+        raise CliError(f"registry unusable: {exc}") from None
+
+
+def _airflow(purpose: str) -> ModuleType:
+    """The Airflow side (Variables, pools, Connections); only where Airflow is installed."""
+    try:
+        from partner_harvest.airflow import admin
+    except ImportError as exc:
+        raise CliError(f"{purpose} needs Airflow in this environment ({exc}); run it where the Airflow CLI runs") from None
+    return admin
+
+
+def _conninfo(args: argparse.Namespace) -> str:
+    if args.database_url:
+        return args.database_url
+    if os.environ.get(DATABASE_URL_ENV):
+        return os.environ[DATABASE_URL_ENV]
+    admin = _airflow(f"reading the Connection aggregation_db (or pass --database-url / set {DATABASE_URL_ENV})")
+    try:
+        return admin.aggregation_conninfo()
+    except Exception as exc:  # AirflowNotFoundException, a secrets backend error, ...
+        raise CliError(f"no aggregation database: --database-url and {DATABASE_URL_ENV} are unset and the "
+                       f"Airflow Connection aggregation_db cannot be read ({type(exc).__name__}: {exc})") from None
+
+
+def _connect(args: argparse.Namespace) -> psycopg.Connection:
+    try:
+        return connect(_conninfo(args))
+    except psycopg.Error as exc:
+        raise CliError(f"cannot connect to the aggregation database: {exc}") from None
+
+
+def _confirm(args: argparse.Namespace, partner_id: str) -> bool:
+    """``--yes``, or the partner id typed back (stdin; a closed stdin declines)."""
+    if args.yes:
+        return True
+    print(f"Type the partner id ({partner_id}) to go ahead, anything else to stop: ", end="", flush=True)
+    answer = sys.stdin.readline().strip()
+    if answer != partner_id:
+        print("stopped: nothing changed")
+        return False
+    return True
+
+
+def _active_leases(conn: psycopg.Connection, partner_id: str) -> list[tuple[str, str, datetime]]:
+    rows = conn.execute(
+        "SELECT holder, kind, expires_at FROM partner_leases WHERE partner_id = %s AND expires_at > now()"
+        " ORDER BY holder",
+        (partner_id,),
+    ).fetchall()
+    conn.commit()
+    return rows
+
+
+def _refuse_when_busy(conn: psycopg.Connection, partner_id: str) -> None:
+    leases = _active_leases(conn, partner_id)
+    if leases:
+        holders = ", ".join(f"{holder} ({kind}, until {format_instant(expires)})" for holder, kind, expires in leases)
+        raise CliError(f"partner {partner_id} is busy: {holders} holds its lease. Pause its DAGs and let the "
+                       "run finish (a killed task's lease expires by itself), then try again")
+
+
+def _partner(registry: Registry, partner_id: str) -> Partner:
+    for partner in registry.partners:
+        if partner.id == partner_id:
+            return partner
+    error = registry.error_for(partner_id)
+    if error is not None:
+        raise CliError(f"partner {partner_id}'s registry entry is invalid: {error}")
+    raise CliError(f"no partner {partner_id!r} in {registry.path}")
+
+
+def _cursor_text(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, dict):
+        return str(value.get("until") or value)
+    return str(value)
+
+
+# -- commands ---------------------------------------------------------------------------
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    registry = _registry(args)
+    for p in registry.partners:
+        print(f"ok       {p.id} ({p.protocol}; DAGs {p.dag_id}, {p.reconcile_dag_id}; pool {p.pool})")
+    for error in registry.errors:
+        print(f"INVALID  {error}")
+    if registry.errors:
+        print(f"{len(registry.errors)} invalid entr{'y' if len(registry.errors) == 1 else 'ies'} in "
+              f"{registry.path}: those partners get error DAGs and are not harvested", file=sys.stderr)
+        return 1
+    print(f"{registry.path}: {len(registry.partners)} partner(s), all valid")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from partner_harvest.cli.status import partner_overview, render_table
+
+    registry = _registry(args)
+    partners = [_partner(registry, args.partner)] if args.partner else registry.partners
+    with _connect(args) as conn:
+        rows = partner_overview(conn, partners, datetime.now(timezone.utc))
+    print(render_table(rows))
+    for error in registry.errors:
+        if not args.partner or error.partner == args.partner:
+            print(f"INVALID  {error}")
+    return 0
+
+
+def cmd_sync_pools(args: argparse.Namespace) -> int:
+    _airflow("sync-pools")
+    from partner_harvest.airflow import pools
+
+    registry = _registry(args)
+    status = 0
+    for error in registry.errors:
+        print(f"invalid registry entry (no pool, no DAG): {error}", file=sys.stderr)
+        status = 1
+    if args.check:
+        missing = pools.missing_pools(registry)
+        for pool, partner_id in missing:
+            print(f"pool {pool} is missing: the tasks of partner {partner_id} will never be scheduled", file=sys.stderr)
+        if not missing:
+            print(f"all {len(registry.partners)} partner pool(s) exist")
+        return 1 if missing else status
+    for name, slots, _ in pools.sync_pools(registry):
+        print(f"pool {name}: {slots} slot(s)")
+    return status
+
+
+def cmd_reset_cursor(args: argparse.Namespace) -> int:
+    partner = _partner(_registry(args), args.partner)
+    channels = [None, "deletions"] if partner.protocol == "sierra" else [None]
+    if args.channel != "all":
+        if CURSOR_CHANNELS[args.channel] not in channels:
+            raise CliError(f"partner {partner.id} ({partner.protocol}) has no {args.channel} cursor")
+        channels = [CURSOR_CHANNELS[args.channel]]
+    try:
+        target = parse_instant(args.to) if args.to else None
+    except WindowError as exc:
+        raise CliError(f"--to: {exc}") from None
+    admin = _airflow("reset-cursor")
+    with _connect(args) as conn:
+        _refuse_when_busy(conn, partner.id)
+        applied = {channel: last_applied_until(conn, partner.id, channel or "changes") for channel in channels}
+    plan = []
+    for channel in channels:
+        key = cursor_key(partner.id, channel)
+        current = admin.read_variable(key)
+        granularity = current.get("granularity") if isinstance(current, dict) else None
+        granularity = granularity or (DAY if channel == "deletions" else SECONDS)
+        new = floor_to(target, granularity) if target else None
+        plan.append((key, current, new, granularity))
+        after = f"{format_instant(new)}" if new else "deleted (the next incremental run harvests everything)"
+        print(f"{key}: {_cursor_text(current)} -> {after}")
+        newest = applied[channel]
+        if new is not None and (newest is None or new > newest):
+            print(f"  note: the aggregation database's newest applied incremental window ends "
+                  f"{format_instant(newest) if newest else 'nowhere'}; the next run starts from there "
+                  "(a cursor is never trusted beyond what the database holds)")
+    if not _confirm(args, partner.id):
+        return 1
+    for key, _, new, granularity in plan:
+        if new is None:
+            admin.delete_variable(key)
+            if admin.read_variable(key) is not None:
+                print(f"{key} is still defined outside the metadata database (AIRFLOW_VAR_* or a secrets backend): "
+                      "remove it there", file=sys.stderr)
+                return 1
+        else:
+            admin.write_variable(key, {
+                "until": format_instant(new), "granularity": granularity, "run_id": "partner-harvest reset-cursor",
+                "updated_at": format_instant(datetime.now(timezone.utc)),
+            }, description=f"harvest cursor of partner {partner.id}")
+        print(f"{key}: done")
+    return 0
+
+
+def _row_counts(conn: psycopg.Connection, partner_id: str) -> dict[str, int]:
+    counts = {}
+    for table in _PARTNER_TABLES:
+        statement = sql.SQL("SELECT count(*) FROM {} WHERE partner_id = %s").format(sql.Identifier(table))
+        counts[table] = conn.execute(statement, (partner_id,)).fetchone()[0]
+    conn.commit()
+    return counts
+
+
+def cmd_forget(args: argparse.Namespace) -> int:
+    partner_id = args.partner
+    try:
+        keys = [cursor_key(partner_id), cursor_key(partner_id, "deletions")]
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    registry = _registry(args)
+    in_registry = any(p.id == partner_id for p in registry.partners) or registry.error_for(partner_id) is not None
+    admin = None if args.database_only else _airflow("forget (Variables and pool; --database-only skips them)")
+    pool = f"partner_{partner_id}"
+    with _connect(args) as conn:
+        _refuse_when_busy(conn, partner_id)
+        counts = _row_counts(conn, partner_id)
+        print(f"aggregation rows of {partner_id}: " + ", ".join(f"{t} {n}" for t, n in counts.items()))
+        variables = [key for key in keys if admin.read_variable(key) is not None] if admin else []
+        drop_pool = bool(admin) and not in_registry and admin.pool_exists(pool)
+        if admin:
+            print(f"Variables: {', '.join(variables) or 'none'}")
+            if in_registry:
+                print(f"pool {pool}: kept ({partner_id} is still in {registry.path}; its next run harvests everything)")
+            else:
+                print(f"pool {pool}: {'deleted' if drop_pool else 'does not exist'}")
+        if not _confirm(args, partner_id):
+            return 1
+        removed = forget_partner(conn, partner_id)
+    print(f"removed {sum(removed.values())} row(s): " + ", ".join(f"{t} {n}" for t, n in removed.items() if n))
+    for key in variables:
+        admin.delete_variable(key)
+        print(f"Variable {key}: deleted")
+    if drop_pool:
+        admin.delete_pool(pool)
+        print(f"pool {pool}: deleted")
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    with _connect(args) as conn:
+        if args.check:
+            pending = pending_migrations(conn)
+            for name in pending:
+                print(f"pending  {name}")
+            if not pending:
+                print(f"schema up to date ({len(migration_files())} migrations)")
+            return 1 if pending else 0
+        applied = apply_migrations(conn)
+    for name in applied:
+        print(f"applied  {name}")
+    if not applied:
+        print(f"schema up to date ({len(migration_files())} migrations)")
+    return 0
+
+
+# -- parser -----------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--registry", metavar="PATH",
+                        help=f"registry file (default ${PARTNERS_FILE_ENV}, else include/partners.yaml)")
+    common.add_argument("--database-url", metavar="URL",
+                        help=f"aggregation database (default ${DATABASE_URL_ENV}, else the Connection aggregation_db)")
+    confirm = argparse.ArgumentParser(add_help=False)
+    confirm.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+    parser = argparse.ArgumentParser(prog="partner-harvest", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("validate", parents=[common], help="check the registry; exit 1 listing every invalid entry")
+    p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("status", parents=[common], help="one line per partner: records, quarantine, last runs")
+    p.add_argument("--partner", metavar="ID")
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("sync-pools", parents=[common], help="create/update the pool partner_<id> of every partner")
+    p.add_argument("--check", action="store_true", help="only report missing pools (exit 1 if any)")
+    p.set_defaults(func=cmd_sync_pools)
+    p = sub.add_parser("reset-cursor", parents=[common, confirm],
+                       help="delete the partner's cursor Variables (next run: full harvest) or set them --to a time")
+    p.add_argument("partner", metavar="PARTNER")
+    p.add_argument("--to", metavar="WHEN", help="YYYY-MM-DD or ISO 8601 time (UTC unless an offset is given)")
+    p.add_argument("--channel", choices=["all", *CURSOR_CHANNELS], default="all",
+                   help="which cursor (Sierra has changes and deletions; default all)")
+    p.set_defaults(func=cmd_reset_cursor)
+    p = sub.add_parser("forget", parents=[common, confirm],
+                       help="remove a partner's rows, its cursor Variables and (once out of the registry) its pool")
+    p.add_argument("partner", metavar="PARTNER")
+    p.add_argument("--database-only", action="store_true", help="leave Airflow's Variables and pool alone")
+    p.set_defaults(func=cmd_forget)
+    p = sub.add_parser("migrate", parents=[common], help="apply pending schema migrations to the aggregation database")
+    p.add_argument("--check", action="store_true", help="only list pending migrations (exit 1 if any)")
+    p.set_defaults(func=cmd_migrate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as exc:
+        print(f"partner-harvest {args.command}: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,5 @@
+import sys
+
+from partner_harvest.cli import main
+
+sys.exit(main())

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv and install the pinned dependencies (skipped when nothing changed).
+# Create .venv, install the pinned dependencies and this project in editable mode (skipped
+# when nothing changed). Editable: the package's airflow.plugins entry point and the
+# partner-harvest command work here as in a deployment, from the sources in plugins/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3.11}"
@@ -8,10 +10,12 @@ if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv with $("$PYTHON" --version)"
   "$PYTHON" -m venv .venv
 fi
-stamp=.venv/.installed-$(cat requirements.txt requirements-dev.txt constraints.txt | sha1sum | cut -c1-12)
+stamp=.venv/.installed-$(cat requirements.txt requirements-dev.txt constraints.txt pyproject.toml | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   echo "==> installing pinned dependencies (requirements-dev.txt + constraints.txt)"
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
+  echo "==> installing this project in editable mode (pip install --no-deps -e .)"
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
   rm -f .venv/.installed-*
   touch "$stamp"
 fi

@@ -74,3 +74,22 @@ def test_migrations_ship_as_package_data() -> None:
     patterns = config["package-data"]["partner_harvest.store"]
     shipped = {p for pattern in patterns for p in (PACKAGE / "store").glob(pattern)}
     assert shipped == set((PACKAGE / "store" / "migrations").glob("*.sql")) != set()
+
+
+def test_the_tested_pins_lie_inside_the_declared_ranges() -> None:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text(encoding="utf-8").splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = version.strip()
+    outside = {}
+    for text in PROJECT["dependencies"]:
+        requirement = Requirement(text)
+        pinned = pins.get(canonicalize_name(requirement.name))
+        assert pinned, f"{requirement.name} is not in constraints.txt: the tested set must cover it"
+        if not requirement.specifier.contains(pinned, prereleases=True):
+            outside[requirement.name] = (pinned, str(requirement.specifier))
+    assert outside == {}

@@ -93,3 +93,15 @@ def test_the_tested_pins_lie_inside_the_declared_ranges() -> None:
         if not requirement.specifier.contains(pinned, prereleases=True):
             outside[requirement.name] = (pinned, str(requirement.specifier))
     assert outside == {}
+
+
+def test_installed_package_finds_the_registry_under_airflow_home(tmp_path, monkeypatch) -> None:
+    from partner_harvest import registry
+
+    monkeypatch.delenv("HARVEST_PARTNERS_FILE", raising=False)
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    assert registry.partners_file() == registry.DEFAULT_PARTNERS_FILE  # running from the repository
+    monkeypatch.setattr(registry, "DEFAULT_PARTNERS_FILE", tmp_path / "site-packages" / "include" / "partners.yaml")
+    assert registry.partners_file() == tmp_path / "include" / "partners.yaml"
+    monkeypatch.setenv("HARVEST_PARTNERS_FILE", "/etc/harvest/partners.yaml")
+    assert str(registry.partners_file()) == "/etc/harvest/partners.yaml"

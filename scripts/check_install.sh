@@ -59,7 +59,7 @@ if [ -n "$gone" ]; then
   exit 1
 fi
 echo "    none of the $(wc -l < "$WORK/freeze-before.txt") packages Airflow brought changed"
-"${PIP[@]}" check | sed 's/^/    pip check: /'
+"$WORK/venv/bin/python" -m pip check | sed 's/^/    pip check: /'
 
 echo "==> 4. DAGs parse with an empty plugins folder"
 mkdir -p "$WORK/airflow" "$WORK/empty-plugins"

@@ -10,11 +10,12 @@
 #      entry point, partner_harvest comes from site-packages,
 #   5. `partner-harvest validate` passes.
 # About 1.5 minutes with a warm pip cache (README, "Install into an existing Airflow").
-# KEEP=1 keeps the directory. PYTHON picks the interpreter (default python3.11).
+# KEEP=1 keeps the directory. PYTHON picks the interpreter (default python3.11),
+# AIRFLOW_VERSION another Airflow (default: the pin in requirements.txt).
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${PYTHON:-python3.11}"
-AIRFLOW_VERSION="$(sed -n 's/^apache-airflow==\([^ ;#]*\).*/\1/p' "$REPO/requirements.txt")"
+AIRFLOW_VERSION="${AIRFLOW_VERSION:-$(sed -n 's/^apache-airflow==\([^ ;#]*\).*/\1/p' "$REPO/requirements.txt")}"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/ph-install-check.XXXXXX")"
 [ "${KEEP:-0}" = 1 ] && echo "keeping $WORK" || trap 'rm -rf "$WORK"' EXIT
 now() { date +%s.%N; }

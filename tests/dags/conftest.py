@@ -53,25 +53,3 @@ def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         return path
 
     return write
-
-
-@pytest.fixture(autouse=True)
-def _dag_test_with_deadlines(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Work around apache/airflow#73428 (3.3.2): ``dag.test()`` of a DAG with a deadline
-    crashes after a successful run, because its in-memory serialized DAG holds the encoded
-    alerts where the scheduler's holds their ids. Decode them the way the scheduler's
-    lookup would answer (the fix proposed upstream in apache/airflow#73430)."""
-    from types import SimpleNamespace
-
-    from airflow.models.deadline_alert import DeadlineAlert as DeadlineAlertModel
-
-    original = DeadlineAlertModel.get_by_id
-
-    def get_by_id(deadline_alert_id, *args, **kwargs):
-        if isinstance(deadline_alert_id, dict):
-            data = deadline_alert_id.get("__var", deadline_alert_id)
-            reference = SimpleNamespace(reference=data["reference"])
-            return SimpleNamespace(reference_class=DeadlineAlertModel.reference_class.fget(reference))
-        return original(deadline_alert_id, *args, **kwargs)
-
-    monkeypatch.setattr(DeadlineAlertModel, "get_by_id", get_by_id)

@@ -73,3 +73,15 @@ def test_a_run_applying_after_an_older_one_still_moves_the_cursor_forward(
     assert get_cursor()["until"] == frozen_until
     outcome = cursor_outcome(run.run_id)["changes"]
     assert outcome["moved"] is True and outcome["previous"] == older["until"], outcome
+
+
+@pytest.mark.parametrize("conf", [{"mode": "full"},
+                                  {"mode": "window", "from": "2025-01-01T00:00:00Z", "until": "2026-12-31T00:00:00Z"}])
+def test_a_full_or_window_run_leaves_an_unset_cursor_unset(partner_env, conf: dict) -> None:
+    """Only incremental runs move the cursor; a manual run on a new partner must not
+    start its cursor (the next nightly run would skip what this window did not cover)."""
+    run = build_dag().test(run_conf=conf)
+    states = task_states(run)
+    assert states["apply_changes"] == "success" and states["advance_cursor"] == "success", states
+    assert get_cursor() is None
+    assert cursor_outcome(run.run_id)["changes"]["moved"] is False

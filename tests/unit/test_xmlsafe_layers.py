@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from partner_harvest.xmlsafe import HostileXmlError, MalformedXmlError, XmlInputError, parse_xml
+from partner_harvest.xmlsafe import HostileXmlError, MalformedXmlError, NotXmlError, XmlInputError, parse_xml
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "oai"
 
@@ -118,3 +118,14 @@ def test_an_expansion_stopped_by_libxml2_is_named_hostile() -> None:
     with pytest.raises(HostileXmlError, match="expansion") as info:
         parse_xml(body)
     assert not isinstance(info.value, MalformedXmlError)
+
+
+@pytest.mark.parametrize("body", [
+    b"<!DOCTYPE html>\n<title>503</title>\n<body><h1>Service Unavailable</h1></body>",
+    b"<!doctype html><body><p>Maintenance until 6:00</p></body>",
+])
+def test_the_html_sniff_names_pages_without_an_html_element(body: bytes) -> None:
+    """HTML5 may omit <html>: neither the parse-error hint nor the root check sees such a
+    page, only the sniff of the body's start does (the second one is even well-formed)."""
+    with pytest.raises(NotXmlError, match="HTML"):
+        parse_xml(body)

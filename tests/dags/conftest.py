@@ -13,6 +13,10 @@ from psycopg.conninfo import conninfo_to_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# dag.test() parses DAG files in this process under a SIGALRM timer of its own, which
+# would cancel the test's time limit (pytest-timeout, signal method; see pytest.ini).
+os.environ.setdefault("AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT", "0")
+
 
 @pytest.fixture(scope="session")
 def airflow_db() -> None:
@@ -53,3 +57,13 @@ def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         return path
 
     return write
+
+
+@pytest.fixture(autouse=True)
+def no_task_execution_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leave SIGALRM to pytest-timeout: dag.test() runs tasks in this process, and a task's
+    execution_timeout arms (then disarms) a SIGALRM timer of its own around the task,
+    which would silently cancel the test's time limit (pytest.ini)."""
+    from partner_harvest.airflow import dag_factory
+
+    monkeypatch.setitem(dag_factory.DEFAULT_ARGS, "execution_timeout", None)

@@ -49,6 +49,8 @@ LAYERS = "tests/unit/test_xmlsafe_layers.py::"
 APPLY = "tests/integration/test_store_apply.py::"
 OAI = "tests/integration/test_oai_harvest.py::"
 DAG = "tests/dags/test_harvest_dag_run.py::"
+MIRROR = "tests/integration/test_mirror_store.py::"
+SIERRA = "tests/integration/test_sierra_harvest.py::"
 
 MUTATIONS: tuple[Mutation, ...] = (
     # I1 -- the cursor
@@ -70,21 +72,21 @@ MUTATIONS: tuple[Mutation, ...] = (
       "advance_cursor no longer waits for apply_changes"),
     # I2 -- monotonic, idempotent upserts
     M("I2-older-never-overwrites", "store/apply.py",
-      "WHERE r.datestamp < EXCLUDED.datestamp\n", "WHERE true\n",
+      "WHERE (r.datestamp, r.observed_at) < (EXCLUDED.datestamp, EXCLUDED.observed_at)\n", "WHERE true\n",
       (APPLY + "test_older_version_never_overwrites_newer",),
       "the upsert lands whatever the stored datestamp"),
     M("I2-replay-is-a-no-op", "store/apply.py",
-      "   OR (r.datestamp = EXCLUDED.datestamp AND r.content_hash <> EXCLUDED.content_hash)",
-      "   OR (r.datestamp = EXCLUDED.datestamp)",
+      "  AND (r.datestamp <> EXCLUDED.datestamp OR r.content_hash <> EXCLUDED.content_hash)\n",
+      "  AND true\n",
       (APPLY + "test_replaying_a_window_changes_nothing", OAI + "test_replaying_the_same_window_changes_nothing"),
       "a same-datestamp, same-content upsert rewrites the row"),
     # I3 -- guarded tombstones, recorded deletions
     M("I3-tombstone-not-older", "store/apply.py",
-      "      AND r.datestamp <= b.datestamp\n", "\n",
+      "      AND (r.datestamp, r.observed_at) <= (b.datestamp, b.observed_at)\n", "\n",
       (APPLY + "test_tombstone_older_than_stored_version_does_not_purge",),
       "a tombstone purges whatever the stored version's datestamp"),
     M("I3-deletion-recorded", "store/apply.py",
-      "    FROM gone\n)\n", "    FROM gone WHERE false\n)\n",
+      "    FROM gone\n), remembered", "    FROM gone WHERE false\n), remembered",
       (OAI + "test_full_then_incremental_matches_live_set",),
       "purged records are no longer written to the deletions log"),
     # I4 -- one transaction
@@ -162,6 +164,46 @@ MUTATIONS: tuple[Mutation, ...] = (
       "    def describe(self, params: dict[str, str]) -> str:\n        return ''\n",
       (OAI + "test_persistent_5xx_fails_naming_partner_and_request",),
       "errors no longer name the request"),
+    # I10 -- the outcome does not depend on the order in which runs apply
+    M("I10-purges-remembered", "store/apply.py",
+      "      AND (t.datestamp, t.observed_at) >= (b.datestamp, b.observed_at))\nON CONFLICT",
+      "      AND false)\nON CONFLICT",
+      (MIRROR + "test_a_late_apply_of_an_older_run_never_resurrects_a_purged_record",
+       MIRROR + "test_any_apply_order_gives_the_same_mirror"),
+      "remembered purges no longer stop an older record from landing"),
+    M("I10-later-observation-wins", "store/apply.py",
+      "WHERE (r.datestamp, r.observed_at) < (EXCLUDED.datestamp, EXCLUDED.observed_at)\n",
+      "WHERE r.datestamp <= EXCLUDED.datestamp\n",
+      (MIRROR + "test_an_older_same_day_version_never_replaces_newer_content",),
+      "at equal datestamps any different content replaces the stored one (apply order decides)"),
+    M("I10-vanished-keeps-its-datestamp", "store/reconcile.py",
+      "COALESCE(d.datestamp, r.datestamp)", "COALESCE(d.datestamp, now())",
+      (MIRROR + "test_a_record_purged_by_a_reconcile_comes_back_when_the_partner_lists_it_again",),
+      "a reconcile's purge is dated at the reconcile's clock and blocks the record's return"),
+    # I11 -- nothing blocks a partner forever
+    M("I11-lease-renewed", "store/leases.py",
+      "        self._thread.start()\n", "\n",
+      ("tests/integration/test_leases.py::test_a_killed_holder_releases_the_partner_within_one_ttl",),
+      "the lease is never renewed (a long task loses it; or, with a long TTL, a dead one keeps it)"),
+    M("I11-unstorable-quarantined", "store/staging.py",
+      "storable(item, self.max_record_bytes)", "item",
+      (MIRROR + "test_what_postgresql_cannot_store_is_quarantined_and_the_page_lands",),
+      "a NUL, a lone surrogate or a long identifier reaches COPY and fails every retry"),
+    # I12 -- completeness by a second witness
+    M("I12-staged-equals-harvested", "store/apply.py",
+      "    if lost:\n        raise StagingIncomplete", "    if False:\n        raise StagingIncomplete",
+      (MIRROR + "test_apply_refuses_when_staging_lost_what_the_harvest_recorded",),
+      "an apply over staging the database lost marks the run applied with nothing"),
+    M("I12-failed-check-alerts", "quality.py",
+      "    for check in figures.failed_checks:\n", "    for check in ():\n",
+      ("tests/unit/test_quality.py::test_a_failed_completeness_check_is_a_finding",),
+      "a failed completeness check raises no data-quality alert"),
+    # I13 -- the simulators vary where real servers do: the client must not assume one shape
+    M("I13-export-ends-only-on-an-empty-block", "sierra/harvester.py",
+      "            if covered == 0 and last_id is None:\n",
+      "            if block.output_records < self.export_limit:\n",
+      (SIERRA + "test_full_load_with_deleted_and_suppressed_bibs_in_every_block_holds_the_live_set",),
+      "the export stops on a block with fewer records out than asked (deleted bibs inside it)"),
     # Not invariants of their own, but guards a broken build slipped past
     M("I11-mass-purge-inclusive", "reconcile.py",
       "plan.removals <= limit", "plan.removals < limit",

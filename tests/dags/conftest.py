@@ -13,6 +13,10 @@ from psycopg.conninfo import conninfo_to_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# dag.test() parses DAG files in this process under a SIGALRM timer of its own, which
+# would cancel the test's time limit (pytest-timeout, signal method; see pytest.ini).
+os.environ.setdefault("AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT", "0")
+
 
 @pytest.fixture(scope="session")
 def airflow_db() -> None:
@@ -56,22 +60,10 @@ def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.fixture(autouse=True)
-def _dag_test_with_deadlines(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Work around apache/airflow#73428 (3.3.2): ``dag.test()`` of a DAG with a deadline
-    crashes after a successful run, because its in-memory serialized DAG holds the encoded
-    alerts where the scheduler's holds their ids. Decode them the way the scheduler's
-    lookup would answer (the fix proposed upstream in apache/airflow#73430)."""
-    from types import SimpleNamespace
+def no_task_execution_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leave SIGALRM to pytest-timeout: dag.test() runs tasks in this process, and a task's
+    execution_timeout arms (then disarms) a SIGALRM timer of its own around the task,
+    which would silently cancel the test's time limit (pytest.ini)."""
+    from partner_harvest.airflow import dag_factory
 
-    from airflow.models.deadline_alert import DeadlineAlert as DeadlineAlertModel
-
-    original = DeadlineAlertModel.get_by_id
-
-    def get_by_id(deadline_alert_id, *args, **kwargs):
-        if isinstance(deadline_alert_id, dict):
-            data = deadline_alert_id.get("__var", deadline_alert_id)
-            reference = SimpleNamespace(reference=data["reference"])
-            return SimpleNamespace(reference_class=DeadlineAlertModel.reference_class.fget(reference))
-        return original(deadline_alert_id, *args, **kwargs)
-
-    monkeypatch.setattr(DeadlineAlertModel, "get_by_id", get_by_id)
+    monkeypatch.setitem(dag_factory.DEFAULT_ARGS, "execution_timeout", None)

@@ -43,7 +43,7 @@ def test_a_slow_drip_fails_the_task_at_the_deadline_and_frees_the_partner(drippi
         leases = conn.execute("SELECT holder FROM partner_leases WHERE partner_id = 'dripmuseum'").fetchall()
         status, error = conn.execute(
             "SELECT status, error FROM harvest_runs WHERE partner_id = 'dripmuseum' AND run_id = %s",
-            (run.run_id,)).fetchone()
+            (f"{run.dag_id}/{run.run_id}",)).fetchone()
     assert leases == []  # released when the task failed: a reconcile is not kept waiting
     assert status == "failed"
     assert "request deadline of 1 s" in error and "verb=ListRecords" in error

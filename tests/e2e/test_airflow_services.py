@@ -21,7 +21,8 @@ if TYPE_CHECKING:  # the fixture's type; its module is pytest's conftest, not im
     from conftest import AirflowStack
     from smtp_sink import ReceivedMail
 
-pytestmark = pytest.mark.e2e
+# The stack starts in the first test's setup and runs wait up to 180 s each: above pytest.ini's 120 s.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 OAI_SECONDS = "%Y-%m-%dT%H:%M:%SZ"
 ROOT = Path(__file__).resolve().parents[2]

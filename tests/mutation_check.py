@@ -1,0 +1,270 @@
+"""Break one guard at a time and check that the tests said to guard it fail.
+
+Not a test module (no ``test_`` prefix: pytest never collects it). Each mutation is a
+text substitution in one library file; the script applies it, runs the named tests,
+restores the file byte for byte (also on Ctrl-C), and reports:
+
+    CAUGHT    the tests failed on the broken code (what we want)
+    MISSED    the tests still passed: the guard is not pinned
+    STALE     the text to break is not in the file (exactly once) any more: the code
+              moved on; update the mutation and tests/INVARIANTS.md
+
+Usage (from the repository root):
+
+    .venv/bin/python tests/mutation_check.py            # every mutation
+    .venv/bin/python tests/mutation_check.py I1 I6-...  # only these ids (prefix match)
+    .venv/bin/python tests/mutation_check.py --list
+
+Never leave a mutated file behind: the script restores in ``finally``; if it is killed
+with SIGKILL, ``git diff plugins/`` shows what to restore.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LIB = "plugins/partner_harvest/"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    id: str
+    file: str  # under plugins/partner_harvest/
+    edits: tuple[tuple[str, str], ...]  # (text that must occur exactly once, its replacement)
+    tests: tuple[str, ...]
+    what: str
+
+
+def M(id: str, file: str, find: str, replace: str, tests: tuple[str, ...], what: str) -> Mutation:
+    return Mutation(id, file, ((find, replace),), tests, what)
+
+
+GUARDS = "tests/integration/test_guards.py::"
+LAYERS = "tests/unit/test_xmlsafe_layers.py::"
+APPLY = "tests/integration/test_store_apply.py::"
+OAI = "tests/integration/test_oai_harvest.py::"
+DAG = "tests/dags/test_harvest_dag_run.py::"
+MIRROR = "tests/integration/test_mirror_store.py::"
+SIERRA = "tests/integration/test_sierra_harvest.py::"
+
+MUTATIONS: tuple[Mutation, ...] = (
+    # I1 -- the cursor
+    M("I1-never-backwards", "airflow/cursor.py",
+      "    target = next_cursor(current, window)\n", "    target = window.until\n",
+      ("tests/dags/test_cursor_monotonic.py::test_an_older_run_applying_after_a_newer_one_keeps_the_newer_cursor",),
+      "advance_cursor writes window.until unconditionally"),
+    M("I1-only-incremental-plan", "window.py",
+      "    if not window.advances_cursor:\n        return current\n", "",
+      ("tests/unit/test_window.py::test_cursor_moves_forward_only",),
+      "next_cursor ignores advances_cursor (window/full/backfill runs move the cursor)"),
+    M("I1-only-incremental-write", "airflow/cursor.py",
+      "    if not window.advances_cursor:\n        log.info(", "    if False:\n        log.info(",
+      ("tests/dags/test_cursor_monotonic.py::test_a_full_or_window_run_leaves_an_unset_cursor_unset",),
+      "advance_cursor no longer checks the run's mode itself (relies on next_cursor alone)"),
+    M("I1-after-apply", "airflow/dag_factory.py",
+      "        advance_cursor(window, applied)\n", "        advance_cursor(window, {})\n",
+      (DAG + "test_failed_apply_keeps_the_cursor_and_a_rerun_completes",),
+      "advance_cursor no longer waits for apply_changes"),
+    # I2 -- monotonic, idempotent upserts
+    M("I2-older-never-overwrites", "store/apply.py",
+      "WHERE (r.datestamp, r.observed_at) < (EXCLUDED.datestamp, EXCLUDED.observed_at)\n", "WHERE true\n",
+      (APPLY + "test_older_version_never_overwrites_newer",),
+      "the upsert lands whatever the stored datestamp"),
+    M("I2-replay-is-a-no-op", "store/apply.py",
+      "  AND (r.datestamp <> EXCLUDED.datestamp OR r.content_hash <> EXCLUDED.content_hash)\n",
+      "  AND true\n",
+      (APPLY + "test_replaying_a_window_changes_nothing", OAI + "test_replaying_the_same_window_changes_nothing"),
+      "a same-datestamp, same-content upsert rewrites the row"),
+    # I3 -- guarded tombstones, recorded deletions
+    M("I3-tombstone-not-older", "store/apply.py",
+      "      AND (r.datestamp, r.observed_at) <= (b.datestamp, b.observed_at)\n", "\n",
+      (APPLY + "test_tombstone_older_than_stored_version_does_not_purge",),
+      "a tombstone purges whatever the stored version's datestamp"),
+    M("I3-deletion-recorded", "store/apply.py",
+      "    FROM gone\n), remembered", "    FROM gone WHERE false\n), remembered",
+      (OAI + "test_full_then_incremental_matches_live_set",),
+      "purged records are no longer written to the deletions log"),
+    # I4 -- one transaction
+    Mutation("I4-one-transaction", "store/apply.py", (
+        ("CREATE TEMP TABLE apply_batch ON COMMIT DROP AS", "CREATE TEMP TABLE apply_batch AS"),
+        ("        upserted = dict(conn.execute(_UPSERT, params).fetchall())\n",
+         "        upserted = dict(conn.execute(_UPSERT, params).fetchall())\n"
+         "        conn.execute('COMMIT')\n        conn.execute('BEGIN')\n"),
+    ), (APPLY + "test_failed_apply_leaves_nothing_half_applied",),
+        "the upserts commit on their own, before the purge"),
+    # I5 -- bounded memory
+    M("I5-page-by-page", "oai/harvester.py",
+      "            sink.write_page(page.items)\n",
+      "            held_back = locals().get('held_back') or []\n"
+      "            held_back.extend(page.items)\n"
+      "            if not page.token:\n"
+      "                sink.write_page(held_back)\n",
+      (GUARDS + "test_each_page_is_staged_before_the_next_is_requested",),
+      "the harvest holds the whole window and stages it at the end"),
+    # I6 -- accounting
+    M("I6-restart-resets-staging", "oai/harvester.py",
+      "                sink.reset()\n                stats.reset()\n                stats.restarts = restarts\n",
+      "                stats.reset()\n                stats.restarts = restarts\n",
+      (GUARDS + "test_a_token_restart_stages_the_window_once",),
+      "a token restart keeps the broken attempt's staging"),
+    M("I6-sweep-restart-resets", "oai/harvester.py",
+      "                sink.reset()\n                stats.reset()\n\n",
+      "                stats.reset()\n\n",
+      (GUARDS + "test_a_token_restart_in_the_reconcile_sweep_forgets_the_broken_attempt",),
+      "a token restart in the reconcile sweep keeps the broken attempt's id list"),
+    M("I6-unchanged-counted", "store/apply.py",
+      "unchanged=n - upserted.get(channel, 0) - purged.get(channel, 0) - quarantined.get(channel, 0),",
+      "unchanged=n - upserted.get(channel, 0) - purged.get(channel, 0),",
+      (GUARDS + "test_a_token_restart_stages_the_window_once",),
+      "quarantined items are counted as unchanged too"),
+    # I7 -- continuation requests
+    M("I7-token-only", "oai/client.py",
+      '            params = {"verb": verb, "resumptionToken": token}\n',
+      '            params = {**params, "resumptionToken": token}\n',
+      (OAI + "test_continuations_carry_verb_and_token_only",),
+      "continuations repeat the first request's arguments"),
+    # I8 -- quarantine
+    M("I8-rejects-quarantined", "store/apply.py",
+      "WHERE partner_id = %(pid)s AND run_id = %(run)s AND kind = 'Q'\nORDER BY seq\n",
+      "WHERE partner_id = %(pid)s AND run_id = %(run)s AND kind = 'Q' AND false\nORDER BY seq\n",
+      (OAI + "test_invalid_records_are_quarantined_and_the_rest_lands",),
+      "rejected records are dropped instead of quarantined"),
+    # I9 -- bad and hostile input, each XML layer alone
+    M("I9-xml-no-entity-resolution", "xmlsafe.py",
+      "        resolve_entities=False,\n", "        resolve_entities=True,\n",
+      (LAYERS + "test_the_parser_never_reads_an_external_entity",),
+      "the parser resolves entities (every other layer stays on)"),
+    M("I9-xml-no-dtd-loading", "xmlsafe.py",
+      "        load_dtd=False,\n", "        load_dtd=True,\n",
+      (LAYERS + "test_the_parser_never_loads_an_external_dtd",),
+      "the parser loads external DTDs (every other layer stays on)"),
+    M("I9-xml-byte-scan", "xmlsafe.py",
+      "    _refuse_entity_declarations(content)\n    try:\n", "    try:\n",
+      (LAYERS + "test_the_byte_scan_refuses_before_the_parser_runs",),
+      "no byte scan before parsing (every other layer stays on)"),
+    M("I9-xml-after-parse-check", "xmlsafe.py",
+      "    if dtd is not None and any(True for _ in dtd.iterentities()):\n", "    if False:\n",
+      (LAYERS + "test_the_after_parse_check_refuses_what_the_byte_scan_cannot_read",),
+      "no check of the parsed DTD (every other layer stays on)"),
+    M("I9-xml-expansion-named", "xmlsafe.py",
+      "    if _EXPANSION_ATTACK.search(message):\n", "    if False:\n",
+      (LAYERS + "test_an_expansion_stopped_by_libxml2_is_named_hostile",),
+      "libxml2's amplification guard is reported as mere malformed XML"),
+    M("I9-html-sniff", "xmlsafe.py",
+      "    if _HTML_START.match(head.lower()):\n", "    if False:\n",
+      (LAYERS + "test_the_html_sniff_names_pages_without_an_html_element",),
+      "HTML error pages are no longer recognised before parsing"),
+    M("I9-error-names-partner", "oai/client.py",
+      "    def describe(self, params: dict[str, str]) -> str:\n",
+      "    def describe(self, params: dict[str, str]) -> str:\n        return ''\n",
+      (OAI + "test_persistent_5xx_fails_naming_partner_and_request",),
+      "errors no longer name the request"),
+    # I10 -- the outcome does not depend on the order in which runs apply
+    M("I10-purges-remembered", "store/apply.py",
+      "      AND (t.datestamp, t.observed_at) >= (b.datestamp, b.observed_at))\nON CONFLICT",
+      "      AND false)\nON CONFLICT",
+      (MIRROR + "test_a_late_apply_of_an_older_run_never_resurrects_a_purged_record",
+       MIRROR + "test_any_apply_order_gives_the_same_mirror"),
+      "remembered purges no longer stop an older record from landing"),
+    M("I10-later-observation-wins", "store/apply.py",
+      "WHERE (r.datestamp, r.observed_at) < (EXCLUDED.datestamp, EXCLUDED.observed_at)\n",
+      "WHERE r.datestamp <= EXCLUDED.datestamp\n",
+      (MIRROR + "test_an_older_same_day_version_never_replaces_newer_content",),
+      "at equal datestamps any different content replaces the stored one (apply order decides)"),
+    M("I10-vanished-keeps-its-datestamp", "store/reconcile.py",
+      "COALESCE(d.datestamp, r.datestamp)", "COALESCE(d.datestamp, now())",
+      (MIRROR + "test_a_record_purged_by_a_reconcile_comes_back_when_the_partner_lists_it_again",),
+      "a reconcile's purge is dated at the reconcile's clock and blocks the record's return"),
+    # I11 -- nothing blocks a partner forever
+    M("I11-lease-renewed", "store/leases.py",
+      "        self._thread.start()\n", "\n",
+      ("tests/integration/test_leases.py::test_a_killed_holder_releases_the_partner_within_one_ttl",),
+      "the lease is never renewed (a long task loses it; or, with a long TTL, a dead one keeps it)"),
+    M("I11-unstorable-quarantined", "store/staging.py",
+      "storable(item, self.max_record_bytes)", "item",
+      (MIRROR + "test_what_postgresql_cannot_store_is_quarantined_and_the_page_lands",),
+      "a NUL, a lone surrogate or a long identifier reaches COPY and fails every retry"),
+    # I12 -- completeness by a second witness
+    M("I12-staged-equals-harvested", "store/apply.py",
+      "    if lost:\n        raise StagingIncomplete", "    if False:\n        raise StagingIncomplete",
+      (MIRROR + "test_apply_refuses_when_staging_lost_what_the_harvest_recorded",),
+      "an apply over staging the database lost marks the run applied with nothing"),
+    M("I12-failed-check-alerts", "quality.py",
+      "    for check in figures.failed_checks:\n", "    for check in ():\n",
+      ("tests/unit/test_quality.py::test_a_failed_completeness_check_is_a_finding",),
+      "a failed completeness check raises no data-quality alert"),
+    # I13 -- the simulators vary where real servers do: the client must not assume one shape
+    M("I13-export-ends-only-on-an-empty-block", "sierra/harvester.py",
+      "            if covered == 0 and last_id is None:\n",
+      "            if block.output_records < self.export_limit:\n",
+      (SIERRA + "test_full_load_with_deleted_and_suppressed_bibs_in_every_block_holds_the_live_set",),
+      "the export stops on a block with fewer records out than asked (deleted bibs inside it)"),
+    # Not invariants of their own, but guards a broken build slipped past
+    M("I11-mass-purge-inclusive", "reconcile.py",
+      "plan.removals <= limit", "plan.removals < limit",
+      (GUARDS + "test_mass_purge_limit_is_exactly_the_configured_fraction",),
+      "the limit itself is refused"),
+    M("I11-mass-purge-fraction", "reconcile.py",
+      "    limit = partner.max_purge_fraction * plan.local\n", "    limit = 0.2 * plan.local\n",
+      (GUARDS + "test_mass_purge_limit_is_exactly_the_configured_fraction",),
+      "a fixed 20% instead of the partner's configured fraction"),
+    M("loop-guard-repeated-token", "oai/client.py",
+      "            if token in seen_tokens:\n", "            if False:\n",
+      (OAI + "test_repeated_token_is_a_loop_error_and_nothing_lands",),
+      "a repeated resumptionToken loops forever: pytest-timeout must fail the test (takes ~2 min)"),
+)
+
+
+def run(m: Mutation, pytest_args: list[str]) -> str:
+    path = ROOT / LIB / m.file
+    original = path.read_bytes()
+    text = original.decode("utf-8")
+    for find, replace in m.edits:
+        if text.count(find) != 1:
+            return "STALE"
+        text = text.replace(find, replace)
+    try:
+        path.write_text(text, encoding="utf-8")
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-x", "--no-header", "-p", "no:randomly", *pytest_args, *m.tests],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+    finally:
+        path.write_bytes(original)
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    print(f"    pytest exit {proc.returncode}: {lines[-1] if lines else ''}")
+    for line in [line for line in lines if line.startswith("E ")][:2]:  # why it failed
+        print(f"      {line[:150]}")
+    # 1 = tests failed; 2..5 = interrupted, usage, no tests: not a catch.
+    return "CAUGHT" if proc.returncode == 1 else "MISSED" if proc.returncode == 0 else f"ERROR({proc.returncode})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("ids", nargs="*", help="mutation ids or prefixes (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--pytest-arg", action="append", default=[], help="extra argument for pytest")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not args.ids or any(m.id.startswith(i) for i in args.ids)]
+    if args.list:
+        for m in chosen:
+            print(f"{m.id:32} {LIB}{m.file}: {m.what}\n{'':32} tests: {', '.join(m.tests)}")
+        return 0
+    results = {}
+    for m in chosen:
+        print(f"{m.id}: {m.what} ({LIB}{m.file})", flush=True)
+        results[m.id] = run(m, args.pytest_arg)
+        print(f"    => {results[m.id]}", flush=True)
+    print("\nsummary:")
+    for key, value in results.items():
+        print(f"  {value:10} {key}")
+    return 0 if all(v == "CAUGHT" for v in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

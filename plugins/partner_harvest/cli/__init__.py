@@ -247,15 +247,15 @@ def cmd_forget(args: argparse.Namespace) -> int:
     with _connect(args) as conn:
         _refuse_when_busy(conn, partner_id)
         counts = _row_counts(conn, partner_id)
-        print(f"aggregation rows of {partner_id}: " + ", ".join(f"{t} {n}" for t, n in counts.items()))
+        print(f"aggregation rows of {partner_id} to remove: " + ", ".join(f"{t} {n}" for t, n in counts.items()))
         variables = [key for key in keys if admin.read_variable(key) is not None] if admin else []
         drop_pool = bool(admin) and not in_registry and admin.pool_exists(pool)
         if admin:
-            print(f"Variables: {', '.join(variables) or 'none'}")
+            print(f"Variables to delete: {', '.join(variables) or 'none'}")
             if in_registry:
                 print(f"pool {pool}: kept ({partner_id} is still in {registry.path}; its next run harvests everything)")
             else:
-                print(f"pool {pool}: {'deleted' if drop_pool else 'does not exist'}")
+                print(f"pool {pool}: {'to delete' if drop_pool else 'does not exist'}")
         if not _confirm(args, partner_id):
             return 1
         removed = forget_partner(conn, partner_id)

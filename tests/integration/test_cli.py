@@ -170,6 +170,12 @@ def test_status_of_a_partner_that_went_quiet(capsys, conn, db, registry_file) ->
     assert status == 0 and " quiet " in out.splitlines()[2]
 
 
+def test_status_of_a_database_without_the_schema_says_to_migrate(capsys, db, registry_file) -> None:
+    registry_file("partners:" + GOOD)
+    status, _, err = run(capsys, "status", "--database-url", db)
+    assert status == 1 and "partner-harvest migrate" in err
+
+
 # -- forget -------------------------------------------------------------------------------
 
 def test_forget_removes_only_that_partners_rows_after_confirmation(capsys, conn, db, registry_file, monkeypatch) -> None:

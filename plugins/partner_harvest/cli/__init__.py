@@ -333,3 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(f"partner-harvest {args.command}: {exc}", file=sys.stderr)
         return 1
+    except psycopg.errors.UndefinedTable as exc:
+        print(f"partner-harvest {args.command}: the aggregation database has no partner harvest schema yet "
+              f"({exc.diag.message_primary}): run `partner-harvest migrate`", file=sys.stderr)
+        return 1
+    except psycopg.Error as exc:
+        print(f"partner-harvest {args.command}: aggregation database: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1

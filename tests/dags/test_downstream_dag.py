@@ -114,3 +114,34 @@ def test_each_apply_emits_its_range_and_the_downstream_dag_exports_exactly_it(
     with connect(db) as conn:
         assert conn.execute("SELECT position FROM feed_positions WHERE partner_id = %s",
                             (PARTNER,)).fetchone() == (event2["change_seq_until"],)
+
+
+def test_the_reconcile_emits_its_range_too(partner_env, repo, tmp_path: Path) -> None:
+    from partner_harvest.airflow.dag_factory import build_reconcile_dag
+
+    assert str(harvest_dag().test().state).endswith("success")
+    assert str(downstream_dag().test(run_conf={"output_dir": str(tmp_path)}).state).endswith("success")
+    gone = repo.delete(2)
+    dag = build_reconcile_dag(get_partner(PARTNER))
+    for task in dag.tasks:
+        task.retries = 0
+    assert str(dag.test().state).endswith("success")
+    event = asset_events()[-1]
+    assert event["_source_task"] == "reconcile" and event["counts"]["purged"] == 2
+    assert str(downstream_dag().test(run_conf={"output_dir": str(tmp_path)}).state).endswith("success")
+    last = exported(tmp_path)[-1]
+    assert {(line["op"], line["identifier"], line["reason"]) for line in last} == {
+        ("delete", i, "reconcile") for i in gone}
+
+
+def test_the_downstream_dag_is_scheduled_on_every_partners_asset(registry, airflow_db) -> None:
+    from partner_harvest.airflow.assets import partner_asset, partner_of
+
+    registry("partners:\n"
+             "  - {id: alpha, protocol: oai-pmh, conn_id: partner_alpha}\n"
+             "  - {id: beta, protocol: oai-pmh, conn_id: partner_beta}\n")
+    dag = downstream_dag()
+    assert {a.uri for a in dag.schedule.objects} == {
+        partner_asset("alpha").uri, partner_asset("beta").uri}
+    assert partner_of(partner_asset("alpha").uri) == "alpha"
+    assert partner_of("partner-harvest://alpha/other") is None and partner_of("s3://alpha/records") is None

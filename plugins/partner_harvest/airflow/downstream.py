@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG, Param, Variable, get_current_context, task
+from airflow.sdk import DAG, AssetAny, Param, Variable, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from partner_harvest.airflow.assets import partner_asset, partner_of
@@ -89,10 +89,7 @@ def build_jsonl_export_dag() -> DAG:
         problem = ""
     except RegistryError as exc:  # the harvest DAG files show it as their import error
         partner_ids, problem = [], f" (NOT SCHEDULED: {exc})"
-    schedule = None
-    for partner_id in partner_ids:
-        asset = partner_asset(partner_id)
-        schedule = asset if schedule is None else schedule | asset
+    schedule = AssetAny(*(partner_asset(p) for p in partner_ids)) if partner_ids else None
     with DAG(
         dag_id=DAG_ID,
         description=f"Example downstream: every partner's changes as JSON Lines, on its Asset events{problem}"[:1000],

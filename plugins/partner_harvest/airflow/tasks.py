@@ -218,7 +218,9 @@ def apply_changes(partner_id: str, window_data: dict[str, Any], context: dict[st
 
     with hold_lease(partner_id, context), aggregation() as conn:
         applied = pipeline.apply_changes(conn, partner_id, run_key(context), reharvest).as_dict()
-        assets.emit(context, partner_id, assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id))
+        # The event Airflow emits on the partner's Asset when this task succeeds (airflow/assets.py).
+        extra = assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id)
+        assets.emit(context, partner_id, extra)
         return applied
 
 

@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MUSEUM = "e2emuseum"
 BROKEN = "e2ebroken"
 ALERTS_CONN_ID = "harvest_alerts_smtp"
+DOWNSTREAM_DAG = "example_downstream_jsonl"  # scheduled on the partners' Asset events
 SERVICES = ("api-server", "scheduler", "dag-processor")
 STARTUP_TIMEOUT = 120.0  # API healthy, scheduler and dag-processor heartbeating
 PARSE_TIMEOUT = 120.0  # both harvest DAGs serialized
@@ -331,13 +332,21 @@ def _import_errors(stack: AirflowStack) -> str:
 
 # ---------------------------------------------------------------------- the fixture
 @pytest.fixture(scope="module")
-def airflow_stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowStack]:
+def airflow_env_overrides() -> dict[str, str]:
+    """Extra environment for this module's services; a test module may override the fixture."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def airflow_stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory,
+                  airflow_env_overrides: dict[str, str]) -> Iterator[AirflowStack]:
     """Airflow's three services on loopback, with both e2e partners' DAGs parsed and unpaused."""
     with ExitStack() as cleanup:  # undoes, in reverse, whatever got started
-        yield _start_airflow(pg_server, tmp_path_factory.mktemp("airflow_e2e"), cleanup)
+        yield _start_airflow(pg_server, tmp_path_factory.mktemp("airflow_e2e"), cleanup, airflow_env_overrides)
 
 
-def _start_airflow(pg_server: str, base: Path, cleanup: ExitStack) -> AirflowStack:
+def _start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
+                   overrides: dict[str, str] | None = None) -> AirflowStack:
     """Start everything, registering each piece's undo on ``cleanup`` as soon as it exists."""
     home = base / "airflow_home"
     home.mkdir()
@@ -408,6 +417,7 @@ def _start_airflow(pg_server: str, base: Path, cleanup: ExitStack) -> AirflowSta
                       "disable_tls": True, "disable_ssl": True},
         }),
     })
+    env.update(overrides or {})
 
     stack = AirflowStack(base_url=base_url, home=home, env=env, repo=repo, simulator=simulator,
                          sink=sink, aggregation_db=aggregation_db, registry=registry)
@@ -434,7 +444,7 @@ def _start_airflow(pg_server: str, base: Path, cleanup: ExitStack) -> AirflowSta
             )
     poll(lambda: _services_healthy(stack), STARTUP_TIMEOUT,
          "a healthy api-server, scheduler and dag-processor", diagnostics=stack.diagnostics)
-    dag_ids = (f"harvest_{MUSEUM}", f"harvest_{BROKEN}", f"reconcile_{MUSEUM}")
+    dag_ids = (f"harvest_{MUSEUM}", f"harvest_{BROKEN}", f"reconcile_{MUSEUM}", DOWNSTREAM_DAG)
     for dag_id in dag_ids:
         dag = poll(lambda dag_id=dag_id: _dag_parsed(stack, dag_id), PARSE_TIMEOUT, f"DAG {dag_id} to be parsed",
                    diagnostics=lambda: _import_errors(stack))

@@ -25,6 +25,7 @@ from airflow.sdk import (
 )
 
 from partner_harvest.airflow import compat, tasks
+from partner_harvest.airflow.assets import partner_asset
 from partner_harvest.airflow.notifiers import PartnerAlertNotifier, run_overdue_alert
 from partner_harvest.registry import Partner, RegistryError, load_registry
 
@@ -122,7 +123,7 @@ def build_harvest_dag(partner: Partner) -> DAG:
         def poll_deletions(window: dict[str, Any]) -> dict[str, Any]:
             return tasks.poll_deletions(pid, window, get_current_context())
 
-        @task(task_id="apply_changes")
+        @task(task_id="apply_changes", outlets=[partner_asset(pid)])  # the event: airflow/assets.py
         def apply_changes(window: dict[str, Any], *staged: dict[str, Any]) -> dict[str, int]:
             return tasks.apply_changes(pid, window, get_current_context())
 
@@ -175,7 +176,7 @@ def build_reconcile_dag(partner: Partner) -> DAG:
         ),
     ) as dag:
 
-        @task(task_id="reconcile", pool=partner.pool)
+        @task(task_id="reconcile", pool=partner.pool, outlets=[partner_asset(pid)])
         def reconcile() -> dict[str, Any]:
             return tasks.reconcile_partner(pid, get_current_context())
 

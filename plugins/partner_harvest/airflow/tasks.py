@@ -17,6 +17,7 @@ import psycopg
 from airflow.sdk.exceptions import AirflowFailException
 
 from partner_harvest import pipeline
+from partner_harvest.airflow import assets
 from partner_harvest.airflow.connections import aggregation_conninfo, partner_endpoint
 from partner_harvest.airflow.cursor import advance_cursor, read_cursor
 from partner_harvest.errors import HarvestError
@@ -216,7 +217,11 @@ def apply_changes(partner_id: str, window_data: dict[str, Any], context: dict[st
             _stage(partner_id, window_data, context, channel)
 
     with hold_lease(partner_id, context), aggregation() as conn:
-        return pipeline.apply_changes(conn, partner_id, run_key(context), reharvest).as_dict()
+        applied = pipeline.apply_changes(conn, partner_id, run_key(context), reharvest).as_dict()
+        # The event Airflow emits on the partner's Asset when this task succeeds (airflow/assets.py).
+        extra = assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id)
+        assets.emit(context, partner_id, extra)
+        return applied
 
 
 @_fail_fast
@@ -260,5 +265,8 @@ def reconcile_partner(partner_id: str, context: dict[str, Any]) -> dict[str, Any
     with keeper:
         adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
         with aggregation() as conn:
-            return reconcile(adapter, conn, partner, run_key(context), allow_mass_purge=allow).as_dict()
+            outcome = reconcile(adapter, conn, partner, run_key(context), allow_mass_purge=allow).as_dict()
+            assets.emit(context, partner_id,
+                        assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id))
+            return outcome
 

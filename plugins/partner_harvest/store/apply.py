@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 import psycopg
 
 from partner_harvest.errors import HarvestError
+from partner_harvest.store import feed
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +79,9 @@ ORDER BY identifier, datestamp DESC, observed_at DESC, seq DESC
 _UPSERT = """
 WITH landed AS (
 INSERT INTO records AS r (partner_id, identifier, datestamp, metadata_prefix, metadata,
-                          set_specs, title, content_hash, run_id, observed_at)
+                          set_specs, title, content_hash, run_id, observed_at, change_seq)
 SELECT %(pid)s, b.identifier, b.datestamp, b.metadata_prefix, b.metadata, b.set_specs, b.title,
-       b.content_hash, %(run)s, b.observed_at
+       b.content_hash, %(run)s, b.observed_at, nextval('change_seq')
 FROM apply_batch b
 WHERE b.kind = 'R' AND NOT EXISTS (
     SELECT 1 FROM tombstones t
@@ -90,7 +91,7 @@ ON CONFLICT (partner_id, identifier) DO UPDATE SET
     datestamp = EXCLUDED.datestamp, metadata_prefix = EXCLUDED.metadata_prefix,
     metadata = EXCLUDED.metadata, set_specs = EXCLUDED.set_specs, title = EXCLUDED.title,
     content_hash = EXCLUDED.content_hash, harvested_at = now(), run_id = EXCLUDED.run_id,
-    observed_at = EXCLUDED.observed_at
+    observed_at = EXCLUDED.observed_at, change_seq = EXCLUDED.change_seq
 WHERE (r.datestamp, r.observed_at) < (EXCLUDED.datestamp, EXCLUDED.observed_at)
   AND (r.datestamp <> EXCLUDED.datestamp OR r.content_hash <> EXCLUDED.content_hash)
 RETURNING r.identifier
@@ -111,9 +112,9 @@ WITH gone AS (
       AND (r.datestamp, r.observed_at) <= (b.datestamp, b.observed_at)
     RETURNING r.identifier, b.datestamp, b.channel
 ), logged AS (
-    INSERT INTO deletions (partner_id, identifier, upstream_datestamp, run_id, reason)
+    INSERT INTO deletions (partner_id, identifier, upstream_datestamp, run_id, reason, change_seq)
     SELECT %(pid)s, identifier, datestamp, %(run)s,
-           CASE WHEN channel = 'reconcile' THEN 'reconcile' ELSE 'tombstone' END
+           CASE WHEN channel = 'reconcile' THEN 'reconcile' ELSE 'tombstone' END, nextval('change_seq')
     FROM gone
 ), remembered AS (
     INSERT INTO tombstones AS t (partner_id, identifier, datestamp, observed_at, run_id)
@@ -184,6 +185,8 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
             for channel, n in fetched.items()
         }
         _audit(conn, partner_id, run_id, per_channel)
+        # Under the lock, in this transaction: the change feed's high water (store/feed.py).
+        feed.mark_applied(conn, partner_id, run_id)
         conn.execute("DELETE FROM staging WHERE partner_id = %(pid)s AND run_id = %(run)s", params)
         conn.execute("DROP TABLE apply_batch")
     total = ApplyResult(*(sum(getattr(r, f) for r in per_channel.values()) for f in ApplyResult.__dataclass_fields__))

@@ -46,10 +46,21 @@ LEASE_TTL_SECONDS = 6  # a killed task's lease ends this soon after it stops ren
 T = TypeVar("T")
 
 
+E2E_TIMEOUT = 900  # a module's first test also starts the whole Airflow stack
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "e2e: runs a real Airflow api-server, scheduler and dag-processor on loopback"
     )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every e2e test gets the e2e time limit (a marker set on the test itself still wins)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(E2E_TIMEOUT))
 
 
 def poll(probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.5,

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the fixture's type; its module is pytest's conftest, not im
     from smtp_sink import ReceivedMail
 
 # The stack starts in the first test's setup and runs wait up to 180 s each: above pytest.ini's 120 s.
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.e2e
 
 OAI_SECONDS = "%Y-%m-%dT%H:%M:%SZ"
 ROOT = Path(__file__).resolve().parents[2]

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 import psycopg
 
 from partner_harvest.errors import HarvestError
+from partner_harvest.store.partner_stats import add_records_held
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,11 @@ RETURNING r.identifier
     DELETE FROM tombstones t USING landed l
     WHERE t.partner_id = %(pid)s AND t.identifier = l.identifier
 )
-SELECT b.channel, count(*) FROM landed JOIN apply_batch b USING (identifier) GROUP BY b.channel
+SELECT b.channel, count(*),
+       -- the statement's snapshot predates the insert: a landed key not in records is new
+       count(*) FILTER (WHERE NOT EXISTS (
+           SELECT 1 FROM records o WHERE o.partner_id = %(pid)s AND o.identifier = landed.identifier))
+FROM landed JOIN apply_batch b USING (identifier) GROUP BY b.channel
 """
 
 # All CTEs see the snapshot taken before the statement: ``remembered`` skips exactly the
@@ -170,8 +175,10 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         # purge over the whole batch for every stored record (minutes instead of seconds).
         conn.execute("CREATE INDEX ON apply_batch (identifier)")
         conn.execute("ANALYZE apply_batch")
-        upserted = dict(conn.execute(_UPSERT, params).fetchall())
+        landed = conn.execute(_UPSERT, params).fetchall()
+        upserted = {channel: n for channel, n, _ in landed}
         purged = dict(conn.execute(_PURGE, params).fetchall())
+        add_records_held(conn, partner_id, run_id, sum(new for _, _, new in landed) - sum(purged.values()))
         quarantined = dict(conn.execute(_QUARANTINE, params).fetchall())
         per_channel = {
             channel: ApplyResult(

@@ -94,15 +94,13 @@ ON CONFLICT (partner_id, identifier) DO UPDATE SET
     observed_at = EXCLUDED.observed_at
 WHERE (r.datestamp, r.observed_at) < (EXCLUDED.datestamp, EXCLUDED.observed_at)
   AND (r.datestamp <> EXCLUDED.datestamp OR r.content_hash <> EXCLUDED.content_hash)
-RETURNING r.identifier
+-- xmax is 0 on a row this statement inserted, set on one it updated (the conflict locked it)
+RETURNING r.identifier, r.xmax = 0 AS inserted
 ), superseded AS (
     DELETE FROM tombstones t USING landed l
     WHERE t.partner_id = %(pid)s AND t.identifier = l.identifier
 )
-SELECT b.channel, count(*),
-       -- the statement's snapshot predates the insert: a landed key not in records is new
-       count(*) FILTER (WHERE NOT EXISTS (
-           SELECT 1 FROM records o WHERE o.partner_id = %(pid)s AND o.identifier = landed.identifier))
+SELECT b.channel, count(*), count(*) FILTER (WHERE landed.inserted)
 FROM landed JOIN apply_batch b USING (identifier) GROUP BY b.channel
 """
 

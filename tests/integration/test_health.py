@@ -198,3 +198,19 @@ def test_recent_runs_and_todays_quarantine_feed_the_partner_page(conn) -> None:
     reasons, entries = quarantine_today(conn, "p", now_of(conn))
     assert reasons == [("reason 1", 2), ("reason 0", 1)]
     assert [e.identifier for e in entries] == ["q3", "q2", "q1"]
+
+
+def test_a_run_the_scheduler_saw_fail_before_any_audit_row_makes_the_partner_failing(conn) -> None:
+    from partner_harvest.store.health import SchedulerRun
+
+    now = now_of(conn)
+    stage(conn, "p", "harvest_p/scheduled__1", [rec("a")], until=now - timedelta(hours=30))
+    apply_run(conn, "p", "harvest_p/scheduled__1")
+    later = now_of(conn)
+    down = SchedulerRun("harvest_p", "manual__2", "failed", later, later)
+    (health,) = partner_health(conn, partners("p"), later, {"p": down})
+    assert health.state == FAILING and health.last_run.run_id == "harvest_p/manual__2"
+    assert health.last_success.run_id == "harvest_p/scheduled__1"
+    older = SchedulerRun("harvest_p", "manual__0", "failed", now - timedelta(days=3), now - timedelta(days=3))
+    (health,) = partner_health(conn, partners("p"), now, {"p": older})
+    assert health.state == HEALTHY and health.last_run.run_id == "harvest_p/scheduled__1"

@@ -11,7 +11,7 @@ the ``changes`` channel names harvest runs, the ``reconcile`` channel reconcile 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -58,6 +58,21 @@ class RunInfo:
     @property
     def duration(self) -> timedelta | None:
         return self.ended_at - self.started_at if self.ended_at else None
+
+
+@dataclass(frozen=True)
+class SchedulerRun:
+    """The newest harvest DAG run as the scheduler knows it (Airflow's database or REST API).
+
+    A run that fails before it reaches the partner's data (the endpoint is down, the
+    Connection is missing) leaves no ``harvest_runs`` row: only the scheduler knows it failed.
+    """
+
+    dag_id: str
+    dag_run_id: str
+    state: str  # Airflow's DagRun state: queued | running | success | failed
+    started_at: datetime | None
+    ended_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -168,12 +183,17 @@ def _run(row: Sequence) -> RunInfo:
                    error, announced, tuple(checks or ()), until, held)
 
 
-def partner_health(conn: psycopg.Connection, partners: Iterable[Partner], now: datetime) -> list[PartnerHealth]:
+def partner_health(
+    conn: psycopg.Connection, partners: Iterable[Partner], now: datetime,
+    scheduler_runs: Mapping[str, SchedulerRun] | None = None,
+) -> list[PartnerHealth]:
     """The health of every partner given (the registry's), worst state first.
 
     ``now`` is the reference clock (aware UTC): cursor lag and quiet periods are measured
-    against it. Partners without any run are listed too (state ``new``). Reads only: the
-    transaction is committed before returning so a caller's pooled connection stays idle.
+    against it. Partners without any run are listed too (state ``new``). ``scheduler_runs``
+    (partner id -> its newest harvest DAG run, optional) adds the failed runs that never
+    wrote an audit row. Reads only: the transaction is committed before returning, so a
+    caller's connection is left idle.
     """
     partners = list(partners)
     ids = [p.id for p in partners]
@@ -191,6 +211,7 @@ def partner_health(conn: psycopg.Connection, partners: Iterable[Partner], now: d
     for partner in partners:
         held, cursor, last_fetch_at, first_run_at = per_partner.get(partner.id, (0, None, None, None))
         last, success = runs.get((partner.id, "last")), runs.get((partner.id, "success"))
+        last = _newer_failure((scheduler_runs or {}).get(partner.id), last, now)
         lag = now - cursor if cursor else None
         limit = behind_after(partner, now)
         alerts = _alerts(partner, success, held, last_fetch_at, first_run_at, now)
@@ -212,6 +233,18 @@ def partner_health(conn: psycopg.Connection, partners: Iterable[Partner], now: d
         ))
     result.sort(key=lambda h: (STATES.index(h.state), h.partner_id))
     return result
+
+
+def _newer_failure(scheduled: SchedulerRun | None, last: RunInfo | None, now: datetime) -> RunInfo | None:
+    """The scheduler's failed run when the audit knows nothing of it (or only older runs)."""
+    if scheduled is None or scheduled.state != "failed":
+        return last
+    run_id = f"{scheduled.dag_id}/{scheduled.dag_run_id}"
+    started = scheduled.started_at or scheduled.ended_at or now
+    if last is not None and (last.run_id == run_id or last.started_at >= started):
+        return last
+    return RunInfo(run_id, "failed", started, scheduled.ended_at, 0, 0, 0, 0, 0,
+                   "the DAG run failed before it recorded anything in harvest_runs: see its task logs")
 
 
 def _alerts(partner: Partner, success: RunInfo | None, held: int, last_fetch_at: datetime | None,

@@ -214,3 +214,15 @@ def test_a_run_the_scheduler_saw_fail_before_any_audit_row_makes_the_partner_fai
     older = SchedulerRun("harvest_p", "manual__0", "failed", now - timedelta(days=3), now - timedelta(days=3))
     (health,) = partner_health(conn, partners("p"), now, {"p": older})
     assert health.state == HEALTHY and health.last_run.run_id == "harvest_p/scheduled__1"
+
+
+def test_the_health_pages_refuse_a_request_without_airflow_login() -> None:
+    """The routes depend on Airflow's own auth check: no JWT (cookie or bearer), no page."""
+    from fastapi.testclient import TestClient
+
+    from partner_harvest.airflow.health.app import create_app
+
+    client = TestClient(create_app())
+    for path in ("/", "/partner/museum"):
+        response = client.get(path, headers={"Accept": "application/json"})
+        assert response.status_code == 401, path

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 import psycopg
 
 from partner_harvest.errors import HarvestError
-from partner_harvest.store.partner_stats import add_records_held
+from partner_harvest.store.partner_stats import update_partner_stats
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +176,8 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         landed = conn.execute(_UPSERT, params).fetchall()
         upserted = {channel: n for channel, n, _ in landed}
         purged = dict(conn.execute(_PURGE, params).fetchall())
-        add_records_held(conn, partner_id, run_id, sum(new for _, _, new in landed) - sum(purged.values()))
         quarantined = dict(conn.execute(_QUARANTINE, params).fetchall())
+        update_partner_stats(conn, partner_id, run_id, sum(new for _, _, new in landed) - sum(purged.values()))
         per_channel = {
             channel: ApplyResult(
                 fetched=n,

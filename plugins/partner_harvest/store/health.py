@@ -2,8 +2,9 @@
 
 Used by the Airflow health page (``partner_harvest.airflow.health``) and the CLI's
 ``status`` command: plain psycopg, no Airflow. Every figure comes from tables the
-harvest already keeps (``harvest_runs``, ``partner_stats``, ``quarantine``); nothing
-counts ``records``, so a view costs the same with 10 million records as with ten.
+harvest already keeps (``harvest_runs``, and ``partner_stats``: the counters the apply
+keeps in step); nothing counts ``records`` or ``quarantine``, so a view costs the same
+with 10 million records as with ten.
 
 A *run* here is all channels of one ``harvest_runs.run_id`` (``<dag_id>/<airflow run_id>``):
 the ``changes`` channel names harvest runs, the ``reconcile`` channel reconcile runs.
@@ -89,7 +90,7 @@ class PartnerHealth:
     cursor_lag: timedelta | None  # now - cursor
     behind_after: timedelta  # a cursor trailing more than this is "behind"
     records_held: int
-    quarantined_now: int
+    quarantined_now: int  # rows of quarantine_current (as of the last apply)
     alerts: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -150,17 +151,20 @@ _RUN_COLUMNS = """
     max(h.records_held)
 """
 
+# LATERAL: each run read through the primary key, never a scan of the whole audit.
 _RUNS = f"""
-SELECT k.partner_id, k.kind, {_RUN_COLUMNS}
+SELECT k.partner_id, k.kind, r.*
 FROM unnest(%(pids)s::text[], %(kinds)s::text[], %(runs)s::text[]) AS k(partner_id, kind, run_id)
-JOIN harvest_runs h ON h.partner_id = k.partner_id AND h.run_id = k.run_id
-GROUP BY k.partner_id, k.kind, h.run_id
+CROSS JOIN LATERAL (
+    SELECT {_RUN_COLUMNS} FROM harvest_runs h
+    WHERE h.partner_id = k.partner_id AND h.run_id = k.run_id GROUP BY h.run_id
+) r
 """
 
 _PER_PARTNER = """
 WITH p AS (SELECT unnest(%(ids)s::text[]) AS partner_id)
 SELECT p.partner_id,
-    COALESCE((SELECT s.records_held FROM partner_stats s WHERE s.partner_id = p.partner_id), 0),
+    COALESCE(s.records_held, 0), COALESCE(s.quarantined_now, 0),
     (SELECT max(h.window_until) FROM harvest_runs h
       WHERE h.partner_id = p.partner_id AND h.channel = 'changes' AND h.status = 'applied'
         AND h.mode = 'incremental'),
@@ -168,11 +172,7 @@ SELECT p.partner_id,
       WHERE h.partner_id = p.partner_id AND h.status = 'applied' AND h.fetched > 0
       ORDER BY h.started_at DESC LIMIT 1),
     (SELECT min(h.started_at) FROM harvest_runs h WHERE h.partner_id = p.partner_id)
-FROM p
-"""
-
-_QUARANTINED_NOW = """
-SELECT partner_id, count(*) FROM quarantine_current WHERE partner_id = ANY(%(ids)s::text[]) GROUP BY partner_id
+FROM p LEFT JOIN partner_stats s ON s.partner_id = p.partner_id
 """
 
 
@@ -204,12 +204,11 @@ def partner_health(
         for pid, kind, *row in conn.execute(_RUNS, {"pids": pids, "kinds": kinds, "runs": run_ids}):
             runs[(pid, kind)] = _run(row)
     per_partner = {row[0]: row[1:] for row in conn.execute(_PER_PARTNER, {"ids": ids})}
-    quarantined = dict(conn.execute(_QUARANTINED_NOW, {"ids": ids}).fetchall())
     conn.commit()
 
     result = []
     for partner in partners:
-        held, cursor, last_fetch_at, first_run_at = per_partner.get(partner.id, (0, None, None, None))
+        held, quarantined, cursor, last_fetch_at, first_run_at = per_partner[partner.id]
         last, success = runs.get((partner.id, "last")), runs.get((partner.id, "success"))
         last = _newer_failure((scheduler_runs or {}).get(partner.id), last, now)
         lag = now - cursor if cursor else None
@@ -229,7 +228,7 @@ def partner_health(
             partner_id=partner.id, protocol=partner.protocol, state=state, last_run=last,
             last_success=success, last_reconcile=runs.get((partner.id, "reconcile")), cursor=cursor,
             cursor_lag=lag, behind_after=limit, records_held=held,
-            quarantined_now=quarantined.get(partner.id, 0), alerts=tuple(alerts),
+            quarantined_now=quarantined, alerts=tuple(alerts),
         ))
     result.sort(key=lambda h: (STATES.index(h.state), h.partner_id))
     return result

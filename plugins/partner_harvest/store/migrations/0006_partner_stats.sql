@@ -1,14 +1,19 @@
 -- Per-partner counters for the health page and `partner-harvest status`: a count(*) over
--- millions of records on every view is too slow. apply_run keeps records_held in step
--- inside its own transaction (records are only written there); this fills it once.
+-- millions of records on every view is too slow. apply_run keeps the counters in step
+-- inside its own transaction (records and quarantine are only written there); this fills
+-- them once.
 CREATE TABLE IF NOT EXISTS partner_stats (
     partner_id    text        PRIMARY KEY,
-    records_held  bigint      NOT NULL DEFAULT 0,
+    records_held  bigint      NOT NULL DEFAULT 0,   -- count(*) of records
+    quarantined_now bigint    NOT NULL DEFAULT 0,   -- count(*) of quarantine_current
     updated_at    timestamptz NOT NULL DEFAULT now()
 );
 INSERT INTO partner_stats (partner_id, records_held)
 SELECT partner_id, count(*) FROM records GROUP BY partner_id
 ON CONFLICT (partner_id) DO UPDATE SET records_held = EXCLUDED.records_held, updated_at = now();
+INSERT INTO partner_stats AS s (partner_id, quarantined_now)
+SELECT partner_id, count(*) FROM quarantine_current GROUP BY partner_id
+ON CONFLICT (partner_id) DO UPDATE SET quarantined_now = EXCLUDED.quarantined_now;
 
 -- What the partner held after each run: the health page's chart of the last runs.
 ALTER TABLE harvest_runs ADD COLUMN IF NOT EXISTS records_held bigint;

@@ -26,7 +26,7 @@ def runs_chart(runs: Sequence[RunInfo]) -> str:
     if not runs:
         parts.append('<text x="10" y="20">No runs yet.</text></svg>')
         return "".join(parts)
-    slot = (WIDTH - LEFT - RIGHT) / len(runs)
+    slot = min((WIDTH - LEFT - RIGHT) / len(runs), 30.0)  # a few runs stay narrow bars
 
     def x(i: int) -> float:
         return LEFT + i * slot

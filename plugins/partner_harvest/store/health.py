@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import lru_cache
 
 import psycopg
 from croniter import croniter
@@ -100,13 +101,20 @@ def behind_after(partner: Partner, now: datetime) -> timedelta:
     One schedule interval (the next run has not come yet), plus the run deadline (it may
     take that long), plus the partner's lag (the window stops that short of its clock).
     """
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    return _schedule_interval(partner.schedule, hour) + partner.run_deadline + partner.lag
+
+
+@lru_cache(maxsize=1024)
+def _schedule_interval(schedule: str, hour: datetime) -> timedelta:
+    """The gap between the schedule's next two runs after ``hour`` (croniter is slow: 500
+    partners share a handful of schedules)."""
     try:
-        it = croniter(partner.schedule, now)
+        it = croniter(schedule, hour)
         first = it.get_next(datetime)
-        interval = it.get_next(datetime) - first
+        return it.get_next(datetime) - first
     except (ValueError, KeyError):
-        interval = timedelta(days=1)
-    return interval + partner.run_deadline + partner.lag
+        return timedelta(days=1)
 
 
 _PICKS = """

@@ -36,7 +36,7 @@ from smtp_sink import SmtpSink, free_loopback_port  # pytest (prepend mode) puts
 ROOT = Path(__file__).resolve().parents[2]
 MUSEUM = "e2emuseum"
 BROKEN = "e2ebroken"
-LAGGING = "e2elagging"  # its clock stands ten days back: its cursor trails (the health page's "behind")
+LAGGING = "e2elagging"  # clock ten days back (the health page's "behind"); every tenth record invalid
 ALERTS_CONN_ID = "harvest_alerts_smtp"
 SERVICES = ("api-server", "scheduler", "dag-processor")
 STARTUP_TIMEOUT = 120.0  # API healthy, scheduler and dag-processor heartbeating
@@ -362,7 +362,7 @@ def _start_airflow(pg_server: str, base: Path, cleanup: ExitStack) -> AirflowSta
     repo = SimulatedRepository(records=300, page_size=100, seed=5, start_clock=now)
     simulator = cleanup.enter_context(OaiSimulator(repo))
     lagging = cleanup.enter_context(OaiSimulator(
-        SimulatedRepository(records=40, page_size=100, seed=6, start_clock=now - timedelta(days=10))))
+        SimulatedRepository(records=40, page_size=100, seed=6, start_clock=now - timedelta(days=10), invalid_every=10)))
     sink = cleanup.enter_context(SmtpSink())
     port = free_loopback_port()
     base_url = f"http://127.0.0.1:{port}"

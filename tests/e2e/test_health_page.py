@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,6 +57,10 @@ def test_health_page_shows_healthy_failing_and_behind_partners_and_a_partner_cha
     airflow_stack: AirflowStack, browser, shots: Path,
 ) -> None:
     stack = airflow_stack
+    run_to_end(stack, stack.museum, "success")
+    stack.repo.edit_ids(sorted(stack.repo.live_identifiers())[:20])  # then the partner changes
+    stack.repo.add(7)
+    stack.repo.advance_clock(timedelta(minutes=10))  # past the partner's lag
     museum_run = run_to_end(stack, stack.museum, "success")
     run_to_end(stack, stack.lagging, "success")
     broken_run = run_to_end(stack, stack.broken, "failed")
@@ -78,7 +83,7 @@ def test_health_page_shows_healthy_failing_and_behind_partners_and_a_partner_cha
     museum = row(stack.museum)
     held = len(stack.repo.live_identifiers())
     assert museum.locator("td.held").inner_text() == f"{held:,}"
-    assert museum.locator("td.last-night").inner_text() == f"{held} / 0 / 0"
+    assert museum.locator("td.last-night").inner_text() == "27 / 0 / 0"  # 20 edited, 7 added
     assert museum.locator("td.quarantined-now").inner_text() == "0"
     link = museum.locator("td.last-run a.run-link")
     assert link.inner_text() == museum_run
@@ -90,8 +95,11 @@ def test_health_page_shows_healthy_failing_and_behind_partners_and_a_partner_cha
     assert "failed" in broken.locator("td.last-run").inner_text()
     assert broken.locator("td.last-success").inner_text().strip() == "none"
 
-    lag = row(stack.lagging).locator("td.cursor .lag").inner_text()
+    lagging = row(stack.lagging)
+    lag = lagging.locator("td.cursor .lag").inner_text()
     assert re.fullmatch(r"(9|10)d \d+h", lag), lag  # the partner's clock is ten days back
+    assert lagging.locator("td.quarantined-now").inner_text() == "4"  # every tenth of 40 is invalid
+    assert "quarantine rate 10.0%" in lagging.locator("td.alerts").inner_text()
 
     # The run link opens the run in the Airflow UI.
     link.click()
@@ -103,10 +111,20 @@ def test_health_page_shows_healthy_failing_and_behind_partners_and_a_partner_cha
     page.wait_for_selector("svg.runs-chart")
     assert page.locator("#state").inner_text() == "healthy"
     chart = page.locator("svg.runs-chart")
-    assert chart.locator("rect.upserted").count() == 1 and chart.locator("rect.duration").count() == 1
-    assert f"{held} held" in chart.locator("circle title").first.text_content()
+    assert chart.locator("rect.upserted").count() == 2 and chart.locator("rect.duration").count() == 2
+    first_held = held - 7
+    assert [t.text_content().rsplit(": ", 1)[1] for t in chart.locator("circle title").all()] == [
+        f"{first_held} held", f"{held} held"]
     assert page.locator("#quarantine-none").count() == 1
     page.screenshot(path=str(shots / "partner.png"), full_page=True)
+
+    # The lagging partner's page lists today's quarantine with its reasons.
+    page.goto(f"{stack.base_url}/partner-health/partner/{stack.lagging}")
+    reasons = page.locator("#quarantine-reasons tbody tr")
+    assert reasons.count() >= 1
+    assert sum(int(n) for n in page.locator("#quarantine-reasons td.num").all_inner_texts()) == 4
+    assert page.locator("#quarantine-entries tbody tr").count() == 4
+    page.screenshot(path=str(shots / "partner_quarantine.png"), full_page=True)
 
     # And the page is in Airflow's own navigation (an external view, shown in an iframe).
     page.goto(f"{stack.base_url}/plugin/partner-health")
@@ -114,5 +132,6 @@ def test_health_page_shows_healthy_failing_and_behind_partners_and_a_partner_cha
     frame.locator("table#partners").wait_for()
     page.screenshot(path=str(shots / "in_airflow_ui.png"))
     context.close()
-    assert sorted(p.name for p in shots.iterdir()) == ["health.png", "in_airflow_ui.png", "partner.png"]
+    assert sorted(p.name for p in shots.iterdir()) == ["health.png", "in_airflow_ui.png", "partner.png",
+                                                           "partner_quarantine.png"]
 

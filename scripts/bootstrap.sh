@@ -19,3 +19,9 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+# The health page's browser test drives Debian's Chromium (no browser can be downloaded by
+# playwright here). Installed when missing and this user may install packages.
+if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "==> installing chromium (apt-get) for tests/e2e/test_health_page.py"
+  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
+fi

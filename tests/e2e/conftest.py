@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,6 +36,7 @@ from smtp_sink import SmtpSink, free_loopback_port  # pytest (prepend mode) puts
 ROOT = Path(__file__).resolve().parents[2]
 MUSEUM = "e2emuseum"
 BROKEN = "e2ebroken"
+LAGGING = "e2elagging"  # clock ten days back (the health page's "behind"); every tenth record invalid
 ALERTS_CONN_ID = "harvest_alerts_smtp"
 DOWNSTREAM_DAG = "example_downstream_jsonl"  # scheduled on the partners' Asset events
 SERVICES = ("api-server", "scheduler", "dag-processor")
@@ -91,6 +92,7 @@ class AirflowStack:
     registry: Path
     museum: str = MUSEUM  # the healthy partner
     broken: str = BROKEN  # the partner whose endpoint is a closed port
+    lagging: str = LAGGING
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
     http: requests.Session = field(default_factory=requests.Session)
@@ -237,7 +239,8 @@ def _postgres_connection(conninfo: str) -> str:
 
 
 def _write_registry(path: Path) -> None:
-    """One healthy partner and one whose endpoint is a closed port (fails at once, no retries)."""
+    """A healthy partner, one whose endpoint is a closed port (fails at once, no retries) and one
+    whose clock stands ten days back."""
     path.write_text(
         "partners:\n"
         f"  - id: {MUSEUM}\n"
@@ -251,6 +254,11 @@ def _write_registry(path: Path) -> None:
         f"    conn_id: partner_{BROKEN}\n"
         "    metadata_prefix: auto\n"
         "    retries: 0\n"
+        "    options: {http: {backoff_factor: 0.01, retries: 1}}\n"
+        f"  - id: {LAGGING}\n"
+        "    protocol: oai-pmh\n"
+        f"    conn_id: partner_{LAGGING}\n"
+        "    metadata_prefix: auto\n"
         "    options: {http: {backoff_factor: 0.01, retries: 1}}\n",
         encoding="utf-8",
     )
@@ -373,6 +381,8 @@ def _start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
     now = datetime.now(timezone.utc).replace(microsecond=0)
     repo = SimulatedRepository(records=300, page_size=100, seed=5, start_clock=now)
     simulator = cleanup.enter_context(OaiSimulator(repo))
+    lagging = cleanup.enter_context(OaiSimulator(
+        SimulatedRepository(records=40, page_size=100, seed=6, start_clock=now - timedelta(days=10), invalid_every=10)))
     sink = cleanup.enter_context(SmtpSink())
     port = free_loopback_port()
     base_url = f"http://127.0.0.1:{port}"
@@ -422,6 +432,7 @@ def _start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
         f"AIRFLOW_CONN_PARTNER_{MUSEUM.upper()}": json.dumps({"conn_type": "http", "host": simulator.base_url}),
         f"AIRFLOW_CONN_PARTNER_{BROKEN.upper()}": json.dumps(
             {"conn_type": "http", "host": f"http://127.0.0.1:{free_loopback_port()}/oai"}),
+        f"AIRFLOW_CONN_PARTNER_{LAGGING.upper()}": json.dumps({"conn_type": "http", "host": lagging.base_url}),
         f"AIRFLOW_CONN_{ALERTS_CONN_ID.upper()}": json.dumps({
             "conn_type": "smtp", "host": "127.0.0.1", "port": sink.port,
             "extra": {"to": "ops@example.org", "from_email": "airflow@harvest.example",
@@ -455,7 +466,7 @@ def _start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
             )
     poll(lambda: _services_healthy(stack), STARTUP_TIMEOUT,
          "a healthy api-server, scheduler and dag-processor", diagnostics=stack.diagnostics)
-    dag_ids = (f"harvest_{MUSEUM}", f"harvest_{BROKEN}", f"reconcile_{MUSEUM}", DOWNSTREAM_DAG)
+    dag_ids = (f"harvest_{MUSEUM}", f"harvest_{BROKEN}", f"reconcile_{MUSEUM}", f"harvest_{LAGGING}", DOWNSTREAM_DAG)
     for dag_id in dag_ids:
         dag = poll(lambda dag_id=dag_id: _dag_parsed(stack, dag_id), PARSE_TIMEOUT, f"DAG {dag_id} to be parsed",
                    diagnostics=lambda: _import_errors(stack))

@@ -7,6 +7,7 @@ from psycopg import sql
 
 _PARTNER_TABLES = (
     "records", "deletions", "quarantine", "harvest_runs", "staging", "partner_leases", "reconcile_ids", "tombstones",
+    "partner_stats",
 )
 
 

@@ -27,6 +27,7 @@ import psycopg
 
 from partner_harvest.errors import HarvestError
 from partner_harvest.store import feed
+from partner_harvest.store.partner_stats import update_partner_stats
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +95,14 @@ ON CONFLICT (partner_id, identifier) DO UPDATE SET
     observed_at = EXCLUDED.observed_at, change_seq = EXCLUDED.change_seq
 WHERE (r.datestamp, r.observed_at) < (EXCLUDED.datestamp, EXCLUDED.observed_at)
   AND (r.datestamp <> EXCLUDED.datestamp OR r.content_hash <> EXCLUDED.content_hash)
-RETURNING r.identifier
+-- xmax is 0 on a row this statement inserted, set on one it updated (the conflict locked it)
+RETURNING r.identifier, r.xmax = 0 AS inserted
 ), superseded AS (
     DELETE FROM tombstones t USING landed l
     WHERE t.partner_id = %(pid)s AND t.identifier = l.identifier
 )
-SELECT b.channel, count(*) FROM landed JOIN apply_batch b USING (identifier) GROUP BY b.channel
+SELECT b.channel, count(*), count(*) FILTER (WHERE landed.inserted)
+FROM landed JOIN apply_batch b USING (identifier) GROUP BY b.channel
 """
 
 # All CTEs see the snapshot taken before the statement: ``remembered`` skips exactly the
@@ -171,9 +174,11 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         # purge over the whole batch for every stored record (minutes instead of seconds).
         conn.execute("CREATE INDEX ON apply_batch (identifier)")
         conn.execute("ANALYZE apply_batch")
-        upserted = dict(conn.execute(_UPSERT, params).fetchall())
+        landed = conn.execute(_UPSERT, params).fetchall()
+        upserted = {channel: n for channel, n, _ in landed}
         purged = dict(conn.execute(_PURGE, params).fetchall())
         quarantined = dict(conn.execute(_QUARANTINE, params).fetchall())
+        update_partner_stats(conn, partner_id, run_id, sum(new for _, _, new in landed) - sum(purged.values()))
         per_channel = {
             channel: ApplyResult(
                 fetched=n,

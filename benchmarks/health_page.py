@@ -1,0 +1,174 @@
+"""Benchmark: the partner health query with 500 partners and 10,000,000 records.
+
+Builds (once; reused while it is there) a database ``bench_health`` on the embedded
+PostgreSQL: 500 partners of 20,000 records each, a year of nightly runs per partner
+(182,500 ``harvest_runs`` rows, one in ten partners failing last night), weekly
+reconciles, 100,000 quarantined rows, all with INSERT ... SELECT generate_series, and
+``partner_stats`` filled once the way migration 0006 does. Then times
+``store.health.partner_health`` (what the health page and ``partner-harvest status`` run),
+and the partner page's queries (``recent_runs``, ``quarantine_today``). Target: the
+health query under 300 ms.
+
+    .venv/bin/python benchmarks/health_page.py [--partners 500] [--records-per-partner 20000] [--rebuild]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from datetime import datetime, timedelta, timezone
+
+import support  # noqa: F401  (puts plugins/ on sys.path)
+
+DB_NAME = "bench_health"
+TARGET_MS = 300.0
+
+
+def database(rebuild: bool) -> str:
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from include import embedded_pg
+
+    server = embedded_pg.start("bench")
+    with psycopg.connect(server, autocommit=True) as admin:
+        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DB_NAME,)).fetchone()
+        if exists and rebuild:
+            admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(DB_NAME)))
+        if not exists or rebuild:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB_NAME)))
+    params = conninfo_to_dict(server)
+    params["dbname"] = DB_NAME
+    return make_conninfo(**params)
+
+
+def build(conn, partners: int, per_partner: int) -> None:
+    """The data, unless a build of this size is already there."""
+    held = conn.execute("SELECT count(*), COALESCE(sum(records_held), 0) FROM partner_stats").fetchone()
+    if tuple(held) == (partners, partners * per_partner):
+        print(f"reusing the data: {partners} partners, {held[1]:,} records")
+        return
+    for table in ("records", "harvest_runs", "quarantine", "partner_stats"):
+        conn.execute(f"TRUNCATE {table}")
+    conn.commit()
+    started = time.perf_counter()
+    chunk = max(1, 1_000_000 // per_partner)  # partners per statement: ~1M rows each
+    for first in range(1, partners + 1, chunk):
+        last = min(partners, first + chunk - 1)
+        conn.execute(
+            """
+            INSERT INTO records (partner_id, identifier, datestamp, metadata_prefix, metadata, title,
+                                 content_hash, run_id, observed_at)
+            SELECT 'bench' || lpad(p::text, 3, '0'), 'oai:bench' || p || ':' || i,
+                   timestamptz '2026-01-01' + (i %% 300) * interval '1 day', 'oai_dc',
+                   '<dc><title>Record ' || i || '</title></dc>', 'Record ' || i, md5(p || ':' || i),
+                   'harvest_bench' || lpad(p::text, 3, '0') || '/load', timestamptz '2026-01-01'
+            FROM generate_series(%s::int, %s::int) p, generate_series(1, %s::int) i
+            """,
+            (first, last, per_partner),
+        )
+        conn.commit()
+        print(f"  records of partners {first}..{last} loaded ({time.perf_counter() - started:.0f} s)", flush=True)
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    conn.execute(
+        """
+        INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until, status,
+                                  pages, fetched, upserted, unchanged, purged, quarantined, error,
+                                  started_at, harvested_at, applied_at, records_held)
+        SELECT pid, 'harvest_' || pid || '/scheduled__' || d, 'changes', 'incremental',
+               %(now)s - (d + 1) * interval '1 day', %(now)s - d * interval '1 day',
+               CASE WHEN d = 0 AND p %% 10 = 0 THEN 'failed' ELSE 'applied' END,
+               3, 500 + d %% 50, 400, 90, 10 + d %% 5, d %% 3,
+               CASE WHEN d = 0 AND p %% 10 = 0 THEN 'connection refused' END,
+               %(now)s - d * interval '1 day' - interval '2 hours',
+               %(now)s - d * interval '1 day' - interval '110 minutes',
+               CASE WHEN d = 0 AND p %% 10 = 0 THEN NULL ELSE %(now)s - d * interval '1 day' - interval '100 minutes' END,
+               %(held)s
+        FROM generate_series(1, %(partners)s) p, LATERAL (SELECT 'bench' || lpad(p::text, 3, '0') AS pid) n,
+             generate_series(0, 364) d
+        """,
+        {"now": now, "partners": partners, "held": per_partner},
+    )
+    conn.execute(
+        """
+        INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_until, status, fetched,
+                                  upserted, purged, started_at, harvested_at, applied_at, records_held)
+        SELECT pid, 'reconcile_' || pid || '/scheduled__' || w, 'reconcile', 'reconcile',
+               %(now)s - w * interval '7 days', 'applied', 12, 2, 10,
+               %(now)s - w * interval '7 days' - interval '1 hour', %(now)s - w * interval '7 days' - interval '50 minutes',
+               %(now)s - w * interval '7 days' - interval '45 minutes', %(held)s
+        FROM generate_series(1, %(partners)s) p, LATERAL (SELECT 'bench' || lpad(p::text, 3, '0') AS pid) n,
+             generate_series(0, 51) w
+        """,
+        {"now": now, "partners": partners, "held": per_partner},
+    )
+    conn.execute(
+        """
+        INSERT INTO quarantine (partner_id, identifier, reason, raw_payload, run_id, quarantined_at, observed_at)
+        SELECT 'bench' || lpad(p::text, 3, '0'), 'oai:bench' || p || ':q' || q,
+               'no title (' || (q %% 4) || ')', '<x/>', 'harvest_bench/scheduled__0',
+               %(now)s - (q %% 30) * interval '1 day', %(now)s - (q %% 30) * interval '1 day'
+        FROM generate_series(1, %(partners)s) p, generate_series(1, 200) q
+        """,
+        {"now": now, "partners": partners},
+    )
+    conn.execute(  # once, as migration 0006 does; apply_run keeps them in step from then on
+        """
+        INSERT INTO partner_stats (partner_id, records_held, quarantined_now)
+        SELECT partner_id, count(*), (SELECT count(*) FROM quarantine_current q WHERE q.partner_id = r.partner_id)
+        FROM records r GROUP BY partner_id
+        """)
+    conn.commit()
+    conn.autocommit = True
+    conn.execute("VACUUM ANALYZE")
+    conn.autocommit = False
+    print(f"built in {time.perf_counter() - started:.0f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--partners", type=int, default=500)
+    parser.add_argument("--records-per-partner", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--rebuild", action="store_true")
+    args = parser.parse_args()
+
+    from partner_harvest.registry import Partner
+    from partner_harvest.store import connect, ensure_schema
+    from partner_harvest.store.health import partner_health, quarantine_today, recent_runs
+
+    db = database(args.rebuild)
+    with connect(db) as conn:
+        ensure_schema(conn)
+        build(conn, args.partners, args.records_per_partner)
+        records = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE relname = 'records'").fetchone()[0]
+        runs = conn.execute("SELECT count(*) FROM harvest_runs").fetchone()[0]
+        conn.commit()
+        partners = [Partner(id=f"bench{p:03d}", protocol="oai-pmh", conn_id="-") for p in range(1, args.partners + 1)]
+        now = datetime.now(timezone.utc)
+        timings = []
+        for _ in range(args.repeat):
+            started = time.perf_counter()
+            rows = partner_health(conn, partners, now)
+            timings.append((time.perf_counter() - started) * 1000)
+        page = []
+        for _ in range(args.repeat):
+            started = time.perf_counter()
+            recent_runs(conn, "bench250", 90)
+            quarantine_today(conn, "bench250", now)
+            page.append((time.perf_counter() - started) * 1000)
+    states: dict[str, int] = {}
+    for row in rows:
+        states[row.state] = states.get(row.state, 0) + 1
+    median = statistics.median(timings)
+    print(f"data: {len(partners)} partners, ~{records:,} records, {runs:,} harvest_runs rows")
+    print(f"partner_health ({len(rows)} partners): median {median:.1f} ms, min {min(timings):.1f} ms, "
+          f"max {max(timings):.1f} ms over {len(timings)} runs; states {states}")
+    print(f"partner page (recent_runs 90 + quarantine_today): median {statistics.median(page):.1f} ms")
+    print(f"target {TARGET_MS:.0f} ms: {'met' if median < TARGET_MS else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()

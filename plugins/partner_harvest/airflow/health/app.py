@@ -1,0 +1,124 @@
+"""The partner health pages: a FastAPI app the api-server mounts (see ``airflow/plugin.py``).
+
+Every route requires a user of Airflow's configured auth manager (the JWT cookie the UI
+sets at login); a browser without one is sent to the auth manager's login page and back.
+Figures come from the aggregation database through the ``aggregation_db`` Connection
+(``store.health``); the partners from the registry the DAGs are built from.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import quote
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
+
+from partner_harvest.airflow.health import source
+from partner_harvest.airflow.health.chart import runs_chart
+from partner_harvest.store.health import STATES, partner_health, quarantine_today, recent_runs
+
+log = logging.getLogger(__name__)
+
+URL_PREFIX = "/partner-health"
+_templates = Environment(
+    loader=FileSystemLoader(Path(__file__).with_name("templates")),
+    autoescape=select_autoescape(["html"]),
+)
+
+
+def _require_user() -> object:
+    """Airflow's own check: an authenticated user allowed to see the website."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
+    from airflow.api_fastapi.core_api.security import requires_access_view
+
+    return requires_access_view(AccessView.WEBSITE)
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(title="Partner health", docs_url=None, redoc_url=None, openapi_url=None)
+    guard = [Depends(_require_user())]
+
+    @app.exception_handler(HTTPException)
+    async def to_login(request: Request, exc: HTTPException) -> Response:
+        """Not logged in: to the auth manager's login page, then back here."""
+        if exc.status_code == 401 and "text/html" in request.headers.get("accept", ""):
+            from airflow.api_fastapi.app import get_auth_manager
+
+            return RedirectResponse(get_auth_manager().get_url_login(next_url=str(request.url)), status_code=303)
+        return HTMLResponse(f"<p>{exc.status_code}: {exc.detail}</p>", status_code=exc.status_code)
+
+    @app.get("/", response_class=HTMLResponse, dependencies=guard)
+    def index(request: Request) -> HTMLResponse:
+        now = datetime.now(timezone.utc)
+        registry = source.registry()
+        scheduled = source.latest_harvest_runs(registry.partners)
+        with source.connection() as conn:
+            rows = partner_health(conn, registry.partners, now, scheduled)
+        counts = {state: sum(1 for r in rows if r.state == state) for state in STATES}
+        return _render("index.html", request, rows=rows, counts=counts, now=now, registry_errors=registry.errors)
+
+    @app.get("/partner/{partner_id}", response_class=HTMLResponse, dependencies=guard)
+    def partner(request: Request, partner_id: str) -> HTMLResponse:
+        now = datetime.now(timezone.utc)
+        registry = source.registry()
+        entry = next((p for p in registry.partners if p.id == partner_id), None)
+        if entry is None:
+            raise HTTPException(404, f"partner {partner_id!r} is not in the registry {registry.path}")
+        scheduled = source.latest_harvest_runs([entry])
+        with source.connection() as conn:
+            (health,) = partner_health(conn, [entry], now, scheduled)
+            runs = recent_runs(conn, partner_id, limit=90)
+            reasons, entries = quarantine_today(conn, partner_id, now)
+        return _render("partner.html", request, h=health, runs=runs, chart=Markup(runs_chart(runs)),
+                       reasons=reasons, entries=entries, now=now)
+
+    return app
+
+
+def _render(template: str, request: Request, **context: object) -> HTMLResponse:
+    # The pages live under <root>/partner-health; run links go to the Airflow UI at <root>.
+    here = request.scope.get("root_path", "")
+    ui_root = here[: -len(URL_PREFIX)] if here.endswith(URL_PREFIX) else ""
+    page = _templates.get_template(template).render(
+        ui_root=ui_root, here=here, run_url=lambda run: _run_url(ui_root, run), ago=_ago, when=_when,
+        span=_span, **context,
+    )
+    return HTMLResponse(page)
+
+
+def _run_url(ui_root: str, run: object) -> str | None:
+    dag_id, dag_run_id = getattr(run, "dag_id", None), getattr(run, "dag_run_id", None)
+    if not dag_id or not dag_run_id:
+        return None
+    return f"{ui_root}/dags/{quote(dag_id, safe='')}/runs/{quote(dag_run_id, safe='')}"
+
+
+def _when(moment: datetime | None) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%MZ") if moment else "—"
+
+
+def _span(delta) -> str:  # noqa: ANN001 - a timedelta or None
+    if delta is None:
+        return "—"
+    seconds = int(delta.total_seconds())
+    sign, seconds = ("-" if seconds < 0 else ""), abs(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{sign}{days}d {hours}h"
+    if hours:
+        return f"{sign}{hours}h {minutes}m"
+    return f"{sign}{minutes}m {secs}s" if minutes else f"{sign}{secs}s"
+
+
+def _ago(moment: datetime | None, now: datetime) -> str:
+    return f"{_span(now - moment)} ago" if moment else "never"
+
+
+app = create_app()

@@ -1,0 +1,76 @@
+"""Where the health pages read from: the registry file and the ``aggregation_db`` Connection.
+
+The api-server is not a task: it resolves the Connection through Airflow's core secrets
+backends (environment, metastore, configured backends), not the Task SDK.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+from partner_harvest.airflow.connections import AGGREGATION_CONN_ID
+from partner_harvest.registry import Partner, Registry, load_registry, partners_file
+from partner_harvest.store import connect, ensure_schema
+from partner_harvest.store.health import SchedulerRun
+
+_lock = threading.Lock()
+_cached: tuple[Path, float, Registry] | None = None
+_migrated: set[str] = set()
+
+
+def registry() -> Registry:
+    """The registry, parsed again only when the file changed (500 entries take a while to validate)."""
+    global _cached
+    path = partners_file()
+    mtime = path.stat().st_mtime
+    with _lock:
+        if _cached and _cached[0] == path and _cached[1] == mtime:
+            return _cached[2]
+        loaded = load_registry(path)
+        _cached = (path, mtime, loaded)
+        return loaded
+
+
+def conninfo(conn_id: str = AGGREGATION_CONN_ID) -> str:
+    """libpq conninfo of the Connection (the same fields the harvest tasks use)."""
+    from airflow.models.connection import Connection
+
+    conn = Connection.get_connection_from_secrets(conn_id)
+    params = {"host": conn.host or None, "port": conn.port or None, "user": conn.login or None,
+              "password": conn.password or None, "dbname": conn.schema or None}
+    params.update({k: v for k, v in conn.extra_dejson.items() if k in {"sslmode", "options", "connect_timeout"}})
+    return make_conninfo(**{k: v for k, v in params.items() if v is not None})
+
+
+def connection() -> psycopg.Connection:
+    """A short-lived read connection (used in a ``with`` block, closed after the page)."""
+    target = conninfo()
+    conn = connect(target)
+    if target not in _migrated:  # a page opened before any harvest ran since an upgrade
+        ensure_schema(conn)
+        _migrated.add(target)
+    conn.execute("SET statement_timeout = '30s'")
+    return conn
+
+
+def latest_harvest_runs(partners: list[Partner]) -> dict[str, SchedulerRun]:
+    """Each partner's newest harvest DAG run from Airflow's own database (the api-server's)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import func, select
+
+    by_dag = {p.dag_id: p.id for p in partners}
+    if not by_dag:
+        return {}
+    newest = (select(func.max(DagRun.id)).where(DagRun.dag_id.in_(list(by_dag))).group_by(DagRun.dag_id)
+              .scalar_subquery())
+    query = select(DagRun.dag_id, DagRun.run_id, DagRun.state, DagRun.start_date, DagRun.end_date).where(
+        DagRun.id.in_(newest))
+    with create_session() as session:
+        rows = session.execute(query).all()
+    return {by_dag[dag_id]: SchedulerRun(dag_id, run_id, str(getattr(state, "value", state)), start, end)
+            for dag_id, run_id, state, start, end in rows}

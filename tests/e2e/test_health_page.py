@@ -1,0 +1,137 @@
+"""The partner health page in a real headless Chromium against a real api-server.
+
+Logs in as the e2e stack's auth manager does it (SimpleAuthManager with
+SIMPLE_AUTH_MANAGER_ALL_ADMINS: every request is an admin's; that a request without
+Airflow's login is refused is tested in tests/integration/test_health.py), then reads
+what the page shows for a healthy, a failing and a behind partner, and opens a
+partner page with its chart. Screenshots land in a temporary directory the test prints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import AirflowStack
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = os.environ.get("HARVEST_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is pinned in requirements-dev.txt")
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no Chromium at {CHROMIUM}: scripts/bootstrap.sh installs Debian's chromium (apt-get)")
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("health_page_screenshots")
+    print(f"\nhealth page screenshots: {folder}")
+    return folder
+
+
+def run_to_end(stack: AirflowStack, partner_id: str, expected: str) -> str:
+    dag_id = f"harvest_{partner_id}"
+    run = stack.trigger(dag_id, {"mode": "incremental"})
+    done = stack.wait_for_run(dag_id, run["dag_run_id"], timeout=180)
+    assert done["state"] == expected, stack.task_summary(dag_id, run["dag_run_id"])
+    return run["dag_run_id"]
+
+
+def test_health_page_shows_healthy_failing_and_behind_partners_and_a_partner_chart(
+    airflow_stack: AirflowStack, browser, shots: Path,
+) -> None:
+    stack = airflow_stack
+    run_to_end(stack, stack.museum, "success")
+    stack.repo.edit_ids(sorted(stack.repo.live_identifiers())[:20])  # then the partner changes
+    stack.repo.add(7)
+    stack.repo.advance_clock(timedelta(minutes=10))  # past the partner's lag
+    museum_run = run_to_end(stack, stack.museum, "success")
+    run_to_end(stack, stack.lagging, "success")
+    broken_run = run_to_end(stack, stack.broken, "failed")
+
+    context = browser.new_context(viewport={"width": 1600, "height": 900})
+    page = context.new_page()
+    # The stack runs SimpleAuthManager with SIMPLE_AUTH_MANAGER_ALL_ADMINS: its middleware
+    # logs every request in as admin, so the browser lands on the page without a form.
+    page.goto(f"{stack.base_url}/partner-health/")
+    assert page.url == f"{stack.base_url}/partner-health/"
+    page.wait_for_selector("table#partners")
+    page.screenshot(path=str(shots / "health.png"), full_page=True)
+
+    def row(partner_id: str):
+        return page.locator(f'tr[data-partner="{partner_id}"]')
+
+    states = {p: row(p).get_attribute("data-state") for p in (stack.museum, stack.broken, stack.lagging)}
+    assert states == {stack.museum: "healthy", stack.broken: "failing", stack.lagging: "behind"}
+
+    museum = row(stack.museum)
+    held = len(stack.repo.live_identifiers())
+    assert museum.locator("td.held").inner_text() == f"{held:,}"
+    assert museum.locator("td.last-night").inner_text() == "27 / 0 / 0"  # 20 edited, 7 added
+    assert museum.locator("td.quarantined-now").inner_text() == "0"
+    link = museum.locator("td.last-run a.run-link")
+    assert link.inner_text() == museum_run
+    assert link.get_attribute("href") == f"/dags/harvest_{stack.museum}/runs/{museum_run}"
+    assert museum.locator("td.alerts li").count() == 0
+
+    broken = row(stack.broken)
+    assert broken.locator("td.last-run a.run-link").inner_text() == broken_run
+    assert "failed" in broken.locator("td.last-run").inner_text()
+    assert broken.locator("td.last-success").inner_text().strip() == "none"
+
+    lagging = row(stack.lagging)
+    lag = lagging.locator("td.cursor .lag").inner_text()
+    assert re.fullmatch(r"(9|10)d \d+h", lag), lag  # the partner's clock is ten days back
+    assert lagging.locator("td.quarantined-now").inner_text() == "4"  # every tenth of 40 is invalid
+    assert "quarantine rate 10.0%" in lagging.locator("td.alerts").inner_text()
+
+    # The run link opens the run in the Airflow UI.
+    link.click()
+    page.wait_for_url(f"**/dags/harvest_{stack.museum}/runs/{museum_run}**")
+    page.go_back()
+
+    # The partner page: its summary, the chart of its runs, today's quarantine.
+    row(stack.museum).locator("a.partner-link").click()
+    page.wait_for_selector("svg.runs-chart")
+    assert page.locator("#state").inner_text() == "healthy"
+    chart = page.locator("svg.runs-chart")
+    assert chart.locator("rect.upserted").count() == 2 and chart.locator("rect.duration").count() == 2
+    first_held = held - 7
+    assert [t.text_content().rsplit(": ", 1)[1] for t in chart.locator("circle title").all()] == [
+        f"{first_held} held", f"{held} held"]
+    assert page.locator("#quarantine-none").count() == 1
+    page.screenshot(path=str(shots / "partner.png"), full_page=True)
+
+    # The lagging partner's page lists today's quarantine with its reasons.
+    page.goto(f"{stack.base_url}/partner-health/partner/{stack.lagging}")
+    reasons = page.locator("#quarantine-reasons tbody tr")
+    assert reasons.count() >= 1
+    assert sum(int(n) for n in page.locator("#quarantine-reasons td.num").all_inner_texts()) == 4
+    assert page.locator("#quarantine-entries tbody tr").count() == 4
+    page.screenshot(path=str(shots / "partner_quarantine.png"), full_page=True)
+
+    # And the page is in Airflow's own navigation (an external view, shown in an iframe).
+    page.goto(f"{stack.base_url}/plugin/partner-health")
+    frame = page.frame_locator("iframe").first
+    frame.locator("table#partners").wait_for()
+    page.screenshot(path=str(shots / "in_airflow_ui.png"))
+    context.close()
+    assert sorted(p.name for p in shots.iterdir()) == ["health.png", "in_airflow_ui.png", "partner.png",
+                                                           "partner_quarantine.png"]
+

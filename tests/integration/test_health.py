@@ -1,0 +1,233 @@
+"""Partner health (store/health.py) and the records_held counter, on real PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import psycopg
+
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
+from partner_harvest import pipeline
+from partner_harvest.factory import Endpoint, build_adapter
+from partner_harvest.reconcile import reconcile
+from partner_harvest.records import HarvestStats, Record, Rejected, Tombstone
+from partner_harvest.registry import Partner
+from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, fail_run, finish_harvest
+from partner_harvest.store.admin import forget_partner
+from partner_harvest.store.health import (
+    BEHIND, FAILING, HEALTHY, NEW, WARNING, partner_health, quarantine_today, recent_runs,
+)
+from partner_harvest.window import Window
+
+FAST = {"http": {"backoff_factor": 0.01, "retries": 2}}
+
+
+def counter_and_count(conn: psycopg.Connection, partner_id: str) -> tuple[int, int]:
+    """(records_held, count(*) of records); also checks the quarantined_now counter."""
+    row = conn.execute(
+        "SELECT (SELECT records_held FROM partner_stats WHERE partner_id = %(p)s),"
+        " (SELECT count(*) FROM records WHERE partner_id = %(p)s),"
+        " (SELECT quarantined_now FROM partner_stats WHERE partner_id = %(p)s),"
+        " (SELECT count(*) FROM quarantine_current WHERE partner_id = %(p)s)", {"p": partner_id}).fetchone()
+    conn.commit()
+    assert row[2] == row[3], f"quarantined_now {row[2]} but quarantine_current holds {row[3]}"
+    return row[:2]
+
+
+def test_records_held_counter_equals_count_after_applies_purges_and_reconciles(conn) -> None:
+    repo = SimulatedRepository(records=600, page_size=100, deleted_fraction=0.05, seed=41, invalid_every=37)
+    partner = Partner(id="museum", protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc", options=FAST)
+    with OaiSimulator(repo) as sim:
+        adapter = build_adapter(partner, Endpoint(sim.base_url))
+        cursor = None
+        for step in range(3):  # a full harvest, then incrementals with edits, purges and additions
+            if step:
+                repo.edit(25)
+                repo.delete(30)
+                repo.add(12)
+                repo.advance_clock(timedelta(hours=1))
+            window = pipeline.freeze_window(adapter, timedelta(minutes=10), cursor, pipeline.RunRequest("incremental"))
+            pipeline.harvest_window(adapter, conn, RunRef("museum", f"h{step}"), window)
+            result = pipeline.apply_changes(conn, "museum", f"h{step}")
+            cursor = window.until
+            assert step == 0 or result.purged > 0
+            held, count = counter_and_count(conn, "museum")
+            assert held == count == len(_held_ids(conn, "museum"))
+        repo.delete(20)  # unseen by any incremental: the reconcile purges them
+        repo.add(9)  # unseen too: the reconcile fetches them
+        repo.advance_clock(timedelta(hours=1))
+        outcome = reconcile(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, "rc1")
+        assert outcome.purged == 20 and outcome.upserted > 0
+    held, count = counter_and_count(conn, "museum")
+    assert conn.execute("SELECT quarantined_now FROM partner_stats").fetchone()[0] > 0  # invalid_every
+    conn.commit()
+    # the run's audit notes what was held after it: the chart's "records held"
+    assert conn.execute("SELECT DISTINCT records_held FROM harvest_runs WHERE run_id = 'rc1'").fetchall() == [(count,)]
+
+
+def _held_ids(conn: psycopg.Connection, partner_id: str) -> set[str]:
+    ids = {r[0] for r in conn.execute("SELECT identifier FROM records WHERE partner_id = %s", (partner_id,))}
+    conn.commit()
+    return ids
+
+
+def test_forget_partner_drops_its_counter(conn) -> None:
+    stage(conn, "p", "harvest_p/r1", [rec("a"), rec("b")], until=now_of(conn))
+    apply_run(conn, "p", "harvest_p/r1")
+    forget_partner(conn, "p")
+    stage(conn, "p", "harvest_p/r2", [rec("c")], until=now_of(conn))
+    apply_run(conn, "p", "harvest_p/r2")
+    assert counter_and_count(conn, "p") == (1, 1)
+
+
+def test_migration_fills_the_counter_from_existing_records(conn) -> None:
+    stage(conn, "p", "harvest_p/r1", [rec("a"), rec("b"), rec("c")], until=now_of(conn))
+    apply_run(conn, "p", "harvest_p/r1")
+    conn.execute("DROP TABLE partner_stats")
+    conn.execute("DELETE FROM schema_migrations WHERE name = '0006_partner_stats.sql'")
+    conn.commit()
+    from partner_harvest.store import ensure_schema
+
+    assert ensure_schema(conn) == ["0006_partner_stats.sql"]
+    assert counter_and_count(conn, "p") == (3, 3)
+
+
+# ---------------------------------------------------------------------- health
+def now_of(conn: psycopg.Connection) -> datetime:
+    """The database's clock: started_at and quarantined_at come from it."""
+    (now,) = conn.execute("SELECT now()").fetchone()
+    conn.commit()
+    return now
+
+
+def rec(ident: str, at: datetime | None = None, title: str = "t") -> Record:
+    at = at or datetime(2026, 3, 1).astimezone()
+    return Record(ident, at, "oai_dc", f'<dc xmlns="urn:x"><title>{title}</title></dc>', ("s",), title)
+
+
+def stage(conn: psycopg.Connection, partner: str, run_id: str, items: list, *, until: datetime,
+          channel: str = "changes", mode: str = "incremental") -> None:
+    window = Window(mode, None, until, "seconds", True, {"metadata_prefix": "oai_dc"})
+    run = RunRef(partner, run_id, channel)
+    begin_run(conn, run, window, "oai_dc")
+    stats = HarvestStats()
+    for item in items:
+        stats.add(item)
+    StagingWriter(conn, run).write_page(items)
+    stats.pages = 1
+    finish_harvest(conn, run, stats)
+
+
+def partners(*ids: str) -> list[Partner]:
+    return [Partner(id=i, protocol="oai-pmh", conn_id=f"partner_{i}") for i in ids]
+
+
+def test_health_tells_healthy_failing_behind_warning_and_new_partners_apart(conn) -> None:
+    now = now_of(conn)
+    # healthy: a run an hour ago landed everything; a reconcile since found nothing to do
+    stage(conn, "good", "harvest_good/scheduled__1", [rec(f"g{i}") for i in range(30)], until=now - timedelta(hours=1))
+    apply_run(conn, "good", "harvest_good/scheduled__1")
+    stage(conn, "good", "reconcile_good/scheduled__1", [], until=now, channel="reconcile", mode="reconcile")
+    apply_run(conn, "good", "reconcile_good/scheduled__1")
+    # failing: a run landed, then the next one failed
+    stage(conn, "bad", "harvest_bad/scheduled__1", [rec("b1")], until=now - timedelta(hours=30))
+    apply_run(conn, "bad", "harvest_bad/scheduled__1")
+    begin_run(conn, RunRef("bad", "harvest_bad/manual__2"),
+              Window("incremental", None, now, "seconds", True, {}), "oai_dc")
+    fail_run(conn, RunRef("bad", "harvest_bad/manual__2"), "connection refused by 127.0.0.1:9")
+    # behind: its newest run succeeded, but its window stops five days ago
+    stage(conn, "slow", "harvest_slow/scheduled__1", [rec("s1"), rec("s2")], until=now - timedelta(days=5))
+    apply_run(conn, "slow", "harvest_slow/scheduled__1")
+    # warning: a third of what came was quarantined (over the 5 % alert rate)
+    items = [rec(f"w{i}") for i in range(20)] + [Rejected(f"x{i}", "no title", "<x/>") for i in range(10)]
+    stage(conn, "leaky", "harvest_leaky/scheduled__1", items, until=now - timedelta(hours=1))
+    apply_run(conn, "leaky", "harvest_leaky/scheduled__1")
+
+    health = {h.partner_id: h for h in partner_health(conn, partners("good", "bad", "slow", "leaky", "fresh"), now)}
+
+    good = health["good"]
+    assert good.state == HEALTHY and good.alerts == ()
+    assert good.records_held == 30 and good.quarantined_now == 0
+    assert good.last_run == good.last_success and good.last_run.status == "applied"
+    assert (good.last_run.dag_id, good.last_run.dag_run_id) == ("harvest_good", "scheduled__1")
+    assert (good.last_success.upserted, good.last_success.purged, good.last_success.quarantined) == (30, 0, 0)
+    assert good.cursor_lag == timedelta(hours=1)
+    assert good.last_reconcile.run_id == "reconcile_good/scheduled__1" and good.last_reconcile.status == "applied"
+
+    bad = health["bad"]
+    assert bad.state == FAILING
+    assert bad.last_run.status == "failed" and "connection refused" in bad.last_run.error
+    assert bad.last_success.run_id == "harvest_bad/scheduled__1" and bad.records_held == 1
+
+    slow = health["slow"]
+    assert slow.state == BEHIND and slow.cursor_lag == timedelta(days=5) > slow.behind_after
+
+    leaky = health["leaky"]
+    assert leaky.state == WARNING and leaky.quarantined_now == 10 and leaky.records_held == 20
+    assert any("quarantine rate" in a for a in leaky.alerts)
+
+    fresh = health["fresh"]
+    assert fresh.state == NEW and fresh.last_run is None and fresh.records_held == 0
+    # worst first
+    assert [h.state for h in partner_health(conn, partners("good", "bad", "slow", "leaky", "fresh"), now)] == [
+        FAILING, BEHIND, WARNING, NEW, HEALTHY]
+
+
+def test_health_alerts_on_a_failed_completeness_check_and_a_purge_spike(conn) -> None:
+    now = now_of(conn)
+    stage(conn, "p", "harvest_p/1", [rec(f"a{i}") for i in range(40)], until=now - timedelta(hours=2))
+    apply_run(conn, "p", "harvest_p/1")
+    stage(conn, "p", "harvest_p/2", [Tombstone(f"a{i}", datetime(2026, 4, 1).astimezone()) for i in range(10)],
+          until=now - timedelta(hours=1))
+    conn.execute("UPDATE harvest_runs SET check_kind = 'list-size', check_expected = 50, check_found = 30,"
+                 " check_ok = false WHERE run_id = 'harvest_p/2'")
+    conn.commit()
+    apply_run(conn, "p", "harvest_p/2")
+    (health,) = partner_health(conn, partners("p"), now)
+    assert health.state == WARNING and health.records_held == 30
+    assert any(a.startswith("purge spike: 10 of 40") for a in health.alerts)
+    assert any("completeness check failed: list-size on the changes channel: the witness says 50" in a
+               for a in health.alerts)
+
+
+def test_recent_runs_and_todays_quarantine_feed_the_partner_page(conn) -> None:
+    now = now_of(conn)
+    for n in range(1, 4):
+        items = [rec(f"r{i}", title=f"v{n}") for i in range(5 * n)] + [Rejected(f"q{n}", f"reason {n % 2}", "<x/>")]
+        stage(conn, "p", f"harvest_p/{n}", items, until=now - timedelta(hours=4 - n))
+        apply_run(conn, "p", f"harvest_p/{n}")
+    runs = recent_runs(conn, "p", limit=2)
+    assert [r.run_id for r in runs] == ["harvest_p/2", "harvest_p/3"]  # the newest two, oldest first
+    assert [r.records_held for r in runs] == [10, 15]
+    assert all(r.duration is not None and r.duration >= timedelta(0) for r in runs)
+    reasons, entries = quarantine_today(conn, "p", now_of(conn))
+    assert reasons == [("reason 1", 2), ("reason 0", 1)]
+    assert [e.identifier for e in entries] == ["q3", "q2", "q1"]
+
+
+def test_a_run_the_scheduler_saw_fail_before_any_audit_row_makes_the_partner_failing(conn) -> None:
+    from partner_harvest.store.health import SchedulerRun
+
+    now = now_of(conn)
+    stage(conn, "p", "harvest_p/scheduled__1", [rec("a")], until=now - timedelta(hours=30))
+    apply_run(conn, "p", "harvest_p/scheduled__1")
+    later = now_of(conn)
+    down = SchedulerRun("harvest_p", "manual__2", "failed", later, later)
+    (health,) = partner_health(conn, partners("p"), later, {"p": down})
+    assert health.state == FAILING and health.last_run.run_id == "harvest_p/manual__2"
+    assert health.last_success.run_id == "harvest_p/scheduled__1"
+    older = SchedulerRun("harvest_p", "manual__0", "failed", now - timedelta(days=3), now - timedelta(days=3))
+    (health,) = partner_health(conn, partners("p"), now, {"p": older})
+    assert health.state == HEALTHY and health.last_run.run_id == "harvest_p/scheduled__1"
+
+
+def test_the_health_pages_refuse_a_request_without_airflow_login() -> None:
+    """The routes depend on Airflow's own auth check: no JWT (cookie or bearer), no page."""
+    from fastapi.testclient import TestClient
+
+    from partner_harvest.airflow.health.app import create_app
+
+    client = TestClient(create_app())
+    for path in ("/", "/partner/museum"):
+        response = client.get(path, headers={"Accept": "application/json"})
+        assert response.status_code == 401, path

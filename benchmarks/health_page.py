@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 import support  # noqa: F401  (puts plugins/ on sys.path)
 

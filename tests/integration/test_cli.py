@@ -76,6 +76,11 @@ def seed(conn: psycopg.Connection, partner_id: str, records: int, *, status: str
             "INSERT INTO quarantine (partner_id, identifier, reason, raw_payload, run_id)"
             " VALUES (%s, 'oai:broken', 'no title', '<record/>', 'r1')", (partner_id,),
         )
+        conn.execute(  # the counters the apply keeps (these rows bypass the apply)
+            "INSERT INTO partner_stats (partner_id, records_held, quarantined_now) VALUES (%s, %s, 1)"
+            " ON CONFLICT (partner_id) DO UPDATE SET records_held = EXCLUDED.records_held",
+            (partner_id, records),
+        )
 
 
 def count(conn: psycopg.Connection, table: str, partner_id: str) -> int:
@@ -157,17 +162,18 @@ def test_status_shows_one_line_per_partner(capsys, conn, db, registry_file) -> N
     assert status == 0
     lines = {line.split()[0]: line for line in out.splitlines()[2:]}
     assert set(lines) == {"archive", "library", "museum"}
-    assert lines["museum"].split()[:5] == ["museum", "oai-pmh", "ok", "3", "1"]
+    assert lines["museum"].split()[:5] == ["museum", "oai-pmh", "healthy", "3", "1"]
     assert "failing" in lines["archive"] and "HTTP 503 from https://archive.example/oai" in lines["archive"]
     assert "Traceback" not in out
-    assert "never run" in lines["library"]
+    assert lines["library"].split()[2] == "new"  # never run
 
 
 def test_status_of_a_partner_that_went_quiet(capsys, conn, db, registry_file) -> None:
     registry_file("partners:" + GOOD + "    quiet_period: 2d\n")
     seed(conn, "museum", 1, applied_at=datetime.now(timezone.utc) - timedelta(days=3))
     status, out, _ = run(capsys, "status", "--database-url", db, "--partner", "museum")
-    assert status == 0 and " quiet " in out.splitlines()[2]
+    line = out.splitlines()[2]
+    assert status == 0 and " warning " in line and "no record fetched for 3 days" in line
 
 
 def test_status_of_a_database_without_the_schema_says_to_migrate(capsys, db, registry_file) -> None:

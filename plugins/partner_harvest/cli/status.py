@@ -1,9 +1,4 @@
-"""``partner-harvest status``: one line per partner, from harvest_runs and records.
-
-:func:`partner_overview` is the single seam: when ``store/health.py`` lands, its body
-becomes ``return partner_health(conn, partners, now)``; :func:`render_table` prints any
-list of mappings or dataclasses, so nothing else changes.
-"""
+"""``partner-harvest status``: the partner health table (the UI page's rows) in a terminal."""
 
 from __future__ import annotations
 
@@ -15,62 +10,36 @@ from typing import Any
 import psycopg
 
 from partner_harvest.registry import Partner
-
-_OVERVIEW_SQL = """
-WITH latest AS (
-    SELECT DISTINCT ON (partner_id) partner_id, status, mode, started_at, error
-    FROM harvest_runs WHERE partner_id = ANY(%(ids)s) AND channel <> 'reconcile'
-    ORDER BY partner_id, started_at DESC, channel
-), applied AS (
-    SELECT partner_id, max(applied_at) AS last_applied_at
-    FROM harvest_runs WHERE partner_id = ANY(%(ids)s) AND status = 'applied'
-    GROUP BY partner_id
-), recs AS (
-    SELECT partner_id, count(*) AS records FROM records WHERE partner_id = ANY(%(ids)s) GROUP BY partner_id
-), broken AS (
-    SELECT partner_id, count(*) AS quarantined FROM quarantine_current
-    WHERE partner_id = ANY(%(ids)s) GROUP BY partner_id
-)
-SELECT p.id, recs.records, broken.quarantined, latest.status, latest.mode, latest.started_at,
-       applied.last_applied_at, latest.error
-FROM unnest(%(ids)s::text[]) AS p(id)
-LEFT JOIN latest ON latest.partner_id = p.id
-LEFT JOIN applied ON applied.partner_id = p.id
-LEFT JOIN recs ON recs.partner_id = p.id
-LEFT JOIN broken ON broken.partner_id = p.id
-ORDER BY p.id
-"""
+from partner_harvest.store.health import partner_health
 
 
 def partner_overview(conn: psycopg.Connection, partners: list[Partner], now: datetime) -> list[dict[str, Any]]:
-    """SEAM (switch to ``store.health.partner_health(conn, partners, now)`` at merge).
+    """The health page's rows (``store.health.partner_health``), one flat line per partner.
 
-    Per partner: records held, records quarantined now, the newest harvest run (status,
-    mode, start, error) and the last apply; ``state`` is ``failing`` when the newest run
-    failed, ``quiet`` when nothing applied within the partner's ``quiet_period``.
+    State (worst first): failing, behind, warning, new, healthy; then records held and
+    quarantined now (the apply's counters, no count(*)), the newest run, the cursor and
+    how far it trails ``now``, and the first open alert.
     """
-    by_id = {p.id: p for p in partners}
-    rows = conn.execute(_OVERVIEW_SQL, {"ids": list(by_id)}).fetchall()
-    conn.commit()
     overview = []
-    for pid, records, quarantined, status, mode, started_at, applied_at, error in rows:
-        partner = by_id[pid]
-        if status is None:
-            state = "never run"
-        elif status == "failed":
-            state = "failing"
-        elif status in ("harvesting", "harvested"):
-            state = "running"
-        elif applied_at is None or now - applied_at > partner.quiet_period:
-            state = "quiet"
-        else:
-            state = "ok"
+    for health in partner_health(conn, partners, now):
+        last = health.last_run
+        error = (last.error or "").splitlines()[0][:80] if last and last.error else None
         overview.append({
-            "partner": pid, "protocol": partner.protocol, "state": state, "records": records or 0,
-            "quarantined": quarantined or 0, "last_run": status, "mode": mode, "started": started_at,
-            "last_applied": applied_at, "error": (error or "").splitlines()[0][:80] if error else None,
+            "partner": health.partner_id, "protocol": health.protocol, "state": health.state,
+            "records": health.records_held, "quarantined": health.quarantined_now,
+            "last_run": last.status if last else None, "started": last.started_at if last else None,
+            "last_success": health.last_success.ended_at if health.last_success else None,
+            "cursor": health.cursor, "behind": _duration(health.cursor_lag),
+            "alerts": len(health.alerts), "note": error or (health.alerts[0][:80] if health.alerts else None),
         })
     return overview
+
+
+def _duration(value: timedelta | None) -> str | None:
+    if value is None:
+        return None
+    hours = int(value.total_seconds() // 3600)
+    return f"{hours // 24}d {hours % 24}h" if hours >= 24 else f"{hours}h {int(value.total_seconds() % 3600 // 60)}m"
 
 
 def _cell(value: Any) -> str:

@@ -466,6 +466,7 @@ def _start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
             )
     poll(lambda: _services_healthy(stack), STARTUP_TIMEOUT,
          "a healthy api-server, scheduler and dag-processor", diagnostics=stack.diagnostics)
+    _log_in(stack)
     dag_ids = (f"harvest_{MUSEUM}", f"harvest_{BROKEN}", f"reconcile_{MUSEUM}", f"harvest_{LAGGING}", DOWNSTREAM_DAG)
     for dag_id in dag_ids:
         dag = poll(lambda dag_id=dag_id: _dag_parsed(stack, dag_id), PARSE_TIMEOUT, f"DAG {dag_id} to be parsed",
@@ -474,6 +475,27 @@ def _start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
             stack.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
     _ensure_pools(stack, dag_ids)
     return stack
+
+
+def login_credentials(env: dict[str, str]) -> tuple[str, str] | None:
+    """The (user, password) a module's stack runs with, when it turned off all-admins mode."""
+    if env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "True").lower() != "false":
+        return None
+    user = env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"].split(",")[0].split(":")[0]
+    passwords = json.loads(Path(env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]).read_text())
+    return user, passwords[user]
+
+
+def _log_in(stack: AirflowStack) -> None:
+    """With real users, the tests' REST calls carry a token from ``/auth/token`` like any client."""
+    credentials = login_credentials(stack.env)
+    if credentials is None:
+        return
+    user, password = credentials
+    response = stack.http.post(f"{stack.base_url}/auth/token", json={"username": user, "password": password},
+                               timeout=30)
+    response.raise_for_status()
+    stack.http.headers["Authorization"] = f"Bearer {response.json()['access_token']}"
 
 
 def _fernet_key() -> str:

@@ -1,14 +1,15 @@
 """The partner health page in a real headless Chromium against a real api-server.
 
-Logs in as the e2e stack's auth manager does it (SimpleAuthManager with
-SIMPLE_AUTH_MANAGER_ALL_ADMINS: every request is an admin's; that a request without
-Airflow's login is refused is tested in tests/integration/test_health.py), then reads
-what the page shows for a healthy, a failing and a behind partner, and opens a
-partner page with its chart. Screenshots land in a temporary directory the test prints.
+This module's Airflow runs SimpleAuthManager with a real user and password (not the
+all-admins mode of the other e2e modules): the browser is sent to Airflow's login form,
+logs in, and lands on the page; then it reads what the page shows for a healthy, a
+failing and a behind partner, and opens a partner page with its chart. Screenshots land
+in a temporary directory the test prints.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from datetime import timedelta
@@ -25,6 +26,21 @@ pytestmark = pytest.mark.e2e
 CHROMIUM = os.environ.get("HARVEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+OPERATOR, PASSWORD = "operator", "harvest-e2e-operator-pw"
+
+
+@pytest.fixture(scope="module")
+def airflow_env_overrides(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A real login: one admin user with a known password, no all-admins middleware."""
+    passwords = tmp_path_factory.mktemp("auth") / "passwords.json"
+    passwords.write_text(json.dumps({OPERATOR: PASSWORD}))
+    return {
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{OPERATOR}:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +83,14 @@ def test_health_page_shows_healthy_failing_and_behind_partners_and_a_partner_cha
 
     context = browser.new_context(viewport={"width": 1600, "height": 900})
     page = context.new_page()
-    # The stack runs SimpleAuthManager with SIMPLE_AUTH_MANAGER_ALL_ADMINS: its middleware
-    # logs every request in as admin, so the browser lands on the page without a form.
+    # Not logged in: Airflow's login form first, then back to the page.
     page.goto(f"{stack.base_url}/partner-health/")
-    assert page.url == f"{stack.base_url}/partner-health/"
+    page.wait_for_url("**/auth/login**")
+    page.locator("input[name=username]").fill(OPERATOR)
+    page.locator("input[name=password]").fill(PASSWORD)
+    page.screenshot(path=str(shots / "login.png"))
+    page.locator("button[type=submit]").click()
+    page.wait_for_url(f"{stack.base_url}/partner-health/**")
     page.wait_for_selector("table#partners")
     page.screenshot(path=str(shots / "health.png"), full_page=True)
 
@@ -132,6 +152,6 @@ def test_health_page_shows_healthy_failing_and_behind_partners_and_a_partner_cha
     frame.locator("table#partners").wait_for()
     page.screenshot(path=str(shots / "in_airflow_ui.png"))
     context.close()
-    assert sorted(p.name for p in shots.iterdir()) == ["health.png", "in_airflow_ui.png", "partner.png",
+    assert sorted(p.name for p in shots.iterdir()) == ["health.png", "in_airflow_ui.png", "login.png", "partner.png",
                                                            "partner_quarantine.png"]
 

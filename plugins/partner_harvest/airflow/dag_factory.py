@@ -25,7 +25,7 @@ from airflow.sdk import (
 )
 
 from partner_harvest.airflow import tasks
-from partner_harvest.airflow.notifiers import PartnerAlertNotifier, run_overdue_alert
+from partner_harvest.airflow.notifiers import PartnerAlertNotifier, run_late_alert, run_overdue_alert
 from partner_harvest.registry import Partner, RegistryError, load_registry
 
 START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
@@ -191,12 +191,38 @@ def run_deadline(partner: Partner, dag_id: str) -> DeadlineAlert:
     )
 
 
+def finish_by_deadline(partner: Partner) -> DeadlineAlert | None:
+    """Alert when a scheduled run is unfinished at the registry's ``finish_by`` (UTC).
+
+    A scheduled run's logical date is its cron tick (CronTriggerTimetable), so the
+    deadline is that tick plus the offset to ``finish_by`` (registry.finish_by_offset).
+    Airflow writes the Deadline row when it creates the run; a manual run without a
+    logical date gets none, one with a logical date is ignored by the callback (the
+    run_deadline covers it).
+    """
+    offset = partner.finish_by_offset
+    if offset is None:
+        return None
+    return DeadlineAlert(
+        reference=DeadlineReference.DAGRUN_LOGICAL_DATE,
+        interval=offset,
+        callback=SyncCallback(run_late_alert, kwargs={
+            "partner_id": partner.id, "dag_id": partner.dag_id, "finish_by": partner.finish_by,
+        }),
+    )
+
+
+def harvest_deadlines(partner: Partner) -> list[DeadlineAlert]:
+    late = finish_by_deadline(partner)
+    return [run_deadline(partner, partner.dag_id), *([late] if late else [])]
+
+
 def build_harvest_dag(partner: Partner) -> DAG:
     pid = partner.id
     pool = {"pool": partner.pool}  # tasks that send requests to the partner
     with DAG(
         dag_id=partner.dag_id,
-        deadline=run_deadline(partner, partner.dag_id),
+        deadline=harvest_deadlines(partner),
         description=f"Incremental harvest of {pid} ({partner.protocol})",
         schedule=CronTriggerTimetable(partner.schedule, timezone="UTC", interval=timedelta(days=1)),
         start_date=START_DATE,

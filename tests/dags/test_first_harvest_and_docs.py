@@ -142,7 +142,7 @@ def test_dag_and_task_docs(registry) -> None:
 
     registry("partners:\n  - {id: museum, protocol: oai-pmh, conn_id: c, lag: 10m}\n"
              "  - {id: library, protocol: sierra, conn_id: d, lag: 90m, run_deadline: 1d}\n")
-    dags = {d.dag_id: d for d in build_dags("harvest")}
+    dags = {d.dag_id: d for kind in ("harvest", "reconcile") for d in build_dags(kind)}
     museum, library = dags["harvest_museum"], dags["harvest_library"]
     assert "lag 10 min," in museum.doc_md and "0:10:00" not in museum.doc_md
     assert "lag 1 h 30 min," in library.doc_md and "run deadline 1 day after" in library.doc_md
@@ -153,3 +153,4 @@ def test_dag_and_task_docs(registry) -> None:
         for task in dag.tasks:
             assert task.doc_md and len(task.doc_md) > 80, task.task_id
             assert "**Fails:**" in task.doc_md, task.task_id
+    assert "**Fails:**" in dags["reconcile_museum"].get_task("reconcile").doc_md

@@ -146,6 +146,13 @@ TASK_DOCS = {
         "is crossed; it never fails the run for a finding. **Fails:** only when the database "
         "is unreachable; clear it to check again."
     ),
+    "reconcile": (
+        "Lists every identifier the partner holds, purges the local records it no longer "
+        "has (after asking the partner about each), fetches the missing ones, in one "
+        "transaction; never moves a cursor. **Fails:** a mass-purge refusal (no retries: "
+        "check the partner, then trigger with `allow_mass_purge=true`), a harvest holding "
+        "the partner (retried), or the partner's errors; nothing is half-applied."
+    ),
 }
 
 # The frozen window, shown under each later task's "Rendered Template" (templates_dict): a DAG
@@ -158,11 +165,11 @@ WINDOW_TEMPLATE = (
 )
 
 
-def _describe_tasks(dag: DAG) -> None:
+def _describe_tasks(dag: DAG, show_window: bool = True) -> None:
     """Per-task docs, and the frozen window in every later task's rendered fields."""
     for task_ in dag.tasks:
         task_.doc_md = TASK_DOCS.get(task_.task_id)
-        if task_.task_id != "freeze_window" and hasattr(task_, "templates_dict"):
+        if show_window and task_.task_id != "freeze_window" and hasattr(task_, "templates_dict"):
             task_.templates_dict = {"harvested_window": WINDOW_TEMPLATE}
 
 
@@ -305,6 +312,7 @@ def build_reconcile_dag(partner: Partner) -> DAG:
             return tasks.reconcile_partner(pid, get_current_context())
 
         reconcile()
+    _describe_tasks(dag, show_window=False)
     return dag
 
 

@@ -100,7 +100,7 @@ def _doc(partner: Partner) -> str:
         f"Connection `{partner.conn_id}`, cursor Variable `{partner.cursor_key}`, "
         f"lag {human_duration(partner.lag)}, schedule `{partner.schedule}` (UTC), "
         f"pool `{partner.pool}`, run deadline {human_duration(partner.run_deadline)} after queueing"
-        + (f", nightly runs due by {partner.finish_by} UTC" if getattr(partner, "finish_by", None) else "")
+        + (f", nightly runs due by {partner.finish_by} UTC" if partner.finish_by else "")
         + ".\n\n"
         f"{tasks_line}\n\n"
         "**First harvest:** a scheduled run of a partner without a cursor skips (unpausing a new "

@@ -140,11 +140,12 @@ def test_params_say_a_backfill_ignores_them() -> None:
 def test_dag_and_task_docs(registry) -> None:
     from partner_harvest.airflow.dag_factory import build_dags
 
-    registry("partners:\n  - {id: museum, protocol: oai-pmh, conn_id: c, lag: 10m}\n"
+    registry("partners:\n  - {id: museum, protocol: oai-pmh, conn_id: c, lag: 10m, finish_by: '06:00'}\n"
              "  - {id: library, protocol: sierra, conn_id: d, lag: 90m, run_deadline: 1d}\n")
     dags = {d.dag_id: d for kind in ("harvest", "reconcile") for d in build_dags(kind)}
     museum, library = dags["harvest_museum"], dags["harvest_library"]
     assert "lag 10 min," in museum.doc_md and "0:10:00" not in museum.doc_md
+    assert "nightly runs due by 06:00 UTC" in museum.doc_md and "due by" not in library.doc_md
     assert "lag 1 h 30 min," in library.doc_md and "run deadline 1 day after" in library.doc_md
     assert "poll_deletions" not in museum.doc_md and "poll_deletions" in library.doc_md
     for dag in (museum, library):

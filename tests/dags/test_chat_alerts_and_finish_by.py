@@ -12,7 +12,7 @@ import pytest
 from test_alert_secrets import TOKEN, closed_port  # pytest (prepend mode) puts tests/dags on sys.path
 from test_run_deadline import Sink
 
-from partner_harvest.airflow.notifiers import run_late_alert, send_alert
+from partner_harvest.airflow.notifiers import _instant, run_late_alert, send_alert
 from partner_harvest.registry import get_partner, load_registry
 
 pytestmark = pytest.mark.airflow
@@ -103,6 +103,11 @@ def test_late_alert_only_for_a_scheduled_run_still_unfinished(chat: Sink) -> Non
                                                          "state": "running"}}) == []
     assert run_late_alert(**kwargs, context={"dag_run": {"dag_run_id": "s0", "run_type": "scheduled",
                                                          "state": "success"}}) == []
+    # Unpausing creates the latest tick's run at once, already past its finish_by: not late.
+    assert run_late_alert(**kwargs, context={
+        "dag_run": {"dag_run_id": "u", "run_type": "scheduled", "state": "queued",
+                    "queued_at": "2026-03-02T09:00:00Z"},
+        "deadline": {"deadline_time": "2026-03-01T06:00:00+00:00"}}) == []
     assert run_late_alert(**kwargs, context={"dag_run": {"dag_run_id": "s1", "run_type": "scheduled",
                                                          "state": "running"}}) == ["apprise"]
     (body,) = chat.bodies
@@ -144,6 +149,8 @@ def test_a_nightly_run_unfinished_at_finish_by_alerts(registry, chat: Sink, airf
                                 run_type=DagRunType.SCHEDULED, triggered_by=DagRunTriggeredByType.TIMETABLE,
                                 state=DagRunState.QUEUED, session=session)
         session.flush()
+        run.queued_at = tick + timedelta(seconds=5)  # queued on time, as the scheduler does at the tick
+        session.flush()
         deadlines = session.query(Deadline).filter(Deadline.dagrun_id == run.id).all()
         (late,) = [d for d in deadlines if d.deadline_time == tick + timedelta(hours=4)]
         assert len(deadlines) == 2  # and the run_deadline, from queued_at
@@ -152,6 +159,9 @@ def test_a_nightly_run_unfinished_at_finish_by_alerts(registry, chat: Sink, airf
         session.flush()
         data = dict(session.get(Callback, late.callback_id).data)
 
+    context = data["kwargs"]["context"]  # what the callback reads to tell a late run from a catch-up
+    assert _instant(context["deadline"]["deadline_time"]) == tick + timedelta(hours=4)
+    assert _instant(context["dag_run"]["queued_at"]) == tick + timedelta(seconds=5)
     ok, error = execute_callback(data["path"], data["kwargs"], Path("partner_harvest.py"), ROOT / "dags",
                                  structlog.get_logger())
     assert (ok, error) == (True, None)

@@ -22,6 +22,7 @@ import html
 import logging
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from typing import Any
 
 import requests
@@ -139,6 +140,13 @@ def run_late_alert(
     if dag_run.get("state") in ("success", "failed"):
         log.info("%s: run %s of %s is %s; no late alert", partner_id, run_id, dag_id, dag_run["state"])
         return []
+    due, queued = _instant((context.get("deadline") or {}).get("deadline_time")), _instant(dag_run.get("queued_at"))
+    if due is not None and queued is not None and queued >= due:
+        # Unpausing (catchup=False) creates the latest tick's run at once: already past its
+        # finish_by when it was queued, it could never have made it. Not a late night.
+        log.info("%s: run %s of %s was queued at %s, after its finish_by deadline %s; no late alert",
+                 partner_id, run_id, dag_id, queued.isoformat(), due.isoformat())
+        return []
     subject = f"[partner harvest] {partner_id}: {dag_id} run {run_id} not finished by {finish_by} UTC"
     lines = [
         f"Partner: {partner_id}",
@@ -149,6 +157,18 @@ def run_late_alert(
     ]
     fields = {"kind": "late", "partner": partner_id, "dag_id": dag_id, "run_id": run_id, "finish_by": finish_by}
     return send_alert(subject, lines, fields)
+
+
+def _instant(value: Any) -> datetime | None:
+    """A datetime from the callback context (a datetime, or ISO text once serialized)."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    if isinstance(value, str) and value:
+        try:
+            return _instant(datetime.fromisoformat(value.replace("Z", "+00:00")))
+        except ValueError:
+            return None
+    return None
 
 
 def send_alert(

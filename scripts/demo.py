@@ -61,25 +61,55 @@ def run_dag(env: dict[str, str], dag_id: str, label: str) -> None:
     print(f"\n==> {label}: airflow dags test {dag_id}", flush=True)
     log_path = ROOT / ".airflow-demo" / f"{dag_id}-{label.split()[0].lower()}.log"
     with open(log_path, "w") as log:
-        result = subprocess.run([AIRFLOW, "dags", "test", dag_id], env=env, cwd=ROOT,
-                                stdout=log, stderr=subprocess.STDOUT)
+        result = subprocess.run([sys.executable, "-m", "airflow", "dags", "test", dag_id],
+                                env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     if result.returncode != 0:
         tail = log_path.read_text().splitlines()[-40:]
         raise SystemExit(f"{dag_id} failed ({label}); last lines of {log_path}:\n" + "\n".join(tail))
     print(f"    ok (task log: {log_path.relative_to(ROOT)})")
 
 
-def print_runs(conn, partner_id: str) -> None:
+def mode_label(row: dict) -> str:
+    """A run with no cursor harvests everything: say so, whatever mode it was asked for."""
+    if row["mode"] == "incremental" and row["window_from"] is None:
+        return "full (first harvest)"
+    return row["mode"]
+
+
+def absent_deletions(conn, partner_id: str, run_key: str) -> int:
+    """Deletions this run saw of records the database never held (counted as ``unchanged``):
+    the tombstones it remembered minus the records it purged."""
+    row = conn.execute(
+        """
+        SELECT (SELECT count(*) FROM tombstones WHERE partner_id = %(p)s AND run_id = %(r)s)
+             - (SELECT count(*) FROM deletions WHERE partner_id = %(p)s AND run_id = %(r)s AND reason = 'tombstone')
+        """,
+        {"p": partner_id, "r": run_key},
+    ).fetchone()
+    conn.commit()
+    return max(int(row[0] or 0), 0)
+
+
+def summary_lines(conn, partner_id: str) -> list[str]:
+    """The partner's runs, oldest first, one line per channel, with what ``unchanged`` holds."""
     rows = list(reversed(run_summary(conn, partner_id, limit=10)))
-    print(f"\nharvest_runs for partner '{partner_id}':")
-    header = f"  {'mode':<12}{'channel':<10}{'window from':<22}{'window until':<22}{'pages':>6}{'fetched':>9}" \
-             f"{'upserted':>9}{'unchanged':>10}{'purged':>7}{'quarant.':>9}  status"
-    print(header)
+    lines = [f"harvest_runs for partner '{partner_id}':",
+             f"  {'mode':<22}{'channel':<10}{'window from':<22}{'window until':<22}{'pages':>6}{'fetched':>9}"
+             f"{'upserted':>9}{'unchanged':>10}{'purged':>7}{'quarant.':>9}  status"]
+    notes: dict[str, int] = {}
     for row in rows:
-        start = row["window_from"].strftime("%Y-%m-%dT%H:%M:%SZ") if row["window_from"] else "(full)"
-        print(f"  {row['mode']:<12}{row['channel']:<10}{start:<22}{row['window_until'].strftime('%Y-%m-%dT%H:%M:%SZ'):<22}"
-              f"{row['pages']:>6}{row['fetched']:>9}{row['upserted']:>9}{row['unchanged']:>10}"
-              f"{row['purged']:>7}{row['quarantined']:>9}  {row['status']}")
+        start = row["window_from"].strftime("%Y-%m-%dT%H:%M:%SZ") if row["window_from"] else "(everything)"
+        lines.append(
+            f"  {mode_label(row):<22}{row['channel']:<10}{start:<22}"
+            f"{row['window_until'].strftime('%Y-%m-%dT%H:%M:%SZ'):<22}{row['pages']:>6}{row['fetched']:>9}"
+            f"{row['upserted']:>9}{row['unchanged']:>10}{row['purged']:>7}{row['quarantined']:>9}  {row['status']}")
+        if row["status"] == "applied" and row["run_id"] not in notes:
+            notes[row["run_id"]] = absent_deletions(conn, partner_id, row["run_id"])
+    for run_key, absent in notes.items():
+        if absent:
+            lines.append(f"  {run_key}: {absent} deletion{'s' if absent != 1 else ''} already absent (records this "
+                         "database never held; counted as unchanged, nothing lost)")
+    return lines
 
 
 def main() -> int:
@@ -125,7 +155,8 @@ def main() -> int:
         with connect(pg_uri) as conn:
             held = {}
             for partner_id in partners:
-                print_runs(conn, partner_id)
+                print()
+                print("\n".join(summary_lines(conn, partner_id)))
                 held[partner_id] = live_identifiers(conn, partner_id)
         cursors = {
             key: subprocess.run([AIRFLOW, "variables", "get", key], env=env, cwd=ROOT,

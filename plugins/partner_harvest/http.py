@@ -219,12 +219,27 @@ class CappedRetry(Retry):
         wait = new.get_retry_after(response) if response is not None else None
         if wait is None:
             wait = new.get_backoff_time()
+        done = len(new.history)
+        # ``total`` counts the retries left, so the configured number is what was used plus that.
+        allowed = done + new.total if isinstance(new.total, int) else None
         log.warning(
-            "%s: %s %s failed (%s); retry %d of %d in %.1fs",
-            self.label or "partner", method, url, cause,
-            len(new.history), self.total if isinstance(self.total, int) else -1, wait,
+            "%s: %s %s failed (%s); retry %d of %s in %.1fs",
+            self.label or "partner", method, url, cause, done, allowed if allowed is not None else "?", wait,
         )
         return new
+
+
+class _OneLinePerRetry(logging.Filter):
+    """urllib3 logs its own "Retrying (...) after connection broken" line for every retry
+    that :meth:`CappedRetry.increment` already logged (with the partner's name): drop
+    urllib3's, for our retries only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (str(record.msg).startswith("Retrying (") and args and isinstance(args[0], CappedRetry))
+
+
+logging.getLogger("urllib3.connectionpool").addFilter(_OneLinePerRetry())
 
 
 # ------------------------------------------------------------------------ transport

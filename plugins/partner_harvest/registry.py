@@ -32,6 +32,7 @@ from pydantic import (
     ValidationInfo,
     create_model,
     field_validator,
+    model_validator,
 )
 
 from partner_harvest.http import HttpPolicy
@@ -51,6 +52,7 @@ _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 CURSOR_PREFIX = "harvest_cursor__"
 DEFAULT_MAX_RECORD_BYTES = 8 * 1024 * 1024
 DEFAULT_RUN_DEADLINE = timedelta(hours=20)
+FINISH_BY_PATTERN = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
 
 
 class RegistryError(ValueError):
@@ -93,7 +95,15 @@ class Partner:
     purge_alert_fraction: float = 0.05
     quiet_period: timedelta = timedelta(days=7)
     run_deadline: timedelta = DEFAULT_RUN_DEADLINE
+    finish_by: str | None = None  # "HH:MM" UTC: a scheduled run unfinished then alerts
     options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def finish_by_offset(self) -> timedelta | None:
+        """From the scheduled run's logical date (its cron tick) to ``finish_by``: under a day."""
+        if not self.finish_by:
+            return None
+        return finish_by_offset(self.schedule, self.finish_by)
 
     @property
     def dag_id(self) -> str:
@@ -120,6 +130,20 @@ def cursor_key(partner_id: str, channel: str | None = None) -> str:
         if part is not None and not _ID.match(part):
             raise ValueError(f"cursor key part {part!r} is not a slug without '__' (pattern {ID_PATTERN})")
     return CURSOR_PREFIX + partner_id + (f"__{channel}" if channel else "")
+
+
+def finish_by_offset(schedule: str, finish_by: str) -> timedelta:
+    """``finish_by`` as an offset from the run's cron tick. The schedule must fire at one
+    time of day (single minute and hour fields), so the offset is the same for every run."""
+    minute, hour = schedule.split()[:2]
+    if not (minute.isdigit() and hour.isdigit()):
+        raise ValueError(f"needs a schedule that runs at one time of day (minute and hour fields "
+                         f"plain numbers), got {schedule!r}")
+    due_h, due_m = (int(part) for part in finish_by.split(":"))
+    offset = timedelta(hours=due_h - int(hour), minutes=due_m - int(minute)) % timedelta(days=1)
+    if not offset:
+        raise ValueError(f"{finish_by} is the schedule's own start time")
+    return offset
 
 
 def parse_duration(value: Any) -> timedelta:
@@ -301,7 +325,21 @@ class PartnerEntry(_Strict):
         default=DEFAULT_RUN_DEADLINE,
         description="alert when a run has not finished this long after it was queued "
         "(a missing pool, a stuck task); at least 1m")
+    finish_by: Annotated[str, Field(pattern=FINISH_BY_PATTERN, strict=True)] | None = Field(
+        default=None,
+        description="HH:MM (UTC): alert when a scheduled run has not finished by then, counted from "
+        "its start time (schedule 0 2 * * *, finish_by 06:00: four hours); needs a schedule that runs "
+        "at one time of day")
     options: Options = Field(default_factory=Options)
+
+    @model_validator(mode="after")
+    def _finish_by_fits_the_schedule(self) -> "PartnerEntry":
+        if self.finish_by is not None:
+            try:
+                finish_by_offset(self.schedule, self.finish_by)
+            except ValueError as exc:
+                raise ValueError(f"finish_by: {exc}") from None
+        return self
 
     @field_validator("run_deadline")
     @classmethod
@@ -331,7 +369,7 @@ class PartnerEntry(_Strict):
             max_purge_fraction=float(self.max_purge_fraction),
             quarantine_alert_rate=float(self.quarantine_alert_rate),
             purge_alert_fraction=float(self.purge_alert_fraction), quiet_period=self.quiet_period,
-            run_deadline=self.run_deadline, options=self.options.as_dict(),
+            run_deadline=self.run_deadline, finish_by=self.finish_by, options=self.options.as_dict(),
         )
 
 

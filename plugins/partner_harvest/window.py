@@ -89,7 +89,8 @@ class Window:
 
     def describe(self) -> str:
         start = format_instant(self.from_) if self.from_ else "the beginning"
-        return f"{self.mode} window from {start} until {format_instant(self.until)} ({self.granularity})"
+        kind = "requested" if self.mode == "window" else self.mode  # never "window window"
+        return f"{kind} window from {start} until {format_instant(self.until)} ({self.granularity})"
 
 
 def plan_window(

@@ -26,7 +26,7 @@ from airflow.sdk import (
 
 from partner_harvest.airflow import compat, tasks
 from partner_harvest.airflow.assets import partner_asset
-from partner_harvest.airflow.notifiers import PartnerAlertNotifier, run_overdue_alert
+from partner_harvest.airflow.notifiers import PartnerAlertNotifier, run_late_alert, run_overdue_alert
 from partner_harvest.registry import Partner, RegistryError, load_registry
 
 START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
@@ -36,13 +36,17 @@ RUN_PARAMS = {
         "incremental",
         type="string",
         enum=["incremental", "full", "window"],
-        description="incremental: from the cursor (moves it); full: everything (cursor untouched); "
-        "window: the from/until below (cursor untouched).",
+        title="Mode (manual runs only; a backfill ignores it)",
+        description="incremental: from the cursor, and moves it (with no cursor yet: everything, "
+        "the partner's first harvest, which sets the cursor); full: everything, cursor untouched; "
+        "window: the From/Until below, cursor untouched. A backfill ignores Mode, From and Until: "
+        "each backfill run harvests its own data interval and never moves the cursor.",
     ),
-    "from": Param(None, type=["null", "string"], format="date-time",
-                  description="Start of the window (mode=window only)."),
-    "until": Param(None, type=["null", "string"], format="date-time",
-                   description="End of the window (mode=window; default: the partner's clock)."),
+    "from": Param(None, type=["null", "string"], format="date-time", title="From (mode=window only)",
+                  description="Start of the window (mode=window only; ignored by backfills)."),
+    "until": Param(None, type=["null", "string"], format="date-time", title="Until (mode=window only)",
+                   description="End of the window (mode=window only; default: the partner's clock; "
+                   "ignored by backfills)."),
 }
 
 DEFAULT_ARGS: dict[str, Any] = {
@@ -55,17 +59,119 @@ DEFAULT_ARGS: dict[str, Any] = {
 }
 
 
+def human_duration(value: timedelta) -> str:
+    """``10 min``, ``1 h 30 min``, ``20 h``, ``7 days``: what a reader expects, not ``0:10:00``."""
+    seconds = int(value.total_seconds())
+    parts = []
+    for unit, size in (("day", 86400), ("h", 3600), ("min", 60), ("s", 1)):
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count} {unit}{'s' if unit == 'day' and count > 1 else ''}")
+    return " ".join(parts) or "0 s"
+
+
+WHEN_A_TASK_FAILS = (
+    "**When a task fails** (an alert names the partner, the task, the window and the cause): read "
+    "the cause in the alert or the task's log, fix what it names (the partner's server, the "
+    "Connection, the registry), then **clear the failed task and its downstream tasks**: the rerun "
+    "reuses the frozen window, so nothing is skipped or applied twice. Clear `freeze_window` too "
+    "only to start over from the cursor. The README's alert table says what each cause means."
+)
+
+PARAMS_DOC = (
+    "**Params** (Trigger DAG w/ config; manual runs only, a backfill ignores them and harvests its "
+    "data interval without moving the cursor): `mode` = `incremental` (from the cursor, moves it; "
+    "with no cursor yet everything, then sets it) | `full` (everything, cursor untouched) | "
+    "`window` (`from`/`until`, cursor untouched)."
+)
+
+
 def _doc(partner: Partner) -> str:
+    sierra = partner.protocol == "sierra"
+    tasks_line = (
+        "`freeze_window` fixes the window from the partner's clock; `harvest_changes` streams it "
+        "into staging" + (" and `poll_deletions` the deleted bibs, on their own day cursor" if sierra else "")
+        + "; `apply_changes` merges it in one transaction; `advance_cursor` moves the cursor"
+        + ("s" if sierra else "") + " (incremental runs only); `check_quality` alerts on "
+        "data-quality findings without failing the run. Each task's own docs say more."
+    )
     return (
         f"### Harvest of partner `{partner.id}` ({partner.protocol})\n\n"
         f"{partner.description}\n\n"
         f"Connection `{partner.conn_id}`, cursor Variable `{partner.cursor_key}`, "
-        f"lag {partner.lag}, schedule `{partner.schedule}` (UTC).\n\n"
-        "`freeze_window` fixes the window from the partner's clock; `harvest_changes` streams "
-        "it into staging (Sierra: `poll_deletions` too, on its own day cursor); `apply_changes` "
-        "merges it in one transaction; `advance_cursor` moves the cursors forward, only for "
-        "incremental runs."
+        f"lag {human_duration(partner.lag)}, schedule `{partner.schedule}` (UTC), "
+        f"pool `{partner.pool}`, run deadline {human_duration(partner.run_deadline)} after queueing"
+        + (f", nightly runs due by {partner.finish_by} UTC" if partner.finish_by else "")
+        + ".\n\n"
+        f"{tasks_line}\n\n"
+        "**First harvest:** a scheduled run of a partner without a cursor skips (unpausing a new "
+        "partner never starts its full harvest by itself): trigger the DAG once by hand.\n\n"
+        f"{PARAMS_DOC}\n\n{WHEN_A_TASK_FAILS}"
     )
+
+
+TASK_DOCS = {
+    "freeze_window": (
+        "Asks the partner for its clock and fixes the run's window (`until` = that clock, "
+        "`from` = cursor − lag; no cursor or `mode=full`: from the beginning). Every later "
+        "task, retry or clear reuses it (XCom; each task's Rendered Template shows it). A "
+        "scheduled run of a partner without a cursor skips here. **Fails:** the partner is "
+        "unreachable or answers nonsense; retried with backoff. Clear it to start over."
+    ),
+    "harvest_changes": (
+        "Streams the frozen window page by page into staging (COPY). Restarts the window on "
+        "an expired resumptionToken. **Fails:** HTTP errors after retries, broken or hostile "
+        "XML, pagination loops (no retries), a response over the limits. Nothing stored is "
+        "touched; clear it to harvest the same window again."
+    ),
+    "poll_deletions": (
+        "Sierra only: polls the deleted bibs of the window's days (its own day cursor) into "
+        "the same staging. **Fails:** a 5xx after retries (never taken for an empty day); "
+        "clear it to poll again."
+    ),
+    "apply_changes": (
+        "Merges the run's staging into `records`, `deletions` and `quarantine` in one "
+        "transaction and fills `harvest_runs`; harvests a channel again first if the database "
+        "lost its staging. **Fails:** the database is unreachable, or a reconcile holds the "
+        "partner (retried). Nothing half-applied is ever visible; clear it to apply again."
+    ),
+    "advance_cursor": (
+        "Moves the cursor Variable(s) to the frozen `until`, only after the apply committed, "
+        "only for incremental runs, never backwards. **Fails:** Airflow's Variables cannot be "
+        "written; clear it (the data is already applied; the next run would re-harvest the "
+        "window harmlessly)."
+    ),
+    "check_quality": (
+        "Compares the applied run with the partner's thresholds (quarantine rate, purge "
+        "fraction, completeness check, quiet period) and sends a data-quality alert when one "
+        "is crossed; it never fails the run for a finding. **Fails:** only when the database "
+        "is unreachable; clear it to check again."
+    ),
+    "reconcile": (
+        "Lists every identifier the partner holds, purges the local records it no longer "
+        "has (after asking the partner about each), fetches the missing ones, in one "
+        "transaction; never moves a cursor. **Fails:** a mass-purge refusal (no retries: "
+        "check the partner, then trigger with `allow_mass_purge=true`), a harvest holding "
+        "the partner (retried), or the partner's errors; nothing is half-applied."
+    ),
+}
+
+# The frozen window, shown under each later task's "Rendered Template" (templates_dict): a DAG
+# run note cannot be written from a task in Airflow 3.3 (the Execution API has no such call).
+WINDOW_TEMPLATE = (
+    "{% set w = ti.xcom_pull(task_ids='freeze_window') %}"
+    "{% if w %}{{ w['mode'] }}: {{ w['from'] or 'from the beginning' }} .. {{ w['until'] }} "
+    "({{ w['granularity'] }}){% if not w['advances_cursor'] %}, cursor untouched{% endif %}"
+    "{% else %}not frozen{% endif %}"
+)
+
+
+def _describe_tasks(dag: DAG, show_window: bool = True) -> None:
+    """Per-task docs, and the frozen window in every later task's rendered fields."""
+    for task_ in dag.tasks:
+        task_.doc_md = TASK_DOCS.get(task_.task_id)
+        if show_window and task_.task_id != "freeze_window" and hasattr(task_, "templates_dict"):
+            task_.templates_dict = {"harvested_window": WINDOW_TEMPLATE}
 
 
 def default_args(partner: Partner) -> dict[str, Any]:
@@ -94,12 +200,38 @@ def run_deadline(partner: Partner, dag_id: str) -> DeadlineAlert:
     )
 
 
+def finish_by_deadline(partner: Partner) -> DeadlineAlert | None:
+    """Alert when a scheduled run is unfinished at the registry's ``finish_by`` (UTC).
+
+    A scheduled run's logical date is its cron tick (CronTriggerTimetable), so the
+    deadline is that tick plus the offset to ``finish_by`` (registry.finish_by_offset).
+    Airflow writes the Deadline row when it creates the run; a manual run without a
+    logical date gets none, one with a logical date is ignored by the callback (the
+    run_deadline covers it).
+    """
+    offset = partner.finish_by_offset
+    if offset is None:
+        return None
+    return DeadlineAlert(
+        reference=DeadlineReference.DAGRUN_LOGICAL_DATE,
+        interval=offset,
+        callback=SyncCallback(run_late_alert, kwargs={
+            "partner_id": partner.id, "dag_id": partner.dag_id, "finish_by": partner.finish_by,
+        }),
+    )
+
+
+def harvest_deadlines(partner: Partner) -> list[DeadlineAlert]:
+    late = finish_by_deadline(partner)
+    return [run_deadline(partner, partner.dag_id), *([late] if late else [])]
+
+
 def build_harvest_dag(partner: Partner) -> DAG:
     pid = partner.id
     pool = {"pool": partner.pool}  # tasks that send requests to the partner
     with DAG(
         dag_id=partner.dag_id,
-        deadline=run_deadline(partner, partner.dag_id),
+        deadline=harvest_deadlines(partner),
         description=f"Incremental harvest of {pid} ({partner.protocol})",
         schedule=CronTriggerTimetable(partner.schedule, timezone="UTC", interval=timedelta(days=1)),
         start_date=START_DATE,
@@ -142,6 +274,7 @@ def build_harvest_dag(partner: Partner) -> DAG:
         applied = apply_changes(window, *staged)
         advance_cursor(window, applied)
         check_quality(applied)
+    _describe_tasks(dag)
     return dag
 
 
@@ -181,6 +314,7 @@ def build_reconcile_dag(partner: Partner) -> DAG:
             return tasks.reconcile_partner(pid, get_current_context())
 
         reconcile()
+    _describe_tasks(dag, show_window=False)
     return dag
 
 

@@ -5,18 +5,24 @@ Connections exist:
 
 - ``harvest_alerts_smtp`` (type smtp): an email; ``extra.to`` lists the recipients,
   ``extra.from_email`` the sender.
-- ``harvest_alerts_webhook`` (type http): a JSON POST to its host (a full URL; a
-  password, if set, is sent as a bearer token). The body is Slack-compatible
-  (``{"text": ...}``) and carries the fields as ``harvest``.
+- ``harvest_alerts_apprise`` (type apprise, the ``apache-airflow-providers-apprise``
+  provider): chat tools and anything else Apprise speaks (``slack://``, ``msteams://``/
+  ``workflows://``, ``matrix://``, ``mailto://``, ``json://``...); ``extra.config`` holds
+  ``{"path": "<apprise URL>"}`` or a list of them. Apprise formats each service's message.
+- ``harvest_alerts_webhook`` (type http): a generic JSON POST to its host (a full URL; a
+  password, if set, is sent as a bearer token), for machines: the body carries the fields
+  as ``harvest`` (and a ``text`` line, which a Slack incoming webhook also accepts).
 
-Either, both or none: with neither defined, an alert is only logged.
+Any of them, several or none: with none defined, an alert is only logged.
 """
 
 from __future__ import annotations
 
 import html
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
 from typing import Any
 
 import requests
@@ -26,6 +32,7 @@ log = logging.getLogger(__name__)
 
 SMTP_CONN_ID = "harvest_alerts_smtp"
 WEBHOOK_CONN_ID = "harvest_alerts_webhook"
+APPRISE_CONN_ID = "harvest_alerts_apprise"
 
 
 def partner_of(dag_id: str) -> str:
@@ -117,19 +124,68 @@ def run_overdue_alert(
     return send_alert(subject, lines, fields)
 
 
+def run_late_alert(
+    partner_id: str, dag_id: str, finish_by: str, context: dict[str, Any] | None = None
+) -> list[str]:
+    """Deadline callback (executor): a scheduled run is still unfinished at the registry's
+    ``finish_by`` (UTC), e.g. the nightly harvest the morning's users rely on."""
+    context = context or {}
+    dag_run = context.get("dag_run") or {}
+    run_id = dag_run.get("dag_run_id") or dag_run.get("run_id") or "?"
+    if dag_run.get("run_type") not in (None, "scheduled"):
+        # Only the nightly runs are due by a time of day; manual runs have run_deadline.
+        log.info("%s: run %s of %s is %s; finish_by applies to scheduled runs only",
+                 partner_id, run_id, dag_id, dag_run.get("run_type"))
+        return []
+    if dag_run.get("state") in ("success", "failed"):
+        log.info("%s: run %s of %s is %s; no late alert", partner_id, run_id, dag_id, dag_run["state"])
+        return []
+    due, queued = _instant((context.get("deadline") or {}).get("deadline_time")), _instant(dag_run.get("queued_at"))
+    if due is not None and queued is not None and queued >= due:
+        # Unpausing (catchup=False) creates the latest tick's run at once: already past its
+        # finish_by when it was queued, it could never have made it. Not a late night.
+        log.info("%s: run %s of %s was queued at %s, after its finish_by deadline %s; no late alert",
+                 partner_id, run_id, dag_id, queued.isoformat(), due.isoformat())
+        return []
+    subject = f"[partner harvest] {partner_id}: {dag_id} run {run_id} not finished by {finish_by} UTC"
+    lines = [
+        f"Partner: {partner_id}",
+        f"DAG: {dag_id}   run: {run_id}   state: {dag_run.get('state', '?')}",
+        f"Started at: {dag_run.get('start_date') or 'not yet'}   due by: {finish_by} UTC (registry finish_by)",
+        "The run goes on; today's changes are not in the aggregation yet. See the run's tasks in the UI: "
+        "a task waiting for retries (the partner is down or slow), a missing pool, or a large window.",
+    ]
+    fields = {"kind": "late", "partner": partner_id, "dag_id": dag_id, "run_id": run_id, "finish_by": finish_by}
+    return send_alert(subject, lines, fields)
+
+
+def _instant(value: Any) -> datetime | None:
+    """A datetime from the callback context (a datetime, or ISO text once serialized)."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    if isinstance(value, str) and value:
+        try:
+            return _instant(datetime.fromisoformat(value.replace("Z", "+00:00")))
+        except ValueError:
+            return None
+    return None
+
+
 def send_alert(
     subject: str,
     lines: Iterable[str],
     fields: dict[str, Any],
     smtp_conn_id: str = SMTP_CONN_ID,
     webhook_conn_id: str = WEBHOOK_CONN_ID,
+    apprise_conn_id: str = APPRISE_CONN_ID,
 ) -> list[str]:
     """Send through every configured channel; a broken channel is logged, never raised."""
     lines = list(lines)
     log.warning("ALERT %s | %s", subject, " | ".join(lines))
     sent = []
-    for name, sender in (("email", _send_email), ("webhook", _send_webhook)):
-        conn_id = smtp_conn_id if name == "email" else webhook_conn_id
+    channels = (("email", smtp_conn_id, _send_email), ("webhook", webhook_conn_id, _send_webhook),
+                ("apprise", apprise_conn_id, _send_apprise))
+    for name, conn_id, sender in channels:
         conn = _connection(conn_id)
         if conn is None:
             continue
@@ -184,16 +240,97 @@ def _send_webhook(conn_id: str, conn: Any, subject: str, lines: list[str], field
         raise AlertChannelError(f"webhook of Connection {conn_id} answered HTTP {response.status_code}")
 
 
+def _apprise_urls(conn: Any) -> list[str]:
+    """The Apprise URLs of the Connection's ``config`` extra (a dict, a list, or JSON of either)."""
+    import json
+
+    try:
+        config = (getattr(conn, "extra_dejson", None) or {}).get("config")
+        config = json.loads(config) if isinstance(config, str) else config
+    except ValueError:
+        return []
+    entries = config if isinstance(config, list) else [config] if isinstance(config, dict) else []
+    return [str(entry["path"]) for entry in entries if isinstance(entry, dict) and entry.get("path")]
+
+
+def _send_apprise(conn_id: str, conn: Any, subject: str, lines: list[str], fields: dict[str, Any]) -> None:
+    """Through the Apprise provider's hook (its Connection format); Apprise's own result
+    decides, since the hook ignores it. Apprise URLs carry tokens: its log lines are redacted."""
+    import apprise
+    from airflow.providers.apprise.hooks.apprise import AppriseHook
+
+    urls = _apprise_urls(conn)
+    sender = apprise.Apprise()
+    urgent = fields.get("kind") in ("failure", "overdue", "late")
+    with _redacted("apprise", _secrets_of(conn)):  # Apprise logs each URL it loads and posts to
+        try:
+            AppriseHook(apprise_conn_id=conn_id).set_config_from_conn(conn=conn, apprise_obj=sender)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise AlertChannelError(f"Connection {conn_id} has no usable extra 'config' ({type(exc).__name__})") from None
+        if len(sender) == 0 or len(sender) < len(urls):
+            raise AlertChannelError(f"Connection {conn_id}: {max(len(urls) - len(sender), 1)} of {len(urls)} "
+                                    "Apprise URL(s) not understood by Apprise (check the scheme)")
+        result = sender.notify(
+            title=subject, body="\n".join(lines), body_format=apprise.NotifyFormat.TEXT,
+            notify_type=apprise.NotifyType.FAILURE if urgent else apprise.NotifyType.WARNING,
+        )
+    if not result:
+        raise AlertChannelError(f"Apprise (Connection {conn_id}) could not deliver to every service "
+                                f"({len(sender)} configured; Apprise's log says which host)")
+
+
+class _Redact(logging.Filter):
+    def __init__(self, secrets: list[str]) -> None:
+        super().__init__()
+        self.secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact(message, self.secrets)
+        if cleaned != message:
+            record.msg, record.args = cleaned, ()
+        return True
+
+
+@contextmanager
+def _redacted(logger_name: str, secrets: list[str]) -> Iterator[None]:
+    """Redact ``secrets`` from a library's log records (at every level) while it sends."""
+    logger = logging.getLogger(logger_name)
+    flt = _Redact(secrets)
+    logger.addFilter(flt)
+    try:
+        yield
+    finally:
+        logger.removeFilter(flt)
+
+
 def _secrets_of(conn: Any) -> list[str]:
     """Strings of a Connection that must never reach a log line (longest first)."""
-    values = {str(v).strip() for v in (getattr(conn, "host", None), getattr(conn, "password", None)) if v}
+    values = {str(v).strip() for v in (getattr(conn, "host", None), getattr(conn, "password", None),
+                                       *_apprise_urls(conn)) if v}
     for value in list(values):
         if "://" in value:  # the path of a webhook URL carries its token
             values.add(value.split("://", 1)[1])
             path = value.split("://", 1)[1].partition("/")[2]
             if path:
-                values.add("/" + path)
+                values.update({"/" + path, "/" + path.partition("?")[0]})
+            values.update(_url_tokens(value))
     return sorted((v for v in values if len(v) >= 4), key=len, reverse=True)
+
+
+def _url_tokens(url: str) -> set[str]:
+    """Token-like pieces of a URL (user info, path segments, query values of 8+ characters):
+    a service may log them one by one (Apprise's Slack URL is three tokens). Not the host."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError:
+        return set()
+    userinfo = parts.netloc.rpartition("@")[0]
+    pieces = [*userinfo.split(":"), *parts.path.split("/"), *(v for _, v in parse_qsl(parts.query))]
+    return {piece for piece in pieces if len(piece) >= 8 and piece.lower() != host.lower()}
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 import psycopg
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from partner_harvest import pipeline
 from partner_harvest.airflow import assets
@@ -118,12 +118,41 @@ def release_lease_after_final_failure(context: dict[str, Any], partner_id: str) 
         log.warning("could not release the lease of %s: %s", partner_id, exc)
 
 
+def is_scheduled(context: dict[str, Any]) -> bool:
+    run_type = getattr(context["dag_run"], "run_type", None)
+    return getattr(run_type, "value", run_type) == "scheduled"
+
+
+def first_harvest_waits(partner: Partner, context: dict[str, Any], request: pipeline.RunRequest) -> None:
+    """A partner's first full harvest is a deliberate act, never a side effect of the schedule.
+
+    Unpausing a new partner's DAG (the UI's "unpause on trigger" does it) creates a
+    scheduled run at once; with no cursor it would be a full harvest, possibly hours
+    long, before the run the operator asked for. So a scheduled incremental run of a
+    partner that has no cursor Variable and no applied incremental run skips, saying
+    what to do. Manual runs keep "no cursor: everything, then set the cursor".
+    """
+    if request.mode != "incremental" or not is_scheduled(context) or read_cursor(partner.id) is not None:
+        return
+    with aggregation() as conn:
+        ensure_schema(conn)
+        if last_applied_until(conn, partner.id, "changes") is not None:
+            return  # the Variable was deleted on purpose (README "Reset a cursor"): full harvest as before
+    raise AirflowSkipException(
+        f"{partner.id}: no cursor yet (Variable {partner.cursor_key} unset, no applied run in harvest_runs): "
+        "a scheduled run never starts a partner's first full harvest. Trigger "
+        f"{partner.dag_id} once by hand (mode=incremental harvests everything and sets the cursor); "
+        "the nightly runs continue from there. This run is skipped."
+    )
+
+
 @_fail_fast
 def freeze_window(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
     partner = _partner(partner_id)
+    request = run_request(context)
+    first_harvest_waits(partner, context, request)
     with hold_lease(partner_id, context):
         adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
-        request = run_request(context)
         with aggregation() as conn:
             abandoned = abandon_stale_runs(conn, partner_id, ABANDON_AFTER)
             if abandoned:

@@ -1,0 +1,157 @@
+"""Papercuts of the harvest DAG seen in the UI: the first full harvest is deliberate, the
+backfill form says what it ignores, the run shows its window, the docs read well."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import pytest
+from test_run_deadline import Sink  # pytest (prepend mode) puts tests/dags on sys.path
+
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
+from partner_harvest.registry import get_partner
+from partner_harvest.store import connect, ensure_schema
+from partner_harvest.store.admin import live_identifiers
+
+pytestmark = pytest.mark.airflow
+PARTNER = "firstmuseum"
+CURSOR = f"harvest_cursor__{PARTNER}"
+
+
+@pytest.fixture
+def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db):
+    from airflow.models import Variable
+
+    registry(
+        "partners:\n"
+        f"  - {{id: {PARTNER}, protocol: oai-pmh, conn_id: partner_{PARTNER}, metadata_prefix: oai_dc,\n"
+        "     retries: 0, options: {http: {backoff_factor: 0.01, retries: 1}}}\n"
+    )
+    repo = SimulatedRepository(records=120, page_size=50, seed=7)
+    sink = Sink()
+    monkeypatch.setenv("AIRFLOW_CONN_HARVEST_ALERTS_WEBHOOK", json.dumps({"conn_type": "http", "host": sink.url}))
+    Variable.delete(CURSOR)
+    with OaiSimulator(repo) as sim:
+        monkeypatch.setenv(f"AIRFLOW_CONN_PARTNER_{PARTNER.upper()}", json.dumps({"conn_type": "http", "host": sim.base_url}))
+        yield repo, sink
+    Variable.delete(CURSOR)
+    sink.close()
+
+
+def build_dag():
+    from partner_harvest.airflow.dag_factory import build_harvest_dag
+
+    return build_harvest_dag(get_partner(PARTNER))
+
+
+def states(run) -> dict[str, str]:
+    return {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
+
+
+def succeeded(run) -> bool:
+    return str(getattr(run.state, "value", run.state)) == "success"
+
+
+def scheduled_test(dag, when: datetime):
+    """``dag.test()`` creates a manual run; make it the scheduler's run of ``when`` instead."""
+    import airflow.models.dagrun as dagrun_module
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunType
+
+    def scheduled_run(*, dag, run_id, logical_date, data_interval, run_after, conf, triggered_by,
+                      triggering_user_name, start_date, session):
+        from airflow.models import DagRun
+
+        for old in session.query(DagRun).filter(DagRun.dag_id == dag.dag_id, DagRun.logical_date == logical_date):
+            session.delete(old)  # an earlier session's run of the same day (as dag.test does)
+        session.commit()
+        return dag.create_dagrun(
+            run_id=f"scheduled__{when.isoformat()}", logical_date=logical_date, data_interval=data_interval,
+            run_after=run_after, conf=conf, run_type=DagRunType.SCHEDULED, state=DagRunState.RUNNING,
+            triggered_by=triggered_by, triggering_user_name=triggering_user_name, start_date=start_date,
+            session=session,
+        )
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dagrun_module, "get_or_create_dagrun", scheduled_run)
+        return dag.test(logical_date=when, run_after=when)
+
+
+def held(db: str) -> set[str]:
+    with connect(db) as conn:
+        ensure_schema(conn)
+        return live_identifiers(conn, PARTNER)
+
+
+def cursor() -> dict | None:
+    from airflow.models import Variable
+
+    return Variable.get(CURSOR, default_var=None, deserialize_json=True)
+
+
+def test_a_scheduled_run_never_starts_the_first_full_harvest(museum, db) -> None:
+    repo, sink = museum
+    when = datetime(2026, 3, 1, 2, tzinfo=timezone.utc)
+    run = scheduled_test(build_dag(), when)
+    assert succeeded(run), states(run)  # no failure, so no alert
+    assert set(states(run).values()) == {"skipped"}, states(run)
+    assert held(db) == set() and cursor() is None
+    assert sink.bodies == []
+
+    # The deliberate act: a manual run harvests everything and sets the cursor ...
+    manual = build_dag().test()
+    assert succeeded(manual), states(manual)
+    assert held(db) == repo.live_identifiers() and cursor() is not None
+
+    # ... and from then on the scheduled runs harvest from it.
+    repo.edit(3)
+    later = scheduled_test(build_dag(), datetime(2026, 3, 2, 2, tzinfo=timezone.utc))
+    assert succeeded(later) and states(later)["advance_cursor"] == "success", states(later)
+    assert held(db) == repo.live_identifiers()
+
+
+def test_each_task_after_freeze_window_renders_the_window(museum, db) -> None:
+    from airflow.models.renderedtifields import RenderedTaskInstanceFields
+    from airflow.utils.session import create_session
+
+    repo, _ = museum
+    run = build_dag().test()
+    assert succeeded(run), states(run)
+    until = repo.clock.strftime("%Y-%m-%dT%H:%M:%SZ")
+    with create_session() as session:
+        rows = session.query(RenderedTaskInstanceFields).filter_by(dag_id=f"harvest_{PARTNER}", run_id=run.run_id).all()
+        rendered = {row.task_id: row.rendered_fields for row in rows}
+    for task_id in ("harvest_changes", "apply_changes", "advance_cursor", "check_quality"):
+        assert rendered[task_id]["templates_dict"] == {
+            "harvested_window": f"incremental: from the beginning .. {until} (seconds)"}, rendered[task_id]
+
+
+def test_params_say_a_backfill_ignores_them() -> None:
+    from partner_harvest.airflow.dag_factory import RUN_PARAMS
+
+    mode = RUN_PARAMS["mode"]
+    assert "backfill ignores" in mode.schema["title"] and "A backfill ignores Mode" in mode.description
+    for name in ("from", "until"):
+        assert "mode=window only" in RUN_PARAMS[name].schema["title"]
+        assert "ignored by backfills" in RUN_PARAMS[name].description
+
+
+def test_dag_and_task_docs(registry) -> None:
+    from partner_harvest.airflow.dag_factory import build_dags
+
+    registry("partners:\n  - {id: museum, protocol: oai-pmh, conn_id: c, lag: 10m, finish_by: '06:00'}\n"
+             "  - {id: library, protocol: sierra, conn_id: d, lag: 90m, run_deadline: 1d}\n")
+    dags = {d.dag_id: d for kind in ("harvest", "reconcile") for d in build_dags(kind)}
+    museum, library = dags["harvest_museum"], dags["harvest_library"]
+    assert "lag 10 min," in museum.doc_md and "0:10:00" not in museum.doc_md
+    assert "nightly runs due by 06:00 UTC" in museum.doc_md and "due by" not in library.doc_md
+    assert "lag 1 h 30 min," in library.doc_md and "run deadline 1 day after" in library.doc_md
+    assert "poll_deletions" not in museum.doc_md and "poll_deletions" in library.doc_md
+    for dag in (museum, library):
+        assert "`check_quality`" in dag.doc_md and "**Params**" in dag.doc_md
+        assert "**When a task fails**" in dag.doc_md and "clear the failed task" in dag.doc_md
+        for task in dag.tasks:
+            assert task.doc_md and len(task.doc_md) > 80, task.task_id
+            assert "**Fails:**" in task.doc_md, task.task_id
+    assert "**Fails:**" in dags["reconcile_museum"].get_task("reconcile").doc_md

@@ -48,6 +48,11 @@ FAULTS: dict[str, Fault] = {f.kind: f for f in (
     Fault("sierra_export_135", SIERRA, "partner", full_load_only=True),
     Fault("sierra_deletion_poll_500", SIERRA, "partner", incremental_only=True),
 )}
+NONE = Fault("none", BOTH, "none")  # a settling night: no fault
+
+
+def fault(kind: str) -> Fault:
+    return NONE if kind == "none" else FAULTS[kind]
 
 
 def applicable(protocol: str, full_load: bool) -> list[str]:

@@ -568,7 +568,14 @@ def summary(results: list[Night], seed: int) -> str:
                      f" {c['next-night']} | {c['retries']} | {c['reruns']} | {c['diverged']} |")
     slow = max(results, key=lambda r: r.seconds) if results else None
     if slow:
-        lines.append(f"slowest night: {slow.partner} night {slow.night} ({slow.fault}, {slow.outcome}) {slow.seconds}s")
+        lines.append(f"slowest recovery within a night: {slow.partner} night {slow.night} ({slow.fault}, "
+                     f"{slow.outcome}) {slow.seconds}s wall")
+    longest, where, streak = 0, "", 0
+    for r in results:  # nights in a row a partner's run applied nothing (converged by the one after)
+        streak = streak + 1 if r.outcome == "next-night" else 0
+        if streak > longest:
+            longest, where = streak, f"{r.partner} from night {r.night - streak + 1}"
+    lines.append(f"longest wait for the next night: {longest} night(s)" + (f" ({where})" if where else ""))
     deferred = [r for r in results if r.outcome == "next-night"]
     lines.append(f"nights left to the next night: {len(deferred)}"
                  + (f" ({', '.join(f'{r.partner}#{r.night} {r.fault}' for r in deferred)})" if deferred else ""))

@@ -30,6 +30,9 @@ def main() -> int:
     parser.add_argument("--partners", default=",".join(PARTNERS), help=f"comma-separated, of {', '.join(PARTNERS)}")
     parser.add_argument("--size", type=int, default=300, help="records per partner")
     parser.add_argument("--reconcile-every", type=int, default=7)
+    parser.add_argument("--plan", default="", help="fix faults: partner:night=kind,... (the rest drawn from the seed)")
+    parser.add_argument("--known-gaps", action="store_true",
+                        help="also draw faults that diverge on today's code (clock_behind_cursor)")
     parser.add_argument("--workdir", default=None, help="night logs and results (default: a temp dir)")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
@@ -62,8 +65,14 @@ def main() -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="soak-"))
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"night logs in {workdir}", flush=True)
+    plan = {}
+    for item in filter(None, args.plan.split(",")):
+        where, kind = item.split("=")
+        partner, night = where.split(":")
+        plan[(partner, int(night))] = kind
     soak = Soak(seed=seed, nights=args.nights, partners=args.partners.split(","), conninfo=make_conninfo(**params),
                 pg_label=label, workdir=workdir, size=args.size, reconcile_every=args.reconcile_every,
+                plan=plan, known_gaps=args.known_gaps,
                 log=lambda line: print(line, flush=True))
     try:
         results = soak.run()

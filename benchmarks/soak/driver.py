@@ -207,7 +207,8 @@ class Night:
 class Soak:
     def __init__(self, *, seed: int, nights: int | dict[str, int], partners: list[str], conninfo: str, pg_label: str,
                  workdir: Path, size: int = 300, reconcile_every: int = 7, plan: dict | None = None,
-                 log=print) -> None:
+                 known_gaps: bool = False, log=print) -> None:
+        self.known_gaps = known_gaps
         self.seed, self.nights, self.conninfo, self.pg_label = seed, nights, conninfo, pg_label
         self.specs = [PARTNERS[p] for p in partners]
         self.workdir, self.size, self.reconcile_every = workdir, size, reconcile_every
@@ -291,7 +292,7 @@ class Soak:
         spec = partner.spec
         rng = random.Random(f"{self.seed}/{spec.id}/{night}")
         full_load = night == 1
-        kinds = applicable(spec.protocol, full_load)
+        kinds = applicable(spec.protocol, full_load, self.known_gaps)
         kind = "none" if settle else self.plan.get((spec.id, night)) or rng.choice(kinds)
         fault = fault_of(kind)
         record = Night(spec.id, night, kind)
@@ -306,10 +307,11 @@ class Soak:
         model.advance_clock(timedelta(hours=1))
         oracle = partner.snapshot()  # what the mirror must hold after this night (but `touched`)
         oracle["excused"] = set()
-        if kind == "clock_backwards":
+        if kind in ("clock_backwards", "clock_behind_cursor"):
             # The partner's clock falls back behind today's changes: the night's window closes
             # on that clock, so they are the next night's to harvest (and checked then).
-            model.rewind_clock(timedelta(minutes=rng.randint(30, 180)))
+            back = timedelta(minutes=rng.randint(30, 180)) if kind == "clock_backwards" else timedelta(hours=26)
+            model.rewind_clock(back)
             oracle["excused"] = day
             record.fired = True
         partner.touched = set()

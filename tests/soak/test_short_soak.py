@@ -68,7 +68,7 @@ def test_short_soak_converges_after_every_night(airflow_home, db: str, tmp_path:
         print("\n" + "\n".join(Soak._line(r) for r in results) + "\n" + table)
 
     assert not [(r.partner, r.night, r.divergence) for r in results if r.divergence], table
-    assert {r.fault for r in results if r.fired} >= set(FAULTS), table
+    assert {r.fault for r in results if r.fired} >= {k for k, f in FAULTS.items() if not f.known_gap}, table
     last = {}
     for r in results:
         last[r.partner] = r

@@ -22,8 +22,6 @@ import random
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -33,7 +31,7 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.soak.faults import FAULTS, applicable, fault as fault_of
+from benchmarks.soak.faults import applicable, fault as fault_of
 
 ROOT = Path(__file__).resolve().parents[2]
 START = datetime(2026, 6, 1, tzinfo=timezone.utc)
@@ -380,11 +378,7 @@ class Soak:
             }[fault.action]
             steps.append((fault_page, fired(do)))
         elif fault.kind == "storm_5xx":
-            n = (HTTP_RETRIES + 1) * (RETRIES + 1) + 1  # longer than every retry of the night
-            if partner.spec.protocol == "sierra":
-                sim.fail_next(n, 500)
-            else:
-                sim.fail_next(n, 500)
+            sim.fail_next((HTTP_RETRIES + 1) * (RETRIES + 1) + 1, 500)  # longer than every retry of the night
             record.fired = True
         elif fault.kind == "throttle_429_retry_after":
             sim.fail_next(2, 429, retry_after=1)

@@ -266,6 +266,12 @@ class Soak:
         if not ready.strip():
             raise RuntimeError(f"the night process did not start; see {self.workdir / 'zygote.log'}")
 
+    def _answer(self) -> dict:
+        line = self.zygote.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the night process died; see {self.workdir / 'zygote.log'}")
+        return json.loads(line)
+
     def _child(self, env: dict[str, str], partner: Partner, night: int, kind: str, moment: str = "",
                action: str = "", forget: bool = False) -> tuple[dict | None, int]:
         """One DAG run in a process forked from the warm zygote; (result or None, exit code)."""
@@ -281,8 +287,8 @@ class Soak:
         log = str(self.workdir / f"{partner.spec.id}-{night}-{kind}.log")
         self.zygote.stdin.write(json.dumps({"argv": argv, "log": log}) + "\n")
         self.zygote.stdin.flush()
-        partner.child = _Pid(json.loads(self.zygote.stdout.readline())["pid"])
-        code = json.loads(self.zygote.stdout.readline())["exit"]
+        partner.child = _Pid(self._answer()["pid"])
+        code = self._answer()["exit"]
         data = json.loads(result.read_text()) if result.exists() else None
         return data, code
 

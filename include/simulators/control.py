@@ -77,6 +77,10 @@ class ControlledServer(LoopbackServer):
                 result["deleted"] += model.delete_ids(data["delete_ids"])
             if data.get("add"):
                 result["added"] += model.add(int(data["add"]))
+            if data.get("recreate") and hasattr(model, "recreate"):
+                result["recreated"] = model.recreate(int(data["recreate"]))
+            if data.get("move_sets") and hasattr(model, "move_sets"):
+                result["moved"] = model.move_sets(int(data["move_sets"]))
             result["clock"] = iso_seconds(model.clock)
         return result
 

@@ -621,3 +621,39 @@ def test_cli_serves_until_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+# ------------------------------------------------- soak changes (issue 8)
+@pytest.mark.parametrize("policy", ["persistent", "no"])
+def test_recreate_brings_deleted_identifiers_back_as_new_versions(policy: str) -> None:
+    repo = SimulatedRepository(records=50, deleted_fraction=0.0, deleted_record=policy, seed=3, start_clock=START)
+    deleted = repo.delete(4)
+    before = repo.clock_epoch
+    back = repo.recreate(2)
+    assert set(back) <= set(deleted) and len(back) == 2
+    for identifier in back:
+        record = repo.get(identifier)
+        assert record is not None and not record.deleted and record.version == 2 and record.stamp > before
+    assert repo.live_identifiers() >= set(back)
+    assert repo.recreate(10) and not repo.deleted_identifiers()  # fewer when fewer are deleted
+
+
+def test_move_sets_changes_sets_and_datestamp_but_not_the_title() -> None:
+    repo = SimulatedRepository(records=30, deleted_fraction=0.0, seed=4, start_clock=START)
+    before = {r.identifier: r for r in repo.select()}
+    moved = repo.move_sets(3)
+    assert len(moved) == 3
+    for identifier in moved:
+        old, new = before[identifier], repo.get(identifier)
+        assert new.sets != old.sets and new.stamp > old.stamp and title(new) == title(old)
+        assert {s.split(":")[0] for s in new.sets if ":" in s} == {"type", "dept"}
+    assert [r.identifier for r in repo.select(from_=repo.clock)] == moved
+
+
+def test_control_mutate_recreates_and_moves(session: requests.Session) -> None:
+    repo = SimulatedRepository(records=20, deleted_fraction=0.1, seed=5, start_clock=START)
+    with OaiSimulator(repo) as sim:
+        base = sim.base_url.rsplit("/", 1)[0]
+        done = session.post(f"{base}/_control/mutate", json={"recreate": 1, "move_sets": 2}, timeout=10).json()
+    assert len(done["recreated"]) == 1 and len(done["moved"]) == 2
+    assert set(done["recreated"]) <= repo.live_identifiers()

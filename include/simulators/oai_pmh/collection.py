@@ -224,6 +224,31 @@ class SimulatedRepository(SimulatedModel[str]):
             self._state.extend(bytes(n))
             return [identifier_for(num) for num in numbers]
 
+    def recreate(self, n: int) -> list[str]:
+        """Bring n random deleted records back under their old identifiers (a re-publish):
+        live again with a new version, datestamp = the new clock. Fewer if fewer are deleted."""
+        with self.lock:
+            dead = [i for i, state in enumerate(self._state) if state != LIVE]
+            picked = sorted(self._mutation_rng.sample(dead, min(n, len(dead))))
+            now = self._tick()
+            for i in picked:
+                self._state[i] = LIVE
+                self._version[i] += 1
+                self._stamp[i] = now
+            return [identifier_for(i + 1) for i in picked]
+
+    def move_sets(self, n: int) -> list[str]:
+        """Move n random live records to another type and department (sets change, the
+        datestamp with them, as the protocol requires); the title stays."""
+        with self.lock:
+            picked = self._pick_live(min(n, len(self._live_indices())))
+            now = self._tick()
+            for i in picked:
+                kind = self._kind[i]
+                self._kind[i] = (((kind >> 2) + 1) % len(TYPES)) * 4 + ((kind & 3) + 1) % len(DEPARTMENTS)
+                self._stamp[i] = now
+            return [identifier_for(i + 1) for i in picked]
+
     # --------------------------------------------------------------- queries
     def is_invalid(self, number: int) -> bool:
         """True when this record deliberately serves a payload with an empty title."""

@@ -1,0 +1,1 @@
+"""Chaos nights: the convergence soak (README, "Chaos nights (the soak)")."""

@@ -1,0 +1,584 @@
+"""Chaos nights: many simulated nights per partner through Airflow, one fault a night,
+and after every night a check that the mirror equals the partner.
+
+Each partner's simulator lives in this process (threads), so it outlives the nights it
+serves; each night's DAG run is a child process (night.py) so that a fault may SIGKILL
+it. Nothing is repaired by hand: a night killed in flight is run again under the same
+run id (what Airflow does when the scheduler retries the dead task, or an operator
+clears the run), failures inside a task are retried by Airflow itself (dag.test honours
+``retries``), and a night that still fails is left for the next scheduled night.
+
+Deterministic for a seed: every choice (changes, fault, its moment) comes from
+``random.Random(f"{seed}/{partner}/{night}")``, so one night replays alone with
+``--partners <p> --nights <n>`` and the same seed (the nights before it are replayed too,
+quickly, to rebuild the partner's state).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from benchmarks.soak.faults import applicable, fault as fault_of
+
+ROOT = Path(__file__).resolve().parents[2]
+START = datetime(2026, 6, 1, tzinfo=timezone.utc)
+LAG = timedelta(minutes=5)
+LEASE_TTL_SECONDS = 3
+RERUNS = 2  # a killed night is run again at most this often before the next night takes over
+RETRIES = 2  # Airflow task retries (the registry's default is 3; the soak keeps nights short)
+HTTP_RETRIES = 2
+SIERRA_KEY, SIERRA_SECRET = "soak-key", "soak-secret-never-logged"
+
+
+@dataclass(frozen=True)
+class PartnerSpec:
+    id: str
+    protocol: str  # "oai-pmh" | "sierra"
+    deleted_record: str = "persistent"
+    granularity: str = "seconds"
+
+    @property
+    def reconciled(self) -> bool:
+        """deletedRecord=no: deletions reach the mirror only through the weekly reconcile."""
+        return self.deleted_record == "no"
+
+
+PARTNERS: dict[str, PartnerSpec] = {p.id: p for p in (
+    PartnerSpec("soak_persistent", "oai-pmh", "persistent", "seconds"),
+    PartnerSpec("soak_no_deletions", "oai-pmh", "no", "seconds"),
+    PartnerSpec("soak_daily", "oai-pmh", "persistent", "day"),
+    PartnerSpec("soak_sierra", "sierra"),
+    PartnerSpec("soak_sierra_b", "sierra"),  # a second library: its own full load, so both export faults meet one
+)}
+
+
+def registry_yaml(partners: list[PartnerSpec]) -> str:
+    lines = ["partners:"]
+    http = f"http: {{backoff_factor: 0.01, retries: {HTTP_RETRIES}, retry_after_cap: 2}}"
+    for p in partners:
+        if p.protocol == "sierra":
+            lines.append(f"  - {{id: {p.id}, protocol: sierra, conn_id: partner_{p.id}, page_size: 10, lag: 5m,"
+                         f" retries: {RETRIES}, deletion_overlap_days: 1, options: {{{http},"
+                         " export: {limit: 100, rate_limit_wait: 0}}}")
+        else:
+            lines.append(f"  - {{id: {p.id}, protocol: oai-pmh, conn_id: partner_{p.id}, metadata_prefix: oai_dc,"
+                         f" lag: 5m, retries: {RETRIES}, max_purge_fraction: 0.5, options: {{{http}}}}}")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------ the partner end
+class Partner:
+    """A simulator, its model, and the tripwire the soak hangs on its list pages."""
+
+    def __init__(self, spec: PartnerSpec, seed: int, size: int) -> None:
+        self.spec = spec
+        self.trip: dict[str, Any] | None = None  # {"page": k, "do": callable}
+        self.list_requests = 0
+        self.touched: set[str] = set()  # changed while a harvest ran (after the oracle's snapshot)
+        if spec.protocol == "sierra":
+            from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
+
+            self.model = SimulatedCatalogue(bibs=size, deleted_fraction=0.03, seed=seed, invalid_every=0,
+                                            start_clock=START - timedelta(days=1))
+            self.sim = SierraSimulator(self.model, client_key=SIERRA_KEY, client_secret=SIERRA_SECRET)
+            original = self.sim.handle
+
+            def handle(method, path, query, headers, body):
+                if method == "GET" and (path.endswith("/bibs") or path.endswith("/bibs/marc")):
+                    self._page_request()
+                return original(method, path, query, headers, body)
+
+            self.sim.handle = handle
+        else:
+            from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
+
+            self.model = SimulatedRepository(records=size, page_size=10, seed=seed, invalid_every=41,
+                                             deleted_record=spec.deleted_record, granularity=spec.granularity,
+                                             start_clock=START - timedelta(days=1))
+            self.sim = OaiSimulator(self.model)
+            original = self.sim.handle_oai
+
+            def handle_oai(pairs):
+                if any(k == "verb" and v in ("ListRecords", "ListIdentifiers") for k, v in pairs):
+                    self._page_request()
+                return original(pairs)
+
+            self.sim.handle_oai = handle_oai
+        self.sim.start()
+
+    def connection(self) -> dict[str, Any]:
+        conn = {"conn_type": "http", "host": self.sim.base_url}
+        if self.spec.protocol == "sierra":
+            conn.update(login=SIERRA_KEY, password=SIERRA_SECRET)
+        return conn
+
+    def _page_request(self) -> None:
+        """Count list pages; when the armed one is asked for, act before answering it."""
+        self.list_requests += 1
+        trip = self.trip
+        if trip and self.list_requests > trip["page"]:
+            self.trip = None
+            trip["do"]()
+
+    def close(self) -> None:
+        self.sim.stop()
+
+    # ---- what partner staff do
+    def day_of_changes(self, rng: random.Random, scale: int) -> dict[str, list[str]]:
+        m = self.model
+        with m.lock:
+            done = {"edited": m.edit(rng.randint(scale, 2 * scale)),
+                    "deleted": m.delete(rng.randint(1, max(1, scale // 3))),
+                    "added": m.add(rng.randint(1, max(1, scale // 2)))}
+            if self.spec.protocol == "oai-pmh":
+                done["recreated"] = m.recreate(rng.randint(0, 2))
+                done["moved"] = m.move_sets(rng.randint(0, 3))
+        return done
+
+    def changes_during_harvest(self, rng: random.Random) -> None:
+        m = self.model
+        with m.lock:
+            ids = m.edit(rng.randint(1, 3)) + m.delete(1) + m.add(1)
+            if self.spec.protocol == "oai-pmh":
+                ids += m.recreate(1) + m.move_sets(1)
+        self.touched.update(ids)
+
+    # ---- the oracle's view
+    def snapshot(self) -> dict[str, Any]:
+        """Live identifiers with what the mirror must hold for them, and the invalid ones."""
+        m = self.model
+        expect: dict[str, tuple] = {}
+        invalid: set[str] = set()
+        with m.lock:
+            if self.spec.protocol == "sierra":
+                for bib in m.bibs(int(i) for i in m.sorted_live_ids()):
+                    expect[bib.id] = (bib.title.strip(), ())
+                deleted = m.deleted_ids()
+            else:
+                from include.simulators.oai_pmh import payloads
+                from include.simulators.oai_pmh.collection import number_for
+
+                for rec in m.records(number_for(i) for i in m.sorted_live_identifiers()):
+                    if rec.invalid:
+                        invalid.add(rec.identifier)
+                    else:
+                        expect[rec.identifier] = (payloads.title(rec), tuple(sorted(rec.sets)))
+                deleted = m.deleted_identifiers()
+        return {"expect": expect, "invalid": invalid, "deleted": deleted}
+
+
+@dataclass
+class _Pid:
+    pid: int
+
+
+# ------------------------------------------------------------------------ one night's record
+@dataclass
+class Night:
+    partner: str
+    night: int
+    fault: str
+    fired: bool = False
+    outcome: str = ""  # clean | retried | rerun | next-night | failed
+    attempts: int = 0  # dag.test runs of this night's run id (1 + reruns)
+    task_retries: int = 0
+    reconcile: bool = False
+    seconds: float = 0.0
+    divergence: list[str] = field(default_factory=list)
+    checked: str = ""  # strict | deferred | awaiting-reconcile
+    notes: list[str] = field(default_factory=list)
+
+
+class Soak:
+    def __init__(self, *, seed: int, nights: int | dict[str, int], partners: list[str], conninfo: str, pg_label: str,
+                 workdir: Path, size: int = 300, reconcile_every: int = 7, plan: dict | None = None,
+                 known_gaps: bool = False, log=print) -> None:
+        self.known_gaps = known_gaps
+        self.seed, self.nights, self.conninfo, self.pg_label = seed, nights, conninfo, pg_label
+        self.specs = [PARTNERS[p] for p in partners]
+        self.workdir, self.size, self.reconcile_every = workdir, size, reconcile_every
+        self.plan = plan or {}  # (partner, night) -> fault kind; else a seeded pick
+        self.log = log
+        self.results: list[Night] = []
+        self.cursor_high: dict[str, str] = {}
+        self.reported_deleted: dict[str, set[str]] = {}
+
+    # ---------------------------------------------------------------- environment
+    def _env(self, partners: dict[str, Partner]) -> dict[str, str]:
+        from psycopg.conninfo import conninfo_to_dict
+
+        pg = conninfo_to_dict(self.conninfo)
+        env = dict(os.environ)
+        registry = self.workdir / "partners.yaml"
+        registry.write_text(registry_yaml(self.specs))
+        env.update({
+            "HARVEST_PARTNERS_FILE": str(registry),
+            "HARVEST_LEASE_TTL_SECONDS": str(LEASE_TTL_SECONDS),
+            "AIRFLOW_CONN_AGGREGATION_DB": json.dumps({
+                "conn_type": "postgres", "host": pg.get("host"), "port": int(pg.get("port") or 5432),
+                "login": pg.get("user"), "password": pg.get("password") or None, "schema": pg["dbname"]}),
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "plugins"), env.get("PYTHONPATH", "")]),
+        })
+        for pid, partner in partners.items():
+            env[f"AIRFLOW_CONN_PARTNER_{pid.upper()}"] = json.dumps(partner.connection())
+        return env
+
+    # ---------------------------------------------------------------- running
+    def run(self) -> list[Night]:
+        # A partner's data seed depends on the soak's seed and the partner alone, so one
+        # partner's nights replay the same when it runs without the others.
+        partners = {s.id: Partner(s, self.seed * 10 + list(PARTNERS).index(s.id), self.size) for s in self.specs}
+        env = self._env(partners)
+        self._start_zygote(env)
+        try:
+            for spec in self.specs:
+                count = self.nights if isinstance(self.nights, int) else self.nights[spec.id]
+                for night in range(1, count + 1):
+                    self.results.append(self._night(partners[spec.id], night, env))
+                if self.results[-1].checked != "strict":  # the last night proved nothing: settle
+                    self.results.append(self._night(partners[spec.id], count + 1, env, settle=True))
+        finally:
+            for partner in partners.values():
+                partner.close()
+            self.zygote.stdin.close()
+            self.zygote.wait(timeout=60)
+        return self.results
+
+    def _start_zygote(self, env: dict[str, str]) -> None:
+        log = open(self.workdir / "zygote.log", "ab")
+        self.zygote = subprocess.Popen([sys.executable, "-m", "benchmarks.soak.night", "--zygote"], cwd=ROOT, env=env,
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+        log.close()
+        ready = self.zygote.stdout.readline()
+        if not ready.strip():
+            raise RuntimeError(f"the night process did not start; see {self.workdir / 'zygote.log'}")
+
+    def _answer(self) -> dict:
+        line = self.zygote.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the night process died; see {self.workdir / 'zygote.log'}")
+        return json.loads(line)
+
+    def _child(self, env: dict[str, str], partner: Partner, night: int, kind: str, moment: str = "",
+               action: str = "", forget: bool = False) -> tuple[dict | None, int]:
+        """One DAG run in a process forked from the warm zygote; (result or None, exit code)."""
+        result = self.workdir / f"{partner.spec.id}-{night}-{kind}.json"
+        result.unlink(missing_ok=True)
+        argv = ["--partner", partner.spec.id, "--kind", kind,
+                "--logical", (START + timedelta(days=night)).isoformat(), "--retries", str(RETRIES),
+                "--pg-label", self.pg_label, "--result", str(result)]
+        if moment and action:
+            argv += ["--moment", moment, "--action", action]
+        if forget:
+            argv.append("--forget-cursors")
+        log = str(self.workdir / f"{partner.spec.id}-{night}-{kind}.log")
+        self.zygote.stdin.write(json.dumps({"argv": argv, "log": log}) + "\n")
+        self.zygote.stdin.flush()
+        partner.child = _Pid(self._answer()["pid"])
+        code = self._answer()["exit"]
+        data = json.loads(result.read_text()) if result.exists() else None
+        return data, code
+
+    def _night(self, partner: Partner, night: int, env: dict[str, str], settle: bool = False) -> Night:
+        spec = partner.spec
+        rng = random.Random(f"{self.seed}/{spec.id}/{night}")
+        full_load = night == 1
+        kinds = applicable(spec.protocol, full_load, self.known_gaps)
+        kind = "none" if settle else self.plan.get((spec.id, night)) or rng.choice(kinds)
+        fault = fault_of(kind)
+        record = Night(spec.id, night, kind)
+        started = time.monotonic()
+
+        # The day: staff work, then the night's clock (the window closes `LAG` before it).
+        model = partner.model
+        day: set[str] = set()
+        if night > 1 and not settle:
+            model.advance_clock(timedelta(hours=20))
+            day = {i for ids in partner.day_of_changes(rng, scale=max(5, self.size // 20)).values() for i in ids}
+        model.advance_clock(timedelta(hours=1))
+        oracle = partner.snapshot()  # what the mirror must hold after this night (but `touched`)
+        oracle["excused"] = set()
+        if kind in ("clock_backwards", "clock_behind_cursor"):
+            # The partner's clock falls back behind today's changes: the night's window closes
+            # on that clock, so they are the next night's to harvest (and checked then).
+            back = timedelta(minutes=rng.randint(30, 180)) if kind == "clock_backwards" else timedelta(hours=26)
+            model.rewind_clock(back)
+            oracle["excused"] = day
+            record.fired = True
+        partner.touched = set()
+        partner.list_requests = 0
+        mid_page = rng.randint(1, 2)  # staff edit as the harvest asks for page mid_page + 1
+        fault_page = rng.randint(1, 2)
+        self._arm(partner, fault, rng, record, mid_page, fault_page)
+
+        attempt_data: dict | None = None
+        for attempt in range(1 + RERUNS):
+            record.attempts = attempt + 1
+            moment = fault.moment if fault.where == "child" and attempt == 0 else ""
+            action = fault.action if moment else ""
+            data, code = self._child(env, partner, night, "harvest", moment, action, forget=full_load and attempt == 0)
+            if fault.where == "child" and attempt == 0 and (data is None or fault.action == "pg_restart"):
+                record.fired = record.fired or data is None or fault.action == "pg_restart"
+            if data is None:
+                record.notes.append(f"attempt {attempt + 1}: process ended ({'SIGKILL' if code == -signal.SIGKILL else code})")
+                partner.trip = None
+                continue
+            attempt_data = data
+            break
+        self._disarm(partner)
+        if attempt_data is not None:
+            record.task_retries = sum(max(0, t["tries"] - 1) for t in attempt_data["tasks"].values())
+            succeeded = attempt_data["state"] == "success"
+        else:
+            succeeded = False
+        if succeeded:
+            record.outcome = ("rerun" if record.attempts > 1 else "retried" if record.task_retries else "clean")
+            self._check_cursors(record, attempt_data)
+        else:
+            record.outcome = "next-night"
+            if attempt_data:
+                failed = [t for t, v in attempt_data["tasks"].items() if v["state"] != "success"]
+                record.notes.append(f"run {attempt_data['state']}: {', '.join(failed)}")
+
+        if spec.reconciled and (night % self.reconcile_every == 0 or settle):
+            record.reconcile = True
+            data, _ = self._child(env, partner, night, "reconcile")
+            if not data or data["state"] != "success":
+                record.notes.append("reconcile failed")
+        record.seconds = round(time.monotonic() - started, 1)
+        self._check(partner, record, oracle, succeeded)
+        self.log(self._line(record))
+        return record
+
+    # ---------------------------------------------------------------- faults
+    def _arm(self, partner: Partner, fault, rng: random.Random, record: Night, mid_page: int, fault_page: int) -> None:
+        sim = partner.sim
+        steps: list[tuple[int, Any]] = [] if fault.kind == "none" else [
+            (mid_page, lambda: partner.changes_during_harvest(rng))]
+
+        def fired(fn):
+            def run():
+                record.fired = True
+                fn()
+            return run
+
+        if fault.where == "page":
+            do = {
+                "kill": lambda: os.kill(partner.child.pid, signal.SIGKILL),
+                "pg_restart": lambda: self._pg_restart(),
+                "drop_conn": lambda: self._drop_connections(),
+                "expire_tokens": lambda: sim.expire_tokens(),
+            }[fault.action]
+            steps.append((fault_page, fired(do)))
+        elif fault.kind == "storm_5xx":
+            sim.fail_next((HTTP_RETRIES + 1) * (RETRIES + 1) + 1, 500)  # longer than every retry of the night
+            record.fired = True
+        elif fault.kind == "throttle_429_retry_after":
+            sim.fail_next(2, 429, retry_after=1)
+            record.fired = True
+        elif fault.kind == "throttle_503_retry_after":
+            sim.fail_next(2, 503, retry_after=1)
+            record.fired = True
+        elif fault.kind == "token_expired":
+            sim.expire_tokens_after(fault_page)
+            record.fired = True
+        elif fault.kind == "token_repeated":
+            steps.append((fault_page, fired(lambda: sim.repeat_token(True))))
+        elif fault.kind == "broken_xml":
+            steps.append((fault_page, fired(lambda: sim.broken_next())))
+        elif fault.kind == "sierra_export_138":
+            sim.fail_export_next(138, 2)  # "Rate exceeded for endpoint": the harvester waits, resumes
+            record.fired = True
+        elif fault.kind == "sierra_export_135":
+            sim.fail_export_next(135, HTTP_RETRIES + 1)  # outlasts the client's own retries: the task's
+            record.fired = True
+        elif fault.kind == "sierra_deletion_poll_500":
+            sim.fail_next((HTTP_RETRIES + 1) * 2, 500, path_prefix="deletedDate")
+            record.fired = True
+        steps.sort(key=lambda s: s[0])
+        self._chain(partner, steps)
+
+    def _chain(self, partner: Partner, steps: list[tuple[int, Any]]) -> None:
+        """Hang the steps on successive pages (two steps on one page run together)."""
+        if not steps:
+            partner.trip = None
+            return
+        page, first = steps[0]
+        rest = steps[1:]
+
+        def do():
+            first()
+            while rest and rest[0][0] <= page:
+                rest.pop(0)[1]()
+            self._chain(partner, rest)
+
+        partner.trip = {"page": page, "do": do}
+
+    def _disarm(self, partner: Partner) -> None:
+        sim = partner.sim
+        partner.trip = None
+        sim.fail_next(0)
+        if partner.spec.protocol == "oai-pmh":
+            sim.repeat_token(False)
+        else:
+            with sim._lock:
+                sim._export_failures.clear()
+
+    def _pg_restart(self) -> None:
+        from include import embedded_pg
+
+        embedded_pg.restart_immediately(self.pg_label)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with psycopg.connect(self.conninfo, connect_timeout=2) as probe:
+                    probe.execute("SELECT 1")
+                    return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _drop_connections(self) -> None:
+        with psycopg.connect(self.conninfo, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                          " WHERE application_name = 'partner-harvest' AND pid <> pg_backend_pid()")
+
+    # ---------------------------------------------------------------- checks
+    def _check_cursors(self, record: Night, data: dict) -> None:
+        for key, value in (data.get("cursors") or {}).items():
+            if not value:
+                continue
+            until = value["until"] if isinstance(value, dict) else str(value)
+            high = self.cursor_high.get(key)
+            if high and until < high:
+                record.divergence.append(f"cursor {key} moved backwards: {high} -> {until}")
+            self.cursor_high[key] = max(until, high or until)
+
+    def _check(self, partner: Partner, record: Night, oracle: dict, succeeded: bool) -> None:
+        spec = partner.spec
+        pid = spec.id
+        with psycopg.connect(self.conninfo) as conn:
+            held = {i: (t, tuple(sorted(s or ()))) for i, t, s in conn.execute(
+                "SELECT identifier, title, set_specs FROM records WHERE partner_id = %s", (pid,))}
+            quarantined = {r[0] for r in conn.execute(
+                "SELECT identifier FROM quarantine_current WHERE partner_id = %s", (pid,))}
+            deletions = {r[0] for r in conn.execute(
+                "SELECT identifier FROM deletions WHERE partner_id = %s", (pid,))}
+            leases = conn.execute("SELECT holder, expires_at - now() FROM partner_leases WHERE partner_id = %s",
+                                  (pid,)).fetchall()
+            stale_staging = conn.execute(
+                "SELECT count(*) FROM staging s JOIN harvest_runs h USING (partner_id, run_id, channel)"
+                " WHERE s.partner_id = %s AND h.status = 'applied'", (pid,)).fetchone()[0]
+            bad_counts = conn.execute(
+                "SELECT run_id, channel FROM harvest_runs WHERE partner_id = %s AND status = 'applied'"
+                " AND upserted + unchanged + purged + quarantined <> fetched", (pid,)).fetchall()
+        problems = record.divergence
+        for holder, left in leases:  # every run of the night has ended (a killed one > TTL ago at worst)
+            if left > timedelta(0):
+                problems.append(f"lease of {holder} outlives its run (expires in {left})")
+        if stale_staging:
+            problems.append(f"{stale_staging} staging rows of applied runs left behind")
+        if bad_counts:
+            problems.append(f"harvest_runs counts do not add up: {bad_counts[:3]}")
+        if not succeeded:
+            record.checked = "deferred"  # nothing applied; the next night must converge
+            return
+        excused = set(partner.touched) | oracle["excused"]
+        expect = oracle["expect"]
+        if spec.reconciled and not record.reconcile:
+            record.checked = "awaiting-reconcile"
+            ghosts = set(held) - set(expect) - excused
+            upstream_deleted = oracle["deleted"]
+            unexplained = {g for g in ghosts if g not in upstream_deleted and g not in oracle["invalid"]}
+            if unexplained:
+                problems.append(f"{len(unexplained)} held but never deleted upstream: {sorted(unexplained)[:3]}")
+        else:
+            record.checked = "strict"
+            extra = set(held) - set(expect) - excused
+            if extra:
+                problems.append(f"{len(extra)} held but not live upstream: {sorted(extra)[:3]}")
+            # every upstream deletion of a record we held is in `deletions`
+            gone = (oracle["deleted"] - excused) & self.reported_deleted.get(pid + ":held", set())
+            missing_del = gone - deletions
+            if missing_del:
+                problems.append(f"{len(missing_del)} upstream deletions not in deletions: {sorted(missing_del)[:3]}")
+        missing = set(expect) - set(held) - excused
+        if missing:
+            problems.append(f"{len(missing)} live upstream but missing: {sorted(missing)[:3]}")
+        stale = [i for i in set(expect) & set(held) - excused if not _same(spec, held[i], expect[i])]
+        if stale:
+            i = sorted(stale)[0]
+            problems.append(f"{len(stale)} with stale content, e.g. {i}: held {held[i]!r}, partner {expect[i]!r}")
+        invalid = oracle["invalid"] - excused
+        if invalid - quarantined:
+            problems.append(f"{len(invalid - quarantined)} invalid records not quarantined")
+        if invalid & set(held):
+            problems.append(f"{len(invalid & set(held))} invalid records held as valid")
+        wrongly = (quarantined & set(expect)) - excused
+        if wrongly:
+            problems.append(f"{len(wrongly)} valid records quarantined: {sorted(wrongly)[:3]}")
+        self.reported_deleted[pid + ":held"] = set(held)
+
+    @staticmethod
+    def _line(r: Night) -> str:
+        status = "DIVERGED " + "; ".join(r.divergence) if r.divergence else "ok"
+        return (f"{r.partner:18} night {r.night:2}  {r.fault:31} fired={'y' if r.fired else 'n'} "
+                f"{r.outcome:10} attempts={r.attempts} retries={r.task_retries} {r.checked:18} "
+                f"{r.seconds:5.1f}s  {status}{'  [' + '; '.join(r.notes) + ']' if r.notes else ''}")
+
+
+def _same(spec: PartnerSpec, held: tuple, expect: tuple) -> bool:
+    title, sets = held
+    want_title, want_sets = expect
+    if spec.protocol == "sierra":
+        return (title or "").strip(" /:;.,") == want_title.strip(" /:;.,")
+    return title == want_title and sets == want_sets
+
+
+def summary(results: list[Night], seed: int) -> str:
+    """The soak's table: nights, faults by kind, retries and reruns, divergences, slowest recovery."""
+    by_kind: dict[str, Counter] = {}
+    for r in results:
+        c = by_kind.setdefault(r.fault, Counter())
+        c["nights"] += 1
+        c["fired"] += r.fired
+        c[r.outcome] += 1
+        c["retries"] += r.task_retries
+        c["reruns"] += r.attempts - 1
+        c["diverged"] += bool(r.divergence)
+    lines = [f"seed {seed}: {len(results)} nights, "
+             f"{len({r.partner for r in results})} partners, divergent nights: {sum(bool(r.divergence) for r in results)}",
+             "| fault | nights | fired | clean | retried | rerun | next night | task retries | reruns | divergent |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for kind in sorted(by_kind):
+        c = by_kind[kind]
+        lines.append(f"| {kind} | {c['nights']} | {c['fired']} | {c['clean']} | {c['retried']} | {c['rerun']} |"
+                     f" {c['next-night']} | {c['retries']} | {c['reruns']} | {c['diverged']} |")
+    slow = max(results, key=lambda r: r.seconds) if results else None
+    if slow:
+        lines.append(f"slowest recovery within a night: {slow.partner} night {slow.night} ({slow.fault}, "
+                     f"{slow.outcome}) {slow.seconds}s wall")
+    longest, where, streak = 0, "", 0
+    for r in results:  # nights in a row a partner's run applied nothing (converged by the one after)
+        streak = streak + 1 if r.outcome == "next-night" else 0
+        if streak > longest:
+            longest, where = streak, f"{r.partner} from night {r.night - streak + 1}"
+    lines.append(f"longest wait for the next night: {longest} night(s)" + (f" ({where})" if where else ""))
+    deferred = [r for r in results if r.outcome == "next-night"]
+    lines.append(f"nights left to the next night: {len(deferred)}"
+                 + (f" ({', '.join(f'{r.partner}#{r.night} {r.fault}' for r in deferred)})" if deferred else ""))
+    return "\n".join(lines)

@@ -1,0 +1,63 @@
+"""The faults a soak night can meet, and where each one is armed.
+
+A fault is armed in one of three places: at the partner (a simulator switch), at a page
+(a tripwire the soak hangs on the simulator: when the harvest asks for page k+1, the
+soak kills the night's process, restarts PostgreSQL or drops the harvester's
+connections before answering), or inside the night's process (an Airflow listener, or
+the apply's transaction; see night.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    protocols: tuple[str, ...]  # "oai-pmh", "sierra"
+    where: str  # "page" | "child" | "partner" | "before"
+    moment: str = ""  # child: running:<task> | success:<task> | apply:audit
+    action: str = ""  # page/child: kill | pg_restart | drop_conn
+    full_load_only: bool = False  # only a full load meets it (Sierra's export)
+    incremental_only: bool = False
+    known_gap: bool = False  # diverges on today's code (README): drawn only with --known-gaps
+
+
+BOTH = ("oai-pmh", "sierra")
+OAI = ("oai-pmh",)
+SIERRA = ("sierra",)
+
+FAULTS: dict[str, Fault] = {f.kind: f for f in (
+    Fault("kill_mid_page", BOTH, "page", action="kill"),
+    Fault("kill_between_harvest_and_apply", BOTH, "child", "success:harvest_changes", "kill"),
+    Fault("kill_mid_apply", BOTH, "child", "apply:audit", "kill"),
+    Fault("kill_after_apply_before_cursor", BOTH, "child", "success:apply_changes", "kill"),
+    Fault("pg_restart_mid_page", BOTH, "page", action="pg_restart"),
+    Fault("pg_restart_before_apply", BOTH, "child", "running:apply_changes", "pg_restart"),
+    Fault("pg_restart_mid_apply", BOTH, "child", "apply:audit", "pg_restart"),
+    Fault("drop_conn_mid_copy", BOTH, "page", action="drop_conn"),
+    Fault("storm_5xx", BOTH, "partner"),
+    Fault("throttle_429_retry_after", OAI, "partner"),
+    Fault("throttle_503_retry_after", OAI, "partner"),
+    Fault("token_expired", OAI, "partner"),
+    Fault("token_repeated", OAI, "partner"),
+    Fault("broken_xml", OAI, "partner"),
+    Fault("clock_backwards", BOTH, "before"),  # by 30 min to 3 h: still ahead of our cursor
+    Fault("clock_behind_cursor", BOTH, "before", known_gap=True),  # by 26 h: behind our cursor
+    Fault("sierra_401_mid_run", SIERRA, "page", action="expire_tokens"),
+    Fault("sierra_export_138", SIERRA, "partner", full_load_only=True),
+    Fault("sierra_export_135", SIERRA, "partner", full_load_only=True),
+    Fault("sierra_deletion_poll_500", SIERRA, "partner", incremental_only=True),
+)}
+NONE = Fault("none", BOTH, "none")  # a settling night: no fault
+
+
+def fault(kind: str) -> Fault:
+    return NONE if kind == "none" else FAULTS[kind]
+
+
+def applicable(protocol: str, full_load: bool, known_gaps: bool = False) -> list[str]:
+    """Fault kinds that can meet a night of this protocol (sorted, for determinism)."""
+    return sorted(k for k, f in FAULTS.items() if protocol in f.protocols and (known_gaps or not f.known_gap)
+                  and not (f.full_load_only and not full_load) and not (f.incremental_only and full_load))

@@ -1,0 +1,201 @@
+"""One night of one partner: its DAG run through ``dag.test()``, in a process of its own.
+
+The soak runs every night in a child process so that a fault can SIGKILL it, as the OOM
+killer or a lost node kills a worker, without killing the soak. Faults that belong inside
+the task process are armed here: an Airflow listener (or, mid-apply, a wrapper round the
+apply's audit step, inside its open transaction) kills this process, or restarts the
+PostgreSQL server, at the named moment. Everything else happens at the partner's end.
+
+The result (task states and tries, cursors) goes to ``--result`` as JSON; a killed
+night writes none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[2]
+for _path in (str(ROOT), str(ROOT / "plugins")):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _act(action: str, pg_label: str) -> None:
+    if action == "kill":
+        _die()
+    elif action == "pg_restart":
+        from include import embedded_pg
+
+        embedded_pg.restart_immediately(pg_label)
+
+
+def _workaround_deadline_alerts() -> None:
+    """apache/airflow#73428 (3.3.2): dag.test() of a DAG with a deadline crashes after the
+    run; decode the alert as the scheduler's lookup would (as tests/dags/conftest.py does)."""
+    from airflow.models.deadline_alert import DeadlineAlert as DeadlineAlertModel
+
+    original = DeadlineAlertModel.get_by_id
+
+    def get_by_id(deadline_alert_id, *args, **kwargs):
+        if isinstance(deadline_alert_id, dict):
+            data = deadline_alert_id.get("__var", deadline_alert_id)
+            reference = SimpleNamespace(reference=data["reference"])
+            return SimpleNamespace(reference_class=DeadlineAlertModel.reference_class.fget(reference))
+        return original(deadline_alert_id, *args, **kwargs)
+
+    DeadlineAlertModel.get_by_id = get_by_id
+
+
+def _arm(moment: str, action: str, pg_label: str) -> None:
+    """``running:<task>`` / ``success:<task>``: an Airflow listener; ``apply:audit``: inside
+    the apply's transaction, after its upsert and purge, before its audit and commit."""
+    if moment == "apply:audit":
+        from partner_harvest.store import apply
+
+        audit = apply._audit
+
+        def audit_then_act(*args, **kwargs):  # once: Airflow's retry of the task meets no fault
+            apply._audit = audit
+            _act(action, pg_label)
+            return audit(*args, **kwargs)
+
+        apply._audit = audit_then_act
+        return
+    when, task_id = moment.split(":", 1)
+    from airflow.listeners import hookimpl
+    from airflow.sdk.listener import get_listener_manager
+
+    class Trip:
+        fired = False
+
+        def _maybe(self, ti) -> None:
+            if ti.task_id == task_id and not self.fired:
+                self.fired = True
+                _act(action, pg_label)
+
+        if when == "running":
+            @hookimpl
+            def on_task_instance_running(self, previous_state, task_instance) -> None:
+                self._maybe(task_instance)
+        else:
+            @hookimpl
+            def on_task_instance_success(self, previous_state, task_instance) -> None:
+                self._maybe(task_instance)
+
+    get_listener_manager().add_listener(Trip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--partner", required=True)
+    parser.add_argument("--kind", choices=("harvest", "reconcile"), default="harvest")
+    parser.add_argument("--logical", required=True, help="logical date (ISO); one per night")
+    parser.add_argument("--retries", type=int, default=2)
+    parser.add_argument("--moment", default="", help="running:<task> | success:<task> | apply:audit")
+    parser.add_argument("--action", default="", choices=("", "kill", "pg_restart"))
+    parser.add_argument("--pg-label", default="test")
+    parser.add_argument("--forget-cursors", action="store_true", help="night 1: no cursor yet")
+    parser.add_argument("--result", required=True)
+    args = parser.parse_args(argv)
+
+    from airflow.models import Variable
+
+    from partner_harvest.airflow.dag_factory import build_harvest_dag, build_reconcile_dag
+    from partner_harvest.registry import get_partner
+
+    partner = get_partner(args.partner)
+    keys = [partner.cursor_key, f"{partner.cursor_key}__deletions"]
+    if args.forget_cursors:
+        for key in keys:
+            Variable.delete(key)
+    _workaround_deadline_alerts()
+    if args.moment and args.action:
+        _arm(args.moment, args.action, args.pg_label)
+    dag = (build_harvest_dag if args.kind == "harvest" else build_reconcile_dag)(partner)
+    for task in dag.tasks:  # Airflow's own retries, with delays fit for a soak
+        task.retries = args.retries
+        task.retry_delay = timedelta(seconds=1)
+        task.retry_exponential_backoff = 0
+    logical = datetime.fromisoformat(args.logical)
+    run = dag.test(run_after=logical, logical_date=logical)
+    tis = run.get_task_instances()
+    result = {
+        "run_id": run.run_id, "dag_id": run.dag_id,
+        "state": str(getattr(run.state, "value", run.state)),
+        "tasks": {ti.task_id: {"state": str(getattr(ti.state, "value", ti.state)), "tries": ti.try_number}
+                  for ti in tis},
+        "cursors": {key: Variable.get(key, default_var=None, deserialize_json=True) for key in keys},
+    }
+    Path(args.result).write_text(json.dumps(result, default=str))
+    return 0
+
+
+def zygote() -> int:
+    """Warm Airflow once (imports, the in-process execution API: ~20 s on a busy machine),
+    then fork one process per night. Reads one JSON line per night from stdin
+    (``{"argv": [...], "log": path}``); answers ``{"pid": n}`` at once and
+    ``{"exit": code}`` when the night's process ended (-9: SIGKILL)."""
+    import traceback
+
+    proto = os.fdopen(os.dup(1), "w")  # the protocol keeps the pipe; everything logged goes to stderr
+    os.dup2(2, 1)
+
+    from airflow.sdk.execution_time.supervisor import in_process_api_server
+
+    import partner_harvest.airflow.dag_factory  # noqa: F401
+    import partner_harvest.airflow.tasks  # noqa: F401
+
+    import asyncio
+
+    import httpx
+
+    api = in_process_api_server()
+
+    async def first_request() -> None:  # its first request builds the versioned routes (~10 s)
+        async with httpx.AsyncClient(transport=api.atransport, base_url="http://in-process.invalid") as client:
+            await client.get("/execution/health")
+
+    asyncio.run(first_request())  # no thread survives it: the fork below copies a quiet process
+    print(json.dumps({"ready": True}), file=proto, flush=True)
+    for line in sys.stdin:
+        order = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                proto.close()
+                fd = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                from airflow import settings
+
+                if settings.engine is not None:
+                    settings.engine.dispose(close=False)  # never share the zygote's connections
+                code = main(order["argv"])
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        print(json.dumps({"pid": pid}), file=proto, flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"exit": os.waitstatus_to_exitcode(status)}), file=proto, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(zygote() if sys.argv[1:] == ["--zygote"] else main())

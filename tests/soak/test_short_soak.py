@@ -1,0 +1,75 @@
+"""The short soak (issue 8): a few chaos nights of every partner kind through Airflow,
+every fault kind at least once across them, and after every night the mirror equals
+the partner. The long soak is ``python -m benchmarks.soak`` (README, "Chaos nights").
+
+A failing night replays alone: ``python -m benchmarks.soak --seed <seed> --partners
+<partner> --nights <night>`` (the plan below fixes the faults; the seed the rest).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.soak.driver import Soak, summary
+from benchmarks.soak.faults import FAULTS
+from include import embedded_pg
+
+pytestmark = [pytest.mark.soak, pytest.mark.airflow]
+SEED = 8
+
+# Every fault kind once: night 1 of a Sierra partner is its full load (the export's faults),
+# a failed night is followed by one that must converge, deletedRecord=no reconciles every 3rd.
+PLAN = {
+    ("soak_persistent", 1): "kill_mid_page",
+    ("soak_persistent", 2): "kill_between_harvest_and_apply",
+    ("soak_persistent", 3): "token_repeated",
+    ("soak_persistent", 4): "throttle_503_retry_after",
+    ("soak_persistent", 5): "token_expired",
+    ("soak_no_deletions", 1): "throttle_429_retry_after",
+    ("soak_no_deletions", 2): "storm_5xx",
+    ("soak_no_deletions", 3): "pg_restart_mid_apply",
+    ("soak_no_deletions", 4): "broken_xml",
+    ("soak_daily", 1): "kill_mid_apply",
+    ("soak_daily", 2): "clock_backwards",
+    ("soak_daily", 3): "pg_restart_before_apply",
+    ("soak_daily", 4): "kill_after_apply_before_cursor",
+    ("soak_sierra", 1): "sierra_export_138",
+    ("soak_sierra", 2): "sierra_401_mid_run",
+    ("soak_sierra", 3): "sierra_deletion_poll_500",
+    ("soak_sierra", 4): "drop_conn_mid_copy",
+    ("soak_sierra_b", 1): "sierra_export_135",
+    ("soak_sierra_b", 2): "pg_restart_mid_page",
+    ("soak_sierra_b", 3): "kill_mid_page",
+}
+
+
+@pytest.fixture(scope="module")
+def airflow_home() -> None:
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+@pytest.mark.skipif(bool(os.environ.get(embedded_pg.DATABASE_URL_ENV)),
+                    reason="restarts the embedded PostgreSQL server")
+def test_short_soak_converges_after_every_night(airflow_home, db: str, tmp_path: Path, capsys) -> None:
+    nights: dict[str, int] = {}
+    for partner, night in PLAN:
+        nights[partner] = max(nights.get(partner, 0), night)
+    soak = Soak(seed=SEED, nights=nights, partners=list(nights), conninfo=db, pg_label="test",
+                workdir=tmp_path, reconcile_every=3, plan=PLAN, size=200)
+    results = soak.run()
+    table = summary(results, SEED)
+    with capsys.disabled():
+        print("\n" + "\n".join(Soak._line(r) for r in results) + "\n" + table)
+
+    assert not [(r.partner, r.night, r.divergence) for r in results if r.divergence], table
+    assert {r.fault for r in results if r.fired} >= {k for k, f in FAULTS.items() if not f.known_gap}, table
+    last = {}
+    for r in results:
+        last[r.partner] = r
+    assert {p: r.checked for p, r in last.items()} == {p: "strict" for p in last}  # converged at the end

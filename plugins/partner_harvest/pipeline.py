@@ -32,6 +32,7 @@ from partner_harvest.store import (
     record_check,
 )
 from partner_harvest.store.apply import StagingIncomplete
+from partner_harvest.store.runs import last_applied_until
 from partner_harvest.window import Window, channel_window, format_instant, plan_window
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def freeze_window(
         requested_until=request.requested_until,
         may_advance_cursor=request.may_advance_cursor,
     )
-    window = replace(window, protocol=dict(clock.protocol))
+    window = replace(window, protocol={**clock.protocol, "partner_clock": format_instant(clock.now)})
     if cursor_until is not None and clock.now < cursor_until - lag:
         # Not a gap (the window is harvested up to the cursor again) but worth an alert.
         window.protocol["clock_behind_cursor"] = {
@@ -76,9 +77,36 @@ def freeze_window(
                     adapter.partner_id, format_instant(clock.now), format_instant(cursor_until), lag)
     plan_channels = getattr(adapter, "plan_channels", None)
     if plan_channels is not None:
-        window.protocol["channels"] = plan_channels(window, channel_cursors or {})
+        channels = plan_channels(window, channel_cursors or {})
+        for plan in channels.values():  # each channel's audit row remembers the clock too
+            plan.setdefault("partner_clock", window.protocol["partner_clock"])
+        window.protocol["channels"] = channels
     log.info("%s: frozen %s", adapter.partner_id, window.describe())
     return window
+
+
+def resume_point(
+    conn: psycopg.Connection, partner_id: str, cursor: datetime | None, channel: str = "changes",
+) -> datetime | None:
+    """Where an incremental window starts: the cursor, unless this database covers less.
+
+    Less when the database was restored from a backup (the cursor Variable, in Airflow's
+    database, is then ahead of it) or when the partner's clock was behind our cursor the
+    last time (its changes since carry stamps before the cursor): then the earlier bound,
+    and the log says why. The cursor itself never moves backwards (I1).
+    """
+    if cursor is None:
+        return None
+    covered = last_applied_until(conn, partner_id, channel)
+    if covered is not None and covered >= cursor:
+        return cursor
+    log.warning(
+        "%s: the %s cursor says %s but what the aggregation database applied covers the partner only up to %s "
+        "(the partner's clock was behind the cursor, or the database was restored from a backup / runs were "
+        "removed from harvest_runs); harvesting from the earlier. The cursor itself is left as it is.",
+        partner_id, channel, format_instant(cursor), format_instant(covered) if covered else "nowhere (no applied run)",
+    )
+    return covered
 
 
 def harvest_window(

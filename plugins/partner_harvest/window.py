@@ -63,6 +63,12 @@ class Window:
     protocol: dict[str, Any] = field(default_factory=dict)  # adapter facts frozen with it
 
     @property
+    def partner_clock(self) -> datetime | None:
+        """The partner's own clock when the window was frozen (it may trail ``until``)."""
+        text = self.protocol.get("partner_clock")
+        return parse_instant(text) if text else None
+
+    @property
     def is_full(self) -> bool:
         return self.from_ is None
 

@@ -46,7 +46,7 @@ class Harness:
 
     def freeze(self, mode: str = "incremental", **kw) -> Window:
         request = pipeline.RunRequest(mode, kw.get("from_"), kw.get("until"))
-        cursor = self.cursor if mode == "incremental" else None
+        cursor = pipeline.resume_point(self.conn, self.partner.id, self.cursor) if mode == "incremental" else None
         return pipeline.freeze_window(self.adapter(), self.partner.lag, cursor, request)
 
     def run(self, mode: str = "incremental", window: Window | None = None, **kw):

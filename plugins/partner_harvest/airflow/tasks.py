@@ -160,34 +160,14 @@ def freeze_window(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
                             partner_id, abandoned, ABANDON_AFTER)
             cursor = None
             if request.mode == "incremental":
-                cursor = effective_cursor(conn, partner_id, read_cursor(partner_id), "changes")
-            channels = {name: effective_cursor(conn, partner_id, read_cursor(partner_id, name), name)
+                cursor = pipeline.resume_point(conn, partner_id, read_cursor(partner_id), "changes")
+            channels = {name: pipeline.resume_point(conn, partner_id, read_cursor(partner_id, name), name)
                         for name in extra_channels(adapter)}
         window = pipeline.freeze_window(adapter, partner.lag, cursor, request, channels)
         behind = window.protocol.get("clock_behind_cursor")
         if behind:
             _alert_clock_behind(partner, context, behind)
         return window.to_dict()
-
-
-def effective_cursor(conn: psycopg.Connection, partner_id: str, cursor: datetime | None, channel: str) -> datetime | None:
-    """The Variable, unless this database holds less than it says: then the earlier (I1, I12).
-
-    The cursor Variable lives in Airflow's database, the data in the aggregation database;
-    restore the latter from a backup and the Variable runs ahead of it: a silent gap.
-    """
-    if cursor is None:
-        return None
-    applied = last_applied_until(conn, partner_id, channel)
-    if applied is not None and applied >= cursor:
-        return cursor
-    log.warning(
-        "%s: the %s cursor Variable says %s but the aggregation database's newest applied window ends %s "
-        "(restored from a backup, or runs removed from harvest_runs?); harvesting from the earlier. "
-        "The Variable itself is left as it is.",
-        partner_id, channel, format_instant(cursor), format_instant(applied) if applied else "nowhere (no applied run)",
-    )
-    return applied
 
 
 def _alert_clock_behind(partner: Partner, context: dict[str, Any], behind: dict[str, Any]) -> None:

@@ -29,11 +29,12 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
         conn.execute(
             """
             INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until,
-                                      granularity, metadata_prefix, status, attempts)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'harvesting', 1)
+                                      granularity, metadata_prefix, status, attempts, partner_clock)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'harvesting', 1, %s)
             ON CONFLICT (partner_id, run_id, channel) DO UPDATE SET
                 mode = EXCLUDED.mode, window_from = EXCLUDED.window_from,
                 window_until = EXCLUDED.window_until, granularity = EXCLUDED.granularity,
+                partner_clock = EXCLUDED.partner_clock,
                 metadata_prefix = EXCLUDED.metadata_prefix, status = 'harvesting',
                 attempts = harvest_runs.attempts + 1, error = NULL, pages = 0, fetched = 0,
                 upserted = 0, unchanged = 0, purged = 0, quarantined = 0,
@@ -41,7 +42,8 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
                 check_kind = NULL, check_expected = NULL, check_found = NULL, check_ok = NULL, check_detail = NULL,
                 cleaned_pages = 0, harvested_at = NULL, applied_at = NULL
             """,
-            (*run.key(), window.mode, window.from_, window.until, window.granularity, metadata_prefix),
+            (*run.key(), window.mode, window.from_, window.until, window.granularity, metadata_prefix,
+             window.partner_clock),
         )
         conn.execute(
             "DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key()
@@ -102,15 +104,18 @@ def record_check(
 
 
 def last_applied_until(conn: psycopg.Connection, partner_id: str, channel: str = "changes") -> datetime | None:
-    """The until of the newest cursor-moving window applied to this database, if any.
+    """How far the partner's timeline is covered by what this database applied, if at all.
 
-    The cursor Variable lives in Airflow's database and the data here: after a restore of
-    this database from a backup, the Variable is ahead of what it holds.
+    The newest applied cursor-moving window's until, or the partner's clock when that was
+    behind it (a clock reset or a failover: changes stamped with that clock lie before our
+    cursor). The cursor Variable lives in Airflow's database and the data here: after a
+    restore of this database from a backup, the Variable is ahead of what it holds too.
     """
     row = conn.execute(
         """
-        SELECT max(window_until) FROM harvest_runs
+        SELECT LEAST(window_until, COALESCE(partner_clock, window_until)) FROM harvest_runs
         WHERE partner_id = %s AND channel = %s AND status = 'applied' AND mode = 'incremental'
+        ORDER BY window_until DESC, started_at DESC LIMIT 1
         """,
         (partner_id, channel),
     ).fetchone()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
@@ -35,6 +35,8 @@ from partner_harvest.store.apply import StagingIncomplete
 from partner_harvest.store.runs import last_applied_until
 from partner_harvest.window import Window, channel_window, format_instant, plan_window
 
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)  # 'from the start' for a channel's own cursor
+
 log = logging.getLogger(__name__)
 
 
@@ -55,26 +57,37 @@ def freeze_window(
     request: RunRequest,
     channel_cursors: dict[str, datetime | None] | None = None,
 ) -> Window:
-    """Ask the partner for its clock once and fix the run's bounds (and its channels')."""
+    """Ask the partner for its clock once and fix the run's bounds (and its channels').
+
+    A partner clock behind our cursor by more than the lag (a reset, a failover to a server
+    with another clock) stamps its changes since the jump before our cursor, at a point
+    nobody knows: that run harvests the whole list up to the partner's clock (and every
+    channel from the start) instead of trusting the timestamps, and alerts. The cursor
+    never moves backwards; the next run resumes from the partner's clock (resume_point).
+    """
     clock = adapter.clock()
+    behind = request.mode == "incremental" and cursor_until is not None and clock.now < cursor_until - lag
+    if behind:
+        log.warning("%s: the partner's clock %s is behind the cursor %s by more than the lag %s: its changes since "
+                    "the jump carry stamps before the cursor, so this run harvests the whole list up to the "
+                    "partner's clock (and every channel from the start)", adapter.partner_id,
+                    format_instant(clock.now), format_instant(cursor_until), lag)
     window = plan_window(
         mode=request.mode,
         partner_clock=clock.now,
         granularity=clock.granularity,
         lag=lag,
-        cursor_until=cursor_until,
+        cursor_until=None if behind else cursor_until,
         requested_from=request.requested_from,
         requested_until=request.requested_until,
         may_advance_cursor=request.may_advance_cursor,
     )
     window = replace(window, protocol={**clock.protocol, "partner_clock": format_instant(clock.now)})
-    if cursor_until is not None and clock.now < cursor_until - lag:
-        # Not a gap (the window is harvested up to the cursor again) but worth an alert.
+    if behind:
         window.protocol["clock_behind_cursor"] = {
             "clock": format_instant(clock.now), "cursor": format_instant(cursor_until),
         }
-        log.warning("%s: the partner's clock %s is behind the cursor %s by more than the lag %s",
-                    adapter.partner_id, format_instant(clock.now), format_instant(cursor_until), lag)
+        channel_cursors = {name: EPOCH for name in (channel_cursors or {})}
     plan_channels = getattr(adapter, "plan_channels", None)
     if plan_channels is not None:
         channels = plan_channels(window, channel_cursors or {})

@@ -30,7 +30,7 @@ from partner_harvest.store import RunRef, connect, ensure_schema
 from partner_harvest.store import leases
 from partner_harvest.store.quality import run_figures
 from partner_harvest.store.runs import abandon_stale_runs, last_applied_until
-from partner_harvest.window import Window, WindowError, channel_window, format_instant, parse_instant
+from partner_harvest.window import Window, WindowError, channel_window, parse_instant
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

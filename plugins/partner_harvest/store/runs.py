@@ -115,7 +115,7 @@ def last_applied_until(conn: psycopg.Connection, partner_id: str, channel: str =
         """
         SELECT LEAST(window_until, COALESCE(partner_clock, window_until)) FROM harvest_runs
         WHERE partner_id = %s AND channel = %s AND status = 'applied' AND mode = 'incremental'
-        ORDER BY window_until DESC, started_at DESC LIMIT 1
+        ORDER BY started_at DESC, window_until DESC LIMIT 1
         """,
         (partner_id, channel),
     ).fetchone()

@@ -48,11 +48,12 @@ def stop(label: str = "pg") -> None:
     server.cleanup()
 
 
-def restart_immediately(label: str) -> None:
+def restart_immediately(label: str, conninfo: str | None = None, timeout: float = 60.0) -> None:
     """Fault injection: ``pg_ctl restart -m immediate`` of the embedded server.
 
     An immediate shutdown skips the checkpoint, so the restart runs crash recovery: open
-    connections are cut and UNLOGGED tables come back empty, as after a power cut.
+    connections are cut and UNLOGGED tables come back empty, as after a power cut. With
+    ``conninfo``, returns once the server answers again (at most ``timeout`` seconds).
     """
     import getpass
 
@@ -60,3 +61,22 @@ def restart_immediately(label: str) -> None:
 
     user = "pgserver" if getpass.getuser() == "root" else None  # pgserver's own user when root
     pg_ctl(["-m", "immediate", "-w", "restart"], pgdata=data_dir(label), user=user, timeout=120)
+    if conninfo is not None:
+        _wait_until_answering(conninfo, timeout)
+
+
+def _wait_until_answering(conninfo: str, timeout: float) -> None:
+    import time
+
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with psycopg.connect(conninfo, connect_timeout=2) as probe:
+                probe.execute("SELECT 1")
+                return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

@@ -440,17 +440,7 @@ class Soak:
     def _pg_restart(self) -> None:
         from include import embedded_pg
 
-        embedded_pg.restart_immediately(self.pg_label)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with psycopg.connect(self.conninfo, connect_timeout=2) as probe:
-                    probe.execute("SELECT 1")
-                    return
-            except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        embedded_pg.restart_immediately(self.pg_label, self.conninfo)
 
     def _drop_connections(self) -> None:
         with psycopg.connect(self.conninfo, autocommit=True) as admin:

@@ -20,6 +20,8 @@ from benchmarks.soak.faults import FAULTS
 from include import embedded_pg
 
 pytestmark = [pytest.mark.soak, pytest.mark.airflow]
+
+SOAK_TIMEOUT = 600  # 21 nights of a few seconds each, plus Airflow's start: ~2 min, more when loaded
 SEED = 8
 
 # Every fault kind once: night 1 of a Sierra partner is its full load (the export's faults),
@@ -56,6 +58,7 @@ def airflow_home() -> None:
 
 @pytest.mark.skipif(bool(os.environ.get(embedded_pg.DATABASE_URL_ENV)),
                     reason="restarts the embedded PostgreSQL server")
+@pytest.mark.timeout(SOAK_TIMEOUT)
 def test_short_soak_converges_after_every_night(airflow_home, db: str, tmp_path: Path, capsys) -> None:
     nights: dict[str, int] = {}
     for partner, night in PLAN:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -17,34 +15,6 @@ from partner_harvest.store.admin import live_identifiers
 pytestmark = pytest.mark.airflow
 
 
-class WebhookSink:
-    """A loopback HTTP server that keeps every JSON body POSTed to it."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict] = []
-        sink = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", 0))
-                sink.bodies.append(json.loads(self.rfile.read(length)))
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/alerts"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -52,14 +22,7 @@ def closed_port() -> int:
 
 
 @pytest.fixture
-def webhook():
-    sink = WebhookSink()
-    yield sink
-    sink.close()
-
-
-@pytest.fixture
-def env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, webhook: WebhookSink, airflow_db):
+def env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, webhook, airflow_db):
     registry(
         "partners:\n"
         "  - {id: alertmuseum, protocol: oai-pmh, conn_id: partner_alertmuseum, metadata_prefix: oai_dc,\n"

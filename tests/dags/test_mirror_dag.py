@@ -18,7 +18,6 @@ from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
-from tests.dags.test_alerts_and_reconcile import WebhookSink
 
 pytestmark = pytest.mark.airflow
 PID = "mirrormuseum"
@@ -29,13 +28,6 @@ LOGICAL = datetime(2026, 6, 1, tzinfo=timezone.utc)
 @pytest.fixture
 def repo() -> SimulatedRepository:
     return SimulatedRepository(records=300, page_size=100, seed=5)
-
-
-@pytest.fixture
-def webhook():
-    sink = WebhookSink()
-    yield sink
-    sink.close()
 
 
 @pytest.fixture

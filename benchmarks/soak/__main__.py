@@ -34,6 +34,8 @@ def main() -> int:
     parser.add_argument("--known-gaps", action="store_true",
                         help="also draw faults that diverge on today's code (clock_behind_cursor)")
     parser.add_argument("--workdir", default=None, help="night logs and results (default: a temp dir)")
+    parser.add_argument("--keep-db", action="store_true",
+                        help="keep the aggregation database after the soak (its conninfo is printed) to inspect a replay")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     print(f"soak seed {seed} (replay: python -m benchmarks.soak --seed {seed} --partners <p> --nights <n>)", flush=True)
@@ -77,8 +79,11 @@ def main() -> int:
     try:
         results = soak.run()
     finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        if args.keep_db:
+            print(f"aggregation database kept: {make_conninfo(**params)}", flush=True)
+        else:
+            with psycopg.connect(server, autocommit=True) as admin:
+                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
     print(summary(results, seed))
     return 1 if any(r.divergence for r in results) else 0
 

@@ -88,6 +88,7 @@ class Partner:
         self.trip: dict[str, Any] | None = None  # {"page": k, "do": callable}
         self.list_requests = 0
         self.touched: set[str] = set()  # changed while a harvest ran (after the oracle's snapshot)
+        self.changed_at: dict[str, datetime] = {}  # the partner's clock when each id last changed
         if spec.protocol == "sierra":
             from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
 
@@ -146,7 +147,19 @@ class Partner:
             if self.spec.protocol == "oai-pmh":
                 done["recreated"] = m.recreate(rng.randint(0, 2))
                 done["moved"] = m.move_sets(rng.randint(0, 3))
+            self._stamp(i for ids in done.values() for i in ids)
         return done
+
+    def _stamp(self, ids: Any) -> None:
+        """Remember the partner's clock at a change (caller holds the model's lock)."""
+        now = self.model.clock
+        self.changed_at.update((i, now) for i in ids)
+
+    def stamped_after_now(self) -> set[str]:
+        """Ids whose last change carries a stamp after the partner's clock (it was set back):
+        no window up to that clock can see them; the night the clock passes them again must."""
+        now = self.model.clock
+        return {i for i, at in self.changed_at.items() if at > now}
 
     def changes_during_harvest(self, rng: random.Random) -> None:
         m = self.model
@@ -154,6 +167,7 @@ class Partner:
             ids = m.edit(rng.randint(1, 3)) + m.delete(1) + m.add(1)
             if self.spec.protocol == "oai-pmh":
                 ids += m.recreate(1) + m.move_sets(1)
+            self._stamp(ids)
         self.touched.update(ids)
 
     # ---- the oracle's view
@@ -316,8 +330,8 @@ class Soak:
             # on that clock, so they are the next night's to harvest (and checked then).
             back = timedelta(minutes=rng.randint(30, 180)) if kind == "clock_backwards" else timedelta(hours=26)
             model.rewind_clock(back)
-            oracle["excused"] = day
             record.fired = True
+        oracle["excused"] = partner.stamped_after_now()  # this night's changes too, after a rewind
         partner.touched = set()
         partner.list_requests = 0
         mid_page = rng.randint(1, 2)  # staff edit as the harvest asks for page mid_page + 1

@@ -44,7 +44,7 @@ FAULTS: dict[str, Fault] = {f.kind: f for f in (
     Fault("token_repeated", OAI, "partner"),
     Fault("broken_xml", OAI, "partner"),
     Fault("clock_backwards", BOTH, "before"),  # by 30 min to 3 h: still ahead of our cursor
-    Fault("clock_behind_cursor", BOTH, "before", known_gap=True),  # by 26 h: behind our cursor (half fixed, see README)
+    Fault("clock_behind_cursor", BOTH, "before"),  # by 26 h: behind our cursor
     Fault("sierra_401_mid_run", SIERRA, "page", action="expire_tokens"),
     Fault("sierra_export_138", SIERRA, "partner", full_load_only=True),
     Fault("sierra_export_135", SIERRA, "partner", full_load_only=True),

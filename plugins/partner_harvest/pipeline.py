@@ -32,7 +32,7 @@ from partner_harvest.store import (
     record_check,
 )
 from partner_harvest.store.apply import StagingIncomplete
-from partner_harvest.store.runs import last_applied_until
+from partner_harvest.store.runs import clock_high_water, last_applied_until
 from partner_harvest.window import Window, channel_window, format_instant, plan_window
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)  # 'from the start' for a channel's own cursor
@@ -56,6 +56,7 @@ def freeze_window(
     cursor_until: datetime | None,
     request: RunRequest,
     channel_cursors: dict[str, datetime | None] | None = None,
+    clock_high_water: datetime | None = None,
 ) -> Window:
     """Ask the partner for its clock once and fix the run's bounds (and its channels').
 
@@ -64,9 +65,15 @@ def freeze_window(
     nobody knows: that run harvests the whole list up to the partner's clock (and every
     channel from the start) instead of trusting the timestamps, and alerts. The cursor
     never moves backwards; the next run resumes from the partner's clock (resume_point).
+
+    A clock behind ``clock_high_water`` (the highest partner clock an applied run saw) by
+    more than the lag marks the run ``clock_regressed``, in any mode, for as long as the
+    clock stays behind: its versions may carry stamps older than versions we hold, and
+    the apply then orders them by observation (store/apply.py).
     """
     clock = adapter.clock()
     behind = request.mode == "incremental" and cursor_until is not None and clock.now < cursor_until - lag
+    regressed = behind or (clock_high_water is not None and clock.now < clock_high_water - lag)
     if behind:
         log.warning("%s: the partner's clock %s is behind the cursor %s by more than the lag %s: its changes since "
                     "the jump carry stamps before the cursor, so this run harvests the whole list up to the "
@@ -83,6 +90,13 @@ def freeze_window(
         may_advance_cursor=request.may_advance_cursor,
     )
     window = replace(window, protocol={**clock.protocol, "partner_clock": format_instant(clock.now)})
+    if regressed:
+        window.protocol["clock_regressed"] = True
+        if not behind:
+            log.warning("%s: the partner's clock %s is still behind the highest clock an applied run saw (%s) by "
+                        "more than the lag %s: versions it stamps now may be older than versions held, so this run's "
+                        "versions are ordered by when we observed them", adapter.partner_id,
+                        format_instant(clock.now), format_instant(clock_high_water), lag)
     if behind:
         window.protocol["clock_behind_cursor"] = {
             "clock": format_instant(clock.now), "cursor": format_instant(cursor_until),
@@ -93,6 +107,8 @@ def freeze_window(
         channels = plan_channels(window, channel_cursors or {})
         for plan in channels.values():  # each channel's audit row remembers the clock too
             plan.setdefault("partner_clock", window.protocol["partner_clock"])
+            if regressed:
+                plan["clock_regressed"] = True
         window.protocol["channels"] = channels
     log.info("%s: frozen %s", adapter.partner_id, window.describe())
     return window
@@ -120,6 +136,11 @@ def resume_point(
         partner_id, channel, format_instant(cursor), format_instant(covered) if covered else "nowhere (no applied run)",
     )
     return covered
+
+
+def highest_partner_clock(conn: psycopg.Connection, partner_id: str) -> datetime | None:
+    """The highest partner clock an applied run saw (freeze_window's ``clock_high_water``)."""
+    return clock_high_water(conn, partner_id)
 
 
 def harvest_window(

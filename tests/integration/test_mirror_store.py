@@ -30,9 +30,9 @@ def rec(ident: str, at: datetime, title: str = "t") -> Record:
 
 
 def stage(conn: psycopg.Connection, run_id: str, items: list, channel: str = "changes", partner: str = "p",
-          **writer_options) -> HarvestStats:
+          window: Window = WINDOW, **writer_options) -> HarvestStats:
     run = RunRef(partner, run_id, channel)
-    begin_run(conn, run, WINDOW, "oai_dc")
+    begin_run(conn, run, window, "oai_dc")
     stats = HarvestStats(pages=1)
     for item in items:
         stats.add(item)
@@ -119,6 +119,35 @@ def test_any_apply_order_gives_the_same_mirror(db: str) -> None:
                 apply_run(conn, "p", f"r{index}")
             outcomes.add(tuple(sorted(live(conn).items())))
     assert len(outcomes) == 1, outcomes
+
+
+def test_after_a_clock_jump_the_later_observation_wins_in_any_apply_order(db: str) -> None:
+    """Issue 7 item 7 (soak seed 5): versions stamped by a partner clock set back a day.
+
+    Run ``before`` saw x edited and y live at the old clock; run ``after`` (its partner clock
+    behind the highest one seen: ``clock_regressed``) saw x edited again and y deleted, both
+    stamped a day EARLIER. Ordered by datestamp alone ``before`` won; now the later
+    observation wins, whichever run applies first: z too (a failover to a server a day
+    behind shows z's older version: that is what the partner holds now).
+    """
+    from partner_harvest.store import connect, ensure_schema
+
+    jumped = Window("incremental", None, T0 + timedelta(days=2), "day", True,
+                    {"metadata_prefix": "oai_dc", "partner_clock": "2026-03-03T00:00:00Z", "clock_regressed": True})
+    outcomes = []
+    with connect(db) as conn:
+        ensure_schema(conn)
+        for order in (("before", "after"), ("after", "before")):
+            conn.execute("TRUNCATE records, tombstones, deletions, harvest_runs, staging, quarantine")
+            conn.commit()
+            stage(conn, "before", [rec("x", T0 + timedelta(days=3), "old clock"), rec("y", T0 + timedelta(days=3)),
+                                   rec("z", T0 + timedelta(days=3), "z new")])
+            stage(conn, "after", [rec("x", T0 + timedelta(days=2), "new clock"), Tombstone("y", T0 + timedelta(days=2)),
+                                  rec("z", T0 + timedelta(days=1), "z old")], window=jumped)
+            for run_id in order:
+                apply_run(conn, "p", run_id)
+            outcomes.append(live(conn))
+    assert outcomes == [{"x": "new clock", "z": "z old"}] * 2
 
 
 # -- item 6: equal datestamps -------------------------------------------------------------

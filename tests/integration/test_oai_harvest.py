@@ -47,7 +47,8 @@ class Harness:
     def freeze(self, mode: str = "incremental", **kw) -> Window:
         request = pipeline.RunRequest(mode, kw.get("from_"), kw.get("until"))
         cursor = pipeline.resume_point(self.conn, self.partner.id, self.cursor) if mode == "incremental" else None
-        return pipeline.freeze_window(self.adapter(), self.partner.lag, cursor, request)
+        high_water = pipeline.highest_partner_clock(self.conn, self.partner.id)
+        return pipeline.freeze_window(self.adapter(), self.partner.lag, cursor, request, None, high_water)
 
     def run(self, mode: str = "incremental", window: Window | None = None, **kw):
         self.runs += 1

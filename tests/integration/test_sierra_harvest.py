@@ -59,9 +59,11 @@ class Harness:
         self.runs += 1
         run_id = f"run-{self.runs}"
         adapter = self.adapter()
-        cursor = self.cursor if mode == "incremental" else None
+        pid = self.partner.id
+        cursor = pipeline.resume_point(self.conn, pid, self.cursor) if mode == "incremental" else None
+        deletions_from = pipeline.resume_point(self.conn, pid, self.deletions_cursor, "deletions")
         window = pipeline.freeze_window(adapter, self.partner.lag, cursor, pipeline.RunRequest(mode),
-                                        {"deletions": self.deletions_cursor})
+                                        {"deletions": deletions_from}, pipeline.highest_partner_clock(self.conn, pid))
         changes = pipeline.harvest_window(adapter, self.conn, RunRef(self.partner.id, run_id, "changes"), window)
         if between:
             between()

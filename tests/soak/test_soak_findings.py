@@ -16,6 +16,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository, title
+from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
+from tests.integration import test_sierra_harvest as sierra
 from tests.integration.test_oai_harvest import Harness, partner
 
 
@@ -46,3 +48,60 @@ def test_edits_made_between_the_clock_jump_and_the_run_that_sees_it_reach_the_mi
         harness.run()
     held = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
     assert held == {i: title(repo.get(i)) for i in edited}
+
+
+def test_versions_stamped_before_the_held_ones_after_a_clock_jump_reach_the_mirror(conn) -> None:
+    """Seed 5, night 2 of soak_sierra (``clock_behind_cursor``), reproduced small.
+
+    Records edited just before the partner's clock jumped back are held with stamps
+    from the old clock; edited or deleted again after the jump they carry stamps
+    *older* than the held version. Ordered by datestamp alone the stale version won
+    for good (edits) or until the weekly reconcile (deletions). A run whose partner
+    clock is behind the highest clock an applied run saw, by more than the lag,
+    observed the partner later: its versions beat held ones stamped after its clock.
+    """
+    repo = SimulatedRepository(records=120, page_size=50, seed=11)
+    with OaiSimulator(repo) as sim:
+        harness = Harness(sim, conn, partner())
+        harness.run()
+        repo.advance_clock(timedelta(hours=2))
+        recent = repo.edit(6)  # held with stamps of the old clock
+        repo.advance_clock(timedelta(hours=1))
+        harness.run()
+        repo.rewind_clock(timedelta(hours=26))  # a failover to a server a day behind
+        harness.run()  # alerts; harvests the whole list up to the partner's clock
+        edited, deleted = repo.edit_ids(recent[:3]), repo.delete_ids(recent[3:])
+        repo.advance_clock(timedelta(hours=1))
+        harness.run()  # the clock is still a day behind what the held versions carry
+        assert harness.held() == repo.live_identifiers()
+        repo.advance_clock(timedelta(hours=30))  # the clock passes the old one again
+        harness.run()
+    held = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)",
+                             (edited + deleted,)).fetchall())
+    assert held == {i: title(repo.get(i)) for i in edited}
+    assert harness.held() == repo.live_identifiers()
+
+
+def test_a_clock_behind_stamps_a_full_export_already_held_is_a_regression_too(conn) -> None:
+    """Seed 5, soak_sierra night 3, reproduced small: the run that met the clock behind our
+    cursor took the whole export, which holds versions stamped before the jump and *after*
+    every clock a run had read. The next run's clock was past those clocks, so it was not
+    seen as behind, yet behind those stamps: its newer versions, stamped earlier, lost. The
+    yardstick is now the latest clock or applied stamp (store/runs.clock_high_water)."""
+    catalogue = SimulatedCatalogue(bibs=300, deleted_fraction=0.03, seed=5)
+    with SierraSimulator(catalogue, client_key=sierra.KEY, client_secret=sierra.SECRET) as sim:
+        harness = sierra.Harness(sim, conn, sierra.partner())
+        harness.run("incremental")  # the full load (no cursor)
+        harness.cursor = harness.deletions_cursor = catalogue.clock
+        catalogue.advance_clock(timedelta(hours=20))
+        edited = catalogue.edit(6)  # stamped after every clock a run read so far
+        catalogue.advance_clock(timedelta(hours=1))
+        catalogue.rewind_clock(timedelta(hours=26))  # a failover to a server a day behind
+        harness.run()  # behind the cursor: the whole export, edits included
+        catalogue.advance_clock(timedelta(hours=20))  # past the first run's clock, not past the edits
+        catalogue.edit_ids(edited)  # again: stamped before the versions held
+        catalogue.advance_clock(timedelta(hours=1))
+        harness.run()
+    held = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
+    assert held == {i: catalogue.get(i).title.strip() for i in edited}
+    assert harness.held() == catalogue.live_ids()

@@ -236,8 +236,8 @@ class SimulatedCatalogue(SimulatedModel[str | int]):
         for i in rng.sample(range(count), round(count * suppressed_fraction)):
             self._flags[i] |= _SUPPRESSED
         self._deleted_sorted = sorted(self._deleted_at)
-        # Indexes by timestamp. Edits and adds only ever append (the clock never goes
-        # back), leaving stale entries behind that _match filters out.
+        # Indexes by timestamp, kept sorted: edits and adds append (or, after the clock was
+        # rewound, insert in order), leaving stale entries behind that _match filters out.
         order = sorted(range(count), key=self._updated.__getitem__)
         self._upd_keys = array("q", [self._updated[i] for i in order])
         self._upd_idx = array("l", order)
@@ -273,8 +273,7 @@ class SimulatedCatalogue(SimulatedModel[str | int]):
         for i in indices:
             self._version[i] += 1
             self._updated[i] = now
-            self._upd_keys.append(now)
-            self._upd_idx.append(i)
+            _index_add(self._upd_keys, self._upd_idx, now, [i])
         return [self._id(i) for i in indices]
 
     def _apply_delete(self, indices: list[int]) -> list[str]:
@@ -296,10 +295,10 @@ class SimulatedCatalogue(SimulatedModel[str | int]):
                 raise ValueError("ids would leave the 7-digit range")
             now = self._tick()
             new = range(first, first + n)
-            for arr in (self._updated, self._created, self._upd_keys, self._cre_keys):
+            for arr in (self._updated, self._created):
                 arr.extend([now] * n)
-            self._upd_idx.extend(new)
-            self._cre_idx.extend(new)
+            _index_add(self._upd_keys, self._upd_idx, now, new)
+            _index_add(self._cre_keys, self._cre_idx, now, new)
             self._version.extend([1] * n)
             self._flags.extend(bytes(n))
             return [self._id(i) for i in new]
@@ -468,3 +467,19 @@ class SimulatedCatalogue(SimulatedModel[str | int]):
         if best == "updated" and q.legacy_deleted_stubs:
             picked.update(i for i in self._deleted_sorted if lo <= i <= hi)
         return sorted(picked)
+
+
+def _index_add(keys: array, idx: array, stamp: int, entries: Iterable[int]) -> None:
+    """Add entries stamped ``stamp`` to a sorted timestamp index.
+
+    Appending keeps it sorted while the clock only moves forward; after a rewind (a clock
+    reset fault) the stamp lands inside the index, or bisect would miss those changes.
+    """
+    entries = list(entries)
+    if not keys or stamp >= keys[-1]:
+        keys.extend([stamp] * len(entries))
+        idx.extend(entries)
+        return
+    at = bisect_right(keys, stamp)
+    keys[at:at] = array(keys.typecode, [stamp] * len(entries))
+    idx[at:at] = array(idx.typecode, entries)

@@ -163,7 +163,8 @@ def freeze_window(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
                 cursor = pipeline.resume_point(conn, partner_id, read_cursor(partner_id), "changes")
             channels = {name: pipeline.resume_point(conn, partner_id, read_cursor(partner_id, name), name)
                         for name in extra_channels(adapter)}
-        window = pipeline.freeze_window(adapter, partner.lag, cursor, request, channels)
+            high_water = pipeline.highest_partner_clock(conn, partner_id)
+        window = pipeline.freeze_window(adapter, partner.lag, cursor, request, channels, high_water)
         behind = window.protocol.get("clock_behind_cursor")
         if behind:
             _alert_clock_behind(partner, context, behind)

@@ -68,11 +68,13 @@ class RunNotHarvested(HarvestError):
 
 _BATCH = """
 CREATE TEMP TABLE apply_batch ON COMMIT DROP AS
-SELECT DISTINCT ON (identifier) kind, identifier, datestamp, observed_at, metadata_prefix, metadata,
-       set_specs, title, content_hash, channel
-FROM staging
-WHERE partner_id = %(pid)s AND run_id = %(run)s AND kind IN ('R', 'T')
-ORDER BY identifier, datestamp DESC, observed_at DESC, seq DESC
+SELECT DISTINCT ON (s.identifier) s.kind, s.identifier, s.datestamp, s.observed_at, s.metadata_prefix,
+       s.metadata, s.set_specs, s.title, s.content_hash, s.channel,
+       CASE WHEN h.clock_regressed THEN h.partner_clock END AS regressed_clock
+FROM staging s
+LEFT JOIN harvest_runs h ON h.partner_id = s.partner_id AND h.run_id = s.run_id AND h.channel = s.channel
+WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.kind IN ('R', 'T')
+ORDER BY s.identifier, s.datestamp DESC, s.observed_at DESC, s.seq DESC
 """
 
 # A record lands when it is newer than the stored record and than any remembered tombstone.
@@ -80,20 +82,23 @@ ORDER BY identifier, datestamp DESC, observed_at DESC, seq DESC
 _UPSERT = """
 WITH landed AS (
 INSERT INTO records AS r (partner_id, identifier, datestamp, metadata_prefix, metadata,
-                          set_specs, title, content_hash, run_id, observed_at, change_seq)
+                          set_specs, title, content_hash, run_id, observed_at, change_seq, regressed_clock)
 SELECT %(pid)s, b.identifier, b.datestamp, b.metadata_prefix, b.metadata, b.set_specs, b.title,
-       b.content_hash, %(run)s, b.observed_at, nextval('change_seq')
+       b.content_hash, %(run)s, b.observed_at, nextval('change_seq'), b.regressed_clock
 FROM apply_batch b
 WHERE b.kind = 'R' AND NOT EXISTS (
     SELECT 1 FROM tombstones t
     WHERE t.partner_id = %(pid)s AND t.identifier = b.identifier
-      AND (t.datestamp, t.observed_at) >= (b.datestamp, b.observed_at))
+      AND NOT harvest_version_newer(b.datestamp, b.observed_at, b.regressed_clock,
+                                    t.datestamp, t.observed_at, t.regressed_clock))
 ON CONFLICT (partner_id, identifier) DO UPDATE SET
     datestamp = EXCLUDED.datestamp, metadata_prefix = EXCLUDED.metadata_prefix,
     metadata = EXCLUDED.metadata, set_specs = EXCLUDED.set_specs, title = EXCLUDED.title,
     content_hash = EXCLUDED.content_hash, harvested_at = now(), run_id = EXCLUDED.run_id,
-    observed_at = EXCLUDED.observed_at, change_seq = EXCLUDED.change_seq
-WHERE (r.datestamp, r.observed_at) < (EXCLUDED.datestamp, EXCLUDED.observed_at)
+    observed_at = EXCLUDED.observed_at, change_seq = EXCLUDED.change_seq,
+    regressed_clock = EXCLUDED.regressed_clock
+WHERE harvest_version_newer(EXCLUDED.datestamp, EXCLUDED.observed_at, EXCLUDED.regressed_clock,
+                            r.datestamp, r.observed_at, r.regressed_clock)
   AND (r.datestamp <> EXCLUDED.datestamp OR r.content_hash <> EXCLUDED.content_hash)
 -- xmax is 0 on a row this statement inserted, set on one it updated (the conflict locked it)
 RETURNING r.identifier, r.xmax = 0 AS inserted
@@ -112,7 +117,8 @@ WITH gone AS (
     DELETE FROM records r
     USING apply_batch b
     WHERE b.kind = 'T' AND r.partner_id = %(pid)s AND r.identifier = b.identifier
-      AND (r.datestamp, r.observed_at) <= (b.datestamp, b.observed_at)
+      AND NOT harvest_version_newer(r.datestamp, r.observed_at, r.regressed_clock,
+                                    b.datestamp, b.observed_at, b.regressed_clock)
     RETURNING r.identifier, b.datestamp, b.channel
 ), logged AS (
     INSERT INTO deletions (partner_id, identifier, upstream_datestamp, run_id, reason, change_seq)
@@ -120,16 +126,19 @@ WITH gone AS (
            CASE WHEN channel = 'reconcile' THEN 'reconcile' ELSE 'tombstone' END, nextval('change_seq')
     FROM gone
 ), remembered AS (
-    INSERT INTO tombstones AS t (partner_id, identifier, datestamp, observed_at, run_id)
-    SELECT %(pid)s, b.identifier, b.datestamp, b.observed_at, %(run)s
+    INSERT INTO tombstones AS t (partner_id, identifier, datestamp, observed_at, run_id, regressed_clock)
+    SELECT %(pid)s, b.identifier, b.datestamp, b.observed_at, %(run)s, b.regressed_clock
     FROM apply_batch b
     WHERE b.kind = 'T' AND NOT EXISTS (
         SELECT 1 FROM records r
         WHERE r.partner_id = %(pid)s AND r.identifier = b.identifier
-          AND (r.datestamp, r.observed_at) > (b.datestamp, b.observed_at))
+          AND harvest_version_newer(r.datestamp, r.observed_at, r.regressed_clock,
+                                    b.datestamp, b.observed_at, b.regressed_clock))
     ON CONFLICT (partner_id, identifier) DO UPDATE SET
-        datestamp = EXCLUDED.datestamp, observed_at = EXCLUDED.observed_at, run_id = EXCLUDED.run_id
-    WHERE (t.datestamp, t.observed_at) < (EXCLUDED.datestamp, EXCLUDED.observed_at)
+        datestamp = EXCLUDED.datestamp, observed_at = EXCLUDED.observed_at, run_id = EXCLUDED.run_id,
+        regressed_clock = EXCLUDED.regressed_clock
+    WHERE harvest_version_newer(EXCLUDED.datestamp, EXCLUDED.observed_at, EXCLUDED.regressed_clock,
+                                t.datestamp, t.observed_at, t.regressed_clock)
 )
 SELECT channel, count(*) FROM gone GROUP BY channel
 """
@@ -147,6 +156,14 @@ RETURNING run_id
 SELECT s.channel, count(*) FROM staging s
 WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.kind = 'Q'
 GROUP BY s.channel
+"""
+
+# The latest stamp each channel applied (store/runs.clock_high_water): records only, since
+# tombstone stamps may be synthetic (Sierra's end of the deletion day, a reconcile's copy).
+_MAX_DATESTAMP = """
+UPDATE harvest_runs h SET max_datestamp = m.latest
+FROM (SELECT channel, max(datestamp) AS latest FROM apply_batch WHERE kind = 'R' GROUP BY channel) m
+WHERE h.partner_id = %(pid)s AND h.run_id = %(run)s AND h.channel = m.channel
 """
 
 _COUNT_STAGED = """
@@ -190,6 +207,7 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
             for channel, n in fetched.items()
         }
         _audit(conn, partner_id, run_id, per_channel)
+        conn.execute(_MAX_DATESTAMP, params)
         # Under the lock, in this transaction: the change feed's high water (store/feed.py).
         feed.mark_applied(conn, partner_id, run_id)
         conn.execute("DELETE FROM staging WHERE partner_id = %(pid)s AND run_id = %(run)s", params)

@@ -29,21 +29,22 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
         conn.execute(
             """
             INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until,
-                                      granularity, metadata_prefix, status, attempts, partner_clock)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'harvesting', 1, %s)
+                                      granularity, metadata_prefix, status, attempts, partner_clock,
+                                      clock_regressed)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'harvesting', 1, %s, %s)
             ON CONFLICT (partner_id, run_id, channel) DO UPDATE SET
                 mode = EXCLUDED.mode, window_from = EXCLUDED.window_from,
                 window_until = EXCLUDED.window_until, granularity = EXCLUDED.granularity,
-                partner_clock = EXCLUDED.partner_clock,
+                partner_clock = EXCLUDED.partner_clock, clock_regressed = EXCLUDED.clock_regressed,
                 metadata_prefix = EXCLUDED.metadata_prefix, status = 'harvesting',
                 attempts = harvest_runs.attempts + 1, error = NULL, pages = 0, fetched = 0,
                 upserted = 0, unchanged = 0, purged = 0, quarantined = 0,
                 complete_list_size = NULL, list_size_mismatch = false, token_restarts = 0,
                 check_kind = NULL, check_expected = NULL, check_found = NULL, check_ok = NULL, check_detail = NULL,
-                cleaned_pages = 0, harvested_at = NULL, applied_at = NULL
+                cleaned_pages = 0, harvested_at = NULL, applied_at = NULL, max_datestamp = NULL
             """,
             (*run.key(), window.mode, window.from_, window.until, window.granularity, metadata_prefix,
-             window.partner_clock),
+             window.partner_clock, bool(window.protocol.get("clock_regressed"))),
         )
         conn.execute(
             "DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key()
@@ -118,6 +119,18 @@ def last_applied_until(conn: psycopg.Connection, partner_id: str, channel: str =
         ORDER BY started_at DESC, window_until DESC LIMIT 1
         """,
         (partner_id, channel),
+    ).fetchone()
+    conn.commit()
+    return row[0] if row else None
+
+
+def clock_high_water(conn: psycopg.Connection, partner_id: str) -> datetime | None:
+    """How far the partner's clock has been seen: the highest clock an applied run read, or a
+    later stamp among the records one applied (a version issued before the clock went back,
+    even when the run that read it already had a clock set back)."""
+    row = conn.execute(
+        "SELECT GREATEST(max(partner_clock), max(max_datestamp)) FROM harvest_runs"
+        " WHERE partner_id = %s AND status = 'applied'", (partner_id,)
     ).fetchone()
     conn.commit()
     return row[0] if row else None

@@ -72,7 +72,8 @@ MUTATIONS: tuple[Mutation, ...] = (
       "advance_cursor no longer waits for apply_changes"),
     # I2 -- monotonic, idempotent upserts
     M("I2-older-never-overwrites", "store/apply.py",
-      "WHERE (r.datestamp, r.observed_at) < (EXCLUDED.datestamp, EXCLUDED.observed_at)\n", "WHERE true\n",
+      "WHERE harvest_version_newer(EXCLUDED.datestamp, EXCLUDED.observed_at, EXCLUDED.regressed_clock,\n"
+      "                            r.datestamp, r.observed_at, r.regressed_clock)\n", "WHERE true\n",
       (APPLY + "test_older_version_never_overwrites_newer",),
       "the upsert lands whatever the stored datestamp"),
     M("I2-replay-is-a-no-op", "store/apply.py",
@@ -82,7 +83,9 @@ MUTATIONS: tuple[Mutation, ...] = (
       "a same-datestamp, same-content upsert rewrites the row"),
     # I3 -- guarded tombstones, recorded deletions
     M("I3-tombstone-not-older", "store/apply.py",
-      "      AND (r.datestamp, r.observed_at) <= (b.datestamp, b.observed_at)\n", "\n",
+      "      AND NOT harvest_version_newer(r.datestamp, r.observed_at, r.regressed_clock,\n"
+      "                                    b.datestamp, b.observed_at, b.regressed_clock)\n    RETURNING",
+      "\n    RETURNING",
       (APPLY + "test_tombstone_older_than_stored_version_does_not_purge",),
       "a tombstone purges whatever the stored version's datestamp"),
     M("I3-deletion-recorded", "store/apply.py",
@@ -92,8 +95,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     # I4 -- one transaction
     Mutation("I4-one-transaction", "store/apply.py", (
         ("CREATE TEMP TABLE apply_batch ON COMMIT DROP AS", "CREATE TEMP TABLE apply_batch AS"),
-        ("        upserted = dict(conn.execute(_UPSERT, params).fetchall())\n",
-         "        upserted = dict(conn.execute(_UPSERT, params).fetchall())\n"
+        ("        landed = conn.execute(_UPSERT, params).fetchall()\n",
+         "        landed = conn.execute(_UPSERT, params).fetchall()\n"
          "        conn.execute('COMMIT')\n        conn.execute('BEGIN')\n"),
     ), (APPLY + "test_failed_apply_leaves_nothing_half_applied",),
         "the upserts commit on their own, before the purge"),
@@ -166,16 +169,26 @@ MUTATIONS: tuple[Mutation, ...] = (
       "errors no longer name the request"),
     # I10 -- the outcome does not depend on the order in which runs apply
     M("I10-purges-remembered", "store/apply.py",
-      "      AND (t.datestamp, t.observed_at) >= (b.datestamp, b.observed_at))\nON CONFLICT",
-      "      AND false)\nON CONFLICT",
+      "                                    t.datestamp, t.observed_at, t.regressed_clock))\nON CONFLICT",
+      "                                    t.datestamp, t.observed_at, t.regressed_clock) AND false)\nON CONFLICT",
       (MIRROR + "test_a_late_apply_of_an_older_run_never_resurrects_a_purged_record",
        MIRROR + "test_any_apply_order_gives_the_same_mirror"),
       "remembered purges no longer stop an older record from landing"),
     M("I10-later-observation-wins", "store/apply.py",
-      "WHERE (r.datestamp, r.observed_at) < (EXCLUDED.datestamp, EXCLUDED.observed_at)\n",
+      "WHERE harvest_version_newer(EXCLUDED.datestamp, EXCLUDED.observed_at, EXCLUDED.regressed_clock,\n"
+      "                            r.datestamp, r.observed_at, r.regressed_clock)\n",
       "WHERE r.datestamp <= EXCLUDED.datestamp\n",
       (MIRROR + "test_an_older_same_day_version_never_replaces_newer_content",),
       "at equal datestamps any different content replaces the stored one (apply order decides)"),
+    M("I10-clock-regression-observation-wins", "store/migrations/0010_clock_regression.sql",
+      "        WHEN n_rc IS NOT NULL AND s_ds > n_rc AND n_obs > s_obs THEN true\n", "",
+      (MIRROR + "test_after_a_clock_jump_the_later_observation_wins_in_any_apply_order",
+       "tests/soak/test_soak_findings.py::test_versions_stamped_before_the_held_ones_after_a_clock_jump_reach_the_mirror"),
+      "after a partner clock went back, versions stamped before held ones lose (stale content, kept deletions)"),
+    M("I10-clock-high-water-counts-stamps", "store/runs.py",
+      "GREATEST(max(partner_clock), max(max_datestamp))", "max(partner_clock)",
+      ("tests/soak/test_soak_findings.py::test_a_clock_behind_stamps_a_full_export_already_held_is_a_regression_too",),
+      "a clock past every clock read but behind stamps already held is not seen as set back"),
     M("I10-vanished-keeps-its-datestamp", "store/reconcile.py",
       "COALESCE(d.datestamp, r.datestamp)", "COALESCE(d.datestamp, now())",
       (MIRROR + "test_a_record_purged_by_a_reconcile_comes_back_when_the_partner_lists_it_again",),

@@ -196,10 +196,28 @@ class CeleryWorker:
         return f"celery@{self.hostname}"
 
     def kill(self) -> None:
-        """SIGKILL the worker's whole process group (pool processes, task runners): the
-        machine is gone, nothing gets to clean up."""
+        """The machine is gone: SIGKILL the worker and every process under it, nothing cleans up.
+
+        Its process group is not enough: Airflow's supervisor puts each task runner in a
+        group of its own, and a runner whose worker died keeps going (it harvested the
+        rest of the chain in a first version of this test). So: stop the group, then
+        kill the group and every descendant found under the worker.
+        """
+        import psutil
+
+        _signal_group(self.process, signal.SIGSTOP)  # nothing forks while we look
+        try:
+            tree = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            tree = []
         _signal_group(self.process, signal.SIGKILL)
+        for child in tree:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
         self.process.wait(timeout=30)
+        psutil.wait_procs(tree, timeout=30)
 
     def log_tail(self, lines: int = 60) -> str:
         text = self.log.read_text(errors="replace").splitlines()[-lines:] if self.log.exists() else []

@@ -120,37 +120,41 @@ def redis_broker(base: Path) -> Iterator[str]:
 
 # ---------------------------------------------------------------------- simulators
 class GatedOaiSimulator(OaiSimulator):
-    """The OAI-PMH simulator, plus a gate: one chosen ListRecords request waits until released.
+    """The OAI-PMH simulator, plus a gate: from a chosen ListRecords request on, every one
+    waits until released.
 
-    The harvest is then surely in the middle of its chain, in a known place, while the
-    test looks at where it runs and kills that worker: no timing guess.
+    Every chain reading from it then stands still in a known place while the test looks
+    where each runs and kills a worker: no timing guess. With one chain per simulator the
+    gate holds exactly one request; with several chains (slices) on one simulator, every
+    chain that asks after the gate closed waits too.
     """
 
     def __init__(self, repo: SimulatedRepository) -> None:
         super().__init__(repo)
         self._gate = threading.Lock()
-        self._hold_at: int | None = None
+        self._hold_from: int | None = None
         self.list_requests = 0  # ListRecords requests answered or held, retries included
-        self.held = threading.Event()
+        self.held = threading.Event()  # set when the first request waits at the gate
         self._released = threading.Event()
 
-    def hold_list_request(self, number: int) -> None:
-        """The ``number``-th ListRecords request (counted from the start) waits for ``release``."""
+    def hold_list_requests(self, from_number: int) -> None:
+        """ListRecords request number ``from_number`` (counted from the start) and every
+        later one wait for ``release``."""
         with self._gate:
-            self._hold_at = number
+            self._hold_from = from_number
             self.held.clear()
             self._released.clear()
 
     def release(self) -> None:
         with self._gate:
-            self._hold_at = None
+            self._hold_from = None
         self._released.set()
 
     def handle_oai(self, pairs: list[tuple[str, str]]) -> Any:
         if ("verb", "ListRecords") in pairs:
             with self._gate:
                 self.list_requests += 1
-                hold = self.list_requests == self._hold_at
+                hold = self._hold_from is not None and self.list_requests >= self._hold_from
             if hold:
                 self.held.set()
                 self._released.wait(HOLD_LIMIT)
@@ -270,3 +274,21 @@ def celery_workers(env: dict[str, str], base: Path, hostnames: tuple[str, ...], 
     finally:
         app.close()
         _stop_groups([worker.process for worker in workers])
+
+
+@contextmanager
+def worker_logs_on_failure(workers: list[CeleryWorker]) -> Iterator[None]:
+    """On a failure, print the workers' logs and latest task logs (pytest shows them with
+    the failure; conftest's report only knows the services and their AIRFLOW_HOME)."""
+    try:
+        yield
+    except BaseException:
+        from conftest import _log_event
+
+        for worker in workers:
+            print(worker.log_tail())
+            logs = sorted((worker.home / "logs").rglob("attempt=*.log"), key=lambda p: p.stat().st_mtime)
+            for path in logs[-4:]:
+                lines = path.read_text(errors="replace").splitlines()[-25:]
+                print(f"--- {path}:\n" + "\n".join(_log_event(line) for line in lines))
+        raise

@@ -3,7 +3,7 @@
 Used by tests/e2e/test_celery_executor.py on top of conftest's ``airflow_stack`` (which
 then runs the CeleryExecutor: see ``celery_env``). Each worker stands for a machine of
 its own: its own AIRFLOW_HOME (logs, pid file), its own hostname in the task instances,
-its own process group, so SIGKILL of that group is the loss of that machine. What the
+and ``kill`` SIGKILLs it with every process under it (the loss of that machine). What the
 workers share with the scheduler is what a deployment shares: the code (dags/, plugins/),
 the registry file, the Airflow and aggregation databases, the broker.
 """

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import ExitStack
 from datetime import datetime, timezone
 
 import pytest
@@ -58,16 +59,13 @@ def broker_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def gated() -> Iterator[dict[str, GatedOaiSimulator]]:
     now = datetime.now(timezone.utc).replace(microsecond=0)
-    simulators: dict[str, GatedOaiSimulator] = {}
-    try:
+    with ExitStack() as stack:
+        simulators: dict[str, GatedOaiSimulator] = {}
         for seed, partner in enumerate(PARTNERS, start=21):
             repo = SimulatedRepository(records=RECORDS, page_size=PAGE_SIZE, seed=seed, start_clock=now)
-            simulators[partner] = GatedOaiSimulator(repo).__enter__()
+            simulators[partner] = stack.enter_context(GatedOaiSimulator(repo))
+            stack.callback(simulators[partner].release)  # no request stays held at the server's stop
         yield simulators
-    finally:
-        for simulator in simulators.values():
-            simulator.release()
-            simulator.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="module")

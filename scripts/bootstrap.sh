@@ -25,3 +25,9 @@ if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/
   echo "==> installing chromium (apt-get) for tests/e2e/test_health_page.py"
   apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
 fi
+# The Celery e2e test (tests/e2e/test_celery_executor.py) starts its own Redis broker on loopback
+# from Debian's redis-server (the binary only; the system service is not used).
+if ! command -v redis-server >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "==> installing redis-server (apt-get) for tests/e2e/test_celery_executor.py"
+  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null
+fi

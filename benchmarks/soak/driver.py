@@ -616,7 +616,9 @@ def per_kind_plan(partners: list[str], known_gaps: bool = False) -> dict[tuple[s
     plan: dict[tuple[str, int], str] = {}
     used = {s.id: 0 for s in specs}
     kinds = sorted(k for k, f in FAULTS.items() if known_gaps or not f.known_gap)
-    kinds.sort(key=lambda k: not FAULTS[k].full_load_only)  # those need a night 1 first
+    # The export's faults need a night 1 (a full load); a page's faults want one too: an
+    # incremental night may have fewer pages than the fault's page, and never fire.
+    kinds.sort(key=lambda k: (not FAULTS[k].full_load_only, FAULTS[k].where != "page"))
 
     def fits(kind: str, night: int) -> bool:
         f = FAULTS[kind]
@@ -669,6 +671,10 @@ def summary(results: list[Night], seed: int) -> str:
         if streak > longest:
             longest, where = streak, f"{r.partner} from night {r.night - streak + 1}"
     lines.append(f"longest wait for the next night: {longest} night(s)" + (f" ({where})" if where else ""))
+    unfired = [r for r in results if r.fault != "none" and not r.fired]
+    if unfired:
+        lines.append("faults that never fired (the night had no such moment): "
+                     + ", ".join(f"{r.partner}#{r.night} {r.fault}" for r in unfired))
     deferred = [r for r in results if r.outcome == "next-night"]
     lines.append(f"nights left to the next night: {len(deferred)}"
                  + (f" ({', '.join(f'{r.partner}#{r.night} {r.fault}' for r in deferred)})" if deferred else ""))

@@ -220,8 +220,12 @@ class SchedulerStack:
         return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
 
     def running_pid(self, dag_id: str, run_id: str, task_id: str) -> int | None:
-        """The pid of the task process the scheduler launched for this task, while it runs."""
-        ti = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}")
+        """The pid of the task process the scheduler launched for this task, while it runs.
+        Called from a simulator's thread: a request of its own, not the shared session."""
+        response = requests.get(f"{self.base_url}/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}",
+                                timeout=30)
+        response.raise_for_status()
+        ti = response.json()
         if ti.get("state") != "running" or not ti.get("pid"):
             return None
         if ti.get("hostname") and ti["hostname"] not in (socket.gethostname(), socket.getfqdn()):

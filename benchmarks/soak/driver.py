@@ -3,7 +3,9 @@ and after every night a check that the mirror equals the partner.
 
 Each partner's simulator lives in this process (threads), so it outlives the nights it
 serves; each night's DAG run is a child process (night.py) so that a fault may SIGKILL
-it. Nothing is repaired by hand: a night killed in flight is run again under the same
+it. With ``scheduler=True`` (``--scheduler``) the nights are DAG runs of a real Airflow
+scheduler instead (scheduler.py): a fault kills the task process the scheduler launched,
+and the scheduler retries it (arm.py). Nothing is repaired by hand: a night killed in flight is run again under the same
 run id (what Airflow does when the scheduler retries the dead task, or an operator
 clears the run), failures inside a task are retried by Airflow itself (dag.test honours
 ``retries``), and a night that still fails is left for the next scheduled night.
@@ -383,19 +385,6 @@ class Soak:
         self._arm(partner, fault, rng, record, mid_page, fault_page)
 
         attempt_data: dict | None = None
-        for attempt in range(0 if self.scheduler else 1 + RERUNS):
-            record.attempts = attempt + 1
-            moment = fault.moment if fault.where == "child" and attempt == 0 else ""
-            action = fault.action if moment else ""
-            data, code = self._child(env, partner, night, "harvest", moment, action, forget=full_load and attempt == 0)
-            if fault.where == "child" and attempt == 0 and (data is None or fault.action == "pg_restart"):
-                record.fired = record.fired or data is None or fault.action == "pg_restart"
-            if data is None:
-                record.notes.append(f"attempt {attempt + 1}: process ended ({'SIGKILL' if code == -signal.SIGKILL else code})")
-                partner.trip = None
-                continue
-            attempt_data = data
-            break
         if self.scheduler:  # the scheduler retries what dies; nothing is rerun by the soak
             record.attempts = 1
             moment = (fault.scheduler_moment or fault.moment) if fault.where == "child" else ""
@@ -403,6 +392,20 @@ class Soak:
             record.fired = record.fired or fired
             if moment and not fired:
                 record.notes.append(f"armed at {moment}, never reached")
+        else:  # dag.test(): a killed night is started again under its run id
+            for attempt in range(1 + RERUNS):
+                record.attempts = attempt + 1
+                moment = fault.moment if fault.where == "child" and attempt == 0 else ""
+                action = fault.action if moment else ""
+                data, code = self._child(env, partner, night, "harvest", moment, action, forget=full_load and attempt == 0)
+                if fault.where == "child" and attempt == 0 and (data is None or fault.action == "pg_restart"):
+                    record.fired = record.fired or data is None or fault.action == "pg_restart"
+                if data is None:
+                    record.notes.append(f"attempt {attempt + 1}: process ended ({'SIGKILL' if code == -signal.SIGKILL else code})")
+                    partner.trip = None
+                    continue
+                attempt_data = data
+                break
         self._disarm(partner)
         if attempt_data is not None:
             record.task_retries = sum(max(0, t["tries"] - 1) for t in attempt_data["tasks"].values())

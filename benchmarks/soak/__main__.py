@@ -1,5 +1,8 @@
 """python -m benchmarks.soak --nights 30 --seed 7: the long soak, with its table.
 
+--scheduler: the nights run as DAG runs of a real Airflow scheduler (LocalExecutor, REST
+API), which retries killed and failed tasks itself; --per-kind plans one night per fault kind.
+
 Replay one night: the same --seed, --partners <partner> and --nights <that night>.
 """
 
@@ -36,6 +39,10 @@ def main() -> int:
     parser.add_argument("--workdir", default=None, help="night logs and results (default: a temp dir)")
     parser.add_argument("--keep-db", action="store_true",
                         help="keep the aggregation database after the soak (its conninfo is printed) to inspect a replay")
+    parser.add_argument("--scheduler", action="store_true",
+                        help="run the nights on a real Airflow scheduler + api-server (retries by the scheduler)")
+    parser.add_argument("--per-kind", action="store_true",
+                        help="plan every fault kind once across the partners (overrides --nights; --plan still wins)")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     print(f"soak seed {seed} (replay: python -m benchmarks.soak --seed {seed} --partners <p> --nights <n>)", flush=True)
@@ -47,14 +54,15 @@ def main() -> int:
     os.environ.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(ROOT / "plugins"))
     import subprocess
 
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if not args.scheduler:  # dag.test() nights use this home's metadata DB; the scheduler has its own
+        subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     import psycopg
     from psycopg import sql
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    from benchmarks.soak.driver import Soak, summary
+    from benchmarks.soak.driver import Soak, per_kind_plan, summary
     from include import embedded_pg
 
     label = "soak"
@@ -72,9 +80,14 @@ def main() -> int:
         where, kind = item.split("=")
         partner, night = where.split(":")
         plan[(partner, int(night))] = kind
-    soak = Soak(seed=seed, nights=args.nights, partners=args.partners.split(","), conninfo=make_conninfo(**params),
+    partners = args.partners.split(",")
+    nights: int | dict[str, int] = args.nights
+    if args.per_kind:
+        plan = {**per_kind_plan(partners, args.known_gaps), **plan}
+        nights = {p: max([n for (q, n) in plan if q == p] or [1]) for p in partners}
+    soak = Soak(seed=seed, nights=nights, partners=partners, conninfo=make_conninfo(**params),
                 pg_label=label, workdir=workdir, size=args.size, reconcile_every=args.reconcile_every,
-                plan=plan, known_gaps=args.known_gaps,
+                plan=plan, known_gaps=args.known_gaps, scheduler=args.scheduler,
                 log=lambda line: print(line, flush=True))
     try:
         results = soak.run()
@@ -84,7 +97,7 @@ def main() -> int:
         else:
             with psycopg.connect(server, autocommit=True) as admin:
                 admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-    print(summary(results, seed))
+    print(("nights on the Airflow scheduler (retries by the scheduler)\n" if args.scheduler else "") + summary(results, seed))
     return 1 if any(r.divergence for r in results) else 0
 
 

@@ -3,7 +3,9 @@ and after every night a check that the mirror equals the partner.
 
 Each partner's simulator lives in this process (threads), so it outlives the nights it
 serves; each night's DAG run is a child process (night.py) so that a fault may SIGKILL
-it. Nothing is repaired by hand: a night killed in flight is run again under the same
+it. With ``scheduler=True`` (``--scheduler``) the nights are DAG runs of a real Airflow
+scheduler instead (scheduler.py): a fault kills the task process the scheduler launched,
+and the scheduler retries it (arm.py). Nothing is repaired by hand: a night killed in flight is run again under the same
 run id (what Airflow does when the scheduler retries the dead task, or an operator
 clears the run), failures inside a task are retried by Airflow itself (dag.test honours
 ``retries``), and a night that still fails is left for the next scheduled night.
@@ -40,6 +42,9 @@ LEASE_TTL_SECONDS = 3
 RERUNS = 2  # a killed night is run again at most this often before the next night takes over
 RETRIES = 2  # Airflow task retries (the registry's default is 3; the soak keeps nights short)
 HTTP_RETRIES = 2
+# Registry keys (issue 9 item 5): on --scheduler nights the scheduler itself waits this
+# before it retries a failed or killed task (dag.test nights shorten it to 1 s per task).
+RETRY_DELAY, MAX_RETRY_DELAY, EXECUTION_TIMEOUT = "2s", "4s", "10m"
 SIERRA_KEY, SIERRA_SECRET = "soak-key", "soak-secret-never-logged"
 
 
@@ -68,14 +73,16 @@ PARTNERS: dict[str, PartnerSpec] = {p.id: p for p in (
 def registry_yaml(partners: list[PartnerSpec]) -> str:
     lines = ["partners:"]
     http = f"http: {{backoff_factor: 0.01, retries: {HTTP_RETRIES}, retry_after_cap: 2}}"
+    airflow = (f"retries: {RETRIES}, retry_delay: {RETRY_DELAY}, max_retry_delay: {MAX_RETRY_DELAY},"
+               f" execution_timeout: {EXECUTION_TIMEOUT}")
     for p in partners:
         if p.protocol == "sierra":
             lines.append(f"  - {{id: {p.id}, protocol: sierra, conn_id: partner_{p.id}, page_size: 10, lag: 5m,"
-                         f" retries: {RETRIES}, deletion_overlap_days: 1, options: {{{http},"
+                         f" {airflow}, deletion_overlap_days: 1, options: {{{http},"
                          " export: {limit: 100, rate_limit_wait: 0}}}")
         else:
             lines.append(f"  - {{id: {p.id}, protocol: oai-pmh, conn_id: partner_{p.id}, metadata_prefix: oai_dc,"
-                         f" lag: 5m, retries: {RETRIES}, max_purge_fraction: 0.5, options: {{{http}}}}}")
+                         f" lag: 5m, {airflow}, max_purge_fraction: 0.5, options: {{{http}}}}}")
     return "\n".join(lines) + "\n"
 
 
@@ -86,6 +93,7 @@ class Partner:
     def __init__(self, spec: PartnerSpec, seed: int, size: int) -> None:
         self.spec = spec
         self.trip: dict[str, Any] | None = None  # {"page": k, "do": callable}
+        self.asking = "harvest_changes"  # the task whose request is being answered
         self.list_requests = 0
         self.touched: set[str] = set()  # changed while a harvest ran (after the oracle's snapshot)
         self.changed_at: dict[str, datetime] = {}  # the partner's clock when each id last changed
@@ -99,7 +107,7 @@ class Partner:
 
             def handle(method, path, query, headers, body):
                 if method == "GET" and (path.endswith("/bibs") or path.endswith("/bibs/marc")):
-                    self._page_request()
+                    self._page_request("poll_deletions" if "deletedDate" in query else "harvest_changes")
                 return original(method, path, query, headers, body)
 
             self.sim.handle = handle
@@ -114,7 +122,7 @@ class Partner:
 
             def handle_oai(pairs):
                 if any(k == "verb" and v in ("ListRecords", "ListIdentifiers") for k, v in pairs):
-                    self._page_request()
+                    self._page_request("harvest_changes")
                 return original(pairs)
 
             self.sim.handle_oai = handle_oai
@@ -126,8 +134,9 @@ class Partner:
             conn.update(login=SIERRA_KEY, password=SIERRA_SECRET)
         return conn
 
-    def _page_request(self) -> None:
+    def _page_request(self, task_id: str) -> None:
         """Count list pages; when the armed one is asked for, act before answering it."""
+        self.asking = task_id
         self.list_requests += 1
         trip = self.trip
         if trip and self.list_requests > trip["page"]:
@@ -219,8 +228,10 @@ class Night:
 class Soak:
     def __init__(self, *, seed: int, nights: int | dict[str, int], partners: list[str], conninfo: str, pg_label: str,
                  workdir: Path, size: int = 300, reconcile_every: int = 7, plan: dict | None = None,
-                 known_gaps: bool = False, log=print) -> None:
+                 known_gaps: bool = False, scheduler: bool = False, log=print) -> None:
         self.known_gaps = known_gaps
+        self.scheduler = scheduler  # nights as DAG runs of a real scheduler (benchmarks/soak/scheduler.py)
+        self.stack = None
         self.seed, self.nights, self.conninfo, self.pg_label = seed, nights, conninfo, pg_label
         self.specs = [PARTNERS[p] for p in partners]
         self.workdir, self.size, self.reconcile_every = workdir, size, reconcile_every
@@ -256,7 +267,10 @@ class Soak:
         # partner's nights replay the same when it runs without the others.
         partners = {s.id: Partner(s, self.seed * 10 + list(PARTNERS).index(s.id), self.size) for s in self.specs}
         env = self._env(partners)
-        self._start_zygote(env)
+        if self.scheduler:
+            self._start_stack(env)
+        else:
+            self._start_zygote(env)
         try:
             for spec in self.specs:
                 count = self.nights if isinstance(self.nights, int) else self.nights[spec.id]
@@ -267,9 +281,55 @@ class Soak:
         finally:
             for partner in partners.values():
                 partner.close()
-            self.zygote.stdin.close()
-            self.zygote.wait(timeout=60)
+            if self.stack is not None:
+                self.stack.stop()
+            else:
+                self.zygote.stdin.close()
+                self.zygote.wait(timeout=60)
         return self.results
+
+    def _start_stack(self, env: dict[str, str]) -> None:
+        from benchmarks.soak.scheduler import SchedulerStack
+
+        dag_ids = [f"harvest_{s.id}" for s in self.specs] + [f"reconcile_{s.id}" for s in self.specs if s.reconciled]
+        self.stack = SchedulerStack(self.workdir, env, dag_ids, [f"partner_{s.id}" for s in self.specs],
+                                    meta_label=f"{self.pg_label}-airflow")
+        try:
+            self.stack.start()
+        except BaseException:
+            self.stack.stop()
+            raise
+
+    def _scheduled(self, partner: Partner, night: int, kind: str, moment: str = "",
+                   action: str = "") -> tuple[dict, bool]:
+        """One night as a DAG run of the real scheduler: armed, triggered, awaited by polling
+        its state; (the night's result, whether the armed fault fired in a task process)."""
+        stack = self.stack
+        dag_id = f"{kind}_{partner.spec.id}"
+        run_id = f"soak__night{night:03d}__{kind}"
+        self.current_run = (dag_id, run_id)
+        if moment and action:
+            stack.arm(dag_id, run_id, moment, action, self.pg_label)
+        stack.trigger(dag_id, run_id, START + timedelta(days=night), {"mode": "incremental"} if kind == "harvest" else {})
+        run = stack.wait(dag_id, run_id)
+        fired = stack.disarm()
+        keys = [f"harvest_cursor__{partner.spec.id}", f"harvest_cursor__{partner.spec.id}__deletions"]
+        return {
+            "run_id": run_id, "dag_id": dag_id, "state": run["state"],
+            "tasks": {ti["task_id"]: {"state": ti["state"], "tries": ti["try_number"]}
+                      for ti in stack.task_instances(dag_id, run_id)},
+            "cursors": {key: stack.variable(key) for key in keys},
+        }, fired
+
+    def _kill_asking_task(self, partner: Partner, record: "Night") -> None:
+        """SIGKILL the task process the scheduler launched for the task asking for this page."""
+        dag_id, run_id = self.current_run
+        pid = self.stack.running_pid(dag_id, run_id, partner.asking)
+        if pid is None:
+            record.notes.append(f"no running {partner.asking} to kill")
+            return
+        os.kill(pid, signal.SIGKILL)
+        record.notes.append(f"killed {partner.asking} pid {pid}")
 
     def _start_zygote(self, env: dict[str, str]) -> None:
         log = open(self.workdir / "zygote.log", "ab")
@@ -339,19 +399,27 @@ class Soak:
         self._arm(partner, fault, rng, record, mid_page, fault_page)
 
         attempt_data: dict | None = None
-        for attempt in range(1 + RERUNS):
-            record.attempts = attempt + 1
-            moment = fault.moment if fault.where == "child" and attempt == 0 else ""
-            action = fault.action if moment else ""
-            data, code = self._child(env, partner, night, "harvest", moment, action, forget=full_load and attempt == 0)
-            if fault.where == "child" and attempt == 0 and (data is None or fault.action == "pg_restart"):
-                record.fired = record.fired or data is None or fault.action == "pg_restart"
-            if data is None:
-                record.notes.append(f"attempt {attempt + 1}: process ended ({'SIGKILL' if code == -signal.SIGKILL else code})")
-                partner.trip = None
-                continue
-            attempt_data = data
-            break
+        if self.scheduler:  # the scheduler retries what dies; nothing is rerun by the soak
+            record.attempts = 1
+            moment = (fault.scheduler_moment or fault.moment) if fault.where == "child" else ""
+            attempt_data, fired = self._scheduled(partner, night, "harvest", moment, fault.action if moment else "")
+            record.fired = record.fired or fired
+            if moment and not fired:
+                record.notes.append(f"armed at {moment}, never reached")
+        else:  # dag.test(): a killed night is started again under its run id
+            for attempt in range(1 + RERUNS):
+                record.attempts = attempt + 1
+                moment = fault.moment if fault.where == "child" and attempt == 0 else ""
+                action = fault.action if moment else ""
+                data, code = self._child(env, partner, night, "harvest", moment, action, forget=full_load and attempt == 0)
+                if fault.where == "child" and attempt == 0 and (data is None or fault.action == "pg_restart"):
+                    record.fired = record.fired or data is None or fault.action == "pg_restart"
+                if data is None:
+                    record.notes.append(f"attempt {attempt + 1}: process ended ({'SIGKILL' if code == -signal.SIGKILL else code})")
+                    partner.trip = None
+                    continue
+                attempt_data = data
+                break
         self._disarm(partner)
         if attempt_data is not None:
             record.task_retries = sum(max(0, t["tries"] - 1) for t in attempt_data["tasks"].values())
@@ -369,7 +437,8 @@ class Soak:
 
         if spec.reconciled and (night % self.reconcile_every == 0 or settle):
             record.reconcile = True
-            data, _ = self._child(env, partner, night, "reconcile")
+            data = (self._scheduled(partner, night, "reconcile")[0] if self.scheduler
+                    else self._child(env, partner, night, "reconcile")[0])
             if not data or data["state"] != "success":
                 record.notes.append("reconcile failed")
         record.seconds = round(time.monotonic() - started, 1)
@@ -391,7 +460,8 @@ class Soak:
 
         if fault.where == "page":
             do = {
-                "kill": lambda: os.kill(partner.child.pid, signal.SIGKILL),
+                "kill": ((lambda: self._kill_asking_task(partner, record)) if self.scheduler
+                         else (lambda: os.kill(partner.child.pid, signal.SIGKILL))),
                 "pg_restart": lambda: self._pg_restart(),
                 "drop_conn": lambda: self._drop_connections(),
                 "expire_tokens": lambda: sim.expire_tokens(),
@@ -553,6 +623,42 @@ def _same(spec: PartnerSpec, held: tuple, expect: tuple) -> bool:
     return title == want_title and sets == want_sets
 
 
+def per_kind_plan(partners: list[str], known_gaps: bool = False) -> dict[tuple[str, int], str]:
+    """Every fault kind once across the partners, each on a night it can meet: the export's
+    faults on a Sierra full load (night 1), the deletion poll's and a clock jump on later
+    nights; gaps left by those rules are quiet nights ("none")."""
+    from benchmarks.soak.faults import FAULTS
+
+    specs = [PARTNERS[p] for p in partners]
+    plan: dict[tuple[str, int], str] = {}
+    used = {s.id: 0 for s in specs}
+    kinds = sorted(k for k, f in FAULTS.items() if known_gaps or not f.known_gap)
+    # The export's faults need a night 1 (a full load); a page's faults want one too: an
+    # incremental night may have fewer pages than the fault's page, and never fire.
+    kinds.sort(key=lambda k: (not FAULTS[k].full_load_only, FAULTS[k].where != "page"))
+
+    def fits(kind: str, night: int) -> bool:
+        f = FAULTS[kind]
+        if f.full_load_only:
+            return night == 1
+        return night > 1 or not (f.incremental_only or f.where == "before")
+
+    for kind in kinds:
+        candidates = sorted((s for s in specs if s.protocol in FAULTS[kind].protocols),
+                            key=lambda s: (used[s.id], specs.index(s)))
+        if not candidates:
+            continue
+        spec = next((s for s in candidates if fits(kind, used[s.id] + 1)), candidates[0])
+        night = used[spec.id] + 1
+        while not fits(kind, night) and night < 3:
+            plan[(spec.id, night)] = "none"
+            night += 1
+        if fits(kind, night):
+            plan[(spec.id, night)] = kind
+            used[spec.id] = night
+    return plan
+
+
 def summary(results: list[Night], seed: int) -> str:
     """The soak's table: nights, faults by kind, retries and reruns, divergences, slowest recovery."""
     by_kind: dict[str, Counter] = {}
@@ -582,6 +688,10 @@ def summary(results: list[Night], seed: int) -> str:
         if streak > longest:
             longest, where = streak, f"{r.partner} from night {r.night - streak + 1}"
     lines.append(f"longest wait for the next night: {longest} night(s)" + (f" ({where})" if where else ""))
+    unfired = [r for r in results if r.fault != "none" and not r.fired]
+    if unfired:
+        lines.append("faults that never fired (the night had no such moment): "
+                     + ", ".join(f"{r.partner}#{r.night} {r.fault}" for r in unfired))
     deferred = [r for r in results if r.outcome == "next-night"]
     lines.append(f"nights left to the next night: {len(deferred)}"
                  + (f" ({', '.join(f'{r.partner}#{r.night} {r.fault}' for r in deferred)})" if deferred else ""))

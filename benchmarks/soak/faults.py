@@ -22,6 +22,11 @@ class Fault:
     full_load_only: bool = False  # only a full load meets it (Sierra's export)
     incremental_only: bool = False
     known_gap: bool = False  # diverges on today's code (README): drawn only with --known-gaps
+    # --scheduler nights: the moment in the real task processes, when it differs. A task
+    # process reports success before its success listeners run, so a kill there ends a
+    # finished task; the same point "between" two tasks is the next task's start, which
+    # the scheduler then retries.
+    scheduler_moment: str = ""
 
 
 BOTH = ("oai-pmh", "sierra")
@@ -30,9 +35,11 @@ SIERRA = ("sierra",)
 
 FAULTS: dict[str, Fault] = {f.kind: f for f in (
     Fault("kill_mid_page", BOTH, "page", action="kill"),
-    Fault("kill_between_harvest_and_apply", BOTH, "child", "success:harvest_changes", "kill"),
+    Fault("kill_between_harvest_and_apply", BOTH, "child", "success:harvest_changes", "kill",
+          scheduler_moment="running:apply_changes"),
     Fault("kill_mid_apply", BOTH, "child", "apply:audit", "kill"),
-    Fault("kill_after_apply_before_cursor", BOTH, "child", "success:apply_changes", "kill"),
+    Fault("kill_after_apply_before_cursor", BOTH, "child", "success:apply_changes", "kill",
+          scheduler_moment="running:advance_cursor"),
     Fault("pg_restart_mid_page", BOTH, "page", action="pg_restart"),
     Fault("pg_restart_before_apply", BOTH, "child", "running:apply_changes", "pg_restart"),
     Fault("pg_restart_mid_apply", BOTH, "child", "apply:audit", "pg_restart"),

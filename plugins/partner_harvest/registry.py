@@ -53,6 +53,7 @@ CURSOR_PREFIX = "harvest_cursor__"
 DEFAULT_MAX_RECORD_BYTES = 8 * 1024 * 1024
 DEFAULT_RUN_DEADLINE = timedelta(hours=20)
 FINISH_BY_PATTERN = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
+MAX_RETRIES = 20
 
 
 class RegistryError(ValueError):
@@ -97,6 +98,10 @@ class Partner:
     run_deadline: timedelta = DEFAULT_RUN_DEADLINE
     finish_by: str | None = None  # "HH:MM" UTC: a scheduled run unfinished then alerts
     options: dict[str, Any] = field(default_factory=dict)
+    # -- Airflow task arguments (issue 9 item 5): None = the DAG factory's default
+    execution_timeout: timedelta | None = None
+    retry_delay: timedelta | None = None
+    max_retry_delay: timedelta | None = None
 
     @property
     def finish_by_offset(self) -> timedelta | None:
@@ -315,7 +320,8 @@ class PartnerEntry(_Strict):
     fields: Annotated[list[StrictStr], BeforeValidator(_field_list)] = Field(default_factory=list)
     deletion_overlap_days: Annotated[StrictInt, Field(ge=0, le=365)] = 1
     pool_slots: Annotated[StrictInt, Field(ge=1, le=64)] = 1
-    retries: Annotated[StrictInt, Field(ge=0, le=10)] = 3
+    retries: Annotated[StrictInt, Field(ge=0, le=MAX_RETRIES)] = Field(
+        default=3, description="Airflow retries of each task (0..20), exponential backoff from retry_delay")
     reconcile_schedule: Cron = "0 4 * * 0"
     max_purge_fraction: Fraction = 0.05
     quarantine_alert_rate: Fraction = 0.05
@@ -331,6 +337,28 @@ class PartnerEntry(_Strict):
         "its start time (schedule 0 2 * * *, finish_by 06:00: four hours); needs a schedule that runs "
         "at one time of day")
     options: Options = Field(default_factory=Options)
+    # -- Airflow task arguments (issue 9 item 5); unset: the DAG factory's defaults
+    execution_timeout: Duration | None = Field(
+        default=None, description="a task attempt running longer fails (and is retried); default 6h")
+    retry_delay: Duration | None = Field(
+        default=None, description="wait before a task's first retry, doubling after each; default 2m")
+    max_retry_delay: Duration | None = Field(
+        default=None, description="the longest wait between two retries; default 30m")
+
+    @field_validator("execution_timeout", "retry_delay", "max_retry_delay")
+    @classmethod
+    def _positive(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value <= timedelta(0):
+            raise ValueError("must be a positive duration (e.g. 30s, 10m, 2h)")
+        return value
+
+    @field_validator("max_retry_delay")
+    @classmethod
+    def _not_below_retry_delay(cls, value: timedelta | None, info: ValidationInfo) -> timedelta | None:
+        delay = info.data.get("retry_delay")
+        if value is not None and delay is not None and value < delay:
+            raise ValueError(f"is shorter than retry_delay ({int(delay.total_seconds())}s), the first wait")
+        return value
 
     @model_validator(mode="after")
     def _finish_by_fits_the_schedule(self) -> "PartnerEntry":
@@ -370,7 +398,12 @@ class PartnerEntry(_Strict):
             quarantine_alert_rate=float(self.quarantine_alert_rate),
             purge_alert_fraction=float(self.purge_alert_fraction), quiet_period=self.quiet_period,
             run_deadline=self.run_deadline, finish_by=self.finish_by, options=self.options.as_dict(),
+            **self._airflow_args(),
         )
+
+    def _airflow_args(self) -> dict[str, Any]:
+        return {"execution_timeout": self.execution_timeout, "retry_delay": self.retry_delay,
+                "max_retry_delay": self.max_retry_delay}
 
 
 class RegistryFile(_Strict):

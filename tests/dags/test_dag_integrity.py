@@ -172,3 +172,27 @@ def test_pool_check_names_a_missing_pool(registry, airflow_db, capsys) -> None:
     assert main(["--check"]) == 1
     assert "pool partner_forgotten is missing: the tasks of partner forgotten will never be scheduled" in capsys.readouterr().err
     assert main([]) == 0 and main(["--check"]) == 0
+
+
+def test_task_arguments_follow_the_registry(registry) -> None:
+    """retries, retry_delay, max_retry_delay, execution_timeout of every task come from the
+    partner's entry; keys it leaves out keep the factory's defaults."""
+    from datetime import timedelta
+
+    from partner_harvest.airflow import dag_factory
+    from partner_harvest.registry import load_registry
+
+    path = registry(
+        "partners:\n"
+        "  - {id: tuned, protocol: sierra, conn_id: c, retries: 7, retry_delay: 3s, max_retry_delay: 5s,"
+        " execution_timeout: 90m}\n"
+        "  - {id: plain, protocol: oai-pmh, conn_id: c}\n")
+    plain, tuned = load_registry(path).partners
+    for dag in (dag_factory.build_harvest_dag(tuned), dag_factory.build_reconcile_dag(tuned)):
+        for task in dag.tasks:
+            assert (task.retries, task.retry_delay, task.max_retry_delay, task.execution_timeout) == (
+                7, timedelta(seconds=3), timedelta(seconds=5), timedelta(minutes=90)), (dag.dag_id, task.task_id)
+    defaults = dag_factory.DEFAULT_ARGS
+    for task in dag_factory.build_harvest_dag(plain).tasks:
+        assert (task.retries, task.retry_delay, task.max_retry_delay, task.execution_timeout) == (
+            3, defaults["retry_delay"], defaults["max_retry_delay"], defaults["execution_timeout"]), task.task_id

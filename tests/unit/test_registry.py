@@ -206,3 +206,38 @@ def test_schema_accepts_the_project_registry_and_rejects_unknown_keys() -> None:
     project["partners"][1]["options"]["export"]["mapping"] = "x"
     with pytest.raises(jsonschema.ValidationError, match="mapping"):
         jsonschema.validate(project, schema)
+
+
+# -- Airflow task arguments (issue 9 item 5) ------------------------------------------------
+
+def test_airflow_task_arguments_are_read_and_default_to_unset(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+partners:
+  - {id: big, protocol: oai-pmh, conn_id: c, retries: 20, retry_delay: 30s, max_retry_delay: 1h,
+     execution_timeout: 18h}
+  - {id: small, protocol: oai-pmh, conn_id: c}
+""")
+    big, small = load_partners(path)
+    assert (big.retries, big.retry_delay, big.max_retry_delay, big.execution_timeout) == (
+        20, timedelta(seconds=30), timedelta(hours=1), timedelta(hours=18))
+    # Unset: the DAG factory's defaults apply (dag_factory.DEFAULT_ARGS).
+    assert (small.retries, small.retry_delay, small.max_retry_delay, small.execution_timeout) == (3, None, None, None)
+
+
+@pytest.mark.parametrize("keys,field,problem", [
+    ("retries: 21", "retries", "less than or equal to 20"),
+    ("retries: -1", "retries", "greater than or equal to 0"),
+    ("retries: '3'", "retries", "valid integer"),
+    ("retry_delay: 0", "retry_delay", "positive duration"),
+    ("retry_delay: 0s", "retry_delay", "positive duration"),
+    ("execution_timeout: 0m", "execution_timeout", "positive duration"),
+    ("execution_timeout: whenever", "execution_timeout", "not a duration"),
+    ("max_retry_delay: -5", "max_retry_delay", "not a duration"),
+    ("retry_delay: 10m, max_retry_delay: 5m", "max_retry_delay", "shorter than retry_delay (600s)"),
+])
+def test_bad_airflow_task_arguments_name_partner_and_field(tmp_path: Path, keys: str, field: str,
+                                                           problem: str) -> None:
+    path = write(tmp_path, f"partners:\n  - {{id: big, protocol: oai-pmh, conn_id: c, {keys}}}\n")
+    (error,) = load_registry(path).errors
+    assert (error.partner, error.field) == ("big", field)
+    assert f"partner 'big', field '{field}'" in str(error) and problem in str(error), str(error)

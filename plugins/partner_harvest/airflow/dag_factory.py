@@ -175,9 +175,13 @@ def _describe_tasks(dag: DAG, show_window: bool = True) -> None:
 
 
 def default_args(partner: Partner) -> dict[str, Any]:
+    registry_args = {k: v for k, v in (("execution_timeout", partner.execution_timeout),
+                                       ("retry_delay", partner.retry_delay),
+                                       ("max_retry_delay", partner.max_retry_delay)) if v is not None}
     return {
         **DEFAULT_ARGS,
         "retries": partner.retries,
+        **registry_args,  # the registry's keys; unset ones keep DEFAULT_ARGS
         "on_failure_callback": [PartnerAlertNotifier(), partial(tasks.release_lease_after_final_failure, partner_id=partner.id)],
     }
 

@@ -1,0 +1,45 @@
+"""The pieces of ``--scheduler`` nights that need no Airflow: the per-kind plan meets every
+fault kind on a night it can fire on, and an armed fault is claimed by one task process only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.soak.driver import PARTNERS, per_kind_plan
+from benchmarks.soak.faults import FAULTS
+
+
+def test_per_kind_plan_meets_every_kind_once_on_a_night_it_can_fire() -> None:
+    plan = per_kind_plan(list(PARTNERS))
+    kinds = [k for k in plan.values() if k != "none"]
+    assert sorted(kinds) == sorted(k for k, f in FAULTS.items() if not f.known_gap)
+    for (partner, night), kind in plan.items():
+        if kind == "none":
+            continue
+        fault = FAULTS[kind]
+        assert PARTNERS[partner].protocol in fault.protocols, (partner, kind)
+        if fault.full_load_only or fault.where == "page" and "oai-pmh" in fault.protocols:
+            assert night == 1, (partner, night, kind)  # a full load: pages enough for the fault's page
+        if fault.incremental_only or fault.where == "before":
+            assert night > 1, (partner, night, kind)
+    for partner in {p for p, _ in plan}:  # no holes: every night up to the last is planned
+        nights = sorted(n for p, n in plan if p == partner)
+        assert nights == list(range(1, len(nights) + 1))
+    assert "clock_behind_cursor" in per_kind_plan(list(PARTNERS), known_gaps=True).values()
+
+
+def test_an_armed_fault_is_claimed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("airflow")
+    from benchmarks.soak import arm
+
+    order = tmp_path / "armed.json"
+    order.write_text(json.dumps({"dag_id": "d", "run_id": "r", "moment": "running:t", "action": "", "pg_label": "x"}))
+    monkeypatch.setenv(arm.ARM_ENV, str(order))
+    assert arm._order() == (order, json.loads(order.read_text()))
+    assert arm._claim(order) is True
+    assert arm._claim(order) is False  # a retry of the killed task meets no fault
+    assert arm._order() is None
+    assert json.loads(order.with_name("armed.json.fired").read_text())["pid"] > 0

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime
+from typing import Any
 
 from partner_harvest.adapters import ItemSink, PartnerClock
 from partner_harvest.errors import HarvestError, PartnerProtocolError
-from partner_harvest.oai import parse
+from partner_harvest.oai import parse, slicing
 from partner_harvest.oai.client import OaiClient
 from partner_harvest.oai.errors import IdDoesNotExist
 from partner_harvest.oai.parse import DAY_GRANULARITY, format_datestamp
@@ -19,7 +21,7 @@ from partner_harvest.records import HarvestItem
 from partner_harvest.oai.errors import BadResumptionToken
 from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner
-from partner_harvest.window import DAY, SECONDS, Window
+from partner_harvest.window import DAY, SECONDS, Window, format_instant
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +57,20 @@ class OaiAdapter:
                 "oai_granularity": identify.granularity,
                 "deleted_record": identify.deleted_record,
                 "set": self.partner.set_spec,
+                "earliest_datestamp": (format_instant(identify.earliest_datestamp)
+                                       if identify.earliest_datestamp else None),
             },
         )
+
+    def plan_slices(self, window: Window, settings: Any) -> list[dict[str, Any]]:
+        """Datestamp slices of a big window (oai/slicing.py); [] keeps it whole."""
+        prefix = window.protocol["metadata_prefix"]
+        oai_granularity = window.protocol.get("oai_granularity", DAY_GRANULARITY)
+
+        def probe(from_: datetime | None, until: datetime) -> int | None:
+            return slicing.list_size(self.client, prefix, self.partner.set_spec, oai_granularity, from_, until)
+
+        return slicing.plan(window, settings, probe, self.partner_id)
 
     def harvest(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
         prefix = window.protocol["metadata_prefix"]
@@ -67,7 +81,8 @@ class OaiAdapter:
         while True:
             try:
                 self._stream(prefix, from_, until, sink, stats)
-                if window.is_full and window.mode != "reconcile":  # not the reconcile's bulk fetch
+                # not the reconcile's bulk fetch, nor a slice (its range is not the whole list)
+                if window.is_full and window.mode != "reconcile" and "slice" not in window.protocol:
                     stats.extra["checks"] = self._completeness(prefix, until, stats)
                 return
             except BadResumptionToken as exc:

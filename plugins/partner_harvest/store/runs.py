@@ -40,7 +40,7 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
                 upserted = 0, unchanged = 0, purged = 0, quarantined = 0,
                 complete_list_size = NULL, list_size_mismatch = false, token_restarts = 0,
                 check_kind = NULL, check_expected = NULL, check_found = NULL, check_ok = NULL, check_detail = NULL,
-                cleaned_pages = 0, harvested_at = NULL, applied_at = NULL
+                cleaned_pages = 0, harvested_at = NULL, applied_at = NULL, checkpoint = NULL, progress_at = now()
             """,
             (*run.key(), window.mode, window.from_, window.until, window.granularity, metadata_prefix,
              window.partner_clock),
@@ -48,6 +48,20 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
         conn.execute(
             "DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key()
         )
+
+
+def record_progress(conn: psycopg.Connection, run: RunRef, pages: int, fetched: int,
+                    checkpoint: int | None = None) -> None:
+    """Pages and items staged so far (inside the page's own transaction, so the row never
+    counts a page staging lost); ``checkpoint`` is where a Sierra slice would resume."""
+    conn.execute(
+        """
+        UPDATE harvest_runs SET pages = %s, fetched = %s, progress_at = now(),
+            checkpoint = COALESCE(%s, checkpoint)
+        WHERE partner_id = %s AND run_id = %s AND channel = %s AND status = 'harvesting'
+        """,
+        (pages, fetched, checkpoint, *run.key()),
+    )
 
 
 def finish_harvest(conn: psycopg.Connection, run: RunRef, stats: HarvestStats) -> None:
@@ -130,7 +144,7 @@ def abandon_stale_runs(conn: psycopg.Connection, partner_id: str, older_than: ti
             """
             UPDATE harvest_runs SET status = 'abandoned',
                 error = COALESCE(error || ' — ', '') || 'abandoned: not applied within ' || %s::text
-            WHERE partner_id = %s AND status IN ('harvesting', 'harvested', 'failed')
+            WHERE partner_id = %s AND status IN ('planned', 'harvesting', 'harvested', 'failed')
               AND started_at < now() - %s
             """,
             (str(older_than), partner_id, older_than),

@@ -179,6 +179,8 @@ WINDOW_TEMPLATE = (
 def _describe_tasks(dag: DAG, show_window: bool = True) -> None:
     """Per-task docs, and the frozen window in every later task's rendered fields."""
     for task_ in dag.tasks:
+        if getattr(task_, "is_mapped", False):
+            continue  # docs and templates given to the decorator (a mapped task's are read-only)
         task_.doc_md = TASK_DOCS.get(task_.task_id)
         if show_window and task_.task_id != "freeze_window" and hasattr(task_, "templates_dict"):
             task_.templates_dict = {"harvested_window": WINDOW_TEMPLATE}
@@ -263,7 +265,8 @@ def build_harvest_dag(partner: Partner) -> DAG:
 
         # Mapped over the plan: one piece (the whole window) or one per slice, each retried
         # on its own; the partner's pool bounds how many reach the partner at once.
-        @task(task_id="harvest_changes", map_index_template="{{ harvest_channel }}", **pool)
+        @task(task_id="harvest_changes", map_index_template="{{ harvest_channel }}",
+              doc_md=TASK_DOCS["harvest_changes"], templates_dict={"harvested_window": WINDOW_TEMPLATE}, **pool)
         def harvest_changes(window: dict[str, Any], piece: dict[str, Any]) -> dict[str, Any]:
             context = get_current_context()
             context["harvest_channel"] = piece.get("channel", "changes")  # type: ignore[typeddict-unknown-key]

@@ -21,7 +21,7 @@ from partner_harvest.oai.parse import format_datestamp
 from partner_harvest.registry import Partner, SliceSettings
 from partner_harvest.store import connect
 from partner_harvest.store.admin import live_identifiers
-from partner_harvest.store.apply import RunNotHarvested, StagingIncomplete
+from partner_harvest.store.apply import RunNotHarvested, apply_run
 from partner_harvest.store.slices import slice_rows
 
 FAST_HTTP = {"backoff_factor": 0.01, "backoff_max": 0.05, "retries": 2, "read_timeout": 30}
@@ -158,6 +158,9 @@ def test_a_failed_oai_slice_is_harvested_again_alone(conn, oai) -> None:
     with pytest.raises(HarvestError):
         run.harvest(channels[2])
     assert run.rows()[channels[2]]["status"] == "failed"
+    with pytest.raises(RunNotHarvested, match="changes/003 \\(failed\\)"):  # I4 while a slice failed
+        pipeline.apply_changes(conn, partner.id, run.run_id)
+    assert held(conn, partner.id) == set()
     sim.handle_oai = original
     for channel in channels[2:]:  # the retry of the failed slice, then the rest
         run.harvest(channel)
@@ -195,6 +198,7 @@ def test_progress_is_visible_from_another_connection_while_a_slice_harvests(conn
     run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
     channel = run.pieces[0]["channel"]
     seen: list[tuple] = []
+    refusals: list[str] = []
     original = sim.handle_oai
     observer = connect(db)
 
@@ -204,6 +208,11 @@ def test_progress_is_visible_from_another_connection_while_a_slice_harvests(conn
             " AND channel = %s", (partner.id, run.run_id, channel)).fetchone()
         observer.commit()
         seen.append(row)
+        if len(seen) == 2:  # I4: an apply now (another task, another connection) refuses
+            try:
+                apply_run(observer, partner.id, run.run_id)
+            except RunNotHarvested as exc:
+                refusals.append(str(exc))
         return original(pairs)
 
     sim.handle_oai = watch
@@ -218,6 +227,7 @@ def test_progress_is_visible_from_another_connection_while_a_slice_harvests(conn
     assert fetched == sorted(fetched) and fetched[0] == 0 and fetched[-1] > 0
     assert [r[1] for r in seen] == list(range(len(seen)))  # one more page each time
     assert seen[-1][3] is not None
+    assert len(refusals) == 1 and f"{channel} (harvesting)" in refusals[0]
 
 
 def sierra_run(conn, sim, partner, run_id="run-1") -> Run:

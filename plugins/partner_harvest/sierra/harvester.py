@@ -146,9 +146,9 @@ class SierraAdapter:
         holds about as many bibs as it is wide. The span comes from ``fields=id&limit=1``
         probes: the lowest id, then the highest by bisection (about 24 requests)."""
         low = self._first_id_from(0)
-        if low is None:
-            return []
-        high, top, probes = low, MAX_BIB_ID, 1
+        if low is None or self._first_id_from(low + settings.threshold_records) is None:
+            return []  # no id that far above the lowest: small enough to stay whole (two requests)
+        high, top, probes = low, MAX_BIB_ID, 2
         while high < top:
             mid = (high + top + 1) // 2
             found = self._first_id_from(mid)

@@ -215,7 +215,8 @@ def _describe_slice(bounds: slices.SliceBounds) -> str:
 
 def slice_window(window: Window, bounds: slices.SliceBounds, resume_at: int | None = None) -> Window:
     """The sub-window one slice harvests: its own range, the run's frozen facts."""
-    piece = {"channel": bounds.channel, "lo": bounds.lo, "hi": bounds.hi, "resume_at": resume_at}
+    piece = {"channel": bounds.channel, "lo": bounds.lo, "hi": bounds.hi, "resume_at": resume_at,
+             "of_full": window.is_full}  # a slice of a full harvest proves its own range (I12)
     return replace(window, from_=bounds.from_, until=bounds.until, protocol={**window.protocol, "slice": piece})
 
 

@@ -123,6 +123,10 @@ def test_oai_full_harvest_as_slices_equals_the_live_set(conn, oai) -> None:
     assert held(conn, partner.id) == repo.live_identifiers()
     assert result.fetched == sum(fetched.values())
     assert {r["status"] for r in run.rows().values()} == {"applied"}
+    checks = conn.execute("SELECT channel, check_kind, check_ok FROM harvest_runs WHERE run_id = %s"
+                          " AND check_kind IS NOT NULL", (run.run_id,)).fetchall()
+    conn.commit()
+    assert {c for c, kind, ok in checks if kind == "oai-complete-list-size" and ok} == set(channels)  # I12, per slice
     assert pipeline.last_applied_until(conn, partner.id, "changes") == run.window.until  # coverage reads the parent
 
 

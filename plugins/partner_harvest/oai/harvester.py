@@ -81,9 +81,10 @@ class OaiAdapter:
         while True:
             try:
                 self._stream(prefix, from_, until, sink, stats)
-                # not the reconcile's bulk fetch, nor a slice (its range is not the whole list)
-                if window.is_full and window.mode != "reconcile" and "slice" not in window.protocol:
-                    stats.extra["checks"] = self._completeness(prefix, until, stats)
+                # a full harvest, or one slice of it (its own range), never the reconcile's bulk fetch
+                piece = window.protocol.get("slice")
+                if (piece.get("of_full") if piece else window.is_full) and window.mode != "reconcile":
+                    stats.extra["checks"] = self._completeness(prefix, until, stats, from_)
                 return
             except BadResumptionToken as exc:
                 restarts += 1
@@ -132,7 +133,7 @@ class OaiAdapter:
 
     # -- completeness (I12) --------------------------------------------------------------
 
-    def _completeness(self, prefix: str, until: str, stats: HarvestStats) -> list[tuple]:
+    def _completeness(self, prefix: str, until: str, stats: HarvestStats, from_: str | None = None) -> list[tuple]:
         """Second witnesses of a full harvest, as record_check arguments, failures last
         (the audit row keeps the last one recorded).
 
@@ -151,18 +152,20 @@ class OaiAdapter:
                 f"({stats.records} records, {stats.tombstones} deleted, {stats.rejected} rejected)",
             ))
         if (self.partner.options.get("completeness") or {}).get("list_identifiers"):
-            checks.append(self._list_identifiers_check(prefix, until, stats))
+            checks.append(self._list_identifiers_check(prefix, until, stats, from_))
         checks.sort(key=lambda check: check[3], reverse=True)
         return checks
 
-    def _list_identifiers_check(self, prefix: str, until: str, stats: HarvestStats) -> tuple:
+    def _list_identifiers_check(self, prefix: str, until: str, stats: HarvestStats, from_: str | None = None) -> tuple:
         request = f"ListIdentifiers metadataPrefix={prefix} set={self.partner.set_spec} until={until}"
+        if from_:
+            request += f" from={from_}"
         restarts = 0
         while True:
             listed = 0
             try:
                 for page in self.client.list_pages("ListIdentifiers", metadata_prefix=prefix,
-                                                   set_spec=self.partner.set_spec, from_=None, until=until):
+                                                   set_spec=self.partner.set_spec, from_=from_, until=until):
                     listed += len(page.items)
                 break
             except BadResumptionToken:

@@ -194,7 +194,7 @@ class SierraAdapter:
         start = int(piece.get("resume_at") or 0)
         if start:
             log.info("%s: slice %s resumes its change poll at id %d", self.partner_id, piece.get("channel"), start)
-        for entries in self.client.bib_pages(params, self.partner.page_size, start_id=start):
+        for entries in self.client.bib_pages(params, self.partner.page_size, **({"start_id": start} if start else {})):
             items = [self._entry_to_item(entry) for entry in entries]
             self._write(items, sink, stats, "changes", checkpoint=_after_last(entries) if piece else None)
 
@@ -335,8 +335,8 @@ class SierraAdapter:
         listed = completeness.listed_ids_writer(conn, run)
         pages = 0
         piece = piece or {}
-        for entries in self.client.bib_pages({"deleted": "false", "fields": "id"}, MAX_LIMIT,
-                                             start_id=int(piece.get("lo") or 0), end_id=piece.get("hi")):
+        within = {"start_id": int(piece.get("lo") or 0), "end_id": piece.get("hi")} if piece else {}
+        for entries in self.client.bib_pages({"deleted": "false", "fields": "id"}, MAX_LIMIT, **within):
             listed.write_page([(str(e["id"]), None, False) for e in entries if e.get("id")])
             pages += 1
         gap = completeness.measure_gap(conn, run)

@@ -299,6 +299,39 @@ def test_a_sierra_slice_failed_mid_way_resumes_from_its_checkpoint(conn, sierra)
     assert result.fetched == sum(r["fetched"] for r in run.rows().values())
 
 
+def test_a_sierra_slice_whose_staging_was_lost_starts_over(conn, sierra) -> None:
+    sim, catalogue = sierra
+    partner = sierra_partner()
+    run = sierra_run(conn, sim, partner)
+    channel = run.pieces[1]["channel"]
+    original, exports = sim.handle, {"n": 0}
+
+    def fail_second_block(method, path, query, headers, body):
+        if method == "GET" and path.endswith("/bibs/marc"):
+            exports["n"] += 1
+            if exports["n"] == 2:
+                sim.fail_next(2, status=500, path_prefix="/bibs/marc")
+        return original(method, path, query, headers, body)
+
+    sim.handle = fail_second_block
+    with pytest.raises(HarvestError):
+        run.harvest(channel)
+    sim.handle = original
+    assert run.rows()[channel]["checkpoint"] is not None
+    with conn.transaction():  # a crash empties the UNLOGGED staging under the failed slice
+        conn.execute("DELETE FROM staging WHERE run_id = %s AND channel = %s", (run.run_id, channel))
+    sim.requests.clear()
+    run.harvest(channel)
+    first = next(r for r in sim.requests if r["path"].endswith("/bibs/marc"))
+    assert first["query"]["id"].startswith(f"[{run.rows()[channel]['slice_lo']},")  # from its own start
+    assert run.rows()[channel]["resumed"] == 0
+    for piece in run.pieces:
+        if piece["channel"] != channel:
+            run.harvest(piece["channel"])
+    run.apply()
+    assert held(conn, partner.id) == catalogue.live_ids()
+
+
 def test_a_long_sierra_change_poll_is_sliced_by_updated_date(conn, sierra) -> None:
     sim, catalogue = sierra
     partner = sierra_partner(slicing=SliceSettings(threshold_records=300, target_records=150, max_slices=4,

@@ -85,7 +85,7 @@ def write_plan(
                 """
                 INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until, granularity,
                                           metadata_prefix, status, attempts, partner_clock, slice_lo, slice_hi,
-                                          complete_list_size)
+                                          harvested_at)
                 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'planned', 0, %s, %s, %s, NULL)
                 """,
                 [(partner_id, run_id, s.channel, window.mode, s.from_, s.until, window.granularity, metadata_prefix,

@@ -122,7 +122,7 @@ def _equal_ranges(window: Window, start: datetime, step: timedelta, count: int) 
     """``count`` equal time ranges from ``start`` to until, on granule boundaries."""
     if count < 2:
         return []
-    granules = int((window.until - start) / step)
+    granules = int((window.until - start) / step) + 1  # both ends included
     count = min(count, granules)
     if count < 2:
         return []

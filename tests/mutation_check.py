@@ -196,7 +196,7 @@ MUTATIONS: tuple[Mutation, ...] = (
       (MIRROR + "test_apply_refuses_when_staging_lost_what_the_harvest_recorded",),
       "an apply over staging the database lost marks the run applied with nothing"),
     M("I4-slices-planned-block-the-apply", "store/slices.py",
-      "'planned', 0, %s, %s, %s, NULL)", "'planned', 0, %s, %s, %s, now())",
+      "'planned', 0, %s, %s, %s, %s, NULL)", "'planned', 0, %s, %s, %s, %s, now())",
       (SLICES + "test_oai_full_harvest_as_slices_equals_the_live_set",),
       "planned slices count as harvested: a sliced run applies before its slices harvested"),
     M("I12-slice-resumes-only-what-is-staged", "store/slices.py",

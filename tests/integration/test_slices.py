@@ -208,7 +208,7 @@ def test_progress_is_visible_from_another_connection_while_a_slice_harvests(conn
 
     def watch(pairs):  # before answering each page: what does an operator see?
         row = observer.execute(
-            "SELECT status, pages, fetched, progress_at FROM harvest_runs WHERE partner_id = %s AND run_id = %s"
+            "SELECT status, pages, fetched, progress_at, expected FROM harvest_runs WHERE partner_id = %s AND run_id = %s"
             " AND channel = %s", (partner.id, run.run_id, channel)).fetchone()
         observer.commit()
         seen.append(row)
@@ -231,6 +231,7 @@ def test_progress_is_visible_from_another_connection_while_a_slice_harvests(conn
     assert fetched == sorted(fetched) and fetched[0] == 0 and fetched[-1] > 0
     assert [r[1] for r in seen] == list(range(len(seen)))  # one more page each time
     assert seen[-1][3] is not None
+    assert seen[0][4] == run.pieces[0]["estimate"] and seen[-1][4] == stats.complete_list_size  # for the time left
     assert len(refusals) == 1 and f"{channel} (harvesting)" in refusals[0]
 
 

@@ -85,11 +85,11 @@ def write_plan(
                 """
                 INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until, granularity,
                                           metadata_prefix, status, attempts, partner_clock, slice_lo, slice_hi,
-                                          harvested_at)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'planned', 0, %s, %s, %s, NULL)
+                                          expected, harvested_at)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'planned', 0, %s, %s, %s, %s, NULL)
                 """,
                 [(partner_id, run_id, s.channel, window.mode, s.from_, s.until, window.granularity, metadata_prefix,
-                  window.partner_clock, s.lo, s.hi) for s in slices],
+                  window.partner_clock, s.lo, s.hi, s.estimate) for s in slices],
             )
 
 
@@ -163,8 +163,8 @@ def slice_rows(conn: psycopg.Connection, partner_id: str, run_id: str) -> list[d
     with conn.cursor() as cur:
         cur.execute(
             """
-            SELECT channel, status, window_from, window_until, slice_lo, slice_hi, pages, fetched,
-                   checkpoint, resumed, attempts, progress_at, harvested_at
+            SELECT channel, status, window_from, window_until, slice_lo, slice_hi, pages, fetched, expected,
+                   checkpoint, resumed, attempts, started_at, harvesting_since, progress_at, harvested_at
             FROM harvest_runs WHERE partner_id = %s AND run_id = %s ORDER BY channel
             """, (partner_id, run_id),
         )

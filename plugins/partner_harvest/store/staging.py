@@ -64,7 +64,8 @@ class StagingWriter:
                         self.seq += 1
                         copy.write_row(_row(pid, run_id, channel, self.seq, storable(item, self.max_record_bytes)))
             if self.progress is not None:
-                record_progress(self.conn, self.run, self.progress.pages, self.progress.fetched, checkpoint)
+                record_progress(self.conn, self.run, self.progress.pages, self.progress.fetched, checkpoint,
+                                self.progress.complete_list_size)
 
 
 def storable(item: HarvestItem, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> HarvestItem:

@@ -173,7 +173,7 @@ class SierraAdapter:
     # -- changes ---------------------------------------------------------------------
 
     # A slice (window.protocol["slice"]) writes its keyset position with every page and,
-    # retried, resumes from it (``resume_at``) keeping what it staged (pipeline.harvest_slice).
+    # retried, resumes from it (``resume_at``) keeping what it staged (pipeline.harvest_piece).
     resumes_slices = True
 
     def harvest(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:

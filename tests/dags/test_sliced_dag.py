@@ -114,24 +114,17 @@ def library(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, ai
 
 def test_a_sliced_sierra_full_load_resumes_the_failed_slice_from_its_checkpoint(library, db) -> None:
     sim, catalogue = library
-    original, exports = sim.handle, {"n": 0}
-
-    def fail_once(method, path, query, headers, body):  # the 5th export block (the second of slice 2) answers 500 once
-        if method == "GET" and path.endswith("/bibs/marc"):
-            exports["n"] += 1
-            if exports["n"] == 5:
-                sim.fail_next(1, status=500, path_prefix="/bibs/marc")
-        return original(method, path, query, headers, body)
-
-    sim.handle = fail_once
+    # the second export block of the second slice (ids 1000151..1000300, 50 a block) answers 500 once
+    sim.fail_next(1, status=500, path_prefix="/bibs/marc?id=[1000201,")
     run = build_dag("slicedlibrary", fail_once=True).test(run_conf={"mode": "full"})
     tis = instances(run)
     assert {t[2] for t in tis} == {"success"}, tis
     harvests = [t for t in tis if t[0] == "harvest_changes"]
     assert len(harvests) == 4 and sum(t[3] for t in harvests) == 5
     audit = rows(db, "slicedlibrary", run)
-    retried = [c for c, r in audit.items() if r["resumed"]]
-    assert len(retried) == 1 and audit[retried[0]]["attempts"] == 2  # resumed from its checkpoint
+    assert audit["changes/002"]["slice_lo"] == 1000151 and audit["changes/002"]["slice_hi"] == 1000300
+    assert audit["changes/002"]["resumed"] == 1 and audit["changes/002"]["attempts"] == 2  # from its checkpoint
+    assert [c for c, r in audit.items() if r["resumed"]] == ["changes/002"]
     assert held(db, "slicedlibrary") == catalogue.live_ids()
     blocks = [r["query"]["id"] for r in sim.requests if r["path"].endswith("/bibs/marc") and r["method"] == "GET"]
     assert len(blocks) == len(set(blocks)) + 1  # only the failed block was asked twice

@@ -300,6 +300,42 @@ def test_a_sierra_slice_failed_mid_way_resumes_from_its_checkpoint(conn, sierra)
     assert result.fetched == sum(r["fetched"] for r in run.rows().values())
 
 
+def test_a_killed_sierra_slice_resumes_from_its_checkpoint(conn, db, sierra, monkeypatch) -> None:
+    """A worker killed mid-slice (no failure handler runs: the row stays 'harvesting', its
+    connection dies with the page's transaction) resumes on the next try."""
+    from partner_harvest.store import staging
+
+    sim, catalogue = sierra
+    partner = sierra_partner()
+    run = sierra_run(conn, sim, partner)
+    channel = run.pieces[2]["channel"]
+    real_write, pages = staging.StagingWriter.write_page, {"n": 0}
+
+    def killed_on_the_third_page(self, items, checkpoint=None):
+        pages["n"] += 1
+        if pages["n"] == 3:
+            raise KeyboardInterrupt("SIGKILL")  # not an Exception: nothing marks the row failed
+        return real_write(self, items, checkpoint=checkpoint)
+
+    monkeypatch.setattr(staging.StagingWriter, "write_page", killed_on_the_third_page)
+    with pytest.raises(KeyboardInterrupt):
+        run.harvest(channel)
+    monkeypatch.setattr(staging.StagingWriter, "write_page", real_write)
+    conn.close()  # the dead worker's connection
+    conn = connect(db)
+    run.conn = conn
+    row = run.rows()[channel]
+    assert row["status"] == "harvesting" and row["pages"] == 2 and row["checkpoint"] == row["slice_lo"] + 100
+    run.harvest(channel)
+    assert run.rows()[channel]["resumed"] == 1
+    for piece in run.pieces:
+        if piece["channel"] != channel:
+            run.harvest(piece["channel"])
+    run.apply()
+    assert held(conn, partner.id) == catalogue.live_ids()
+    conn.close()
+
+
 def test_a_sierra_slice_whose_staging_was_lost_starts_over(conn, sierra) -> None:
     sim, catalogue = sierra
     partner = sierra_partner()

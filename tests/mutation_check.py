@@ -51,6 +51,7 @@ OAI = "tests/integration/test_oai_harvest.py::"
 DAG = "tests/dags/test_harvest_dag_run.py::"
 MIRROR = "tests/integration/test_mirror_store.py::"
 SIERRA = "tests/integration/test_sierra_harvest.py::"
+SLICES = "tests/integration/test_slices.py::"
 
 MUTATIONS: tuple[Mutation, ...] = (
     # I1 -- the cursor
@@ -207,6 +208,14 @@ MUTATIONS: tuple[Mutation, ...] = (
       "    if lost:\n        raise StagingIncomplete", "    if False:\n        raise StagingIncomplete",
       (MIRROR + "test_apply_refuses_when_staging_lost_what_the_harvest_recorded",),
       "an apply over staging the database lost marks the run applied with nothing"),
+    M("I4-slices-planned-block-the-apply", "store/slices.py",
+      "'planned', 0, %s, %s, %s, %s, NULL)", "'planned', 0, %s, %s, %s, %s, now())",
+      (SLICES + "test_oai_full_harvest_as_slices_equals_the_live_set",),
+      "planned slices count as harvested: a sliced run applies before its slices harvested"),
+    M("I12-slice-resumes-only-what-is-staged", "store/slices.py",
+      "    if counts[0] != row[3]:\n        return None\n", "    if False:\n        return None\n",
+      (SLICES + "test_a_sierra_slice_whose_staging_was_lost_starts_over",),
+      "a Sierra slice resumes from its checkpoint although a crash emptied its staging"),
     M("I12-failed-check-alerts", "quality.py",
       "    for check in figures.failed_checks:\n", "    for check in ():\n",
       ("tests/unit/test_quality.py::test_a_failed_completeness_check_is_a_finding",),

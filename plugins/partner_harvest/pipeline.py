@@ -31,7 +31,9 @@ from partner_harvest.store import (
     finish_harvest,
     record_check,
 )
+from partner_harvest.store import slices
 from partner_harvest.store.apply import StagingIncomplete
+from partner_harvest.store.slices import Resumable
 from partner_harvest.store.runs import clock_high_water, last_applied_until
 from partner_harvest.window import Window, channel_window, format_instant, plan_window
 
@@ -158,13 +160,19 @@ def poll_deletions(adapter: Any, conn: psycopg.Connection, run: RunRef, window: 
 
 def _stage(
     adapter: Any, source: Any, conn: psycopg.Connection, run: RunRef, window: Window,
-    audit_window: Window | None = None,
+    audit_window: Window | None = None, resume: Resumable | None = None,
 ) -> HarvestStats:
     partner_id = adapter.partner_id
     ensure_schema(conn)
-    begin_run(conn, run, audit_window or window, window.protocol.get("metadata_prefix"))
     stats = HarvestStats()
-    writer = StagingWriter(conn, run, max_record_bytes=max_record_bytes(adapter))
+    if resume is None:
+        begin_run(conn, run, audit_window or window, window.protocol.get("metadata_prefix"))
+    else:  # a Sierra slice picks up where it failed, with what it staged before
+        slices.reopen(conn, run)
+        stats.pages, stats.fetched = resume.pages, resume.fetched
+        stats.records, stats.tombstones, stats.rejected = resume.records, resume.tombstones, resume.rejected
+    writer = StagingWriter(conn, run, max_record_bytes=max_record_bytes(adapter), progress=stats,
+                           seq=resume.last_seq if resume else 0)
     try:
         source(window, writer, stats)
     except Exception as exc:
@@ -185,6 +193,76 @@ def _stage(
         stats.tombstones, stats.rejected, stats.restarts,
     )
     return stats
+
+
+# -- slices (issue 9) ---------------------------------------------------------------------
+
+WHOLE = {"channel": slices.PARENT}  # the plan of a run that is not sliced: one piece, the window
+
+
+def plan_slices(
+    adapter: Any, conn: psycopg.Connection, partner_id: str, run_id: str, window: Window, settings: Any,
+) -> list[dict[str, Any]]:
+    """Decide whether the run is harvested whole or as slices, and record the plan.
+
+    Returns the pieces the mapped harvest task runs over: ``[{"channel": "changes"}]`` for
+    a window that stays whole (the unsliced path), else one ``{"channel": "changes/00N",
+    ...}`` per slice. The slices' rows are written ``planned`` in one transaction, so the
+    apply refuses until every one of them harvested (I4).
+    """
+    ensure_schema(conn)
+    planner = getattr(adapter, "plan_slices", None)
+    planned = planner(window, settings) if planner is not None else []
+    if len(planned) < 2:
+        planned = []
+    bounds = [slices.SliceBounds(slices.slice_channel(i + 1), p.get("from_"), p["until"], p.get("lo"), p.get("hi"),
+                                 p.get("estimate")) for i, p in enumerate(planned)]
+    slices.write_plan(conn, partner_id, run_id, window, window.protocol.get("metadata_prefix"), bounds)
+    if not bounds:
+        return [dict(WHOLE)]
+    log.info("%s: %s harvested as %d slices: %s", partner_id, window.describe(), len(bounds),
+             "; ".join(_describe_slice(b) for b in bounds))
+    return [{"channel": b.channel, "from": format_instant(b.from_) if b.from_ else None,
+             "until": format_instant(b.until), "lo": b.lo, "hi": b.hi, "estimate": b.estimate} for b in bounds]
+
+
+def _describe_slice(bounds: slices.SliceBounds) -> str:
+    if bounds.lo is not None:
+        return f"{bounds.channel} ids {bounds.lo}..{bounds.hi}"
+    start = format_instant(bounds.from_) if bounds.from_ else "the beginning"
+    return f"{bounds.channel} {start}..{format_instant(bounds.until)}" + (
+        f" (~{bounds.estimate})" if bounds.estimate is not None else "")
+
+
+def slice_window(window: Window, bounds: slices.SliceBounds, resume_at: int | None = None) -> Window:
+    """The sub-window one slice harvests: its own range, the run's frozen facts."""
+    piece = {"channel": bounds.channel, "lo": bounds.lo, "hi": bounds.hi, "resume_at": resume_at,
+             "of_full": window.is_full}  # a slice of a full harvest proves its own range (I12)
+    return replace(window, from_=bounds.from_, until=bounds.until, protocol={**window.protocol, "slice": piece})
+
+
+def harvest_piece(
+    adapter: Any, conn: psycopg.Connection, partner_id: str, run_id: str, window: Window, channel: str,
+) -> HarvestStats:
+    """Harvest one piece of the plan: the whole window (``changes``) or one slice.
+
+    A slice reads its bounds from harvest_runs (so a reharvest after lost staging needs
+    nothing else), clears and re-stages only its own channel, except that a Sierra slice
+    interrupted mid-way resumes from its checkpoint when staging still holds what it
+    counted (store/slices.resumable). OAI slices restart from their own start: a token
+    cannot be resumed after its session died.
+    """
+    run = RunRef(partner_id, run_id, channel)
+    if not slices.is_slice(channel):
+        return harvest_window(adapter, conn, run, window)
+    ensure_schema(conn)
+    bounds = slices.read_bounds(conn, run)
+    resume = slices.resumable(conn, run) if getattr(adapter, "resumes_slices", False) else None
+    if resume is not None:
+        log.info("%s: slice %s resumes at its checkpoint %d with %d items already staged",
+                 partner_id, channel, resume.checkpoint, resume.fetched)
+    sub = slice_window(window, bounds, resume.checkpoint if resume else None)
+    return _stage(adapter, adapter.harvest, conn, run, sub, resume=resume)
 
 
 def max_record_bytes(adapter: Any) -> int:

@@ -102,6 +102,7 @@ class Partner:
     execution_timeout: timedelta | None = None
     retry_delay: timedelta | None = None
     max_retry_delay: timedelta | None = None
+    slicing: "SliceSettings" = field(default_factory=lambda: SliceSettings())
 
     @property
     def finish_by_offset(self) -> timedelta | None:
@@ -126,6 +127,25 @@ class Partner:
     def pool(self) -> str:
         """The Airflow pool that bounds concurrent requests to this partner's endpoint."""
         return f"partner_{self.id}"
+
+
+@dataclass(frozen=True)
+class SliceSettings:
+    """When a run is harvested as slices (mapped tasks), and how finely (registry ``slicing``).
+
+    A full harvest, or a window longer than ``long_window``, whose expected size (OAI
+    ``completeListSize``; Sierra the span of bib ids) is above ``threshold_records`` is cut
+    into slices of about ``target_records``, at most ``max_slices``. A Sierra change poll has
+    no count: a window longer than ``long_window`` is cut into pieces of that length. An OAI
+    repository that announces no ``completeListSize`` is cut into ``without_count`` equal time
+    ranges on a full harvest (1: not at all). ``max_slices: 1`` turns slicing off.
+    """
+
+    threshold_records: int = 200_000
+    target_records: int = 100_000
+    max_slices: int = 8
+    long_window: timedelta = timedelta(days=30)
+    without_count: int = 1
 
 
 def cursor_key(partner_id: str, channel: str | None = None) -> str:
@@ -301,6 +321,34 @@ class Options(_Strict):
         }
 
 
+class SlicingEntry(_Strict):
+    """slicing: when a big run is harvested as slices (mapped tasks; README "Big partners: slices")."""
+
+    threshold_records: Annotated[StrictInt, Field(ge=1, description=(
+        "a full harvest (or a window longer than long_window) expected to hold more records than this "
+        "is harvested as slices"))] = 200_000
+    target_records: Annotated[StrictInt, Field(ge=1, description="about this many records per slice")] = 100_000
+    max_slices: Annotated[StrictInt, Field(ge=1, le=256, description="at most this many slices; 1 turns slicing off")] = 8
+    long_window: Duration = Field(default=timedelta(days=30), description=(
+        "an incremental or requested window longer than this is considered for slicing; a Sierra change "
+        "poll (no count) is cut into pieces of this length"))
+    without_count: Annotated[StrictInt, Field(ge=1, le=256, description=(
+        "OAI-PMH full harvest of a repository that announces no completeListSize: this many equal time "
+        "ranges (1: no slicing)"))] = 1
+
+    @model_validator(mode="after")
+    def _target_below_threshold(self) -> "SlicingEntry":
+        if self.target_records > self.threshold_records:
+            raise ValueError("target_records must not exceed threshold_records")
+        if self.long_window < timedelta(hours=1):
+            raise ValueError("long_window must be at least 1h")
+        return self
+
+    def to_settings(self) -> SliceSettings:
+        return SliceSettings(self.threshold_records, self.target_records, self.max_slices,
+                             self.long_window, self.without_count)
+
+
 class PartnerEntry(_Strict):
     """One entry of ``partners:`` as written in the YAML file."""
 
@@ -359,6 +407,7 @@ class PartnerEntry(_Strict):
         if value is not None and delay is not None and value < delay:
             raise ValueError(f"is shorter than retry_delay ({int(delay.total_seconds())}s), the first wait")
         return value
+    slicing: SlicingEntry = Field(default_factory=SlicingEntry)
 
     @model_validator(mode="after")
     def _finish_by_fits_the_schedule(self) -> "PartnerEntry":
@@ -399,6 +448,7 @@ class PartnerEntry(_Strict):
             purge_alert_fraction=float(self.purge_alert_fraction), quiet_period=self.quiet_period,
             run_deadline=self.run_deadline, finish_by=self.finish_by, options=self.options.as_dict(),
             **self._airflow_args(),
+            slicing=self.slicing.to_settings(),
         )
 
     def _airflow_args(self) -> dict[str, Any]:

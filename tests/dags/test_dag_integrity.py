@@ -32,7 +32,9 @@ def test_harvest_dag_shape(dagbag, partner) -> None:
     channels = {"harvest_changes", "poll_deletions"} if partner.protocol == "sierra" else {"harvest_changes"}
     assert dag.get_task("apply_changes").upstream_task_ids == channels | {"freeze_window"}  # the frozen window, to harvest again a channel whose staging was lost
     assert dag.max_active_runs == 1 and dag.catchup is False
-    assert {t.task_id for t in dag.tasks if t.pool == partner.pool} >= {"freeze_window", "harvest_changes"}
+    # the mapped harvest (one instance per slice) and the slice planning ask the partner: its pool bounds them
+    assert {t.task_id for t in dag.tasks if t.pool == partner.pool} >= {"freeze_window", "plan_slices", "harvest_changes"}
+    assert dag.get_task("harvest_changes").is_mapped
     assert dag.get_task("apply_changes").pool == "default_pool"  # only requests to the partner are pooled
     assert dag.get_task("check_quality").upstream_task_ids == {"apply_changes"}
     assert set(dag.params.get_param("mode").schema["enum"]) == {"incremental", "full", "window"}

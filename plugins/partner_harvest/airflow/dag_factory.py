@@ -89,8 +89,8 @@ PARAMS_DOC = (
 def _doc(partner: Partner) -> str:
     sierra = partner.protocol == "sierra"
     tasks_line = (
-        "`freeze_window` fixes the window from the partner's clock; `harvest_changes` streams it "
-        "into staging" + (" and `poll_deletions` the deleted bibs, on their own day cursor" if sierra else "")
+        "`freeze_window` fixes the window from the partner's clock; `plan_slices` keeps it whole or "
+        "cuts a big one into slices; `harvest_changes` (mapped, one per slice) streams it into staging" + (" and `poll_deletions` the deleted bibs, on their own day cursor" if sierra else "")
         + "; `apply_changes` merges it in one transaction; `advance_cursor` moves the cursor"
         + ("s" if sierra else "") + " (incremental runs only); `check_quality` alerts on "
         "data-quality findings without failing the run. Each task's own docs say more."
@@ -118,11 +118,21 @@ TASK_DOCS = {
         "scheduled run of a partner without a cursor skips here. **Fails:** the partner is "
         "unreachable or answers nonsense; retried with backoff. Clear it to start over."
     ),
+    "plan_slices": (
+        "Decides whether the frozen window is harvested whole or as slices (registry `slicing`): "
+        "a full harvest or a long window whose size (OAI `completeListSize`, Sierra's span of bib "
+        "ids) is above the threshold is cut into slices of similar size, written to `harvest_runs` "
+        "as channels `changes/001`... (status planned). **Fails:** the partner is unreachable; "
+        "retried. Clearing it plans again and drops the slices' staging."
+    ),
     "harvest_changes": (
-        "Streams the frozen window page by page into staging (COPY). Restarts the window on "
-        "an expired resumptionToken. **Fails:** HTTP errors after retries, broken or hostile "
-        "XML, pagination loops (no retries), a response over the limits. Nothing stored is "
-        "touched; clear it to harvest the same window again."
+        "Mapped over the plan: the whole window (one task instance, channel `changes`) or one "
+        "instance per slice (`changes/001`...), each retried on its own and run in the partner's "
+        "pool. Streams its range page by page into staging (COPY); `harvest_runs` shows its pages "
+        "and records while it runs. Restarts on an expired resumptionToken; a Sierra slice resumes "
+        "from its checkpoint. **Fails:** HTTP errors after retries, broken or hostile XML, "
+        "pagination loops (no retries), a response over the limits. Nothing stored is touched; "
+        "clear it (or one slice) to harvest it again."
     ),
     "poll_deletions": (
         "Sierra only: polls the deleted bibs of the window's days (its own day cursor) into "
@@ -169,6 +179,8 @@ WINDOW_TEMPLATE = (
 def _describe_tasks(dag: DAG, show_window: bool = True) -> None:
     """Per-task docs, and the frozen window in every later task's rendered fields."""
     for task_ in dag.tasks:
+        if getattr(task_, "is_mapped", False):
+            continue  # docs and templates given to the decorator (a mapped task's are read-only)
         task_.doc_md = TASK_DOCS.get(task_.task_id)
         if show_window and task_.task_id != "freeze_window" and hasattr(task_, "templates_dict"):
             task_.templates_dict = {"harvested_window": WINDOW_TEMPLATE}
@@ -251,9 +263,18 @@ def build_harvest_dag(partner: Partner) -> DAG:
         def freeze_window() -> dict[str, Any]:
             return tasks.freeze_window(pid, get_current_context())
 
-        @task(task_id="harvest_changes", **pool)
-        def harvest_changes(window: dict[str, Any]) -> dict[str, Any]:
-            return tasks.harvest_changes(pid, window, get_current_context())
+        @task(task_id="plan_slices", **pool)
+        def plan_slices(window: dict[str, Any]) -> list[dict[str, Any]]:
+            return tasks.plan_slices(pid, window, get_current_context())
+
+        # Mapped over the plan: one piece (the whole window) or one per slice, each retried
+        # on its own; the partner's pool bounds how many reach the partner at once.
+        @task(task_id="harvest_changes", map_index_template="{{ harvest_channel }}",
+              doc_md=TASK_DOCS["harvest_changes"], templates_dict={"harvested_window": WINDOW_TEMPLATE}, **pool)
+        def harvest_changes(window: dict[str, Any], piece: dict[str, Any]) -> dict[str, Any]:
+            context = get_current_context()
+            context["harvest_channel"] = piece.get("channel", "changes")  # type: ignore[typeddict-unknown-key]
+            return tasks.harvest_changes(pid, window, context, piece)
 
         @task(task_id="poll_deletions", **pool)
         def poll_deletions(window: dict[str, Any]) -> dict[str, Any]:
@@ -272,7 +293,7 @@ def build_harvest_dag(partner: Partner) -> DAG:
             return tasks.check_quality(pid, get_current_context())
 
         window = freeze_window()
-        staged = [harvest_changes(window)]
+        staged = [harvest_changes.partial(window=window).expand(piece=plan_slices(window))]
         if partner.protocol == "sierra":
             staged.append(poll_deletions(window))
         applied = apply_changes(window, *staged)

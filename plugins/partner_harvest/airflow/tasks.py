@@ -202,15 +202,30 @@ def _stage(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]
     partner = _partner(partner_id)
     window = Window.from_dict(window_data)
     adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
-    run = RunRef(partner_id, run_key(context), channel)
-    stage = pipeline.harvest_window if channel == "changes" else pipeline.poll_deletions
     with aggregation() as conn:
-        return stage(adapter, conn, run, window)
+        if channel == "deletions":
+            return pipeline.poll_deletions(adapter, conn, RunRef(partner_id, run_key(context), channel), window)
+        # 'changes' (the whole window) or one of its slices 'changes/00N'
+        return pipeline.harvest_piece(adapter, conn, partner_id, run_key(context), window, channel)
 
 
 @_fail_fast
-def harvest_changes(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
-    return _stage_channel(partner_id, window_data, context, "changes")
+def plan_slices(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pieces the mapped harvest runs over: the whole window, or its slices."""
+    partner = _partner(partner_id)
+    window = Window.from_dict(window_data)
+    with hold_lease(partner_id, context):
+        adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+        with aggregation() as conn:
+            return pipeline.plan_slices(adapter, conn, partner_id, run_key(context), window, partner.slicing)
+
+
+@_fail_fast
+def harvest_changes(partner_id: str, window_data: dict[str, Any], context: dict[str, Any],
+                    piece: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One piece of the plan (mapped): the whole window, or one slice retried on its own."""
+    channel = (piece or {}).get("channel") or "changes"
+    return {"channel": channel, **_stage_channel(partner_id, window_data, context, channel)}
 
 
 @_fail_fast

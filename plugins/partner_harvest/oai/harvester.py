@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime
+from typing import Any
 
 from partner_harvest.adapters import ItemSink, PartnerClock
 from partner_harvest.errors import HarvestError, PartnerProtocolError
-from partner_harvest.oai import parse
+from partner_harvest.oai import parse, slicing
 from partner_harvest.oai.client import OaiClient
 from partner_harvest.oai.errors import IdDoesNotExist
 from partner_harvest.oai.parse import DAY_GRANULARITY, format_datestamp
@@ -19,7 +21,7 @@ from partner_harvest.records import HarvestItem
 from partner_harvest.oai.errors import BadResumptionToken
 from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner
-from partner_harvest.window import DAY, SECONDS, Window
+from partner_harvest.window import DAY, SECONDS, Window, format_instant
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +57,20 @@ class OaiAdapter:
                 "oai_granularity": identify.granularity,
                 "deleted_record": identify.deleted_record,
                 "set": self.partner.set_spec,
+                "earliest_datestamp": (format_instant(identify.earliest_datestamp)
+                                       if identify.earliest_datestamp else None),
             },
         )
+
+    def plan_slices(self, window: Window, settings: Any) -> list[dict[str, Any]]:
+        """Datestamp slices of a big window (oai/slicing.py); [] keeps it whole."""
+        prefix = window.protocol["metadata_prefix"]
+        oai_granularity = window.protocol.get("oai_granularity", DAY_GRANULARITY)
+
+        def probe(from_: datetime | None, until: datetime) -> int | None:
+            return slicing.list_size(self.client, prefix, self.partner.set_spec, oai_granularity, from_, until)
+
+        return slicing.plan(window, settings, probe, self.partner_id)
 
     def harvest(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
         prefix = window.protocol["metadata_prefix"]
@@ -67,8 +81,10 @@ class OaiAdapter:
         while True:
             try:
                 self._stream(prefix, from_, until, sink, stats)
-                if window.is_full and window.mode != "reconcile":  # not the reconcile's bulk fetch
-                    stats.extra["checks"] = self._completeness(prefix, until, stats)
+                # a full harvest, or one slice of it (its own range), never the reconcile's bulk fetch
+                piece = window.protocol.get("slice")
+                if (piece.get("of_full") if piece else window.is_full) and window.mode != "reconcile":
+                    stats.extra["checks"] = self._completeness(prefix, until, stats, from_)
                 return
             except BadResumptionToken as exc:
                 restarts += 1
@@ -117,7 +133,7 @@ class OaiAdapter:
 
     # -- completeness (I12) --------------------------------------------------------------
 
-    def _completeness(self, prefix: str, until: str, stats: HarvestStats) -> list[tuple]:
+    def _completeness(self, prefix: str, until: str, stats: HarvestStats, from_: str | None = None) -> list[tuple]:
         """Second witnesses of a full harvest, as record_check arguments, failures last
         (the audit row keeps the last one recorded).
 
@@ -136,18 +152,20 @@ class OaiAdapter:
                 f"({stats.records} records, {stats.tombstones} deleted, {stats.rejected} rejected)",
             ))
         if (self.partner.options.get("completeness") or {}).get("list_identifiers"):
-            checks.append(self._list_identifiers_check(prefix, until, stats))
+            checks.append(self._list_identifiers_check(prefix, until, stats, from_))
         checks.sort(key=lambda check: check[3], reverse=True)
         return checks
 
-    def _list_identifiers_check(self, prefix: str, until: str, stats: HarvestStats) -> tuple:
+    def _list_identifiers_check(self, prefix: str, until: str, stats: HarvestStats, from_: str | None = None) -> tuple:
         request = f"ListIdentifiers metadataPrefix={prefix} set={self.partner.set_spec} until={until}"
+        if from_:
+            request += f" from={from_}"
         restarts = 0
         while True:
             listed = 0
             try:
                 for page in self.client.list_pages("ListIdentifiers", metadata_prefix=prefix,
-                                                   set_spec=self.partner.set_spec, from_=None, until=until):
+                                                   set_spec=self.partner.set_spec, from_=from_, until=until):
                     listed += len(page.items)
                 break
             except BadResumptionToken:

@@ -86,6 +86,10 @@ def _count(value: Any) -> int | None:
     return None
 
 
+def _id_range(start: int, end: int | None) -> str:
+    return f"[{start},{'' if end is None else end}]"
+
+
 def error_code(response: requests.Response) -> int | None:
     try:
         body = response.json()
@@ -251,8 +255,10 @@ class SierraClient:
             raise PartnerDataError(self.partner_id, self.describe("GET", "/info/token"), "no Date header to freeze the window on")
         return parsedate_to_datetime(header).astimezone(timezone.utc)
 
-    def bib_pages(self, params: dict[str, Any], limit: int, start_id: int = 0) -> Iterator[list[dict[str, Any]]]:
-        """Keyset pages of ``GET bibs``: ``id=[cursor,]``, next cursor ``int(last id) + 1``.
+    def bib_pages(self, params: dict[str, Any], limit: int, start_id: int = 0,
+                  end_id: int | None = None) -> Iterator[list[dict[str, Any]]]:
+        """Keyset pages of ``GET bibs``: ``id=[cursor,]`` (``[cursor,end_id]`` for an id
+        slice), next cursor ``int(last id) + 1``.
 
         Ends on a short page (never on ``total``) or 404/107. Deleted-records polls answer
         an empty day with 200 and no entries; both are zero results.
@@ -260,7 +266,9 @@ class SierraClient:
         limit = min(limit, MAX_LIMIT)
         cursor = start_id
         while True:
-            query = {**params, "id": f"[{cursor},]", "limit": limit}
+            if end_id is not None and cursor > end_id:
+                return
+            query = {**params, "id": _id_range(cursor, end_id), "limit": limit}
             body = self.get_json("/bibs", query, empty_ok=True)
             entries = (body or {}).get("entries") or []
             yield entries
@@ -272,12 +280,14 @@ class SierraClient:
                                        f"ids did not ascend (last id {entries[-1]['id']} after cursor {cursor})")
             cursor = next_cursor
 
-    def export_block(self, start_id: int, limit: int, params: dict[str, Any] | None = None) -> ExportBlock | None:
-        """Phase 1-3 of ``bibs/marc`` for the lowest ``limit`` ids from ``start_id``; None on 404/107.
+    def export_block(self, start_id: int, limit: int, params: dict[str, Any] | None = None,
+                     end_id: int | None = None) -> ExportBlock | None:
+        """Phase 1-3 of ``bibs/marc`` for the lowest ``limit`` ids from ``start_id`` (up to
+        ``end_id`` for an id slice); None on 404/107.
 
         ``limit`` above Sierra's cap is sent as the cap (the caller pages on, whatever it asked).
         """
-        query = {**(params or {}), "id": f"[{start_id},]", "limit": min(max(1, limit), MAX_LIMIT)}
+        query = {**(params or {}), "id": _id_range(start_id, end_id), "limit": min(max(1, limit), MAX_LIMIT)}
         summary = self.get_json("/bibs/marc", query, empty_ok=True)
         if summary is None:
             return None

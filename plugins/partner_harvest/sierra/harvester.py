@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import re
 from collections.abc import Callable, Mapping
@@ -119,24 +120,83 @@ class SierraAdapter:
         start = min(start, until_day)
         return {"deletions": {"from": start.isoformat(), "until": until_day.isoformat(), "skip": False}}
 
+    # -- slices ----------------------------------------------------------------------
+
+    def plan_slices(self, window: Window, settings: Any) -> list[dict[str, Any]]:
+        """A full load: export id ranges over the span of bib ids; a long change poll:
+        updatedDate ranges of ``long_window`` each. [] keeps the run whole."""
+        if settings.max_slices < 2:
+            return []
+        if window.is_full:
+            return self._id_slices(window, settings)
+        if window.from_ is not None and window.until - window.from_ > settings.long_window:
+            return _time_slices(window, settings)
+        return []
+
+    def _first_id_from(self, start: int) -> int | None:
+        body = self.client.get_json("/bibs", {"fields": "id", "limit": 1, "id": f"[{start},]"}, empty_ok=True)
+        entries = (body or {}).get("entries") or []
+        try:
+            return int(entries[0]["id"]) if entries else None
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def _id_slices(self, window: Window, settings: Any) -> list[dict[str, Any]]:
+        """Equal id ranges: Sierra record numbers are handed out in sequence, so an id range
+        holds about as many bibs as it is wide. The span comes from ``fields=id&limit=1``
+        probes: the lowest id, then the highest by bisection (about 24 requests)."""
+        low = self._first_id_from(0)
+        if low is None or self._first_id_from(low + settings.threshold_records) is None:
+            return []  # no id that far above the lowest: small enough to stay whole (two requests)
+        high, top, probes = low, MAX_BIB_ID, 2
+        while high < top:
+            mid = (high + top + 1) // 2
+            found = self._first_id_from(mid)
+            probes += 1
+            if found is None:
+                top = mid - 1
+            else:
+                high = found
+        span = high - low + 1
+        count = min(settings.max_slices, math.ceil(span / settings.target_records))
+        log.info("%s: bib ids %d..%d (span %d, %d probes)", self.partner_id, low, high, span, probes)
+        if span <= settings.threshold_records or count < 2:
+            return []
+        size = math.ceil(span / count)
+        pieces = []
+        for index in range(count):
+            lo = 0 if index == 0 else low + index * size
+            hi = MAX_BIB_ID if index == count - 1 else low + (index + 1) * size - 1
+            pieces.append({"from_": None, "until": window.until, "lo": lo, "hi": hi, "estimate": size})
+        return pieces
+
     # -- changes ---------------------------------------------------------------------
 
-    def harvest(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
-        if window.is_full:
-            self._export_full_load(window, sink, stats)
-        else:
-            self._change_poll(window, sink, stats)
+    # A slice (window.protocol["slice"]) writes its keyset position with every page and,
+    # retried, resumes from it (``resume_at``) keeping what it staged (pipeline.harvest_piece).
+    resumes_slices = True
 
-    def _change_poll(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
+    def harvest(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
+        piece = window.protocol.get("slice") or {}
+        if window.is_full:
+            self._export_full_load(window, sink, stats, piece)
+        else:
+            self._change_poll(window, sink, stats, piece)
+
+    def _change_poll(self, window: Window, sink: ItemSink, stats: HarvestStats, piece: Mapping[str, Any] | None = None) -> None:
         assert window.from_ is not None
+        piece = piece or {}
         params = {
             "deleted": "false",
             "updatedDate": f"[{sierra_timestamp(window.from_)},{sierra_timestamp(window.until)}]",
             "fields": ",".join(self.fields),
         }
-        for entries in self.client.bib_pages(params, self.partner.page_size):
+        start = int(piece.get("resume_at") or 0)
+        if start:
+            log.info("%s: slice %s resumes its change poll at id %d", self.partner_id, piece.get("channel"), start)
+        for entries in self.client.bib_pages(params, self.partner.page_size, **({"start_id": start} if start else {})):
             items = [self._entry_to_item(entry) for entry in entries]
-            self._write(items, sink, stats, "changes")
+            self._write(items, sink, stats, "changes", checkpoint=_after_last(entries) if piece else None)
 
     def _entry_to_item(self, entry: dict[str, Any]) -> HarvestItem:
         bib_id = str(entry.get("id", "")).strip() or "(missing id)"
@@ -176,12 +236,13 @@ class SierraAdapter:
 
     # -- full load -------------------------------------------------------------------
 
-    def _export_full_load(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
-        """The export, then the proof that it delivered every live bib."""
-        self._export(window, sink, stats)
-        self._prove_complete(window, sink, stats)
+    def _export_full_load(self, window: Window, sink: ItemSink, stats: HarvestStats,
+                          piece: Mapping[str, Any] | None = None) -> None:
+        """The export, then the proof that it delivered every live bib (of the slice's ids)."""
+        self._export(window, sink, stats, piece or {})
+        self._prove_complete(window, sink, stats, piece or {})
 
-    def _export(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
+    def _export(self, window: Window, sink: ItemSink, stats: HarvestStats, piece: Mapping[str, Any] | None = None) -> None:
         """Keyset over id blocks through the two-phase export; 138 waits and resumes.
 
         A block is the lowest ids from the cursor, deleted ones included: ``inputRecords``
@@ -191,12 +252,16 @@ class SierraAdapter:
         omitted suppressed) bibs moves on, and the cursor strictly rises. The export ends
         only on 404/107 or an empty block.
         """
-        cursor = 0
+        piece = piece or {}
+        end_id = piece.get("hi")  # an id slice: [lo, hi]; else open-ended
+        cursor = int(piece.get("resume_at") or piece.get("lo") or 0)
+        if piece.get("resume_at"):
+            log.info("%s: slice %s resumes its export at id %d", self.partner_id, piece.get("channel"), cursor)
         waits = 0
         blocks = 0
-        while cursor <= MAX_BIB_ID:
+        while cursor <= (MAX_BIB_ID if end_id is None else end_id):
             try:
-                block = self.client.export_block(cursor, self.export_limit, self.export_params)
+                block = self.client.export_block(cursor, self.export_limit, self.export_params, end_id=end_id)
             except ExportRateLimited as exc:
                 waits += 1
                 if waits > self.max_rate_limit_waits:
@@ -210,15 +275,16 @@ class SierraAdapter:
                 return
             blocks += 1
             items, last_id = self._block_items(block, window, cursor)
-            if items:
-                self._write(items, sink, stats, "export")
             covered = block.input_records
             if covered is None:  # a summary without inputRecords: only what came is known
                 covered = block.output_records
-            if covered == 0 and last_id is None:
+            done = covered == 0 and last_id is None
+            next_cursor = cursor if done else max(cursor + covered, last_id + 1 if last_id is not None else 0)
+            if items or (piece and not done):
+                self._write(items, sink, stats, "export", checkpoint=next_cursor if piece else None)
+            if done:
                 log.info("%s: export ends at id %d (empty block) after %d blocks", self.partner_id, cursor, blocks)
                 return
-            next_cursor = max(cursor + covered, last_id + 1 if last_id is not None else 0)
             if next_cursor <= cursor:
                 raise HarvestLoopError(self.partner_id, f"GET bibs/marc?id=[{cursor},]",
                                        f"export ids did not ascend (highest id {last_id}, inputRecords {covered})")
@@ -254,7 +320,8 @@ class SierraAdapter:
                 items.append(marc.to_item(record, bib_id, stamp))
         return items, last_id
 
-    def _prove_complete(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
+    def _prove_complete(self, window: Window, sink: ItemSink, stats: HarvestStats,
+                        piece: Mapping[str, Any] | None = None) -> None:
         """I12: list the live ids through the JSON API, compare in SQL, fetch what is missing.
 
         The enumeration (``deleted=false``, suppressed included) is staged with COPY and
@@ -267,7 +334,9 @@ class SierraAdapter:
         staging: StagingSink = sink  # type: ignore[assignment]
         listed = completeness.listed_ids_writer(conn, run)
         pages = 0
-        for entries in self.client.bib_pages({"deleted": "false", "fields": "id"}, MAX_LIMIT):
+        piece = piece or {}
+        within = {"start_id": int(piece.get("lo") or 0), "end_id": piece.get("hi")} if piece else {}
+        for entries in self.client.bib_pages({"deleted": "false", "fields": "id"}, MAX_LIMIT, **within):
             listed.write_page([(str(e["id"]), None, False) for e in entries if e.get("id")])
             pages += 1
         gap = completeness.measure_gap(conn, run)
@@ -342,20 +411,49 @@ class SierraAdapter:
 
     # -- shared ----------------------------------------------------------------------
 
-    def _write(self, items: list[HarvestItem], sink: ItemSink, stats: HarvestStats, what: str) -> None:
+    def _write(self, items: list[HarvestItem], sink: ItemSink, stats: HarvestStats, what: str,
+               checkpoint: int | None = None) -> None:
         stats.pages += 1
         for item in items:
             stats.add(item)
-        sink.write_page(items)
+        if checkpoint is None:
+            sink.write_page(items)
+        else:  # a slice's staging sink: the position is stored with the page (store/staging.py)
+            sink.write_page(items, checkpoint=checkpoint)  # type: ignore[call-arg]
         log.info("%s: %s page %d: %d items; %d fetched (%d records, %d deleted, %d rejected)",
                  self.partner_id, what, stats.pages, len(items), stats.fetched, stats.records,
                  stats.tombstones, stats.rejected)
+
+
+def _after_last(entries: list[dict[str, Any]]) -> int | None:
+    """The keyset position after a page: its last id + 1 (None when unusable)."""
+    try:
+        return int(entries[-1]["id"]) + 1 if entries else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _raw_bib_id(raw: bytes) -> str | None:
     """The 907 $a id of a record pymarc could not decode, so its quarantine row names the bib."""
     match = _RAW_907.search(raw)
     return match.group(1).decode("ascii") if match else None
+
+
+def _time_slices(window: Window, settings: Any) -> list[dict[str, Any]]:
+    """Equal updatedDate ranges (whole seconds, inclusive, disjoint) covering the window."""
+    assert window.from_ is not None
+    seconds = int((window.until - window.from_).total_seconds()) + 1
+    count = min(settings.max_slices, math.ceil((window.until - window.from_) / settings.long_window))
+    if count < 2:
+        return []
+    size = math.ceil(seconds / count)
+    pieces = []
+    start = window.from_
+    while start <= window.until:
+        end = min(start + timedelta(seconds=size - 1), window.until)
+        pieces.append({"from_": start, "until": end, "estimate": None})
+        start = end + timedelta(seconds=1)
+    return pieces
 
 
 def _json(entry: dict[str, Any]) -> str:

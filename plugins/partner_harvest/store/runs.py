@@ -30,8 +30,8 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
             """
             INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until,
                                       granularity, metadata_prefix, status, attempts, partner_clock,
-                                      clock_regressed)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'harvesting', 1, %s, %s)
+                                      clock_regressed, harvesting_since, progress_at)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'harvesting', 1, %s, %s, now(), now())
             ON CONFLICT (partner_id, run_id, channel) DO UPDATE SET
                 mode = EXCLUDED.mode, window_from = EXCLUDED.window_from,
                 window_until = EXCLUDED.window_until, granularity = EXCLUDED.granularity,
@@ -41,7 +41,8 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
                 upserted = 0, unchanged = 0, purged = 0, quarantined = 0,
                 complete_list_size = NULL, list_size_mismatch = false, token_restarts = 0,
                 check_kind = NULL, check_expected = NULL, check_found = NULL, check_ok = NULL, check_detail = NULL,
-                cleaned_pages = 0, harvested_at = NULL, applied_at = NULL, max_datestamp = NULL
+                cleaned_pages = 0, harvested_at = NULL, applied_at = NULL, max_datestamp = NULL,
+                checkpoint = NULL, progress_at = now(), harvesting_since = now()
             """,
             (*run.key(), window.mode, window.from_, window.until, window.granularity, metadata_prefix,
              window.partner_clock, bool(window.protocol.get("clock_regressed"))),
@@ -49,6 +50,21 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
         conn.execute(
             "DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key()
         )
+
+
+def record_progress(conn: psycopg.Connection, run: RunRef, pages: int, fetched: int,
+                    checkpoint: int | None = None, expected: int | None = None) -> None:
+    """Pages and items staged so far (inside the page's own transaction, so the row never
+    counts a page staging lost); ``checkpoint`` is where a Sierra slice would resume;
+    ``expected`` what the partner announces (completeListSize) for the time left."""
+    conn.execute(
+        """
+        UPDATE harvest_runs SET pages = %s, fetched = %s, progress_at = now(),
+            checkpoint = COALESCE(%s, checkpoint), expected = COALESCE(%s, expected)
+        WHERE partner_id = %s AND run_id = %s AND channel = %s AND status = 'harvesting'
+        """,
+        (pages, fetched, checkpoint, expected, *run.key()),
+    )
 
 
 def finish_harvest(conn: psycopg.Connection, run: RunRef, stats: HarvestStats) -> None:
@@ -143,7 +159,7 @@ def abandon_stale_runs(conn: psycopg.Connection, partner_id: str, older_than: ti
             """
             UPDATE harvest_runs SET status = 'abandoned',
                 error = COALESCE(error || ' — ', '') || 'abandoned: not applied within ' || %s::text
-            WHERE partner_id = %s AND status IN ('harvesting', 'harvested', 'failed')
+            WHERE partner_id = %s AND status IN ('planned', 'harvesting', 'harvested', 'failed')
               AND started_at < now() - %s
             """,
             (str(older_than), partner_id, older_than),

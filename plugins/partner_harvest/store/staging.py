@@ -12,8 +12,8 @@ import hashlib
 
 import psycopg
 
-from partner_harvest.records import HarvestItem, Record, Rejected, Tombstone
-from partner_harvest.store.runs import RunRef
+from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
+from partner_harvest.store.runs import RunRef, record_progress
 
 _COPY = (
     "COPY staging (partner_id, run_id, channel, seq, kind, identifier, datestamp,"
@@ -28,11 +28,15 @@ QUARANTINED_HEAD_BYTES = 64 * 1024  # what is kept of a payload refused for its 
 class StagingWriter:
     """Writes harvest items for one run channel; memory is bounded by one page (I5)."""
 
-    def __init__(self, conn: psycopg.Connection, run: RunRef, *, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES):
+    def __init__(self, conn: psycopg.Connection, run: RunRef, *, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+                 progress: HarvestStats | None = None, seq: int = 0):
         self.conn = conn
         self.run = run
-        self.seq = 0
+        self.seq = seq
         self.max_record_bytes = max_record_bytes
+        # With the channel's running totals, every page also writes them (and a checkpoint)
+        # to its harvest_runs row in the page's own transaction: progress while it runs (issue 9).
+        self.progress = progress
 
     def reset(self) -> None:
         """Drop what this channel staged so far: the window restarts from its bounds."""
@@ -41,16 +45,27 @@ class StagingWriter:
                 "DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s",
                 self.run.key(),
             )
+            if self.progress is not None:
+                self.conn.execute(
+                    "UPDATE harvest_runs SET pages = 0, fetched = 0, checkpoint = NULL, progress_at = now()"
+                    " WHERE partner_id = %s AND run_id = %s AND channel = %s", self.run.key(),
+                )
         self.seq = 0
 
-    def write_page(self, items: list[HarvestItem]) -> None:
-        if not items:
+    def write_page(self, items: list[HarvestItem], checkpoint: int | None = None) -> None:
+        """COPY one page; ``checkpoint``: where a resumed slice would start after this page."""
+        if not items and self.progress is None:
             return
         pid, run_id, channel = self.run.key()
-        with self.conn.transaction(), self.conn.cursor() as cur, cur.copy(_COPY) as copy:
-            for item in items:
-                self.seq += 1
-                copy.write_row(_row(pid, run_id, channel, self.seq, storable(item, self.max_record_bytes)))
+        with self.conn.transaction():
+            if items:
+                with self.conn.cursor() as cur, cur.copy(_COPY) as copy:
+                    for item in items:
+                        self.seq += 1
+                        copy.write_row(_row(pid, run_id, channel, self.seq, storable(item, self.max_record_bytes)))
+            if self.progress is not None:
+                record_progress(self.conn, self.run, self.progress.pages, self.progress.fetched, checkpoint,
+                                self.progress.complete_list_size)
 
 
 def storable(item: HarvestItem, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> HarvestItem:

@@ -1,0 +1,133 @@
+"""Benchmark: one token chain against a full harvest cut into slices harvested in parallel.
+
+The OAI-PMH simulator serves ``--records`` records (5% deleted, 500 a page) with a delay
+of ``--latency`` seconds per response (a real repository answers a page in 0.2-2 s; the
+delay is added around the simulator's handler here, a sleep that holds no lock). Each
+harvest runs in fresh processes like Airflow workers would: the chain is one process
+(freeze, plan kept whole, harvest, apply); the sliced run is a planning process, then one
+process per slice at once (a pool of ``--slices`` slots), then the apply. Both end with
+``records`` compared with the simulator's live set, identifier for identifier.
+
+Printed: wall time and records/s end to end (staged and applied) of each, and the ratio.
+
+    .venv/bin/python benchmarks/sliced_harvest.py [--records 200000] [--slices 4] [--latency 0.2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import support
+
+PARTNER = "bench_slices"
+
+
+def _partner(args: argparse.Namespace):
+    from partner_harvest.registry import Partner, SliceSettings
+
+    slicing = SliceSettings(threshold_records=max(1, args.records // (2 * args.slices)),
+                            target_records=max(1, args.records // (2 * args.slices)),
+                            max_slices=args.slices) if args.slices > 1 else SliceSettings(max_slices=1)
+    return Partner(id=PARTNER, protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc",
+                   lag=timedelta(minutes=10), slicing=slicing)
+
+
+def child(args: argparse.Namespace) -> None:
+    """One worker's part: ``plan`` (freeze + plan), ``piece`` (one slice) or ``apply``."""
+    from partner_harvest import pipeline
+    from partner_harvest.factory import Endpoint, build_adapter
+    from partner_harvest.store import connect
+    from partner_harvest.window import Window
+
+    partner = _partner(args)
+    adapter = build_adapter(partner, Endpoint(args.url))
+    with connect(args.db) as conn:
+        if args.step == "plan":
+            window = pipeline.freeze_window(adapter, partner.lag, None, pipeline.RunRequest("incremental"))
+            pieces = pipeline.plan_slices(adapter, conn, PARTNER, args.run_id, window, partner.slicing)
+            print(json.dumps({"window": window.to_dict(), "pieces": pieces}))
+        elif args.step == "piece":
+            window = Window.from_dict(json.loads(args.window))
+            stats = pipeline.harvest_piece(adapter, conn, PARTNER, args.run_id, window, args.channel)
+            print(json.dumps({"fetched": stats.fetched, "pages": stats.pages, "peak_rss_mib": support.peak_rss_mib()}))
+        else:
+            started = time.perf_counter()
+            result = pipeline.apply_changes(conn, PARTNER, args.run_id)
+            print(json.dumps({**result.as_dict(), "apply_seconds": time.perf_counter() - started}))
+
+
+def run(script: str, url: str, db: str, args: argparse.Namespace, slices: int, run_id: str) -> dict:
+    common = ("--url", url, "--db", db, "--records", str(args.records), "--slices", str(slices), "--run-id", run_id)
+    started = time.perf_counter()
+    plan = support.run_child(script, *common, "--step", "plan")
+    window = json.dumps(plan["window"])
+    workers = [subprocess.Popen([sys.executable, script, "--child", *common, "--step", "piece", "--window", window,
+                                 "--channel", piece["channel"]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for piece in plan["pieces"]]
+    results = []
+    for worker in workers:
+        out, err = worker.communicate()
+        if worker.returncode != 0:
+            raise SystemExit(f"slice worker failed:\n{err[-3000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    applied = support.run_child(script, *common, "--step", "apply")
+    wall = time.perf_counter() - started
+    return {"pieces": len(plan["pieces"]), "wall": wall, "fetched": applied["fetched"],
+            "pages": sum(r["pages"] for r in results), "apply_seconds": applied["apply_seconds"],
+            "peak_rss_mib": max(r["peak_rss_mib"] for r in results)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--slices", type=int, default=4)
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    for name in ("--url", "--db", "--run-id", "--step", "--window", "--channel"):
+        parser.add_argument(name, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return 0
+
+    from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
+    from partner_harvest.store import connect
+    from partner_harvest.store.admin import forget_partner
+
+    repo = SimulatedRepository(records=args.records, page_size=500, deleted_fraction=0.05, seed=3)
+    sim = OaiSimulator(repo)
+    served = sim.handle_oai
+
+    def slow(pairs):  # the partner's response time; threads of the server sleep in parallel
+        time.sleep(args.latency)
+        return served(pairs)
+
+    sim.handle_oai = slow
+    print(f"Sliced harvest benchmark: {args.records:,} records, 500 a page, {args.latency * 1000:.0f} ms a response; "
+          f"one chain against {args.slices} slices in parallel processes")
+    live = repo.live_identifiers()
+    ok = True
+    figures = {}
+    with sim:
+        db = support.fresh_database(PARTNER)
+        for label, slices in (("one chain", 1), (f"{args.slices} slices", args.slices)):
+            with connect(db) as conn:
+                forget_partner(conn, PARTNER)
+            figures[label] = result = run(__file__, sim.base_url, db, args, slices, f"bench-{slices}")
+            equal = support.held_ids(db, PARTNER) == live
+            ok = ok and equal
+            print(f"  {label:>10}: {result['pieces']} piece(s), {result['pages']} pages, {result['wall']:.1f} s wall, "
+                  f"{result['fetched'] / result['wall']:,.0f} records/s end to end (apply {result['apply_seconds']:.1f} s), "
+                  f"peak RSS per worker {result['peak_rss_mib']:.0f} MiB; records == live set: {'yes' if equal else 'NO'}")
+    chain, sliced = figures["one chain"], figures[f"{args.slices} slices"]
+    print(f"  speed-up of {args.slices} slices over one chain: {chain['wall'] / sliced['wall']:.2f}x")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,174 @@
+"""SQL of a sliced run: the slices' audit rows, their bounds and a Sierra slice's checkpoint.
+
+A sliced run keeps its ``changes`` row as the parent (the frozen window; coverage queries
+read it) and adds one row per slice, channel ``changes/001`` ... Planning writes them all
+at once with status ``planned``: the apply refuses while any of them has not harvested
+(I4). The parent is marked harvested with nothing fetched, so it never blocks the apply
+and its staged count (0) always matches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from partner_harvest.store.runs import RunRef
+from partner_harvest.window import Window
+
+PARENT = "changes"
+SLICE_PREFIX = "changes/"
+
+
+def slice_channel(index: int) -> str:
+    """``changes/001``: sorts in slice order, and stays a distinct channel of the run."""
+    return f"{SLICE_PREFIX}{index:03d}"
+
+
+def is_slice(channel: str) -> bool:
+    return channel.startswith(SLICE_PREFIX)
+
+
+@dataclass(frozen=True)
+class SliceBounds:
+    """One slice as planned: a datestamp (or updatedDate) range and/or a Sierra id range."""
+
+    channel: str
+    from_: datetime | None
+    until: datetime
+    lo: int | None = None
+    hi: int | None = None
+    estimate: int | None = None  # records the plan expected (a count or an id span)
+
+
+def write_plan(
+    conn: psycopg.Connection, partner_id: str, run_id: str, window: Window,
+    metadata_prefix: str | None, slices: list[SliceBounds],
+) -> None:
+    """Record the run's plan in one transaction, replacing any earlier plan of the run.
+
+    No slices: the earlier plan's slice rows and staging go (the parent channel harvests
+    the window as before). Slices: the parent row says "harvested, nothing fetched" and
+    every slice row is ``planned``.
+    """
+    key = {"pid": partner_id, "run": run_id, "prefix": SLICE_PREFIX + "%"}
+    with conn.transaction():
+        conn.execute("DELETE FROM harvest_runs WHERE partner_id = %(pid)s AND run_id = %(run)s"
+                     " AND channel LIKE %(prefix)s", key)
+        conn.execute("DELETE FROM staging WHERE partner_id = %(pid)s AND run_id = %(run)s"
+                     " AND channel LIKE %(prefix)s", key)
+        if not slices:
+            return
+        conn.execute("DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s",
+                     (partner_id, run_id, PARENT))
+        conn.execute(
+            """
+            INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until, granularity,
+                                      metadata_prefix, status, attempts, partner_clock, harvested_at, error)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'harvested', 1, %s, now(), NULL)
+            ON CONFLICT (partner_id, run_id, channel) DO UPDATE SET
+                mode = EXCLUDED.mode, window_from = EXCLUDED.window_from, window_until = EXCLUDED.window_until,
+                granularity = EXCLUDED.granularity, metadata_prefix = EXCLUDED.metadata_prefix,
+                partner_clock = EXCLUDED.partner_clock, status = 'harvested', attempts = harvest_runs.attempts + 1,
+                error = NULL, pages = 0, fetched = 0, upserted = 0, unchanged = 0, purged = 0, quarantined = 0,
+                complete_list_size = NULL, list_size_mismatch = false, token_restarts = 0,
+                check_kind = NULL, check_expected = NULL, check_found = NULL, check_ok = NULL, check_detail = NULL,
+                cleaned_pages = 0, harvested_at = now(), applied_at = NULL
+            """,
+            (partner_id, run_id, PARENT, window.mode, window.from_, window.until, window.granularity,
+             metadata_prefix, window.partner_clock),
+        )
+        with conn.cursor() as cur:
+            cur.executemany(
+                """
+                INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until, granularity,
+                                          metadata_prefix, status, attempts, partner_clock, slice_lo, slice_hi,
+                                          expected, harvested_at)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'planned', 0, %s, %s, %s, %s, NULL)
+                """,
+                [(partner_id, run_id, s.channel, window.mode, s.from_, s.until, window.granularity, metadata_prefix,
+                  window.partner_clock, s.lo, s.hi, s.estimate) for s in slices],
+            )
+
+
+def read_bounds(conn: psycopg.Connection, run: RunRef) -> SliceBounds:
+    """A slice's bounds as planned (a reharvest after lost staging reads them here)."""
+    row = conn.execute(
+        "SELECT window_from, window_until, slice_lo, slice_hi FROM harvest_runs"
+        " WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key(),
+    ).fetchone()
+    conn.commit()
+    if row is None:
+        raise LookupError(f"{run.partner_id}: run {run.run_id} has no slice {run.channel} in harvest_runs")
+    return SliceBounds(run.channel, row[0], row[1], row[2], row[3])
+
+
+@dataclass(frozen=True)
+class Resumable:
+    """Where a failed Sierra slice stands: its checkpoint and what it staged before it."""
+
+    checkpoint: int
+    pages: int
+    fetched: int
+    records: int
+    tombstones: int
+    rejected: int
+    last_seq: int
+
+
+def resumable(conn: psycopg.Connection, run: RunRef) -> Resumable | None:
+    """The slice's checkpoint when resuming from it is safe, else None (start over).
+
+    Safe only when the slice was interrupted (harvesting or failed, never a finished one
+    cleared by hand) and staging still holds exactly what the row counted: the checkpoint
+    and the count are written in each page's own transaction, so a crash that emptied
+    staging (it is UNLOGGED) shows here as a difference.
+    """
+    row = conn.execute(
+        "SELECT status, checkpoint, pages, fetched FROM harvest_runs"
+        " WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key(),
+    ).fetchone()
+    if row is None or row[0] not in ("harvesting", "failed") or row[1] is None:
+        conn.commit()
+        return None
+    counts = conn.execute(
+        """
+        SELECT count(*), count(*) FILTER (WHERE kind = 'R'), count(*) FILTER (WHERE kind = 'T'),
+               count(*) FILTER (WHERE kind = 'Q'), COALESCE(max(seq), 0)
+        FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s
+        """, run.key(),
+    ).fetchone()
+    conn.commit()
+    if counts[0] != row[3]:
+        return None
+    return Resumable(row[1], row[2], row[3], counts[1], counts[2], counts[3], counts[4])
+
+
+def reopen(conn: psycopg.Connection, run: RunRef) -> None:
+    """Mark a slice harvesting again from its checkpoint, keeping its staging and counts."""
+    with conn.transaction():
+        conn.execute(
+            """
+            UPDATE harvest_runs SET status = 'harvesting', attempts = attempts + 1, resumed = resumed + 1,
+                error = NULL, harvested_at = NULL, applied_at = NULL, progress_at = now()
+            WHERE partner_id = %s AND run_id = %s AND channel = %s
+            """, run.key(),
+        )
+
+
+def slice_rows(conn: psycopg.Connection, partner_id: str, run_id: str) -> list[dict[str, Any]]:
+    """The run's channels with their progress (operators, tests)."""
+    with conn.cursor() as cur:
+        cur.execute(
+            """
+            SELECT channel, status, window_from, window_until, slice_lo, slice_hi, pages, fetched, expected,
+                   checkpoint, resumed, attempts, started_at, harvesting_since, progress_at, harvested_at
+            FROM harvest_runs WHERE partner_id = %s AND run_id = %s ORDER BY channel
+            """, (partner_id, run_id),
+        )
+        names = [d.name for d in cur.description]
+        rows = [dict(zip(names, row)) for row in cur.fetchall()]
+    conn.commit()
+    return rows

@@ -1,0 +1,130 @@
+"""Sliced full harvests through Airflow (dag.test): plan_slices, a mapped harvest_changes per
+slice in the partner's pool, one apply; a slice that fails is retried on its own (issue 9)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
+from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
+from partner_harvest.registry import get_partner
+from partner_harvest.store import connect, ensure_schema
+from partner_harvest.store.admin import live_identifiers
+from partner_harvest.store.slices import slice_rows
+
+pytestmark = pytest.mark.airflow
+
+SLICING = "slicing: {threshold_records: 300, target_records: 150, max_slices: 4}"
+KEY, SECRET = "sliced-key", "sliced-secret"
+
+
+def build_dag(partner_id: str, fail_once: bool = False):
+    """retries 0, except harvest_changes: one immediate retry when a test makes a slice fail."""
+    from partner_harvest.airflow.dag_factory import build_harvest_dag
+
+    dag = build_harvest_dag(get_partner(partner_id))
+    for task in dag.tasks:
+        task.retries = 0
+    if fail_once:
+        mapped = dag.get_task("harvest_changes")
+        mapped.partial_kwargs["retries"] = 1
+        mapped.partial_kwargs["retry_delay"] = timedelta(0)
+        mapped.partial_kwargs["retry_exponential_backoff"] = 0
+    return dag
+
+
+def instances(run) -> list[tuple[str, int, str, int]]:
+    return sorted((ti.task_id, ti.map_index, str(getattr(ti.state, "value", ti.state)), ti.try_number)
+                  for ti in run.get_task_instances())
+
+
+def rows(db: str, partner_id: str, run) -> dict[str, dict]:
+    with connect(db) as conn:
+        ensure_schema(conn)
+        return {r["channel"]: r for r in slice_rows(conn, partner_id, f"{run.dag_id}/{run.run_id}")}
+
+
+def held(db: str, partner_id: str) -> set[str]:
+    with connect(db) as conn:
+        return live_identifiers(conn, partner_id)
+
+
+@pytest.fixture
+def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db):
+    registry(
+        "partners:\n"
+        "  - {id: slicedmuseum, protocol: oai-pmh, conn_id: partner_slicedmuseum, metadata_prefix: oai_dc,\n"
+        f"     options: {{http: {{backoff_factor: 0.01, retries: 0}}}}, {SLICING}}}\n"
+    )
+    repo = SimulatedRepository(records=700, page_size=50, seed=12)
+    with OaiSimulator(repo) as sim:
+        monkeypatch.setenv("AIRFLOW_CONN_PARTNER_SLICEDMUSEUM", json.dumps({"conn_type": "http", "host": sim.base_url}))
+        yield sim, repo
+
+
+def test_a_sliced_oai_full_harvest_retries_only_the_slice_that_failed(museum, db) -> None:
+    sim, repo = museum
+    original, lists = sim.handle_oai, {"n": 0}
+
+    def fail_once(pairs):  # the 6th list page (inside the 2nd slice) answers 503 once
+        if any(k == "verb" and v == "ListRecords" for k, v in pairs):
+            lists["n"] += 1
+            if lists["n"] == 6:
+                sim.fail_next(1, status=503)
+        return original(pairs)
+
+    sim.handle_oai = fail_once
+    run = build_dag("slicedmuseum", fail_once=True).test(run_conf={"mode": "full"})
+    tis = instances(run)
+    harvests = [t for t in tis if t[0] == "harvest_changes"]
+    assert len(harvests) == 4 and {t[2] for t in tis} == {"success"}, tis
+    assert sorted(t[3] for t in harvests) == [1, 1, 1, 2]  # one slice (the second to run) ran twice
+    audit = rows(db, "slicedmuseum", run)
+    assert sorted(audit) == ["changes", "changes/001", "changes/002", "changes/003", "changes/004"]
+    assert {r["status"] for r in audit.values()} == {"applied"}
+    (retried,) = [c for c, r in audit.items() if r["attempts"] == 2]
+    assert held(db, "slicedmuseum") == repo.live_identifiers()
+    collection_pages = sum(r["pages"] for r in audit.values())
+    list_requests = sum(1 for r in sim.requests if r.get("verb") == "ListRecords")
+    # every page once, the failed slice's once more (its first try got 1 page, then the 503)
+    assert list_requests <= collection_pages + audit[retried]["pages"] + 1, (list_requests, collection_pages)
+
+
+@pytest.fixture
+def library(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db):
+    registry(
+        "partners:\n"
+        "  - id: slicedlibrary\n"
+        "    protocol: sierra\n"
+        "    conn_id: partner_slicedlibrary\n"
+        "    page_size: 100\n"
+        "    options: {http: {backoff_factor: 0.01, retries: 0}, sierra: {server_error_tries: 1},\n"
+        "              export: {limit: 50, rate_limit_wait: 0}}\n"
+        f"    {SLICING}\n"
+    )
+    catalogue = SimulatedCatalogue(bibs=600, deleted_fraction=0.03, seed=8)
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
+        monkeypatch.setenv("AIRFLOW_CONN_PARTNER_SLICEDLIBRARY", json.dumps(
+            {"conn_type": "http", "host": sim.base_url, "login": KEY, "password": SECRET}))
+        yield sim, catalogue
+
+
+def test_a_sliced_sierra_full_load_resumes_the_failed_slice_from_its_checkpoint(library, db) -> None:
+    sim, catalogue = library
+    # the second export block of the second slice (ids 1000151..1000300, 50 a block) answers 500 once
+    sim.fail_next(1, status=500, path_prefix="/bibs/marc?id=[1000201,")
+    run = build_dag("slicedlibrary", fail_once=True).test(run_conf={"mode": "full"})
+    tis = instances(run)
+    assert {t[2] for t in tis} == {"success"}, tis
+    harvests = [t for t in tis if t[0] == "harvest_changes"]
+    assert len(harvests) == 4 and sum(t[3] for t in harvests) == 5
+    audit = rows(db, "slicedlibrary", run)
+    assert audit["changes/002"]["slice_lo"] == 1000151 and audit["changes/002"]["slice_hi"] == 1000300
+    assert audit["changes/002"]["resumed"] == 1 and audit["changes/002"]["attempts"] == 2  # from its checkpoint
+    assert [c for c, r in audit.items() if r["resumed"]] == ["changes/002"]
+    assert held(db, "slicedlibrary") == catalogue.live_ids()
+    blocks = [r["query"]["id"] for r in sim.requests if r["path"].endswith("/bibs/marc") and r["method"] == "GET"]
+    assert len(blocks) == len(set(blocks)) + 1  # only the failed block was asked twice

@@ -1,0 +1,392 @@
+"""Sliced runs without Airflow (issue 9): plan, harvest piece by piece, apply whole.
+
+The OAI-PMH and Sierra simulators over loopback, real PostgreSQL. The harness plays the
+DAG: freeze_window, plan_slices, one harvest_changes per piece (in any order, any one of
+them failing and retried on its own), apply_changes.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
+from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
+from partner_harvest import pipeline
+from partner_harvest.errors import HarvestError
+from partner_harvest.factory import Endpoint, build_adapter
+from partner_harvest.oai.parse import format_datestamp
+from partner_harvest.registry import Partner, SliceSettings
+from partner_harvest.store import connect
+from partner_harvest.store.admin import live_identifiers
+from partner_harvest.store.apply import RunNotHarvested, apply_run
+from partner_harvest.store.slices import slice_rows
+
+FAST_HTTP = {"backoff_factor": 0.01, "backoff_max": 0.05, "retries": 2, "read_timeout": 30}
+SLICES = SliceSettings(threshold_records=300, target_records=150, max_slices=6)
+KEY, SECRET = "slice-key", "slice-secret"
+
+
+def oai_partner(**kw) -> Partner:
+    base = dict(id="museum", protocol="oai-pmh", conn_id="unused", metadata_prefix="oai_dc",
+                options={"http": FAST_HTTP}, slicing=SLICES)
+    base.update(kw)
+    return Partner(**base)
+
+
+def sierra_partner(**kw) -> Partner:
+    options = {"http": FAST_HTTP, "sierra": {"server_error_backoff": 0.01, "server_error_tries": 2},
+               "export": {"limit": 50, "rate_limit_wait": 0}}
+    base = dict(id="library", protocol="sierra", conn_id="unused", page_size=50, options=options, slicing=SLICES)
+    base.update(kw)
+    return Partner(**base)
+
+
+class Run:
+    """One run of the DAG's tasks, piece by piece."""
+
+    def __init__(self, conn: psycopg.Connection, partner: Partner, adapter_factory, run_id: str = "run-1"):
+        self.conn, self.partner, self.make, self.run_id = conn, partner, adapter_factory, run_id
+        self.window = pipeline.freeze_window(self.make(), partner.lag, None, pipeline.RunRequest("incremental"))
+        self.pieces = pipeline.plan_slices(self.make(), conn, partner.id, run_id, self.window, partner.slicing)
+
+    def harvest(self, channel: str):
+        return pipeline.harvest_piece(self.make(), self.conn, self.partner.id, self.run_id, self.window, channel)
+
+    def harvest_all(self) -> None:
+        for piece in self.pieces:
+            self.harvest(piece["channel"])
+
+    def apply(self, reharvested: list[str] | None = None):
+        def reharvest(channels: list[str]) -> None:
+            if reharvested is not None:
+                reharvested.extend(channels)
+            for channel in channels:
+                self.harvest(channel)
+
+        return pipeline.apply_changes(self.conn, self.partner.id, self.run_id, reharvest)
+
+    def rows(self) -> dict[str, dict]:
+        return {row["channel"]: row for row in slice_rows(self.conn, self.partner.id, self.run_id)}
+
+
+def held(conn: psycopg.Connection, partner_id: str) -> set[str]:
+    ids = live_identifiers(conn, partner_id)
+    conn.commit()
+    return ids
+
+
+@pytest.fixture
+def oai():
+    repo = SimulatedRepository(records=900, page_size=50, seed=9, deleted_fraction=0.05)
+    with OaiSimulator(repo) as sim:
+        yield sim, repo
+
+
+@pytest.fixture
+def sierra():
+    catalogue = SimulatedCatalogue(bibs=700, deleted_fraction=0.03, seed=5)
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
+        yield sim, catalogue
+
+
+def list_pages(sim: OaiSimulator) -> int:
+    return sum(1 for r in sim.requests if r.get("verb") == "ListRecords")
+
+
+def test_oai_full_harvest_as_slices_equals_the_live_set(conn, oai) -> None:
+    sim, repo = oai
+    partner = oai_partner()
+    run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
+    channels = [p["channel"] for p in run.pieces]
+    assert 4 <= len(channels) <= SLICES.max_slices and channels[0] == "changes/001"
+    rows = run.rows()
+    assert rows["changes"]["status"] == "harvested" and rows["changes"]["fetched"] == 0  # the parent
+    assert {rows[c]["status"] for c in channels} == {"planned"}
+    # disjoint datestamp ranges covering the frozen window, the first open at the start
+    bounds = [(rows[c]["window_from"], rows[c]["window_until"]) for c in channels]
+    assert bounds[0][0] is None and bounds[-1][1] == run.window.until
+    for (_, end), (start, _) in zip(bounds, bounds[1:]):
+        assert start == end + timedelta(seconds=1)
+
+    with pytest.raises(RunNotHarvested, match="changes/00"):  # I4: nothing applies before every slice harvested
+        pipeline.apply_changes(conn, partner.id, run.run_id)
+    assert held(conn, partner.id) == set()
+
+    for channel in reversed(channels):  # order does not matter
+        run.harvest(channel)
+    fetched = {c: run.rows()[c]["fetched"] for c in channels}
+    assert max(fetched.values()) <= 2 * min(fetched.values()) + 50, fetched  # similar sizes
+    result = run.apply()
+    assert held(conn, partner.id) == repo.live_identifiers()
+    assert result.fetched == sum(fetched.values())
+    assert {r["status"] for r in run.rows().values()} == {"applied"}
+    checks = conn.execute("SELECT channel, check_kind, check_ok FROM harvest_runs WHERE run_id = %s"
+                          " AND check_kind IS NOT NULL", (run.run_id,)).fetchall()
+    conn.commit()
+    assert {c for c, kind, ok in checks if kind == "oai-complete-list-size" and ok} == set(channels)  # I12, per slice
+    assert pipeline.last_applied_until(conn, partner.id, "changes") == run.window.until  # coverage reads the parent
+
+
+def test_a_short_window_stays_whole(conn, oai) -> None:
+    sim, repo = oai
+    partner = oai_partner(slicing=SliceSettings(threshold_records=10_000, target_records=150))
+    run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
+    assert run.pieces == [{"channel": "changes"}]
+    run.harvest_all()
+    run.apply()
+    assert set(run.rows()) == {"changes"} and held(conn, partner.id) == repo.live_identifiers()
+
+
+def test_a_failed_oai_slice_is_harvested_again_alone(conn, oai) -> None:
+    sim, repo = oai
+    partner = oai_partner()
+    run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
+    channels = [p["channel"] for p in run.pieces]
+    for channel in channels[:2]:
+        run.harvest(channel)
+    sim.requests.clear()
+    original = sim.handle_oai
+    served = {"n": 0}
+
+    def broken_mid_slice(pairs):  # the third slice dies on its second page
+        if any(k == "verb" and v == "ListRecords" for k, v in pairs):
+            served["n"] += 1
+            if served["n"] == 2:
+                sim.fail_next(3, status=503)  # the try and its two HTTP retries
+        return original(pairs)
+
+    sim.handle_oai = broken_mid_slice
+    with pytest.raises(HarvestError):
+        run.harvest(channels[2])
+    assert run.rows()[channels[2]]["status"] == "failed"
+    with pytest.raises(RunNotHarvested, match="changes/003 \\(failed\\)"):  # I4 while a slice failed
+        pipeline.apply_changes(conn, partner.id, run.run_id)
+    assert held(conn, partner.id) == set()
+    sim.handle_oai = original
+    for channel in channels[2:]:  # the retry of the failed slice, then the rest
+        run.harvest(channel)
+    run.apply()
+    assert held(conn, partner.id) == repo.live_identifiers()
+    rows = run.rows()
+    slice_pages = rows[channels[2]]["pages"]
+    # list requests since the first two slices harvested: the rest of the collection, plus the
+    # failed slice's page before the failure and its failing page tried three times (HTTP retries)
+    rest = sum(rows[c]["pages"] for c in channels[2:])
+    assert list_pages(sim) == rest + 1 + 3 <= rest + slice_pages + 3, (list_pages(sim), rest, slice_pages)
+    done_before = {format_datestamp(rows[c]["window_until"], "YYYY-MM-DDThh:mm:ssZ") for c in channels[:2]}
+    assert not [r for r in sim.requests if r.get("until") in done_before]  # slices 1 and 2: never again
+
+
+def test_lost_staging_of_one_slice_is_harvested_again_alone(conn, oai) -> None:
+    sim, repo = oai
+    partner = oai_partner()
+    run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
+    run.harvest_all()
+    lost = run.pieces[1]["channel"]
+    with conn.transaction():  # what a crash does to the UNLOGGED staging, for one channel
+        conn.execute("DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s",
+                     (partner.id, run.run_id, lost))
+    reharvested: list[str] = []
+    run.apply(reharvested)
+    assert reharvested == [lost]
+    assert held(conn, partner.id) == repo.live_identifiers()
+    assert run.rows()[lost]["attempts"] == 2 and {run.rows()[c]["attempts"] for c in run.rows() if c not in (lost, "changes")} == {1}
+
+
+def test_progress_is_visible_from_another_connection_while_a_slice_harvests(conn, db, oai) -> None:
+    sim, repo = oai
+    partner = oai_partner()
+    run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
+    channel = run.pieces[0]["channel"]
+    seen: list[tuple] = []
+    refusals: list[str] = []
+    original = sim.handle_oai
+    observer = connect(db)
+
+    def watch(pairs):  # before answering each page: what does an operator see?
+        row = observer.execute(
+            "SELECT status, pages, fetched, progress_at, expected FROM harvest_runs WHERE partner_id = %s AND run_id = %s"
+            " AND channel = %s", (partner.id, run.run_id, channel)).fetchone()
+        observer.commit()
+        seen.append(row)
+        if len(seen) == 2:  # I4: an apply now (another task, another connection) refuses
+            try:
+                apply_run(observer, partner.id, run.run_id)
+            except RunNotHarvested as exc:
+                refusals.append(str(exc))
+        return original(pairs)
+
+    sim.handle_oai = watch
+    try:
+        stats = run.harvest(channel)
+    finally:
+        sim.handle_oai = original
+        observer.close()
+    assert stats.pages >= 3
+    assert [r[0] for r in seen] == ["harvesting"] * len(seen)
+    fetched = [r[2] for r in seen]
+    assert fetched == sorted(fetched) and fetched[0] == 0 and fetched[-1] > 0
+    assert [r[1] for r in seen] == list(range(len(seen)))  # one more page each time
+    assert seen[-1][3] is not None
+    assert seen[0][4] == run.pieces[0]["estimate"] and seen[-1][4] == stats.complete_list_size  # for the time left
+    assert len(refusals) == 1 and f"{channel} (harvesting)" in refusals[0]
+
+
+def sierra_run(conn, sim, partner, run_id="run-1") -> Run:
+    return Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url, KEY, SECRET)), run_id)
+
+
+def test_sierra_full_load_as_id_slices_equals_the_live_set(conn, sierra) -> None:
+    sim, catalogue = sierra
+    partner = sierra_partner()
+    run = sierra_run(conn, sim, partner)
+    channels = [p["channel"] for p in run.pieces]
+    assert len(channels) == 5, run.pieces  # 700 ids / 150 a slice
+    rows = run.rows()
+    assert rows[channels[0]]["slice_lo"] == 0 and rows[channels[-1]]["slice_hi"] == 9_999_999
+    for a, b in zip(channels, channels[1:]):
+        assert rows[b]["slice_lo"] == rows[a]["slice_hi"] + 1
+    run.harvest_all()
+    run.apply()
+    assert held(conn, partner.id) == catalogue.live_ids()
+    checks = conn.execute("SELECT channel, check_kind, check_ok FROM harvest_runs WHERE run_id = %s AND check_kind IS NOT NULL",
+                          (run.run_id,)).fetchall()
+    conn.commit()
+    assert {c for c, kind, ok in checks if kind == "sierra-id-enumeration" and ok} == set(channels)  # I12, per slice
+
+
+def test_a_sierra_slice_failed_mid_way_resumes_from_its_checkpoint(conn, sierra) -> None:
+    sim, catalogue = sierra
+    partner = sierra_partner()
+    run = sierra_run(conn, sim, partner)
+    channel = run.pieces[1]["channel"]
+    original = sim.handle
+    exports = {"n": 0}
+
+    def fail_third_block(method, path, query, headers, body):
+        if method == "GET" and path.endswith("/bibs/marc"):
+            exports["n"] += 1
+            if exports["n"] == 3:
+                sim.fail_next(2, status=500, path_prefix="/bibs/marc")  # both tries (server_error_tries)
+        return original(method, path, query, headers, body)
+
+    sim.handle = fail_third_block
+    with pytest.raises(HarvestError):
+        run.harvest(channel)
+    sim.handle = original
+    row = run.rows()[channel]
+    assert row["status"] == "failed" and row["checkpoint"] == row["slice_lo"] + 100 and row["fetched"] > 0
+    sim.requests.clear()
+    run.harvest(channel)  # the retry
+    resumed = [r for r in sim.requests if r["path"].endswith("/bibs/marc")]
+    assert resumed[0]["query"]["id"].startswith(f"[{row['checkpoint']},")
+    after = run.rows()[channel]
+    assert after["resumed"] == 1 and after["status"] == "harvested"
+    # from scratch: the same slice again costs more export requests than the resume did
+    sim.requests.clear()
+    fresh = sierra_run(conn, sim, partner, "run-2")
+    sim.requests.clear()
+    fresh.harvest(channel)
+    scratch = [r for r in sim.requests if r["path"].endswith("/bibs/marc")]
+    assert len(resumed) < len(scratch)
+    for piece in run.pieces:
+        if piece["channel"] != channel:
+            run.harvest(piece["channel"])
+    result = run.apply()  # the staged-count check holds across the resume
+    assert held(conn, partner.id) == catalogue.live_ids()
+    assert result.fetched == sum(r["fetched"] for r in run.rows().values())
+
+
+def test_a_killed_sierra_slice_resumes_from_its_checkpoint(conn, db, sierra, monkeypatch) -> None:
+    """A worker killed mid-slice (no failure handler runs: the row stays 'harvesting', its
+    connection dies with the page's transaction) resumes on the next try."""
+    from partner_harvest.store import staging
+
+    sim, catalogue = sierra
+    partner = sierra_partner()
+    run = sierra_run(conn, sim, partner)
+    channel = run.pieces[2]["channel"]
+    real_write, pages = staging.StagingWriter.write_page, {"n": 0}
+
+    def killed_on_the_third_page(self, items, checkpoint=None):
+        pages["n"] += 1
+        if pages["n"] == 3:
+            raise KeyboardInterrupt("SIGKILL")  # not an Exception: nothing marks the row failed
+        return real_write(self, items, checkpoint=checkpoint)
+
+    monkeypatch.setattr(staging.StagingWriter, "write_page", killed_on_the_third_page)
+    with pytest.raises(KeyboardInterrupt):
+        run.harvest(channel)
+    monkeypatch.setattr(staging.StagingWriter, "write_page", real_write)
+    conn.close()  # the dead worker's connection
+    conn = connect(db)
+    run.conn = conn
+    row = run.rows()[channel]
+    assert row["status"] == "harvesting" and row["pages"] == 2 and row["checkpoint"] == row["slice_lo"] + 100
+    run.harvest(channel)
+    assert run.rows()[channel]["resumed"] == 1
+    for piece in run.pieces:
+        if piece["channel"] != channel:
+            run.harvest(piece["channel"])
+    run.apply()
+    assert held(conn, partner.id) == catalogue.live_ids()
+    conn.close()
+
+
+def test_a_sierra_slice_whose_staging_was_lost_starts_over(conn, sierra) -> None:
+    sim, catalogue = sierra
+    partner = sierra_partner()
+    run = sierra_run(conn, sim, partner)
+    channel = run.pieces[1]["channel"]
+    original, exports = sim.handle, {"n": 0}
+
+    def fail_second_block(method, path, query, headers, body):
+        if method == "GET" and path.endswith("/bibs/marc"):
+            exports["n"] += 1
+            if exports["n"] == 2:
+                sim.fail_next(2, status=500, path_prefix="/bibs/marc")
+        return original(method, path, query, headers, body)
+
+    sim.handle = fail_second_block
+    with pytest.raises(HarvestError):
+        run.harvest(channel)
+    sim.handle = original
+    assert run.rows()[channel]["checkpoint"] is not None
+    with conn.transaction():  # a crash empties the UNLOGGED staging under the failed slice
+        conn.execute("DELETE FROM staging WHERE run_id = %s AND channel = %s", (run.run_id, channel))
+    sim.requests.clear()
+    run.harvest(channel)
+    first = next(r for r in sim.requests if r["path"].endswith("/bibs/marc"))
+    assert first["query"]["id"].startswith(f"[{run.rows()[channel]['slice_lo']},")  # from its own start
+    assert run.rows()[channel]["resumed"] == 0
+    for piece in run.pieces:
+        if piece["channel"] != channel:
+            run.harvest(piece["channel"])
+    run.apply()
+    assert held(conn, partner.id) == catalogue.live_ids()
+
+
+def test_a_long_sierra_change_poll_is_sliced_by_updated_date(conn, sierra) -> None:
+    sim, catalogue = sierra
+    partner = sierra_partner(slicing=SliceSettings(threshold_records=300, target_records=150, max_slices=4,
+                                                   long_window=timedelta(days=2)))
+    adapter = lambda: build_adapter(partner, Endpoint(sim.base_url, KEY, SECRET))  # noqa: E731
+    first = sierra_run(conn, sim, partner)
+    first.harvest_all()
+    first.apply()
+    cursor = first.window.until
+    catalogue.advance_clock(86400 * 5)
+    edited = catalogue.edit(30)
+    window = pipeline.freeze_window(adapter(), partner.lag, cursor, pipeline.RunRequest("incremental"))
+    pieces = pipeline.plan_slices(adapter(), conn, partner.id, "run-3", window, partner.slicing)
+    assert len(pieces) == 3  # five days and ten minutes in pieces of two days
+    rows = {r["channel"]: r for r in slice_rows(conn, partner.id, "run-3")}
+    assert rows["changes/001"]["window_from"] == window.from_ and rows["changes/003"]["window_until"] == window.until
+    for piece in pieces:
+        pipeline.harvest_piece(adapter(), conn, partner.id, "run-3", window, piece["channel"])
+    result = pipeline.apply_changes(conn, partner.id, "run-3")
+    assert result.upserted == len(edited)
+    assert held(conn, partner.id) == catalogue.live_ids()

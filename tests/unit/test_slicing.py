@@ -1,0 +1,81 @@
+"""Cutting an OAI-PMH window into datestamp slices (oai/slicing.py) against a counting probe."""
+
+from __future__ import annotations
+
+import bisect
+import random
+from datetime import datetime, timedelta, timezone
+
+from partner_harvest.oai.slicing import plan
+from partner_harvest.registry import SliceSettings
+from partner_harvest.window import Window, format_instant
+
+T0 = datetime(2020, 1, 1, tzinfo=timezone.utc)
+UNTIL = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def full_window(granularity: str = "YYYY-MM-DDThh:mm:ssZ") -> Window:
+    return Window("full", None, UNTIL, "seconds" if "hh" in granularity else "day", False,
+                  {"oai_granularity": granularity, "earliest_datestamp": format_instant(T0)})
+
+
+class Counter:
+    """A repository's counts over sorted datestamps, like completeListSize."""
+
+    def __init__(self, stamps: list[datetime], honest: bool = True):
+        self.stamps = sorted(stamps)
+        self.honest = honest
+        self.calls = 0
+
+    def __call__(self, from_, until):
+        self.calls += 1
+        if not self.honest:
+            return None
+        lo = 0 if from_ is None else bisect.bisect_left(self.stamps, from_)
+        return bisect.bisect_right(self.stamps, until) - lo
+
+    def inside(self, from_, until) -> int:
+        return self(from_, until)
+
+
+def covers(pieces: list[dict], window: Window, step: timedelta) -> None:
+    assert pieces[0]["from_"] == window.from_ and pieces[-1]["until"] == window.until
+    for a, b in zip(pieces, pieces[1:]):
+        assert b["from_"] == a["until"] + step  # disjoint, no gap
+
+
+def test_similar_slices_cover_the_window_with_few_probes() -> None:
+    rng = random.Random(4)
+    stamps = [T0 + timedelta(seconds=rng.randrange(int((UNTIL - T0).total_seconds()))) for _ in range(10_000)]
+    counter = Counter(stamps)
+    pieces = plan(full_window(), SliceSettings(threshold_records=2_000, target_records=1_500, max_slices=16), counter)
+    covers(pieces, full_window(), timedelta(seconds=1))
+    sizes = [counter.inside(p["from_"], p["until"]) for p in pieces]
+    assert sum(sizes) == 10_000 and max(sizes) <= 1_500 and len(pieces) <= 16
+    assert counter.calls <= 2 * len(pieces) + 1
+
+
+def test_a_burst_on_one_day_stays_one_slice_at_day_granularity() -> None:
+    burst = [datetime(2024, 5, 5, tzinfo=timezone.utc)] * 5_000
+    spread = [T0 + timedelta(days=d) for d in range(0, 2000, 2)]
+    counter = Counter(burst + spread)
+    window = full_window("YYYY-MM-DD")
+    pieces = plan(window, SliceSettings(threshold_records=1_000, target_records=500, max_slices=32), counter)
+    covers(pieces, window, timedelta(days=1))
+    assert sum(counter.inside(p["from_"], p["until"]) for p in pieces) == 6_000
+    assert max(counter.inside(p["from_"], p["until"]) for p in pieces) >= 5_000  # cannot cut below a day
+
+
+def test_without_a_count_a_full_harvest_uses_equal_time_ranges_only_when_asked() -> None:
+    counter = Counter([], honest=False)
+    assert plan(full_window(), SliceSettings(), counter) == []
+    pieces = plan(full_window(), SliceSettings(without_count=4), counter)
+    assert len(pieces) == 4
+    covers(pieces, full_window(), timedelta(seconds=1))
+
+
+def test_a_short_incremental_window_is_never_probed() -> None:
+    counter = Counter([T0])
+    window = Window("incremental", UNTIL - timedelta(days=1), UNTIL, "seconds", True,
+                    {"oai_granularity": "YYYY-MM-DDThh:mm:ssZ"})
+    assert plan(window, SliceSettings(), counter) == [] and counter.calls == 0

@@ -166,20 +166,20 @@ def _stage(
     ensure_schema(conn)
     stats = HarvestStats()
     if resume is None:
-        begin_run(conn, run, audit_window or window, window.protocol.get("metadata_prefix"))
+        attempt = begin_run(conn, run, audit_window or window, window.protocol.get("metadata_prefix"))
     else:  # a Sierra slice picks up where it failed, with what it staged before
-        slices.reopen(conn, run)
+        attempt = slices.reopen(conn, run)
         stats.pages, stats.fetched = resume.pages, resume.fetched
         stats.records, stats.tombstones, stats.rejected = resume.records, resume.tombstones, resume.rejected
     writer = StagingWriter(conn, run, max_record_bytes=max_record_bytes(adapter), progress=stats,
-                           seq=resume.last_seq if resume else 0)
+                           seq=resume.last_seq if resume else 0, attempt=attempt)
     try:
         source(window, writer, stats)
     except Exception as exc:
         conn.rollback()
-        fail_run(conn, run, _one_line(exc))
+        fail_run(conn, run, _one_line(exc), attempt)
         raise
-    finish_harvest(conn, run, stats)
+    finish_harvest(conn, run, stats, attempt)
     for check in stats.extra.get("checks", ()):  # second witnesses the adapter ran (I12)
         record_check(conn, run, *check)
     if stats.complete_list_size is not None and stats.complete_list_size != stats.fetched:

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 
 import psycopg
 
+from partner_harvest.errors import HarvestError
 from partner_harvest.records import HarvestStats
 from partner_harvest.window import Window
 
@@ -23,10 +24,21 @@ class RunRef:
         return (self.partner_id, self.run_id, self.channel)
 
 
-def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_prefix: str | None) -> None:
-    """Open (or reopen, on a retry) the audit row and clear this channel's staging."""
+class AttemptSuperseded(HarvestError):
+    """A newer try of this channel began: this one (an orphan whose worker died, still
+    running) must stop writing, or it would mix its pages into the new try's staging."""
+
+    retryable = False
+
+
+def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_prefix: str | None) -> int:
+    """Open (or reopen, on a retry) the audit row and clear this channel's staging.
+
+    Returns the channel's attempt number: the fence every later write of this try checks
+    (``check_attempt``), so a try superseded by a newer one can no longer write.
+    """
     with conn.transaction():
-        conn.execute(
+        attempt = conn.execute(
             """
             INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until,
                                       granularity, metadata_prefix, status, attempts, partner_clock,
@@ -43,12 +55,32 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
                 check_kind = NULL, check_expected = NULL, check_found = NULL, check_ok = NULL, check_detail = NULL,
                 cleaned_pages = 0, harvested_at = NULL, applied_at = NULL, max_datestamp = NULL,
                 checkpoint = NULL, progress_at = now(), harvesting_since = now()
+            RETURNING attempts
             """,
             (*run.key(), window.mode, window.from_, window.until, window.granularity, metadata_prefix,
              window.partner_clock, bool(window.protocol.get("clock_regressed"))),
-        )
+        ).fetchone()[0]
         conn.execute(
             "DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key()
+        )
+    return attempt
+
+
+def check_attempt(conn: psycopg.Connection, run: RunRef, attempt: int | None) -> None:
+    """Inside a write's transaction: raise AttemptSuperseded unless ``attempt`` is still the
+    channel's current try. The row lock it takes (FOR SHARE) makes a newer try's begin wait
+    for this write to commit, and this write see a begin that committed first."""
+    if attempt is None:
+        return
+    row = conn.execute(
+        "SELECT attempts FROM harvest_runs WHERE partner_id = %s AND run_id = %s AND channel = %s FOR SHARE",
+        run.key(),
+    ).fetchone()
+    if row is None or row[0] != attempt:
+        raise AttemptSuperseded(
+            run.partner_id, f"{run.channel} of run {run.run_id}",
+            f"try {attempt} was superseded by try {row[0] if row else '?'} (a retry started while this "
+            "process was still running, e.g. after its worker was lost); it stops without writing",
         )
 
 
@@ -67,10 +99,11 @@ def record_progress(conn: psycopg.Connection, run: RunRef, pages: int, fetched: 
     )
 
 
-def finish_harvest(conn: psycopg.Connection, run: RunRef, stats: HarvestStats) -> None:
+def finish_harvest(conn: psycopg.Connection, run: RunRef, stats: HarvestStats, attempt: int | None = None) -> None:
     """Record what the listing delivered; flags a completeListSize mismatch."""
     mismatch = stats.complete_list_size is not None and stats.complete_list_size != stats.fetched
     with conn.transaction():
+        check_attempt(conn, run, attempt)
         conn.execute(
             """
             UPDATE harvest_runs SET status = 'harvested', pages = %s, fetched = %s,
@@ -85,13 +118,16 @@ def finish_harvest(conn: psycopg.Connection, run: RunRef, stats: HarvestStats) -
         )
 
 
-def fail_run(conn: psycopg.Connection, run: RunRef, error: str) -> None:
-    """Mark the channel failed with a one-line cause; live tables are untouched."""
+def fail_run(conn: psycopg.Connection, run: RunRef, error: str, attempt: int | None = None) -> None:
+    """Mark the channel failed with a one-line cause; live tables are untouched.
+
+    With ``attempt``, only while that try is the current one: a superseded try's failure
+    never marks the newer try's row failed."""
     with conn.transaction():
         conn.execute(
             "UPDATE harvest_runs SET status = 'failed', error = %s"
-            " WHERE partner_id = %s AND run_id = %s AND channel = %s",
-            (error[:4000], *run.key()),
+            " WHERE partner_id = %s AND run_id = %s AND channel = %s AND (%s::int IS NULL OR attempts = %s::int)",
+            (error[:4000], *run.key(), attempt, attempt),
         )
 
 

@@ -146,16 +146,18 @@ def resumable(conn: psycopg.Connection, run: RunRef) -> Resumable | None:
     return Resumable(row[1], row[2], row[3], counts[1], counts[2], counts[3], counts[4])
 
 
-def reopen(conn: psycopg.Connection, run: RunRef) -> None:
-    """Mark a slice harvesting again from its checkpoint, keeping its staging and counts."""
+def reopen(conn: psycopg.Connection, run: RunRef) -> int:
+    """Mark a slice harvesting again from its checkpoint, keeping its staging and counts;
+    returns the new attempt number (the fence of store/runs.check_attempt)."""
     with conn.transaction():
-        conn.execute(
+        return conn.execute(
             """
             UPDATE harvest_runs SET status = 'harvesting', attempts = attempts + 1, resumed = resumed + 1,
                 error = NULL, harvested_at = NULL, applied_at = NULL, progress_at = now()
             WHERE partner_id = %s AND run_id = %s AND channel = %s
+            RETURNING attempts
             """, run.key(),
-        )
+        ).fetchone()[0]
 
 
 def slice_rows(conn: psycopg.Connection, partner_id: str, run_id: str) -> list[dict[str, Any]]:

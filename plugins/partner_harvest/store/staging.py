@@ -13,7 +13,7 @@ import hashlib
 import psycopg
 
 from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
-from partner_harvest.store.runs import RunRef, record_progress
+from partner_harvest.store.runs import RunRef, check_attempt, record_progress
 
 _COPY = (
     "COPY staging (partner_id, run_id, channel, seq, kind, identifier, datestamp,"
@@ -29,7 +29,7 @@ class StagingWriter:
     """Writes harvest items for one run channel; memory is bounded by one page (I5)."""
 
     def __init__(self, conn: psycopg.Connection, run: RunRef, *, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
-                 progress: HarvestStats | None = None, seq: int = 0):
+                 progress: HarvestStats | None = None, seq: int = 0, attempt: int | None = None):
         self.conn = conn
         self.run = run
         self.seq = seq
@@ -37,10 +37,14 @@ class StagingWriter:
         # With the channel's running totals, every page also writes them (and a checkpoint)
         # to its harvest_runs row in the page's own transaction: progress while it runs (issue 9).
         self.progress = progress
+        # The try this writer belongs to: every page checks it is still the channel's current
+        # one (a worker lost mid-page may leave its task process running beside the retry).
+        self.attempt = attempt
 
     def reset(self) -> None:
         """Drop what this channel staged so far: the window restarts from its bounds."""
         with self.conn.transaction():
+            check_attempt(self.conn, self.run, self.attempt)
             self.conn.execute(
                 "DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s",
                 self.run.key(),
@@ -54,10 +58,11 @@ class StagingWriter:
 
     def write_page(self, items: list[HarvestItem], checkpoint: int | None = None) -> None:
         """COPY one page; ``checkpoint``: where a resumed slice would start after this page."""
-        if not items and self.progress is None:
+        if not items and self.progress is None and self.attempt is None:
             return
         pid, run_id, channel = self.run.key()
         with self.conn.transaction():
+            check_attempt(self.conn, self.run, self.attempt)
             if items:
                 with self.conn.cursor() as cur, cur.copy(_COPY) as copy:
                     for item in items:

@@ -1,0 +1,90 @@
+"""A try whose worker died may keep running beside Airflow's retry (Celery e2e finding).
+
+Airflow gives each task process its own process group: when a Celery worker is killed,
+its task process can survive and go on harvesting the same run's channel while the
+retry, on another worker, already started over. Both wrote one channel's staging: the
+orphan's later pages landed among the retry's (staged != fetched, or its ``fetched``
+overwrote the retry's), and its failure could mark the retry's row failed. Each try now
+carries its attempt number and every write checks it (store/runs.check_attempt).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import psycopg
+import pytest
+
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
+from partner_harvest import pipeline
+from partner_harvest.factory import Endpoint, build_adapter
+from partner_harvest.records import HarvestStats
+from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, connect, finish_harvest
+from partner_harvest.store.admin import live_identifiers
+from partner_harvest.store.runs import AttemptSuperseded, fail_run
+from tests.integration.test_mirror_store import WINDOW, live, rec, T0
+from tests.integration.test_oai_harvest import partner
+
+
+def test_a_superseded_try_can_no_longer_write_fail_or_finish_its_channel(conn: psycopg.Connection) -> None:
+    run = RunRef("p", "r1")
+    orphan = begin_run(conn, run, WINDOW, "oai_dc")
+    StagingWriter(conn, run, attempt=orphan).write_page([rec("x", T0, "orphan page 1")])
+    retry = begin_run(conn, run, WINDOW, "oai_dc")  # Airflow's retry on the other worker
+    StagingWriter(conn, run, attempt=retry).write_page([rec("y", T0, "retry")])
+    with pytest.raises(AttemptSuperseded):
+        StagingWriter(conn, run, attempt=orphan).write_page([rec("z", T0, "orphan page 2")])
+    conn.rollback()
+    fail_run(conn, run, "the orphan's own failure", orphan)  # must not touch the retry's row
+    finish_harvest(conn, run, HarvestStats(pages=1, fetched=1, records=1), retry)
+    with pytest.raises(AttemptSuperseded):
+        finish_harvest(conn, run, HarvestStats(pages=2, fetched=2, records=2), orphan)
+    conn.rollback()
+    assert apply_run(conn, "p", "r1").upserted == 1
+    assert live(conn) == {"y": "retry"}
+
+
+def test_an_orphaned_harvest_stops_at_its_next_page_and_the_retry_applies_exactly(db: str) -> None:
+    """Through the pipeline against the simulator: the orphan is held at its third page
+    while the retry harvests the whole window; released, it stops without writing."""
+    repo = SimulatedRepository(records=300, page_size=50, seed=4)
+    with OaiSimulator(repo) as sim:
+        held, release = threading.Event(), threading.Event()
+        original, asked = sim.handle_oai, {"lists": 0}
+
+        def gated(pairs):
+            if any(k == "verb" and v == "ListRecords" for k, v in pairs):
+                asked["lists"] += 1
+                if asked["lists"] == 3:  # the orphan's third page: its worker is lost here
+                    held.set()
+                    release.wait(30)
+            return original(pairs)
+
+        sim.handle_oai = gated
+        p = partner()
+        adapter = build_adapter(p, Endpoint(sim.base_url))
+        window = pipeline.freeze_window(adapter, p.lag, None, pipeline.RunRequest("incremental"))
+        run = RunRef(p.id, "harvest_museum/r1")
+        failure: list[BaseException] = []
+
+        def orphan() -> None:
+            with connect(db) as own:
+                try:
+                    pipeline.harvest_window(build_adapter(p, Endpoint(sim.base_url)), own, run, window)
+                except BaseException as exc:  # noqa: BLE001 - the test inspects it
+                    failure.append(exc)
+
+        thread = threading.Thread(target=orphan)
+        thread.start()
+        assert held.wait(30)
+        with connect(db) as conn:
+            stats = pipeline.harvest_window(adapter, conn, run, replace(window))  # the retry, whole
+            release.set()
+            thread.join(30)
+            assert failure and isinstance(failure[0], AttemptSuperseded), failure
+            applied = pipeline.apply_changes(conn, p.id, run.run_id)
+            assert applied.fetched == stats.fetched
+            assert live_identifiers(conn, p.id) == repo.live_identifiers()
+            assert conn.execute("SELECT status, attempts FROM harvest_runs WHERE run_id = %s",
+                                (run.run_id,)).fetchone() == ("applied", 2)

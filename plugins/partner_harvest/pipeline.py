@@ -141,7 +141,9 @@ def _stage(
 ) -> HarvestStats:
     partner_id = adapter.partner_id
     ensure_schema(conn)
-    begin_run(conn, run, audit_window or window, window.protocol.get("metadata_prefix"))
+    resumes = getattr(adapter, "resumes_staging", None)
+    begin_run(conn, run, audit_window or window, window.protocol.get("metadata_prefix"),
+              keep_staging=bool(resumes and resumes(run.channel, window)))
     stats = HarvestStats()
     writer = StagingWriter(conn, run, max_record_bytes=max_record_bytes(adapter))
     try:

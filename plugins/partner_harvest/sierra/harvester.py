@@ -15,16 +15,17 @@ import json
 import logging
 import time
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Mapping
 from datetime import date, datetime, time as dtime, timedelta, timezone
 from typing import Any, NamedTuple
 
 from partner_harvest.adapters import ItemSink, PartnerClock, StagingSink
-from partner_harvest.errors import ConfigurationError, HarvestError, HarvestLoopError
+from partner_harvest.errors import ConfigurationError, HarvestError, HarvestLoopError, PartnerAsksToWait
 from partner_harvest.records import HarvestItem, HarvestStats, Rejected, Tombstone
 from partner_harvest.registry import Partner
-from partner_harvest.sierra import marc
-from partner_harvest.sierra.client import MAX_LIMIT, ExportBlock, ExportRateLimited, SierraClient
+from partner_harvest.sierra import marc, resume
+from partner_harvest.sierra.client import MAX_LIMIT, ExportBlock, RateLimited, SierraClient
 from partner_harvest.store import completeness, record_check
 from partner_harvest.window import SECONDS, Window, format_instant
 
@@ -86,6 +87,8 @@ class SierraAdapter:
             raise ConfigurationError(partner.id, "registry", "options.export.limit must be >= 1")
         self.rate_limit_wait = float(_option(export, "rate_limit_wait", 300))
         self.max_rate_limit_waits = int(_option(export, "max_rate_limit_waits", 12))
+        self.max_sleep_seconds = float(_option(export, "max_sleep_seconds", 30))
+        self.now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
         # Extra export query parameters (mapping, locations...) come ONLY from options.export.params.
         params = _option(export, "params", {})
         if not isinstance(params, Mapping):
@@ -178,12 +181,39 @@ class SierraAdapter:
     # -- full load -------------------------------------------------------------------
 
     def _export_full_load(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
-        """The export, then the proof that it delivered every live bib."""
-        self._export(window, sink, stats)
+        """The export, then the proof that it delivered every live bib.
+
+        A try that follows a rescheduled (rate-limited) or killed one finds that try's
+        staging kept (pipeline ``resumes_staging``) and resumes after its highest staged id.
+        """
+        start = self._resume_point(sink, stats)
+        self._export(window, sink, stats, start)
         self._prove_complete(window, sink, stats)
 
-    def _export(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
-        """Keyset over id blocks through the two-phase export; 138 waits and resumes.
+    def resumes_staging(self, channel: str, window: Window) -> bool:
+        """Whether a new try of this channel keeps what an unfinished try staged (pipeline)."""
+        return channel == "changes" and window.is_full
+
+    def _resume_point(self, sink: ItemSink, stats: HarvestStats) -> int:
+        conn, run = getattr(sink, "conn", None), getattr(sink, "run", None)
+        if conn is None or run is None:
+            return 0
+        kept = resume.staged_so_far(conn, run)
+        if kept.count == 0:
+            return 0
+        stats.fetched += kept.count
+        stats.records += kept.records
+        stats.tombstones += kept.tombstones
+        stats.rejected += kept.rejected
+        if hasattr(sink, "seq"):
+            sink.seq = max(sink.seq, kept.max_seq)
+        start = (kept.max_id + 1) if kept.max_id is not None else 0
+        log.info("%s: resuming the export at id %d: an earlier try of this run staged %d items (up to bib %s)",
+                 self.partner_id, start, kept.count, kept.max_id)
+        return start
+
+    def _export(self, window: Window, sink: ItemSink, stats: HarvestStats, start: int = 0) -> None:
+        """Keyset over id blocks through the two-phase export; one block fetched ahead.
 
         A block is the lowest ids from the cursor, deleted ones included: ``inputRecords``
         counts them, ``outputRecords`` does not. Every id in [cursor, cursor + inputRecords)
@@ -191,42 +221,74 @@ class SierraAdapter:
         max(cursor + inputRecords, highest exported id + 1): a block of deleted (or
         omitted suppressed) bibs moves on, and the cursor strictly rises. The export ends
         only on 404/107 or an empty block.
+
+        Once a block's ids are decoded its successor is requested from a second thread
+        while this block is validated and copied into staging (the server builds the next
+        file meanwhile); at most one block is ahead. Not when a block must be re-fetched
+        record by record (the session then serves those requests alone).
         """
-        cursor = 0
+        cursor = start
         waits = 0
         blocks = 0
-        while cursor <= MAX_BIB_ID:
-            try:
-                block = self.client.export_block(cursor, self.export_limit, self.export_params)
-            except ExportRateLimited as exc:
-                waits += 1
-                if waits > self.max_rate_limit_waits:
-                    raise
-                log.warning("%s: export rate limited (%s); waiting %.0f s, then resuming at id %d (wait %d of %d)",
-                            self.partner_id, exc.cause, self.rate_limit_wait, cursor, waits, self.max_rate_limit_waits)
-                self.sleep(self.rate_limit_wait)
-                continue
-            if block is None:
-                log.info("%s: export ends at id %d (404/107: no ids left) after %d blocks", self.partner_id, cursor, blocks)
-                return
-            blocks += 1
-            items, last_id = self._block_items(block, window, cursor)
-            if items:
-                self._write(items, sink, stats, "export")
-            covered = block.input_records
-            if covered is None:  # a summary without inputRecords: only what came is known
-                covered = block.output_records
-            if covered == 0 and last_id is None:
-                log.info("%s: export ends at id %d (empty block) after %d blocks", self.partner_id, cursor, blocks)
-                return
-            next_cursor = max(cursor + covered, last_id + 1 if last_id is not None else 0)
-            if next_cursor <= cursor:
-                raise HarvestLoopError(self.partner_id, f"GET bibs/marc?id=[{cursor},]",
-                                       f"export ids did not ascend (highest id {last_id}, inputRecords {covered})")
-            if block.output_records < covered:
-                log.info("%s: export block from id %d: %d ids in, %d records out (%s deleted)", self.partner_id,
-                         cursor, covered, block.output_records, block.deleted_records)
-            cursor = next_cursor
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"export-{self.partner_id}") as ahead:
+            pending: Future[ExportBlock | None] | None = None
+            while cursor <= MAX_BIB_ID:
+                try:
+                    if pending is not None:
+                        block, pending = pending.result(), None
+                    else:
+                        block = self.client.export_block(cursor, self.export_limit, self.export_params)
+                except RateLimited as exc:
+                    pending = None
+                    waits += 1
+                    self._wait_for_rate_limit(exc, cursor, waits)
+                    continue
+                if block is None:
+                    log.info("%s: export ends at id %d (404/107: no ids left) after %d blocks", self.partner_id, cursor, blocks)
+                    return
+                blocks += 1
+                decoded, last_id = self._decode_block(block)
+                covered = block.input_records
+                if covered is None:  # a summary without inputRecords: only what came is known
+                    covered = block.output_records
+                if covered == 0 and last_id is None:
+                    log.info("%s: export ends at id %d (empty block) after %d blocks", self.partner_id, cursor, blocks)
+                    return
+                next_cursor = max(cursor + covered, last_id + 1 if last_id is not None else 0)
+                if next_cursor <= cursor:
+                    raise HarvestLoopError(self.partner_id, f"GET bibs/marc?id=[{cursor},]",
+                                           f"export ids did not ascend (highest id {last_id}, inputRecords {covered})")
+                if not block.errors and next_cursor <= MAX_BIB_ID:
+                    pending = ahead.submit(self.client.export_block, next_cursor, self.export_limit, self.export_params)
+                items = self._items(decoded, block, window, cursor)
+                if items:
+                    self._write(items, sink, stats, "export")
+                if block.output_records < covered:
+                    log.info("%s: export block from id %d: %d ids in, %d records out (%s deleted)", self.partner_id,
+                             cursor, covered, block.output_records, block.deleted_records)
+                cursor = next_cursor
+
+    def _wait_for_rate_limit(self, exc: RateLimited, cursor: int, waits: int) -> None:
+        """A short wait sleeps here; a longer one gives the worker slot back (PartnerAsksToWait).
+
+        The wait is the one the server names (Retry-After, "try again in N minutes"), else
+        ``options.export.rate_limit_wait``. Up to ``options.export.max_sleep_seconds`` the
+        task sleeps (at most ``max_rate_limit_waits`` times per try); longer, the task is
+        rescheduled and its next try resumes after what this one staged.
+        """
+        wait = exc.retry_after if exc.retry_after is not None else self.rate_limit_wait
+        if wait > self.max_sleep_seconds:
+            resume_at = self.now() + timedelta(seconds=wait)
+            log.warning("%s: export rate limited (%s); %.0f s is longer than the %.0f s a task may sleep: "
+                        "freeing the worker slot until %s, then resuming at id %d", self.partner_id, exc.cause,
+                        wait, self.max_sleep_seconds, format_instant(resume_at), cursor)
+            raise PartnerAsksToWait(self.partner_id, exc.request, f"export rate limited: {exc.cause}",
+                                    resume_at) from exc
+        if waits > self.max_rate_limit_waits:
+            raise exc
+        log.warning("%s: export rate limited (%s); waiting %.0f s, then resuming at id %d (wait %d of %d)",
+                    self.partner_id, exc.cause, wait, cursor, waits, self.max_rate_limit_waits)
+        self.sleep(wait)
 
     def _block_items(self, block: ExportBlock, window: Window, cursor: int) -> tuple[list[HarvestItem], int | None]:
         decoded, last_id = self._decode_block(block)

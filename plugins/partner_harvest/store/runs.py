@@ -23,9 +23,20 @@ class RunRef:
         return (self.partner_id, self.run_id, self.channel)
 
 
-def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_prefix: str | None) -> None:
-    """Open (or reopen, on a retry) the audit row and clear this channel's staging."""
+def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_prefix: str | None,
+              keep_staging: bool = False) -> None:
+    """Open (or reopen, on a retry) the audit row and clear this channel's staging.
+
+    ``keep_staging``: an adapter that resumes (a Sierra export) keeps what an unfinished
+    try of the same window staged; a harvested, applied or re-frozen channel starts clean.
+    """
     with conn.transaction():
+        previous = conn.execute(
+            "SELECT window_until, mode, status FROM harvest_runs WHERE partner_id = %s AND run_id = %s AND channel = %s",
+            run.key(),
+        ).fetchone()
+        keep = (keep_staging and previous is not None and previous[0] == window.until
+                and previous[1] == window.mode and previous[2] in ("harvesting", "failed"))
         conn.execute(
             """
             INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until,
@@ -45,9 +56,10 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
             (*run.key(), window.mode, window.from_, window.until, window.granularity, metadata_prefix,
              window.partner_clock),
         )
-        conn.execute(
-            "DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key()
-        )
+        if not keep:
+            conn.execute(
+                "DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key()
+            )
 
 
 def finish_harvest(conn: psycopg.Connection, run: RunRef, stats: HarvestStats) -> None:

@@ -333,7 +333,7 @@ class SierraAdapter:
             elif index in suspects:
                 items.append(self._refetch(d.bib_id, stamp))
             elif d.fast is not None:
-                items.append(marc.item_from_xml(d.fast.xml, d.bib_id, stamp))
+                items.append(marc.fast_item(d.fast, d.bib_id, stamp))
             else:
                 assert d.record is not None
                 items.append(marc.to_item(d.record, d.bib_id, stamp))

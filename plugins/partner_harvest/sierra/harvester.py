@@ -225,13 +225,18 @@ class SierraAdapter:
         Once a block's ids are decoded its successor is requested from a second thread
         while this block is validated and copied into staging (the server builds the next
         file meanwhile); at most one block is ahead. Not when a block must be re-fetched
-        record by record (the session then serves those requests alone).
+        record by record (the session then serves those requests alone). The COPY of a
+        block runs in a third thread while the next block is decoded: blocks are copied
+        in order, one at a time, each in its own transaction, so what is staged is always
+        a prefix of the export (a rescheduled try resumes after it).
         """
         cursor = start
         waits = 0
         blocks = 0
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"export-{self.partner_id}") as ahead:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"export-{self.partner_id}") as ahead, \
+                ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"staging-{self.partner_id}") as copier:
             pending: Future[ExportBlock | None] | None = None
+            writing: Future[None] | None = None  # the previous block's COPY, in order, one at a time
             while cursor <= MAX_BIB_ID:
                 try:
                     if pending is not None:
@@ -244,6 +249,7 @@ class SierraAdapter:
                     self._wait_for_rate_limit(exc, cursor, waits)
                     continue
                 if block is None:
+                    _finish(writing)
                     log.info("%s: export ends at id %d (404/107: no ids left) after %d blocks", self.partner_id, cursor, blocks)
                     return
                 blocks += 1
@@ -252,6 +258,7 @@ class SierraAdapter:
                 if covered is None:  # a summary without inputRecords: only what came is known
                     covered = block.output_records
                 if covered == 0 and last_id is None:
+                    _finish(writing)
                     log.info("%s: export ends at id %d (empty block) after %d blocks", self.partner_id, cursor, blocks)
                     return
                 next_cursor = max(cursor + covered, last_id + 1 if last_id is not None else 0)
@@ -261,12 +268,16 @@ class SierraAdapter:
                 if not block.errors and next_cursor <= MAX_BIB_ID:
                     pending = ahead.submit(self.client.export_block, next_cursor, self.export_limit, self.export_params)
                 items = self._items(decoded, block, window, cursor)
+                if writing is not None:
+                    writing, done = None, writing
+                    done.result()  # a failed COPY fails the export here
                 if items:
-                    self._write(items, sink, stats, "export")
+                    writing = copier.submit(self._write, items, sink, stats, "export")
                 if block.output_records < covered:
                     log.info("%s: export block from id %d: %d ids in, %d records out (%s deleted)", self.partner_id,
                              cursor, covered, block.output_records, block.deleted_records)
                 cursor = next_cursor
+            _finish(writing)
 
     def _wait_for_rate_limit(self, exc: RateLimited, cursor: int, waits: int) -> None:
         """A short wait sleeps here; a longer one gives the worker slot back (PartnerAsksToWait).
@@ -435,6 +446,12 @@ class SierraAdapter:
         log.info("%s: %s page %d: %d items; %d fetched (%d records, %d deleted, %d rejected)",
                  self.partner_id, what, stats.pages, len(items), stats.fetched, stats.records,
                  stats.tombstones, stats.rejected)
+
+
+def _finish(writing: Future[None] | None) -> None:
+    """The last block's COPY is done (or its error raised) before the export returns."""
+    if writing is not None:
+        writing.result()
 
 
 class _Decoded(NamedTuple):

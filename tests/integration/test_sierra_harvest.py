@@ -682,3 +682,19 @@ def test_a_new_window_for_the_same_run_does_not_keep_the_old_staging(conn) -> No
         starts = [r["query"]["id"] for r in sim.requests if r["path"].endswith("/bibs/marc") and r["status"] == 200]
         assert starts.count(starts[0]) == 2  # the export started over from the first block
         assert stats.fetched == len(catalogue.live_ids())
+
+
+def test_a_rate_limit_on_the_change_poll_frees_the_task_too(harness: Harness, sim, catalogue) -> None:
+    """The transport no longer sleeps Sierra's 429/138 waits; outside the export the task is rescheduled."""
+    harness.run()
+    catalogue.advance_clock(3600)
+    catalogue.edit(5)
+    sim.fail_next(1, 500, {"code": 138, "specificCode": 0, "httpStatus": 500, "name": "Rate exceeded for endpoint",
+                           "description": "Rate exceeded for endpoint. Try again in 20 minutes"},
+                  path_prefix="updatedDate")
+    before = datetime.now(timezone.utc)
+    with pytest.raises(PartnerAsksToWait) as waited:
+        harness.run()
+    assert waited.value.resume_at >= before + timedelta(minutes=20) and harness.sleeps == []
+    harness.run()
+    assert harness.held() == catalogue.live_ids()

@@ -16,7 +16,8 @@ import logging
 import time
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
-from collections.abc import Callable, Mapping
+from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
 from datetime import date, datetime, time as dtime, timedelta, timezone
 from typing import Any, NamedTuple
 
@@ -126,10 +127,25 @@ class SierraAdapter:
     # -- changes ---------------------------------------------------------------------
 
     def harvest(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
-        if window.is_full:
-            self._export_full_load(window, sink, stats)
-        else:
-            self._change_poll(window, sink, stats)
+        with self._rate_limit_frees_the_slot():
+            if window.is_full:
+                self._export_full_load(window, sink, stats)
+            else:
+                self._change_poll(window, sink, stats)
+
+    @contextmanager
+    def _rate_limit_frees_the_slot(self) -> Iterator[None]:
+        """A rate limit outside the export loop (a poll, the id enumeration) reschedules too.
+
+        The transport leaves Sierra's 429 to the client, so no request sleeps its
+        Retry-After; here the task gives its slot back for the wait the server named.
+        """
+        try:
+            yield
+        except RateLimited as exc:
+            wait = exc.retry_after if exc.retry_after is not None else self.rate_limit_wait
+            raise PartnerAsksToWait(self.partner_id, exc.request, f"rate limited: {exc.cause}",
+                                    self.now() + timedelta(seconds=wait)) from exc
 
     def _change_poll(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
         assert window.from_ is not None
@@ -169,6 +185,10 @@ class SierraAdapter:
     # -- deletions -------------------------------------------------------------------
 
     def poll_deletions(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
+        with self._rate_limit_frees_the_slot():
+            self._poll_deletions(window, sink, stats)
+
+    def _poll_deletions(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
         plan = (window.protocol.get("channels") or {}).get("deletions")
         if not plan or plan.get("skip"):
             log.info("%s: no deletion poll for this window (full load from scratch)", self.partner_id)
@@ -408,11 +428,12 @@ class SierraAdapter:
 
     def sweep_ids(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
         """Every live bib id (keyset, ``fields=id``): the upstream set for a reconcile."""
-        for entries in self.client.bib_pages({"deleted": "false", "fields": "id"}, self.partner.page_size):
-            stats.pages += 1
-            rows = [(str(e["id"]), None, False) for e in entries if e.get("id")]
-            stats.fetched += len(rows)
-            sink.write_page(rows)
+        with self._rate_limit_frees_the_slot():
+            for entries in self.client.bib_pages({"deleted": "false", "fields": "id"}, self.partner.page_size):
+                stats.pages += 1
+                rows = [(str(e["id"]), None, False) for e in entries if e.get("id")]
+                stats.fetched += len(rows)
+                sink.write_page(rows)
         log.info("%s: reconcile sweep: %d live ids in %d pages", self.partner_id, stats.fetched, stats.pages)
 
     def fetch_records(self, window: Window, identifiers: list[str]) -> list[HarvestItem]:

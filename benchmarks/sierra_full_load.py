@@ -9,7 +9,15 @@ apply), checks ``records`` against the simulator's live set, then lets the catal
 1%, delete 0.5% and add 0.5% and runs an incremental harvest (change poll + deletion
 poll on its day cursor).
 
-Printed per run: records/s of the full load, the completeness check (listed, staged by
+Unless ``--no-baseline``, the same full load first runs through the old decoding path
+(pymarc and lxml for every record; ``SierraAdapter.fast_marc = False``) (its rows dropped
+afterwards), so the ratio new/old is measured against the same simulator in the same run.
+The 1-minute load average is printed with each figure (the machine may be shared).
+Before both full loads the simulator pre-encodes its export records (``warm_export``), so
+its pure-Python MARC encoder does not compete with the harvester for the CPU during the
+measurement (``--cold-simulator`` encodes on request, as before).
+
+Printed per run: bibs/s of the full load, the completeness check (listed, staged by
 the export, fetched), peak RSS of the harvesting process, what the incremental run
 fetched on each channel; and the RSS ratio between the sizes.
 
@@ -41,15 +49,16 @@ def child(args: argparse.Namespace) -> None:
     partner = Partner(id="bench_sierra", protocol="sierra", conn_id="-", page_size=2000,
                       options={"export": {"limit": args.limit}})
     adapter = build_adapter(partner, Endpoint(args.url, KEY, SECRET))
+    adapter.fast_marc = not args.old_marc  # the baseline: every record through pymarc + lxml
     cursor = parse_instant(args.cursor) if args.cursor else None
     deletions = parse_instant(args.deletions_cursor) if args.deletions_cursor else None
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     window = pipeline.freeze_window(adapter, partner.lag, cursor, pipeline.RunRequest("incremental"),
                                     {"deletions": deletions})
     with connect(args.db) as conn:
         changes = pipeline.harvest_window(adapter, conn, RunRef(partner.id, args.run_id, "changes"), window)
         polled = pipeline.poll_deletions(adapter, conn, RunRef(partner.id, args.run_id, "deletions"), window)
-        harvested = time.perf_counter()
+        harvested, cpu_harvested = time.perf_counter(), time.process_time()
         check = conn.execute(
             "SELECT check_kind, check_expected, check_found, check_ok, check_detail FROM harvest_runs"
             " WHERE partner_id = %s AND run_id = %s AND channel = 'changes'", (partner.id, args.run_id)).fetchone()
@@ -63,6 +72,7 @@ def child(args: argparse.Namespace) -> None:
         "upserted": result.upserted, "purged": result.purged, "unchanged": result.unchanged,
         "quarantined": result.quarantined,
         "harvest_seconds": harvested - started, "total_seconds": applied - started,
+        "harvest_cpu_seconds": cpu_harvested - cpu_started,
         "peak_rss_mib": support.peak_rss_mib(),
         "check": dict(zip(("kind", "expected", "found", "ok", "detail"), check)),
     }))
@@ -75,6 +85,12 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=2000, help=argparse.SUPPRESS)
     parser.add_argument("--export-omits-suppressed", action="store_true",
                         help="the simulated export leaves suppressed bibs out (the id enumeration must fetch them)")
+    parser.add_argument("--cold-simulator", action="store_true",
+                        help="let the simulator encode each export record while it is exported (its pure-Python "
+                             "MARC encoder then shares the CPU with the harvester)")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the full load through the old pymarc path (the ratio's baseline)")
+    parser.add_argument("--old-marc", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url")
     parser.add_argument("--db")
@@ -90,7 +106,9 @@ def main() -> int:
     print("Sierra benchmark: 5% deleted and 3% suppressed bibs spread over every export block"
           f"{' (the export omits suppressed bibs)' if omit else ''}; change/deletion polls of 2,000; "
           "simulator and harvester in separate processes; PostgreSQL "
-          f"{'given' if os.environ.get('HARVEST_DATABASE_URL') else 'embedded'}")
+          f"{'given' if os.environ.get('HARVEST_DATABASE_URL') else 'embedded'}; "
+          f"{'cold simulator (export records encoded on request)' if args.cold_simulator else 'export records pre-encoded by the simulator (warm_export) before both full loads'}; "
+          f"{os.cpu_count()} CPUs")
     rows, ok = [], True
     sizes, limits = [int(s) for s in args.sizes.split(",")], [int(v) for v in args.limits.split(",")]
     for size, limit in itertools.product(sizes, limits):
@@ -98,8 +116,21 @@ def main() -> int:
         sim_args = ("--bibs", str(size), "--deleted-fraction", "0.05", "--suppressed-fraction", "0.03",
                     "--client-key", KEY, "--client-secret", SECRET, *omit)
         with support.simulator("sierra", *sim_args) as url:
+            if not args.cold_simulator:
+                support.control(url, "warm_export", {})
+            baseline = None
+            if not args.no_baseline:  # the old path first (same simulator); its rows are dropped after
+                base_db = db
+                load_before = os.getloadavg()[0]
+                baseline = support.run_child(__file__, "--url", url, "--db", base_db, "--run-id", f"old-{size}-{limit}",
+                                             "--limit", str(limit), "--old-marc")
+                baseline["load"] = (load_before, os.getloadavg()[0])
+                baseline["equal"] = support.held_ids(base_db, "bench_sierra") == support.control(url, "live_ids")
+                support.forget(base_db, "bench_sierra")
+            load_before = os.getloadavg()[0]
             full = support.run_child(__file__, "--url", url, "--db", db, "--run-id", f"full-{size}-{limit}",
                                      "--limit", str(limit))
+            full["load"] = (load_before, os.getloadavg()[0])
             live = support.control(url, "live_ids")
             full_equal = support.held_ids(db, "bench_sierra") == live
             support.control(url, "advance_clock", {"seconds": 3600})
@@ -118,9 +149,19 @@ def main() -> int:
         ok = ok and full_equal and incr_equal and only_changes and check_ok
         rows.append((size, full))
         print(f"\n{size:,} bibs ({len(live):,} live), options.export.limit {limit}")
-        print(f"  full load (export + id enumeration): {full['changes_fetched'] / full['harvest_seconds']:,.0f} records/s "
+        rate = full['changes_fetched'] / full['harvest_seconds']
+        print(f"  full load (export + id enumeration): {rate:,.0f} bibs/s "
               f"exported+parsed+staged ({full['harvest_seconds']:.1f} s); {full['changes_fetched'] / full['total_seconds']:,.0f} "
-              f"records/s including apply ({full['total_seconds']:.1f} s); {full['pages']} pages staged")
+              f"bibs/s including apply ({full['total_seconds']:.1f} s); {full['pages']} pages staged; "
+              f"harvester CPU {full['harvest_cpu_seconds']:.1f} s; "
+              f"loadavg {full['load'][0]:.2f} before, {full['load'][1]:.2f} after")
+        if baseline is not None:
+            old_rate = baseline['changes_fetched'] / baseline['harvest_seconds']
+            ok = ok and baseline["equal"]
+            print(f"  old path (pymarc + lxml for every record), same simulator: {old_rate:,.0f} bibs/s "
+                  f"({baseline['harvest_seconds']:.1f} s, harvester CPU {baseline['harvest_cpu_seconds']:.1f} s; records == live set: {'yes' if baseline['equal'] else 'NO'}; "
+                  f"loadavg {baseline['load'][0]:.2f} before, {baseline['load'][1]:.2f} after); "
+                  f"new / old: {rate / old_rate:.2f}x")
         print(f"  completeness check {check['kind']}: expected {check['expected']:,} live ids, the export staged "
               f"{check['found']:,}, ok={check['ok']}; {check['detail']}")
         print(f"  peak RSS of the harvesting process: {full['peak_rss_mib']:.1f} MiB")

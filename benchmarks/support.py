@@ -58,3 +58,12 @@ def fresh_database(partner_id: str) -> str:
         ensure_schema(conn)
         forget_partner(conn, partner_id)
     return db
+
+
+def forget(db: str, partner_id: str) -> None:
+    """Drop a partner's rows (the baseline's database is emptied after its measurement)."""
+    from partner_harvest.store import connect
+    from partner_harvest.store.admin import forget_partner
+
+    with connect(db) as conn:
+        forget_partner(conn, partner_id)

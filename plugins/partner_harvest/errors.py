@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 
 class HarvestError(RuntimeError):
     """A harvest step failed; ``retryable`` tells the task whether a retry can help."""
@@ -37,3 +39,15 @@ class ConfigurationError(HarvestError):
     """Bad credentials, a bad prefix, a bad registry entry: retrying will not help."""
 
     retryable = False
+
+
+class PartnerAsksToWait(HarvestError):
+    """The partner asked us to come back at ``resume_at`` (a rate limit, another run's lease).
+
+    Not a failure: the task gives its worker slot back and runs again at ``resume_at``
+    (the Airflow layer turns this into a reschedule); what was staged so far is kept.
+    """
+
+    def __init__(self, partner_id: str, request: str, cause: str, resume_at: datetime):
+        super().__init__(partner_id, request, f"{cause}; resuming at {resume_at:%Y-%m-%d %H:%M:%S}Z")
+        self.resume_at = resume_at

@@ -30,11 +30,12 @@ def http_policy(partner: Partner) -> HttpPolicy:
     """Per-partner HTTP overrides from the registry's ``options.http`` mapping.
 
     Sierra 500s carry error codes (138 rate limit, 135 export failure) that the client
-    must see, so for Sierra the transport does not retry 500 by itself.
+    must see, so for Sierra the transport does not retry 500 by itself; nor 429, whose
+    Retry-After the client weighs (a long wait frees the worker slot instead of sleeping).
     """
     overrides = dict(partner.options.get("http", {}) or {})
     if partner.protocol == "sierra":
-        overrides.setdefault("retry_statuses", RETRY_STATUSES - {500})
+        overrides.setdefault("retry_statuses", RETRY_STATUSES - {500, 429})
     if "retry_statuses" in overrides:
         overrides["retry_statuses"] = frozenset(overrides["retry_statuses"])
     allowed = set(HttpPolicy.__dataclass_fields__)

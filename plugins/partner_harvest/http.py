@@ -203,6 +203,12 @@ class CappedRetry(Retry):
     def parse_retry_after(self, retry_after: str) -> float:
         return min(super().parse_retry_after(retry_after), self.retry_after_cap)
 
+    def is_retry(self, method: str, status_code: int, has_retry_after: bool = False) -> bool:
+        """A policy without 429 (Sierra's) hands 429 to its client: urllib3 would sleep its Retry-After."""
+        if status_code == 429 and 429 not in (self.status_forcelist or ()):
+            return False
+        return super().is_retry(method, status_code, has_retry_after)
+
     def sleep(self, response: Any = None) -> None:
         """Wait as told; the wait does not count against the request's deadline."""
         deadline = _DEADLINE.get()

@@ -166,7 +166,9 @@ def _stage(
     ensure_schema(conn)
     stats = HarvestStats()
     if resume is None:
-        attempt = begin_run(conn, run, audit_window or window, window.protocol.get("metadata_prefix"))
+        resumes = getattr(adapter, "resumes_staging", None)  # an unsliced Sierra export keeps an unfinished try's
+        attempt = begin_run(conn, run, audit_window or window, window.protocol.get("metadata_prefix"),
+                            keep_staging=bool(resumes and resumes(run.channel, window)))
     else:  # a Sierra slice picks up where it failed, with what it staged before
         attempt = slices.reopen(conn, run)
         stats.pages, stats.fetched = resume.pages, resume.fetched

@@ -282,6 +282,9 @@ class ExportOptions(_Strict):
     limit: Annotated[StrictInt, Field(ge=1)] = 2000
     rate_limit_wait: Annotated[float, Field(ge=0, strict=True)] = 300.0
     max_rate_limit_waits: Annotated[StrictInt, Field(ge=0)] = 12
+    max_sleep_seconds: Annotated[float, Field(ge=0, strict=True, description=(
+        "a rate-limit wait up to this long sleeps in the task; a longer one frees the worker slot "
+        "(the task is rescheduled and resumes where it stopped)"))] = 30.0
     params: dict[StrictStr, QueryValue] = Field(
         default_factory=dict, description="extra query parameters of bibs/marc, passed through as given")
 

@@ -135,3 +135,46 @@ def test_bibs_holding_a_nul_character_are_quarantined_and_the_run_completes(sier
     assert set(held) == poisoned
     assert all("NUL" in reason or "XML compatible" in reason for reason in held.values()), held
     assert variable(CURSOR)["until"] == catalogue.clock.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_a_rate_limit_reschedules_harvest_changes_which_then_resumes_at_the_stopped_block(
+        sierra_env, catalogue, db, registry) -> None:
+    """Issue 9 item 4 through Airflow: a 429 whose Retry-After is longer than options.export.max_sleep_seconds
+    frees the worker slot (the try ends at once, UP_FOR_RESCHEDULE, no retry used); dag.test() runs the task
+    again after reschedule_date and the export resumes after the staged blocks."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.taskreschedule import TaskReschedule
+    from airflow.utils.session import create_session
+
+    registry(
+        "partners:\n"
+        "  - id: daglibrary\n"
+        "    protocol: sierra\n"
+        "    conn_id: partner_daglibrary\n"
+        "    page_size: 100\n"
+        "    options: {http: {backoff_factor: 0.01, retries: 2}, export: {limit: 50, max_sleep_seconds: 0}}\n"
+    )
+    wait = 5
+    sierra_env.rate_limit_once(after=2, seconds=wait, style="429")  # the 3rd of 6 blocks
+    run = build_dag().test()
+    states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
+    assert set(states.values()) == {"success"}, states
+    with create_session() as session:
+        ti = session.query(TaskInstance).filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id="harvest_changes").one()
+        assert ti.try_number == 1  # a reschedule is not a retry
+        reschedules = session.query(TaskReschedule).filter(TaskReschedule.ti_id == ti.id).all()
+    assert len(reschedules) == 1
+    first_try = reschedules[0]
+    assert (first_try.end_date - first_try.start_date).total_seconds() < wait / 2  # it did not sleep the wait
+    assert (first_try.reschedule_date - first_try.end_date).total_seconds() >= wait - 1
+    assert ti.start_date >= first_try.reschedule_date  # the second try ran after the partner's wait
+    exports = [r for r in sierra_env.requests if r["path"].endswith("/bibs/marc")]
+    assert [r["status"] for r in exports].count(429) == 1
+    served = [r["query"]["id"] for r in exports if r["status"] == 200]
+    assert len(served) == len(set(served)) and len(served) <= 6 + 1  # no block twice; +1 for the shifted keyset
+    with connect(db) as conn:
+        ensure_schema(conn)
+        assert live_identifiers(conn, "daglibrary") == catalogue.live_ids()
+        check = conn.execute("SELECT check_ok, attempts FROM harvest_runs WHERE partner_id = 'daglibrary'"
+                             " AND channel = 'changes'").fetchone()
+    assert check == (True, 2)

@@ -13,7 +13,7 @@ import pytest
 
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
 from partner_harvest import pipeline
-from partner_harvest.errors import ConfigurationError, PartnerHttpError
+from partner_harvest.errors import ConfigurationError, PartnerAsksToWait, PartnerHttpError
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.records import Tombstone
 from partner_harvest.registry import Partner
@@ -224,13 +224,14 @@ def test_export_truncation_is_refetched_whole(conn) -> None:
 
 
 def test_export_rate_limit_waits_and_resumes_without_re_exporting(conn) -> None:
+    """Waits up to options.export.max_sleep_seconds sleep in the task (the wait the server names)."""
     catalogue = SimulatedCatalogue(bibs=500, deleted_fraction=0.0, seed=9)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET, export_quota=2) as sim:
-        harness = Harness(sim, conn, partner())
+        harness = Harness(sim, conn, partner(options={"export": {"limit": 100, "max_sleep_seconds": 7200}}))
         harness.on_sleep = sim.reset_export_quota
         harness.run()
         assert harness.held() == catalogue.live_ids()
-        assert len(harness.sleeps) == 2  # 5 blocks of 100 with a quota of 2 per hour
+        assert harness.sleeps == [3600, 3600]  # 5 blocks of 100 with a quota of 2 per hour: "try again in 60 minutes"
         ok_exports = [r for r in sim.requests if r["path"].endswith("/bibs/marc") and r["status"] == 200]
         starts = [r["query"]["id"] for r in ok_exports]
         assert len(starts) == len(set(starts)) == 5
@@ -627,3 +628,75 @@ def test_a_bib_deleted_between_the_listing_and_the_fetch_is_staged_as_a_deletion
         assert victim not in harness.held() and harness.held() == catalogue.live_ids()
         _, expected, found, ok, detail = check_row(conn)
         assert ok and "1 deleted since they were listed" in detail
+
+
+@pytest.mark.parametrize("style", ["138", "429"])
+def test_a_long_rate_limit_frees_the_task_and_the_next_try_resumes_at_the_stopped_block(conn, style) -> None:
+    """Issue 9: a rate limit longer than a task may sleep raises PartnerAsksToWait at once (no sleep);
+    the next try of the same run keeps what was staged and asks only for the blocks not yet exported."""
+    catalogue = SimulatedCatalogue(bibs=1000, deleted_fraction=0.05, suppressed_fraction=0.03, seed=31)
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
+        harness = Harness(sim, conn, partner(options={"export": {"limit": 100, "max_sleep_seconds": 30}}))
+        adapter = harness.adapter()
+        run = RunRef("library", "run-1", "changes")
+        window = pipeline.freeze_window(adapter, harness.partner.lag, None, pipeline.RunRequest("incremental"),
+                                        {"deletions": None})
+        sim.rate_limit_once(after=4, seconds=3600, style=style)  # the 5th block of 10
+        before = datetime.now(timezone.utc)
+        with pytest.raises(PartnerAsksToWait) as waited:
+            pipeline.harvest_window(adapter, conn, run, window)
+        assert harness.sleeps == []  # the wait did not happen in the task
+        assert waited.value.resume_at >= before + timedelta(seconds=3600)
+        staged = conn.execute("SELECT count(*) FROM staging WHERE run_id = 'run-1'").fetchone()[0]
+        assert staged > 0
+
+        resumed = pipeline.harvest_window(harness.adapter(), conn, run, window)  # the rescheduled try
+        assert resumed.fetched == len(catalogue.live_ids())
+        exports = [r for r in sim.requests if r["path"].endswith("/bibs/marc")]
+        served = [r for r in exports if r["status"] == 200]
+        assert len([r for r in exports if r["status"] in (429, 500)]) == 1  # the one rate-limited request
+        starts = [r["query"]["id"] for r in served]
+        assert len(starts) == len(set(starts))  # no block exported twice
+        assert len(served) <= 10 + 1  # 10 blocks of 100 ids; +1: the resumed keyset starts after the highest staged id
+        pipeline.poll_deletions(adapter, conn, RunRef("library", "run-1", "deletions"), window)
+        result = pipeline.apply_changes(conn, "library", "run-1")
+        assert harness.held() == catalogue.live_ids() and result.upserted == len(catalogue.live_ids())
+        check = conn.execute("SELECT check_ok, fetched FROM harvest_runs WHERE run_id = 'run-1' AND channel = 'changes'"
+                             ).fetchone()
+        assert check == (True, len(catalogue.live_ids()))
+
+
+def test_a_new_window_for_the_same_run_does_not_keep_the_old_staging(conn) -> None:
+    """Staging is kept only for another try of the same frozen window, never across windows."""
+    catalogue = SimulatedCatalogue(bibs=300, deleted_fraction=0.0, seed=32)
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
+        harness = Harness(sim, conn, partner(options={"export": {"limit": 100}}))
+        adapter = harness.adapter()
+        run = RunRef("library", "run-1", "changes")
+        window = pipeline.freeze_window(adapter, harness.partner.lag, None, pipeline.RunRequest("incremental"), {})
+        sim.rate_limit_once(after=1)
+        with pytest.raises(PartnerAsksToWait):
+            pipeline.harvest_window(adapter, conn, run, window)
+        catalogue.advance_clock(3600)
+        later = pipeline.freeze_window(adapter, harness.partner.lag, None, pipeline.RunRequest("incremental"), {})
+        assert later.until != window.until
+        stats = pipeline.harvest_window(harness.adapter(), conn, run, later)
+        starts = [r["query"]["id"] for r in sim.requests if r["path"].endswith("/bibs/marc") and r["status"] == 200]
+        assert starts.count(starts[0]) == 2  # the export started over from the first block
+        assert stats.fetched == len(catalogue.live_ids())
+
+
+def test_a_rate_limit_on_the_change_poll_frees_the_task_too(harness: Harness, sim, catalogue) -> None:
+    """The transport no longer sleeps Sierra's 429/138 waits; outside the export the task is rescheduled."""
+    harness.run()
+    catalogue.advance_clock(3600)
+    catalogue.edit(5)
+    sim.fail_next(1, 500, {"code": 138, "specificCode": 0, "httpStatus": 500, "name": "Rate exceeded for endpoint",
+                           "description": "Rate exceeded for endpoint. Try again in 20 minutes"},
+                  path_prefix="updatedDate")
+    before = datetime.now(timezone.utc)
+    with pytest.raises(PartnerAsksToWait) as waited:
+        harness.run()
+    assert waited.value.resume_at >= before + timedelta(minutes=20) and harness.sleeps == []
+    harness.run()
+    assert harness.held() == catalogue.live_ids()

@@ -121,7 +121,7 @@ def test_cursor_keys_are_unique_per_partner_and_channel() -> None:
 # -- options are typed ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("options,field,problem", [
-    ("{export: {limit: 2000, mapping: x}}", "options.export.mapping", "unknown field (known: limit, max_rate_limit_waits, params, rate_limit_wait)"),
+    ("{export: {limit: 2000, mapping: x}}", "options.export.mapping", "unknown field (known: limit, max_rate_limit_waits, max_sleep_seconds, params, rate_limit_wait)"),
     ("{export: {limit: 0}}", "options.export.limit", "greater than or equal to 1"),
     ("{export: {params: {id: '[1,]'}}}", "options.export.params", "id are set by the harvester"),
     ("{export: {params: {locations: [a, b]}}}", "options.export.params.locations", ""),

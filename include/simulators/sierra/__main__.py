@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--bad-utf8-every", type=int, default=0)
     parser.add_argument("--export-omits-suppressed", action="store_true")
     parser.add_argument("--deleted-records-field", choices=("nonzero", "always", "never"), default="nonzero")
+    parser.add_argument("--rate-limit-style", choices=("138", "429"), default="138",
+                        help="over the export quota: Sierra's code 138 or a gateway's 429 with Retry-After")
     parser.add_argument("--file-origin", default=None, help="origin the export summary's file URL names")
     add_listen_arguments(parser)
     return parser
@@ -54,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           client_secret=args.client_secret, token_lifetime=args.token_lifetime,
                           export_quota=args.export_quota, legacy_deleted_stubs=args.legacy_deleted_stubs,
                           export_omits_suppressed=args.export_omits_suppressed,
-                          deleted_records_field=args.deleted_records_field, file_origin=args.file_origin)
+                          deleted_records_field=args.deleted_records_field, file_origin=args.file_origin,
+                          rate_limit_style=args.rate_limit_style)
     return serve_until_signalled(sim)
 
 

@@ -65,8 +65,9 @@ class ApiError(Exception):
     """A Sierra error answer: ``{"code","specificCode","httpStatus","name"[,"description"]}``."""
 
     def __init__(self, status: int, code: int, description: str | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(description or ERROR_NAMES.get(code, ""))
+        self.headers = headers or {}
         self.status = status
         self.code = code
         self.description = description
@@ -295,6 +296,9 @@ class SierraSimulator(ControlledServer):
     setting some sites use); they still count in ``inputRecords``.
     ``deleted_records_field``: "nonzero" (default: ``deletedRecords`` only when some
     input bibs were deleted), "always", or "never" (the reference marks it optional).
+    ``rate_limit_style``: over the quota, "138" (Sierra's code 138, "Try again in N
+    minutes", HTTP 500) or "429" (a gateway's HTTP 429 with ``Retry-After`` seconds);
+    ``rate_limit_once`` (method and control) limits one export request that way.
     ``file_origin``: the summary's ``file`` URL names this origin (e.g. another
     loopback port) instead of the API's own; the file is still served here.
     ``keep_alive_timeout``/``keep_alive_max``: idle connections close after this many
@@ -311,7 +315,9 @@ class SierraSimulator(ControlledServer):
                  empty_export_file: bool = False, expired_token_code: int = 123,
                  keep_alive_timeout: float = 5.0, keep_alive_max: int = 100,
                  export_omits_suppressed: bool = False, deleted_records_field: str = "nonzero",
-                 file_origin: str | None = None) -> None:
+                 file_origin: str | None = None, rate_limit_style: str = "138") -> None:
+        if rate_limit_style not in ("138", "429"):
+            raise ValueError("rate_limit_style must be 138 or 429")
         if expired_token_code not in (120, 123):
             raise ValueError("expired_token_code must be 120 or 123")
         if deleted_records_field not in ("nonzero", "always", "never"):
@@ -338,6 +344,10 @@ class SierraSimulator(ControlledServer):
         self._file_seq = 0
         self._quota_start: int | None = None
         self._quota_used = 0
+        self.rate_limit_style = rate_limit_style
+        self._exports_asked = 0
+        self._export_cache: dict[Bib, tuple[bytes, bool]] | None = None
+        self._rate_limit_once: tuple[int, str, int] | None = None
         self._fail: _Fail | None = None
         self._empty_replies = 0
         self._hang_seconds: float | None = None
@@ -432,7 +442,7 @@ class SierraSimulator(ControlledServer):
             try:
                 response = self._route(method, path, dict(reversed(pairs)), headers, body)
             except ApiError as exc:
-                response = _json(exc.status, exc.body())
+                response = _json(exc.status, exc.body(), exc.headers)
         entry["status"] = response.status
         return response
 
@@ -616,11 +626,15 @@ class SierraSimulator(ControlledServer):
                 description = ("bib2Marc process failed twice. No records exported, check parameters"
                                if code == 135 else None)
                 raise ApiError(500, code, description)
+            self._exports_asked += 1
+            limit_once = self._rate_limit_once
+            if limit_once is not None and self._exports_asked > limit_once[0]:
+                self._rate_limit_once = None
+                raise self._rate_limited(limit_once[1], limit_once[2])
             if self._quota_start is None or now >= self._quota_start + HOUR:
                 self._quota_start, self._quota_used = now, 0
             if self.export_quota is not None and self._quota_used >= self.export_quota:
-                minutes = math.ceil((self._quota_start + HOUR - now) / 60)
-                raise ApiError(500, 138, f"Rate exceeded for endpoint. Try again in {minutes} minutes")
+                raise self._rate_limited(self.rate_limit_style, self._quota_start + HOUR - now)
             self._quota_used += 1
         block = self.catalogue.bibs(self.catalogue.select(replace(query, deleted=None), offset, limit))
         if not block and not self.empty_export_file:
@@ -628,7 +642,7 @@ class SierraSimulator(ControlledServer):
         deleted = sum(1 for bib in block if bib.deleted)
         output = [bib for bib in block
                   if not bib.deleted and not (bib.suppressed and self.export_omits_suppressed)]
-        records = [marc.export_record(bib) for bib in output]
+        records = [self._export_record(bib) for bib in output]
         data = b"".join(r for r, _ in records)
         summary: dict[str, Any] = {"inputRecords": len(block), "outputRecords": len(records),
                                    "errors": sum(1 for _, cut in records if cut)}
@@ -641,6 +655,45 @@ class SierraSimulator(ControlledServer):
             self._files[name] = data
         origin = f"{self.file_origin}{API_PATH}" if self.file_origin else self.base_url
         return _json(200, {"file": f"{origin}/bibs/marc/files/{name}", **summary})
+
+    def _export_record(self, bib: Bib) -> tuple[bytes, bool]:
+        cached = self._export_cache.get(bib) if self._export_cache is not None else None
+        if cached is None:
+            cached = marc.export_record(bib)
+            if self._export_cache is not None:
+                self._export_cache[bib] = cached
+        return cached
+
+    def warm_export(self) -> int:
+        """Encode every bib's export record now and keep them (keyed by the immutable Bib).
+
+        For benchmarks: the simulator's pure-Python MARC encoder then costs nothing during
+        a measured full load, so the harvester (not the simulator) is measured. Off by default.
+        """
+        catalogue = self.catalogue
+        cache: dict[Bib, tuple[bytes, bool]] = {}
+        for bib in catalogue.bibs(catalogue.select(BibQuery(), 0, None)):
+            if not bib.deleted:
+                cache[bib] = marc.export_record(bib)
+        with self._lock:
+            self._export_cache = cache
+        return len(cache)
+
+    @staticmethod
+    def _rate_limited(style: str, seconds: int) -> ApiError:
+        """Sierra's own 138 (wait in minutes, in words), or a gateway's 429 with Retry-After."""
+        if style == "429":
+            return ApiError(429, 0, "Too many requests", name="Too Many Requests",
+                            headers={"Retry-After": str(max(1, int(seconds)))})
+        minutes = math.ceil(seconds / 60)
+        return ApiError(500, 138, f"Rate exceeded for endpoint. Try again in {minutes} minutes")
+
+    def rate_limit_once(self, after: int, seconds: int = 3600, style: str = "138") -> None:
+        """The export request after the next ``after`` ones is rate limited, once, for ``seconds``."""
+        if style not in ("138", "429"):
+            raise ValueError("style must be 138 or 429")
+        with self._lock:
+            self._rate_limit_once = (self._exports_asked + after, style, seconds)
 
     def _file(self, method: str, name: str) -> Response:
         if not name.endswith(".mrc"):
@@ -695,6 +748,13 @@ class SierraSimulator(ControlledServer):
 
     def _control_reset_export_quota(self, data: dict[str, Any]) -> dict[str, Any]:
         self.reset_export_quota()
+        return {"ok": True}
+
+    def _control_warm_export(self, data: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "encoded": self.warm_export()}
+
+    def _control_rate_limit_once(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.rate_limit_once(int(data.get("after", 0)), int(data.get("seconds", 3600)), str(data.get("style", "138")))
         return {"ok": True}
 
     def _control_set_export_quota(self, data: dict[str, Any]) -> dict[str, Any]:

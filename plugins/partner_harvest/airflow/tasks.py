@@ -14,13 +14,13 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 import psycopg
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
 from partner_harvest import pipeline
 from partner_harvest.airflow import assets
 from partner_harvest.airflow.connections import aggregation_conninfo, partner_endpoint
 from partner_harvest.airflow.cursor import advance_cursor, read_cursor
-from partner_harvest.errors import HarvestError
+from partner_harvest.errors import HarvestError, PartnerAsksToWait
 from partner_harvest.factory import build_adapter
 from partner_harvest.registry import Partner, RegistryError, get_partner
 from partner_harvest import quality
@@ -40,13 +40,20 @@ ABANDON_AFTER = timedelta(days=7)
 
 
 def _fail_fast(func: Callable[..., T]) -> Callable[..., T]:
-    """Turn non-retryable errors into AirflowFailException so no retry is wasted."""
+    """Turn non-retryable errors into AirflowFailException so no retry is wasted.
+
+    PartnerAsksToWait becomes a reschedule at its ``resume_at``: the task is not failed,
+    uses no retry, and holds no worker slot while it waits.
+    """
 
     def wrapper(*args: Any, **kwargs: Any) -> T:
         try:
             return func(*args, **kwargs)
         except (RegistryError, WindowError) as exc:
             raise AirflowFailException(str(exc)) from exc
+        except PartnerAsksToWait as exc:  # a long rate limit, another run's lease: free the slot
+            log.warning("%s; the task gives its worker slot back until then", exc)
+            raise AirflowRescheduleException(reschedule_date=exc.resume_at) from exc
         except HarvestError as exc:
             if not exc.retryable:
                 raise AirflowFailException(str(exc)) from exc

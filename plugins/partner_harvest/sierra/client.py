@@ -47,8 +47,39 @@ class SierraServerError(PartnerHttpError):
     """A 5xx that may pass; retried a few times before it fails the task."""
 
 
-class ExportRateLimited(PartnerProtocolError):
-    """``bibs/marc`` answered 138 "Rate exceeded for endpoint": wait, then resume."""
+class RateLimited(PartnerProtocolError):
+    """Code 138 "Rate exceeded for endpoint" or HTTP 429: wait, then resume.
+
+    ``retry_after`` is the wait the server named in seconds (a ``Retry-After`` header,
+    or "Try again in N minutes" in the 138 description), None when it named none.
+    """
+
+    def __init__(self, partner_id: str, request: str, cause: str, retry_after: float | None = None):
+        super().__init__(partner_id, request, cause)
+        self.retry_after = retry_after
+
+
+ExportRateLimited = RateLimited  # the name the export loop has always caught
+_TRY_AGAIN = re.compile(r"try again in (\d+) (second|minute|hour)s?", re.IGNORECASE)
+_UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600}
+
+
+def retry_after_seconds(response: requests.Response, now: datetime | None = None) -> float | None:
+    """The wait a rate-limited response names: ``Retry-After`` (seconds or HTTP date), or the 138 text."""
+    header = (response.headers.get("Retry-After") or "").strip()
+    if header.isdigit():
+        return float(header)
+    if header:
+        try:
+            when = parsedate_to_datetime(header)
+        except (TypeError, ValueError):
+            when = None
+        if when is not None:
+            return max(0.0, (when - (now or datetime.now(timezone.utc))).total_seconds())
+    match = _TRY_AGAIN.search(response.text[:1000])
+    if match:
+        return float(int(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()])
+    return None
 
 
 @dataclass(frozen=True)
@@ -222,8 +253,10 @@ class SierraClient:
             raise ConfigurationError(self.partner_id, what, f"unauthorized after a fresh token (code {code}): {_body_snippet(response)}")
         if response.status_code == 404 and code == NOT_FOUND and empty_ok:
             return None
-        if code == RATE_LIMITED:
-            raise ExportRateLimited(self.partner_id, what, f"rate limited (code 138): {_body_snippet(response)}")
+        if code == RATE_LIMITED or response.status_code == 429:
+            why = "code 138" if code == RATE_LIMITED else "HTTP 429"
+            raise RateLimited(self.partner_id, what, f"rate limited ({why}): {_body_snippet(response)}",
+                              retry_after_seconds(response))
         if response.status_code >= 500:
             log.warning("%s: %s answered HTTP %d: %s", self.partner_id, what, response.status_code, _body_snippet(response))
             raise SierraServerError(self.partner_id, what, f"HTTP {response.status_code}: {_body_snippet(response)}")

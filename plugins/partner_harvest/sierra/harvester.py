@@ -16,16 +16,18 @@ import logging
 import math
 import time
 import re
-from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
 from datetime import date, datetime, time as dtime, timedelta, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from partner_harvest.adapters import ItemSink, PartnerClock, StagingSink
-from partner_harvest.errors import ConfigurationError, HarvestError, HarvestLoopError
+from partner_harvest.errors import ConfigurationError, HarvestError, HarvestLoopError, PartnerAsksToWait
 from partner_harvest.records import HarvestItem, HarvestStats, Rejected, Tombstone
 from partner_harvest.registry import Partner
-from partner_harvest.sierra import marc
-from partner_harvest.sierra.client import MAX_LIMIT, ExportBlock, ExportRateLimited, SierraClient
+from partner_harvest.sierra import marc, resume
+from partner_harvest.sierra.client import MAX_LIMIT, ExportBlock, RateLimited, SierraClient
 from partner_harvest.store import completeness, record_check
 from partner_harvest.window import SECONDS, Window, format_instant
 
@@ -69,6 +71,7 @@ class SierraAdapter:
     """Harvests one Sierra catalogue through a :class:`SierraClient`."""
 
     fetch_chunk = 25  # ids per bibs?id=a,b,c request: long id lists fail on real servers
+    fast_marc = True  # False: every export record through pymarc (the benchmark's baseline)
 
     def __init__(self, partner: Partner, client: SierraClient, *, sleep: Callable[[float], None] = time.sleep):
         self.partner = partner
@@ -86,6 +89,8 @@ class SierraAdapter:
             raise ConfigurationError(partner.id, "registry", "options.export.limit must be >= 1")
         self.rate_limit_wait = float(_option(export, "rate_limit_wait", 300))
         self.max_rate_limit_waits = int(_option(export, "max_rate_limit_waits", 12))
+        self.max_sleep_seconds = float(_option(export, "max_sleep_seconds", 30))
+        self.now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
         # Extra export query parameters (mapping, locations...) come ONLY from options.export.params.
         params = _option(export, "params", {})
         if not isinstance(params, Mapping):
@@ -176,12 +181,27 @@ class SierraAdapter:
     # retried, resumes from it (``resume_at``) keeping what it staged (pipeline.harvest_piece).
     resumes_slices = True
 
+    @contextmanager
+    def _rate_limit_frees_the_slot(self) -> Iterator[None]:
+        """A rate limit outside the export loop (a poll, the id enumeration) reschedules too.
+
+        The transport leaves Sierra's 429 to the client, so no request sleeps its
+        Retry-After; here the task gives its slot back for the wait the server named.
+        """
+        try:
+            yield
+        except RateLimited as exc:
+            wait = exc.retry_after if exc.retry_after is not None else self.rate_limit_wait
+            raise PartnerAsksToWait(self.partner_id, exc.request, f"rate limited: {exc.cause}",
+                                    self.now() + timedelta(seconds=wait)) from exc
+
     def harvest(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
         piece = window.protocol.get("slice") or {}
-        if window.is_full:
-            self._export_full_load(window, sink, stats, piece)
-        else:
-            self._change_poll(window, sink, stats, piece)
+        with self._rate_limit_frees_the_slot():
+            if window.is_full:
+                self._export_full_load(window, sink, stats, piece)
+            else:
+                self._change_poll(window, sink, stats, piece)
 
     def _change_poll(self, window: Window, sink: ItemSink, stats: HarvestStats, piece: Mapping[str, Any] | None = None) -> None:
         assert window.from_ is not None
@@ -225,6 +245,10 @@ class SierraAdapter:
     # -- deletions -------------------------------------------------------------------
 
     def poll_deletions(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
+        with self._rate_limit_frees_the_slot():
+            self._poll_deletions(window, sink, stats)
+
+    def _poll_deletions(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
         plan = (window.protocol.get("channels") or {}).get("deletions")
         if not plan or plan.get("skip"):
             log.info("%s: no deletion poll for this window (full load from scratch)", self.partner_id)
@@ -238,12 +262,49 @@ class SierraAdapter:
 
     def _export_full_load(self, window: Window, sink: ItemSink, stats: HarvestStats,
                           piece: Mapping[str, Any] | None = None) -> None:
-        """The export, then the proof that it delivered every live bib (of the slice's ids)."""
-        self._export(window, sink, stats, piece or {})
-        self._prove_complete(window, sink, stats, piece or {})
+        """The export, then the proof that it delivered every live bib (of the slice's ids).
 
-    def _export(self, window: Window, sink: ItemSink, stats: HarvestStats, piece: Mapping[str, Any] | None = None) -> None:
-        """Keyset over id blocks through the two-phase export; 138 waits and resumes.
+        A slice resumes at its checkpoint (``resume_at``, pipeline.harvest_piece). An unsliced
+        try that follows a rescheduled (rate-limited) or killed one finds that try's staging
+        kept (pipeline ``resumes_staging``) and resumes after its highest staged id.
+        """
+        piece = piece or {}
+        if piece:
+            start = int(piece.get("resume_at") or piece.get("lo") or 0)
+            if piece.get("resume_at"):
+                log.info("%s: slice %s resumes its export at id %d", self.partner_id, piece.get("channel"), start)
+        else:
+            start = self._resume_point(sink, stats)
+        self._export(window, sink, stats, start, piece)
+        self._prove_complete(window, sink, stats, piece)
+
+    def resumes_staging(self, channel: str, window: Window) -> bool:
+        """Whether a new try of this channel keeps what an unfinished try staged (pipeline).
+
+        Only the unsliced full load: a slice resumes from its own checkpoint."""
+        return channel == "changes" and window.is_full and not window.protocol.get("slice")
+
+    def _resume_point(self, sink: ItemSink, stats: HarvestStats) -> int:
+        conn, run = getattr(sink, "conn", None), getattr(sink, "run", None)
+        if conn is None or run is None:
+            return 0
+        kept = resume.staged_so_far(conn, run)
+        if kept.count == 0:
+            return 0
+        stats.fetched += kept.count
+        stats.records += kept.records
+        stats.tombstones += kept.tombstones
+        stats.rejected += kept.rejected
+        if hasattr(sink, "seq"):
+            sink.seq = max(sink.seq, kept.max_seq)
+        start = (kept.max_id + 1) if kept.max_id is not None else 0
+        log.info("%s: resuming the export at id %d: an earlier try of this run staged %d items (up to bib %s)",
+                 self.partner_id, start, kept.count, kept.max_id)
+        return start
+
+    def _export(self, window: Window, sink: ItemSink, stats: HarvestStats, start: int = 0,
+                piece: Mapping[str, Any] | None = None) -> None:
+        """Keyset over id blocks through the two-phase export (up to a slice's ``hi``); one block fetched ahead.
 
         A block is the lowest ids from the cursor, deleted ones included: ``inputRecords``
         counts them, ``outputRecords`` does not. Every id in [cursor, cursor + inputRecords)
@@ -251,74 +312,140 @@ class SierraAdapter:
         max(cursor + inputRecords, highest exported id + 1): a block of deleted (or
         omitted suppressed) bibs moves on, and the cursor strictly rises. The export ends
         only on 404/107 or an empty block.
+
+        Once a block's ids are decoded its successor is requested from a second thread
+        while this block is validated and copied into staging (the server builds the next
+        file meanwhile); at most one block is ahead. Not when a block must be re-fetched
+        record by record (the session then serves those requests alone). The COPY of a
+        block runs in a third thread while the next block is decoded: blocks are copied
+        in order, one at a time, each in its own transaction, so what is staged is always
+        a prefix of the export (a rescheduled try resumes after it).
         """
         piece = piece or {}
         end_id = piece.get("hi")  # an id slice: [lo, hi]; else open-ended
-        cursor = int(piece.get("resume_at") or piece.get("lo") or 0)
-        if piece.get("resume_at"):
-            log.info("%s: slice %s resumes its export at id %d", self.partner_id, piece.get("channel"), cursor)
+        last = MAX_BIB_ID if end_id is None else int(end_id)
+        cursor = start
         waits = 0
         blocks = 0
-        while cursor <= (MAX_BIB_ID if end_id is None else end_id):
-            try:
-                block = self.client.export_block(cursor, self.export_limit, self.export_params, end_id=end_id)
-            except ExportRateLimited as exc:
-                waits += 1
-                if waits > self.max_rate_limit_waits:
-                    raise
-                log.warning("%s: export rate limited (%s); waiting %.0f s, then resuming at id %d (wait %d of %d)",
-                            self.partner_id, exc.cause, self.rate_limit_wait, cursor, waits, self.max_rate_limit_waits)
-                self.sleep(self.rate_limit_wait)
-                continue
-            if block is None:
-                log.info("%s: export ends at id %d (404/107: no ids left) after %d blocks", self.partner_id, cursor, blocks)
-                return
-            blocks += 1
-            items, last_id = self._block_items(block, window, cursor)
-            covered = block.input_records
-            if covered is None:  # a summary without inputRecords: only what came is known
-                covered = block.output_records
-            done = covered == 0 and last_id is None
-            next_cursor = cursor if done else max(cursor + covered, last_id + 1 if last_id is not None else 0)
-            if items or (piece and not done):
-                self._write(items, sink, stats, "export", checkpoint=next_cursor if piece else None)
-            if done:
-                log.info("%s: export ends at id %d (empty block) after %d blocks", self.partner_id, cursor, blocks)
-                return
-            if next_cursor <= cursor:
-                raise HarvestLoopError(self.partner_id, f"GET bibs/marc?id=[{cursor},]",
-                                       f"export ids did not ascend (highest id {last_id}, inputRecords {covered})")
-            if block.output_records < covered:
-                log.info("%s: export block from id %d: %d ids in, %d records out (%s deleted)", self.partner_id,
-                         cursor, covered, block.output_records, block.deleted_records)
-            cursor = next_cursor
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"export-{self.partner_id}") as ahead, \
+                ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"staging-{self.partner_id}") as copier:
+            pending: Future[ExportBlock | None] | None = None
+            writing: Future[None] | None = None  # the previous block's COPY, in order, one at a time
+            while cursor <= last:
+                try:
+                    if pending is not None:
+                        block, pending = pending.result(), None
+                    else:
+                        block = self.client.export_block(cursor, self.export_limit, self.export_params,
+                                                         end_id=end_id)
+                except RateLimited as exc:
+                    pending = None
+                    waits += 1
+                    self._wait_for_rate_limit(exc, cursor, waits)
+                    continue
+                if block is None:
+                    _finish(writing)
+                    log.info("%s: export ends at id %d (404/107: no ids left) after %d blocks", self.partner_id, cursor, blocks)
+                    return
+                blocks += 1
+                decoded, last_id = self._decode_block(block)
+                covered = block.input_records
+                if covered is None:  # a summary without inputRecords: only what came is known
+                    covered = block.output_records
+                if covered == 0 and last_id is None:
+                    _finish(writing)
+                    log.info("%s: export ends at id %d (empty block) after %d blocks", self.partner_id, cursor, blocks)
+                    return
+                next_cursor = max(cursor + covered, last_id + 1 if last_id is not None else 0)
+                if next_cursor <= cursor:
+                    raise HarvestLoopError(self.partner_id, f"GET bibs/marc?id=[{cursor},]",
+                                           f"export ids did not ascend (highest id {last_id}, inputRecords {covered})")
+                if not block.errors and next_cursor <= last:
+                    pending = ahead.submit(self.client.export_block, next_cursor, self.export_limit, self.export_params,
+                                           end_id=end_id)
+                items = self._items(decoded, block, window, cursor)
+                if writing is not None:
+                    writing, done = None, writing
+                    done.result()  # a failed COPY fails the export here
+                if items or piece:  # a slice stores its checkpoint with every block, even an empty one
+                    writing = copier.submit(self._write, items, sink, stats, "export",
+                                            checkpoint=next_cursor if piece else None)
+                if block.output_records < covered:
+                    log.info("%s: export block from id %d: %d ids in, %d records out (%s deleted)", self.partner_id,
+                             cursor, covered, block.output_records, block.deleted_records)
+                cursor = next_cursor
+            _finish(writing)
+
+    def _wait_for_rate_limit(self, exc: RateLimited, cursor: int, waits: int) -> None:
+        """A short wait sleeps here; a longer one gives the worker slot back (PartnerAsksToWait).
+
+        The wait is the one the server names (Retry-After, "try again in N minutes"), else
+        ``options.export.rate_limit_wait``. Up to ``options.export.max_sleep_seconds`` the
+        task sleeps (at most ``max_rate_limit_waits`` times per try); longer, the task is
+        rescheduled and its next try resumes after what this one staged.
+        """
+        wait = exc.retry_after if exc.retry_after is not None else self.rate_limit_wait
+        if wait > self.max_sleep_seconds:
+            resume_at = self.now() + timedelta(seconds=wait)
+            log.warning("%s: export rate limited (%s); %.0f s is longer than the %.0f s a task may sleep: "
+                        "freeing the worker slot until %s, then resuming at id %d", self.partner_id, exc.cause,
+                        wait, self.max_sleep_seconds, format_instant(resume_at), cursor)
+            raise PartnerAsksToWait(self.partner_id, exc.request, f"export rate limited: {exc.cause}",
+                                    resume_at) from exc
+        if waits > self.max_rate_limit_waits:
+            raise exc
+        log.warning("%s: export rate limited (%s); waiting %.0f s, then resuming at id %d (wait %d of %d)",
+                    self.partner_id, exc.cause, wait, cursor, waits, self.max_rate_limit_waits)
+        self.sleep(wait)
 
     def _block_items(self, block: ExportBlock, window: Window, cursor: int) -> tuple[list[HarvestItem], int | None]:
-        parsed = list(marc.read_iso2709(block.marc))
+        decoded, last_id = self._decode_block(block)
+        return self._items(decoded, block, window, cursor), last_id
+
+    def _decode_block(self, block: ExportBlock) -> tuple[list[_Decoded], int | None]:
+        """Every record of the block decoded (fast UTF-8 path, else pymarc) and the highest bib id."""
+        decoded: list[_Decoded] = []
+        last_id: int | None = None
+        for raw, problem in marc.split_iso2709(block.marc):
+            fast = record = None
+            if problem is None:
+                fast = marc.decode_fast(raw) if self.fast_marc else None
+                if fast is None:
+                    record, problem = marc.decode_record(raw)
+            if fast is not None:
+                bib_id, stamp = fast.bib_id, fast.stamp
+            elif record is not None:
+                bib_id, stamp = marc.bib_id_of(record), marc.stamp_of(record)
+            else:
+                bib_id, stamp = _raw_bib_id(raw), None
+            if bib_id and bib_id.isdigit():
+                last_id = max(last_id or 0, int(bib_id))
+            decoded.append(_Decoded(raw, problem, fast, record, bib_id, stamp))
+        return decoded, last_id
+
+    def _items(self, decoded: list[_Decoded], block: ExportBlock, window: Window, cursor: int) -> list[HarvestItem]:
         suspects: set[int] = set()
         if block.errors:
-            suspects = {i for i, (_, raw, _) in enumerate(parsed) if len(raw) >= EXPORT_SIZE_CEILING * TRUNCATION_SUSPECT}
+            suspects = {i for i, d in enumerate(decoded) if len(d.raw) >= EXPORT_SIZE_CEILING * TRUNCATION_SUSPECT}
             if len(suspects) < block.errors:
                 log.warning("%s: export reported %d errors but only %d records are near the size ceiling; "
                             "re-fetching the whole block one by one", self.partner_id, block.errors, len(suspects))
-                suspects = set(range(len(parsed)))
+                suspects = set(range(len(decoded)))
         items: list[HarvestItem] = []
-        last_id: int | None = None
-        for index, (record, raw, problem) in enumerate(parsed):
-            bib_id = marc.bib_id_of(record) if record is not None else _raw_bib_id(raw)
-            if bib_id and bib_id.isdigit():
-                last_id = max(last_id or 0, int(bib_id))
-            stamp = (marc.stamp_of(record) if record is not None else None) or window.until
-            if record is None or not bib_id:
+        for index, d in enumerate(decoded):
+            stamp = d.stamp or window.until
+            if (d.fast is None and d.record is None) or not d.bib_id:
                 where = f"(no bib id: export block from id {cursor}, record {index + 1})"
-                reason = problem or "MARC: no bib id (neither 907 $a nor 001)"
-                items.append(Rejected(bib_id or where, reason, marc.escape_raw(raw), stamp, marc.PREFIX))
-                continue
-            if index in suspects:
-                items.append(self._refetch(bib_id, stamp))
+                reason = d.problem or "MARC: no bib id (neither 907 $a nor 001)"
+                items.append(Rejected(d.bib_id or where, reason, marc.escape_raw(d.raw), stamp, marc.PREFIX))
+            elif index in suspects:
+                items.append(self._refetch(d.bib_id, stamp))
+            elif d.fast is not None:
+                items.append(marc.fast_item(d.fast, d.bib_id, stamp))
             else:
-                items.append(marc.to_item(record, bib_id, stamp))
-        return items, last_id
+                assert d.record is not None
+                items.append(marc.to_item(d.record, d.bib_id, stamp))
+        return items
 
     def _prove_complete(self, window: Window, sink: ItemSink, stats: HarvestStats,
                         piece: Mapping[str, Any] | None = None) -> None:
@@ -381,11 +508,12 @@ class SierraAdapter:
 
     def sweep_ids(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
         """Every live bib id (keyset, ``fields=id``): the upstream set for a reconcile."""
-        for entries in self.client.bib_pages({"deleted": "false", "fields": "id"}, self.partner.page_size):
-            stats.pages += 1
-            rows = [(str(e["id"]), None, False) for e in entries if e.get("id")]
-            stats.fetched += len(rows)
-            sink.write_page(rows)
+        with self._rate_limit_frees_the_slot():
+            for entries in self.client.bib_pages({"deleted": "false", "fields": "id"}, self.partner.page_size):
+                stats.pages += 1
+                rows = [(str(e["id"]), None, False) for e in entries if e.get("id")]
+                stats.fetched += len(rows)
+                sink.write_page(rows)
         log.info("%s: reconcile sweep: %d live ids in %d pages", self.partner_id, stats.fetched, stats.pages)
 
     def fetch_records(self, window: Window, identifiers: list[str]) -> list[HarvestItem]:
@@ -431,6 +559,23 @@ def _after_last(entries: list[dict[str, Any]]) -> int | None:
         return int(entries[-1]["id"]) + 1 if entries else None
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _finish(writing: Future[None] | None) -> None:
+    """The last block's COPY is done (or its error raised) before the export returns."""
+    if writing is not None:
+        writing.result()
+
+
+class _Decoded(NamedTuple):
+    """One export record after decoding: raw bytes, the why of a failure, either decoding."""
+
+    raw: bytes
+    problem: str | None
+    fast: marc.FastBib | None
+    record: Any  # pymarc.Record | None
+    bib_id: str | None
+    stamp: datetime | None
 
 
 def _raw_bib_id(raw: bytes) -> str | None:

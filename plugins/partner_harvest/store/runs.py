@@ -31,13 +31,22 @@ class AttemptSuperseded(HarvestError):
     retryable = False
 
 
-def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_prefix: str | None) -> int:
+def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_prefix: str | None,
+              keep_staging: bool = False) -> int:
     """Open (or reopen, on a retry) the audit row and clear this channel's staging.
 
+    ``keep_staging``: an adapter that resumes (a Sierra export) keeps what an unfinished
+    try of the same window staged; a harvested, applied or re-frozen channel starts clean.
     Returns the channel's attempt number: the fence every later write of this try checks
     (``check_attempt``), so a try superseded by a newer one can no longer write.
     """
     with conn.transaction():
+        previous = conn.execute(
+            "SELECT window_until, mode, status FROM harvest_runs WHERE partner_id = %s AND run_id = %s AND channel = %s",
+            run.key(),
+        ).fetchone()
+        keep = (keep_staging and previous is not None and previous[0] == window.until
+                and previous[1] == window.mode and previous[2] in ("harvesting", "failed"))
         attempt = conn.execute(
             """
             INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until,
@@ -60,9 +69,10 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
             (*run.key(), window.mode, window.from_, window.until, window.granularity, metadata_prefix,
              window.partner_clock, bool(window.protocol.get("clock_regressed"))),
         ).fetchone()[0]
-        conn.execute(
-            "DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key()
-        )
+        if not keep:
+            conn.execute(
+                "DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key()
+            )
     return attempt
 
 

@@ -1,11 +1,12 @@
-"""Celery pieces of an e2e stack: a Redis broker, gated OAI simulators and Celery workers.
+"""Celery pieces of an e2e stack: a Redis broker, a gated OAI simulator and Celery workers.
 
 Used by tests/e2e/test_celery_executor.py on top of conftest's ``airflow_stack`` (which
 then runs the CeleryExecutor: see ``celery_env``). Each worker stands for a machine of
 its own: its own AIRFLOW_HOME (logs, pid file), its own hostname in the task instances,
-and ``kill`` SIGKILLs it with every process under it (the loss of that machine). What the
-workers share with the scheduler is what a deployment shares: the code (dags/, plugins/),
-the registry file, the Airflow and aggregation databases, the broker.
+and ``kill`` SIGKILLs it with every process under it (the loss of that machine), or only
+its process group, leaving its task runners alive as orphans. What the workers share with
+the scheduler is what a deployment shares: the code (dags/, plugins/), the registry file,
+the Airflow and aggregation databases, the broker.
 """
 
 from __future__ import annotations

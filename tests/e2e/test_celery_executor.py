@@ -220,9 +220,10 @@ def check_sliced_harvest(stack: AirflowStack, workers: list[CeleryWorker], sim: 
     # which would reharvest the slice inside the apply: a third attempt): one try.
     assert [state for _, _, state in tries(stack, DAG_ID, run_id, "apply_changes")] == ["success"]
     rows = slices_of(stack, run_key)
-    assert {channel: (row["status"], row["attempts"]) for channel, row in rows.items()} == {
-        channel: ("applied", 2 if channel == victim_channel else 1) for channel in rows}, rows
-    assert sum(row["fetched"] for row in rows.values()) == sim.repo.counts()["total"], rows
+    summary = {channel: (row["status"], row["attempts"], row["pages"], row["fetched"]) for channel, row in rows.items()}
+    assert {channel: status_attempts[:2] for channel, status_attempts in summary.items()} == {
+        channel: ("applied", 2 if channel == victim_channel else 1) for channel in rows}, summary
+    assert sum(row["fetched"] for row in rows.values()) == sim.repo.counts()["total"], summary
 
     # Requests: every slice's chain once, plus the killed try's two (no more: the orphan's
     # answered page was never followed by another), within 1.1x the collection's pages.

@@ -1,16 +1,18 @@
-"""Celery pieces of an e2e stack: a Redis broker, gated OAI simulators and Celery workers.
+"""Celery pieces of an e2e stack: a Redis broker, a gated OAI simulator and Celery workers.
 
 Used by tests/e2e/test_celery_executor.py on top of conftest's ``airflow_stack`` (which
 then runs the CeleryExecutor: see ``celery_env``). Each worker stands for a machine of
 its own: its own AIRFLOW_HOME (logs, pid file), its own hostname in the task instances,
-and ``kill`` SIGKILLs it with every process under it (the loss of that machine). What the
-workers share with the scheduler is what a deployment shares: the code (dags/, plugins/),
-the registry file, the Airflow and aggregation databases, the broker.
+and ``kill`` SIGKILLs it with every process under it (the loss of that machine), or only
+its process group, leaving its task runners alive as orphans. What the workers share with
+the scheduler is what a deployment shares: the code (dags/, plugins/), the registry file,
+the Airflow and aggregation databases, the broker.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -73,6 +75,25 @@ def _stop_groups(processes: list[subprocess.Popen]) -> None:
             pass
 
 
+def _pgid(proc: Any) -> int | None:
+    try:
+        return os.getpgid(proc.pid)
+    except ProcessLookupError:
+        return None
+
+
+def end_orphans(orphans: list[Any]) -> None:
+    """SIGKILL what ``CeleryWorker.kill`` spared and is still running (test cleanup)."""
+    import psutil
+
+    for orphan in orphans:
+        try:
+            orphan.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(orphans, timeout=30)
+
+
 def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
     try:
         os.killpg(proc.pid, sig)  # the group of a process this module started
@@ -120,44 +141,74 @@ def redis_broker(base: Path) -> Iterator[str]:
 
 # ---------------------------------------------------------------------- simulators
 class GatedOaiSimulator(OaiSimulator):
-    """The OAI-PMH simulator, plus a gate: from a chosen ListRecords request on, every one
-    waits until released.
+    """The OAI-PMH simulator, plus a gate that stops every ListRecords chain at its second
+    request (its first page answered, so staged, the next one in flight), chain by chain.
 
     Every chain reading from it then stands still in a known place while the test looks
-    where each runs and kills a worker: no timing guess. With one chain per simulator the
-    gate holds exactly one request; with several chains (slices) on one simulator, every
-    chain that asks after the gate closed waits too.
+    where each runs and kills a worker: no timing guess. A chain is told apart by its
+    resumptionToken (``c<chain>!...``) and named by the ``until`` of its first request (a
+    slice's upper bound, as its ``harvest_runs`` row holds it), so the test can let one
+    slice's chain go on and keep another's held. Counts every list request by verb.
     """
 
     def __init__(self, repo: SimulatedRepository) -> None:
         super().__init__(repo)
-        self._gate = threading.Lock()
-        self._hold_from: int | None = None
+        self._gate = threading.Condition()
+        self._holding = False
+        self._open: set[int] = set()  # chains let through while holding
+        self._held: dict[int, int] = {}  # chain id -> requests waiting at the gate now
+        self.chain_until: dict[int, str] = {}  # chain id -> the ``until`` its first request asked for
         self.list_requests = 0  # ListRecords requests answered or held, retries included
-        self.held = threading.Event()  # set when the first request waits at the gate
-        self._released = threading.Event()
+        self.identifier_requests = 0  # ListIdentifiers requests (the slice plan's count probes)
 
-    def hold_list_requests(self, from_number: int) -> None:
-        """ListRecords request number ``from_number`` (counted from the start) and every
-        later one wait for ``release``."""
+    def hold_continuations(self) -> None:
+        """From now on, every ListRecords continuation of a chain not released waits."""
         with self._gate:
-            self._hold_from = from_number
-            self.held.clear()
-            self._released.clear()
+            self._holding = True
+            self._open.clear()
+
+    def release_chain(self, chain: int) -> None:
+        """Let one chain go on (its waiting request and the rest of it)."""
+        with self._gate:
+            self._open.add(chain)
+            self._gate.notify_all()
 
     def release(self) -> None:
+        """Stop holding: every waiting request and every later one goes on."""
         with self._gate:
-            self._hold_from = None
-        self._released.set()
+            self._holding = False
+            self._gate.notify_all()
+
+    def held_chains(self) -> dict[int, str]:
+        """The chains waiting at the gate now, with their ``until``."""
+        with self._gate:
+            return {chain: self.chain_until.get(chain, "?") for chain, count in self._held.items() if count}
 
     def handle_oai(self, pairs: list[tuple[str, str]]) -> Any:
-        if ("verb", "ListRecords") in pairs:
+        args = dict(pairs)
+        if args.get("verb") == "ListIdentifiers":
             with self._gate:
-                self.list_requests += 1
-                hold = self._hold_from is not None and self.list_requests >= self._hold_from
-            if hold:
-                self.held.set()
-                self._released.wait(HOLD_LIMIT)
+                self.identifier_requests += 1
+        if args.get("verb") != "ListRecords":
+            return super().handle_oai(pairs)
+        with self._gate:
+            self.list_requests += 1
+        token = args.get("resumptionToken")
+        if token is None:
+            response = super().handle_oai(pairs)
+            found = re.search(rb">c(\d+)!", response.body)
+            if found:
+                with self._gate:
+                    self.chain_until[int(found.group(1))] = args.get("until", "")
+            return response
+        found = re.match(r"c(\d+)!", token)
+        chain = int(found.group(1)) if found else -1
+        with self._gate:
+            if self._holding and chain not in self._open:
+                self._held[chain] = self._held.get(chain, 0) + 1
+                self._gate.notify_all()
+                self._gate.wait_for(lambda: not self._holding or chain in self._open, HOLD_LIMIT)
+                self._held[chain] -= 1
         return super().handle_oai(pairs)
 
     def pages(self) -> int:
@@ -199,13 +250,15 @@ class CeleryWorker:
     def node(self) -> str:
         return f"celery@{self.hostname}"
 
-    def kill(self) -> None:
-        """The machine is gone: SIGKILL the worker and every process under it, nothing cleans up.
+    def kill(self, spare_task_runners: bool = False) -> list[Any]:
+        """The worker dies by SIGKILL: nothing of it cleans up. Returns the processes left alive.
 
-        Its process group is not enough: Airflow's supervisor puts each task runner in a
-        group of its own, and a runner whose worker died keeps going (it harvested the
-        rest of the chain in a first version of this test). So: stop the group, then
-        kill the group and every descendant found under the worker.
+        Its process group is not everything: Airflow's supervisor puts each task runner in a
+        group of its own, and a runner whose worker died keeps going. By default every
+        descendant found under the worker is killed too (the machine is gone). With
+        ``spare_task_runners`` only the worker's own group is (``kill -9 -<pgid>``): its task
+        runners live on as orphans, still harvesting, and are returned (the caller ends
+        them with ``end_orphans``).
         """
         import psutil
 
@@ -214,14 +267,19 @@ class CeleryWorker:
             tree = psutil.Process(self.process.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             tree = []
+        group = os.getpgid(self.process.pid)
+        spared = [p for p in tree if spare_task_runners and _pgid(p) not in (None, group)]
         _signal_group(self.process, signal.SIGKILL)
         for child in tree:
+            if child in spared:
+                continue
             try:
                 child.kill()
             except psutil.NoSuchProcess:
                 pass
         self.process.wait(timeout=30)
-        psutil.wait_procs(tree, timeout=30)
+        psutil.wait_procs([p for p in tree if p not in spared], timeout=30)
+        return spared
 
     def log_tail(self, lines: int = 60) -> str:
         text = self.log.read_text(errors="replace").splitlines()[-lines:] if self.log.exists() else []

@@ -218,24 +218,49 @@ def parse_list_sets(content: bytes) -> ListPage:
 
 def parse_list_identifiers(content: bytes) -> ListPage:
     """Parse ListIdentifiers into OaiHeader items; noRecordsMatch is an empty page."""
-    root, cleaned, empty = _open(content, no_records_ok=True)
-    if empty:
-        return ListPage(response_date=_response_date(root), cleaned=cleaned)
-    verb = _verb_element(root, "ListIdentifiers")
-    page = _page(root, verb, cleaned)
-    page.items.extend(_header(node) for node in verb.iterchildren(_HEADER))
-    return page
+    return fill_list_page(open_list_page(content, "ListIdentifiers"))
 
 
 def parse_list_records(content: bytes, metadata_prefix: str) -> ListPage:
     """Parse ListRecords into Record / Tombstone / Rejected; noRecordsMatch is an empty page."""
+    return fill_list_page(open_list_page(content, "ListRecords", metadata_prefix))
+
+
+@dataclass(slots=True)
+class OpenedPage:
+    """A list response parsed as far as its envelope and token, its items not yet built.
+
+    The token is known before the (costlier) records are validated, so a pipelined chain
+    can ask for the next page first. ``nodes`` are the <record>/<header> elements.
+    """
+
+    page: ListPage
+    verb: str
+    metadata_prefix: str | None
+    nodes: list[etree._Element]
+
+
+def open_list_page(content: bytes, verb: str, metadata_prefix: str | None = None) -> OpenedPage:
+    """Parse the document and its envelope: errors, token, and the item elements."""
     root, cleaned, empty = _open(content, no_records_ok=True)
     if empty:
-        return ListPage(response_date=_response_date(root), cleaned=cleaned)
-    verb = _verb_element(root, "ListRecords")
-    page = _page(root, verb, cleaned)
-    fmt = get_format(metadata_prefix)
-    page.items.extend(_record_item(node, metadata_prefix, fmt) for node in verb.iterchildren(_RECORD))
+        return OpenedPage(ListPage(response_date=_response_date(root), cleaned=cleaned), verb, metadata_prefix, [])
+    element = _verb_element(root, verb)
+    page = _page(root, element, cleaned)
+    tag = _RECORD if verb == "ListRecords" else _HEADER
+    return OpenedPage(page, verb, metadata_prefix, list(element.iterchildren(tag)))
+
+
+def fill_list_page(opened: OpenedPage) -> ListPage:
+    """Build the items of an opened page (validation included) and return the page."""
+    page = opened.page
+    if opened.verb == "ListRecords":
+        prefix = opened.metadata_prefix or ""
+        fmt = get_format(prefix)
+        page.items.extend(_record_item(node, prefix, fmt) for node in opened.nodes)
+    else:
+        page.items.extend(_header(node) for node in opened.nodes)
+    opened.nodes = []
     return page
 
 

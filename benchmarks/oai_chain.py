@@ -177,7 +177,7 @@ def part_a(url: str, db: str, args: argparse.Namespace) -> bool:
 def _staged_only(label: str, ours: dict, floor: dict) -> str:
     """The harvest alone (freeze + staging, no apply) against the floor: where the time goes."""
     rate = ours["records"] / ours["harvest_seconds"]
-    return f"  {label + ', staged only (no apply) / floor':<44} {rate / floor['rate']:5.2f}x  ({rate:,.0f} records/s)"
+    return f"  {label + ', staged only (no apply) / floor':<50} {rate / floor['rate']:5.2f}x  ({rate:,.0f} records/s)"
 
 
 def part_b(url: str, db: str, args: argparse.Namespace) -> bool:

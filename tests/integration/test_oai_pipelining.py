@@ -6,6 +6,7 @@ to observe (and, for the error test, to arm the simulator just before a real req
 
 from __future__ import annotations
 
+import sys
 import threading
 from datetime import timedelta
 
@@ -83,7 +84,9 @@ def test_next_page_is_fetched_while_this_one_is_staged_never_two_ahead(sim, conn
             seen.append((page, observed.requests, staged))
             super().write_page(items)
 
+    interval = sys.getswitchinterval()
     stats = observed.harvest(Sink(conn, RunRef("museum", "run-1")))
+    assert sys.getswitchinterval() == interval  # shortened while the chain ran, restored after
     assert stats.pages == PAGES and stats.fetched == PAGES * 100
     # Staging page N: N+1 requests made (the last page: no more), pages 1..N-1 committed.
     assert seen == [(n, min(n + 1, PAGES), (n - 1) * 100) for n in range(1, PAGES + 1)]
@@ -131,7 +134,8 @@ def test_failing_sink_stops_the_fetcher_and_keeps_its_error(sim, conn) -> None:
         def write_page(self, items):
             raise Boom("the database went away")
 
+    interval = sys.getswitchinterval()
     with pytest.raises(Boom):
         observed.harvest(Sink(conn, RunRef("museum", "run-1")))
-    assert _fetchers() == []
+    assert _fetchers() == [] and sys.getswitchinterval() == interval
     assert observed.requests <= 2  # page 1, and at most the prefetched page 2

@@ -15,6 +15,8 @@ are held at once (I5). The thread ends with the stream, however the stream ends.
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -33,6 +35,33 @@ from partner_harvest.oai.errors import BadResumptionToken, OaiProtocolError, Oai
 from partner_harvest.xmlsafe import XmlInputError, XmlLimits, xml_limits
 
 log = logging.getLogger(__name__)
+
+# While a chain is pipelined the fetcher thread needs the GIL back after every socket read,
+# and the caller's validation holds it for the interpreter's switch interval (5 ms by
+# default) each time: a page read in many chunks waited tens of ms for its turns. A short
+# interval while chains run lets the fetcher in promptly (measured: the 200 ms chain went
+# from 0.85x to 0.91x of the bare fetch loop); the previous interval comes back after.
+PIPELINE_SWITCH_INTERVAL = 0.0005
+_switch_lock = threading.Lock()
+_switch_users = 0
+_switch_saved = 0.0
+
+
+@contextmanager
+def _prompt_thread_switches() -> Iterator[None]:
+    global _switch_users, _switch_saved
+    with _switch_lock:
+        if _switch_users == 0:
+            _switch_saved = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_saved, PIPELINE_SWITCH_INTERVAL))
+        _switch_users += 1
+    try:
+        yield
+    finally:
+        with _switch_lock:
+            _switch_users -= 1
+            if _switch_users == 0:
+                sys.setswitchinterval(_switch_saved)
 
 
 class OaiClient:
@@ -136,8 +165,12 @@ class OaiClient:
         if not self.pipelined:
             yield from self._sequential_pages(verb, prefix, params)
             return
-        # One worker, and a request submitted only once the page before it was handed
-        # over: at most one page ahead. Shutting down waits for a request in flight.
+        with _prompt_thread_switches():
+            yield from self._pipelined_pages(verb, prefix, params)
+
+    def _pipelined_pages(self, verb: str, prefix: str | None, params: dict[str, str]) -> Iterator[parse.ListPage]:
+        """One worker, and a request submitted only once the page before it was handed
+        over: at most one page ahead. Shutting down waits for a request in flight."""
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"oai-fetch-{self.partner_id}")
         pending: Future[parse.OpenedPage] | None = None
         try:

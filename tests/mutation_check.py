@@ -128,8 +128,8 @@ MUTATIONS: tuple[Mutation, ...] = (
       "quarantined items are counted as unchanged too"),
     # I7 -- continuation requests
     M("I7-token-only", "oai/client.py",
-      '            params = {"verb": verb, "resumptionToken": token}\n',
-      '            params = {**params, "resumptionToken": token}\n',
+      '    return {"verb": params["verb"], "resumptionToken": token}\n',
+      '    return {**params, "resumptionToken": token}\n',
       (OAI + "test_continuations_carry_verb_and_token_only",),
       "continuations repeat the first request's arguments"),
     # I8 -- quarantine
@@ -236,7 +236,7 @@ MUTATIONS: tuple[Mutation, ...] = (
       (GUARDS + "test_mass_purge_limit_is_exactly_the_configured_fraction",),
       "a fixed 20% instead of the partner's configured fraction"),
     M("loop-guard-repeated-token", "oai/client.py",
-      "            if token in seen_tokens:\n", "            if False:\n",
+      "        if token in self.seen_tokens:", "        if False:",
       (OAI + "test_repeated_token_is_a_loop_error_and_nothing_lands",),
       "a repeated resumptionToken loops forever: pytest-timeout must fail the test (takes ~2 min)"),
 )

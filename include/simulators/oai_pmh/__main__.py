@@ -25,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--deleted-record", choices=DELETED_POLICIES, default="persistent")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--invalid-every", type=int, default=0)
+    parser.add_argument("--response-delay-ms", type=float, default=0.0,
+                        help="every OAI response waits this long first (POST /_control/response_delay changes it)")
     parser.add_argument("--mutation-step", type=float, default=60.0, help="seconds per mutation call")
     add_listen_arguments(parser)
     return parser
@@ -38,7 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         deleted_record=args.deleted_record, page_size=args.page_size, seed=args.seed,
         invalid_every=args.invalid_every, mutation_step=timedelta(seconds=args.mutation_step),
     )
-    return serve_until_signalled(OaiSimulator(repo, host=args.host, port=args.port))
+    return serve_until_signalled(OaiSimulator(repo, host=args.host, port=args.port,
+                                              response_delay_ms=args.response_delay_ms))
 
 
 if __name__ == "__main__":

@@ -13,13 +13,17 @@ import gzip
 import itertools
 import json
 import re
+import threading
+import time
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
-from urllib.parse import SplitResult, parse_qsl
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from ..clock import iso_seconds
 from ..control import CONTROL_PREFIX, ControlledServer
@@ -142,12 +146,18 @@ class OaiSimulator(ControlledServer):
     _json_reply = staticmethod(_json)
 
     def __init__(self, repo: SimulatedRepository, host: str = "127.0.0.1", port: int = 0, *,
-                 token_lifetime: timedelta = timedelta(hours=1), max_chains: int = 64) -> None:
+                 token_lifetime: timedelta = timedelta(hours=1), max_chains: int = 64,
+                 response_delay_ms: float = 0.0) -> None:
         super().__init__(host, port, _Handler, repo)
         self.repo = repo
         self.token_lifetime = token_lifetime
         self.max_chains = max_chains
         self.requests_served = 0
+        self.response_delay_ms = 0.0
+        self._changed = threading.Condition(self._lock)  # in_flight or the delay changed
+        self.set_response_delay(response_delay_ms)
+        self.in_flight = 0  # OAI requests being answered right now (over HTTP)
+        self.max_in_flight = 0  # the most seen at once since start or reset_in_flight()
         self._chains: OrderedDict[int, _Chain] = OrderedDict()
         self._next_chain = 1
         self._nonce = 0
@@ -165,6 +175,59 @@ class OaiSimulator(ControlledServer):
         self._end_after_pending: int | None = None
         self.mutations: list[dict[str, list[str]]] = []  # what mutate_after_pages did, in order
         self._attack: dict[str, Any] | None = None
+
+    # ------------------------------------------------- latency and concurrency
+    def set_response_delay(self, ms: float) -> None:
+        """Every OAI response over HTTP waits `ms` milliseconds first (a slow repository
+        answers a page in 0.2-2 s); concurrent requests wait side by side."""
+        if ms < 0:
+            raise ValueError("response_delay_ms must be >= 0")
+        with self._changed:
+            self.response_delay_ms = float(ms)
+            self._changed.notify_all()
+
+    def reset_in_flight(self) -> None:
+        """Start counting the most concurrent requests afresh (from those in flight now)."""
+        with self._lock:
+            self.max_in_flight = self.in_flight
+
+    def wait_in_flight(self, count: int, timeout: float = 5.0) -> bool:
+        """Block until `count` OAI requests are in flight at once (tests); False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self.in_flight < count:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._changed.wait(remaining)
+            return True
+
+    @contextmanager
+    def _serving(self) -> Iterator[None]:
+        """Count one OAI request in flight for as long as it is answered, delay included.
+
+        The delay is re-read while waiting, so lowering it releases waiting requests."""
+        started = time.monotonic()
+        with self._changed:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            self._changed.notify_all()
+            while not self._stopping.is_set():
+                remaining = self.response_delay_ms / 1000 - (time.monotonic() - started)
+                if remaining <= 0:
+                    break
+                self._changed.wait(min(remaining, 0.2))  # 0.2: notice stop() too
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.in_flight -= 1
+                self._changed.notify_all()
+
+    def _in_flight_report(self) -> dict[str, Any]:
+        with self._lock:
+            return {"in_flight": self.in_flight, "max_in_flight": self.max_in_flight,
+                    "response_delay_ms": self.response_delay_ms}
 
     # --------------------------------------------------------- misbehaviour
     def expire_tokens(self) -> None:
@@ -584,14 +647,25 @@ class OaiSimulator(ControlledServer):
             ids = repo.sorted_live_identifiers() if action == "live_ids" else sorted(repo.deleted_identifiers())
             text = "".join(f"{i}\n" for i in ids)
             return Response(200, text.encode(), "text/plain; charset=utf-8")
+        if action == "in_flight":
+            return _json(200, self._in_flight_report())
         if action == "state":
             with self._lock:
                 served, logged = self.requests_served, len(self.requests)
-            return _json(200, {**repo.counts(), "clock": iso_seconds(repo.clock), "requests": served,
+            return _json(200, {**repo.counts(), **self._in_flight_report(),
+                               "clock": iso_seconds(repo.clock), "requests": served,
                                "logged_requests": logged, "granularity": repo.granularity,
                                "deleted_record": repo.deleted_record, "page_size": repo.page_size,
                                "formats": list(repo.formats), "base_url": self.base_url})
         return None
+
+    def _control_response_delay(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.set_response_delay(float(data["ms"]))
+        return {"ok": True}
+
+    def _control_reset_in_flight(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.reset_in_flight()
+        return {"ok": True, **self._in_flight_report()}
 
     def _control_expire_tokens(self, data: dict[str, Any]) -> dict[str, Any]:
         self.expire_tokens()
@@ -651,6 +725,14 @@ class _Handler(LoopbackHandler):
     @property
     def sim(self) -> OaiSimulator:
         return cast(OaiSimulator, self.server.sim)
+
+    def _dispatch(self, body: bytes | None) -> None:
+        """OAI requests are counted in flight (and delayed) until their answer is written."""
+        if urlsplit(self.path).path != "/oai":
+            super()._dispatch(body)
+            return
+        with self.sim._serving():
+            super()._dispatch(body)
 
     def _respond(self, url: SplitResult, body: bytes | None) -> Response:
         if url.path == "/oai":

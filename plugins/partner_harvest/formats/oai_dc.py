@@ -19,11 +19,16 @@ class OaiDcFormat:
     namespace: str | None = OAI_DC_NS
 
     def validate(self, element: etree._Element) -> str | None:
+        return self.check(element)[0]
+
+    def check(self, element: etree._Element) -> tuple[str | None, str | None]:
+        """(reason, title): validate and extract_title in one reading (the harvest's hot path)."""
         if element.tag != _ROOT:
-            return f"oai_dc payload root is {describe_tag(element)}, expected <{_ROOT}>"
-        if self.extract_title(element) is None:
-            return "oai_dc payload has no non-empty dc:title"
-        return None
+            return f"oai_dc payload root is {describe_tag(element)}, expected <{_ROOT}>", None
+        title = self.extract_title(element)
+        if title is None:
+            return "oai_dc payload has no non-empty dc:title", None
+        return None, title
 
     def extract_title(self, element: etree._Element) -> str | None:
         return first_text(element.iterchildren(_TITLE))

@@ -4,12 +4,22 @@ The list stream follows resumptionTokens to exhaustion. The first request carrie
 selective-harvest arguments; every continuation carries ``verb`` and
 ``resumptionToken`` only (I7). A token seen twice, or a run of pages that carry a token
 but no records, is a loop, not progress.
+
+Pipelining: a chain is inherently sequential (the next request needs this page's
+token), but the token is known as soon as the document is parsed. So one fetcher
+thread per chain fetches and parses page N+1 while the caller validates page N's
+records and stages them, and never runs further ahead than that: at most two pages
+are held at once (I5). The thread ends with the stream, however the stream ends.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from urllib.parse import urlencode
 
 import requests
@@ -26,6 +36,33 @@ from partner_harvest.xmlsafe import XmlInputError, XmlLimits, xml_limits
 
 log = logging.getLogger(__name__)
 
+# While a chain is pipelined the fetcher thread needs the GIL back after every socket read,
+# and the caller's validation holds it for the interpreter's switch interval (5 ms by
+# default) each time: a page read in many chunks waited tens of ms for its turns. A short
+# interval while chains run lets the fetcher in promptly (measured: the 200 ms chain went
+# from 0.85x to 0.91x of the bare fetch loop); the previous interval comes back after.
+PIPELINE_SWITCH_INTERVAL = 0.0005
+_switch_lock = threading.Lock()
+_switch_users = 0
+_switch_saved = 0.0
+
+
+@contextmanager
+def _prompt_thread_switches() -> Iterator[None]:
+    global _switch_users, _switch_saved
+    with _switch_lock:
+        if _switch_users == 0:
+            _switch_saved = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_saved, PIPELINE_SWITCH_INTERVAL))
+        _switch_users += 1
+    try:
+        yield
+    finally:
+        with _switch_lock:
+            _switch_users -= 1
+            if _switch_users == 0:
+                sys.setswitchinterval(_switch_saved)
+
 
 class OaiClient:
     """Talks OAI-PMH to one partner endpoint; turns failures into named errors."""
@@ -38,12 +75,14 @@ class OaiClient:
         *,
         max_empty_pages: int = 3,
         xml_limits: XmlLimits | None = None,
+        pipelined: bool = True,
     ):
         self.partner_id = partner_id
         self.base_url = base_url
         self.session = session
         self.max_empty_pages = max_empty_pages
         self.xml_limits = xml_limits or XmlLimits()
+        self.pipelined = pipelined  # fetch page N+1 while the caller works on page N
 
     # -- single requests ---------------------------------------------------------------
 
@@ -67,16 +106,21 @@ class OaiClient:
     def call(self, params: dict[str, str], parser: Callable[[bytes], object]) -> object:
         """Fetch and parse, naming partner, request and cause on any failure (I9)."""
         content = self.fetch(params)
-        request = self.describe(params)
+        with self._named_errors(params):
+            return parser(content)
+
+    @contextmanager
+    def _named_errors(self, params: dict[str, str]) -> Iterator[None]:
+        """Parsing failures as PartnerProtocolError / PartnerDataError naming the request."""
         try:
             with xml_limits(self.xml_limits):
-                return parser(content)
+                yield
         except BadResumptionToken:
             raise
         except OaiProtocolError as exc:
-            raise PartnerProtocolError(self.partner_id, request, f"OAI-PMH error {exc}") from exc
+            raise PartnerProtocolError(self.partner_id, self.describe(params), f"OAI-PMH error {exc}") from exc
         except (XmlInputError, OaiResponseError) as exc:
-            raise PartnerDataError(self.partner_id, request, f"unusable response: {exc}") from exc
+            raise PartnerDataError(self.partner_id, self.describe(params), f"unusable response: {exc}") from exc
 
     def identify(self) -> parse.Identify:
         return self.call({"verb": "Identify"}, parse.parse_identify)  # type: ignore[return-value]
@@ -105,7 +149,10 @@ class OaiClient:
     ) -> Iterator[parse.ListPage]:
         """Yield each page of a ListRecords/ListIdentifiers chain until the token runs out.
 
-        Raises BadResumptionToken unchanged: the caller restarts the window.
+        Raises BadResumptionToken unchanged: the caller restarts the window. Pipelined,
+        the next page is already being fetched while the caller holds this one; close
+        the generator (``contextlib.closing``) when leaving early, so the fetcher thread
+        is stopped then and not when the generator is collected.
         """
         params: dict[str, str] = {"verb": verb, "metadataPrefix": metadata_prefix}
         if set_spec:
@@ -114,30 +161,92 @@ class OaiClient:
             params["from"] = from_
         if until:
             params["until"] = until
-        if verb == "ListRecords":
-            parser: Callable[[bytes], object] = lambda c: parse.parse_list_records(c, metadata_prefix)
-        else:
-            parser = parse.parse_list_identifiers
-        seen_tokens: set[str] = set()
-        empty_run = 0
-        while True:
-            page: parse.ListPage = self.call(params, parser)  # type: ignore[assignment]
-            yield page
-            token = page.token
-            if not token:
-                return
-            if token in seen_tokens:
-                raise HarvestLoopError(
-                    self.partner_id, self.describe(params),
-                    f"the repository handed out resumptionToken {token!r} a second time; "
-                    "stopping instead of looping forever",
-                )
-            seen_tokens.add(token)
-            empty_run = empty_run + 1 if not page.items else 0
-            if empty_run > self.max_empty_pages:
-                raise HarvestLoopError(
-                    self.partner_id, self.describe(params),
-                    f"{empty_run} pages in a row carried a resumptionToken but no records",
-                )
-            params = {"verb": verb, "resumptionToken": token}
+        prefix = metadata_prefix if verb == "ListRecords" else None
+        if not self.pipelined:
+            yield from self._sequential_pages(verb, prefix, params)
+            return
+        with _prompt_thread_switches():
+            yield from self._pipelined_pages(verb, prefix, params)
 
+    def _pipelined_pages(self, verb: str, prefix: str | None, params: dict[str, str]) -> Iterator[parse.ListPage]:
+        """One worker, and a request submitted only once the page before it was handed
+        over: at most one page ahead. Shutting down waits for a request in flight."""
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"oai-fetch-{self.partner_id}")
+        pending: Future[parse.OpenedPage] | None = None
+        try:
+            pending = pool.submit(self._open_page, params, verb, prefix)
+            chain = _Chain(self)
+            while True:
+                opened = pending.result()  # a fetch error surfaces here with its own type
+                pending = None
+                token = opened.page.token
+                loop = chain.check(params, token, bool(opened.nodes))
+                asked = params
+                if token and loop is None:
+                    params = _continuation(params, token)
+                    pending = pool.submit(self._open_page, params, verb, prefix)
+                with self._named_errors(asked):
+                    page = parse.fill_list_page(opened)
+                yield page
+                if loop is not None:
+                    raise loop
+                if not token:
+                    return
+        finally:
+            if pending is not None:
+                pending.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _open_page(self, params: dict[str, str], verb: str, prefix: str | None) -> parse.OpenedPage:
+        """Fetch one list page and parse it up to its token (the fetcher's share of the work)."""
+        content = self.fetch(params)
+        with self._named_errors(params):
+            return parse.open_list_page(content, verb, prefix)
+
+    def _sequential_pages(self, verb: str, prefix: str | None, params: dict[str, str]) -> Iterator[parse.ListPage]:
+        chain = _Chain(self)
+        while True:
+            content = self.fetch(params)
+            with self._named_errors(params):
+                page = parse.fill_list_page(parse.open_list_page(content, verb, prefix))
+            yield page
+            loop = chain.check(params, page.token, bool(page.items))
+            if loop is not None:
+                raise loop
+            if not page.token:
+                return
+            params = _continuation(params, page.token)
+
+
+def _continuation(params: dict[str, str], token: str) -> dict[str, str]:
+    """The next request of a chain: verb and resumptionToken only (I7)."""
+    return {"verb": params["verb"], "resumptionToken": token}
+
+
+class _Chain:
+    """Loop detection over one token chain: a token seen twice, or too many empty pages."""
+
+    def __init__(self, client: OaiClient):
+        self.client = client
+        self.seen_tokens: set[str] = set()
+        self.empty_run = 0
+
+    def check(self, params: dict[str, str], token: str | None, has_items: bool) -> HarvestLoopError | None:
+        """The loop error the page answering `params` reveals, else None (token recorded)."""
+        if not token:
+            return None
+        client = self.client
+        if token in self.seen_tokens:  # a loop guard: fails instead of hanging
+            return HarvestLoopError(
+                client.partner_id, client.describe(params),
+                f"the repository handed out resumptionToken {token!r} a second time; "
+                "stopping instead of looping forever",
+            )
+        self.seen_tokens.add(token)
+        self.empty_run = self.empty_run + 1 if not has_items else 0
+        if self.empty_run > client.max_empty_pages:
+            return HarvestLoopError(
+                client.partner_id, client.describe(params),
+                f"{self.empty_run} pages in a row carried a resumptionToken but no records",
+            )
+        return None

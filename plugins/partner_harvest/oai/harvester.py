@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import closing
 from datetime import datetime
 from typing import Any
 
@@ -106,10 +107,14 @@ class OaiAdapter:
 
     def _stream(self, prefix: str, from_: str | None, until: str, sink: ItemSink, stats: HarvestStats) -> None:
         started = time.monotonic()
-        cleaned = 0
         pages = self.client.list_pages(
             "ListRecords", metadata_prefix=prefix, set_spec=self.partner.set_spec, from_=from_, until=until
         )
+        with closing(pages):  # a failing sink stops the fetcher thread now (pipelining)
+            self._stream_pages(pages, sink, stats, started)
+
+    def _stream_pages(self, pages, sink: ItemSink, stats: HarvestStats, started: float) -> None:
+        cleaned = 0
         for page in pages:
             stats.pages += 1
             for item in page.items:
@@ -164,9 +169,11 @@ class OaiAdapter:
         while True:
             listed = 0
             try:
-                for page in self.client.list_pages("ListIdentifiers", metadata_prefix=prefix,
-                                                   set_spec=self.partner.set_spec, from_=from_, until=until):
-                    listed += len(page.items)
+                with closing(self.client.list_pages("ListIdentifiers", metadata_prefix=prefix,
+                                                    set_spec=self.partner.set_spec, from_=from_,
+                                                    until=until)) as pages:
+                    for page in pages:
+                        listed += len(page.items)
                 break
             except BadResumptionToken:
                 restarts += 1
@@ -202,14 +209,17 @@ class OaiAdapter:
         restarts = 0
         while True:
             try:
-                for page in self.client.list_pages("ListIdentifiers", metadata_prefix=prefix,
-                                                   set_spec=self.partner.set_spec, from_=None, until=None):
-                    stats.pages += 1
-                    rows = [(h.identifier, _stamp(h), h.deleted) for h in page.items if h.identifier]
-                    stats.fetched += len(rows)
-                    sink.write_page(rows)
-                    if stats.pages % 20 == 0 or not page.token:
-                        log.info("%s: reconcile sweep page %d: %d headers so far", self.partner_id, stats.pages, stats.fetched)
+                with closing(self.client.list_pages("ListIdentifiers", metadata_prefix=prefix,
+                                                    set_spec=self.partner.set_spec, from_=None,
+                                                    until=None)) as pages:
+                    for page in pages:
+                        stats.pages += 1
+                        rows = [(h.identifier, _stamp(h), h.deleted) for h in page.items if h.identifier]
+                        stats.fetched += len(rows)
+                        sink.write_page(rows)
+                        if stats.pages % 20 == 0 or not page.token:
+                            log.info("%s: reconcile sweep page %d: %d headers so far",
+                                     self.partner_id, stats.pages, stats.fetched)
                 return
             except BadResumptionToken:
                 restarts += 1

@@ -42,6 +42,7 @@ _DATESTAMP = f"{_O}datestamp"
 _SET_SPEC = f"{_O}setSpec"
 _METADATA = f"{_O}metadata"
 _TOKEN = f"{_O}resumptionToken"
+_ABSENT: str = "\x00absent"  # no such child (distinct from an empty one, which reads as None)
 _VERBS = ("Identify", "ListMetadataFormats", "ListSets", "ListIdentifiers", "ListRecords", "GetRecord")
 
 _DATESTAMP_RE = re.compile(
@@ -60,6 +61,12 @@ def parse_datestamp(text: str) -> datetime:
     (DSpace ``.485Z``, quirk 6), explicit offsets, a missing ``Z`` (read as UTC, which
     the protocol mandates). Raises ValueError on anything else.
     """
+    if (len(text) == 20 and text[19] == "Z" and text[10] == "T" and text[4] == "-" and text[7] == "-"
+            and text[13] == ":" and text[16] == ":" and text.isascii()):
+        try:  # the spec's own second form, by far the commonest: the fast C parser
+            return datetime.fromisoformat(text)
+        except ValueError:
+            pass  # e.g. hour 24: the general path below words the error
     match = _DATESTAMP_RE.fullmatch(text.strip())
     if match is None:
         raise ValueError(f"not an OAI-PMH datestamp: {text!r}")
@@ -218,24 +225,49 @@ def parse_list_sets(content: bytes) -> ListPage:
 
 def parse_list_identifiers(content: bytes) -> ListPage:
     """Parse ListIdentifiers into OaiHeader items; noRecordsMatch is an empty page."""
-    root, cleaned, empty = _open(content, no_records_ok=True)
-    if empty:
-        return ListPage(response_date=_response_date(root), cleaned=cleaned)
-    verb = _verb_element(root, "ListIdentifiers")
-    page = _page(root, verb, cleaned)
-    page.items.extend(_header(node) for node in verb.iterchildren(_HEADER))
-    return page
+    return fill_list_page(open_list_page(content, "ListIdentifiers"))
 
 
 def parse_list_records(content: bytes, metadata_prefix: str) -> ListPage:
     """Parse ListRecords into Record / Tombstone / Rejected; noRecordsMatch is an empty page."""
+    return fill_list_page(open_list_page(content, "ListRecords", metadata_prefix))
+
+
+@dataclass(slots=True)
+class OpenedPage:
+    """A list response parsed as far as its envelope and token, its items not yet built.
+
+    The token is known before the (costlier) records are validated, so a pipelined chain
+    can ask for the next page first. ``nodes`` are the <record>/<header> elements.
+    """
+
+    page: ListPage
+    verb: str
+    metadata_prefix: str | None
+    nodes: list[etree._Element]
+
+
+def open_list_page(content: bytes, verb: str, metadata_prefix: str | None = None) -> OpenedPage:
+    """Parse the document and its envelope: errors, token, and the item elements."""
     root, cleaned, empty = _open(content, no_records_ok=True)
     if empty:
-        return ListPage(response_date=_response_date(root), cleaned=cleaned)
-    verb = _verb_element(root, "ListRecords")
-    page = _page(root, verb, cleaned)
-    fmt = get_format(metadata_prefix)
-    page.items.extend(_record_item(node, metadata_prefix, fmt) for node in verb.iterchildren(_RECORD))
+        return OpenedPage(ListPage(response_date=_response_date(root), cleaned=cleaned), verb, metadata_prefix, [])
+    element = _verb_element(root, verb)
+    page = _page(root, element, cleaned)
+    tag = _RECORD if verb == "ListRecords" else _HEADER
+    return OpenedPage(page, verb, metadata_prefix, list(element.iterchildren(tag)))
+
+
+def fill_list_page(opened: OpenedPage) -> ListPage:
+    """Build the items of an opened page (validation included) and return the page."""
+    page = opened.page
+    if opened.verb == "ListRecords":
+        prefix = opened.metadata_prefix or ""
+        fmt = get_format(prefix)
+        page.items.extend(_record_item(node, prefix, fmt) for node in opened.nodes)
+    else:
+        page.items.extend(_header(node) for node in opened.nodes)
+    opened.nodes = []
     return page
 
 
@@ -315,17 +347,37 @@ def _page(root: etree._Element, verb: etree._Element, cleaned: bool) -> ListPage
 
 
 def _header(node: etree._Element) -> OaiHeader:
-    specs = (_text(spec) for spec in node.iterchildren(_SET_SPEC))
+    """The header's parts in one pass over its children (the first identifier and
+    datestamp count; set specs deduplicated in order)."""
+    identifier = datestamp = _ABSENT
+    specs: list[str] = []
+    for child in node.iterchildren(_IDENTIFIER, _DATESTAMP, _SET_SPEC):
+        tag = child.tag
+        if tag == _SET_SPEC:
+            spec = _text(child)
+            if spec:
+                specs.append(spec)
+        elif tag == _IDENTIFIER:
+            if identifier is _ABSENT:
+                identifier = _text(child)
+        elif datestamp is _ABSENT:
+            datestamp = _text(child)
     return OaiHeader(
-        identifier=_text(node.find(_IDENTIFIER)),
-        datestamp_text=_text(node.find(_DATESTAMP)),
+        identifier=None if identifier is _ABSENT else identifier,
+        datestamp_text=None if datestamp is _ABSENT else datestamp,
         deleted=(node.get("status") or "").strip() == "deleted",
-        set_specs=tuple(dict.fromkeys(spec for spec in specs if spec)),
+        set_specs=tuple(dict.fromkeys(specs)) if len(specs) > 1 else tuple(specs),
     )
 
 
 def _record_item(node: etree._Element, prefix: str, fmt: MetadataFormat) -> HarvestItem:
-    header_node = node.find(_HEADER)
+    header_node = metadata = None
+    for child in node.iterchildren(_HEADER, _METADATA):  # the first of each counts
+        if child.tag == _HEADER:
+            if header_node is None:
+                header_node = child
+        elif metadata is None:
+            metadata = child
     if header_node is None:
         return _reject(node, None, "record has no <header>", None, prefix)
     header = _header(header_node)
@@ -344,7 +396,6 @@ def _record_item(node: etree._Element, prefix: str, fmt: MetadataFormat) -> Harv
     if header.deleted:
         return Tombstone(identifier, datestamp)
 
-    metadata = node.find(_METADATA)
     if metadata is None:
         return _reject(node, identifier, "live record has no <metadata>", datestamp, prefix)
     payloads = list(metadata.iterchildren(etree.Element))
@@ -356,8 +407,12 @@ def _record_item(node: etree._Element, prefix: str, fmt: MetadataFormat) -> Harv
         )
     payload = payloads[0]
     try:
-        reason = fmt.validate(payload)
-        title = None if reason else fmt.extract_title(payload)
+        check = getattr(fmt, "check", None)  # validate + extract_title in one reading, where offered
+        if check is not None:
+            reason, title = check(payload)
+        else:
+            reason = fmt.validate(payload)
+            title = None if reason else fmt.extract_title(payload)
     except Exception as exc:  # a format bug must not take the page down (I8)
         reason = f"{fmt.prefix} validation crashed: {type(exc).__name__}: {exc}"
     if reason is not None:

@@ -19,6 +19,9 @@ _COPY = (
     "COPY staging (partner_id, run_id, channel, seq, kind, identifier, datestamp,"
     " metadata_prefix, metadata, set_specs, title, content_hash, reason) FROM STDIN"
 )
+# The columns' types, so COPY looks up no dumper per value ("char" travels as text).
+_COPY_TYPES = ["text", "text", "text", "int8", "text", "text", "timestamptz", "text", "text", "text[]",
+               "text", "text", "text"]
 
 MAX_IDENTIFIER_BYTES = 1000  # well inside a btree entry (about 2,700 bytes) with partner_id
 DEFAULT_MAX_RECORD_BYTES = 8 * 1024 * 1024
@@ -65,6 +68,7 @@ class StagingWriter:
             check_attempt(self.conn, self.run, self.attempt)
             if items:
                 with self.conn.cursor() as cur, cur.copy(_COPY) as copy:
+                    copy.set_types(_COPY_TYPES)
                     for item in items:
                         self.seq += 1
                         copy.write_row(_row(pid, run_id, channel, self.seq, storable(item, self.max_record_bytes)))
@@ -79,7 +83,8 @@ def storable(item: HarvestItem, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     if problem is None and isinstance(item, Record):
         problem = _text_problem(item.metadata_prefix, item.metadata, item.title, *item.set_specs)
         if problem is None:
-            size = len(item.metadata.encode("utf-8"))
+            metadata = item.metadata
+            size = len(metadata) if metadata.isascii() else len(metadata.encode("utf-8"))
             if size > max_record_bytes:
                 return Rejected(
                     item.identifier,
@@ -127,6 +132,8 @@ def _text_problem(*texts: str | None) -> str | None:
             continue
         if "\x00" in text:
             return "contains a NUL character"
+        if text.isascii():  # no surrogate either; skips encoding large payloads
+            continue
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:

@@ -1,0 +1,258 @@
+"""Benchmark: one OAI-PMH token chain, ours end to end against the chain's floor and Sickle.
+
+A token chain is sequential: page N+1 needs page N's token. Its floor is a bare fetch
+loop (raw HTTP and a regular expression for the token, no XML parsing, nothing stored).
+Ours fetches page N+1 while page N is validated and copied into staging (pipelining),
+then applies the run into the aggregation tables; records/s below is end to end: freeze
+(Identify), harvest into staging and apply, in real PostgreSQL.
+
+(a) slow repository: every response waits --delay-ms (default 200 ms): the bare loop,
+    ours pipelined (target >= 0.9x the floor) and ours sequential (the gain).
+(b) no delay: the bare loop, Sickle iterating ListRecords (fetch only: its own parsing
+    into Record objects, nothing stored), ours pipelined and sequential (targets: ours
+    >= 1.5x Sickle, >= 0.8x the bare loop).
+
+Sickle is never a project dependency. It is looked for in --sickle-dir (default
+/tmp/ph-bench-sickle); `--install-sickle` puts it there first with
+``pip install --target <dir> --no-deps sickle==0.7.0`` (it needs only requests and lxml,
+which the project has). Without it, the Sickle line says "skipped" and why.
+
+The simulator runs in its own process, each measurement in a fresh child process; the
+machine's load average is printed with every figure (other work on the machine skews
+them). All figures of one run come from the same simulator and the same run.
+
+    .venv/bin/python benchmarks/oai_chain.py [--records 200000] [--page-size 500]
+        [--delay-ms 200] [--parts a,b] [--install-sickle]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from xml.sax.saxutils import unescape
+
+import support
+
+PARTNER = "chain"
+SICKLE_DIR = "/tmp/ph-bench-sickle"
+SICKLE_PIN = "sickle==0.7.0"
+_TOKEN = re.compile(rb"<resumptionToken[^>]*>([^<]+)</resumptionToken>")
+
+
+# ---------------------------------------------------------------------- children
+
+
+def bare(args: argparse.Namespace) -> dict:
+    """The floor: one token chain, raw HTTP and token extraction only."""
+    import requests
+
+    session = requests.Session()
+    session.headers["Accept-Encoding"] = "gzip, deflate"
+    params = {"verb": "ListRecords", "metadataPrefix": args.prefix}
+    records = pages = 0
+    started = time.perf_counter()
+    while True:
+        response = session.get(args.url, params=params, timeout=60)
+        response.raise_for_status()
+        content = response.content
+        pages += 1
+        records += content.count(b"<record>")
+        match = _TOKEN.search(content)
+        if match is None:
+            break
+        params = {"verb": "ListRecords", "resumptionToken": unescape(match.group(1).decode())}
+    return {"records": records, "pages": pages, "seconds": time.perf_counter() - started}
+
+
+def sickle(args: argparse.Namespace) -> dict:
+    """Sickle iterating ListRecords: fetch and its own parsing, nothing stored."""
+    sys.path.insert(0, args.sickle_dir)
+    from sickle import Sickle
+
+    client = Sickle(args.url, max_retries=3, timeout=60)
+    records = 0
+    started = time.perf_counter()
+    for _record in client.ListRecords(metadataPrefix=args.prefix, ignore_deleted=False):
+        records += 1
+    return {"records": records, "seconds": time.perf_counter() - started}
+
+
+def ours(args: argparse.Namespace) -> dict:
+    """Ours end to end: freeze, harvest into staging (pipelined or not), apply."""
+    from partner_harvest import pipeline
+    from partner_harvest.factory import Endpoint, build_adapter
+    from partner_harvest.registry import Partner
+    from partner_harvest.store import RunRef, connect
+
+    partner = Partner(id=args.partner, protocol="oai-pmh", conn_id="-", metadata_prefix=args.prefix,
+                      lag=timedelta(minutes=10))
+    adapter = build_adapter(partner, Endpoint(args.url))
+    adapter.client.pipelined = not args.sequential
+    started = time.perf_counter()
+    window = pipeline.freeze_window(adapter, partner.lag, None, pipeline.RunRequest("full"))
+    with connect(args.db) as conn:
+        stats = pipeline.harvest_window(adapter, conn, RunRef(args.partner, args.run_id), window)
+        harvested = time.perf_counter()
+        result = pipeline.apply_changes(conn, args.partner, args.run_id)
+    applied = time.perf_counter()
+    return {"records": stats.fetched, "pages": stats.pages, "upserted": result.upserted,
+            "harvest_seconds": harvested - started, "seconds": applied - started,
+            "peak_rss_mib": support.peak_rss_mib()}
+
+
+CHILDREN = {"bare": bare, "sickle": sickle, "ours": ours}
+
+
+# ------------------------------------------------------------------------ parent
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load {one:.2f}/{five:.2f}"
+
+
+def _run(kind: str, url: str, prefix: str, *extra: str) -> dict:
+    load_before = _load()
+    figures = support.run_child(__file__, "--kind", kind, "--url", url, "--prefix", prefix, *extra)
+    figures["rate"] = figures["records"] / figures["seconds"]
+    figures["load"] = f"{load_before} before, {_load()} after"
+    return figures
+
+
+def _ours(url: str, db: str, prefix: str, run_id: str, *, sequential: bool) -> dict:
+    """A first full load under a partner id of its own (the database keeps the others':
+    emptying `records` before each load left planner statistics of an empty table, and
+    the apply's tombstone join then ran for minutes; see the README)."""
+    from partner_harvest.store import connect
+    from partner_harvest.store.admin import forget_partner
+
+    partner_id = f"{PARTNER}-{run_id}"
+    with connect(db) as conn:
+        forget_partner(conn, partner_id)
+    extra = ("--db", db, "--run-id", run_id, "--partner", partner_id) + (("--sequential",) if sequential else ())
+    figures = _run("ours", url, prefix, *extra)
+    figures["exact"] = support.held_ids(db, partner_id) == support.control(url, "live_ids")
+    return figures
+
+
+def _line(label: str, f: dict) -> str:
+    return (f"  {label:<34} {f['rate']:>9,.0f} records/s  ({f['records']:,} in {f['seconds']:.1f} s; {f['load']})")
+
+
+def _ours_line(label: str, f: dict) -> str:
+    return (_line(label, f) + f"\n  {'':<34} harvest {f['harvest_seconds']:.1f} s + apply "
+            f"{f['seconds'] - f['harvest_seconds']:.1f} s; records == live set: {'yes' if f['exact'] else 'NO'}; "
+            f"peak RSS {f['peak_rss_mib']:.0f} MiB")
+
+
+def _verdict(name: str, ratio: float, target: float) -> str:
+    return f"  {name:<44} {ratio:5.2f}x  (target >= {target}x: {'met' if ratio >= target else 'NOT met'})"
+
+
+def _sickle_available(directory: str) -> str | None:
+    """None when Sickle can be imported from `directory`, else why not."""
+    if not os.path.isdir(os.path.join(directory, "sickle")):
+        return f"not installed in {directory} (run with --install-sickle)"
+    return None
+
+
+def part_a(url: str, db: str, args: argparse.Namespace) -> bool:
+    support.control(url, "response_delay", {"ms": args.delay_ms})
+    print(f"\n(a) {args.delay_ms:.0f} ms per response")
+    floor = _run("bare", url, args.prefix)
+    print(_line("bare fetch loop (the chain floor)", floor))
+    piped = _ours(url, db, args.prefix, "a-pipelined", sequential=False)
+    print(_ours_line("ours, pipelined, end to end", piped))
+    seq = _ours(url, db, args.prefix, "a-sequential", sequential=True)
+    print(_ours_line("ours, sequential, end to end", seq))
+    ratio = piped["rate"] / floor["rate"]
+    print(_verdict("ours pipelined / floor", ratio, 0.9))
+    print(_staged_only("ours pipelined", piped, floor))
+    print(f"  {'ours sequential / floor':<44} {seq['rate'] / floor['rate']:5.2f}x; "
+          f"pipelining gains {piped['rate'] / seq['rate']:.2f}x")
+    return ratio >= 0.9 and piped["exact"] and seq["exact"]
+
+
+def _staged_only(label: str, ours: dict, floor: dict) -> str:
+    """The harvest alone (freeze + staging, no apply) against the floor: where the time goes."""
+    rate = ours["records"] / ours["harvest_seconds"]
+    return f"  {label + ', staged only (no apply) / floor':<50} {rate / floor['rate']:5.2f}x  ({rate:,.0f} records/s)"
+
+
+def part_b(url: str, db: str, args: argparse.Namespace) -> bool:
+    support.control(url, "response_delay", {"ms": 0})
+    print("\n(b) no delay")
+    floor = _run("bare", url, args.prefix)
+    print(_line("bare fetch loop", floor))
+    missing = _sickle_available(args.sickle_dir)
+    sick = None
+    if missing:
+        print(f"  {'Sickle 0.7.0, fetch only':<34} skipped: {missing}")
+    else:
+        sick = _run("sickle", url, args.prefix, "--sickle-dir", args.sickle_dir)
+        print(_line("Sickle 0.7.0, fetch only", sick))
+    piped = _ours(url, db, args.prefix, "b-pipelined", sequential=False)
+    print(_ours_line("ours, pipelined, end to end", piped))
+    seq = _ours(url, db, args.prefix, "b-sequential", sequential=True)
+    print(_ours_line("ours, sequential, end to end", seq))
+    ok = piped["exact"] and seq["exact"]
+    if sick is not None:
+        ratio = piped["rate"] / sick["rate"]
+        print(_verdict("ours pipelined / Sickle fetch-only", ratio, 1.5))
+        ok = ok and ratio >= 1.5
+    ratio = piped["rate"] / floor["rate"]
+    print(_verdict("ours pipelined / bare fetch loop", ratio, 0.8))
+    print(_staged_only("ours pipelined", piped, floor))
+    print(f"  {'ours sequential / bare fetch loop':<44} {seq['rate'] / floor['rate']:5.2f}x; "
+          f"pipelining gains {piped['rate'] / seq['rate']:.2f}x")
+    return ok and ratio >= 0.8
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--page-size", type=int, default=500)
+    parser.add_argument("--delay-ms", type=float, default=200.0)
+    parser.add_argument("--parts", default="a,b")
+    parser.add_argument("--prefix", default="oai_dc")
+    parser.add_argument("--sickle-dir", default=SICKLE_DIR)
+    parser.add_argument("--install-sickle", action="store_true")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--kind", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--db", help=argparse.SUPPRESS)
+    parser.add_argument("--run-id", help=argparse.SUPPRESS)
+    parser.add_argument("--partner", default=PARTNER, help=argparse.SUPPRESS)
+    parser.add_argument("--sequential", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        import json
+
+        print(json.dumps(CHILDREN[args.kind](args)))
+        return 0
+    if args.install_sickle:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", args.sickle_dir,
+                        "--no-deps", SICKLE_PIN], check=True)
+    parts = {p.strip() for p in args.parts.split(",")}
+    print(f"One OAI-PMH token chain: {args.records:,} records, {args.page_size} per page, prefix {args.prefix}, "
+          f"5% deleted; simulator, harvester and PostgreSQL in separate processes on {os.cpu_count()} cores; "
+          f"{_load()} at start")
+    db = support.fresh_database(PARTNER)
+    sim_args = ("--records", str(args.records), "--deleted-fraction", "0.05", "--page-size", str(args.page_size),
+                "--granularity", "seconds", "--formats", "oai_dc,lido")
+    ok = True
+    with support.simulator("oai_pmh", *sim_args) as url:
+        if "a" in parts:
+            ok = part_a(url, db, args) and ok
+        if "b" in parts:
+            ok = part_b(url, db, args) and ok
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,141 @@
+"""Pipelined token chains: page N+1 is fetched while page N is staged, never page N+2.
+
+Real simulator over loopback and real PostgreSQL; the client's ``fetch`` is wrapped only
+to observe (and, for the error test, to arm the simulator just before a real request).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
+from partner_harvest import pipeline
+from partner_harvest.errors import PartnerHttpError
+from partner_harvest.factory import Endpoint, build_adapter
+from partner_harvest.records import HarvestStats
+from partner_harvest.registry import Partner
+from partner_harvest.store import RunRef, StagingWriter
+
+FAST = {"http": {"backoff_factor": 0.01, "backoff_max": 0.05, "retries": 2, "read_timeout": 30}}
+PAGES = 6
+
+
+def _fetchers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("oai-fetch")]
+
+
+class Observed:
+    """Records, per list request, when it started; and per staged page, what was asked."""
+
+    def __init__(self, sim: OaiSimulator, *, pipelined: bool = True, fail_request: int | None = None):
+        self.sim = sim
+        self.adapter = build_adapter(Partner(id="museum", protocol="oai-pmh", conn_id="-",
+                                             metadata_prefix="oai_dc", lag=timedelta(minutes=10),
+                                             options=FAST), Endpoint(sim.base_url))
+        self.adapter.client.pipelined = pipelined
+        self.window = pipeline.freeze_window(self.adapter, timedelta(minutes=10), None, pipeline.RunRequest("full"))
+        self.started = [threading.Event() for _ in range(PAGES + 2)]
+        self.requests = 0
+        self.fail_request = fail_request
+        fetch = self.adapter.client.fetch
+
+        def observed_fetch(params):
+            if params.get("verb") == "ListRecords":
+                self.requests += 1
+                if self.requests == self.fail_request:
+                    sim.fail_next(1, status=404)  # a real 404 answers this real request
+                self.started[self.requests].set()
+            return fetch(params)
+
+        self.adapter.client.fetch = observed_fetch
+
+    def harvest(self, sink: StagingWriter) -> HarvestStats:
+        stats = HarvestStats()
+        self.adapter.harvest(self.window, sink, stats)
+        return stats
+
+
+@pytest.fixture
+def sim():
+    repo = SimulatedRepository(records=PAGES * 100, page_size=100, deleted_fraction=0.0, seed=5)
+    with OaiSimulator(repo) as sim:
+        yield sim
+
+
+def test_next_page_is_fetched_while_this_one_is_staged_never_two_ahead(sim, conn, db: str) -> None:
+    observed = Observed(sim)
+    seen: list[tuple[int, int, int]] = []  # (page, requests made when staging began, rows staged then)
+
+    class Sink(StagingWriter):
+        pages = 0
+
+        def write_page(self, items):
+            self.pages += 1
+            page = self.pages
+            if page < PAGES:  # the overlap itself: request page+1 starts while page waits here
+                assert observed.started[page + 1].wait(10), f"page {page + 1} not requested while {page} staged"
+            with psycopg.connect(db, autocommit=True) as observer:
+                staged = observer.execute("SELECT count(*) FROM staging").fetchone()[0]
+            seen.append((page, observed.requests, staged))
+            super().write_page(items)
+
+    interval = sys.getswitchinterval()
+    stats = observed.harvest(Sink(conn, RunRef("museum", "run-1")))
+    assert sys.getswitchinterval() == interval  # shortened while the chain ran, restored after
+    assert stats.pages == PAGES and stats.fetched == PAGES * 100
+    # Staging page N: N+1 requests made (the last page: no more), pages 1..N-1 committed.
+    assert seen == [(n, min(n + 1, PAGES), (n - 1) * 100) for n in range(1, PAGES + 1)]
+    assert observed.requests == PAGES and _fetchers() == []
+
+
+def test_sequential_switch_requests_each_page_after_the_last_is_staged(sim, conn) -> None:
+    observed = Observed(sim, pipelined=False)
+    asked: list[int] = []
+
+    class Sink(StagingWriter):
+        def write_page(self, items):
+            asked.append(observed.requests)
+            super().write_page(items)
+
+    stats = observed.harvest(Sink(conn, RunRef("museum", "run-1")))
+    assert stats.fetched == PAGES * 100
+    assert asked == list(range(1, PAGES + 1))
+
+
+def test_fetch_error_mid_chain_raises_its_own_type_and_leaves_no_thread(sim, conn) -> None:
+    observed = Observed(sim, fail_request=3)
+    staged: list[int] = []
+
+    class Sink(StagingWriter):
+        def write_page(self, items):
+            staged.append(len(items))
+            super().write_page(items)
+
+    with pytest.raises(PartnerHttpError) as caught:
+        observed.harvest(Sink(conn, RunRef("museum", "run-1")))
+    assert type(caught.value) is PartnerHttpError
+    assert "HTTP 404" in str(caught.value) and "resumptionToken" in str(caught.value)
+    assert staged == [100, 100]  # pages 1 and 2 staged; page 3's request failed
+    assert _fetchers() == []
+
+
+def test_failing_sink_stops_the_fetcher_and_keeps_its_error(sim, conn) -> None:
+    observed = Observed(sim)
+
+    class Boom(Exception):
+        pass
+
+    class Sink(StagingWriter):
+        def write_page(self, items):
+            raise Boom("the database went away")
+
+    interval = sys.getswitchinterval()
+    with pytest.raises(Boom):
+        observed.harvest(Sink(conn, RunRef("museum", "run-1")))
+    assert _fetchers() == [] and sys.getswitchinterval() == interval
+    assert observed.requests <= 2  # page 1, and at most the prefetched page 2

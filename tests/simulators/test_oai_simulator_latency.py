@@ -1,0 +1,88 @@
+"""The OAI-PMH simulator's per-response delay and its count of concurrent requests.
+
+A benchmark shows with these that a pool of N never lets more than N requests reach the
+partner at once, and that a pipelined chain keeps one request in flight while it works.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository  # noqa: E402
+
+IDENTIFY = {"verb": "Identify"}
+
+
+def _get_in_threads(url: str, count: int) -> tuple[list[threading.Thread], list[int]]:
+    statuses: list[int] = []
+
+    def get() -> None:
+        with requests.Session() as session:
+            statuses.append(session.get(url, params=IDENTIFY, timeout=30).status_code)
+
+    threads = [threading.Thread(target=get) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads, statuses
+
+
+def test_concurrent_requests_are_served_side_by_side_and_counted() -> None:
+    """Four requests held by a long delay are all in flight at once (a threading server);
+    lowering the delay releases them, and the high-water mark stays at four."""
+    with OaiSimulator(SimulatedRepository(records=10), response_delay_ms=60_000) as sim:
+        threads, statuses = _get_in_threads(sim.base_url, 4)
+        try:
+            assert sim.wait_in_flight(4, timeout=10), f"only {sim.in_flight} in flight"
+        finally:
+            sim.set_response_delay(0)
+            for thread in threads:
+                thread.join(timeout=10)
+        assert statuses == [200] * 4
+        assert sim.max_in_flight == 4 and sim.in_flight == 0
+        sim.reset_in_flight()
+        assert sim.max_in_flight == 0
+        with requests.Session() as session:
+            assert session.get(sim.base_url, params=IDENTIFY).status_code == 200
+        assert sim.max_in_flight == 1
+
+
+def test_delay_and_counter_over_the_control_api() -> None:
+    with OaiSimulator(SimulatedRepository(records=10)) as sim, requests.Session() as session:
+        control = sim.base_url.replace("/oai", "/_control/")
+        assert session.post(control + "response_delay", json={"ms": 150}).json() == {"ok": True}
+        started = time.monotonic()
+        assert session.get(sim.base_url, params=IDENTIFY).status_code == 200
+        assert time.monotonic() - started >= 0.15
+        report = session.get(control + "in_flight").json()
+        assert report == {"in_flight": 0, "max_in_flight": 1, "response_delay_ms": 150.0}
+        assert session.get(control + "state").json()["max_in_flight"] == 1
+        assert session.post(control + "reset_in_flight", json={}).json()["max_in_flight"] == 0
+        assert session.post(control + "response_delay", json={"ms": -1}).status_code == 400
+        assert session.post(control + "response_delay", json={"ms": 0}).json() == {"ok": True}
+        session.get(control + "state")  # control requests are neither delayed nor counted
+        assert session.get(control + "in_flight").json()["max_in_flight"] == 0
+
+
+def test_delay_at_start_from_the_command_line() -> None:
+    from include.simulators.process import control, simulator_process
+
+    with simulator_process("oai_pmh", "--records", "10", "--response-delay-ms", "120") as url:
+        assert control(url, "in_flight")["response_delay_ms"] == 120.0
+        started = time.monotonic()
+        assert requests.get(url, params=IDENTIFY, timeout=30).status_code == 200
+        assert time.monotonic() - started >= 0.12
+
+
+def test_negative_delay_is_refused() -> None:
+    with pytest.raises(ValueError):
+        OaiSimulator(SimulatedRepository(records=1), response_delay_ms=-5)

@@ -229,7 +229,8 @@ def test_progress_is_visible_from_another_connection_while_a_slice_harvests(conn
     assert [r[0] for r in seen] == ["harvesting"] * len(seen)
     fetched = [r[2] for r in seen]
     assert fetched == sorted(fetched) and fetched[0] == 0 and fetched[-1] > 0
-    assert [r[1] for r in seen] == list(range(len(seen)))  # one more page each time
+    pages = [r[1] for r in seen]  # the chain fetches at most one page ahead of what it staged
+    assert pages == sorted(pages) and all(i - 1 <= n <= i for i, n in enumerate(pages)) and pages[-1] >= 2
     assert seen[-1][3] is not None
     assert seen[0][4] == run.pieces[0]["estimate"] and seen[-1][4] == stats.complete_list_size  # for the time left
     assert len(refusals) == 1 and f"{channel} (harvesting)" in refusals[0]

@@ -222,12 +222,16 @@ class SchedulerStack:
     def running_pid(self, dag_id: str, run_id: str, task_id: str) -> int | None:
         """The pid of the task process the scheduler launched for this task, while it runs.
         Called from a simulator's thread: a request of its own, not the shared session."""
-        response = requests.get(f"{self.base_url}/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}",
-                                timeout=30)
+        # The run's list, not the task's own endpoint: harvest_changes is a mapped task (one
+        # instance per slice, map_index 0 when the run is not sliced).
+        response = requests.get(f"{self.base_url}/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances",
+                                params={"limit": 1000}, timeout=30)
         response.raise_for_status()
-        ti = response.json()
-        if ti.get("state") != "running" or not ti.get("pid"):
+        running = [ti for ti in response.json()["task_instances"]
+                   if ti.get("task_id") == task_id and ti.get("state") == "running" and ti.get("pid")]
+        if not running:
             return None
+        ti = running[0]
         if ti.get("hostname") and ti["hostname"] not in (socket.gethostname(), socket.getfqdn()):
             raise RuntimeError(f"{dag_id}/{run_id}/{task_id} runs on {ti['hostname']}, not here")
         return int(ti["pid"])

@@ -225,10 +225,12 @@ def check_sliced_harvest(stack: AirflowStack, workers: list[CeleryWorker], sim: 
         channel: ("applied", 2 if channel == victim_channel else 1) for channel in rows}, summary
     assert sum(row["fetched"] for row in rows.values()) == sim.repo.counts()["total"], summary
 
-    # Requests: every slice's chain once, plus the killed try's two (no more: the orphan's
-    # answered page was never followed by another), within 1.1x the collection's pages.
+    # Requests: every slice's chain once, plus the killed try's two, plus at most one page the
+    # orphan's pipelined fetcher asked for before its next write met the attempt fence;
+    # within 1.1x the collection's pages.
     slice_pages = sum(row["pages"] for row in rows.values())
-    assert sim.list_requests == slice_pages + KILLED_TRY_REQUESTS, (sim.list_requests, slice_pages)
+    assert slice_pages + KILLED_TRY_REQUESTS <= sim.list_requests <= slice_pages + KILLED_TRY_REQUESTS + 1, (
+        sim.list_requests, slice_pages)
     assert sim.list_requests <= 1.1 * sim.pages(), (sim.list_requests, sim.pages())
     print(f"\nsliced Celery e2e: {len(rows)} slices {sorted(running.values())}; killed {victim_channel} on "
           f"{victim.hostname}, retried on {survivor.hostname}; ListRecords {sim.list_requests} for "

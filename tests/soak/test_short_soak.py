@@ -45,8 +45,9 @@ PLAN = {
     ("soak_sierra", 3): "sierra_deletion_poll_500",
     ("soak_sierra", 4): "drop_conn_mid_copy",
     ("soak_sierra_b", 1): "sierra_export_135",
-    ("soak_sierra_b", 2): "pg_restart_mid_page",
-    ("soak_sierra_b", 3): "kill_mid_page",
+    ("soak_sierra_b", 2): "clock_behind_cursor",
+    ("soak_sierra_b", 3): "pg_restart_mid_page",
+    ("soak_sierra_b", 4): "kill_mid_page",
 }
 
 

@@ -378,10 +378,9 @@ class Soak:
 
         # The day: staff work, then the night's clock (the window closes `LAG` before it).
         model = partner.model
-        day: set[str] = set()
         if night > 1 and not settle:
             model.advance_clock(timedelta(hours=20))
-            day = {i for ids in partner.day_of_changes(rng, scale=max(5, self.size // 20)).values() for i in ids}
+            partner.day_of_changes(rng, scale=max(5, self.size // 20))
         model.advance_clock(timedelta(hours=1))
         oracle = partner.snapshot()  # what the mirror must hold after this night (but `touched`)
         oracle["excused"] = set()

@@ -34,7 +34,7 @@ from partner_harvest.store import (
 from partner_harvest.store import slices
 from partner_harvest.store.apply import StagingIncomplete
 from partner_harvest.store.slices import Resumable
-from partner_harvest.store.runs import clock_high_water, last_applied_until
+from partner_harvest.store.runs import last_applied_until
 from partner_harvest.window import Window, channel_window, format_instant, plan_window
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)  # 'from the start' for a channel's own cursor
@@ -68,7 +68,7 @@ def freeze_window(
     channel from the start) instead of trusting the timestamps, and alerts. The cursor
     never moves backwards; the next run resumes from the partner's clock (resume_point).
 
-    A clock behind ``clock_high_water`` (the highest partner clock an applied run saw) by
+    A clock behind ``clock_high_water`` (the highest clock or record stamp applied runs saw) by
     more than the lag marks the run ``clock_regressed``, in any mode, for as long as the
     clock stays behind: its versions may carry stamps older than versions we hold, and
     the apply then orders them by observation (store/apply.py).
@@ -138,11 +138,6 @@ def resume_point(
         partner_id, channel, format_instant(cursor), format_instant(covered) if covered else "nowhere (no applied run)",
     )
     return covered
-
-
-def highest_partner_clock(conn: psycopg.Connection, partner_id: str) -> datetime | None:
-    """The highest partner clock an applied run saw (freeze_window's ``clock_high_water``)."""
-    return clock_high_water(conn, partner_id)
 
 
 def harvest_window(

@@ -24,16 +24,19 @@ def catalogue(request: pytest.FixtureRequest) -> SimulatedCatalogue:
     return SimulatedCatalogue(bibs=300, deleted_fraction=0.03, seed=21, **extra)
 
 
+def library_entry(export: str) -> str:
+    """The registry of these tests: one Sierra partner, its export options given."""
+    return ("partners:\n"
+            "  - id: daglibrary\n"
+            "    protocol: sierra\n"
+            "    conn_id: partner_daglibrary\n"
+            "    page_size: 100\n"
+            f"    options: {{http: {{backoff_factor: 0.01, retries: 2}}, export: {export}}}\n")
+
+
 @pytest.fixture
 def sierra_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, catalogue, airflow_db):
-    registry(
-        "partners:\n"
-        "  - id: daglibrary\n"
-        "    protocol: sierra\n"
-        "    conn_id: partner_daglibrary\n"
-        "    page_size: 100\n"
-        "    options: {http: {backoff_factor: 0.01, retries: 2}, export: {limit: 100, rate_limit_wait: 0}}\n"
-    )
+    registry(library_entry("{limit: 100, rate_limit_wait: 0}"))
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
         monkeypatch.setenv("AIRFLOW_CONN_PARTNER_DAGLIBRARY", json.dumps(
             {"conn_type": "http", "host": sim.base_url, "login": KEY, "password": SECRET}))
@@ -146,14 +149,7 @@ def test_a_rate_limit_reschedules_harvest_changes_which_then_resumes_at_the_stop
     from airflow.models.taskreschedule import TaskReschedule
     from airflow.utils.session import create_session
 
-    registry(
-        "partners:\n"
-        "  - id: daglibrary\n"
-        "    protocol: sierra\n"
-        "    conn_id: partner_daglibrary\n"
-        "    page_size: 100\n"
-        "    options: {http: {backoff_factor: 0.01, retries: 2}, export: {limit: 50, max_sleep_seconds: 0}}\n"
-    )
+    registry(library_entry("{limit: 50, max_sleep_seconds: 0}"))
     wait = 5
     sierra_env.rate_limit_once(after=2, seconds=wait, style="429")  # the 3rd of 6 blocks
     run = build_dag().test()

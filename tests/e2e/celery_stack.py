@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,50 +28,19 @@ import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 
-from smtp_sink import free_loopback_port  # tests/e2e is on sys.path (pytest prepend mode)
+from conftest import poll, signal_group, stop_groups  # tests/e2e is on sys.path (pytest prepend mode)
+from smtp_sink import free_loopback_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS_DIR = Path(__file__).resolve().parent / "celery_settings"  # airflow_local_settings, hostname callable
 REDIS_SERVER = os.environ.get("HARVEST_REDIS_SERVER") or shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_START_TIMEOUT = 20.0
 WORKER_READY_TIMEOUT = 120.0  # both workers answer a Celery ping
-STOP_TIMEOUT = 20.0
 HOLD_LIMIT = 300.0  # a held request gives up by itself: a failing test never leaves a thread behind
 # A task whose worker died is failed this long after its last heartbeat (Airflow's default is
 # 300 s); the task runners heartbeat every MIN_HEARTBEAT seconds, well inside it on a busy machine.
 HEARTBEAT_TIMEOUT = 12
 MIN_HEARTBEAT = 2
-
-
-def _wait(probe: Any, timeout: float, what: str, diagnostics: Any = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            extra = f"\n{diagnostics()}" if diagnostics else ""
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{extra}")
-        time.sleep(0.2)
-
-
-def _stop_groups(processes: list[subprocess.Popen]) -> None:
-    """SIGTERM each process group, SIGKILL what outlives STOP_TIMEOUT."""
-    for proc in processes:
-        if proc.poll() is None:
-            _signal_group(proc, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT
-    for proc in processes:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    for proc in processes:  # pool processes and task runners may outlive their parent
-        _signal_group(proc, signal.SIGKILL)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def _pgid(proc: Any) -> int | None:
@@ -92,13 +60,6 @@ def end_orphans(orphans: list[Any]) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(orphans, timeout=30)
-
-
-def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
-    try:
-        os.killpg(proc.pid, sig)  # the group of a process this module started
-    except ProcessLookupError:
-        pass
 
 
 # ---------------------------------------------------------------------- Redis
@@ -132,11 +93,11 @@ def redis_broker(base: Path) -> Iterator[str]:
             return False
 
     try:
-        _wait(answers, REDIS_START_TIMEOUT, f"redis-server on 127.0.0.1:{port}")
+        poll(answers, REDIS_START_TIMEOUT, f"redis-server on 127.0.0.1:{port}")
         yield url
     finally:
         client.close()
-        _stop_groups([proc])
+        stop_groups([proc])
 
 
 # ---------------------------------------------------------------------- simulators
@@ -262,14 +223,14 @@ class CeleryWorker:
         """
         import psutil
 
-        _signal_group(self.process, signal.SIGSTOP)  # nothing forks while we look
+        signal_group(self.process, signal.SIGSTOP)  # nothing forks while we look
         try:
             tree = psutil.Process(self.process.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             tree = []
         group = os.getpgid(self.process.pid)
         spared = [p for p in tree if spare_task_runners and _pgid(p) not in (None, group)]
-        _signal_group(self.process, signal.SIGKILL)
+        signal_group(self.process, signal.SIGKILL)
         for child in tree:
             if child in spared:
                 continue
@@ -326,12 +287,12 @@ def celery_workers(env: dict[str, str], base: Path, hostnames: tuple[str, ...], 
             answered = {name for reply in replies for name in reply}
             return answered >= {worker.node for worker in workers}
 
-        _wait(all_answer, WORKER_READY_TIMEOUT, f"Celery workers {hostnames} to answer a ping",
+        poll(all_answer, WORKER_READY_TIMEOUT, f"Celery workers {hostnames} to answer a ping",
               diagnostics=lambda: "\n".join(w.log_tail() for w in workers))
         yield workers
     finally:
         app.close()
-        _stop_groups([worker.process for worker in workers])
+        stop_groups([worker.process for worker in workers])
 
 
 @contextmanager

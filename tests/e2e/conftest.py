@@ -275,15 +275,16 @@ def _base_env(home: Path) -> dict[str, str]:
     return env
 
 
-def _stop(processes: list[subprocess.Popen]) -> None:
+def signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
+    """Signal the process group of a process these fixtures started (it leads its group)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def stop_groups(processes: list[subprocess.Popen]) -> None:
     """SIGTERM every service's process group at once (its workers too); SIGKILL what outlives the wait."""
-
-    def signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
-        try:
-            os.killpg(proc.pid, sig)  # the group of a service this fixture started
-        except ProcessLookupError:
-            pass
-
     for proc in processes:
         if proc.poll() is None:
             signal_group(proc, signal.SIGTERM)
@@ -444,7 +445,7 @@ def _start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
     stack = AirflowStack(base_url=base_url, home=home, env=env, repo=repo, simulator=simulator,
                          sink=sink, aggregation_db=aggregation_db, registry=registry)
     cleanup.callback(stack.http.close)
-    cleanup.callback(lambda: _stop(list(stack.processes.values())))  # runs before the rest
+    cleanup.callback(lambda: stop_groups(list(stack.processes.values())))  # runs before the rest
     airflow = [sys.executable, "-m", "airflow"]
     stack.logs["db-migrate"] = base / "db-migrate.log"
     with stack.logs["db-migrate"].open("wb") as out:

@@ -20,6 +20,7 @@ from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.oai.harvester import TokenRestartsExhausted
 from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef
+from partner_harvest.store.runs import clock_high_water
 from partner_harvest.store.admin import live_identifiers
 from partner_harvest.window import Window, next_cursor
 
@@ -47,7 +48,7 @@ class Harness:
     def freeze(self, mode: str = "incremental", **kw) -> Window:
         request = pipeline.RunRequest(mode, kw.get("from_"), kw.get("until"))
         cursor = pipeline.resume_point(self.conn, self.partner.id, self.cursor) if mode == "incremental" else None
-        high_water = pipeline.highest_partner_clock(self.conn, self.partner.id)
+        high_water = clock_high_water(self.conn, self.partner.id)
         return pipeline.freeze_window(self.adapter(), self.partner.lag, cursor, request, None, high_water)
 
     def run(self, mode: str = "incremental", window: Window | None = None, **kw):

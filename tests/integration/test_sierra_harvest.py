@@ -18,6 +18,7 @@ from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.records import Tombstone
 from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef
+from partner_harvest.store.runs import clock_high_water
 from partner_harvest.store.admin import live_identifiers
 from partner_harvest.window import Window, channel_window, next_cursor
 
@@ -63,7 +64,7 @@ class Harness:
         cursor = pipeline.resume_point(self.conn, pid, self.cursor) if mode == "incremental" else None
         deletions_from = pipeline.resume_point(self.conn, pid, self.deletions_cursor, "deletions")
         window = pipeline.freeze_window(adapter, self.partner.lag, cursor, pipeline.RunRequest(mode),
-                                        {"deletions": deletions_from}, pipeline.highest_partner_clock(self.conn, pid))
+                                        {"deletions": deletions_from}, clock_high_water(self.conn, pid))
         changes = pipeline.harvest_window(adapter, self.conn, RunRef(self.partner.id, run_id, "changes"), window)
         if between:
             between()

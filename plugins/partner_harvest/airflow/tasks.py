@@ -29,7 +29,7 @@ from partner_harvest.reconcile import reconcile
 from partner_harvest.store import RunRef, connect, ensure_schema
 from partner_harvest.store import leases
 from partner_harvest.store.quality import run_figures
-from partner_harvest.store.runs import abandon_stale_runs, last_applied_until
+from partner_harvest.store.runs import abandon_stale_runs, clock_high_water, last_applied_until
 from partner_harvest.window import Window, WindowError, channel_window, parse_instant
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ def freeze_window(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
                 cursor = pipeline.resume_point(conn, partner_id, read_cursor(partner_id), "changes")
             channels = {name: pipeline.resume_point(conn, partner_id, read_cursor(partner_id, name), name)
                         for name in extra_channels(adapter)}
-            high_water = pipeline.highest_partner_clock(conn, partner_id)
+            high_water = clock_high_water(conn, partner_id)
         window = pipeline.freeze_window(adapter, partner.lag, cursor, request, channels, high_water)
         behind = window.protocol.get("clock_behind_cursor")
         if behind:

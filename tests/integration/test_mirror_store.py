@@ -281,3 +281,40 @@ def test_run_figures_carry_the_failed_completeness_checks(conn: psycopg.Connecti
     apply_run(conn, "p", "n1")
     [line] = run_figures(conn, "p", "n1").failed_checks
     assert "oai-list-identifiers" in line and "says 5" in line and "4 identifiers never came" in line
+
+
+
+
+def _believed(conn: psycopg.Connection, table: str, partner: str) -> int:
+    plan = conn.execute(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {table} WHERE partner_id = %s", (partner,)).fetchone()[0]
+    return plan[0]["Plan"]["Plan Rows"]
+
+
+def test_a_new_partners_first_load_teaches_the_planner_its_size_before_the_purge(conn: psycopg.Connection) -> None:
+    """The planner knew none of a new partner's rows and ran the purge's anti-join as a nested
+    loop over them all per tombstone (a 100,000-item first load applied in 135 s instead of
+    6 s; benchmarks/apply_statistics.py)."""
+    conn.execute("ALTER TABLE records SET (autovacuum_enabled = false)")  # only the apply may analyze
+    stage(conn, "other", [rec(f"o{i}", T0) for i in range(500)], partner="other")
+    apply_run(conn, "other", "other")
+    conn.execute("ANALYZE records")
+    conn.commit()
+    assert _believed(conn, "records", "p") <= 5
+    stage(conn, "first", [rec(f"r{i}", T0) for i in range(3000)] + [Tombstone(f"d{i}", T0) for i in range(60)])
+    result = apply_run(conn, "p", "first")
+    assert (result.upserted, result.unchanged, len(live(conn))) == (3000, 60, 3000)
+    assert _believed(conn, "records", "p") >= 1500
+
+
+def test_a_nightly_apply_leaves_the_statistics_to_autovacuum(conn: psycopg.Connection) -> None:
+    conn.execute("ALTER TABLE records SET (autovacuum_enabled = false)")
+    stage(conn, "big", [rec(f"r{i}", T0) for i in range(3000)])
+    apply_run(conn, "p", "big")
+    conn.commit()
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    analyzed = conn.execute("SELECT pg_stat_get_analyze_count('records'::regclass)").fetchone()[0]
+    assert analyzed == 1  # the first load taught the planner
+    stage(conn, "night", [rec("r1", T0 + timedelta(days=1), "edited"), rec("new", T0)])
+    apply_run(conn, "p", "night")
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    assert conn.execute("SELECT pg_stat_get_analyze_count('records'::regclass)").fetchone()[0] == analyzed

@@ -1,0 +1,141 @@
+"""Benchmark: the apply of a new partner's big first load (statistics that do not know it).
+
+The upsert and the purge hold anti-joins against the partner's rows in `records` and
+`tombstones`, planned on what the statistics believe the partner holds. A new partner is
+in no statistics (nor is one that was forgotten and loaded again), so the planner
+believed "one row" and ran the anti-join as a nested loop over all the partner's rows for
+every tombstone: minutes instead of seconds. The apply now checks that belief against the
+rows it can count cheaply and analyzes the table when it is far off (store/apply.py).
+
+Three applies of the same kind of staged first load (``--records``, 5% of them
+tombstones), each in a fresh child process against the same embedded PostgreSQL:
+
+  empty table:     the first partner, into empty tables (the reference);
+  loaded again:    a partner loaded, forgotten (before a clean re-harvest) and loaded
+                   again, beside the partner loaded before it;
+  same, check off: the same, with the check switched off (the old code).
+
+    .venv/bin/python benchmarks/apply_statistics.py [--records 50000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from datetime import datetime, timedelta, timezone
+
+import support
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+_PAYLOAD = ('<oai_dc:dc xmlns:oai_dc="http://www.openarchives.org/OAI/2.0/oai_dc/" '
+            'xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>Record {i}</dc:title>'
+            '<dc:creator>Workshop of a painter, active 1650-1700</dc:creator><dc:date>1680</dc:date>'
+            '<dc:description>' + "A description of the object as a museum would publish it. " * 6 +
+            '</dc:description><dc:identifier>https://collection.example.org/object/{i}</dc:identifier>'
+            '<dc:rights>CC BY 4.0</dc:rights></oai_dc:dc>')
+
+
+def _stage(conn, partner_id: str, run_id: str, records: int) -> None:
+    from partner_harvest.records import HarvestStats, Record, Tombstone
+    from partner_harvest.store import RunRef, StagingWriter, begin_run, finish_harvest
+    from partner_harvest.window import Window
+
+    run = RunRef(partner_id, run_id, "changes")
+    begin_run(conn, run, Window("full", None, T0 + timedelta(days=1), "seconds", True, {}), "oai_dc")
+    stats = HarvestStats()
+    writer = StagingWriter(conn, run)
+    page: list = []
+    for i in range(records):
+        at = T0 + timedelta(seconds=i)
+        item = (Tombstone(f"oai:bench:{i}", at) if i % 20 == 0 else
+                Record(f"oai:bench:{i}", at, "oai_dc", _PAYLOAD.format(i=i), (), f"record {i}"))
+        stats.add(item)
+        page.append(item)
+        if len(page) == 500:
+            writer.write_page(page)
+            stats.pages += 1
+            page = []
+    writer.write_page(page)
+    finish_harvest(conn, run, stats)
+
+
+def child(args: argparse.Namespace) -> dict:
+    from partner_harvest.store import apply, connect
+
+    if args.no_refresh:
+        apply._refresh_statistics_if_outgrown = lambda *a, **k: None
+    with connect(args.db) as conn:
+        _stage(conn, args.partner, "first", args.records)
+        started = time.perf_counter()
+        result = apply.apply_run(conn, args.partner, "first")
+        return {"seconds": time.perf_counter() - started, "upserted": result.upserted}
+
+
+def _forgotten(db: str, records: int, partner_id: str) -> None:
+    """The partner loaded, then forgotten before a clean re-harvest (`forget_partner`, as the
+    README suggests), and the tables analyzed (autovacuum would do the same)."""
+    from partner_harvest.store import connect
+    from partner_harvest.store.admin import forget_partner
+    from partner_harvest.store.apply import apply_run
+
+    with connect(db) as conn:
+        _stage(conn, partner_id, "old", records)
+        apply_run(conn, partner_id, "old")
+        forget_partner(conn, partner_id)
+        conn.commit()
+        conn.autocommit = True
+        conn.execute("ANALYZE records")
+        conn.execute("ANALYZE tombstones")
+
+
+def _belief(db: str) -> str:
+    from partner_harvest.store import connect
+
+    with connect(db) as conn:
+        pages, rows = conn.execute("SELECT relpages, reltuples FROM pg_class WHERE relname = 'records'").fetchone()
+    return f"statistics: {pages:,} pages, {max(rows, 0):,.0f} rows"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=50_000)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--db", help=argparse.SUPPRESS)
+    parser.add_argument("--partner", help=argparse.SUPPRESS)
+    parser.add_argument("--no-refresh", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        import json
+
+        print(json.dumps(child(args)))
+        return 0
+
+    from include import embedded_pg
+    from partner_harvest.store import connect, ensure_schema
+
+    db = embedded_pg.start("bench-apply")  # its own database: it empties the tables
+    with connect(db) as conn:
+        ensure_schema(conn)
+        conn.execute("TRUNCATE records, tombstones, deletions, staging, harvest_runs, quarantine")
+        conn.commit()
+        conn.autocommit = True
+        conn.execute("VACUUM ANALYZE records")
+    print(f"First load of {args.records:,} items ({args.records // 20:,} tombstones) applied three ways")
+    figures = {}
+    for label, partner, stale, extra in (("empty table", "bench-first", False, ()),
+                                         ("loaded again", "bench-again", True, ()),
+                                         ("same, check off (old code)", "bench-old", True, ("--no-refresh",))):
+        if stale:
+            _forgotten(db, args.records, partner)
+        belief = _belief(db)
+        figures[label] = f = support.run_child(__file__, "--db", db, "--partner", partner,
+                                               "--records", str(args.records), *extra)
+        print(f"  {label:<30} apply {f['seconds']:7.1f} s  ({f['upserted']:,} upserted; before it, {belief})")
+    base = figures["empty table"]["seconds"]
+    print(f"  loaded again / empty table: {figures['loaded again']['seconds'] / base:.2f}x; "
+          f"check off / empty table: {figures['same, check off (old code)']['seconds'] / base:.1f}x")
+    return 0 if figures["loaded again"]["seconds"] < 3 * base + 1 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

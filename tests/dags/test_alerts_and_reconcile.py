@@ -102,22 +102,51 @@ def test_quality_alert_on_a_successful_run_with_many_rejects(env, webhook) -> No
 
 
 def test_reconcile_waits_while_a_harvest_holds_the_partner(env, webhook, db) -> None:
-    from partner_harvest.store.leases import HARVEST, acquire, release
+    """Waiting for another run's lease gives the worker slot back (issue 9 item 4): a reschedule at
+    the lease's end, no retry used (the registry allows none) and no failure alert; then it runs."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.taskreschedule import TaskReschedule
+    from airflow.utils.session import create_session
+    import threading
     from datetime import timedelta
+    from partner_harvest.store import leases
+
+    env.setattr(leases, "MIN_WAIT", timedelta(seconds=1))
+    env.setattr(leases, "RECHECK_AFTER", timedelta(seconds=1))
+
+    def reschedules() -> int:
+        with create_session() as session:
+            return session.query(TaskReschedule).count()
+
+    def end_the_harvest_once_the_reconcile_waits() -> None:
+        while not stop.wait(0.2):
+            if reschedules() > before:
+                with connect(db) as conn:
+                    leases.release(conn, "alertmuseum", "nightly-run")
+                return
+
+    stop = threading.Event()
+    before = reschedules()
 
     repo = SimulatedRepository(records=200, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=43)
     with OaiSimulator(repo) as sim:
         env.setenv("AIRFLOW_CONN_PARTNER_ALERTMUSEUM", json.dumps({"conn_type": "http", "host": sim.base_url}))
         with connect(db) as conn:
             ensure_schema(conn)
-            acquire(conn, "alertmuseum", "nightly-run", HARVEST, timedelta(hours=1))
-        busy = dag_for("reconcile", "alertmuseum").test()
-        assert states(busy) == {"reconcile": "failed"}
-        alert = next(b["harvest"] for b in webhook.bodies if b["harvest"]["kind"] == "failure")
-        assert "harvest run (nightly-run)" in alert["cause"]
-        with connect(db) as conn:
-            release(conn, "alertmuseum", "nightly-run")
-            assert conn.execute("SELECT count(*) FROM partner_leases").fetchone() == (0,)
-        assert states(dag_for("reconcile", "alertmuseum").test()) == {"reconcile": "success"}
+            leases.acquire(conn, "alertmuseum", "nightly-run", leases.HARVEST, timedelta(hours=1))
+        watcher = threading.Thread(target=end_the_harvest_once_the_reconcile_waits, daemon=True)
+        watcher.start()
+        try:
+            run = dag_for("reconcile", "alertmuseum").test()
+        finally:
+            stop.set()
+            watcher.join()
+        assert states(run) == {"reconcile": "success"}
+        with create_session() as session:
+            ti = session.query(TaskInstance).filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id="reconcile").one()
+            assert ti.try_number == 1  # a wait is not a retry
+            waits = session.query(TaskReschedule).filter(TaskReschedule.ti_id == ti.id).all()
+        assert len(waits) == 1 and (waits[0].end_date - waits[0].start_date).total_seconds() < 30
+        assert not [b for b in webhook.bodies if b["harvest"]["kind"] == "failure"]
         with connect(db) as conn:
             assert conn.execute("SELECT count(*) FROM partner_leases").fetchone() == (0,)  # released

@@ -16,7 +16,7 @@ from types import TracebackType
 
 import psycopg
 
-from partner_harvest.errors import HarvestError
+from partner_harvest.errors import PartnerAsksToWait
 from partner_harvest.store.db import connect
 
 log = logging.getLogger(__name__)
@@ -25,8 +25,18 @@ HARVEST, RECONCILE = "harvest", "reconcile"
 DEFAULT_TTL = timedelta(minutes=5)
 
 
-class PartnerBusy(HarvestError):
-    """Another kind of run holds the partner; retrying later will help."""
+# A task that finds the partner busy comes back when the other lease could have ended (it
+# is renewed while its holder lives), at most RECHECK_AFTER later, at least MIN_WAIT.
+MIN_WAIT = timedelta(seconds=5)
+RECHECK_AFTER = timedelta(seconds=60)
+
+
+class PartnerBusy(PartnerAsksToWait):
+    """Another kind of run holds the partner: come back when its lease could have ended.
+
+    A wait, not a failure (issue 9): the task gives its worker slot back and uses no retry,
+    so a harvest that meets a long weekly reconcile neither burns its retries nor alerts.
+    """
 
 
 def acquire(conn: psycopg.Connection, partner_id: str, holder: str, kind: str, ttl: timedelta) -> None:
@@ -36,18 +46,19 @@ def acquire(conn: psycopg.Connection, partner_id: str, holder: str, kind: str, t
         conn.execute("DELETE FROM partner_leases WHERE partner_id = %s AND expires_at < now()", (partner_id,))
         conflicts = conn.execute(
             """
-            SELECT holder, kind, acquired_at FROM partner_leases
+            SELECT holder, kind, acquired_at, GREATEST(LEAST(expires_at, now() + %s), now() + %s) FROM partner_leases
             WHERE partner_id = %s AND holder <> %s AND (kind = %s OR %s = %s)
             ORDER BY acquired_at LIMIT 1
             """,
-            (partner_id, holder, RECONCILE, kind, RECONCILE),
+            (RECHECK_AFTER, MIN_WAIT, partner_id, holder, RECONCILE, kind, RECONCILE),
         ).fetchone()
         if conflicts:
-            other, other_kind, since = conflicts
+            other, other_kind, since, resume_at = conflicts
             raise PartnerBusy(
                 partner_id, f"{kind} lease",
                 f"a {other_kind} run ({other}) has been working on this partner since {since:%Y-%m-%d %H:%M:%S}Z; "
-                "a reconcile and a harvest never run at the same time — this task will retry",
+                "a reconcile and a harvest never run at the same time — this task waits for its lease",
+                resume_at,
             )
         conn.execute(
             """

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,7 @@ import support
 sys.path.insert(0, str(support.ROOT / "tests" / "e2e"))  # conftest's stack helpers and smtp_sink
 
 PAGE_SIZE = 500
+SETTINGS_DIR = Path(__file__).resolve().parent / "airflow_settings"
 RUN_TIMEOUT = 1800.0
 
 
@@ -151,6 +153,8 @@ def main() -> int:
         registry = base / "sliced.yaml"
         write_registry(registry, partner, args.slices, args.records, args.pool)
         overrides = {"AIRFLOW__CORE__PARALLELISM": str(parallelism), "HARVEST_PARTNERS_FILE": str(registry),
+                     # airflow_settings/airflow_local_settings.py: Airflow 3.3.2 + psycopg 3 lock shim
+                     "PYTHONPATH": os.pathsep.join(str(p) for p in (SETTINGS_DIR, support.ROOT / "plugins", support.ROOT)),
                      f"AIRFLOW_CONN_PARTNER_{partner.upper()}": json.dumps({"conn_type": "http", "host": url})}
         started = time.perf_counter()
         stack = conftest._start_airflow(embedded_pg.start("bench"), base, cleanup, overrides)

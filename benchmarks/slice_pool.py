@@ -173,6 +173,9 @@ def main() -> int:
                 failures.append(f"{label}: run {figures['state']}, records == live set: {figures['exact']}")
             if label == "control" and figures["max_in_flight"] <= args.pool:
                 print(f"  note: the control run never went above {args.pool} in flight (the machine held it back)")
+        shimmed = sum(path.read_text(errors="replace").count("lock shim:") for path in stack.logs.values()
+                      if path.exists())
+        print(f"  busy slot_pool locks the scheduler skipped (psycopg 3 shim, else it exits): {shimmed}")
     for failure in failures:
         print(f"FAIL {failure}")
     if not failures:

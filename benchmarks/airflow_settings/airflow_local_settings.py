@@ -4,9 +4,9 @@ Airflow 3.3.2 tells a lock it could not take (``SELECT ... FROM slot_pool ... NO
 the scheduler's critical section) by ``error.orig.pgcode == "55P03"``, psycopg 2's
 attribute. Under psycopg 3 (``postgresql+psycopg://``, what this project runs) ``pgcode``
 is None and the code is ``sqlstate``, so a busy pool row is not recognised and the
-scheduler exits with ``LockNotAvailable`` instead of skipping one loop. It did, twice in
-three runs of this benchmark. This shim recognises ``sqlstate`` too, and says so in the
-service's log each time it does.
+scheduler exits with ``LockNotAvailable`` instead of skipping one loop (it did once, in
+an early run of this benchmark). This shim recognises ``sqlstate`` too, and says so in
+the service's log each time it does.
 """
 
 from __future__ import annotations

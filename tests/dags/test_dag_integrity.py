@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,47 @@ def test_harvest_dag_shape(dagbag, partner) -> None:
     # the mapped harvest (one instance per slice) and the slice planning ask the partner: its pool bounds them
     assert {t.task_id for t in dag.tasks if t.pool == partner.pool} >= {"freeze_window", "plan_slices", "harvest_changes"}
     assert dag.get_task("harvest_changes").is_mapped
-    assert dag.get_task("apply_changes").pool == "default_pool"  # only requests to the partner are pooled
+    assert dag.get_task("advance_cursor").pool == "default_pool"  # only tasks that ask the partner are pooled
     assert dag.get_task("check_quality").upstream_task_ids == {"apply_changes"}
     assert set(dag.params.get_param("mode").schema["enum"]) == {"incremental", "full", "window"}
+
+
+def _tasks_reaching_the_partner() -> dict[str, set[str]]:
+    """Per DAG builder, the task ids whose callable reaches ``build_adapter`` (a request to
+    the partner), followed through airflow/tasks.py's own functions, nested ones included."""
+    from partner_harvest.airflow import dag_factory, tasks
+
+    module = ast.parse(Path(tasks.__file__).read_text(encoding="utf-8"))
+    calls = {node.name: {call.func.id for call in ast.walk(node)
+                         if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)}
+             for node in module.body if isinstance(node, ast.FunctionDef)}
+    reaching = {"build_adapter"}
+    while grown := {name for name, called in calls.items() if called & reaching} - reaching:
+        reaching |= grown
+    factory = ast.parse(Path(dag_factory.__file__).read_text(encoding="utf-8"))
+    found: dict[str, set[str]] = {}
+    for builder in (n for n in factory.body if isinstance(n, ast.FunctionDef) and n.name.startswith("build_")):
+        for inner in (n for n in ast.walk(builder) if isinstance(n, ast.FunctionDef) and n is not builder):
+            task_ids = [kw.value.value for dec in inner.decorator_list if isinstance(dec, ast.Call)
+                        for kw in dec.keywords if kw.arg == "task_id"]
+            used = {call.func.attr for call in ast.walk(inner) if isinstance(call, ast.Call)
+                    and isinstance(call.func, ast.Attribute) and getattr(call.func.value, "id", None) == "tasks"}
+            if task_ids and used & reaching:
+                found.setdefault(builder.name, set()).add(task_ids[0])
+    return found
+
+
+@pytest.mark.parametrize("partner", load_partners(), ids=lambda p: p.id)
+def test_every_task_that_asks_the_partner_runs_in_its_pool(dagbag, partner) -> None:
+    """The pool bounds the requests of the whole run: the freeze, the plan's probes, every
+    slice and its completeness checks, and the apply's re-harvest of a lost channel."""
+    reaching = _tasks_reaching_the_partner()
+    assert reaching["build_harvest_dag"] >= {"freeze_window", "plan_slices", "harvest_changes", "apply_changes"}
+    for kind, builder in (("harvest", "build_harvest_dag"), ("reconcile", "build_reconcile_dag")):
+        dag = dagbag.get_dag(f"{kind}_{partner.id}")
+        outside = {task_id: dag.get_task(task_id).pool for task_id in reaching[builder] & set(dag.task_ids)
+                   if dag.get_task(task_id).pool != partner.pool}
+        assert outside == {}, f"tasks of {dag.dag_id} that send the partner requests outside pool {partner.pool}"
 
 
 MIXED_REGISTRY = """\

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from dataclasses import replace
 from datetime import timedelta
 
 import psycopg
@@ -139,3 +140,20 @@ def test_failing_sink_stops_the_fetcher_and_keeps_its_error(sim, conn) -> None:
         observed.harvest(Sink(conn, RunRef("museum", "run-1")))
     assert _fetchers() == [] and sys.getswitchinterval() == interval
     assert observed.requests <= 2  # page 1, and at most the prefetched page 2
+
+
+def test_a_chain_never_has_two_requests_in_flight_at_the_partner(sim, conn) -> None:
+    """What the partner's pool counts on: one chain, one request at a time, seen server-side
+    (a harvest, its completeness count, and count probes closed after their first page)."""
+    from partner_harvest.oai import slicing
+
+    sim.set_response_delay(20)  # requests last long enough to overlap, if the client let them
+    observed = Observed(sim)
+    observed.adapter.partner = replace(observed.adapter.partner,
+                                       options={**FAST, "completeness": {"list_identifiers": True}})
+    stats = observed.harvest(StagingWriter(conn, RunRef("museum", "run-1")))
+    for _ in range(2):  # plan_slices' probes: the prefetch in flight is awaited at close
+        assert slicing.list_size(observed.adapter.client, "oai_dc", None, "YYYY-MM-DDThh:mm:ssZ", None,
+                                 observed.window.until) == PAGES * 100
+    assert stats.fetched == PAGES * 100 and [c[3] for c in stats.extra["checks"]] == [True, True]
+    assert sim.max_in_flight == 1 and sim.in_flight == 0

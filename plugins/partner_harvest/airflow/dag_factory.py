@@ -142,8 +142,9 @@ TASK_DOCS = {
     "apply_changes": (
         "Merges the run's staging into `records`, `deletions` and `quarantine` in one "
         "transaction and fills `harvest_runs`; harvests a channel again first if the database "
-        "lost its staging. **Fails:** the database is unreachable, or a reconcile holds the "
-        "partner (retried). Nothing half-applied is ever visible; clear it to apply again."
+        "lost its staging (so it runs in the partner's pool). **Fails:** the database is "
+        "unreachable, or a reconcile holds the partner (retried). Nothing half-applied is "
+        "ever visible; clear it to apply again."
     ),
     "advance_cursor": (
         "Moves the cursor Variable(s) to the frozen `until`, only after the apply committed, "
@@ -280,7 +281,8 @@ def build_harvest_dag(partner: Partner) -> DAG:
         def poll_deletions(window: dict[str, Any]) -> dict[str, Any]:
             return tasks.poll_deletions(pid, window, get_current_context())
 
-        @task(task_id="apply_changes", outlets=[partner_asset(pid)])  # the event: airflow/assets.py
+        # In the pool too: a channel whose staging the database lost is harvested again here.
+        @task(task_id="apply_changes", outlets=[partner_asset(pid)], **pool)  # the event: airflow/assets.py
         def apply_changes(window: dict[str, Any], *staged: dict[str, Any]) -> dict[str, int]:
             return tasks.apply_changes(pid, window, get_current_context())
 

@@ -87,6 +87,11 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--slices", type=int, default=4)
     parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--no-chain", action="store_true",
+                        help="only the sliced harvest (a big run's comparison chain would take hours)")
+    parser.add_argument("--baseline-records", type=int, default=0,
+                        help="first a sliced harvest of this many records from a second simulator: "
+                             "the peak RSS per worker of the big run is printed against it")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     for name in ("--url", "--db", "--run-id", "--step", "--window", "--channel"):
         parser.add_argument(name, help=argparse.SUPPRESS)
@@ -95,10 +100,36 @@ def main() -> int:
         child(args)
         return 0
 
+    baseline = _baseline(args) if args.baseline_records else None
+    ok, figures = _compare(args)
+    if baseline is not None:
+        big = figures[f"{args.slices} slices"]
+        print(f"  peak RSS per worker: {big['peak_rss_mib']:.0f} MiB at {args.records:,} records, "
+              f"{baseline['peak_rss_mib']:.0f} MiB at {args.baseline_records:,}: "
+              f"{big['peak_rss_mib'] / baseline['peak_rss_mib']:.2f}x for {args.records / args.baseline_records:.0f}x the records")
+    if args.no_chain:
+        return 0 if ok else 1
+    chain, sliced = figures["one chain"], figures[f"{args.slices} slices"]
+    print(f"  speed-up of {args.slices} slices over one chain: {chain['wall'] / sliced['wall']:.2f}x")
+    return 0 if ok else 1
+
+
+def _baseline(args: argparse.Namespace) -> dict:
+    """The same sliced harvest of --baseline-records (peak RSS per worker should not grow)."""
+    small = argparse.Namespace(**{**vars(args), "records": args.baseline_records, "no_chain": True})
+    print(f"Baseline: {args.baseline_records:,} records")
+    ok, figures = _compare(small)
+    if not ok:
+        raise SystemExit("the baseline harvest was not exact")
+    return figures[f"{args.slices} slices"]
+
+
+def _compare(args: argparse.Namespace) -> tuple[bool, dict]:
     from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
     from partner_harvest.store import connect
     from partner_harvest.store.admin import forget_partner
 
+    built = time.perf_counter()
     repo = SimulatedRepository(records=args.records, page_size=500, deleted_fraction=0.05, seed=3)
     sim = OaiSimulator(repo)
     served = sim.handle_oai
@@ -108,14 +139,16 @@ def main() -> int:
         return served(pairs)
 
     sim.handle_oai = slow
+    against = "" if args.no_chain else "one chain against "
     print(f"Sliced harvest benchmark: {args.records:,} records, 500 a page, {args.latency * 1000:.0f} ms a response; "
-          f"one chain against {args.slices} slices in parallel processes")
+          f"{against}{args.slices} slices in parallel processes (simulator built in {time.perf_counter() - built:.0f} s)")
     live = repo.live_identifiers()
     ok = True
     figures = {}
+    runs = ([] if args.no_chain else [("one chain", 1)]) + [(f"{args.slices} slices", args.slices)]
     with sim:
         db = support.fresh_database(PARTNER)
-        for label, slices in (("one chain", 1), (f"{args.slices} slices", args.slices)):
+        for label, slices in runs:
             with connect(db) as conn:
                 forget_partner(conn, PARTNER)
             figures[label] = result = run(__file__, sim.base_url, db, args, slices, f"bench-{slices}")
@@ -124,9 +157,7 @@ def main() -> int:
             print(f"  {label:>10}: {result['pieces']} piece(s), {result['pages']} pages, {result['wall']:.1f} s wall, "
                   f"{result['fetched'] / result['wall']:,.0f} records/s end to end (apply {result['apply_seconds']:.1f} s), "
                   f"peak RSS per worker {result['peak_rss_mib']:.0f} MiB; records == live set: {'yes' if equal else 'NO'}")
-    chain, sliced = figures["one chain"], figures[f"{args.slices} slices"]
-    print(f"  speed-up of {args.slices} slices over one chain: {chain['wall'] / sliced['wall']:.2f}x")
-    return 0 if ok else 1
+    return ok, figures
 
 
 if __name__ == "__main__":

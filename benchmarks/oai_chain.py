@@ -148,14 +148,15 @@ def _ours_sliced(url: str, db: str, args: argparse.Namespace) -> dict:
     from partner_harvest.store import connect
     from partner_harvest.store.admin import forget_partner
 
+    partner_id = f"{PARTNER}-sliced"  # its own: another benchmark may be using sliced_harvest's
     with connect(db) as conn:
-        forget_partner(conn, sliced_harvest.PARTNER)
-    plan = argparse.Namespace(records=args.records, slices=args.slices)
+        forget_partner(conn, partner_id)
+    plan = argparse.Namespace(records=args.records, slices=args.slices, partner=partner_id)
     load_before = _load()
     figures = sliced_harvest.run(sliced_harvest.__file__, url, db, plan, args.slices, "b-sliced")
     figures.update(records=figures["fetched"], seconds=figures["wall"], rate=figures["fetched"] / figures["wall"],
                    load=f"{load_before} before, {_load()} after")
-    figures["exact"] = support.held_ids(db, sliced_harvest.PARTNER) == support.control(url, "live_ids")
+    figures["exact"] = support.held_ids(db, partner_id) == support.control(url, "live_ids")
     return figures
 
 

@@ -33,7 +33,7 @@ def _partner(args: argparse.Namespace):
     slicing = SliceSettings(threshold_records=max(1, args.records // (2 * args.slices)),
                             target_records=max(1, args.records // (2 * args.slices)),
                             max_slices=args.slices) if args.slices > 1 else SliceSettings(max_slices=1)
-    return Partner(id=PARTNER, protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc",
+    return Partner(id=args.partner, protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc",
                    lag=timedelta(minutes=10), slicing=slicing)
 
 
@@ -49,20 +49,21 @@ def child(args: argparse.Namespace) -> None:
     with connect(args.db) as conn:
         if args.step == "plan":
             window = pipeline.freeze_window(adapter, partner.lag, None, pipeline.RunRequest("incremental"))
-            pieces = pipeline.plan_slices(adapter, conn, PARTNER, args.run_id, window, partner.slicing)
+            pieces = pipeline.plan_slices(adapter, conn, args.partner, args.run_id, window, partner.slicing)
             print(json.dumps({"window": window.to_dict(), "pieces": pieces}))
         elif args.step == "piece":
             window = Window.from_dict(json.loads(args.window))
-            stats = pipeline.harvest_piece(adapter, conn, PARTNER, args.run_id, window, args.channel)
+            stats = pipeline.harvest_piece(adapter, conn, args.partner, args.run_id, window, args.channel)
             print(json.dumps({"fetched": stats.fetched, "pages": stats.pages, "peak_rss_mib": support.peak_rss_mib()}))
         else:
             started = time.perf_counter()
-            result = pipeline.apply_changes(conn, PARTNER, args.run_id)
+            result = pipeline.apply_changes(conn, args.partner, args.run_id)
             print(json.dumps({**result.as_dict(), "apply_seconds": time.perf_counter() - started}))
 
 
 def run(script: str, url: str, db: str, args: argparse.Namespace, slices: int, run_id: str) -> dict:
-    common = ("--url", url, "--db", db, "--records", str(args.records), "--slices", str(slices), "--run-id", run_id)
+    common = ("--url", url, "--db", db, "--records", str(args.records), "--slices", str(slices), "--run-id", run_id,
+              "--partner", getattr(args, "partner", PARTNER))
     started = time.perf_counter()
     plan = support.run_child(script, *common, "--step", "plan")
     window = json.dumps(plan["window"])
@@ -93,6 +94,7 @@ def main() -> int:
                         help="first a sliced harvest of this many records from a second simulator: "
                              "the peak RSS per worker of the big run is printed against it")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--partner", default=PARTNER, help=argparse.SUPPRESS)
     for name in ("--url", "--db", "--run-id", "--step", "--window", "--channel"):
         parser.add_argument(name, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -147,12 +149,12 @@ def _compare(args: argparse.Namespace) -> tuple[bool, dict]:
     figures = {}
     runs = ([] if args.no_chain else [("one chain", 1)]) + [(f"{args.slices} slices", args.slices)]
     with sim:
-        db = support.fresh_database(PARTNER)
+        db = support.fresh_database(args.partner)
         for label, slices in runs:
             with connect(db) as conn:
-                forget_partner(conn, PARTNER)
+                forget_partner(conn, args.partner)
             figures[label] = result = run(__file__, sim.base_url, db, args, slices, f"bench-{slices}")
-            equal = support.held_ids(db, PARTNER) == live
+            equal = support.held_ids(db, args.partner) == live
             ok = ok and equal
             print(f"  {label:>10}: {result['pieces']} piece(s), {result['pages']} pages, {result['wall']:.1f} s wall, "
                   f"{result['fetched'] / result['wall']:,.0f} records/s end to end (apply {result['apply_seconds']:.1f} s), "

@@ -128,3 +128,36 @@ def test_a_sliced_sierra_full_load_resumes_the_failed_slice_from_its_checkpoint(
     assert held(db, "slicedlibrary") == catalogue.live_ids()
     blocks = [r["query"]["id"] for r in sim.requests if r["path"].endswith("/bibs/marc") and r["method"] == "GET"]
     assert len(blocks) == len(set(blocks)) + 1  # only the failed block was asked twice
+
+
+def test_a_slice_that_fails_keeps_the_lease_while_its_siblings_harvest(aggregation_conn: str) -> None:
+    """Its final failure released the run's lease while sibling slices still ran; a reconcile
+    could take the partner in that gap (noted in stop 14, fixed in stop 15)."""
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+
+    from partner_harvest.airflow.tasks import release_lease_after_final_failure
+    from partner_harvest.store import RunRef, begin_run
+    from partner_harvest.store.leases import HARVEST, acquire
+    from partner_harvest.store.runs import fail_run, finish_harvest
+    from partner_harvest.records import HarvestStats
+    from partner_harvest.window import Window
+
+    window = Window("full", None, datetime(2026, 3, 1, tzinfo=timezone.utc), "day", True, {})
+    context = {"dag_run": SimpleNamespace(dag_id="harvest_big", run_id="manual__1")}
+    failed, sibling = (RunRef("big", "harvest_big/manual__1", f"changes/00{i}") for i in (1, 2))
+
+    def leased(conn) -> bool:
+        return conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = 'big'").fetchone()[0] == 1
+
+    with connect(aggregation_conn, autocommit=True) as conn:
+        ensure_schema(conn)
+        for run in (failed, sibling):
+            begin_run(conn, run, window, "oai_dc")
+        acquire(conn, "big", "harvest_big/manual__1", HARVEST, timedelta(minutes=5))
+        fail_run(conn, failed, "partner 'big': broken page")
+        release_lease_after_final_failure(context, "big")
+        assert leased(conn)  # the sibling still harvests under it
+        finish_harvest(conn, sibling, HarvestStats(pages=1))
+        release_lease_after_final_failure(context, "big")  # e.g. the apply failing later
+        assert not leased(conn)

@@ -27,7 +27,7 @@ from partner_harvest import quality
 from partner_harvest.airflow.notifiers import send_alert
 from partner_harvest.reconcile import reconcile
 from partner_harvest.store import RunRef, connect, ensure_schema
-from partner_harvest.store import leases
+from partner_harvest.store import leases, runs
 from partner_harvest.store.quality import run_figures
 from partner_harvest.store.runs import abandon_stale_runs, clock_high_water, last_applied_until
 from partner_harvest.window import Window, WindowError, channel_window, parse_instant
@@ -118,9 +118,20 @@ def release_lease(partner_id: str, holder: str) -> None:
 
 
 def release_lease_after_final_failure(context: dict[str, Any], partner_id: str) -> None:
-    """on_failure_callback: a failed run lets a reconcile in at once, not after the TTL."""
+    """on_failure_callback: a failed run lets a reconcile in at once, not after the TTL.
+
+    Not while a sibling slice of the run is still planned or harvesting: it holds the same
+    lease, and a reconcile let in beside it would compare the partner's ids with records
+    the run is about to change. The last of them to stop renewing ends the lease in one TTL.
+    """
+    holder = run_key(context)
     try:
-        release_lease(partner_id, run_key(context))
+        with aggregation() as conn, conn.transaction():
+            working = runs.channels_still_harvesting(conn, partner_id, holder)
+            if working:
+                log.info("%s: the run's lease is kept: %s still harvesting", partner_id, ", ".join(working))
+                return
+            leases.release(conn, partner_id, holder)
     except Exception as exc:  # never mask the task's own failure
         log.warning("could not release the lease of %s: %s", partner_id, exc)
 

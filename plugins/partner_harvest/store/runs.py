@@ -219,3 +219,12 @@ def abandon_stale_runs(conn: psycopg.Connection, partner_id: str, older_than: ti
             {"pid": partner_id},
         )
     return abandoned
+
+
+def channels_still_harvesting(conn: psycopg.Connection, partner_id: str, run_id: str) -> list[str]:
+    """The run's channels another task may still be working on (a slice planned or running)."""
+    rows = conn.execute(
+        "SELECT channel FROM harvest_runs WHERE partner_id = %s AND run_id = %s"
+        " AND status IN ('planned', 'harvesting') ORDER BY channel", (partner_id, run_id),
+    ).fetchall()
+    return [channel for (channel,) in rows]

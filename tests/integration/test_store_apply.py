@@ -180,3 +180,15 @@ def test_quarantine_current_shows_what_is_still_broken(conn: psycopg.Connection)
     current = conn.execute("SELECT identifier, reason, run_id FROM quarantine_current WHERE partner_id = 'p'").fetchall()
     assert current == [("a", "still no title", "r2")]  # b was fixed by a later valid version
     assert conn.execute("SELECT count(*) FROM quarantine").fetchone() == (3,)  # the log keeps all
+
+
+@pytest.mark.parametrize("specs", [
+    (), ("s",), ("a,b", "{braces}", 'say "hi"', "back\\slash", "tab\there", "new\nline", "NULL", "", "ünï ☃"),
+])
+def test_set_specs_land_exactly_as_the_partner_wrote_them(conn: psycopg.Connection, specs: tuple) -> None:
+    """The staging COPY writes set specs as a text[] literal of its own (faster than psycopg's
+    list dumper); whatever a partner puts in a setSpec must come back unchanged."""
+    record = Record("x", T0, "oai_dc", '<dc xmlns="urn:x"><title>t</title></dc>', specs, "t")
+    stage(conn, "p", "r1", [record])
+    apply_run(conn, "p", "r1")
+    assert conn.execute("SELECT set_specs FROM records WHERE partner_id = 'p'").fetchone()[0] == list(specs)

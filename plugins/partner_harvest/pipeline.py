@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from partner_harvest.adapters import Adapter
-from partner_harvest.errors import HarvestError
+from partner_harvest.errors import HarvestError, PartnerAsksToWait
 from partner_harvest.records import HarvestStats
 from partner_harvest.store import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -174,7 +174,7 @@ def _stage(
         source(window, writer, stats)
     except Exception as exc:
         conn.rollback()
-        fail_run(conn, run, _one_line(exc), attempt)
+        fail_run(conn, run, _one_line(exc), attempt, "waiting" if isinstance(exc, PartnerAsksToWait) else "failed")
         raise
     finish_harvest(conn, run, stats, attempt)
     for check in stats.extra.get("checks", ()):  # second witnesses the adapter ran (I12)

@@ -650,6 +650,9 @@ def test_a_long_rate_limit_frees_the_task_and_the_next_try_resumes_at_the_stoppe
         assert waited.value.resume_at >= before + timedelta(seconds=3600)
         staged = conn.execute("SELECT count(*) FROM staging WHERE run_id = 'run-1'").fetchone()[0]
         assert staged > 0
+        status, error = conn.execute("SELECT status, error FROM harvest_runs WHERE run_id = 'run-1'"
+                                     " AND channel = 'changes'").fetchone()
+        assert status == "waiting" and "resuming at" in error  # not "failed": the health page shows it running
 
         resumed = pipeline.harvest_window(harness.adapter(), conn, run, window)  # the rescheduled try
         assert resumed.fetched == len(catalogue.live_ids())

@@ -46,7 +46,7 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
             run.key(),
         ).fetchone()
         keep = (keep_staging and previous is not None and previous[0] == window.until
-                and previous[1] == window.mode and previous[2] in ("harvesting", "failed"))
+                and previous[1] == window.mode and previous[2] in ("harvesting", "waiting", "failed"))
         attempt = conn.execute(
             """
             INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until,
@@ -128,16 +128,19 @@ def finish_harvest(conn: psycopg.Connection, run: RunRef, stats: HarvestStats, a
         )
 
 
-def fail_run(conn: psycopg.Connection, run: RunRef, error: str, attempt: int | None = None) -> None:
+def fail_run(conn: psycopg.Connection, run: RunRef, error: str, attempt: int | None = None,
+             status: str = "failed") -> None:
     """Mark the channel failed with a one-line cause; live tables are untouched.
 
+    ``status="waiting"``: the partner asked us to come back later and the task was
+    rescheduled; what it staged is kept and the run is not failing.
     With ``attempt``, only while that try is the current one: a superseded try's failure
     never marks the newer try's row failed."""
     with conn.transaction():
         conn.execute(
-            "UPDATE harvest_runs SET status = 'failed', error = %s"
+            "UPDATE harvest_runs SET status = %s, error = %s"
             " WHERE partner_id = %s AND run_id = %s AND channel = %s AND (%s::int IS NULL OR attempts = %s::int)",
-            (error[:4000], *run.key(), attempt, attempt),
+            (status, error[:4000], *run.key(), attempt, attempt),
         )
 
 
@@ -205,7 +208,7 @@ def abandon_stale_runs(conn: psycopg.Connection, partner_id: str, older_than: ti
             """
             UPDATE harvest_runs SET status = 'abandoned',
                 error = COALESCE(error || ' — ', '') || 'abandoned: not applied within ' || %s::text
-            WHERE partner_id = %s AND status IN ('planned', 'harvesting', 'harvested', 'failed')
+            WHERE partner_id = %s AND status IN ('planned', 'harvesting', 'waiting', 'harvested', 'failed')
               AND started_at < now() - %s
             """,
             (str(older_than), partner_id, older_than),
@@ -225,6 +228,6 @@ def channels_still_harvesting(conn: psycopg.Connection, partner_id: str, run_id:
     """The run's channels another task may still be working on (a slice planned or running)."""
     rows = conn.execute(
         "SELECT channel FROM harvest_runs WHERE partner_id = %s AND run_id = %s"
-        " AND status IN ('planned', 'harvesting') ORDER BY channel", (partner_id, run_id),
+        " AND status IN ('planned', 'harvesting', 'waiting') ORDER BY channel", (partner_id, run_id),
     ).fetchall()
     return [channel for (channel,) in rows]

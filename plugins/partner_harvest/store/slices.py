@@ -121,7 +121,7 @@ class Resumable:
 def resumable(conn: psycopg.Connection, run: RunRef) -> Resumable | None:
     """The slice's checkpoint when resuming from it is safe, else None (start over).
 
-    Safe only when the slice was interrupted (harvesting or failed, never a finished one
+    Safe only when the slice was interrupted (harvesting, waiting or failed, never a finished one
     cleared by hand) and staging still holds exactly what the row counted: the checkpoint
     and the count are written in each page's own transaction, so a crash that emptied
     staging (it is UNLOGGED) shows here as a difference.
@@ -130,7 +130,7 @@ def resumable(conn: psycopg.Connection, run: RunRef) -> Resumable | None:
         "SELECT status, checkpoint, pages, fetched FROM harvest_runs"
         " WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key(),
     ).fetchone()
-    if row is None or row[0] not in ("harvesting", "failed") or row[1] is None:
+    if row is None or row[0] not in ("harvesting", "waiting", "failed") or row[1] is None:
         conn.commit()
         return None
     counts = conn.execute(

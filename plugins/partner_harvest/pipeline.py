@@ -178,7 +178,7 @@ def _stage(
         raise
     finish_harvest(conn, run, stats, attempt)
     for check in stats.extra.get("checks", ()):  # second witnesses the adapter ran (I12)
-        record_check(conn, run, *check)
+        record_check(conn, run, *check, attempt=attempt)
     if stats.complete_list_size is not None and stats.complete_list_size != stats.fetched:
         log.warning(
             "%s: the repository announced completeListSize=%d but %d items were fetched",

@@ -88,3 +88,16 @@ def test_an_orphaned_harvest_stops_at_its_next_page_and_the_retry_applies_exactl
             assert live_identifiers(conn, p.id) == repo.live_identifiers()
             assert conn.execute("SELECT status, attempts FROM harvest_runs WHERE run_id = %s",
                                 (run.run_id,)).fetchone() == ("applied", 2)
+
+
+def test_an_orphaned_tries_completeness_check_never_replaces_the_retrys(conn: psycopg.Connection) -> None:
+    """record_check was not fenced: an orphan finishing late overwrote the retry's verdict."""
+    from partner_harvest.store import record_check
+
+    run = RunRef("p", "r", "changes")
+    orphan = begin_run(conn, run, WINDOW, "oai_dc")
+    retry = begin_run(conn, run, WINDOW, "oai_dc")
+    assert retry == orphan + 1
+    record_check(conn, run, "list_identifiers", 10, 10, True, "complete", attempt=retry)
+    record_check(conn, run, "list_identifiers", 10, 3, False, "7 missing", attempt=orphan)
+    assert conn.execute("SELECT check_ok, check_found, check_detail FROM harvest_runs").fetchone() == (True, 10, "complete")

@@ -488,7 +488,8 @@ class SierraAdapter:
             detail += f"; still missing {left}: {', '.join(sample)}"
         if gap.extra:
             detail += f"; {gap.extra} staged records not listed live (deleted since the export?)"
-        record_check(conn, run, CHECK_KIND, expected=gap.expected, found=gap.found, ok=left == 0, detail=detail)
+        record_check(conn, run, CHECK_KIND, expected=gap.expected, found=gap.found, ok=left == 0, detail=detail,
+                     attempt=getattr(staging, "attempt", None))
         completeness.clear(conn, run)
         (log.info if left == 0 else log.error)("%s: completeness check %s: %s", self.partner_id,
                                                "passed" if left == 0 else "FAILED", detail)

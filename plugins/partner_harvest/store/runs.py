@@ -155,17 +155,20 @@ def fail_apply(conn: psycopg.Connection, partner_id: str, run_id: str, error: st
 
 def record_check(
     conn: psycopg.Connection, run: RunRef, kind: str, expected: int | None, found: int | None,
-    ok: bool, detail: str = "",
+    ok: bool, detail: str = "", attempt: int | None = None,
 ) -> None:
-    """Record a completeness check (I12) on the channel's audit row; alerts read it."""
+    """Record a completeness check (I12) on the channel's audit row; alerts read it.
+
+    With ``attempt``, only while that try is the current one: an orphaned try's check
+    never replaces the verdict of the retry that superseded it."""
     with conn.transaction():
         conn.execute(
             """
             UPDATE harvest_runs SET check_kind = %s, check_expected = %s, check_found = %s,
                 check_ok = %s, check_detail = %s
-            WHERE partner_id = %s AND run_id = %s AND channel = %s
+            WHERE partner_id = %s AND run_id = %s AND channel = %s AND (%s::int IS NULL OR attempts = %s::int)
             """,
-            (kind, expected, found, ok, detail[:4000], *run.key()),
+            (kind, expected, found, ok, detail[:4000], *run.key(), attempt, attempt),
         )
 
 

@@ -6,7 +6,6 @@ export, deletion poll, one apply, then both cursors move.
 
 from __future__ import annotations
 
-import threading
 from datetime import datetime, timedelta, timezone
 
 import psycopg
@@ -702,65 +701,3 @@ def test_a_rate_limit_on_the_change_poll_frees_the_task_too(harness: Harness, si
     assert waited.value.resume_at >= before + timedelta(minutes=20) and harness.sleeps == []
     harness.run()
     assert harness.held() == catalogue.live_ids()
-
-
-def _export_starts(sim: SierraSimulator) -> list[tuple[str, int]]:
-    return [(r["query"]["id"], r["status"]) for r in sim.requests if r["path"].endswith("/bibs/marc")]
-
-
-def test_the_next_export_block_is_requested_while_this_one_is_decoded(conn) -> None:
-    """Issue 9 item 8: the successor's request does not wait for this block's decoding
-    (its cursor is guessed from the raw 907s); the guess is right, so no request is wasted."""
-    catalogue = SimulatedCatalogue(bibs=450, deleted_fraction=0.05, suppressed_fraction=0.0, seed=23)
-    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
-        harness = Harness(sim, conn, partner())
-        asked = threading.Condition()
-        calls: list[int] = []
-        decoded_before_the_next_was_asked: list[int] = []
-        decoding: list[object] = []
-        make = harness.adapter
-
-        def adapter():
-            built = make()
-            fetch, decode = built.client.export_block, built._decode_block
-
-            def export_block(start, *a, **k):
-                with asked:
-                    calls.append(start)
-                    asked.notify_all()
-                return fetch(start, *a, **k)
-
-            def decode_block(block):
-                decoding.append(block)
-                with asked:  # block k is decoded only once block k + 1 was asked for
-                    if not asked.wait_for(lambda: len(calls) > len(decoding), timeout=5):
-                        decoded_before_the_next_was_asked.append(len(decoding))
-                return decode(block)
-
-            built.client.export_block, built._decode_block = export_block, decode_block
-            return built
-
-        harness.adapter = adapter
-        harness.run()
-        assert decoded_before_the_next_was_asked == [], (calls, _export_starts(sim))
-        assert harness.held() == catalogue.live_ids()
-        assert _export_starts(sim) == [("[0,]", 200), ("[1000101,]", 200), ("[1000201,]", 200), ("[1000301,]", 200),
-                                       ("[1000401,]", 200), ("[1000451,]", 404)]
-        assert check_row(conn)[1:4] == (len(catalogue.live_ids()), len(catalogue.live_ids()), True)
-
-
-def test_a_wrong_guess_of_the_next_block_costs_a_request_never_a_record(conn, monkeypatch) -> None:
-    from partner_harvest.sierra import harvester
-
-    monkeypatch.setattr(harvester, "_raw_last_id", lambda data: 9_000_000)  # every guess: [9000001,]
-    catalogue = SimulatedCatalogue(bibs=250, deleted_fraction=0.05, suppressed_fraction=0.0, seed=24)
-    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
-        harness = Harness(sim, conn, partner())
-        harness.run()
-        assert harness.held() == catalogue.live_ids()
-        starts = _export_starts(sim)
-        assert [s for s in starts if s[0] != "[9000001,]"] == [("[0,]", 200), ("[1000101,]", 200),
-                                                               ("[1000201,]", 200), ("[1000251,]", 404)]
-        assert starts.count(("[9000001,]", 404)) == 3  # one dropped guess per block
-        assert sim.open_export_files == []  # the dropped blocks' files were deleted too
-        assert check_row(conn)[3] is True

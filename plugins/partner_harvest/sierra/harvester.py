@@ -314,12 +314,10 @@ class SierraAdapter:
         omitted suppressed) bibs moves on, and the cursor strictly rises. The export ends
         only on 404/107 or an empty block.
 
-        As soon as a block arrives its successor is requested from a second thread, while
-        this block is decoded, validated and copied into staging (the server builds the next
-        file meanwhile); at most one block is ahead. Its cursor is guessed from the raw
-        907s and checked once the block is decoded: a wrong guess drops that request. Not
-        when a block must be re-fetched record by record (the session then serves those
-        requests alone). The COPY of a
+        Once a block's ids are decoded its successor is requested from a second thread
+        while this block is validated and copied into staging (the server builds the next
+        file meanwhile); at most one block is ahead. Not when a block must be re-fetched
+        record by record (the session then serves those requests alone). The COPY of a
         block runs in a third thread while the next block is decoded: blocks are copied
         in order, one at a time, each in its own transaction, so what is staged is always
         a prefix of the export (a rescheduled try resumes after it).
@@ -351,19 +349,10 @@ class SierraAdapter:
                     log.info("%s: export ends at id %d (404/107: no ids left) after %d blocks", self.partner_id, cursor, blocks)
                     return
                 blocks += 1
+                decoded, last_id = self._decode_block(block)
                 covered = block.input_records
                 if covered is None:  # a summary without inputRecords: only what came is known
                     covered = block.output_records
-                # The next block's cursor needs the highest id this block decodes to; guessed
-                # from the raw 907s, it is requested now, while this block is decoded, and
-                # dropped after if the decoded ids say otherwise (one request, never a record).
-                guess = None
-                if pending is None and not block.errors and covered:
-                    guess = max(cursor + covered, _raw_last_id(block.marc) + 1)
-                    if cursor < guess <= last:
-                        pending = ahead.submit(self.client.export_block, guess, self.export_limit,
-                                               self.export_params, end_id=end_id)
-                decoded, last_id = self._decode_block(block)
                 if covered == 0 and last_id is None:
                     _finish(writing)
                     log.info("%s: export ends at id %d (empty block) after %d blocks", self.partner_id, cursor, blocks)
@@ -372,12 +361,7 @@ class SierraAdapter:
                 if next_cursor <= cursor:
                     raise HarvestLoopError(self.partner_id, f"GET bibs/marc?id=[{cursor},]",
                                            f"export ids did not ascend (highest id {last_id}, inputRecords {covered})")
-                if pending is not None and guess != next_cursor:
-                    log.info("%s: export block from id %d ends at id %d, not at the guessed %s: the block "
-                             "requested from there is dropped", self.partner_id, cursor, next_cursor - 1, guess)
-                    _drop(pending)
-                    pending = None
-                if pending is None and not block.errors and next_cursor <= last:
+                if not block.errors and next_cursor <= last:
                     pending = ahead.submit(self.client.export_block, next_cursor, self.export_limit, self.export_params,
                                            end_id=end_id)
                 items = self._items(decoded, block, window, cursor)
@@ -596,19 +580,6 @@ def one_ahead(pages: Iterator[T], name: str) -> Iterator[T]:
                 return
             pending = ahead.submit(next, pages, done)
             yield page  # type: ignore[misc]
-
-
-def _raw_last_id(data: bytes) -> int:
-    """The highest 907 $a id in an export file's raw bytes (0 if none): a guess, checked after."""
-    return max((int(found) for found in _RAW_907.findall(data)), default=0)
-
-
-def _drop(pending: Future[Any]) -> None:
-    """A block fetched from a wrong guess: waited for (its file is deleted) and forgotten, errors too."""
-    try:
-        pending.result()
-    except Exception as exc:  # the right request follows, and meets the same trouble if it lasts
-        log.info("dropped export block request failed: %s", exc)
 
 
 def _finish(writing: Future[None] | None) -> None:

@@ -17,7 +17,8 @@ Before both full loads the simulator pre-encodes its export records (``warm_expo
 its pure-Python MARC encoder does not compete with the harvester for the CPU during the
 measurement (``--cold-simulator`` encodes on request, as before).
 
-Printed per run: bibs/s of the full load, the completeness check (listed, staged by
+Printed per run: bibs/s of the full load, its time split (export, id enumeration, apply:
+wall time and the CPU of the harvester, the simulator and the embedded PostgreSQL), the completeness check (listed, staged by
 the export, fetched), peak RSS of the harvesting process, what the incremental run
 fetched on each channel; and the RSS ratio between the sizes.
 
@@ -52,6 +53,26 @@ def child(args: argparse.Namespace) -> None:
     adapter.fast_marc = not args.old_marc  # the baseline: every record through pymarc + lxml
     cursor = parse_instant(args.cursor) if args.cursor else None
     deletions = parse_instant(args.deletions_cursor) if args.deletions_cursor else None
+    marks: dict[str, tuple[float, float, float, float | None]] = {}
+
+    def mark(name: str) -> None:
+        """Wall, this process's CPU, the simulator's CPU, PostgreSQL's CPU at a phase boundary."""
+        state = support.control(args.url, "state")
+        marks[name] = (time.perf_counter(), time.process_time(), state["process_cpu_seconds"],
+                       support.postgres_cpu_seconds())
+
+    def timed(name: str, method):  # the adapter's two phases, measured from outside
+        def run(*a, **k):
+            mark(f"{name} start")
+            try:
+                return method(*a, **k)
+            finally:
+                mark(f"{name} end")
+        return run
+
+    adapter._export = timed("export", adapter._export)
+    adapter._prove_complete = timed("enumeration", adapter._prove_complete)
+    mark("start")
     started, cpu_started = time.perf_counter(), time.process_time()
     window = pipeline.freeze_window(adapter, partner.lag, cursor, pipeline.RunRequest("incremental"),
                                     {"deletions": deletions})
@@ -63,8 +84,17 @@ def child(args: argparse.Namespace) -> None:
             "SELECT check_kind, check_expected, check_found, check_ok, check_detail FROM harvest_runs"
             " WHERE partner_id = %s AND run_id = %s AND channel = 'changes'", (partner.id, args.run_id)).fetchone()
         conn.commit()
+        mark("apply start")
         result = pipeline.apply_changes(conn, partner.id, args.run_id)
     applied = time.perf_counter()
+    mark("apply end")
+    split = {}
+    for phase in ("export", "enumeration", "apply"):
+        if f"{phase} start" in marks:
+            begin, end = marks[f"{phase} start"], marks[f"{phase} end"]
+            split[phase] = {"wall": end[0] - begin[0], "harvester_cpu": end[1] - begin[1],
+                            "simulator_cpu": end[2] - begin[2],
+                            "postgres_cpu": None if begin[3] is None else end[3] - begin[3]}
     print(json.dumps({
         "until": window.to_dict()["until"],
         "deletions_until": window.protocol["channels"]["deletions"]["until"],
@@ -73,7 +103,7 @@ def child(args: argparse.Namespace) -> None:
         "quarantined": result.quarantined,
         "harvest_seconds": harvested - started, "total_seconds": applied - started,
         "harvest_cpu_seconds": cpu_harvested - cpu_started,
-        "peak_rss_mib": support.peak_rss_mib(),
+        "peak_rss_mib": support.peak_rss_mib(), "split": split,
         "check": dict(zip(("kind", "expected", "found", "ok", "detail"), check)),
     }))
 
@@ -162,6 +192,10 @@ def main() -> int:
                   f"({baseline['harvest_seconds']:.1f} s, harvester CPU {baseline['harvest_cpu_seconds']:.1f} s; records == live set: {'yes' if baseline['equal'] else 'NO'}; "
                   f"loadavg {baseline['load'][0]:.2f} before, {baseline['load'][1]:.2f} after); "
                   f"new / old: {rate / old_rate:.2f}x")
+        for phase, figures in full["split"].items():
+            pg = "n/a" if figures["postgres_cpu"] is None else f"{figures['postgres_cpu']:.1f} s"
+            print(f"  time split, {phase}: {figures['wall']:.1f} s wall; CPU: harvester {figures['harvester_cpu']:.1f} s "
+                  f"(all its threads), simulator {figures['simulator_cpu']:.1f} s, PostgreSQL {pg}")
         print(f"  completeness check {check['kind']}: expected {check['expected']:,} live ids, the export staged "
               f"{check['found']:,}, ok={check['ok']}; {check['detail']}")
         print(f"  peak RSS of the harvesting process: {full['peak_rss_mib']:.1f} MiB")

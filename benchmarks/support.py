@@ -67,3 +67,29 @@ def forget(db: str, partner_id: str) -> None:
 
     with connect(db) as conn:
         forget_partner(conn, partner_id)
+
+
+def postgres_cpu_seconds() -> float | None:
+    """CPU used so far by the embedded PostgreSQL (postmaster, its live backends and the
+    children it reaped); None for a database given in HARVEST_DATABASE_URL."""
+    from include import embedded_pg
+
+    if os.environ.get(embedded_pg.DATABASE_URL_ENV):
+        return None
+    try:
+        postmaster = int((embedded_pg.data_dir("bench") / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(entry) == postmaster or int(fields[1]) == postmaster:
+            total += sum(int(v) for v in fields[11:15]) / tick  # utime, stime, cutime, cstime
+    return total

@@ -740,6 +740,9 @@ def test_control_api(sim: SierraSimulator, catalogue: SimulatedCatalogue) -> Non
     state = requests.get(f"{control}/state").json()
     assert state["live"] == len(live) and state["tokens_issued"] == 1
     assert state["clock"] == "2026-01-01T00:04:00Z"
+    # Its own CPU so far, for the benchmarks' time split: a number that never goes down.
+    cpu = state["process_cpu_seconds"]
+    assert cpu >= 0 and requests.get(f"{control}/state").json()["process_cpu_seconds"] >= cpu
     assert requests.post(f"{control}/nope", json={}).status_code == 404
     assert requests.post(f"{control}/mutate", json={"delete": 10**6}).status_code == 400
 

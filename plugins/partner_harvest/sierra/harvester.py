@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from collections.abc import Callable, Iterator, Mapping
 from datetime import date, datetime, time as dtime, timedelta, timezone
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from partner_harvest.adapters import ItemSink, PartnerClock, StagingSink
 from partner_harvest.errors import ConfigurationError, HarvestError, HarvestLoopError, PartnerAsksToWait
@@ -32,6 +32,7 @@ from partner_harvest.store import completeness, record_check
 from partner_harvest.window import SECONDS, Window, format_instant
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_FIELDS = ("id", "updatedDate", "createdDate", "deleted", "suppressed", "marc")
 REQUIRED_FIELDS = ("id", "updatedDate", "marc")
@@ -463,7 +464,9 @@ class SierraAdapter:
         pages = 0
         piece = piece or {}
         within = {"start_id": int(piece.get("lo") or 0), "end_id": piece.get("hi")} if piece else {}
-        for entries in self.client.bib_pages({"deleted": "false", "fields": "id"}, MAX_LIMIT, **within):
+        # One page fetched ahead: the server lists the next ids while this page is copied.
+        for entries in one_ahead(self.client.bib_pages({"deleted": "false", "fields": "id"}, MAX_LIMIT, **within),
+                                 f"ids-{self.partner_id}"):
             listed.write_page([(str(e["id"]), None, False) for e in entries if e.get("id")])
             pages += 1
         gap = completeness.measure_gap(conn, run)
@@ -560,6 +563,24 @@ def _after_last(entries: list[dict[str, Any]]) -> int | None:
         return int(entries[-1]["id"]) + 1 if entries else None
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def one_ahead(pages: Iterator[T], name: str) -> Iterator[T]:
+    """The pages of ``pages``, the next one fetched in a second thread while the caller
+    works on the current one: at most one page ahead (memory stays O(page)).
+
+    The iterator runs in that thread only, so its HTTP session is used by one thread at
+    a time; its errors are raised here, at the page they would have been raised for.
+    """
+    done = object()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix=name) as ahead:
+        pending = ahead.submit(next, pages, done)
+        while True:
+            page = pending.result()
+            if page is done:
+                return
+            pending = ahead.submit(next, pages, done)
+            yield page  # type: ignore[misc]
 
 
 def _finish(writing: Future[None] | None) -> None:

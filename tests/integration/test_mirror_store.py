@@ -308,13 +308,14 @@ def test_a_new_partners_first_load_teaches_the_planner_its_size_before_the_purge
 
 def test_a_nightly_apply_leaves_the_statistics_to_autovacuum(conn: psycopg.Connection) -> None:
     conn.execute("ALTER TABLE records SET (autovacuum_enabled = false)")
-    stage(conn, "big", [rec(f"r{i}", T0) for i in range(3000)])
+    stage(conn, "big", [rec(f"r{i}", T0) for i in range(3000)] + [Tombstone(f"d{i}", T0) for i in range(30)])
     apply_run(conn, "p", "big")
     conn.commit()
     conn.execute("SELECT pg_stat_clear_snapshot()")
     analyzed = conn.execute("SELECT pg_stat_get_analyze_count('records'::regclass)").fetchone()[0]
     assert analyzed == 1  # the first load taught the planner
-    stage(conn, "night", [rec("r1", T0 + timedelta(days=1), "edited"), rec("new", T0)])
+    stage(conn, "night", [rec("r1", T0 + timedelta(days=1), "edited"), rec("new", T0),
+                          Tombstone("r2", T0 + timedelta(days=1))])
     apply_run(conn, "p", "night")
     conn.execute("SELECT pg_stat_clear_snapshot()")
     assert conn.execute("SELECT pg_stat_get_analyze_count('records'::regclass)").fetchone()[0] == analyzed

@@ -168,7 +168,7 @@ WHERE h.partner_id = %(pid)s AND h.run_id = %(run)s AND h.channel = m.channel
 """
 
 _COUNT_STAGED = """
-SELECT channel, count(*) FROM staging
+SELECT channel, count(*), count(*) FILTER (WHERE kind = 'T'), count(*) FILTER (WHERE kind = 'Q') FROM staging
 WHERE partner_id = %(pid)s AND run_id = %(run)s GROUP BY channel
 """
 
@@ -186,7 +186,8 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         # bounded wait turns a stuck apply elsewhere into an error (and a retry) here.
         conn.execute("SET LOCAL lock_timeout = '30min'")
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('apply:' || %s))", (partner_id,))
-        fetched = _check_staged(conn, partner_id, run_id)
+        staged = _check_staged(conn, partner_id, run_id)
+        fetched = staged.per_channel
         conn.execute(_BATCH, params)
         # A fresh temp table has no statistics; without them the planner may nest-loop the
         # purge over the whole batch for every stored record (minutes instead of seconds).
@@ -195,9 +196,11 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         _know_partner_rows(conn, "tombstones", partner_id)
         landed = conn.execute(_UPSERT, params).fetchall()
         upserted = {channel: n for channel, n, _ in landed}
-        _know_partner_rows(conn, "records", partner_id)
-        purged = dict(conn.execute(_PURGE, params).fetchall())
-        quarantined = dict(conn.execute(_QUARANTINE, params).fetchall())
+        purged: dict[str, int] = {}
+        if staged.tombstones:
+            _know_partner_rows(conn, "records", partner_id)
+            purged = dict(conn.execute(_PURGE, params).fetchall())
+        quarantined = dict(conn.execute(_QUARANTINE, params).fetchall()) if staged.rejects else {}
         update_partner_stats(conn, partner_id, run_id, sum(new for _, _, new in landed) - sum(purged.values()))
         per_channel = {
             channel: ApplyResult(
@@ -245,10 +248,21 @@ def _know_partner_rows(conn: psycopg.Connection, table: str, partner_id: str) ->
     conn.execute(sql.SQL("ANALYZE {} (partner_id)").format(table_name))  # the belief; payloads cost time
 
 
-def _check_staged(conn: psycopg.Connection, partner_id: str, run_id: str) -> dict[str, int]:
+@dataclass(frozen=True)
+class _Staged:
+    """What the run staged: items per channel, and whether any are tombstones or rejects
+    (a purge or a quarantine statement over none still scans the run's staging)."""
+
+    per_channel: dict[str, int]
+    tombstones: int
+    rejects: int
+
+
+def _check_staged(conn: psycopg.Connection, partner_id: str, run_id: str) -> _Staged:
     """Per channel, what is staged must equal what the harvest recorded (I12); returns it."""
     params = {"pid": partner_id, "run": run_id}
-    staged = dict(conn.execute(_COUNT_STAGED, params).fetchall())
+    counted = conn.execute(_COUNT_STAGED, params).fetchall()
+    staged = {channel: n for channel, n, _, _ in counted}
     harvested = conn.execute(_HARVESTED, params).fetchall()
     unfinished = [f"{channel} ({status})" for channel, _, done, status in harvested if not done]
     if unfinished:
@@ -262,7 +276,8 @@ def _check_staged(conn: psycopg.Connection, partner_id: str, run_id: str) -> dic
     }
     if lost:
         raise StagingIncomplete(partner_id, run_id, lost)
-    return {channel: recorded[channel] for channel in recorded}
+    return _Staged({channel: recorded[channel] for channel in recorded},
+                   sum(t for _, _, t, _ in counted), sum(q for _, _, _, q in counted))
 
 
 def _audit(conn: psycopg.Connection, partner_id: str, run_id: str, per_channel: dict[str, ApplyResult]) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,3 +63,13 @@ def conn(db: str) -> Iterator[psycopg.Connection]:
     ensure_schema(connection)
     yield connection
     connection.close()
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> None:
+    """Migrate the (SQLite) metadata DB of the tests' AIRFLOW_HOME once per session; used by
+    the DAG tests and the short soak (idempotent, a few seconds)."""
+    subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"], env=dict(os.environ), check=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,12 +42,36 @@ def pg_server() -> Iterator[str]:
     server.cleanup()  # stop it now, while pytest can still show what it logs
 
 
-@pytest.fixture
-def db(pg_server: str) -> Iterator[str]:
-    """Conninfo of a brand-new, empty database, dropped after the test."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
+@pytest.fixture(scope="session")
+def migrated_template(pg_server: str) -> Iterator[str]:
+    """A database the schema migrations ran on once per session: what ``conn`` copies."""
+    from partner_harvest.store import connect, ensure_schema
+
+    name = f"t_template_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_server, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    params = conninfo_to_dict(pg_server)
+    params["dbname"] = name
+    with connect(make_conninfo(**params)) as connection:  # closed: a template has no sessions
+        ensure_schema(connection)
+    yield name
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def db(pg_server: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """Conninfo of a brand-new database, dropped after the test: empty, unless the test also
+    uses ``conn``; then a copy of ``migrated_template`` (CREATE DATABASE ... TEMPLATE, faster
+    than running every migration again), on which ``conn``'s ensure_schema has nothing to do."""
+    template = request.getfixturevalue("migrated_template") if "conn" in request.fixturenames else None
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        if template:
+            admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template)))
+        else:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     params = conninfo_to_dict(pg_server)
     params["dbname"] = name
     yield make_conninfo(**params)
@@ -55,9 +81,20 @@ def db(pg_server: str) -> Iterator[str]:
 
 @pytest.fixture
 def conn(db: str) -> Iterator[psycopg.Connection]:
+    """A connection to ``db`` with the schema in place (ensure_schema still checks it)."""
     from partner_harvest.store import connect, ensure_schema
 
     connection = connect(db)
     ensure_schema(connection)
     yield connection
     connection.close()
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> None:
+    """Migrate the (SQLite) metadata DB of the tests' AIRFLOW_HOME once per session; used by
+    the DAG tests and the short soak (idempotent, a few seconds)."""
+    subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"], env=dict(os.environ), check=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )

@@ -1,4 +1,5 @@
-"""Airflow for DAG tests: a private AIRFLOW_HOME with a migrated metadata DB."""
+"""Airflow for DAG tests: a private AIRFLOW_HOME with a migrated metadata DB (``airflow_db``,
+tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,6 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,16 +17,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # dag.test() parses DAG files in this process under a SIGALRM timer of its own, which
 # would cancel the test's time limit (pytest-timeout, signal method; see pytest.ini).
 os.environ.setdefault("AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT", "0")
-
-
-@pytest.fixture(scope="session")
-def airflow_db() -> None:
-    """Migrate the (SQLite) metadata DB once per session; idempotent and a few seconds."""
-    env = dict(os.environ)
-    subprocess.run(
-        [sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
 
 
 @pytest.fixture(scope="session")

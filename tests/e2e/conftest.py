@@ -1,7 +1,7 @@
 """A real Airflow (api-server, scheduler, dag-processor) on loopback for end-to-end tests.
 
-Started once per module: a fresh AIRFLOW_HOME, Airflow's metadata DB and the aggregation
-DB as separate databases on the embedded PostgreSQL, the OAI-PMH simulator and an SMTP
+Started once per module: a fresh AIRFLOW_HOME, Airflow's metadata DB (a copy of one
+migrated once per session) and the aggregation DB as separate databases on the embedded PostgreSQL, the OAI-PMH simulator and an SMTP
 sink in this process, and the three Airflow services as subprocesses that reach them
 over 127.0.0.1. Tests talk to Airflow through the REST API v2 only.
 """
@@ -197,10 +197,15 @@ def _log_event(line: str) -> str:
     return text
 
 
-def _create_database(server_uri: str, name: str) -> str:
+def _create_database(server_uri: str, name: str, template: str | None = None) -> str:
+    """A new, empty database (or a copy of ``template``, which nobody may be connected to)."""
     with psycopg.connect(server_uri, autocommit=True) as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        if template:
+            admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template)))
+        else:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     params = conninfo_to_dict(server_uri)
     params["dbname"] = name
     return make_conninfo(**params)
@@ -357,21 +362,47 @@ def airflow_env_overrides() -> dict[str, str]:
     return {}
 
 
+@pytest.fixture(scope="session")
+def airflow_metadata_template(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A metadata database ``airflow db migrate`` ran on once per session; every module's
+    stack starts from a copy of it (CREATE DATABASE ... TEMPLATE: a second, not a migration)."""
+    base = tmp_path_factory.mktemp("airflow_metadata_template")
+    name = f"e2e_airflow_template_{uuid.uuid4().hex[:8]}"
+    url = _sqlalchemy_url(_create_database(pg_server, name))
+    env = _base_env(base / "airflow_home")
+    env.update({"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": url,
+                "AIRFLOW__CORE__LOAD_EXAMPLES": "False"})
+    log = base / "db-migrate.log"
+    try:
+        with log.open("wb") as out:
+            done = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, cwd=base,
+                                  stdout=out, stderr=subprocess.STDOUT, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"airflow db migrate failed\n{log.read_text(errors='replace')[-4000:]}")
+        yield name
+    finally:
+        _drop_database(pg_server, name)
+
+
 @pytest.fixture(scope="module")
-def airflow_stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory,
+def airflow_stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory, airflow_metadata_template: str,
                   airflow_env_overrides: dict[str, str]) -> Iterator[AirflowStack]:
     """Airflow's three services on loopback, with both e2e partners' DAGs parsed and unpaused."""
     with ExitStack() as cleanup:  # undoes, in reverse, whatever got started
-        yield _start_airflow(pg_server, tmp_path_factory.mktemp("airflow_e2e"), cleanup, airflow_env_overrides)
+        yield _start_airflow(pg_server, tmp_path_factory.mktemp("airflow_e2e"), cleanup, airflow_env_overrides,
+                             metadata_template=airflow_metadata_template)
 
 
 def _start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
-                   overrides: dict[str, str] | None = None) -> AirflowStack:
-    """Start everything, registering each piece's undo on ``cleanup`` as soon as it exists."""
+                   overrides: dict[str, str] | None = None, metadata_template: str | None = None) -> AirflowStack:
+    """Start everything, registering each piece's undo on ``cleanup`` as soon as it exists.
+
+    With ``metadata_template`` (an already migrated metadata database) the stack's metadata
+    database is a copy of it; otherwise ``airflow db migrate`` runs on a new one."""
     home = base / "airflow_home"
     home.mkdir()
     suffix = uuid.uuid4().hex[:8]
-    meta_db = _create_database(pg_server, f"e2e_airflow_{suffix}")
+    meta_db = _create_database(pg_server, f"e2e_airflow_{suffix}", template=metadata_template)
     cleanup.callback(_drop_database, pg_server, f"e2e_airflow_{suffix}")
     aggregation_db = _create_database(pg_server, f"e2e_agg_{suffix}")
     cleanup.callback(_drop_database, pg_server, f"e2e_agg_{suffix}")
@@ -447,12 +478,13 @@ def _start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
     cleanup.callback(stack.http.close)
     cleanup.callback(lambda: stop_groups(list(stack.processes.values())))  # runs before the rest
     airflow = [sys.executable, "-m", "airflow"]
-    stack.logs["db-migrate"] = base / "db-migrate.log"
-    with stack.logs["db-migrate"].open("wb") as out:
-        done = subprocess.run([*airflow, "db", "migrate"], env=env, cwd=base, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=300)
-    if done.returncode != 0:
-        raise RuntimeError(f"airflow db migrate failed\n{stack.log_tail('db-migrate')}")
+    if metadata_template is None:
+        stack.logs["db-migrate"] = base / "db-migrate.log"
+        with stack.logs["db-migrate"].open("wb") as out:
+            done = subprocess.run([*airflow, "db", "migrate"], env=env, cwd=base, stdout=out,
+                                  stderr=subprocess.STDOUT, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"airflow db migrate failed\n{stack.log_tail('db-migrate')}")
     commands = {
         "api-server": [*airflow, "api-server", "--host", "127.0.0.1", "--port", str(port)],
         "scheduler": [*airflow, "scheduler"],

@@ -1,18 +1,24 @@
 """Harvest DAGs run by a real scheduler, dag-processor and api-server (REST API v2 only).
 
 What ``dag.test()`` cannot show: the scheduler's run types (a backfill's data intervals
-become windows), task processes talking to the Execution API (the cursor Variable), and
-a failed task's alert leaving the worker as real mail.
+become windows), task processes talking to the Execution API (the cursor Variable), a
+failed task's alert leaving the worker as real mail, and a run whose pool was never
+created alerting at its deadline instead of waiting silently.
 """
 
 from __future__ import annotations
 
 import re
+import threading
+import time
+import uuid
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import requests
 
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
@@ -27,6 +33,55 @@ pytestmark = pytest.mark.e2e
 OAI_SECONDS = "%Y-%m-%dT%H:%M:%SZ"
 ROOT = Path(__file__).resolve().parents[2]
 NOTIFIERS = ROOT / "plugins" / "partner_harvest" / "airflow" / "notifiers.py"
+POOLLESS = "e2epoolless"  # a partner added at run time whose pool is never created
+
+
+@pytest.fixture(scope="module", autouse=True)
+def poolless_run(airflow_stack: AirflowStack) -> Iterator[dict]:
+    """Add partner ``POOLLESS`` (no pool, run_deadline 1m) to the registry when the module
+    starts, and trigger its DAG from a thread once the dag-processor has parsed it, so its
+    one-minute deadline runs out while the other tests run (its test checks the alert last).
+    The thread uses a session of its own: ``requests.Session`` is not shared across threads."""
+    stack = airflow_stack
+    dag_id = f"harvest_{POOLLESS}"
+    original = stack.registry.read_text(encoding="utf-8")
+    stack.registry.write_text(
+        original + f"  - {{id: {POOLLESS}, protocol: oai-pmh, conn_id: partner_{stack.museum}, "
+        "run_deadline: 1m}\n", encoding="utf-8")
+    outcome: dict = {"dag_id": dag_id}
+    session = requests.Session()
+    session.headers.update(stack.http.headers)
+
+    def parsed() -> bool:
+        try:
+            return session.get(f"{stack.base_url}/api/v2/dags/{dag_id}", timeout=30).status_code == 200
+        except requests.RequestException:  # a busy api-server: ask again
+            return False
+
+    def trigger_once_parsed() -> None:
+        try:
+            deadline = time.monotonic() + 180
+            while not parsed():
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"timed out after 180s waiting for DAG {dag_id} to be parsed")
+                time.sleep(0.5)
+            outcome["pool_status"] = session.get(
+                f"{stack.base_url}/api/v2/pools/partner_{POOLLESS}", timeout=30).status_code
+            response = session.post(f"{stack.base_url}/api/v2/dags/{dag_id}/dagRuns", timeout=30, json={
+                "dag_run_id": f"e2e__poolless_{uuid.uuid4().hex[:10]}",
+                "logical_date": datetime.now(timezone.utc).isoformat(), "conf": {"mode": "incremental"}})
+            response.raise_for_status()
+            outcome["run"] = response.json()
+        except Exception as exc:  # the test reports it
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=trigger_once_parsed, name="poolless-trigger", daemon=True)
+    thread.start()
+    outcome["thread"] = thread
+    yield outcome
+    thread.join(timeout=30)
+    session.close()
+    stack.registry.write_text(original, encoding="utf-8")
 
 
 def held(stack: AirflowStack) -> set[str]:
@@ -217,3 +272,28 @@ def test_a_task_killed_with_sigkill_frees_its_partner_within_the_lease_ttl(airfl
     state = stack.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}")["state"]
     assert state in ("up_for_retry", "failed", "scheduled", "queued", "running"), state
     stack.api("PATCH", f"/dags/{dag_id}/dagRuns/{run_id}", json={"state": "failed"})  # leave no run behind
+
+
+def test_a_run_whose_pool_is_missing_alerts_at_its_deadline(airflow_stack: AirflowStack, poolless_run: dict) -> None:
+    """A partner whose pool was never created does not wait silently: its run deadline sends
+    an alert email. Its run was triggered by ``poolless_run`` when the module started."""
+    stack = airflow_stack
+    dag_id = poolless_run["dag_id"]
+    poolless_run["thread"].join(timeout=200)
+    assert not poolless_run["thread"].is_alive(), f"DAG {dag_id} was not triggered\n{stack.diagnostics()}"
+    if "error" in poolless_run:
+        raise AssertionError(f"triggering {dag_id} failed\n{stack.diagnostics()}") from poolless_run["error"]
+    assert poolless_run["pool_status"] == 404
+    assert stack.http.get(f"{stack.base_url}/api/v2/pools/partner_{POOLLESS}", timeout=30).status_code == 404
+    run = poolless_run["run"]
+
+    def overdue(mail) -> bool:
+        return "not finished" in mail.subject and run["dag_run_id"] in mail.text
+
+    mail = stack.sink.wait_for(overdue, timeout=240)
+    assert mail is not None, (f"no overdue alert; received {[m.subject for m in stack.sink.messages]}\n"
+                              f"{stack.diagnostics()}")
+    assert f"pool partner_{POOLLESS} exists" in mail.text and dag_id in mail.subject
+    # Nothing ran: the tasks still wait for the pool.
+    states = stack.task_states(dag_id, run["dag_run_id"])
+    assert states.get("freeze_window") in (None, "scheduled"), states

@@ -9,8 +9,6 @@ A failing night replays alone: ``python -m benchmarks.soak --seed <seed> --partn
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -51,16 +49,10 @@ PLAN = {
 }
 
 
-@pytest.fixture(scope="module")
-def airflow_home() -> None:
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
 @pytest.mark.skipif(bool(os.environ.get(embedded_pg.DATABASE_URL_ENV)),
                     reason="restarts the embedded PostgreSQL server")
 @pytest.mark.timeout(SOAK_TIMEOUT)
-def test_short_soak_converges_after_every_night(airflow_home, db: str, tmp_path: Path, capsys) -> None:
+def test_short_soak_converges_after_every_night(airflow_db, db: str, tmp_path: Path, capsys) -> None:
     nights: dict[str, int] = {}
     for partner, night in PLAN:
         nights[partner] = max(nights.get(partner, 0), night)

@@ -45,6 +45,10 @@ def child(args: argparse.Namespace) -> None:
     from partner_harvest.store import RunRef, connect
     from partner_harvest.window import Window
 
+    if os.environ.get("HARVEST_BENCH_LOG"):  # each worker's log with times, on its stderr
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(threadName)s %(name)s: %(message)s")
     partner = _partner(args)
     adapter = build_adapter(partner, Endpoint(args.url, KEY, SECRET))
     started = time.perf_counter()

@@ -45,11 +45,13 @@ def measure_gap(conn: psycopg.Connection, run: RunRef) -> Gap:
     listed_key, missing_key = _keys(run)
     params = {"pid": run.partner_id, "run": run.run_id, "channel": run.channel,
               "listed": listed_key, "missing": missing_key}
+    conn.commit()  # a transaction of its own: the planner setting inside ends with it
     with conn.transaction():
         conn.execute("DELETE FROM reconcile_ids WHERE partner_id = %(pid)s AND run_id = %(missing)s", params)
         # Freshly bulk-loaded tables: give the planner statistics before the anti-joins.
         conn.execute("ANALYZE reconcile_ids")
         conn.execute("ANALYZE staging")
+        _no_nested_loops(conn)
         conn.execute(
             """
             INSERT INTO reconcile_ids (partner_id, run_id, identifier, deleted)
@@ -102,8 +104,24 @@ def still_missing(conn: psycopg.Connection, run: RunRef, sample: int = 20) -> tu
     accounted for.
     """
     listed_key = _keys(run)[0]
-    rows = conn.execute(
-        """
+    conn.commit()  # a transaction of its own: the setting below ends with it
+    with conn.transaction():
+        _no_nested_loops(conn)
+        rows = conn.execute(STILL_MISSING, {"pid": run.partner_id, "run": run.run_id, "channel": run.channel,
+                                            "listed": listed_key, "sample": sample}).fetchall()
+    return (rows[0][1] if rows else 0), [identifier for identifier, _ in rows]
+
+
+def _no_nested_loops(conn: psycopg.Connection) -> None:
+    """These statements compare whole id sets: a hash or merge join is always linear, a
+    nested loop over staging (no index on identifier) is quadratic. On statistics taken
+    while a sibling slice was still staging, the planner chose one: a check with nothing
+    missing took 70 s per slice instead of a fraction of a second
+    (benchmarks/sierra_sliced_load.py)."""
+    conn.execute("SET LOCAL enable_nestloop = off")
+
+
+STILL_MISSING = """
         SELECT l.identifier, count(*) OVER () FROM (
             SELECT DISTINCT identifier FROM reconcile_ids WHERE partner_id = %(pid)s AND run_id = %(listed)s
         ) l
@@ -111,11 +129,7 @@ def still_missing(conn: psycopg.Connection, run: RunRef, sample: int = 20) -> tu
                           WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.channel = %(channel)s
                             AND s.kind IN ('R', 'Q', 'T') AND s.identifier = l.identifier)
         ORDER BY l.identifier LIMIT %(sample)s
-        """,
-        {"pid": run.partner_id, "run": run.run_id, "channel": run.channel, "listed": listed_key, "sample": sample},
-    ).fetchall()
-    conn.commit()
-    return (rows[0][1] if rows else 0), [identifier for identifier, _ in rows]
+"""
 
 
 def clear(conn: psycopg.Connection, run: RunRef) -> None:

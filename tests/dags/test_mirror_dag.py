@@ -127,13 +127,44 @@ def test_staging_lost_to_a_crash_between_harvest_and_apply_is_harvested_again(en
     assert cursor()["until"] == repo.clock.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def test_a_reconcile_sharing_the_harvest_run_id_neither_takes_its_lease_nor_its_staging(env, repo, db) -> None:
+def test_a_reconcile_sharing_the_harvest_run_id_neither_takes_its_lease_nor_its_staging(
+        env, repo, db, monkeypatch) -> None:
     """Both DAGs name a run after its time; keyed by run id alone they shared lease and staging."""
+    import threading
+    from datetime import timedelta
+
+    from airflow.models.taskreschedule import TaskReschedule
+    from airflow.utils.session import create_session
+    from partner_harvest.store import leases
+
+    monkeypatch.setattr(leases, "MIN_WAIT", timedelta(seconds=1))
+    monkeypatch.setattr(leases, "RECHECK_AFTER", timedelta(seconds=1))
+
+    def reschedules() -> int:
+        with create_session() as session:
+            return session.query(TaskReschedule).count()
+
+    def end_the_harvest_lease_once_the_reconcile_waits(before: int, stop: threading.Event) -> None:
+        while not stop.wait(0.2):
+            if reschedules() > before:
+                with connect(db) as conn:
+                    conn.execute("UPDATE partner_leases SET expires_at = now() - interval '1 second'")
+                    conn.commit()
+                return
+
     skip_apply = "apply_changes|advance_cursor|check_quality"  # the harvest waits for its apply
     harvested = harvest_dag().test(run_after=LOGICAL, logical_date=LOGICAL, mark_success_pattern=skip_apply)
-    refused = reconcile_dag().test(run_after=LOGICAL, logical_date=LOGICAL)
-    assert harvested.run_id == refused.run_id  # the collision this guards against
-    assert states(refused) == {"reconcile": "failed"}  # the harvest holds the partner
+    before, stop = reschedules(), threading.Event()
+    watcher = threading.Thread(target=end_the_harvest_lease_once_the_reconcile_waits, args=(before, stop), daemon=True)
+    watcher.start()
+    try:
+        waited = reconcile_dag().test(run_after=LOGICAL, logical_date=LOGICAL)
+    finally:
+        stop.set()
+        watcher.join()
+    assert harvested.run_id == waited.run_id  # the collision this guards against
+    assert reschedules() > before  # the harvest held the partner: the reconcile waited (rescheduled) for it
+    assert states(waited) == {"reconcile": "success"}  # then ran once the harvest's lease ended
 
     later = LOGICAL.replace(day=2)
     harvested = harvest_dag().test(run_after=later, logical_date=later, mark_success_pattern=skip_apply)

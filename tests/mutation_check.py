@@ -148,7 +148,7 @@ MUTATIONS: tuple[Mutation, ...] = (
       (LAYERS + "test_the_parser_never_loads_an_external_dtd",),
       "the parser loads external DTDs (every other layer stays on)"),
     M("I9-xml-byte-scan", "xmlsafe.py",
-      "    _refuse_entity_declarations(content)\n    try:\n", "    try:\n",
+      "    _refuse_entity_declarations(content)\n    _refuse_too_many_nodes(", "    _refuse_too_many_nodes(",
       (LAYERS + "test_the_byte_scan_refuses_before_the_parser_runs",),
       "no byte scan before parsing (every other layer stays on)"),
     M("I9-xml-after-parse-check", "xmlsafe.py",

@@ -48,6 +48,27 @@ def stop(label: str = "pg") -> None:
     server.cleanup()
 
 
+def stop_leftover(label: str) -> bool:
+    """Stop a server still running in ``label``'s data directory; True when one was.
+
+    ``restart_immediately`` starts a new postmaster that pgserver does not track, so its
+    cleanup at exit stops nothing and the server outlives the tests (a later run in the
+    same checkout then met it half-alive).
+    """
+    import getpass
+
+    from pgserver._commands import pg_ctl
+
+    if not (data_dir(label) / "postmaster.pid").exists():
+        return False
+    user = "pgserver" if getpass.getuser() == "root" else None
+    try:
+        pg_ctl(["-m", "fast", "-w", "stop"], pgdata=data_dir(label), user=user, timeout=60)
+    except Exception:  # already gone between the check and the stop
+        return False
+    return True
+
+
 def restart_immediately(label: str, conninfo: str | None = None, timeout: float = 60.0) -> None:
     """Fault injection: ``pg_ctl restart -m immediate`` of the embedded server.
 

@@ -40,6 +40,7 @@ def pg_server() -> Iterator[str]:
     server = embedded_pg.server("test")
     yield server.get_uri()
     server.cleanup()  # stop it now, while pytest can still show what it logs
+    embedded_pg.stop_leftover("test")  # a postmaster a crash test restarted is not pgserver's to stop
 
 
 @pytest.fixture(scope="session")

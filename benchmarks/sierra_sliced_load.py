@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 
 import support
@@ -80,15 +78,7 @@ def run(url: str, db: str, args: argparse.Namespace, slices: int, run_id: str) -
     started = time.perf_counter()
     plan = support.run_child(__file__, *common, "--step", "plan")
     window = json.dumps(plan["window"])
-    workers = [subprocess.Popen([sys.executable, __file__, "--child", *common, "--step", "piece", "--window", window,
-                                 "--channel", piece["channel"]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for piece in plan["pieces"]]
-    pieces = []
-    for worker in workers:
-        out, err = worker.communicate()
-        if worker.returncode != 0:
-            raise SystemExit(f"slice worker failed:\n{err[-3000:]}")
-        pieces.append(json.loads(out.strip().splitlines()[-1]))
+    pieces = support.run_children_at_once(__file__, common, window, [p["channel"] for p in plan["pieces"]])
     harvested = time.perf_counter()
     finished = support.run_child(__file__, *common, "--step", "finish", "--window", window)
     wall = time.perf_counter() - started

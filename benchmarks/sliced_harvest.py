@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from datetime import timedelta
 
@@ -67,15 +65,7 @@ def run(script: str, url: str, db: str, args: argparse.Namespace, slices: int, r
     started = time.perf_counter()
     plan = support.run_child(script, *common, "--step", "plan")
     window = json.dumps(plan["window"])
-    workers = [subprocess.Popen([sys.executable, script, "--child", *common, "--step", "piece", "--window", window,
-                                 "--channel", piece["channel"]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for piece in plan["pieces"]]
-    results = []
-    for worker in workers:
-        out, err = worker.communicate()
-        if worker.returncode != 0:
-            raise SystemExit(f"slice worker failed:\n{err[-3000:]}")
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    results = support.run_children_at_once(script, common, window, [p["channel"] for p in plan["pieces"]])
     applied = support.run_child(script, *common, "--step", "apply")
     wall = time.perf_counter() - started
     return {"pieces": len(plan["pieces"]), "wall": wall, "fetched": applied["fetched"],

@@ -93,3 +93,18 @@ def postgres_cpu_seconds() -> float | None:
         if int(entry) == postmaster or int(fields[1]) == postmaster:
             total += sum(int(v) for v in fields[11:15]) / tick  # utime, stime, cutime, cstime
     return total
+
+
+def run_children_at_once(script: str, common: tuple[str, ...], window: str, channels: list[str]) -> list[dict]:
+    """One ``--step piece`` child per slice channel, all started at once (a pool as wide as
+    the plan), like Airflow's mapped slice tasks; their JSON figures in plan order."""
+    workers = [subprocess.Popen([sys.executable, script, "--child", *common, "--step", "piece", "--window", window,
+                                 "--channel", channel], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for channel in channels]
+    results = []
+    for worker in workers:
+        out, err = worker.communicate()
+        if worker.returncode != 0:
+            raise SystemExit(f"slice worker failed:\n{err[-3000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results

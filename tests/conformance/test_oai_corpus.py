@@ -374,3 +374,26 @@ def test_oarepo_nested_xoai_metadata() -> None:
     assert payload.tag == "{http://www.lyncode.com/xoai}metadata"
     assert "Vosolsobě, Stanislav" in record.metadata
     assert record.set_specs == ("com_20.500.11956_1902", "col_20.500.11956_1940", "nusl_set")
+
+
+LIST_FILES = [p for p in FILES if run(p).verb in ("ListRecords", "ListIdentifiers", "ListSets")]
+
+
+@pytest.mark.parametrize("path", LIST_FILES, ids=lambda p: str(p.relative_to(CORPUS)))
+def test_the_token_guessed_from_raw_bytes_is_the_parsed_token_or_none(path: Path) -> None:
+    """A pipelined chain asks for the next page on the token read off the raw bytes
+    (oai/client.py). On real responses the guess must never be a different token: a
+    wrong guess costs the partner a wasted request."""
+    outcome = run(path)
+    guess = parse.guess_token(path.read_bytes())
+    if outcome.error is not None:
+        assert guess is None or isinstance(outcome.error, XmlInputError)
+        return
+    assert guess in (None, outcome.result.token)
+
+
+def test_real_tokens_are_guessed_not_skipped() -> None:
+    """The guess is worth having: on the corpus pages that carry a token it finds it."""
+    carrying = [(p, run(p).result.token) for p in LIST_FILES if run(p).error is None and run(p).result.token]
+    assert carrying, "the corpus holds list pages with tokens"
+    assert [parse.guess_token(p.read_bytes()) for p, _ in carrying] == [token for _, token in carrying]

@@ -157,3 +157,54 @@ def test_a_chain_never_has_two_requests_in_flight_at_the_partner(sim, conn) -> N
                                  observed.window.until) == PAGES * 100
     assert stats.fetched == PAGES * 100 and [c[3] for c in stats.extra["checks"]] == [True, True]
     assert sim.max_in_flight == 1 and sim.in_flight == 0
+
+
+def test_the_next_request_leaves_before_this_page_is_parsed(sim, conn, monkeypatch) -> None:
+    """The token is read off the raw bytes, so request N+1 is at the partner while page N
+    is still being parsed: parsing is off the chain's critical path."""
+    from partner_harvest.oai import parse
+
+    observed = Observed(sim)
+    opened = parse._open
+    parsed: list[int] = []
+
+    def parse_waiting_for_the_next_request(content, **kwargs):
+        if b"<ListRecords>" in content:
+            parsed.append(len(parsed) + 1)
+            page = parsed[-1]
+            if page < PAGES:
+                assert observed.started[page + 1].wait(10), f"page {page + 1} not requested before {page} was parsed"
+        return opened(content, **kwargs)
+
+    monkeypatch.setattr(parse, "_open", parse_waiting_for_the_next_request)
+    stats = observed.harvest(StagingWriter(conn, RunRef("museum", "run-1")))
+    assert stats.fetched == PAGES * 100 and parsed == list(range(1, PAGES + 1))
+    assert observed.requests == PAGES and _fetchers() == []
+
+
+def test_token_markup_that_defeats_the_guess_costs_no_extra_request(sim, conn) -> None:
+    """Padding, CDATA, character references and a decoy comment, page by page: every page
+    is asked for once (a CDATA or ambiguous page waits for its parse instead)."""
+    sim.set_token_markup("varied")
+    sim.set_response_delay(20)
+    observed = Observed(sim)
+    stats = observed.harvest(StagingWriter(conn, RunRef("museum", "run-1")))
+    assert stats.fetched == PAGES * 100 and stats.restarts == 0
+    assert observed.requests == PAGES and sim.max_in_flight == 1 and sim.errors == []
+
+
+def test_a_wrong_guess_is_dropped_and_the_chain_still_ends_exactly(sim, conn) -> None:
+    """The last page leaves an old token in a comment: the guess asks for it, the parse
+    finds no token, and the stray answer (badResumptionToken) is waited for and dropped:
+    no restart, no extra page, still one request at a time."""
+    sim.set_token_markup("stale-comment")
+    sim.set_response_delay(20)
+    observed = Observed(sim)
+    stats = observed.harvest(StagingWriter(conn, RunRef("museum", "run-1")))
+    assert stats.fetched == PAGES * 100 and stats.pages == PAGES and stats.restarts == 0
+    staged = conn.execute("SELECT count(DISTINCT identifier) FROM staging WHERE run_id = 'run-1'").fetchone()[0]
+    assert staged == PAGES * 100
+    assert observed.requests == PAGES + 1 and sim.max_in_flight == 1 and sim.in_flight == 0
+    assert sim.requests[-1].get("resumptionToken", "").endswith("+stale")  # the dropped request
+    assert sim.errors == []
+    assert _fetchers() == []

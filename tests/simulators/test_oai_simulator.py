@@ -26,6 +26,7 @@ if str(ROOT) not in sys.path:  # allow plain `pytest` as well as `python -m pyte
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository, title  # noqa: E402
 from include.simulators.oai_pmh.collection import identifier_for, parse_oai_date  # noqa: E402
+from include.simulators.oai_pmh.server import TOKEN_MARKUPS  # noqa: E402
 
 NS = {
     "o": "http://www.openarchives.org/OAI/2.0/",
@@ -254,6 +255,33 @@ def test_token_chain_walks_to_exhaustion(session: requests.Session) -> None:
                              from_="2025-12-01")
         assert items and not tokens
         assert sim.errors == []
+
+
+@pytest.mark.parametrize("markup", TOKEN_MARKUPS)
+def test_every_token_markup_serves_the_same_chain(session: requests.Session, markup: str) -> None:
+    """Token markup varies as real servers' does (padding, CDATA, character references,
+    comments mentioning a token); each is valid OAI-PMH that a parser reads the same."""
+    repo = SimulatedRepository(records=1050, page_size=100)
+    with OaiSimulator(repo, token_markup=markup) as sim:
+        ids: list[str] = []
+        bodies: list[bytes] = []
+        params = {"verb": "ListRecords", "metadataPrefix": "oai_dc"}
+        while True:
+            bodies.append(session.get(sim.base_url, params=params).content)
+            body = etree.fromstring(bodies[-1]).find("o:ListRecords", NS)
+            ids += [ident(item) for item in body.findall("o:record", NS)]
+            token = body.find("o:resumptionToken", NS)
+            text = "".join(token.itertext()).strip() if token is not None else ""
+            if not text:
+                break
+            params = {"verb": "ListRecords", "resumptionToken": text}
+        assert ids == sorted(ids) and len(set(ids)) == 1050 and len(bodies) == 11
+        assert sim.errors == []
+        last = bodies[-1]
+        if markup == "stale-comment":  # no element, an old token in a comment
+            assert b"<!--" in last and etree.fromstring(last).find("o:ListRecords/o:resumptionToken", NS) is None
+        if markup == "varied":
+            assert b"CDATA" in b"".join(bodies) and b"&#33;" in b"".join(bodies) and b"<!--" in b"".join(bodies)
 
 
 def test_continuation_rules(session: requests.Session) -> None:

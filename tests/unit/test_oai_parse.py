@@ -517,3 +517,31 @@ def test_a_500_record_page_parses_every_record() -> None:
     page = parse.parse_list_records(big_page(500), "oai_dc")
     assert len(page.items) == 500 and all(isinstance(i, Record) for i in page.items)
     assert [i.identifier for i in page.items[:2]] == ["oai:example.org:0", "oai:example.org:1"]
+
+
+# -- the token guessed from raw bytes (pipelining asks for the next page on it) -----------
+
+_ECHO = b'<request verb="ListRecords" resumptionToken="prev!1">http://x/oai</request>'
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    (b'<ListRecords><record/><resumptionToken completeListSize="5" cursor="0">abc!1/x+y</resumptionToken>'
+     b'</ListRecords></OAI-PMH>', "abc!1/x+y"),
+    (b'<oai:resumptionToken a="1">\n  t&amp;k&#x21;\n</oai:resumptionToken>', "t&k!"),  # prefix, padding, refs
+    (b"<resumptionToken cursor='0'/>", None),  # the last page
+    (b"<resumptionToken></resumptionToken>", None),
+    (b"<resumptionToken><![CDATA[tok]]></resumptionToken>", None),  # CDATA: not guessed at
+    (b"<resumptionToken>a</resumptionToken><!-- <resumptionToken>b</resumptionToken> -->", None),  # ambiguous
+    (b"<resumptionTokenX>a</resumptionTokenX>", None),
+    (b"<description>on resumptionToken handling</description>", None),
+    (b"<resumptionToken>\xff\xfe</resumptionToken>", None),  # not UTF-8
+    ("<resumptionToken>a</resumptionToken>".encode("utf-16"), None),
+])
+def test_guess_token_reads_one_plain_token_element_or_gives_up(body: bytes, expected: str | None) -> None:
+    assert parse.guess_token(_ECHO + body) == expected
+
+
+def test_guess_token_ignores_the_request_echo_and_words_in_records() -> None:
+    body = (_ECHO + b"<ListRecords><record><metadata>resumptionToken resumptionToken</metadata></record>"
+            b"<resumptionToken>next</resumptionToken></ListRecords>")
+    assert parse.guess_token(body) == "next"

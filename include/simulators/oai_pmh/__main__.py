@@ -12,7 +12,7 @@ from datetime import timedelta
 
 from ..cli import add_listen_arguments, serve_until_signalled, simulator_parser
 from .collection import DELETED_POLICIES, GRANULARITY_SECONDS, SimulatedRepository
-from .server import OaiSimulator
+from .server import TOKEN_MARKUPS, OaiSimulator
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,6 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--formats", default="oai_dc,lido", help="comma-separated metadata prefixes")
     parser.add_argument("--deleted-record", choices=DELETED_POLICIES, default="persistent")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--token-markup", choices=TOKEN_MARKUPS, default="plain",
+                        help="how list pages write their resumptionToken")
     parser.add_argument("--invalid-every", type=int, default=0)
     parser.add_argument("--response-delay-ms", type=float, default=0.0,
                         help="every OAI response waits this long first (POST /_control/response_delay changes it)")
@@ -41,7 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         invalid_every=args.invalid_every, mutation_step=timedelta(seconds=args.mutation_step),
     )
     return serve_until_signalled(OaiSimulator(repo, host=args.host, port=args.port,
-                                              response_delay_ms=args.response_delay_ms))
+                                              response_delay_ms=args.response_delay_ms,
+                                              token_markup=args.token_markup))
 
 
 if __name__ == "__main__":

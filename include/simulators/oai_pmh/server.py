@@ -35,6 +35,13 @@ OAI_NS = "http://www.openarchives.org/OAI/2.0/"
 XML_CONTENT_TYPE = "text/xml; charset=utf-8"
 HTML_CONTENT_TYPE = "text/html; charset=utf-8"
 HOSTILE_KINDS = ("billion_laughs", "xxe")
+# How the resumptionToken element is written. Real servers differ: whitespace around the
+# token, CDATA, character references, comments mentioning a token (a harvester that reads
+# the token off the raw bytes must not be misled). "varied" rotates the first five page by
+# page; "stale-comment" leaves an old token in a comment on the last page, where the
+# element is absent.
+TOKEN_MARKUPS = ("plain", "padded", "charrefs", "cdata", "decoy", "varied", "stale-comment")
+_ROTATION = TOKEN_MARKUPS[:5]
 # attack_next: bodies that try to exhaust the harvesting worker rather than fool its parser.
 ATTACK_KINDS = ("gzip_bomb", "endless_body", "slow_drip", "deep_xml", "wide_xml", "many_attributes")
 _ATTACK_SIZES = {"gzip_bomb": 1 << 30, "deep_xml": 100_000, "wide_xml": 5_000_000,
@@ -119,6 +126,25 @@ def _hostile(xml: str, kind: str) -> str:
     return xml.replace("</request>", ref + "</request>", 1)
 
 
+def _token_element(attributes: str, token: str, markup: str) -> str:
+    """A resumptionToken element written the way `markup` says (TOKEN_MARKUPS)."""
+    if not token:
+        closed = "></resumptionToken>" if markup in ("padded", "cdata") else "/>"
+        return f"<resumptionToken {attributes}{closed}\n"
+    if markup == "padded":
+        text = f"\n      {payloads.escape(token)}\n    "
+    elif markup == "charrefs":
+        text = "".join(c if c.isalnum() else f"&#{ord(c)};" for c in token)
+    elif markup == "cdata":
+        text = f"<![CDATA[{token}]]>"
+    else:
+        text = payloads.escape(token)
+    element = f"<resumptionToken {attributes}>{text}</resumptionToken>\n"
+    if markup == "decoy":
+        element += f"<!-- the previous page's <resumptionToken>{payloads.escape(token)}~old</resumptionToken> -->\n"
+    return element
+
+
 def _accepts_gzip(header: str | None) -> bool:
     for part in (header or "").split(","):
         name, _, params = part.partition(";")
@@ -147,8 +173,10 @@ class OaiSimulator(ControlledServer):
 
     def __init__(self, repo: SimulatedRepository, host: str = "127.0.0.1", port: int = 0, *,
                  token_lifetime: timedelta = timedelta(hours=1), max_chains: int = 64,
-                 response_delay_ms: float = 0.0) -> None:
+                 response_delay_ms: float = 0.0, token_markup: str = "plain") -> None:
         super().__init__(host, port, _Handler, repo)
+        self.token_markup = "plain"
+        self.set_token_markup(token_markup)
         self.repo = repo
         self.token_lifetime = token_lifetime
         self.max_chains = max_chains
@@ -265,6 +293,13 @@ class OaiSimulator(ControlledServer):
             raise ValueError(f"kind must be one of {HOSTILE_KINDS}")
         with self._lock:
             self._hostile_next = kind
+
+    def set_token_markup(self, markup: str) -> None:
+        """How list pages write their resumptionToken (TOKEN_MARKUPS)."""
+        if markup not in TOKEN_MARKUPS:
+            raise ValueError(f"token markup must be one of {TOKEN_MARKUPS}")
+        with self._lock:
+            self.token_markup = markup
 
     def repeat_token(self, on: bool = True) -> None:
         """While on, continuation pages hand back the very token they were asked with."""
@@ -613,12 +648,22 @@ class OaiSimulator(ControlledServer):
             token_xml = ""
         elif next_token:
             expires = iso_seconds(self.repo.clock + self.token_lifetime)
-            token_xml = (f'<resumptionToken completeListSize="{total}" cursor="{cursor}" '
-                         f'expirationDate="{expires}">{payloads.escape(next_token)}</resumptionToken>\n')
+            token_xml = _token_element(f'completeListSize="{total}" cursor="{cursor}" expirationDate="{expires}"',
+                                       next_token, self._markup(cursor, page_size))
+        elif self.token_markup == "stale-comment":
+            stale = payloads.escape(f"{token or 'first'}+stale")
+            token_xml = f"<!-- served before: <resumptionToken>{stale}</resumptionToken> -->\n"
         else:
-            token_xml = f'<resumptionToken completeListSize="{total}" cursor="{cursor}"/>\n'
+            token_xml = _token_element(f'completeListSize="{total}" cursor="{cursor}"', "",
+                                       self._markup(cursor, page_size))
         return [f"<{verb}>\n", *self._render(page, prefix, verb == "ListIdentifiers"), token_xml,
                 f"</{verb}>\n"]
+
+    def _markup(self, cursor: int, page_size: int) -> str:
+        markup = self.token_markup
+        if markup == "varied":
+            return _ROTATION[(cursor // max(page_size, 1)) % len(_ROTATION)]
+        return "plain" if markup == "stale-comment" else markup
 
     def _render(self, numbers: list[int] | array, prefix: str, headers_only: bool) -> list[str]:
         """One line per header/record for the current state of `numbers`; vanished ones are skipped."""
@@ -689,6 +734,10 @@ class OaiSimulator(ControlledServer):
 
     def _control_hostile_next(self, data: dict[str, Any]) -> dict[str, Any]:
         self.hostile_next(str(data["kind"]))
+        return {"ok": True}
+
+    def _control_token_markup(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.set_token_markup(str(data.get("markup", "plain")))
         return {"ok": True}
 
     def _control_repeat_token(self, data: dict[str, Any]) -> dict[str, Any]:

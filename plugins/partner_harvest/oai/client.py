@@ -6,10 +6,13 @@ selective-harvest arguments; every continuation carries ``verb`` and
 but no records, is a loop, not progress.
 
 Pipelining: a chain is inherently sequential (the next request needs this page's
-token), but the token is known as soon as the document is parsed. So one fetcher
-thread per chain fetches and parses page N+1 while the caller validates page N's
-records and stages them, and never runs further ahead than that: at most two pages
-are held at once (I5). The thread ends with the stream, however the stream ends.
+token), but the token can be read off the page's raw bytes before the page is parsed
+(``parse.guess_token``). So one fetcher thread per chain fetches page N+1 while the
+caller parses, validates and stages page N, and the request for N+1 goes out the moment
+page N's bytes arrive. It never runs further ahead than that: at most two pages are held
+at once (I5), one request is in flight. A guess the parsed token contradicts costs one
+discarded request, never a wrong page. The thread ends with the stream, however the
+stream ends.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from urllib.parse import urlencode
 
@@ -169,24 +172,37 @@ class OaiClient:
             yield from self._pipelined_pages(verb, prefix, params)
 
     def _pipelined_pages(self, verb: str, prefix: str | None, params: dict[str, str]) -> Iterator[parse.ListPage]:
-        """One worker, and a request submitted only once the page before it was handed
-        over: at most one page ahead. Shutting down waits for a request in flight."""
+        """One worker, and a request submitted only once the page before it arrived: at
+        most one page ahead. The next request leaves on the guessed token, before this page
+        is parsed; a guess the parse contradicts (or a loop) is awaited and dropped, then
+        the right request is sent. Shutting down waits for a request in flight."""
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"oai-fetch-{self.partner_id}")
-        pending: Future[parse.OpenedPage] | None = None
+        pending: Future[bytes] | None = None
         try:
-            pending = pool.submit(self._open_page, params, verb, prefix)
+            pending = pool.submit(self.fetch, params)
             chain = _Chain(self)
             while True:
-                opened = pending.result()  # a fetch error surfaces here with its own type
+                content = pending.result()  # a fetch error surfaces here with its own type
                 pending = None
-                token = opened.page.token
-                loop = chain.check(params, token, bool(opened.nodes))
                 asked = params
-                if token and loop is None:
-                    params = _continuation(params, token)
-                    pending = pool.submit(self._open_page, params, verb, prefix)
+                guess = parse.guess_token(content)
+                if guess is not None:
+                    params = _continuation(asked, guess)
+                    pending = pool.submit(self.fetch, params)
                 with self._named_errors(asked):
-                    page = parse.fill_list_page(opened)
+                    page = parse.parse_list_page(content, verb, prefix)
+                del content
+                token = page.token
+                loop = chain.check(asked, token, bool(page.items))
+                if token != guess or loop is not None:
+                    if pending is not None:
+                        log.debug("%s: dropping the request sent on the guessed token %r (parsed: %r)",
+                                  self.partner_id, guess, token)
+                        _drop(pending)
+                        pending = None
+                    if token and loop is None:
+                        params = _continuation(asked, token)
+                        pending = pool.submit(self.fetch, params)
                 yield page
                 if loop is not None:
                     raise loop
@@ -197,18 +213,12 @@ class OaiClient:
                 pending.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _open_page(self, params: dict[str, str], verb: str, prefix: str | None) -> parse.OpenedPage:
-        """Fetch one list page and parse it up to its token (the fetcher's share of the work)."""
-        content = self.fetch(params)
-        with self._named_errors(params):
-            return parse.open_list_page(content, verb, prefix)
-
     def _sequential_pages(self, verb: str, prefix: str | None, params: dict[str, str]) -> Iterator[parse.ListPage]:
         chain = _Chain(self)
         while True:
             content = self.fetch(params)
             with self._named_errors(params):
-                page = parse.fill_list_page(parse.open_list_page(content, verb, prefix))
+                page = parse.parse_list_page(content, verb, prefix)
             yield page
             loop = chain.check(params, page.token, bool(page.items))
             if loop is not None:
@@ -216,6 +226,13 @@ class OaiClient:
             if not page.token:
                 return
             params = _continuation(params, page.token)
+
+
+def _drop(request: Future[bytes]) -> None:
+    """Let a request that is no longer wanted end (one request in flight per chain), and
+    ignore what it returned or raised."""
+    if not request.cancel():
+        wait([request])
 
 
 def _continuation(params: dict[str, str], token: str) -> dict[str, str]:

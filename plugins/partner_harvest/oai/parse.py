@@ -8,6 +8,7 @@ aborts its page: it becomes ``Rejected`` with the reason and its raw XML (I8).
 
 from __future__ import annotations
 
+import html
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -44,6 +45,13 @@ _METADATA = f"{_O}metadata"
 _TOKEN = f"{_O}resumptionToken"
 _ABSENT: str = "\x00absent"  # no such child (distinct from an empty one, which reads as None)
 _VERBS = ("Identify", "ListMetadataFormats", "ListSets", "ListIdentifiers", "ListRecords", "GetRecord")
+
+# A resumptionToken element as raw bytes: any namespace prefix, any attributes, empty or
+# self-closing. Only plain character data is read (a CDATA section is not guessed at).
+_TOKEN_MARKUP = re.compile(
+    rb"<(?:[A-Za-z_][\w.-]*:)?resumptionToken(?:\s[^>]*)?(?:/>|>([^<]*)</(?:[A-Za-z_][\w.-]*:)?resumptionToken\s*>)"
+)
+_TOKEN_TAIL = 65_536  # the token closes the list element: it sits in the page's last bytes
 
 _DATESTAMP_RE = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})"
@@ -225,49 +233,28 @@ def parse_list_sets(content: bytes) -> ListPage:
 
 def parse_list_identifiers(content: bytes) -> ListPage:
     """Parse ListIdentifiers into OaiHeader items; noRecordsMatch is an empty page."""
-    return fill_list_page(open_list_page(content, "ListIdentifiers"))
+    return parse_list_page(content, "ListIdentifiers")
 
 
 def parse_list_records(content: bytes, metadata_prefix: str) -> ListPage:
     """Parse ListRecords into Record / Tombstone / Rejected; noRecordsMatch is an empty page."""
-    return fill_list_page(open_list_page(content, "ListRecords", metadata_prefix))
+    return parse_list_page(content, "ListRecords", metadata_prefix)
 
 
-@dataclass(slots=True)
-class OpenedPage:
-    """A list response parsed as far as its envelope and token, its items not yet built.
-
-    The token is known before the (costlier) records are validated, so a pipelined chain
-    can ask for the next page first. ``nodes`` are the <record>/<header> elements.
-    """
-
-    page: ListPage
-    verb: str
-    metadata_prefix: str | None
-    nodes: list[etree._Element]
-
-
-def open_list_page(content: bytes, verb: str, metadata_prefix: str | None = None) -> OpenedPage:
-    """Parse the document and its envelope: errors, token, and the item elements."""
+def parse_list_page(content: bytes, verb: str, metadata_prefix: str | None = None) -> ListPage:
+    """A ListRecords or ListIdentifiers page: envelope, token, and its items (records
+    validated); noRecordsMatch is an empty page."""
     root, cleaned, empty = _open(content, no_records_ok=True)
     if empty:
-        return OpenedPage(ListPage(response_date=_response_date(root), cleaned=cleaned), verb, metadata_prefix, [])
+        return ListPage(response_date=_response_date(root), cleaned=cleaned)
     element = _verb_element(root, verb)
     page = _page(root, element, cleaned)
-    tag = _RECORD if verb == "ListRecords" else _HEADER
-    return OpenedPage(page, verb, metadata_prefix, list(element.iterchildren(tag)))
-
-
-def fill_list_page(opened: OpenedPage) -> ListPage:
-    """Build the items of an opened page (validation included) and return the page."""
-    page = opened.page
-    if opened.verb == "ListRecords":
-        prefix = opened.metadata_prefix or ""
+    if verb == "ListRecords":
+        prefix = metadata_prefix or ""
         fmt = get_format(prefix)
-        page.items.extend(_record_item(node, prefix, fmt) for node in opened.nodes)
+        page.items.extend(_record_item(node, prefix, fmt) for node in element.iterchildren(_RECORD))
     else:
-        page.items.extend(_header(node) for node in opened.nodes)
-    opened.nodes = []
+        page.items.extend(_header(node) for node in element.iterchildren(_HEADER))
     return page
 
 
@@ -279,6 +266,47 @@ def parse_get_record(content: bytes, metadata_prefix: str) -> HarvestItem:
     if node is None:
         raise OaiResponseError("<GetRecord> holds no <record>")
     return _record_item(node, metadata_prefix, get_format(metadata_prefix))
+
+
+def guess_token(content: bytes) -> str | None:
+    """The page's resumptionToken read off its raw bytes, before the page is parsed; None
+    when there is none or the markup is unusual enough that a guess could mislead.
+
+    Only a guess: it lets a pipelined chain ask for the next page while this one is parsed
+    (oai/client.py), and the caller compares it with the parsed token. The document is
+    not trusted here: nothing is resolved, entities are read as text. A guess is offered
+    only when the page holds exactly one resumptionToken element in its markup (a second
+    one, say in a comment, makes it ambiguous; the ``<request>`` echo's attribute of that
+    name does not count), and never for CDATA or for encodings that are not
+    ASCII-compatible (the name is then not found).
+    """
+    mentions = _markup_mentions(content)
+    if mentions == 0 or mentions > 2:
+        return None
+    matches = list(_TOKEN_MARKUP.finditer(content, max(0, len(content) - _TOKEN_TAIL)))
+    if len(matches) != 1 or mentions != (1 if matches[0].group(1) is None else 2):
+        return None
+    raw = matches[0].group(1)
+    if raw is None:
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    text = html.unescape(text).strip() if "&" in text else text.strip()
+    return text or None
+
+
+def _markup_mentions(content: bytes) -> int:
+    """How often ``resumptionToken`` is a tag name (after ``<``, ``</`` or a prefix's ``:``),
+    not an attribute or words in a record."""
+    count = 0
+    at = content.find(b"resumptionToken")
+    while at != -1:
+        if at and content[at - 1] in b"</:":
+            count += 1
+        at = content.find(b"resumptionToken", at + 15)
+    return count
 
 
 def response_verb(root: etree._Element) -> str | None:

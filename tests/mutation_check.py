@@ -96,8 +96,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     # I4 -- one transaction
     Mutation("I4-one-transaction", "store/apply.py", (
         ("CREATE TEMP TABLE apply_batch ON COMMIT DROP AS", "CREATE TEMP TABLE apply_batch AS"),
-        ("        landed = conn.execute(_UPSERT, params).fetchall()\n",
-         "        landed = conn.execute(_UPSERT, params).fetchall()\n"
+        ("        upserted = {channel: n for channel, n, _ in landed}\n",
+         "        upserted = {channel: n for channel, n, _ in landed}\n"
          "        conn.execute('COMMIT')\n        conn.execute('BEGIN')\n"),
     ), (APPLY + "test_failed_apply_leaves_nothing_half_applied",),
         "the upserts commit on their own, before the purge"),

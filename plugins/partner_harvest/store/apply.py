@@ -87,41 +87,59 @@ WHERE partner_id = %(pid)s AND run_id = %(run)s AND clock_regressed
 """
 
 # A record lands when it is newer than the stored record and than any remembered tombstone.
+# Stored records are updated, new ones inserted: two statements instead of one
+# INSERT .. ON CONFLICT, whose speculative insertion probes the key twice per row (a first
+# load of 190,000 records: 4.0 s of backend CPU instead of 5.3 s). The partner's apply lock
+# keeps other applies from inserting between the two; anything else that did would fail the
+# insert on the key (and the apply would be retried), never merge silently.
 # A data-modifying CTE runs exactly once whether or not the outer query reads it.
-_UPSERT = """
-WITH landed AS (
-INSERT INTO records AS r (partner_id, identifier, datestamp, metadata_prefix, metadata,
-                          set_specs, title, content_hash, run_id, observed_at, change_seq, regressed_clock)
-SELECT %(pid)s, b.identifier, b.datestamp, b.metadata_prefix, b.metadata, b.set_specs, b.title,
-       b.content_hash, %(run)s, b.observed_at, nextval('change_seq'), b.regressed_clock
-FROM apply_batch b
-WHERE b.kind = 'R' AND NOT EXISTS (
+_NOT_BEATEN_BY_A_TOMBSTONE = """NOT EXISTS (
     SELECT 1 FROM tombstones t
     WHERE t.partner_id = %(pid)s AND t.identifier = b.identifier
       AND NOT harvest_version_newer(b.datestamp, b.observed_at, b.regressed_clock,
-                                    t.datestamp, t.observed_at, t.regressed_clock))
-ON CONFLICT (partner_id, identifier) DO UPDATE SET
-    datestamp = EXCLUDED.datestamp, metadata_prefix = EXCLUDED.metadata_prefix,
-    metadata = EXCLUDED.metadata, set_specs = EXCLUDED.set_specs, title = EXCLUDED.title,
-    content_hash = EXCLUDED.content_hash, harvested_at = now(), run_id = EXCLUDED.run_id,
-    observed_at = EXCLUDED.observed_at, change_seq = EXCLUDED.change_seq,
-    regressed_clock = EXCLUDED.regressed_clock
-WHERE harvest_version_newer(EXCLUDED.datestamp, EXCLUDED.observed_at, EXCLUDED.regressed_clock,
+                                    t.datestamp, t.observed_at, t.regressed_clock))"""
+
+_UPDATE = """
+WITH landed AS (
+UPDATE records r SET
+    datestamp = b.datestamp, metadata_prefix = b.metadata_prefix, metadata = b.metadata,
+    set_specs = b.set_specs, title = b.title, content_hash = b.content_hash, harvested_at = now(),
+    run_id = %(run)s, observed_at = b.observed_at, change_seq = nextval('change_seq'),
+    regressed_clock = b.regressed_clock
+FROM apply_batch b
+WHERE b.kind = 'R' AND r.partner_id = %(pid)s AND r.identifier = b.identifier
+  AND harvest_version_newer(b.datestamp, b.observed_at, b.regressed_clock,
                             r.datestamp, r.observed_at, r.regressed_clock)
-  AND (r.datestamp <> EXCLUDED.datestamp OR r.content_hash <> EXCLUDED.content_hash)
--- xmax is 0 on a row this statement inserted, set on one it updated (the conflict locked it)
-RETURNING r.identifier, r.xmax = 0 AS inserted
+  AND (r.datestamp <> b.datestamp OR r.content_hash <> b.content_hash)
+  AND """ + _NOT_BEATEN_BY_A_TOMBSTONE + """
+RETURNING r.identifier
 ), superseded AS (
     DELETE FROM tombstones t USING landed l
     WHERE t.partner_id = %(pid)s AND t.identifier = l.identifier
 )
 {tally}
 """
-# Per channel: what landed, and how much of it was new. A run of one channel (most runs)
-# needs no join back to the batch for that.
-_TALLY_ONE_CHANNEL = "SELECT %(channel)s, count(*), count(*) FILTER (WHERE inserted) FROM landed"
-_TALLY_BY_CHANNEL = """SELECT b.channel, count(*), count(*) FILTER (WHERE landed.inserted)
-FROM landed JOIN apply_batch b USING (identifier) GROUP BY b.channel"""
+
+_INSERT = """
+WITH landed AS (
+INSERT INTO records (partner_id, identifier, datestamp, metadata_prefix, metadata,
+                     set_specs, title, content_hash, run_id, observed_at, change_seq, regressed_clock)
+SELECT %(pid)s, b.identifier, b.datestamp, b.metadata_prefix, b.metadata, b.set_specs, b.title,
+       b.content_hash, %(run)s, b.observed_at, nextval('change_seq'), b.regressed_clock
+FROM apply_batch b
+WHERE b.kind = 'R'
+  AND NOT EXISTS (SELECT 1 FROM records r WHERE r.partner_id = %(pid)s AND r.identifier = b.identifier)
+  AND """ + _NOT_BEATEN_BY_A_TOMBSTONE + """
+RETURNING identifier
+), superseded AS (
+    DELETE FROM tombstones t USING landed l
+    WHERE t.partner_id = %(pid)s AND t.identifier = l.identifier
+)
+{tally}
+"""
+# Per channel, what landed. A run of one channel (most runs) needs no join back to the batch.
+_TALLY_ONE_CHANNEL = "SELECT %(channel)s, count(*) FROM landed"
+_TALLY_BY_CHANNEL = "SELECT b.channel, count(*) FROM landed JOIN apply_batch b USING (identifier) GROUP BY b.channel"
 
 # All CTEs see the snapshot taken before the statement: ``remembered`` skips exactly the
 # tombstones that lose to a stored record, i.e. those ``gone`` did not delete.
@@ -208,18 +226,18 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         conn.execute("CREATE INDEX ON apply_batch (identifier)")
         conn.execute("ANALYZE apply_batch (kind, identifier)")  # the joins' columns, not the payloads
         _know_partner_rows(conn, "tombstones", partner_id)
-        if len(fetched) == 1:
-            upsert = _UPSERT.format(tally=_TALLY_ONE_CHANNEL)
-            landed = conn.execute(upsert, {**params, "channel": next(iter(fetched))}).fetchall()
-        else:
-            landed = conn.execute(_UPSERT.format(tally=_TALLY_BY_CHANNEL), params).fetchall()
-        upserted = {channel: n for channel, n, _ in landed}
+        tally = _TALLY_ONE_CHANNEL if len(fetched) == 1 else _TALLY_BY_CHANNEL
+        tally_params = {**params, "channel": next(iter(fetched), None)}
+        updated = dict(conn.execute(_UPDATE.format(tally=tally), tally_params).fetchall())
+        inserted = dict(conn.execute(_INSERT.format(tally=tally), tally_params).fetchall())
+        upserted = {channel: updated.get(channel, 0) + inserted.get(channel, 0)
+                    for channel in set(updated) | set(inserted)}
         purged: dict[str, int] = {}
         if staged.tombstones:
             _know_partner_rows(conn, "records", partner_id)
             purged = dict(conn.execute(_PURGE, params).fetchall())
         quarantined = dict(conn.execute(_QUARANTINE, params).fetchall()) if staged.rejects else {}
-        update_partner_stats(conn, partner_id, run_id, sum(new for _, _, new in landed) - sum(purged.values()))
+        update_partner_stats(conn, partner_id, run_id, sum(inserted.values()) - sum(purged.values()))
         per_channel = {
             channel: ApplyResult(
                 fetched=n,

@@ -126,15 +126,9 @@ def _run(kind: str, url: str, prefix: str, *extra: str) -> dict:
 
 
 def _ours(url: str, db: str, prefix: str, run_id: str, *, sequential: bool) -> dict:
-    """A first full load under a partner id of its own (the database keeps the others':
-    emptying `records` before each load left planner statistics of an empty table, and
-    the apply's tombstone join then ran for minutes; see the README)."""
-    from partner_harvest.store import connect
-    from partner_harvest.store.admin import forget_partner
-
+    """A first full load under a partner id of its own, settled before the measurements
+    (main: forgotten and vacuumed; the database keeps the other partners' rows)."""
     partner_id = f"{PARTNER}-{run_id}"
-    with connect(db) as conn:
-        forget_partner(conn, partner_id)
     extra = ("--db", db, "--run-id", run_id, "--partner", partner_id) + (("--sequential",) if sequential else ())
     figures = _run("ours", url, prefix, *extra)
     figures["exact"] = support.held_ids(db, partner_id) == support.control(url, "live_ids")
@@ -145,12 +139,8 @@ def _ours_sliced(url: str, db: str, args: argparse.Namespace) -> dict:
     """A full harvest the way a big partner's runs: planned into slices harvested by parallel
     processes (Airflow's mapped harvest_changes), then one apply (benchmarks/sliced_harvest.py)."""
     import sliced_harvest
-    from partner_harvest.store import connect
-    from partner_harvest.store.admin import forget_partner
 
     partner_id = f"{PARTNER}-sliced"  # its own: another benchmark may be using sliced_harvest's
-    with connect(db) as conn:
-        forget_partner(conn, partner_id)
     plan = argparse.Namespace(records=args.records, slices=args.slices, partner=partner_id)
     load_before = _load()
     figures = sliced_harvest.run(sliced_harvest.__file__, url, db, plan, args.slices, "b-sliced")
@@ -269,6 +259,8 @@ def main() -> int:
           f"5% deleted; simulator, harvester and PostgreSQL in separate processes on {os.cpu_count()} cores; "
           f"{_load()} at start")
     db = support.fresh_database(PARTNER)
+    loads = [f"{PARTNER}-{part}-{how}" for part in "ab" for how in ("pipelined", "sequential")] + [f"{PARTNER}-sliced"]
+    print(f"  (settled: the partners forgotten and the tables vacuumed in {support.settle(db, loads):.1f} s)")
     sim_args = ("--records", str(args.records), "--deleted-fraction", "0.05", "--page-size", str(args.page_size),
                 "--granularity", "seconds", "--formats", "oai_dc,lido")
     ok = True

@@ -118,9 +118,6 @@ def _baseline(args: argparse.Namespace) -> dict:
 
 def _compare(args: argparse.Namespace) -> tuple[bool, dict]:
     from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
-    from partner_harvest.store import connect
-    from partner_harvest.store.admin import forget_partner
-
     built = time.perf_counter()
     repo = SimulatedRepository(records=args.records, page_size=500, deleted_fraction=0.05, seed=3)
     sim = OaiSimulator(repo)
@@ -140,11 +137,15 @@ def _compare(args: argparse.Namespace) -> tuple[bool, dict]:
     runs = ([] if args.no_chain else [("one chain", 1)]) + [(f"{args.slices} slices", args.slices)]
     with sim:
         db = support.fresh_database(args.partner)
+        # each load a first load under its own partner id, settled before any is measured
+        loads = {slices: argparse.Namespace(**{**vars(args), "partner": f"{args.partner}-{slices}"})
+                 for _, slices in runs}
+        print(f"  (settled: the partners forgotten and the tables vacuumed in "
+              f"{support.settle(db, [load.partner for load in loads.values()]):.1f} s)")
         for label, slices in runs:
-            with connect(db) as conn:
-                forget_partner(conn, args.partner)
-            figures[label] = result = run(__file__, sim.base_url, db, args, slices, f"bench-{slices}")
-            equal = support.held_ids(db, args.partner) == live
+            load = loads[slices]
+            figures[label] = result = run(__file__, sim.base_url, db, load, slices, f"bench-{slices}")
+            equal = support.held_ids(db, load.partner) == live
             ok = ok and equal
             print(f"  {label:>10}: {result['pieces']} piece(s), {result['pages']} pages, {result['wall']:.1f} s wall, "
                   f"{result['fetched'] / result['wall']:,.0f} records/s end to end (apply {result['apply_seconds']:.1f} s), "

@@ -379,7 +379,7 @@ def _header(node: etree._Element) -> OaiHeader:
     datestamp count; set specs deduplicated in order)."""
     identifier = datestamp = _ABSENT
     specs: list[str] = []
-    for child in node.iterchildren(_IDENTIFIER, _DATESTAMP, _SET_SPEC):
+    for child in node:  # every child, comments too: a tag filter costs more than comparing tags
         tag = child.tag
         if tag == _SET_SPEC:
             spec = _text(child)
@@ -388,7 +388,7 @@ def _header(node: etree._Element) -> OaiHeader:
         elif tag == _IDENTIFIER:
             if identifier is _ABSENT:
                 identifier = _text(child)
-        elif datestamp is _ABSENT:
+        elif tag == _DATESTAMP and datestamp is _ABSENT:
             datestamp = _text(child)
     return OaiHeader(
         identifier=None if identifier is _ABSENT else identifier,
@@ -400,11 +400,12 @@ def _header(node: etree._Element) -> OaiHeader:
 
 def _record_item(node: etree._Element, prefix: str, fmt: MetadataFormat) -> HarvestItem:
     header_node = metadata = None
-    for child in node.iterchildren(_HEADER, _METADATA):  # the first of each counts
-        if child.tag == _HEADER:
+    for child in node:  # the first of each counts
+        tag = child.tag
+        if tag == _HEADER:
             if header_node is None:
                 header_node = child
-        elif metadata is None:
+        elif tag == _METADATA and metadata is None:
             metadata = child
     if header_node is None:
         return _reject(node, None, "record has no <header>", None, prefix)

@@ -64,12 +64,15 @@ def run(script: str, url: str, db: str, args: argparse.Namespace, slices: int, r
               "--partner", getattr(args, "partner", PARTNER))
     started = time.perf_counter()
     plan = support.run_child(script, *common, "--step", "plan")
+    planned = time.perf_counter()
     window = json.dumps(plan["window"])
     results = support.run_children_at_once(script, common, window, [p["channel"] for p in plan["pieces"]])
+    harvested = time.perf_counter()
     applied = support.run_child(script, *common, "--step", "apply")
     wall = time.perf_counter() - started
     return {"pieces": len(plan["pieces"]), "wall": wall, "fetched": applied["fetched"],
             "pages": sum(r["pages"] for r in results), "apply_seconds": applied["apply_seconds"],
+            "plan_seconds": planned - started, "harvest_seconds": harvested - planned,
             "peak_rss_mib": max(r["peak_rss_mib"] for r in results)}
 
 
@@ -148,7 +151,8 @@ def _compare(args: argparse.Namespace) -> tuple[bool, dict]:
             equal = support.held_ids(db, load.partner) == live
             ok = ok and equal
             print(f"  {label:>10}: {result['pieces']} piece(s), {result['pages']} pages, {result['wall']:.1f} s wall, "
-                  f"{result['fetched'] / result['wall']:,.0f} records/s end to end (apply {result['apply_seconds']:.1f} s), "
+                  f"{result['fetched'] / result['wall']:,.0f} records/s end to end (plan {result['plan_seconds']:.1f} s, "
+                  f"harvest {result['harvest_seconds']:.1f} s, apply {result['apply_seconds']:.1f} s), "
                   f"peak RSS per worker {result['peak_rss_mib']:.0f} MiB; records == live set: {'yes' if equal else 'NO'}")
     return ok, figures
 

@@ -49,6 +49,24 @@ SIERRA_KEY, SIERRA_SECRET = "soak-key", "soak-secret-never-logged"
 
 
 @dataclass(frozen=True)
+class Waits:
+    """How long a night waits between tries; never what a fault does or how often it fires.
+
+    The defaults are the soak command's (python -m benchmarks.soak). The test suite runs the
+    same nights with ``FAST_WAITS``: every retry still happens, the same number of times,
+    just without the idle seconds between tries."""
+
+    retry_delay: str = RETRY_DELAY  # registry retry_delay: the scheduler's wait (--scheduler nights)
+    max_retry_delay: str = MAX_RETRY_DELAY
+    dag_test_retry_seconds: float = 1.0  # dag.test nights: each task's retry_delay (night.py)
+    sierra_server_error_backoff: float | None = None  # options.sierra; None: the registry default (2 s, 4 s)
+
+
+FAST_WAITS = Waits(retry_delay="1s", max_retry_delay="1s", dag_test_retry_seconds=0.0,
+                   sierra_server_error_backoff=0.01)
+
+
+@dataclass(frozen=True)
 class PartnerSpec:
     id: str
     protocol: str  # "oai-pmh" | "sierra"
@@ -70,15 +88,17 @@ PARTNERS: dict[str, PartnerSpec] = {p.id: p for p in (
 )}
 
 
-def registry_yaml(partners: list[PartnerSpec]) -> str:
+def registry_yaml(partners: list[PartnerSpec], waits: Waits = Waits()) -> str:
     lines = ["partners:"]
     http = f"http: {{backoff_factor: 0.01, retries: {HTTP_RETRIES}, retry_after_cap: 2}}"
-    airflow = (f"retries: {RETRIES}, retry_delay: {RETRY_DELAY}, max_retry_delay: {MAX_RETRY_DELAY},"
+    airflow = (f"retries: {RETRIES}, retry_delay: {waits.retry_delay}, max_retry_delay: {waits.max_retry_delay},"
                f" execution_timeout: {EXECUTION_TIMEOUT}")
+    sierra = ("" if waits.sierra_server_error_backoff is None
+              else f" sierra: {{server_error_backoff: {waits.sierra_server_error_backoff}}},")
     for p in partners:
         if p.protocol == "sierra":
             lines.append(f"  - {{id: {p.id}, protocol: sierra, conn_id: partner_{p.id}, page_size: 10, lag: 5m,"
-                         f" {airflow}, deletion_overlap_days: 1, options: {{{http},"
+                         f" {airflow}, deletion_overlap_days: 1, options: {{{http},{sierra}"
                          " export: {limit: 100, rate_limit_wait: 0}}}")
         else:
             lines.append(f"  - {{id: {p.id}, protocol: oai-pmh, conn_id: partner_{p.id}, metadata_prefix: oai_dc,"
@@ -228,8 +248,13 @@ class Night:
 class Soak:
     def __init__(self, *, seed: int, nights: int | dict[str, int], partners: list[str], conninfo: str, pg_label: str,
                  workdir: Path, size: int = 300, reconcile_every: int = 7, plan: dict | None = None,
-                 known_gaps: bool = False, scheduler: bool = False, log=print) -> None:
+                 known_gaps: bool = False, scheduler: bool = False, waits: Waits = Waits(),
+                 airflow_metadata: tuple[str, str] | None = None, log=print) -> None:
         self.known_gaps = known_gaps
+        self.waits = waits
+        # --scheduler nights: (server URI, template database) to copy Airflow's metadata
+        # database from, on that server, instead of migrating one on a server of its own.
+        self.airflow_metadata = airflow_metadata
         self.scheduler = scheduler  # nights as DAG runs of a real scheduler (benchmarks/soak/scheduler.py)
         self.stack = None
         self.seed, self.nights, self.conninfo, self.pg_label = seed, nights, conninfo, pg_label
@@ -248,7 +273,7 @@ class Soak:
         pg = conninfo_to_dict(self.conninfo)
         env = dict(os.environ)
         registry = self.workdir / "partners.yaml"
-        registry.write_text(registry_yaml(self.specs))
+        registry.write_text(registry_yaml(self.specs, self.waits))
         env.update({
             "HARVEST_PARTNERS_FILE": str(registry),
             "HARVEST_LEASE_TTL_SECONDS": str(LEASE_TTL_SECONDS),
@@ -292,13 +317,26 @@ class Soak:
         from benchmarks.soak.scheduler import SchedulerStack
 
         dag_ids = [f"harvest_{s.id}" for s in self.specs] + [f"reconcile_{s.id}" for s in self.specs if s.reconciled]
+        if self.airflow_metadata:
+            self._check_no_restart_meets_airflow()
         self.stack = SchedulerStack(self.workdir, env, dag_ids, [f"partner_{s.id}" for s in self.specs],
-                                    meta_label=f"{self.pg_label}-airflow")
+                                    meta_label=f"{self.pg_label}-airflow", metadata_template=self.airflow_metadata)
         try:
             self.stack.start()
         except BaseException:
             self.stack.stop()
             raise
+
+    def _check_no_restart_meets_airflow(self) -> None:
+        """Airflow's metadata beside the aggregation database is only for planned nights
+        without a PostgreSQL restart: a restart must hit the aggregation database alone."""
+        for spec in self.specs:
+            count = self.nights if isinstance(self.nights, int) else self.nights[spec.id]
+            for night in range(1, count + 1):
+                kind = self.plan.get((spec.id, night))
+                if kind is None or fault_of(kind).action == "pg_restart":
+                    raise ValueError(f"{spec.id} night {night} ({kind or 'unplanned'}) may restart PostgreSQL:"
+                                     " Airflow's metadata database needs a server of its own")
 
     def _scheduled(self, partner: Partner, night: int, kind: str, moment: str = "",
                    action: str = "") -> tuple[dict, bool]:
@@ -353,6 +391,7 @@ class Soak:
         result.unlink(missing_ok=True)
         argv = ["--partner", partner.spec.id, "--kind", kind,
                 "--logical", (START + timedelta(days=night)).isoformat(), "--retries", str(RETRIES),
+                "--retry-delay", str(self.waits.dag_test_retry_seconds),
                 "--pg-label", self.pg_label, "--result", str(result)]
         if moment and action:
             argv += ["--moment", moment, "--action", action]

@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kind", choices=("harvest", "reconcile"), default="harvest")
     parser.add_argument("--logical", required=True, help="logical date (ISO); one per night")
     parser.add_argument("--retries", type=int, default=2)
+    parser.add_argument("--retry-delay", type=float, default=1.0, help="seconds before a task's retry")
     parser.add_argument("--moment", default="", help="running:<task> | success:<task> | apply:audit")
     parser.add_argument("--action", default="", choices=("", "kill", "pg_restart"))
     parser.add_argument("--pg-label", default="test")
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     dag = (build_harvest_dag if args.kind == "harvest" else build_reconcile_dag)(partner)
     for task in dag.tasks:  # Airflow's own retries, with delays fit for a soak
         task.retries = args.retries
-        task.retry_delay = timedelta(seconds=1)
+        task.retry_delay = timedelta(seconds=args.retry_delay)
         task.retry_exponential_backoff = 0
     logical = datetime.fromisoformat(args.logical)
     run = dag.test(run_after=logical, logical_date=logical)

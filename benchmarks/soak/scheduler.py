@@ -75,9 +75,12 @@ class SchedulerStack:
     """Start with :meth:`start`, stop with :meth:`stop` (also on failure)."""
 
     def __init__(self, workdir: Path, night_env: dict[str, str], dag_ids: list[str], pools: list[str],
-                 meta_label: str) -> None:
+                 meta_label: str, metadata_template: tuple[str, str] | None = None) -> None:
         self.workdir, self.night_env, self.dag_ids, self.pools = workdir, night_env, dag_ids, pools
         self.meta_label = meta_label
+        # (server URI, database) already migrated: the metadata database is a copy of it on
+        # that server (CREATE DATABASE ... TEMPLATE) instead of a migration on a server of its own.
+        self.metadata_template = metadata_template
         self.home = workdir / "airflow_home"
         self.arm_file = workdir / "armed.json"
         self.processes: dict[str, subprocess.Popen] = {}
@@ -91,10 +94,14 @@ class SchedulerStack:
         from include import embedded_pg
 
         self.home.mkdir(parents=True, exist_ok=True)
-        server = embedded_pg.start(self.meta_label)
+        server, template = self.metadata_template or (embedded_pg.start(self.meta_label), None)
         name = f"soak_airflow_{uuid.uuid4().hex[:8]}"
         with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            if template:
+                admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                    sql.Identifier(name), sql.Identifier(template)))
+            else:
+                admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         self._meta = (server, name)
         params = conninfo_to_dict(server)
         params["dbname"] = name
@@ -144,12 +151,13 @@ class SchedulerStack:
         })
         self.env = env
         airflow = [sys.executable, "-m", "airflow"]
-        self.logs["db-migrate"] = self.workdir / "airflow-db-migrate.log"
-        with self.logs["db-migrate"].open("wb") as out:
-            done = subprocess.run([*airflow, "db", "migrate"], env=env, cwd=self.workdir, stdout=out,
-                                  stderr=subprocess.STDOUT, timeout=600)
-        if done.returncode != 0:
-            raise RuntimeError(f"airflow db migrate failed\n{self.log_tail('db-migrate')}")
+        if template is None:
+            self.logs["db-migrate"] = self.workdir / "airflow-db-migrate.log"
+            with self.logs["db-migrate"].open("wb") as out:
+                done = subprocess.run([*airflow, "db", "migrate"], env=env, cwd=self.workdir, stdout=out,
+                                      stderr=subprocess.STDOUT, timeout=600)
+            if done.returncode != 0:
+                raise RuntimeError(f"airflow db migrate failed\n{self.log_tail('db-migrate')}")
         commands = {"api-server": [*airflow, "api-server", "--host", "127.0.0.1", "--port", str(port)],
                     "scheduler": [*airflow, "scheduler"], "dag-processor": [*airflow, "dag-processor"]}
         for name in SERVICES:

@@ -46,7 +46,7 @@ def wait_for(probe, timeout: float, what: str, proc: subprocess.Popen, log: Path
         result = probe()
         if result:
             return result
-        time.sleep(1)
+        time.sleep(0.25)  # polls an observable condition (a log line, an API answer)
     raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.soak.driver import Soak, summary
+from benchmarks.soak.driver import FAST_WAITS, Soak, summary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 
@@ -35,10 +35,13 @@ KILLED_TASK = {  # the task whose process dies, so whose try the scheduler repea
 
 
 def test_sigkilled_tasks_are_retried_by_the_scheduler_and_the_mirror_converges(
-        db: str, tmp_path: Path, capsys) -> None:
+        db: str, tmp_path: Path, capsys, pg_server: str, airflow_metadata_template: str) -> None:
     tries: dict[int, dict] = {}
+    # No night restarts PostgreSQL, so Airflow's metadata database may sit beside the
+    # aggregation database: a copy of the session's migrated one (tests/e2e/conftest.py).
     soak = Soak(seed=SEED, nights={PARTNER: len(PLAN)}, partners=[PARTNER], conninfo=db, pg_label="test",
-                workdir=tmp_path, plan=PLAN, size=60, scheduler=True)
+                workdir=tmp_path, plan=PLAN, size=60, scheduler=True, waits=FAST_WAITS,
+                airflow_metadata=(pg_server, airflow_metadata_template))
     scheduled = soak._scheduled
 
     def keep_tries(partner, night, kind, moment="", action=""):

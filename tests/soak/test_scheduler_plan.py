@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.soak.driver import PARTNERS, per_kind_plan
+from benchmarks.soak.driver import FAST_WAITS, PARTNERS, Soak, per_kind_plan, registry_yaml
 from benchmarks.soak.faults import FAULTS
 
 
@@ -43,3 +43,30 @@ def test_an_armed_fault_is_claimed_once(tmp_path: Path, monkeypatch: pytest.Monk
     assert arm._claim(order) is False  # a retry of the killed task meets no fault
     assert arm._order() is None
     assert json.loads(order.with_name("armed.json.fired").read_text())["pid"] > 0
+
+
+@pytest.mark.parametrize("plan", [{("soak_persistent", 1): "kill_mid_page", ("soak_persistent", 2): "pg_restart_mid_apply"},
+                                  {("soak_persistent", 1): "kill_mid_page"}])  # night 2 unplanned: a seeded pick
+def test_airflow_metadata_beside_the_aggregation_database_refuses_nights_that_may_restart_it(
+        tmp_path: Path, plan: dict) -> None:
+    soak = Soak(seed=1, nights=2, partners=["soak_persistent"], conninfo="dbname=unused", pg_label="test",
+                workdir=tmp_path, plan=plan, scheduler=True, airflow_metadata=("dbname=unused", "template"))
+    with pytest.raises(ValueError, match="soak_persistent night 2"):
+        soak._check_no_restart_meets_airflow()
+    soak.plan[("soak_persistent", 2)] = "kill_mid_apply"
+    soak._check_no_restart_meets_airflow()  # kills only: no error
+
+
+def test_fast_waits_shorten_only_the_waits_of_a_valid_registry(tmp_path: Path) -> None:
+    from partner_harvest.registry import load_partners
+
+    path = tmp_path / "partners.yaml"
+    path.write_text(registry_yaml([PARTNERS["soak_persistent"], PARTNERS["soak_sierra"]], FAST_WAITS))
+    fast = {p.id: p for p in load_partners(path)}
+    path.write_text(registry_yaml([PARTNERS["soak_persistent"], PARTNERS["soak_sierra"]]))
+    default = {p.id: p for p in load_partners(path)}
+    assert fast["soak_sierra"].retry_delay.total_seconds() == 1 < default["soak_sierra"].retry_delay.total_seconds()
+    assert fast["soak_sierra"].options["sierra"] == {"server_error_backoff": 0.01}
+    assert not default["soak_sierra"].options["sierra"]  # the client's own 2 s, 4 s for the soak command
+    assert fast["soak_sierra"].retries == default["soak_sierra"].retries
+    assert fast["soak_persistent"].options == default["soak_persistent"].options

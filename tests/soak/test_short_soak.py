@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.soak.driver import Soak, summary
+from benchmarks.soak.driver import FAST_WAITS, Soak, summary
 from benchmarks.soak.faults import FAULTS
 from include import embedded_pg
 
@@ -57,7 +57,7 @@ def test_short_soak_converges_after_every_night(airflow_db, db: str, tmp_path: P
     for partner, night in PLAN:
         nights[partner] = max(nights.get(partner, 0), night)
     soak = Soak(seed=SEED, nights=nights, partners=list(nights), conninfo=db, pg_label="test",
-                workdir=tmp_path, reconcile_every=3, plan=PLAN, size=200)
+                workdir=tmp_path, reconcile_every=3, plan=PLAN, size=200, waits=FAST_WAITS)
     results = soak.run()
     table = summary(results, SEED)
     with capsys.disabled():

@@ -280,13 +280,10 @@ def guess_token(content: bytes) -> str | None:
     name does not count), and never for CDATA or for encodings that are not
     ASCII-compatible (the name is then not found).
     """
-    mentions = _markup_mentions(content)
-    if mentions == 0 or mentions > 2:
+    if _markup_mentions(content) != 2:  # one start tag and one end tag, nothing else
         return None
     matches = list(_TOKEN_MARKUP.finditer(content, max(0, len(content) - _TOKEN_TAIL)))
-    if len(matches) != 1 or mentions != (1 if matches[0].group(1) is None else 2):
-        return None
-    raw = matches[0].group(1)
+    raw = matches[0].group(1) if len(matches) == 1 else None
     if raw is None:
         return None
     try:

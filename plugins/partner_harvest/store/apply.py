@@ -21,6 +21,7 @@ failover empties it, and an apply over an empty staging would silently skip the 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 import psycopg
@@ -99,6 +100,15 @@ _NOT_BEATEN_BY_A_TOMBSTONE = """NOT EXISTS (
       AND NOT harvest_version_newer(b.datestamp, b.observed_at, b.regressed_clock,
                                     t.datestamp, t.observed_at, t.regressed_clock))"""
 
+# Both writes end alike: tombstones a landed record supersedes go, and what landed is
+# counted per channel ({tally}).
+_LANDED_TAIL = """), superseded AS (
+    DELETE FROM tombstones t USING landed l
+    WHERE t.partner_id = %(pid)s AND t.identifier = l.identifier
+)
+{tally}
+"""
+
 _UPDATE = """
 WITH landed AS (
 UPDATE records r SET
@@ -113,12 +123,7 @@ WHERE b.kind = 'R' AND r.partner_id = %(pid)s AND r.identifier = b.identifier
   AND (r.datestamp <> b.datestamp OR r.content_hash <> b.content_hash)
   AND """ + _NOT_BEATEN_BY_A_TOMBSTONE + """
 RETURNING r.identifier
-), superseded AS (
-    DELETE FROM tombstones t USING landed l
-    WHERE t.partner_id = %(pid)s AND t.identifier = l.identifier
-)
-{tally}
-"""
+""" + _LANDED_TAIL
 
 _INSERT = """
 WITH landed AS (
@@ -131,12 +136,7 @@ WHERE b.kind = 'R'
   AND NOT EXISTS (SELECT 1 FROM records r WHERE r.partner_id = %(pid)s AND r.identifier = b.identifier)
   AND """ + _NOT_BEATEN_BY_A_TOMBSTONE + """
 RETURNING identifier
-), superseded AS (
-    DELETE FROM tombstones t USING landed l
-    WHERE t.partner_id = %(pid)s AND t.identifier = l.identifier
-)
-{tally}
-"""
+""" + _LANDED_TAIL
 # Per channel, what landed. A run of one channel (most runs) needs no join back to the batch.
 _TALLY_ONE_CHANNEL = "SELECT %(channel)s, count(*) FROM landed"
 _TALLY_BY_CHANNEL = "SELECT b.channel, count(*) FROM landed JOIN apply_batch b USING (identifier) GROUP BY b.channel"
@@ -230,8 +230,7 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         tally_params = {**params, "channel": next(iter(fetched), None)}
         updated = dict(conn.execute(_UPDATE.format(tally=tally), tally_params).fetchall())
         inserted = dict(conn.execute(_INSERT.format(tally=tally), tally_params).fetchall())
-        upserted = {channel: updated.get(channel, 0) + inserted.get(channel, 0)
-                    for channel in set(updated) | set(inserted)}
+        upserted = Counter(updated) + Counter(inserted)
         purged: dict[str, int] = {}
         if staged.tombstones:
             _know_partner_rows(conn, "records", partner_id)

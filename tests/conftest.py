@@ -17,15 +17,29 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Under pytest-xdist (scripts/test.sh runs two workers) each worker has its own embedded
+# PostgreSQL and its own AIRFLOW_HOME: the short soak restarts its server, and Airflow's
+# SQLite metadata DB takes one writer at a time.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+PG_LABEL = f"test-{WORKER}" if WORKER else "test"
+
 # Airflow reads these at import time; tests must never touch a user's Airflow install.
 os.environ.setdefault("XDG_RUNTIME_DIR", f"/tmp/ph-runtime-{os.getuid()}")
 os.makedirs(os.environ["XDG_RUNTIME_DIR"], mode=0o700, exist_ok=True)
 os.environ.setdefault("AIRFLOW_HOME", str(ROOT / ".airflow-test"))
+if WORKER:  # the controller set the shared home before it started this worker
+    os.environ["AIRFLOW_HOME"] = os.path.join(os.environ["AIRFLOW_HOME"], WORKER)
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(ROOT / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(ROOT / "plugins"))
 
 logging.getLogger("pgserver").setLevel(logging.WARNING)  # its exit-time INFO lines hit closed streams
+
+
+@pytest.fixture(scope="session")
+def pg_label() -> str:
+    """The embedded server's label (``include.embedded_pg``): what fault injection restarts."""
+    return PG_LABEL
 
 
 @pytest.fixture(scope="session")
@@ -37,10 +51,10 @@ def pg_server() -> Iterator[str]:
     if given:
         yield given
         return
-    server = embedded_pg.server("test")
+    server = embedded_pg.server(PG_LABEL)
     yield server.get_uri()
     server.cleanup()  # stop it now, while pytest can still show what it logs
-    embedded_pg.stop_leftover("test")  # a postmaster a crash test restarted is not pgserver's to stop
+    embedded_pg.stop_leftover(PG_LABEL)  # a postmaster a crash test restarted is not pgserver's to stop
 
 
 @pytest.fixture(scope="session")
@@ -99,3 +113,23 @@ def airflow_db() -> None:
         [sys.executable, "-m", "airflow", "db", "migrate"], env=dict(os.environ), check=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
+
+
+# The longest modules first (measured, seconds in a serial run), so that under pytest-xdist
+# (scripts/test.sh: two workers, whole modules per worker) neither worker is left with a
+# long module at the end. The order is the same in every worker, as xdist requires.
+SLOWEST_FIRST = (
+    "tests/soak/test_short_soak.py",          # ~150
+    "tests/e2e/test_airflow_services.py",     # ~130
+    "tests/e2e/test_celery_executor.py",      # ~75
+    "tests/e2e/test_soak_scheduler.py",       # ~60
+    "tests/dags/test_mirror_dag.py",          # ~60
+    "tests/e2e/test_health_page.py",          # ~50
+    "tests/e2e/test_change_feed_e2e.py",      # ~50
+    "tests/e2e/test_airflow_ui_script.py",    # ~35
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest keep their order

@@ -105,15 +105,16 @@ def listen():
     manager.clear()
 
 
-def crash_postgres(conninfo: str) -> None:
+def crash_postgres(label: str, conninfo: str) -> None:
     """An immediate restart of the embedded server (crash recovery empties UNLOGGED
     staging), then wait until it answers again."""
-    embedded_pg.restart_immediately("test", conninfo)
+    embedded_pg.restart_immediately(label, conninfo)
 
 
 @pytest.mark.skipif(bool(os.environ.get(embedded_pg.DATABASE_URL_ENV)), reason="needs the embedded server to crash it")
-def test_staging_lost_to_a_crash_between_harvest_and_apply_is_harvested_again(env, repo, db, listen) -> None:
-    listen(AfterTask("harvest_changes", lambda: crash_postgres(db)))
+def test_staging_lost_to_a_crash_between_harvest_and_apply_is_harvested_again(env, repo, db, listen,
+                                                                             pg_label: str) -> None:
+    listen(AfterTask("harvest_changes", lambda: crash_postgres(pg_label, db)))
     run = harvest_dag().test()
     assert set(states(run).values()) == {"success"}, states(run)
     with connect(db) as conn:

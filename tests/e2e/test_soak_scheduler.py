@@ -35,11 +35,11 @@ KILLED_TASK = {  # the task whose process dies, so whose try the scheduler repea
 
 
 def test_sigkilled_tasks_are_retried_by_the_scheduler_and_the_mirror_converges(
-        db: str, tmp_path: Path, capsys, pg_server: str, airflow_metadata_template: str) -> None:
+        db: str, tmp_path: Path, capsys, pg_server: str, pg_label: str, airflow_metadata_template: str) -> None:
     tries: dict[int, dict] = {}
     # No night restarts PostgreSQL, so Airflow's metadata database may sit beside the
     # aggregation database: a copy of the session's migrated one (tests/e2e/conftest.py).
-    soak = Soak(seed=SEED, nights={PARTNER: len(PLAN)}, partners=[PARTNER], conninfo=db, pg_label="test",
+    soak = Soak(seed=SEED, nights={PARTNER: len(PLAN)}, partners=[PARTNER], conninfo=db, pg_label=pg_label,
                 workdir=tmp_path, plan=PLAN, size=60, scheduler=True, waits=FAST_WAITS,
                 airflow_metadata=(pg_server, airflow_metadata_template))
     scheduled = soak._scheduled

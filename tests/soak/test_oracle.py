@@ -55,9 +55,9 @@ TAMPERING = {
 
 
 @pytest.mark.parametrize("tamper", [None, *TAMPERING])
-def test_the_check_reports_every_kind_of_divergence(conn, db: str, partner: Partner, tmp_path: Path,
+def test_the_check_reports_every_kind_of_divergence(conn, db: str, partner: Partner, tmp_path: Path, pg_label: str,
                                                     tamper: str | None) -> None:
-    soak = Soak(seed=1, nights=1, partners=[PID], conninfo=db, pg_label="test", workdir=tmp_path)
+    soak = Soak(seed=1, nights=1, partners=[PID], conninfo=db, pg_label=pg_label, workdir=tmp_path)
     oracle = {**partner.snapshot(), "excused": set()}
     assert oracle["invalid"] and len(oracle["expect"]) > 20
     mirror(conn, oracle)
@@ -72,8 +72,8 @@ def test_the_check_reports_every_kind_of_divergence(conn, db: str, partner: Part
         assert any(TAMPERING[tamper][1] in line for line in night.divergence), night.divergence
 
 
-def test_a_missing_deletion_is_reported(conn, db: str, partner: Partner, tmp_path: Path) -> None:
-    soak = Soak(seed=1, nights=1, partners=[PID], conninfo=db, pg_label="test", workdir=tmp_path)
+def test_a_missing_deletion_is_reported(conn, db: str, partner: Partner, tmp_path: Path, pg_label: str) -> None:
+    soak = Soak(seed=1, nights=1, partners=[PID], conninfo=db, pg_label=pg_label, workdir=tmp_path)
     oracle = {**partner.snapshot(), "excused": set()}
     mirror(conn, oracle)
     soak._check(partner, Night(PID, 1, "none"), oracle, succeeded=True)
@@ -85,8 +85,8 @@ def test_a_missing_deletion_is_reported(conn, db: str, partner: Partner, tmp_pat
     assert any("upstream deletions not in deletions" in line for line in night.divergence), night.divergence
 
 
-def test_a_cursor_that_moves_backwards_is_reported(db: str, tmp_path: Path) -> None:
-    soak = Soak(seed=1, nights=1, partners=[PID], conninfo=db, pg_label="test", workdir=tmp_path)
+def test_a_cursor_that_moves_backwards_is_reported(db: str, tmp_path: Path, pg_label: str) -> None:
+    soak = Soak(seed=1, nights=1, partners=[PID], conninfo=db, pg_label=pg_label, workdir=tmp_path)
     first, second = Night(PID, 1, "none"), Night(PID, 2, "none")
     soak._check_cursors(first, {"cursors": {"k": {"until": "2026-06-02T00:00:00Z"}}})
     soak._check_cursors(second, {"cursors": {"k": {"until": "2026-06-01T23:00:00Z"}}})

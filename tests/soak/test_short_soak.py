@@ -52,11 +52,12 @@ PLAN = {
 @pytest.mark.skipif(bool(os.environ.get(embedded_pg.DATABASE_URL_ENV)),
                     reason="restarts the embedded PostgreSQL server")
 @pytest.mark.timeout(SOAK_TIMEOUT)
-def test_short_soak_converges_after_every_night(airflow_db, db: str, tmp_path: Path, capsys) -> None:
+def test_short_soak_converges_after_every_night(airflow_db, db: str, tmp_path: Path, capsys,
+                                                pg_label: str) -> None:
     nights: dict[str, int] = {}
     for partner, night in PLAN:
         nights[partner] = max(nights.get(partner, 0), night)
-    soak = Soak(seed=SEED, nights=nights, partners=list(nights), conninfo=db, pg_label="test",
+    soak = Soak(seed=SEED, nights=nights, partners=list(nights), conninfo=db, pg_label=pg_label,
                 workdir=tmp_path, reconcile_every=3, plan=PLAN, size=200, waits=FAST_WAITS)
     results = soak.run()
     table = summary(results, SEED)

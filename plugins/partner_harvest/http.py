@@ -56,6 +56,10 @@ class HttpPolicy:
     backoff_factor: float = 2.0
     backoff_max: float = 120.0
     retry_after_cap: float = 300.0
+    # A Retry-After up to this many seconds is slept in the task (an OAI-PMH token chain
+    # lives on); a longer one ends the request with ServerAsksToWait, and the task gives
+    # its worker slot back until then (a reschedule) instead of holding it asleep.
+    max_wait_in_task: float = 60.0
     user_agent: str = USER_AGENT
     retry_statuses: frozenset[int] = RETRY_STATUSES
     # The largest honest page we know (2,000 rich MARCXML/LIDO records) is well below this.
@@ -72,6 +76,9 @@ class HttpPolicy:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"options.http.{name} must be a positive integer, got {value!r}")
+        wait = self.max_wait_in_task
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
+            raise ValueError(f"options.http.max_wait_in_task must be a number of seconds >= 0, got {wait!r}")
         deadline = self.request_deadline
         if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or deadline <= 0:
             raise ValueError(f"options.http.request_deadline must be a positive number of seconds, got {deadline!r}")
@@ -86,6 +93,20 @@ class ResponseTooLarge(requests.RequestException):
 
 class RequestDeadlineExceeded(requests.Timeout):
     """The request did not complete within the partner's total deadline."""
+
+
+class ServerAsksToWait(Exception):
+    """The server asked for a wait longer than the task may sleep (``max_wait_in_task``).
+
+    Raised by :class:`CappedRetry` instead of sleeping; the protocol clients turn it into
+    PartnerAsksToWait (OAI-PMH) or RateLimited (Sierra), which free the worker slot. Not an
+    OSError, so neither urllib3 nor requests retries or wraps it.
+    """
+
+    def __init__(self, seconds: float, status: int):
+        super().__init__(f"HTTP {status} with Retry-After {seconds:g} s")
+        self.seconds = seconds
+        self.status = status
 
 
 class _DeadlinePassed(Exception):
@@ -190,13 +211,16 @@ _POOL_CLASSES = {"http": PartnerHTTPConnectionPool, "https": PartnerHTTPSConnect
 class CappedRetry(Retry):
     """urllib3 Retry that caps Retry-After and names the partner in its log lines."""
 
-    def __init__(self, *args: Any, retry_after_cap: float = 300.0, label: str = "", **kwargs: Any):
+    def __init__(self, *args: Any, retry_after_cap: float = 300.0, max_wait_in_task: float = 60.0,
+                 label: str = "", **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.retry_after_cap = retry_after_cap
+        self.max_wait_in_task = max_wait_in_task
         self.label = label
 
     def new(self, **kw: Any) -> "CappedRetry":
         kw.setdefault("retry_after_cap", self.retry_after_cap)
+        kw.setdefault("max_wait_in_task", self.max_wait_in_task)
         kw.setdefault("label", self.label)
         return super().new(**kw)  # type: ignore[return-value]
 
@@ -210,7 +234,11 @@ class CappedRetry(Retry):
         return super().is_retry(method, status_code, has_retry_after)
 
     def sleep(self, response: Any = None) -> None:
-        """Wait as told; the wait does not count against the request's deadline."""
+        """Wait as told; the wait does not count against the request's deadline. A
+        Retry-After longer than ``max_wait_in_task`` is not slept: ServerAsksToWait."""
+        wait = self.get_retry_after(response) if response is not None else None
+        if wait is not None and wait > self.max_wait_in_task:
+            raise ServerAsksToWait(wait, response.status)
         deadline = _DEADLINE.get()
         started = time.monotonic()
         try:
@@ -222,9 +250,13 @@ class CappedRetry(Retry):
     def increment(self, method=None, url=None, response=None, error=None, _pool=None, _stacktrace=None):  # type: ignore[override]
         new = super().increment(method, url, response, error, _pool, _stacktrace)
         cause = f"HTTP {response.status}" if response is not None else f"{type(error).__name__}: {error}"
-        wait = new.get_retry_after(response) if response is not None else None
-        if wait is None:
-            wait = new.get_backoff_time()
+        asked = new.get_retry_after(response) if response is not None else None
+        if asked is not None and asked > self.max_wait_in_task:  # sleep() raises ServerAsksToWait
+            log.warning("%s: %s %s failed (%s); the server asks for a wait of %.0f s, longer than a task may "
+                        "sleep (options.http.max_wait_in_task = %g s)", self.label or "partner", method, url,
+                        cause, asked, self.max_wait_in_task)
+            return new
+        wait = asked if asked is not None else new.get_backoff_time()
         done = len(new.history)
         # ``total`` counts the retries left, so the configured number is what was used plus that.
         allowed = done + new.total if isinstance(new.total, int) else None
@@ -476,6 +508,7 @@ def build_session(
         respect_retry_after_header=True,
         raise_on_status=False,
         retry_after_cap=policy.retry_after_cap,
+        max_wait_in_task=policy.max_wait_in_task,
         label=label,
     )
     session = PartnerSession(

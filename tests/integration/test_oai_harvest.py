@@ -15,7 +15,9 @@ import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import pipeline
-from partner_harvest.errors import HarvestLoopError, PartnerDataError, PartnerHttpError, PartnerProtocolError
+from partner_harvest.errors import (
+    HarvestLoopError, PartnerAsksToWait, PartnerDataError, PartnerHttpError, PartnerProtocolError,
+)
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.oai.harvester import TokenRestartsExhausted
 from partner_harvest.registry import Partner
@@ -205,6 +207,29 @@ def test_503_with_retry_after_is_retried(harness: Harness, repo, sim) -> None:
     sim.fail_next(1, status=503, retry_after="1")
     repo.edit(2)
     harness.run()
+    assert harness.held() == repo.live_identifiers()
+
+
+def test_a_long_retry_after_frees_the_task_and_the_next_try_starts_the_window_again(conn, sim, repo) -> None:
+    """A 503 asking for more than the task may sleep (here 20 s > 2 s) is not slept in the
+    worker slot: PartnerAsksToWait (a reschedule) at the asked time, the run 'waiting';
+    the next try harvests the frozen window from its start and lands it exactly."""
+    p = partner(options={"http": {**FAST_HTTP["http"], "max_wait_in_task": 2}})
+    harness = Harness(sim, conn, p)
+    window = harness.freeze("full")
+    run = RunRef(p.id, "run-waits")
+    sim.fail_next(1, status=503, retry_after="20")
+    before = datetime.now(timezone.utc)
+    with pytest.raises(PartnerAsksToWait) as waited:
+        pipeline.harvest_window(harness.adapter(), conn, run, window)
+    after = datetime.now(timezone.utc)
+    message = str(waited.value)
+    assert "partner 'museum'" in message and "verb=ListRecords" in message and "Retry-After 20 s" in message
+    assert before + timedelta(seconds=20) <= waited.value.resume_at <= after + timedelta(seconds=20)
+    assert harness.audit("run-waits")["status"] == "waiting"
+    stats = pipeline.harvest_window(harness.adapter(), conn, run, window)  # the rescheduled try
+    pipeline.apply_changes(conn, p.id, "run-waits")
+    assert stats.fetched == len(repo.live_identifiers()) + len(repo.deleted_identifiers())
     assert harness.held() == repo.live_identifiers()
 
 

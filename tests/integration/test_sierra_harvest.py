@@ -704,3 +704,21 @@ def test_a_rate_limit_on_the_change_poll_frees_the_task_too(harness: Harness, si
     assert waited.value.resume_at >= before + timedelta(minutes=20) and harness.sleeps == []
     harness.run()
     assert harness.held() == catalogue.live_ids()
+
+
+def test_a_gateway_503_asking_for_a_long_wait_frees_the_task_instead_of_sleeping(harness: Harness, sim, catalogue) -> None:
+    """A 503 with Retry-After (a gateway in maintenance) longer than a task may sleep
+    (options.http.max_wait_in_task, default 60 s) reschedules; urllib3 would have slept it."""
+    harness.run()
+    catalogue.advance_clock(3600)
+    catalogue.edit(5)
+    sim.fail_next(1, 503, {"message": "maintenance"}, path_prefix="updatedDate", retry_after=240)
+    before = datetime.now(timezone.utc)
+    with pytest.raises(PartnerAsksToWait) as waited:
+        harness.run()
+    after = datetime.now(timezone.utc)
+    assert "HTTP 503 with Retry-After 240 s" in str(waited.value) and "updatedDate" in str(waited.value)
+    assert before + timedelta(seconds=240) <= waited.value.resume_at <= after + timedelta(seconds=240)
+    assert harness.sleeps == []
+    harness.run()
+    assert harness.held() == catalogue.live_ids()

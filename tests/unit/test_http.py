@@ -7,7 +7,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from partner_harvest.http import HttpPolicy, Transport, build_session, origin
+from urllib3.response import HTTPResponse
+
+from partner_harvest.http import HttpPolicy, ServerAsksToWait, Transport, build_session, origin
 
 
 def retry_of(policy: HttpPolicy):
@@ -45,8 +47,18 @@ def test_limit_defaults() -> None:
     assert policy.request_deadline == 600 and policy.max_xml_nodes == 2_000_000
 
 
+def test_a_retry_after_longer_than_a_task_may_sleep_is_not_slept() -> None:
+    retry = retry_of(HttpPolicy(max_wait_in_task=60, retry_after_cap=300, backoff_factor=0)).new()
+    with pytest.raises(ServerAsksToWait) as asked:
+        retry.sleep(HTTPResponse(status=503, headers={"Retry-After": "3600"}))
+    assert (asked.value.seconds, asked.value.status) == (300, 503)  # capped, then handed back
+    retry.sleep(HTTPResponse(status=503, headers={"Retry-After": "0"}))  # within the limit: slept
+    assert HttpPolicy().max_wait_in_task == 60
+
+
 @pytest.mark.parametrize("field,value", [("max_response_bytes", 0), ("max_response_bytes", True),
-                                         ("request_deadline", 0), ("max_xml_nodes", 1.5)])
+                                         ("request_deadline", 0), ("max_xml_nodes", 1.5),
+                                         ("max_wait_in_task", -1), ("max_wait_in_task", "1")])
 def test_bad_limits_are_refused(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"options.http.{field}"):
         HttpPolicy(**{field: value})

@@ -101,6 +101,7 @@ class _Fail:
     status: int
     body: Any
     match: str | None
+    retry_after: str | None = None
 
 
 def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
@@ -367,11 +368,13 @@ class SierraSimulator(ControlledServer):
 
     # --------------------------------------------------------- misbehaviour
     def fail_next(self, count: int, status: int = 500, body: Any = None,
-                  path_prefix: str | None = None) -> None:
+                  path_prefix: str | None = None, retry_after: str | int | None = None) -> None:
         """The next `count` API requests (only those whose path+query contains
-        `path_prefix`, if given) get `status` with `body` (JSON-encoded unless bytes)."""
+        `path_prefix`, if given) get `status` with `body` (JSON-encoded unless bytes);
+        `retry_after`: a ``Retry-After`` header, as a gateway in maintenance sends with 503."""
         with self._lock:
-            self._fail = _Fail(count, status, body, path_prefix) if count > 0 else None
+            self._fail = (_Fail(count, status, body, path_prefix, None if retry_after is None else str(retry_after))
+                          if count > 0 else None)
 
     def empty_reply_next(self, count: int = 1) -> None:
         """The next `count` API requests get their connection closed with no response."""
@@ -417,13 +420,14 @@ class SierraSimulator(ControlledServer):
         return "", None
 
     def _fault_response(self, fail: _Fail) -> Response:
+        headers = {"Retry-After": fail.retry_after} if fail.retry_after is not None else {}
         if isinstance(fail.body, bytes):
-            return Response(fail.status, fail.body, "text/html; charset=utf-8")
+            return Response(fail.status, fail.body, "text/html; charset=utf-8", headers)
         if fail.body is not None:
-            return _json(fail.status, fail.body)
+            return _json(fail.status, fail.body, headers)
         code = 111 if fail.status == 500 else 0
         return _json(fail.status, {"code": code, "specificCode": 0, "httpStatus": fail.status,
-                                   "name": ERROR_NAMES[111] if code else status_phrase(fail.status)})
+                                   "name": ERROR_NAMES[111] if code else status_phrase(fail.status)}, headers)
 
     # --------------------------------------------------------------- request
     def handle(self, method: str, path: str, query: str, headers: Mapping[str, str],

@@ -23,16 +23,19 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 from urllib.parse import urlencode
 
 import requests
 
 from partner_harvest.errors import (
     HarvestLoopError,
+    PartnerAsksToWait,
     PartnerDataError,
     PartnerHttpError,
     PartnerProtocolError,
 )
+from partner_harvest.http import ServerAsksToWait
 from partner_harvest.oai import parse
 from partner_harvest.oai.errors import BadResumptionToken, OaiProtocolError, OaiResponseError
 from partner_harvest.xmlsafe import XmlInputError, XmlLimits, xml_limits
@@ -93,10 +96,19 @@ class OaiClient:
         return f"GET {self.base_url}?{urlencode(params)}"
 
     def fetch(self, params: dict[str, str]) -> bytes:
-        """One OAI-PMH request; HTTP-level failures (after retries) become PartnerHttpError."""
+        """One OAI-PMH request; HTTP-level failures (after retries) become PartnerHttpError.
+
+        A 503 whose Retry-After is longer than a task may sleep becomes PartnerAsksToWait:
+        the task is rescheduled and frees its worker slot. Its window (or slice) then starts
+        again from its frozen bounds: a resumptionToken does not outlive such a wait.
+        """
         request = self.describe(params)
         try:
             response = self.session.get(self.base_url, params=params)
+        except ServerAsksToWait as exc:
+            raise PartnerAsksToWait(self.partner_id, request, f"{exc}, longer than a task may sleep "
+                                    "(options.http.max_wait_in_task)",
+                                    datetime.now(timezone.utc) + timedelta(seconds=exc.seconds)) from None
         except requests.RequestException as exc:
             raise PartnerHttpError(self.partner_id, request, f"{type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:

@@ -33,6 +33,7 @@ from partner_harvest.errors import (
     PartnerHttpError,
     PartnerProtocolError,
 )
+from partner_harvest.http import ServerAsksToWait
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +175,8 @@ class SierraClient:
         url = f"{self.base_url}/token"
         try:
             response = self.session.post(url, auth=(self._key, self._secret), data={"grant_type": "client_credentials"})
+        except ServerAsksToWait as exc:  # the harvester frees the worker slot for the wait
+            raise RateLimited(self.partner_id, f"POST {url}", str(exc), exc.seconds) from None
         except requests.RequestException as exc:
             raise PartnerHttpError(self.partner_id, f"POST {url}", f"{type(exc).__name__}: {exc}") from exc
         if response.status_code in (400, 401, 403):
@@ -246,6 +249,8 @@ class SierraClient:
                 log.info("%s: access token rejected (code %s); fetching a new one", self.partner_id, error_code(response))
                 self._token = None
                 response = self._send(method, url, params, accept)
+        except ServerAsksToWait as exc:  # the harvester frees the worker slot for the wait
+            raise RateLimited(self.partner_id, what, str(exc), exc.seconds) from None
         except requests.RequestException as exc:
             raise PartnerHttpError(self.partner_id, what, f"{type(exc).__name__}: {exc}") from exc
         code = error_code(response) if response.status_code >= 400 else None

@@ -230,3 +230,43 @@ def test_the_migration_numbers_rows_written_before_the_feed(db: str) -> None:
         hw = feed.high_water(old, "p")
         old.commit()
         assert read(old, "p", 0, hw) == [("upsert", "a"), ("delete", "b")]
+
+
+def test_forget_writes_every_record_to_the_feed_as_a_deletion_and_a_reload_follows(conn: psycopg.Connection) -> None:
+    """A consumer that read the partner, then reads on after `forget` and a reload, ends with
+    exactly the reloaded set: what the reload lacks is deleted downstream too."""
+    from partner_harvest.store.admin import FEED_DELETIONS, forget_partner
+
+    stage(conn, "p", "r1", [rec("a", T0), rec("b", T0), rec("c", T0)])
+    apply_run(conn, "p", "r1")
+    stage(conn, "q", "r1", [rec("x", T0)])
+    apply_run(conn, "q", "r1")
+    consumer: dict[str, dict] = {}
+
+    def catch_up(after: int) -> int:
+        until = feed.high_water(conn, "p")
+        for change in feed.changes(conn, "p", after, until):
+            if change["op"] == "upsert":
+                consumer[change["identifier"]] = change
+            else:
+                consumer.pop(change["identifier"], None)
+        return until
+
+    seen = catch_up(0)
+    assert sorted(consumer) == ["a", "b", "c"]
+    q_water = feed.high_water(conn, "q")
+    removed = forget_partner(conn, "p")
+    assert removed["records"] == 3 and removed[FEED_DELETIONS] == 3
+    assert feed.high_water(conn, "p") > seen and feed.high_water(conn, "q") == q_water  # q untouched
+    reasons = conn.execute("SELECT DISTINCT reason FROM deletions WHERE partner_id = 'p' AND change_seq > %s",
+                           (seen,)).fetchall()
+    conn.commit()
+    assert reasons == [("forgotten",)]
+    seen = catch_up(seen)
+    assert consumer == {}
+    stage(conn, "p", "r2", [rec("b", T0), rec("d", T0)])  # the reload: a and c are gone at the partner
+    apply_run(conn, "p", "r2")
+    catch_up(seen)
+    assert sorted(consumer) == ["b", "d"]
+    assert forget_partner(conn, "gone")[FEED_DELETIONS] == 0 and feed.high_water(conn, "gone") == 0
+    conn.commit()

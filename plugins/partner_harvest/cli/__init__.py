@@ -27,7 +27,7 @@ from psycopg import sql
 
 from partner_harvest.registry import PARTNERS_FILE_ENV, Partner, Registry, RegistryError, cursor_key, load_registry
 from partner_harvest.store import connect
-from partner_harvest.store.admin import _PARTNER_TABLES, forget_partner
+from partner_harvest.store.admin import _PARTNER_TABLES, FEED_DELETIONS, forget_partner
 from partner_harvest.store.runs import last_applied_until
 from partner_harvest.store.schema import apply_migrations, migration_files, pending_migrations
 from partner_harvest.window import DAY, SECONDS, WindowError, floor_to, format_instant, parse_instant
@@ -248,6 +248,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
         _refuse_when_busy(conn, partner_id)
         counts = _row_counts(conn, partner_id)
         print(f"aggregation rows of {partner_id} to remove: " + ", ".join(f"{t} {n}" for t, n in counts.items()))
+        print(f"each of its {counts['records']} record(s) is written to the change feed as a deletion first")
         variables = [key for key in keys if admin.read_variable(key) is not None] if admin else []
         drop_pool = bool(admin) and not in_registry and admin.pool_exists(pool)
         if admin:
@@ -259,7 +260,9 @@ def cmd_forget(args: argparse.Namespace) -> int:
         if not _confirm(args, partner_id):
             return 1
         removed = forget_partner(conn, partner_id)
+    written = removed.pop(FEED_DELETIONS)
     print(f"removed {sum(removed.values())} row(s): " + ", ".join(f"{t} {n}" for t, n in removed.items() if n))
+    print(f"{FEED_DELETIONS}: {written} (reason 'forgotten'), so downstream consumers drop them too")
     for key in variables:
         admin.delete_variable(key)
         print(f"Variable {key}: deleted")

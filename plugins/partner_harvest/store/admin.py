@@ -5,19 +5,42 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
+from partner_harvest.store.feed import mark_applied
+
+# What `forget` removes. `deletions` stays: it is the change feed's history, and forget
+# adds to it (a consumer behind may not have read the older deletions yet).
 _PARTNER_TABLES = (
-    "records", "deletions", "quarantine", "harvest_runs", "staging", "partner_leases", "reconcile_ids", "tombstones",
+    "records", "quarantine", "harvest_runs", "staging", "partner_leases", "reconcile_ids", "tombstones",
     "partner_stats",
 )
+FORGET_RUN = "forget"  # run_id of the deletions and the feed's high water that forget writes
+FEED_DELETIONS = "deletions written to the change feed"
+
+_FORGET_IN_THE_FEED = """
+INSERT INTO deletions (partner_id, identifier, upstream_datestamp, run_id, reason, change_seq)
+SELECT partner_id, identifier, datestamp, %(run)s, 'forgotten', nextval('change_seq')
+FROM records WHERE partner_id = %(pid)s ORDER BY identifier
+"""
 
 
 def forget_partner(conn: psycopg.Connection, partner_id: str) -> dict[str, int]:
-    """Remove everything held for one partner (before a clean re-harvest); returns counts."""
+    """Remove everything held for one partner (before a clean re-harvest); returns counts.
+
+    Every record removed is first written to the change feed as a deletion (reason
+    ``forgotten``) and the partner's high water raised, in the same transaction under
+    the partner's apply lock: a downstream consumer drops what the aggregation dropped,
+    and a reload afterwards arrives as upserts after those deletions.
+    """
     removed: dict[str, int] = {}
     with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('apply:' || %s))", (partner_id,))
+        written = conn.execute(_FORGET_IN_THE_FEED, {"pid": partner_id, "run": FORGET_RUN}).rowcount
+        if written:
+            mark_applied(conn, partner_id, FORGET_RUN)
         for table in _PARTNER_TABLES:
             statement = sql.SQL("DELETE FROM {} WHERE partner_id = %s").format(sql.Identifier(table))
             removed[table] = conn.execute(statement, (partner_id,)).rowcount
+    removed[FEED_DELETIONS] = written
     return removed
 
 

@@ -235,7 +235,9 @@ def test_a_task_killed_with_sigkill_frees_its_partner_within_the_lease_ttl(airfl
 
     stack = airflow_stack
     dag_id = f"harvest_{stack.museum}"
-    stack.simulator.fail_next(1, status=503, retry_after=120)  # the next request waits 2 minutes
+    # The next request waits 55 s inside the task: under options.http.max_wait_in_task (60 s),
+    # so it is slept in the worker slot (a longer wait would reschedule the task instead).
+    stack.simulator.fail_next(1, status=503, retry_after=55)
     run_id = stack.trigger(dag_id, {"mode": "full"})["dag_run_id"]
 
     def lease_holders() -> list[str]:

@@ -116,6 +116,59 @@ def postgres_cpu_seconds() -> float | None:
     return total
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """CPU (user + system) one live process has used so far, its threads included."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return sum(int(v) for v in fields[11:13]) / os.sysconf("SC_CLK_TCK")
+
+
+def child_pid(marker: str) -> int | None:
+    """The pid of this process's live child whose command line contains ``marker``."""
+    me = str(os.getpid())
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = stat.read().rsplit(")", 1)[1].split()[1]
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                command = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if parent == me and marker in command:
+            return int(entry)
+    return None
+
+
+class CpuMeter:
+    """CPU seconds spent between ``start()`` and ``stop()`` by this process's reaped
+    children (the measured client processes, start-up included), the embedded
+    PostgreSQL and one simulator process: what a measurement cost the machine."""
+
+    def __init__(self, simulator_pid: int | None):
+        self.simulator_pid = simulator_pid
+
+    def _now(self) -> dict[str, float]:
+        import resource
+
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return {
+            "client": children.ru_utime + children.ru_stime,
+            "postgres": postgres_cpu_seconds() or 0.0,
+            "simulator": process_cpu_seconds(self.simulator_pid) if self.simulator_pid else 0.0,
+        }
+
+    def start(self) -> None:
+        self._started = self._now()
+
+    def stop(self) -> dict[str, float]:
+        now = self._now()
+        used = {k: now[k] - self._started[k] for k in now}
+        used["total"] = sum(used.values())
+        return used
+
+
 def run_children_at_once(script: str, common: tuple[str, ...], window: str, channels: list[str]) -> list[dict]:
     """One ``--step piece`` child per slice channel, all started at once (a pool as wide as
     the plan), like Airflow's mapped slice tasks; their JSON figures in plan order."""

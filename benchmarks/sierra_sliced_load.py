@@ -100,9 +100,6 @@ def main() -> int:
         child(args)
         return 0
 
-    from partner_harvest.store import connect
-    from partner_harvest.store.admin import forget_partner
-
     print(f"Sierra full load, {args.bibs:,} bibs (5% deleted, 3% suppressed), export limit {args.limit}: one process "
           f"against {args.slices} id-range slices in parallel processes; {os.cpu_count()} CPUs")
     db = support.fresh_database(PARTNER)
@@ -113,8 +110,7 @@ def main() -> int:
         support.control(url, "warm_export", {})  # the simulator's MARC encoding is not what is measured
         live = support.control(url, "live_ids")
         for label, slices in (("one process", 1), (f"{args.slices} slices", args.slices)):
-            with connect(db) as conn:
-                forget_partner(conn, PARTNER)
+            support.forget(db, PARTNER)
             load = os.getloadavg()[0]
             figures[label] = f = run(url, db, args, slices, f"load-{slices}")
             equal = support.held_ids(db, PARTNER) == live

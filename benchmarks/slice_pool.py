@@ -94,11 +94,10 @@ def measure(stack: Any, url: str, partner: str, pool: int, live: set[str]) -> di
     """One full harvest through the scheduler; the figures of the run."""
     dag_id = f"harvest_{partner}"
     from partner_harvest.store import connect, ensure_schema
-    from partner_harvest.store.admin import forget_partner
 
     with connect(stack.aggregation_db) as conn:  # a clean first load each time
         ensure_schema(conn)
-        forget_partner(conn, partner)
+    support.forget(stack.aggregation_db, partner)
     support.control(url, "reset_in_flight", {})
     support.control(url, "clear_requests", {})
     run_id = stack.trigger(dag_id, {"mode": "full"})["dag_run_id"]

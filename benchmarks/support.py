@@ -51,12 +51,11 @@ def fresh_database(partner_id: str) -> str:
     """The benchmark database (embedded unless HARVEST_DATABASE_URL), partner emptied."""
     from include import embedded_pg
     from partner_harvest.store import connect, ensure_schema
-    from partner_harvest.store.admin import forget_partner
 
     db = embedded_pg.start("bench")
     with connect(db) as conn:
         ensure_schema(conn)
-        forget_partner(conn, partner_id)
+    forget(db, partner_id)
     return db
 
 
@@ -82,11 +81,16 @@ def settle(db: str, partner_ids: list[str]) -> float:
 
 
 def forget(db: str, partner_id: str) -> None:
-    """Drop a partner's rows (the baseline's database is emptied after its measurement)."""
+    """Drop a partner's rows (the baseline's database is emptied after its measurement),
+    its change feed too: nobody consumes a benchmark partner's feed, and ``forget_partner``
+    would otherwise add a deletion per record to it on every benchmark run."""
     from partner_harvest.store import connect
     from partner_harvest.store.admin import forget_partner
 
     with connect(db) as conn:
+        with conn.transaction():
+            conn.execute("DELETE FROM records WHERE partner_id = %s", (partner_id,))
+            conn.execute("DELETE FROM deletions WHERE partner_id = %s", (partner_id,))
         forget_partner(conn, partner_id)
 
 

@@ -151,12 +151,16 @@ _TALLY_BY_CHANNEL = "SELECT b.channel, count(*) FROM landed JOIN apply_batch b U
 
 _HOLDS_RECORDS = "SELECT EXISTS (SELECT 1 FROM records WHERE partner_id = %(pid)s)"
 
-# Tombstones are remembered unless a stored record beats them ({unbeaten}).
+# Tombstones are remembered unless a stored record beats them.
 _REMEMBER = """remembered AS (
     INSERT INTO tombstones AS t (partner_id, identifier, datestamp, observed_at, run_id, regressed_clock)
     SELECT %(pid)s, b.identifier, b.datestamp, b.observed_at, %(run)s, b.regressed_clock
     FROM apply_batch b
-    WHERE b.kind = 'T'{unbeaten}
+    WHERE b.kind = 'T' AND NOT EXISTS (
+        SELECT 1 FROM records r
+        WHERE r.partner_id = %(pid)s AND r.identifier = b.identifier
+          AND harvest_version_newer(r.datestamp, r.observed_at, r.regressed_clock,
+                                    b.datestamp, b.observed_at, b.regressed_clock))
     ON CONFLICT (partner_id, identifier) DO UPDATE SET
         datestamp = EXCLUDED.datestamp, observed_at = EXCLUDED.observed_at, run_id = EXCLUDED.run_id,
         regressed_clock = EXCLUDED.regressed_clock
@@ -164,17 +168,9 @@ _REMEMBER = """remembered AS (
                                 t.datestamp, t.observed_at, t.regressed_clock)
 )"""
 
-_NOT_BEATEN_BY_A_RECORD = """ AND NOT EXISTS (
-        SELECT 1 FROM records r
-        WHERE r.partner_id = %(pid)s AND r.identifier = b.identifier
-          AND harvest_version_newer(r.datestamp, r.observed_at, r.regressed_clock,
-                                    b.datestamp, b.observed_at, b.regressed_clock))"""
-
-# A partner that held no record before the apply has nothing to purge, and no record can
-# beat a tombstone: what the apply inserted are the batch's 'R' rows, and the batch holds one
-# row per identifier. (Probing records anyway would need them analyzed first: believing the
-# partner holds nothing, the planner nest-looped the probe over all of them, minutes.)
-_REMEMBER_ONLY = "WITH " + _REMEMBER.format(unbeaten="") + " SELECT 1"
+# A partner that held no record before the apply has nothing to purge (its only records are
+# what this apply inserted, the batch's 'R' rows, one row per identifier): it only remembers.
+_REMEMBER_ONLY = "WITH " + _REMEMBER + " SELECT 1"
 
 # All CTEs see the snapshot taken before the statement: ``remembered`` skips exactly the
 # tombstones that lose to a stored record, i.e. those ``gone`` did not delete.
@@ -191,7 +187,7 @@ WITH gone AS (
     SELECT %(pid)s, identifier, datestamp, %(run)s,
            CASE WHEN channel = 'reconcile' THEN 'reconcile' ELSE 'tombstone' END, nextval('change_seq')
     FROM gone
-), """ + _REMEMBER.format(unbeaten=_NOT_BEATEN_BY_A_RECORD) + """
+), """ + _REMEMBER + """
 SELECT channel, count(*) FROM gone GROUP BY channel
 """
 
@@ -257,11 +253,12 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         inserted = dict(conn.execute(_INSERT.format(tally=tally), tally_params).fetchall())
         upserted = Counter(updated) + Counter(inserted)
         purged: dict[str, int] = {}
-        if staged.tombstones and held:
-            _know_partner_rows(conn, "records", partner_id)
-            purged = dict(conn.execute(_PURGE, params).fetchall())
-        elif staged.tombstones:  # this apply's own inserts are no tombstone's identifier (one row each)
-            conn.execute(_REMEMBER_ONLY, params)
+        if staged.tombstones:
+            _know_partner_rows(conn, "records", partner_id)  # a first load's too: later applies plan on it
+            if held:
+                purged = dict(conn.execute(_PURGE, params).fetchall())
+            else:
+                conn.execute(_REMEMBER_ONLY, params)
         quarantined = dict(conn.execute(_QUARANTINE, params).fetchall()) if staged.rejects else {}
         update_partner_stats(conn, partner_id, run_id, sum(inserted.values()) - sum(purged.values()))
         per_channel = {

@@ -94,7 +94,7 @@ MUTATIONS: tuple[Mutation, ...] = (
       (APPLY + "test_tombstone_older_than_stored_version_does_not_purge",),
       "a tombstone purges whatever the stored version's datestamp"),
     M("I3-deletion-recorded", "store/apply.py",
-      "    FROM gone\n), \"\"\" + _REMEMBER", "    FROM gone WHERE false\n), \"\"\" + _REMEMBER",
+      "    FROM gone\n), \"\"\" + _REMEMBER.format", "    FROM gone WHERE false\n), \"\"\" + _REMEMBER.format",
       (OAI + "test_full_then_incremental_matches_live_set",),
       "purged records are no longer written to the deletions log"),
     # I4 -- one transaction

@@ -82,6 +82,10 @@ MUTATIONS: tuple[Mutation, ...] = (
       "  AND true\n",
       (APPLY + "test_replaying_a_window_changes_nothing", OAI + "test_replaying_the_same_window_changes_nothing"),
       "a same-datestamp, same-content upsert rewrites the row"),
+    M("I2-update-skipped-only-on-a-first-load", "store/apply.py",
+      "        held = conn.execute(_HOLDS_RECORDS, params).fetchone()[0]\n", "        held = False\n",
+      (APPLY + "test_a_first_load_remembers_its_tombstones_and_a_reload_updates_and_purges",),
+      "the update and the purge are skipped although the partner holds records"),
     # I3 -- guarded tombstones, recorded deletions
     M("I3-tombstone-not-older", "store/apply.py",
       "      AND NOT harvest_version_newer(r.datestamp, r.observed_at, r.regressed_clock,\n"
@@ -90,7 +94,7 @@ MUTATIONS: tuple[Mutation, ...] = (
       (APPLY + "test_tombstone_older_than_stored_version_does_not_purge",),
       "a tombstone purges whatever the stored version's datestamp"),
     M("I3-deletion-recorded", "store/apply.py",
-      "    FROM gone\n), remembered", "    FROM gone WHERE false\n), remembered",
+      "    FROM gone\n), \"\"\" + _REMEMBER.format", "    FROM gone WHERE false\n), \"\"\" + _REMEMBER.format",
       (OAI + "test_full_then_incremental_matches_live_set",),
       "purged records are no longer written to the deletions log"),
     # I4 -- one transaction

@@ -11,8 +11,6 @@ from partner_harvest.http import RETRY_STATUSES, HttpPolicy, Transport, build_se
 from partner_harvest.oai.client import OaiClient
 from partner_harvest.oai.harvester import OaiAdapter
 from partner_harvest.registry import Partner
-from partner_harvest.sierra.client import SierraClient
-from partner_harvest.sierra.harvester import SierraAdapter
 from partner_harvest.xmlsafe import XmlLimits
 
 
@@ -63,6 +61,10 @@ def build_adapter(partner: Partner, endpoint: Endpoint) -> Adapter:
         client = OaiClient(partner.id, endpoint.base_url, session, xml_limits=XmlLimits(policy.max_xml_nodes))
         return OaiAdapter(partner, client)
     if partner.protocol == "sierra":
+        # Imported here: an OAI-PMH worker process (a slice's) need not load the Sierra stack.
+        from partner_harvest.sierra.client import SierraClient
+        from partner_harvest.sierra.harvester import SierraAdapter
+
         sierra = dict(partner.options.get("sierra", {}) or {})
         client = SierraClient(partner.id, endpoint.base_url, session, endpoint.login or "", endpoint.password or "", **sierra)
         return SierraAdapter(partner, client)

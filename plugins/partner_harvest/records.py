@@ -26,11 +26,8 @@ class Record:
     @property
     def content_hash(self) -> str:
         """Identifies the payload so a replay with the same datestamp is a no-op."""
-        digest = hashlib.sha256()
-        digest.update(self.metadata.encode("utf-8"))
-        digest.update(b"\x00")
-        digest.update("\x1f".join(self.set_specs).encode("utf-8"))
-        return digest.hexdigest()
+        # SHA-256 of the payload's UTF-8, a NUL, and the set specs joined by US (one encode)
+        return hashlib.sha256((self.metadata + "\x00" + "\x1f".join(self.set_specs)).encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -216,6 +216,28 @@ def test_what_postgresql_cannot_store_is_quarantined_and_the_page_lands(conn: ps
     assert "\x00" not in identifier and len(identifier.encode()) <= 1000
 
 
+@pytest.mark.parametrize("item, why", [
+    (Record("x", T0, "oai_dc", "<x>ü</x>", ("ü", 'q"uote', "back\\slash"), "ü"), None),
+    (Record("x", T0, "oai_dc", "<x/>", ("a\x00",), "t"), "NUL"),
+    (Record("x", T0, "oai_dc", "<x/>", ("\ud800",), "t"), "surrogate"),
+    (Record("x", T0, "oai_dc", "<x>ü</x>", (), "t\x00"), "NUL"),
+    (Record("é" * 500, T0, "oai_dc", "<x/>"), None),  # 1,000 bytes: the limit itself
+    (Record("é" * 501, T0, "oai_dc", "<x/>"), "longer than"),
+    (Record("x", T0, "oai_dc", "<x>" + "é" * 496 + "</x>"), None),  # 999 bytes, under 1,000
+    (Record("x", T0, "oai_dc", "<x>" + "é" * 497 + "</x>"), "exceeds"),  # 1,001 bytes
+])
+def test_storable_decides_on_bytes_whatever_the_shortcut(item, why: str | None) -> None:
+    """A record that is plainly storable skips the detailed checks; at the limits and with
+    non-ASCII text the decision must be the same as theirs (sizes count UTF-8 bytes)."""
+    from partner_harvest.store.staging import storable
+
+    kept = storable(item, max_record_bytes=1000)
+    if why is None:
+        assert kept is item
+    else:
+        assert isinstance(kept, Rejected) and why in kept.reason
+
+
 def test_an_oversized_payload_is_quarantined_with_the_limit(conn: psycopg.Connection) -> None:
     big = Record("big", T0, "oai_dc", "<x>" + "a" * 5000 + "</x>")
     stage(conn, "n1", [rec("small", T0), big], max_record_bytes=1000)

@@ -209,3 +209,55 @@ def test_the_batch_never_scans_harvest_runs_per_staged_row(conn: psycopg.Connect
     params = {"pid": "museum", "run": "r1", "regressed": Jsonb({})}
     plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + apply._BATCH, params).fetchall())
     assert "harvest_runs" not in plan and "Nested Loop" not in plan, plan
+
+
+def tombstones(conn: psycopg.Connection, partner: str) -> dict[str, datetime]:
+    rows = conn.execute("SELECT identifier, datestamp FROM tombstones WHERE partner_id = %s", (partner,)).fetchall()
+    return dict(rows)
+
+
+def test_a_first_load_remembers_its_tombstones_and_a_reload_updates_and_purges(conn: psycopg.Connection) -> None:
+    """A partner holding no records skips the update and the purge (nothing to match); its
+    tombstones are still remembered, and the next apply updates and purges as always."""
+    stage(conn, "q", "r1", [rec("c", T0, "another partner's")])  # same identifier elsewhere
+    apply_run(conn, "q", "r1")
+    stage(conn, "p", "r1", [rec("a", T0), rec("b", T0), Tombstone("c", T0 + timedelta(hours=2))])
+    first = apply_run(conn, "p", "r1")
+    assert (first.upserted, first.unchanged, first.purged) == (2, 1, 0)
+    assert live(conn, "p") == {"a": (T0, "t"), "b": (T0, "t")}
+    assert tombstones(conn, "p") == {"c": T0 + timedelta(hours=2)}
+    assert live(conn, "q") == {"c": (T0, "another partner's")}
+
+    stage(conn, "p", "r2", [rec("a", T0 + timedelta(hours=1), "edited"), Tombstone("b", T0 + timedelta(hours=1)),
+                            rec("c", T0 + timedelta(hours=1), "older than its tombstone")])
+    second = apply_run(conn, "p", "r2")
+    assert (second.upserted, second.purged, second.unchanged) == (1, 1, 1)
+    assert live(conn, "p") == {"a": (T0 + timedelta(hours=1), "edited")}
+    assert tombstones(conn, "p") == {"b": T0 + timedelta(hours=1), "c": T0 + timedelta(hours=2)}
+
+
+def test_a_partner_whose_records_were_all_purged_keeps_its_tombstones_in_force(conn: psycopg.Connection) -> None:
+    """Holding no records but remembered tombstones: an older record stays out, a newer
+    tombstone replaces the remembered one, an older one does not."""
+    stage(conn, "p", "r1", [rec("a", T0), rec("b", T0)])
+    apply_run(conn, "p", "r1")
+    stage(conn, "p", "r2", [Tombstone("a", T0 + timedelta(hours=2)), Tombstone("b", T0 + timedelta(hours=2))])
+    assert apply_run(conn, "p", "r2").purged == 2
+    assert live(conn, "p") == {}
+    stage(conn, "p", "r3", [rec("a", T0 + timedelta(hours=1), "older"), Tombstone("b", T0 + timedelta(hours=3)),
+                            Tombstone("a", T0 + timedelta(hours=1)), rec("n", T0, "new")])
+    third = apply_run(conn, "p", "r3")
+    assert (third.upserted, third.purged, third.unchanged) == (1, 0, 3)
+    assert live(conn, "p") == {"n": (T0, "new")}
+    assert tombstones(conn, "p") == {"a": T0 + timedelta(hours=2), "b": T0 + timedelta(hours=3)}
+
+
+def test_the_apply_leaves_work_mem_as_it_found_it(conn: psycopg.Connection) -> None:
+    """The batch's sort gets a bigger work_mem; no later statement (nor the caller) is
+    planned under it."""
+    stage(conn, "p", "r1", [rec("a", T0), Tombstone("b", T0)])
+    conn.execute("SET work_mem = '3MB'")
+    with conn.transaction():
+        apply_run(conn, "p", "r1")
+        assert conn.execute("SHOW work_mem").fetchone()[0] == "3MB"
+    assert conn.execute("SHOW work_mem").fetchone()[0] == "3MB"

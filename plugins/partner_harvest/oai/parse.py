@@ -372,8 +372,15 @@ def _page(root: etree._Element, verb: etree._Element, cleaned: bool) -> ListPage
 
 
 def _header(node: etree._Element) -> OaiHeader:
-    """The header's parts in one pass over its children (the first identifier and
-    datestamp count; set specs deduplicated in order)."""
+    """The header's parts (the first identifier and datestamp count; set specs
+    deduplicated in order)."""
+    identifier, datestamp, specs = _header_parts(node)
+    return OaiHeader(identifier=identifier, datestamp_text=datestamp, deleted=_is_deleted(node), set_specs=specs)
+
+
+def _header_parts(node: etree._Element) -> tuple[str | None, str | None, tuple[str, ...]]:
+    """(identifier, datestamp text, set specs) in one pass over the header's children; no
+    OaiHeader is built on the harvest's hot path."""
     identifier = datestamp = _ABSENT
     specs: list[str] = []
     for child in node:  # every child, comments too: a tag filter costs more than comparing tags
@@ -387,12 +394,16 @@ def _header(node: etree._Element) -> OaiHeader:
                 identifier = _text(child)
         elif tag == _DATESTAMP and datestamp is _ABSENT:
             datestamp = _text(child)
-    return OaiHeader(
-        identifier=None if identifier is _ABSENT else identifier,
-        datestamp_text=None if datestamp is _ABSENT else datestamp,
-        deleted=(node.get("status") or "").strip() == "deleted",
-        set_specs=tuple(dict.fromkeys(specs)) if len(specs) > 1 else tuple(specs),
+    return (
+        None if identifier is _ABSENT else identifier,
+        None if datestamp is _ABSENT else datestamp,
+        tuple(dict.fromkeys(specs)) if len(specs) > 1 else tuple(specs),
     )
+
+
+def _is_deleted(header: etree._Element) -> bool:
+    status = header.get("status")
+    return status is not None and status.strip() == "deleted"
 
 
 def _record_item(node: etree._Element, prefix: str, fmt: MetadataFormat) -> HarvestItem:
@@ -406,20 +417,20 @@ def _record_item(node: etree._Element, prefix: str, fmt: MetadataFormat) -> Harv
             metadata = child
     if header_node is None:
         return _reject(node, None, "record has no <header>", None, prefix)
-    header = _header(header_node)
-    identifier = header.identifier
-    datestamp = header.datestamp
+    identifier, datestamp_text, set_specs = _header_parts(header_node)
+    deleted = _is_deleted(header_node)
+    datestamp = _optional_datestamp(datestamp_text)
     if identifier is None or datestamp is None:
         problems = []
         if identifier is None:
             problems.append("no <identifier>")
-        if header.datestamp_text is None:
+        if datestamp_text is None:
             problems.append("no <datestamp>")
         elif datestamp is None:
-            problems.append(f"unparseable <datestamp> {header.datestamp_text!r}")
-        kind = "deleted header" if header.deleted else "header"
+            problems.append(f"unparseable <datestamp> {datestamp_text!r}")
+        kind = "deleted header" if deleted else "header"
         return _reject(node, identifier, f"{kind}: {'; '.join(problems)}", datestamp, prefix)
-    if header.deleted:
+    if deleted:
         return Tombstone(identifier, datestamp)
 
     if metadata is None:
@@ -448,7 +459,7 @@ def _record_item(node: etree._Element, prefix: str, fmt: MetadataFormat) -> Harv
         datestamp=datestamp,
         metadata_prefix=prefix,
         metadata=etree.tostring(payload, encoding="unicode", with_tail=False),
-        set_specs=header.set_specs,
+        set_specs=set_specs,
         title=title,
     )
 

@@ -81,6 +81,8 @@ class StagingWriter:
 
 def storable(item: HarvestItem, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> HarvestItem:
     """The item itself when PostgreSQL can store it within the limit, else a Rejected saying why."""
+    if type(item) is Record and _plainly_storable(item, max_record_bytes):
+        return item
     problem = _identifier_problem(item.identifier)
     if problem is None and isinstance(item, Record):
         problem = _text_problem(item.metadata_prefix, item.metadata, item.title, *item.set_specs)
@@ -109,6 +111,25 @@ def storable(item: HarvestItem, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
         _storable_identifier(item.identifier), escape(reason), escape(raw[: 4 * QUARANTINED_HEAD_BYTES]),
         item.datestamp, escape(getattr(item, "metadata_prefix", None)),
     )
+
+
+def _plainly_storable(record: Record, max_record_bytes: int) -> bool:
+    """True when a record certainly passes every check below: no NUL, no lone surrogate,
+    sizes within the limits even at four bytes a character. One join and one scan instead
+    of a call per text (the harvest's hot path); False only means "check in detail"."""
+    identifier, metadata = record.identifier, record.metadata
+    if len(identifier) * 4 > MAX_IDENTIFIER_BYTES or len(metadata) * 4 > max_record_bytes:
+        return False
+    joined = "".join((identifier, metadata, record.title or "", record.metadata_prefix or "", *record.set_specs))
+    if "\x00" in joined:
+        return False
+    if joined.isascii():
+        return True
+    try:
+        joined.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def escape(text: str | None) -> str | None:
@@ -178,4 +199,7 @@ def _text_array(values: tuple[str, ...]) -> str:
     """
     if not values:
         return "{}"
+    plain = "".join(values)
+    if '"' not in plain and "\\" not in plain:
+        return '{"' + '","'.join(values) + '"}'
     return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"

@@ -261,3 +261,13 @@ def test_the_apply_leaves_work_mem_as_it_found_it(conn: psycopg.Connection) -> N
         apply_run(conn, "p", "r1")
         assert conn.execute("SHOW work_mem").fetchone()[0] == "3MB"
     assert conn.execute("SHOW work_mem").fetchone()[0] == "3MB"
+
+
+def test_a_statement_failing_under_the_sort_budget_raises_its_own_error(conn: psycopg.Connection) -> None:
+    """Restoring work_mem on an aborted transaction would fail too and hide the cause."""
+    from partner_harvest.store.apply import _work_mem
+
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        with conn.transaction(), _work_mem(conn, "96MB"):
+            conn.execute("SELECT 1 / 0")
+    assert conn.execute("SHOW work_mem").fetchone()[0] != "96MB"

@@ -289,13 +289,13 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
 @contextmanager
 def _work_mem(conn: psycopg.Connection, size: str) -> Iterator[None]:
     """``work_mem`` at ``size`` for the statements inside, back to what it was after: no other
-    statement of the apply is planned under the bigger budget."""
+    statement of the apply is planned under the bigger budget. Not restored when a statement
+    fails: the setting is local to the transaction, which is then rolled back anyway (and a
+    statement on the aborted transaction would hide the real error)."""
     prior = conn.execute("SELECT current_setting('work_mem')").fetchone()[0]
     conn.execute("SELECT set_config('work_mem', %s, true)", (size,))
-    try:
-        yield
-    finally:
-        conn.execute("SELECT set_config('work_mem', %s, true)", (prior,))
+    yield
+    conn.execute("SELECT set_config('work_mem', %s, true)", (prior,))
 
 
 def _know_partner_rows(conn: psycopg.Connection, table: str, partner_id: str) -> None:

@@ -93,3 +93,33 @@ def webhook():
     sink = WebhookSink()
     yield sink
     sink.close()
+
+
+class AfterTask:
+    """An Airflow listener that runs ``action`` once, right after ``task_id`` succeeded."""
+
+    def __init__(self, task_id: str, action) -> None:
+        self.task_id, self.action, self.fired = task_id, action, 0
+
+    from airflow.listeners import hookimpl
+
+    @hookimpl
+    def on_task_instance_success(self, previous_state, task_instance) -> None:
+        if task_instance.task_id == self.task_id and not self.fired:
+            self.fired += 1
+            self.action()
+
+
+@pytest.fixture
+def after_task():
+    """``after_task(task_id, action)``: run ``action`` once, right after that task succeeded
+    in this test's ``dag.test()`` (an Airflow listener, removed after the test)."""
+    from airflow.sdk.listener import get_listener_manager
+
+    manager = get_listener_manager()
+
+    def add(task_id: str, action) -> None:
+        manager.add_listener(AfterTask(task_id, action))
+
+    yield add
+    manager.clear()

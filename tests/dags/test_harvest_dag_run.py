@@ -173,3 +173,34 @@ def test_non_retryable_errors_fail_at_once() -> None:
             raising(error)()
     with pytest.raises(PartnerHttpError):  # transient: left to the task's retries
         raising(PartnerHttpError("p", "GET /oai", "HTTP 503"))()
+
+
+def test_a_long_retry_after_reschedules_the_harvest_which_then_lands_the_window(
+        partner_env, repo, db, registry, after_task) -> None:
+    """Issue 9 item 4 for OAI-PMH, through Airflow: a 503 asking for 3 s, longer than
+    options.http.max_wait_in_task (1 s here), ends the harvest's try at once
+    (UP_FOR_RESCHEDULE, no retry used, the worker slot free); dag.test() runs it again after
+    the wait, and the window, started again from its frozen bounds, lands whole."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.taskreschedule import TaskReschedule
+    from airflow.utils.session import create_session
+
+    registry(
+        "partners:\n"
+        "  - {id: dagmuseum, protocol: oai-pmh, conn_id: partner_dagmuseum, metadata_prefix: auto,\n"
+        "     lag: 5m, options: {http: {backoff_factor: 0.01, retries: 2, max_wait_in_task: 1}}}\n"
+    )
+    wait = 3
+    after_task("plan_slices", lambda: partner_env.fail_next(1, status=503, retry_after=wait))
+    run = build_dag().test()
+    assert set(task_states(run).values()) == {"success"}, task_states(run)
+    with create_session() as session:
+        ti = session.query(TaskInstance).filter_by(dag_id=run.dag_id, run_id=run.run_id,
+                                                   task_id="harvest_changes").one()
+        assert ti.try_number == 1  # a reschedule is not a retry
+        reschedules = session.query(TaskReschedule).filter(TaskReschedule.ti_id == ti.id).all()
+    assert len(reschedules) == 1
+    first_try = reschedules[0]
+    assert (first_try.end_date - first_try.start_date).total_seconds() < wait  # it did not sleep the wait
+    assert (first_try.reschedule_date - first_try.end_date).total_seconds() >= wait - 1
+    assert held(db) == repo.live_identifiers()

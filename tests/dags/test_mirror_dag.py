@@ -75,36 +75,6 @@ def cursor() -> dict | None:
     return Variable.get(CURSOR, default_var=None, deserialize_json=True)
 
 
-class AfterTask:
-    """An Airflow listener that runs ``action`` once, right after ``task_id`` succeeded."""
-
-    def __init__(self, task_id: str, action) -> None:
-        self.task_id, self.action, self.fired = task_id, action, 0
-
-    from airflow.listeners import hookimpl
-
-    @hookimpl
-    def on_task_instance_success(self, previous_state, task_instance) -> None:
-        if task_instance.task_id == self.task_id and not self.fired:
-            self.fired += 1
-            self.action()
-
-
-@pytest.fixture
-def listen():
-    from airflow.sdk.listener import get_listener_manager
-
-    manager = get_listener_manager()
-    added = []
-
-    def add(listener) -> None:
-        manager.add_listener(listener)
-        added.append(listener)
-
-    yield add
-    manager.clear()
-
-
 def crash_postgres(label: str, conninfo: str) -> None:
     """An immediate restart of the embedded server (crash recovery empties UNLOGGED
     staging), then wait until it answers again."""
@@ -112,9 +82,9 @@ def crash_postgres(label: str, conninfo: str) -> None:
 
 
 @pytest.mark.skipif(bool(os.environ.get(embedded_pg.DATABASE_URL_ENV)), reason="needs the embedded server to crash it")
-def test_staging_lost_to_a_crash_between_harvest_and_apply_is_harvested_again(env, repo, db, listen,
+def test_staging_lost_to_a_crash_between_harvest_and_apply_is_harvested_again(env, repo, db, after_task,
                                                                              pg_label: str) -> None:
-    listen(AfterTask("harvest_changes", lambda: crash_postgres(pg_label, db)))
+    after_task("harvest_changes", lambda: crash_postgres(pg_label, db))
     run = harvest_dag().test()
     assert set(states(run).values()) == {"success"}, states(run)
     with connect(db) as conn:

@@ -195,6 +195,7 @@ def test_forget_removes_only_that_partners_rows_after_confirmation(capsys, conn,
     monkeypatch.setattr("sys.stdin", io.StringIO("gone\n"))
     status, out, _ = run(capsys, "forget", "gone", "--database-only", "--database-url", db)
     assert status == 0, out
+    assert "deletions written to the change feed: 4 (reason 'forgotten')" in out
     assert [count(conn, t, "gone") for t in ("records", "harvest_runs", "quarantine")] == [0, 0, 0]
     assert [count(conn, t, "museum") for t in ("records", "harvest_runs", "quarantine")] == [2, 1, 1]
 

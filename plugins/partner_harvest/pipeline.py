@@ -95,10 +95,11 @@ def freeze_window(
     if regressed:
         window.protocol["clock_regressed"] = True
         if not behind:
-            log.warning("%s: the partner's clock %s is still behind the highest clock an applied run saw (%s) by "
-                        "more than the lag %s: versions it stamps now may be older than versions held, so this run's "
-                        "versions are ordered by when we observed them", adapter.partner_id,
-                        format_instant(clock.now), format_instant(clock_high_water), lag)
+            log.warning("%s: the partner's clock %s is still behind the highest clock or record datestamp an applied "
+                        "run saw (%s) by more than the lag %s: versions it stamps now may be older than versions held, "
+                        "so this run's versions are ordered by when we observed them. If no clock was ever that far "
+                        "ahead, a record is stamped in the future: this repeats until the partner's clock passes it",
+                        adapter.partner_id, format_instant(clock.now), format_instant(clock_high_water), lag)
     if behind:
         window.protocol["clock_behind_cursor"] = {
             "clock": format_instant(clock.now), "cursor": format_instant(cursor_until),

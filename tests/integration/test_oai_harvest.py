@@ -337,3 +337,16 @@ def test_complete_list_size_mismatch_is_flagged(conn) -> None:
         assert stats.complete_list_size == 300 and stats.fetched == 289
         audit = harness.audit("run-1")
         assert audit["list_size_mismatch"] and audit["complete_list_size"] == 300 and audit["fetched"] == 289
+
+
+def test_a_high_water_ahead_of_the_clock_marks_the_run_and_names_a_future_dated_record(harness: Harness, repo,
+                                                                                      caplog) -> None:
+    """A record stamped in the future keeps every run clock_regressed until the partner's clock
+    passes it; the warning says so instead of only blaming the clock."""
+    ahead = repo.clock + timedelta(days=365)
+    with caplog.at_level("WARNING", logger="partner_harvest.pipeline"):
+        window = pipeline.freeze_window(harness.adapter(), harness.partner.lag, None,
+                                        pipeline.RunRequest("incremental"), None, ahead)
+    assert window.protocol["clock_regressed"] is True
+    (warning,) = [r.getMessage() for r in caplog.records if "ordered by when we observed them" in r.getMessage()]
+    assert "museum" in warning and "record datestamp" in warning and "stamped in the future" in warning

@@ -5,6 +5,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
+from partner_harvest.store.apply import lock_partner_writes
 from partner_harvest.store.feed import mark_applied
 
 # What `forget` removes. `deletions` stays: it is the change feed's history, and forget
@@ -33,7 +34,7 @@ def forget_partner(conn: psycopg.Connection, partner_id: str) -> dict[str, int]:
     """
     removed: dict[str, int] = {}
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext('apply:' || %s))", (partner_id,))
+        lock_partner_writes(conn, partner_id)
         written = conn.execute(_FORGET_IN_THE_FEED, {"pid": partner_id, "run": FORGET_RUN}).rowcount
         if written:
             mark_applied(conn, partner_id, FORGET_RUN)

@@ -229,6 +229,12 @@ WHERE partner_id = %(pid)s AND run_id = %(run)s
 """
 
 
+def lock_partner_writes(conn: psycopg.Connection, partner_id: str) -> None:
+    """The partner's apply lock, until the transaction ends: whatever writes its records
+    and change feed (an apply, ``admin.forget_partner``) does so one at a time."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext('apply:' || %s))", (partner_id,))
+
+
 def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyResult:
     """Apply every staged channel of the run atomically and record it in the audit."""
     params = {"pid": partner_id, "run": run_id}
@@ -236,7 +242,7 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         # One apply per partner at a time: a backfill and the nightly run may overlap. A
         # bounded wait turns a stuck apply elsewhere into an error (and a retry) here.
         conn.execute("SET LOCAL lock_timeout = '30min'")
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext('apply:' || %s))", (partner_id,))
+        lock_partner_writes(conn, partner_id)
         staged = _check_staged(conn, partner_id, run_id)
         fetched = staged.per_channel
         regressed = {channel: clock.isoformat() if clock else None

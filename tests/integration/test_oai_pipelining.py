@@ -156,7 +156,7 @@ def test_a_chain_never_has_two_requests_in_flight_at_the_partner(sim, conn) -> N
         assert slicing.list_size(observed.adapter.client, "oai_dc", None, "YYYY-MM-DDThh:mm:ssZ", None,
                                  observed.window.until) == PAGES * 100
     assert stats.fetched == PAGES * 100 and [c[3] for c in stats.extra["checks"]] == [True, True]
-    assert sim.max_in_flight == 1 and sim.in_flight == 0
+    assert sim.wait_idle(timeout=10) and sim.max_in_flight == 1
 
 
 def test_the_next_request_leaves_before_this_page_is_parsed(sim, conn, monkeypatch) -> None:
@@ -204,7 +204,8 @@ def test_a_wrong_guess_is_dropped_and_the_chain_still_ends_exactly(sim, conn) ->
     assert stats.fetched == PAGES * 100 and stats.pages == PAGES and stats.restarts == 0
     staged = conn.execute("SELECT count(DISTINCT identifier) FROM staging WHERE run_id = 'run-1'").fetchone()[0]
     assert staged == PAGES * 100
-    assert observed.requests == PAGES + 1 and sim.max_in_flight == 1 and sim.in_flight == 0
+    assert sim.wait_idle(timeout=10)
+    assert observed.requests == PAGES + 1 and sim.max_in_flight == 1
     assert sim.requests[-1].get("resumptionToken", "").endswith("+stale")  # the dropped request
     assert sim.errors == []
     assert _fetchers() == []

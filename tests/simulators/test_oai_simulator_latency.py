@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -48,12 +49,40 @@ def test_concurrent_requests_are_served_side_by_side_and_counted() -> None:
             for thread in threads:
                 thread.join(timeout=10)
         assert statuses == [200] * 4
-        assert sim.max_in_flight == 4 and sim.in_flight == 0
+        assert sim.wait_idle(timeout=10), f"{sim.in_flight} still in flight"
+        assert sim.max_in_flight == 4
         sim.reset_in_flight()
         assert sim.max_in_flight == 0
         with requests.Session() as session:
             assert session.get(sim.base_url, params=IDENTIFY).status_code == 200
+        assert sim.wait_idle(timeout=10)
         assert sim.max_in_flight == 1
+
+
+def test_a_client_holds_its_answer_before_the_server_counts_the_request_done(monkeypatch) -> None:
+    """Why tests wait for ``wait_idle`` instead of reading ``in_flight`` when their client
+    returns: the server's thread counts the request done only after writing the answer.
+    Here that thread is held just after writing, as a busy machine may hold it (the race
+    that once failed the test above)."""
+    with OaiSimulator(SimulatedRepository(records=10)) as sim:
+        serving = sim._serving
+        written, release = threading.Event(), threading.Event()
+
+        @contextmanager
+        def held_after_writing():
+            with serving():
+                yield
+                written.set()
+                assert release.wait(10)
+
+        monkeypatch.setattr(sim, "_serving", held_after_writing)
+        with requests.Session() as session:
+            assert session.get(sim.base_url, params=IDENTIFY, timeout=10).status_code == 200
+        assert written.wait(10)
+        assert sim.in_flight == 1  # the client is done, the server not yet
+        assert not sim.wait_idle(timeout=0.05)
+        release.set()
+        assert sim.wait_idle(timeout=10) and sim.in_flight == 0
 
 
 def test_delay_and_counter_over_the_control_api() -> None:

@@ -230,6 +230,20 @@ class OaiSimulator(ControlledServer):
                 self._changed.wait(remaining)
             return True
 
+    def wait_idle(self, timeout: float = 5.0) -> bool:
+        """Block until no OAI request is in flight (tests); False on timeout.
+
+        A client holds its whole answer a moment before the server's thread counts the
+        request as done, so "the client returned" does not yet mean ``in_flight == 0``."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self.in_flight > 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._changed.wait(remaining)
+            return True
+
     @contextmanager
     def _serving(self) -> Iterator[None]:
         """Count one OAI request in flight for as long as it is answered, delay included.

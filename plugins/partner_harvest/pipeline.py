@@ -214,19 +214,23 @@ def plan_slices(
     if len(planned) < 2:
         planned = []
     bounds = [slices.SliceBounds(slices.slice_channel(i + 1), p.get("from_"), p["until"], p.get("lo"), p.get("hi"),
-                                 p.get("estimate")) for i, p in enumerate(planned)]
+                                 p.get("estimate"), p.get("set_spec")) for i, p in enumerate(planned)]
     slices.write_plan(conn, partner_id, run_id, window, window.protocol.get("metadata_prefix"), bounds)
     if not bounds:
         return [dict(WHOLE)]
     log.info("%s: %s harvested as %d slices: %s", partner_id, window.describe(), len(bounds),
              "; ".join(_describe_slice(b) for b in bounds))
     return [{"channel": b.channel, "from": format_instant(b.from_) if b.from_ else None,
-             "until": format_instant(b.until), "lo": b.lo, "hi": b.hi, "estimate": b.estimate} for b in bounds]
+             "until": format_instant(b.until), "lo": b.lo, "hi": b.hi, "set": b.set_spec, "estimate": b.estimate}
+            for b in bounds]
 
 
 def _describe_slice(bounds: slices.SliceBounds) -> str:
     if bounds.lo is not None:
         return f"{bounds.channel} ids {bounds.lo}..{bounds.hi}"
+    if bounds.set_spec is not None:
+        return f"{bounds.channel} set {bounds.set_spec}" + (
+            f" (~{bounds.estimate})" if bounds.estimate is not None else "")
     start = format_instant(bounds.from_) if bounds.from_ else "the beginning"
     return f"{bounds.channel} {start}..{format_instant(bounds.until)}" + (
         f" (~{bounds.estimate})" if bounds.estimate is not None else "")
@@ -234,8 +238,8 @@ def _describe_slice(bounds: slices.SliceBounds) -> str:
 
 def slice_window(window: Window, bounds: slices.SliceBounds, resume_at: int | None = None) -> Window:
     """The sub-window one slice harvests: its own range, the run's frozen facts."""
-    piece = {"channel": bounds.channel, "lo": bounds.lo, "hi": bounds.hi, "resume_at": resume_at,
-             "of_full": window.is_full}  # a slice of a full harvest proves its own range (I12)
+    piece = {"channel": bounds.channel, "lo": bounds.lo, "hi": bounds.hi, "set": bounds.set_spec,
+             "resume_at": resume_at, "of_full": window.is_full}  # a slice of a full harvest proves its own range (I12)
     return replace(window, from_=bounds.from_, until=bounds.until, protocol={**window.protocol, "slice": piece})
 
 

@@ -139,6 +139,10 @@ class SliceSettings:
     no count: a window longer than ``long_window`` is cut into pieces of that length. An OAI
     repository that announces no ``completeListSize`` is cut into ``without_count`` equal time
     ranges on a full harvest (1: not at all). ``max_slices: 1`` turns slicing off.
+
+    ``sets`` (OAI-PMH): the operator says these sets partition the repository, so such a
+    window is cut into one slice per set instead, when the sets' counts add up to the whole
+    list's at planning time (oai/slicing.plan_by_sets); otherwise by datestamp as above.
     """
 
     threshold_records: int = 200_000
@@ -146,6 +150,7 @@ class SliceSettings:
     max_slices: int = 8
     long_window: timedelta = timedelta(days=30)
     without_count: int = 1
+    sets: tuple[str, ...] = ()
 
 
 def cursor_key(partner_id: str, channel: str | None = None) -> str:
@@ -338,6 +343,11 @@ class SlicingEntry(_Strict):
     without_count: Annotated[StrictInt, Field(ge=1, le=256, description=(
         "OAI-PMH full harvest of a repository that announces no completeListSize: this many equal time "
         "ranges (1: no slicing)"))] = 1
+    sets: list[Annotated[str, Field(min_length=1, pattern=r"^\S+$", strict=True)]] = Field(
+        default_factory=list, description=(
+            "OAI-PMH: setSpecs that partition the repository (every record, deleted ones too, in exactly "
+            "one of them): a big window is harvested one slice per set, when the sets' counts add up to the "
+            "whole list's at planning time (else by datestamp); 2..max_slices sets; needs no partner set"))
 
     @model_validator(mode="after")
     def _target_below_threshold(self) -> "SlicingEntry":
@@ -345,11 +355,17 @@ class SlicingEntry(_Strict):
             raise ValueError("target_records must not exceed threshold_records")
         if self.long_window < timedelta(hours=1):
             raise ValueError("long_window must be at least 1h")
+        if self.sets:
+            if len(set(self.sets)) != len(self.sets):
+                raise ValueError("sets: a set is listed twice")
+            if not 2 <= len(self.sets) <= self.max_slices:
+                raise ValueError(f"sets: list 2 to max_slices ({self.max_slices}) sets, one slice each; "
+                                 f"{len(self.sets)} given")
         return self
 
     def to_settings(self) -> SliceSettings:
         return SliceSettings(self.threshold_records, self.target_records, self.max_slices,
-                             self.long_window, self.without_count)
+                             self.long_window, self.without_count, tuple(self.sets))
 
 
 class PartnerEntry(_Strict):
@@ -411,6 +427,15 @@ class PartnerEntry(_Strict):
             raise ValueError(f"is shorter than retry_delay ({int(delay.total_seconds())}s), the first wait")
         return value
     slicing: SlicingEntry = Field(default_factory=SlicingEntry)
+
+    @model_validator(mode="after")
+    def _slicing_sets_fit_the_partner(self) -> "PartnerEntry":
+        if self.slicing.sets:
+            if self.protocol != "oai-pmh":
+                raise ValueError("slicing.sets applies to protocol oai-pmh only")
+            if self.set is not None:
+                raise ValueError("slicing.sets partitions the whole repository: it cannot be combined with set")
+        return self
 
     @model_validator(mode="after")
     def _finish_by_fits_the_schedule(self) -> "PartnerEntry":

@@ -93,6 +93,31 @@ def test_a_sliced_oai_full_harvest_retries_only_the_slice_that_failed(museum, db
     assert list_requests <= collection_pages + audit[retried]["pages"] + 1, (list_requests, collection_pages)
 
 
+def test_a_full_harvest_by_the_registry_sets_runs_one_mapped_slice_per_set(registry, monkeypatch, aggregation_conn,
+                                                                           airflow_db, db) -> None:
+    registry(
+        "partners:\n"
+        "  - {id: setmuseum, protocol: oai-pmh, conn_id: partner_setmuseum, metadata_prefix: oai_dc,\n"
+        "     options: {http: {backoff_factor: 0.01, retries: 0}},\n"
+        "     slicing: {threshold_records: 300, target_records: 150, max_slices: 4,\n"
+        "               sets: ['type:painting', 'type:print', 'type:sculpture']}}\n"
+    )
+    repo = SimulatedRepository(records=700, page_size=50, seed=12)
+    with OaiSimulator(repo) as sim:
+        monkeypatch.setenv("AIRFLOW_CONN_PARTNER_SETMUSEUM", json.dumps({"conn_type": "http", "host": sim.base_url}))
+        run = build_dag("setmuseum").test(run_conf={"mode": "full"})
+        listed = {r.get("set") for r in sim.requests if r.get("verb") == "ListRecords" and "metadataPrefix" in r}
+    tis = instances(run)
+    assert {t[2] for t in tis} == {"success"}, tis
+    assert len([t for t in tis if t[0] == "harvest_changes"]) == 3
+    audit = rows(db, "setmuseum", run)
+    assert {c: r["slice_set"] for c, r in audit.items()} == {
+        "changes": None, "changes/001": "type:painting", "changes/002": "type:print", "changes/003": "type:sculpture"}
+    assert {r["status"] for r in audit.values()} == {"applied"}
+    assert listed == {"type:painting", "type:print", "type:sculpture"}
+    assert held(db, "setmuseum") == repo.live_identifiers()
+
+
 @pytest.fixture
 def library(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db):
     registry(

@@ -7,6 +7,7 @@ them failing and retried on its own), apply_changes.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import psycopg
@@ -47,9 +48,10 @@ def sierra_partner(**kw) -> Partner:
 class Run:
     """One run of the DAG's tasks, piece by piece."""
 
-    def __init__(self, conn: psycopg.Connection, partner: Partner, adapter_factory, run_id: str = "run-1"):
+    def __init__(self, conn: psycopg.Connection, partner: Partner, adapter_factory, run_id: str = "run-1",
+                 mode: str = "incremental"):
         self.conn, self.partner, self.make, self.run_id = conn, partner, adapter_factory, run_id
-        self.window = pipeline.freeze_window(self.make(), partner.lag, None, pipeline.RunRequest("incremental"))
+        self.window = pipeline.freeze_window(self.make(), partner.lag, None, pipeline.RunRequest(mode))
         self.pieces = pipeline.plan_slices(self.make(), conn, partner.id, run_id, self.window, partner.slicing)
 
     def harvest(self, channel: str):
@@ -130,6 +132,61 @@ def test_oai_full_harvest_as_slices_equals_the_live_set(conn, oai) -> None:
     conn.commit()
     assert {c for c, kind, ok in checks if kind == "oai-complete-list-size" and ok} == set(channels)  # I12, per slice
     assert pipeline.last_applied_until(conn, partner.id, "changes") == run.window.until  # coverage reads the parent
+
+
+TYPE_SETS = ("type:painting", "type:print", "type:sculpture")  # every simulated record is of one type
+
+
+def test_oai_full_harvest_sliced_by_the_registry_sets_equals_the_live_set(conn, oai) -> None:
+    """slicing.sets: one slice per set, each listing its set over the whole window; the
+    sets' counts were checked against the whole list's before the plan trusted them."""
+    sim, repo = oai
+    partner = oai_partner(slicing=replace(SLICES, sets=TYPE_SETS))
+    run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
+    assert [(p["channel"], p["set"]) for p in run.pieces] == [
+        ("changes/001", "type:painting"), ("changes/002", "type:print"), ("changes/003", "type:sculpture")]
+    rows = run.rows()
+    for piece in run.pieces:
+        row = rows[piece["channel"]]
+        assert row["slice_set"] == piece["set"] and row["status"] == "planned"
+        assert (row["window_from"], row["window_until"]) == (None, run.window.until)  # the whole window
+    sim.requests.clear()
+    run.harvest_all()
+    listed = {r.get("set") for r in sim.requests if r.get("verb") == "ListRecords" and "metadataPrefix" in r}
+    assert listed == set(TYPE_SETS)
+    result = run.apply()
+    assert held(conn, partner.id) == repo.live_identifiers()
+    assert result.fetched == len(repo.live_identifiers()) + len(repo.deleted_identifiers())  # nothing twice
+    checks = conn.execute("SELECT channel, check_ok FROM harvest_runs WHERE run_id = %s AND check_kind = "
+                          "'oai-complete-list-size'", (run.run_id,)).fetchall()
+    conn.commit()
+    assert dict(checks) == {p["channel"]: True for p in run.pieces}  # I12, per set
+
+
+@pytest.mark.parametrize("case", ["a set missing from the list", "deleted records outside their sets"])
+def test_sets_that_do_not_partition_the_list_are_not_trusted(conn, oai, caplog, case) -> None:
+    """The registry's sets are checked against the whole list: a set left out, or a
+    repository that drops deleted records from their sets (I13; the simulator does so
+    here), would lose records or tombstones. A full reharvest after deletions shows it:
+    the plan falls back to datestamp slices, and the deleted records are purged."""
+    sim, repo = oai
+    first = Run(conn, oai_partner(slicing=SliceSettings(max_slices=1)), lambda: build_adapter(
+        oai_partner(), Endpoint(sim.base_url)))
+    first.harvest_all()
+    first.apply()
+    repo.delete(40)
+    repo.advance_clock(3600)
+    sets = TYPE_SETS[:2] if case == "a set missing from the list" else TYPE_SETS
+    repo.deleted_in_sets = case != "deleted records outside their sets"
+    partner = oai_partner(slicing=replace(SLICES, sets=sets))
+    with caplog.at_level("WARNING", logger="partner_harvest.oai.slicing"):
+        run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)), run_id="run-2", mode="full")
+    run.harvest_all()
+    result = run.apply()
+    assert held(conn, partner.id) == repo.live_identifiers()
+    assert result.purged == 40
+    assert "do not partition the list" in caplog.text
+    assert len(run.pieces) >= 2 and all(p["set"] is None for p in run.pieces)  # datestamp slices
 
 
 def test_a_short_window_stays_whole(conn, oai) -> None:

@@ -148,6 +148,22 @@ def test_select_is_inclusive_at_the_granularity() -> None:
     assert repo.select(set_spec="type") == repo.select()
 
 
+def test_deleted_records_may_leave_their_sets() -> None:
+    """deleted_in_sets=False (``--deleted-outside-sets``): set-restricted lists omit
+    tombstones, and a tombstone's header names no set, as on repositories that drop a
+    deleted item's set membership."""
+    repo = SimulatedRepository(records=400, deleted_fraction=0.1, page_size=1000, deleted_in_sets=False)
+    deleted = repo.deleted_identifiers()
+    by_type = [r for spec in ("type:painting", "type:print", "type:sculpture") for r in repo.select(set_spec=spec)]
+    assert deleted and not any(r.deleted for r in by_type)
+    assert len(by_type) == len(repo.select()) - len(deleted)
+    with OaiSimulator(repo) as sim:
+        body = requests.get(sim.base_url, params={"verb": "ListIdentifiers", "metadataPrefix": "oai_dc"}).content
+    ns = {"o": "http://www.openarchives.org/OAI/2.0/"}
+    tombstones = etree.fromstring(body).findall(".//o:header[@status='deleted']", ns)
+    assert len(tombstones) == len(deleted) and all(h.find("o:setSpec", ns) is None for h in tombstones)
+
+
 def test_mutations_are_seeded_and_stamped_with_the_clock() -> None:
     a, b = SimulatedRepository(records=300), SimulatedRepository(records=300)
     assert a.edit(5) == b.edit(5)

@@ -241,3 +241,25 @@ def test_bad_airflow_task_arguments_name_partner_and_field(tmp_path: Path, keys:
     (error,) = load_registry(path).errors
     assert (error.partner, error.field) == ("big", field)
     assert f"partner 'big', field '{field}'" in str(error) and problem in str(error), str(error)
+
+
+# -- slicing.sets ----------------------------------------------------------------------------
+
+def test_slicing_sets_are_read_as_a_tuple(tmp_path: Path) -> None:
+    path = write(tmp_path, "partners:\n  - {id: museum, protocol: oai-pmh, conn_id: c,"
+                           " slicing: {sets: ['type:painting', 'type:print'], max_slices: 4}}\n")
+    assert get_partner("museum", path).slicing.sets == ("type:painting", "type:print")
+
+
+@pytest.mark.parametrize("entry,problem", [
+    ("protocol: sierra, slicing: {sets: [a, b]}", "protocol oai-pmh only"),
+    ("protocol: oai-pmh, set: a, slicing: {sets: [a, b]}", "cannot be combined with set"),
+    ("protocol: oai-pmh, slicing: {sets: [a, a]}", "listed twice"),
+    ("protocol: oai-pmh, slicing: {sets: [a]}", "2 to max_slices (8) sets"),
+    ("protocol: oai-pmh, slicing: {sets: [a, b, c], max_slices: 2}", "2 to max_slices (2) sets, one slice each; 3 given"),
+    ("protocol: oai-pmh, slicing: {sets: [a, 'b c']}", "should match pattern"),
+])
+def test_bad_slicing_sets_are_refused_with_the_reason(tmp_path: Path, entry: str, problem: str) -> None:
+    path = write(tmp_path, f"partners:\n  - {{id: museum, conn_id: c, {entry}}}\n")
+    (error,) = load_registry(path).errors
+    assert problem in str(error)

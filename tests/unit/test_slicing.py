@@ -6,7 +6,7 @@ import bisect
 import random
 from datetime import datetime, timedelta, timezone
 
-from partner_harvest.oai.slicing import plan
+from partner_harvest.oai.slicing import plan, plan_by_sets
 from partner_harvest.registry import SliceSettings
 from partner_harvest.window import Window, format_instant
 
@@ -79,3 +79,49 @@ def test_a_short_incremental_window_is_never_probed() -> None:
     window = Window("incremental", UNTIL - timedelta(days=1), UNTIL, "seconds", True,
                     {"oai_granularity": "YYYY-MM-DDThh:mm:ssZ"})
     assert plan(window, SliceSettings(), counter) == [] and counter.calls == 0
+
+
+# -- slicing.sets -------------------------------------------------------------------------
+
+SETS = ("a", "b", "c")
+
+
+class SetCounter:
+    """completeListSize per set over the whole window; ``whole`` is the unrestricted list's."""
+
+    def __init__(self, per_set: dict[str, int | None], whole: int | None):
+        self.per_set, self.whole = per_set, whole
+        self.asked: list[str | None] = []
+
+    def __call__(self, from_, until, set_spec=None):
+        self.asked.append(set_spec)
+        return self.whole if set_spec is None else self.per_set[set_spec]
+
+
+def test_sets_that_add_up_to_the_whole_list_are_the_slices() -> None:
+    counter = SetCounter({"a": 3_000, "b": 0, "c": 5_000}, whole=8_000)
+    pieces = plan_by_sets(full_window(), SliceSettings(threshold_records=2_000, sets=SETS), counter)
+    assert pieces == [{"from_": None, "until": UNTIL, "estimate": 3_000, "set_spec": "a"},
+                      {"from_": None, "until": UNTIL, "estimate": 5_000, "set_spec": "c"}]  # an empty set: no slice
+    assert counter.asked == [None, "a", "b", "c"]
+
+
+def test_sets_are_not_trusted_unless_their_counts_make_the_whole_list() -> None:
+    settings = SliceSettings(threshold_records=2_000, sets=SETS)
+    for per_set, whole in [({"a": 3_000, "b": 1_000, "c": 3_000}, 8_000),   # a record in no set
+                           ({"a": 3_000, "b": 2_000, "c": 4_000}, 8_000),   # a record in two
+                           ({"a": 3_000, "b": None, "c": 5_000}, 8_000),    # a set without a count
+                           ({"a": 3_000, "b": 0, "c": 5_000}, None),        # no count for the whole list
+                           ({"a": 8_000, "b": 0, "c": 0}, 8_000)]:          # one set holds everything
+        assert plan_by_sets(full_window(), settings, SetCounter(per_set, whole)) is None, per_set
+
+
+def test_a_small_list_or_a_short_window_stays_whole_whatever_the_sets() -> None:
+    counter = SetCounter({"a": 500, "b": 500, "c": 500}, whole=1_500)
+    assert plan_by_sets(full_window(), SliceSettings(threshold_records=2_000, sets=SETS), counter) == []
+    assert counter.asked == [None]  # the sets are not even counted
+    short = Window("incremental", UNTIL - timedelta(days=1), UNTIL, "seconds", True,
+                   {"oai_granularity": "YYYY-MM-DDThh:mm:ssZ"})
+    counter = SetCounter({"a": 1, "b": 1, "c": 1}, whole=3)
+    assert plan_by_sets(short, SliceSettings(sets=SETS), counter) == [] and counter.asked == []
+    assert plan_by_sets(full_window(), SliceSettings(), counter) is None  # no sets listed: by datestamp

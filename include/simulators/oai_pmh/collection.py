@@ -144,6 +144,7 @@ class SimulatedRepository(SimulatedModel[str]):
         start_clock: datetime = datetime(2026, 1, 1, tzinfo=timezone.utc),
         invalid_every: int = 0,
         mutation_step: timedelta = timedelta(seconds=60),
+        deleted_in_sets: bool = True,
     ) -> None:
         if granularity not in GRANULARITY_SECONDS:
             raise ValueError(f"granularity must be one of {sorted(GRANULARITY_SECONDS)}")
@@ -161,6 +162,9 @@ class SimulatedRepository(SimulatedModel[str]):
         self.page_size = page_size
         self.seed = seed
         self.invalid_every = invalid_every
+        # False: a deleted record belongs to no set any more, as on repositories that drop a
+        # deleted item's set membership: set-restricted lists omit its tombstone (I13).
+        self.deleted_in_sets = deleted_in_sets
         super().__init__(start_clock, mutation_step, mutation_seed=seed * 1_000_003 + 17)
         self._unit = GRANULARITY_SECONDS[granularity]
         self._build(records, deleted_fraction)
@@ -353,8 +357,9 @@ class SimulatedRepository(SimulatedModel[str]):
                 return [i + 1 for i, (t, s) in enumerate(zip(stamps, states))
                         if s != GONE and low <= t <= high]
             allowed = self._set_filter(set_spec)
+            hidden = GONE if self.deleted_in_sets else TOMBSTONE  # GONE is hidden either way
             return [i + 1 for i, (t, s, k) in enumerate(zip(stamps, states, self._kind))
-                    if s != GONE and allowed[k] and low <= t <= high]
+                    if s < hidden and allowed[k] and low <= t <= high]
 
     def select(
         self, from_: datetime | str | None = None, until: datetime | str | None = None,

@@ -688,8 +688,9 @@ class OaiSimulator(ControlledServer):
         for record in repo.records(numbers):
             if record is None:
                 continue
+            sets = "" if record.deleted and not repo.deleted_in_sets else _SET_XML[record.kind]
             head = (f"<identifier>{ID_PREFIX}{record.number:07d}</identifier>"
-                    f"<datestamp>{fmt(record.stamp)}</datestamp>{_SET_XML[record.kind]}")
+                    f"<datestamp>{fmt(record.stamp)}</datestamp>{sets}")
             if record.deleted:
                 header = f'<header status="deleted">{head}</header>'
                 out.append(f"{header}\n" if headers_only else f"<record>{header}</record>\n")

@@ -64,32 +64,47 @@ class OaiAdapter:
         )
 
     def plan_slices(self, window: Window, settings: Any) -> list[dict[str, Any]]:
-        """Datestamp slices of a big window (oai/slicing.py); [] keeps it whole."""
+        """Set slices where the registry lists sets that partition the list, else datestamp
+        slices of a big window (oai/slicing.py); [] keeps it whole."""
         prefix = window.protocol["metadata_prefix"]
         oai_granularity = window.protocol.get("oai_granularity", DAY_GRANULARITY)
+        asked: dict[tuple, int | None] = {}  # the whole list's count serves both planners
 
-        def probe(from_: datetime | None, until: datetime) -> int | None:
-            return slicing.list_size(self.client, prefix, self.partner.set_spec, oai_granularity, from_, until)
+        def probe(from_: datetime | None, until: datetime, set_spec: str | None = None) -> int | None:
+            key = (from_, until, set_spec or self.partner.set_spec)
+            if key not in asked:
+                asked[key] = slicing.list_size(self.client, prefix, key[2], oai_granularity, from_, until)
+            return asked[key]
 
+        by_sets = slicing.plan_by_sets(window, settings, probe, self.partner_id)
+        if by_sets is not None:
+            return by_sets
         return slicing.plan(window, settings, probe, self.partner_id)
+
+    def _set_spec(self, window: Window) -> str | None:
+        """The set a window lists: its slice's own (slicing.sets), else the partner's."""
+        piece = window.protocol.get("slice") or {}
+        return piece.get("set") or self.partner.set_spec
 
     def harvest(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
         prefix = window.protocol["metadata_prefix"]
         oai_granularity = window.protocol.get("oai_granularity", DAY_GRANULARITY)
         from_ = format_datestamp(window.from_, oai_granularity) if window.from_ else None
         until = format_datestamp(window.until, oai_granularity)
+        set_spec = self._set_spec(window)
         restarts = 0
         while True:
             try:
-                self._stream(prefix, from_, until, sink, stats)
+                self._stream(prefix, from_, until, set_spec, sink, stats)
                 # a full harvest, or one slice of it (its own range), never the reconcile's bulk fetch
                 piece = window.protocol.get("slice")
                 if (piece.get("of_full") if piece else window.is_full) and window.mode != "reconcile":
-                    stats.extra["checks"] = self._completeness(prefix, until, stats, from_)
+                    stats.extra["checks"] = self._completeness(prefix, until, stats, from_, set_spec)
                 return
             except BadResumptionToken as exc:
                 restarts += 1
-                request = f"ListRecords from={from_} until={until} prefix={prefix}"
+                request = f"ListRecords from={from_} until={until} prefix={prefix}" + (
+                    f" set={set_spec}" if set_spec else "")
                 if restarts > self.partner.max_token_restarts:
                     raise TokenRestartsExhausted(
                         self.partner_id, request,
@@ -105,10 +120,11 @@ class OaiAdapter:
                 stats.reset()
                 stats.restarts = restarts
 
-    def _stream(self, prefix: str, from_: str | None, until: str, sink: ItemSink, stats: HarvestStats) -> None:
+    def _stream(self, prefix: str, from_: str | None, until: str, set_spec: str | None, sink: ItemSink,
+                stats: HarvestStats) -> None:
         started = time.monotonic()
         pages = self.client.list_pages(
-            "ListRecords", metadata_prefix=prefix, set_spec=self.partner.set_spec, from_=from_, until=until
+            "ListRecords", metadata_prefix=prefix, set_spec=set_spec, from_=from_, until=until
         )
         with closing(pages):  # a failing sink stops the fetcher thread now (pipelining)
             self._stream_pages(pages, sink, stats, started)
@@ -138,7 +154,8 @@ class OaiAdapter:
 
     # -- completeness (I12) --------------------------------------------------------------
 
-    def _completeness(self, prefix: str, until: str, stats: HarvestStats, from_: str | None = None) -> list[tuple]:
+    def _completeness(self, prefix: str, until: str, stats: HarvestStats, from_: str | None = None,
+                      set_spec: str | None = None) -> list[tuple]:
         """Second witnesses of a full harvest, as record_check arguments, failures last
         (the audit row keeps the last one recorded).
 
@@ -157,12 +174,13 @@ class OaiAdapter:
                 f"({stats.records} records, {stats.tombstones} deleted, {stats.rejected} rejected)",
             ))
         if (self.partner.options.get("completeness") or {}).get("list_identifiers"):
-            checks.append(self._list_identifiers_check(prefix, until, stats, from_))
+            checks.append(self._list_identifiers_check(prefix, until, stats, from_, set_spec))
         checks.sort(key=lambda check: check[3], reverse=True)
         return checks
 
-    def _list_identifiers_check(self, prefix: str, until: str, stats: HarvestStats, from_: str | None = None) -> tuple:
-        request = f"ListIdentifiers metadataPrefix={prefix} set={self.partner.set_spec} until={until}"
+    def _list_identifiers_check(self, prefix: str, until: str, stats: HarvestStats, from_: str | None = None,
+                                set_spec: str | None = None) -> tuple:
+        request = f"ListIdentifiers metadataPrefix={prefix} set={set_spec} until={until}"
         if from_:
             request += f" from={from_}"
         restarts = 0
@@ -170,7 +188,7 @@ class OaiAdapter:
             listed = 0
             try:
                 with closing(self.client.list_pages("ListIdentifiers", metadata_prefix=prefix,
-                                                    set_spec=self.partner.set_spec, from_=from_,
+                                                    set_spec=set_spec, from_=from_,
                                                     until=until)) as pages:
                     for page in pages:
                         listed += len(page.items)

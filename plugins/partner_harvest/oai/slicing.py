@@ -8,6 +8,11 @@ cover the frozen window: each starts one granule after the previous one ends (OA
 ``from``/``until`` are inclusive). The counts only steer the cut; a repository whose count
 is wrong (I13) gets uneven slices, never missing ones. Without any count, a full harvest
 is cut into ``without_count`` equal time ranges.
+
+Where the registry lists sets that partition the repository (``slicing.sets``), each set
+is a slice over the whole window instead, but only when the sets' counts add up to the
+whole list's: a record in no listed set, in two of them, or a deleted record the
+repository no longer lists in its set would otherwise be missed or fetched twice.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from partner_harvest.window import Window, floor_to, parse_instant
 
 log = logging.getLogger(__name__)
 
-Probe = Callable[[datetime | None, datetime], "int | None"]
+Probe = Callable[..., "int | None"]  # (from_, until[, set_spec]) -> the list's size, or None
 
 
 def granule(oai_granularity: str) -> timedelta:
@@ -51,12 +56,49 @@ def list_size(client: OaiClient, prefix: str, set_spec: str | None, oai_granular
     return page.complete_list_size
 
 
+def _considered(window: Window, settings: Any) -> bool:
+    """A full harvest, or a window longer than ``long_window``, with slicing on."""
+    long = window.until - window.from_ > settings.long_window if window.from_ else False
+    return settings.max_slices >= 2 and (window.is_full or long)
+
+
+def plan_by_sets(window: Window, settings: Any, probe: Probe, partner_id: str = "") -> list[dict[str, Any]] | None:
+    """One slice per listed set, each over the whole window (from_, until, estimate, set_spec);
+    [] when the window stays whole; None when no sets are listed or they cannot be trusted
+    to partition this window's list (then it is planned by datestamp, and the log says why)."""
+    if not settings.sets:
+        return None
+    if not _considered(window, settings):
+        return []
+    total = probe(window.from_, window.until)
+    if total is not None and total <= settings.threshold_records:
+        return []
+    counts = {spec: probe(window.from_, window.until, spec) for spec in settings.sets}
+    described = ", ".join(f"{spec}: {'unknown' if n is None else n}" for spec, n in counts.items())
+    if total is None or None in counts.values():
+        log.warning("%s: slicing.sets cannot be checked (the repository announces no completeListSize for %s); "
+                    "slicing by datestamp instead", partner_id,
+                    "the whole list" if total is None else "some sets")
+        return None
+    if sum(counts.values()) != total:
+        log.warning("%s: the sets of slicing.sets do not partition the list: they hold %d records (%s), the whole "
+                    "list %d (a record in no listed set or in two, or deleted records the repository no longer "
+                    "lists in their set); slicing by datestamp instead", partner_id, sum(counts.values()),
+                    described, total)
+        return None
+    kept = [spec for spec in settings.sets if counts[spec]]
+    if len(kept) < 2:
+        return None
+    log.info("%s: %d records announced, in %d sets: %s", partner_id, total, len(kept), described)
+    return [{"from_": window.from_, "until": window.until, "estimate": counts[spec], "set_spec": spec}
+            for spec in kept]
+
+
 def plan(window: Window, settings: Any, probe: Probe, partner_id: str = "") -> list[dict[str, Any]]:
     """The slices of ``window`` as dicts (from_, until, estimate); [] when it stays whole."""
     oai_granularity = window.protocol.get("oai_granularity", DAY_GRANULARITY)
     step = granule(oai_granularity)
-    long = window.until - window.from_ > settings.long_window if window.from_ else False
-    if settings.max_slices < 2 or not (window.is_full or long):
+    if not _considered(window, settings):
         return []
     start = window.from_ or _earliest(window)
     if start is None or start >= window.until:

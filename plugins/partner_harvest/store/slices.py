@@ -41,6 +41,7 @@ class SliceBounds:
     lo: int | None = None
     hi: int | None = None
     estimate: int | None = None  # records the plan expected (a count or an id span)
+    set_spec: str | None = None  # an OAI slice that is one set of the repository (over the whole window)
 
 
 def write_plan(
@@ -85,24 +86,24 @@ def write_plan(
                 """
                 INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until, granularity,
                                           metadata_prefix, status, attempts, partner_clock, slice_lo, slice_hi,
-                                          expected, harvested_at)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'planned', 0, %s, %s, %s, %s, NULL)
+                                          slice_set, expected, harvested_at)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'planned', 0, %s, %s, %s, %s, %s, NULL)
                 """,
                 [(partner_id, run_id, s.channel, window.mode, s.from_, s.until, window.granularity, metadata_prefix,
-                  window.partner_clock, s.lo, s.hi, s.estimate) for s in slices],
+                  window.partner_clock, s.lo, s.hi, s.set_spec, s.estimate) for s in slices],
             )
 
 
 def read_bounds(conn: psycopg.Connection, run: RunRef) -> SliceBounds:
     """A slice's bounds as planned (a reharvest after lost staging reads them here)."""
     row = conn.execute(
-        "SELECT window_from, window_until, slice_lo, slice_hi FROM harvest_runs"
+        "SELECT window_from, window_until, slice_lo, slice_hi, slice_set FROM harvest_runs"
         " WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key(),
     ).fetchone()
     conn.commit()
     if row is None:
         raise LookupError(f"{run.partner_id}: run {run.run_id} has no slice {run.channel} in harvest_runs")
-    return SliceBounds(run.channel, row[0], row[1], row[2], row[3])
+    return SliceBounds(run.channel, row[0], row[1], row[2], row[3], set_spec=row[4])
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def slice_rows(conn: psycopg.Connection, partner_id: str, run_id: str) -> list[d
     with conn.cursor() as cur:
         cur.execute(
             """
-            SELECT channel, status, window_from, window_until, slice_lo, slice_hi, pages, fetched, expected,
+            SELECT channel, status, window_from, window_until, slice_lo, slice_hi, slice_set, pages, fetched, expected,
                    checkpoint, resumed, attempts, started_at, harvesting_since, progress_at, harvested_at
             FROM harvest_runs WHERE partner_id = %s AND run_id = %s ORDER BY channel
             """, (partner_id, run_id),

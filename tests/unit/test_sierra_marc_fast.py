@@ -104,6 +104,10 @@ STAMP = Field(tag="005", data="20250102030405.0")
     pytest.param((Field(tag="001", data="b1000001"), data("907", "b", "x", "a", "nothing"), ID_907,
                   data("245", "a", "T")), id="second 907 holds the id"),
     pytest.param((Field(tag="001", data="o1"), data("245", "a", "x\ufffdy")), id="replacement character"),
+    pytest.param((Field(tag="001", data="o1"), data("245", "a", "T", "", "", "$", "x")), id="odd code after an empty value"),
+    pytest.param((Field(tag="001", data="o1"), data("245", "a", "T"), data("500", "", "", "", "")), id="only empty values"),
+    pytest.param((Field(tag="001", data="o1"), data("245", "a", "T", "", "")), id="trailing empty value"),
+    pytest.param((Field(tag="001", data="o1\x1fx"), data("245", "a", "T")), id="delimiter in a control field"),
 ])
 def test_hand_made_records_decode_the_same_both_ways(fields) -> None:
     assert_same(utf8_record(*fields))

@@ -239,12 +239,17 @@ def test_a_failed_oai_slice_is_harvested_again_alone(conn, oai) -> None:
     assert not [r for r in sim.requests if r.get("until") in done_before]  # slices 1 and 2: never again
 
 
-def test_lost_staging_of_one_slice_is_harvested_again_alone(conn, oai) -> None:
+@pytest.mark.parametrize("by", ["datestamp", "set"])
+def test_lost_staging_of_one_slice_is_harvested_again_alone(conn, oai, by) -> None:
+    """The apply harvests again exactly the slice whose staging was lost, from the bounds in
+    its row: its datestamp range, or its set (read back from harvest_runs.slice_set)."""
     sim, repo = oai
-    partner = oai_partner()
+    partner = oai_partner(slicing=replace(SLICES, sets=TYPE_SETS) if by == "set" else SLICES)
     run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
     run.harvest_all()
     lost = run.pieces[1]["channel"]
+    assert (run.pieces[1]["set"] is not None) == (by == "set")
+    sim.requests.clear()
     with conn.transaction():  # what a crash does to the UNLOGGED staging, for one channel
         conn.execute("DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s",
                      (partner.id, run.run_id, lost))
@@ -252,6 +257,8 @@ def test_lost_staging_of_one_slice_is_harvested_again_alone(conn, oai) -> None:
     run.apply(reharvested)
     assert reharvested == [lost]
     assert held(conn, partner.id) == repo.live_identifiers()
+    listed = {r.get("set") for r in sim.requests if r.get("verb") == "ListRecords" and "metadataPrefix" in r}
+    assert listed == {run.pieces[1]["set"]}  # the lost slice's own list, nothing else
     assert run.rows()[lost]["attempts"] == 2 and {run.rows()[c]["attempts"] for c in run.rows() if c not in (lost, "changes")} == {1}
 
 

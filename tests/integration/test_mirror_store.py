@@ -294,6 +294,21 @@ def test_a_record_purged_by_a_reconcile_comes_back_when_the_partner_lists_it_aga
     assert set(live(conn)) == {"x", "y"}
 
 
+def test_run_figures_hold_what_the_run_left_even_after_a_later_run_applied(conn: psycopg.Connection) -> None:
+    """The purge fraction of a run is weighed against what that run left (held + purged),
+    not against whatever a later apply left by the time the check runs."""
+    from partner_harvest.store.quality import run_figures
+
+    stage(conn, "n1", [rec("a", T0), rec("b", T0), rec("c", T0)])
+    apply_run(conn, "p", "n1")
+    stage(conn, "n2", [rec("d", T0), rec("e", T0)])
+    apply_run(conn, "p", "n2")
+    assert (run_figures(conn, "p", "n1").held, run_figures(conn, "p", "n2").held) == (3, 5)
+    with conn.transaction():  # a run applied before harvest_runs carried the figure: counted
+        conn.execute("UPDATE harvest_runs SET records_held = NULL WHERE run_id = 'n1'")
+    assert run_figures(conn, "p", "n1").held == 5
+
+
 def test_run_figures_carry_the_failed_completeness_checks(conn: psycopg.Connection) -> None:
     from partner_harvest.store import record_check
     from partner_harvest.store.quality import run_figures

@@ -13,7 +13,7 @@ class RunFigures:
     fetched: int
     purged: int
     quarantined: int
-    held: int  # records held for the partner after the run
+    held: int  # records held for the partner right after the run's apply
     last_fetch_at: datetime | None  # newest applied run that fetched anything
     first_run_at: datetime | None  # oldest run on record
     announced: int | None = None  # completeListSize, when it disagreed with what came
@@ -21,10 +21,13 @@ class RunFigures:
 
 
 def run_figures(conn: psycopg.Connection, partner_id: str, run_id: str) -> RunFigures:
+    """The run's figures. ``held`` is what its apply noted on its rows (store/partner_stats.py):
+    what the run left, even when a later run applied before this check, and no count over a
+    big partner's records; counted only for a run applied before the rows carried it."""
     row = conn.execute(
         """
         SELECT COALESCE(sum(fetched), 0), COALESCE(sum(purged), 0), COALESCE(sum(quarantined), 0),
-               (SELECT count(*) FROM records WHERE partner_id = %(pid)s),
+               COALESCE(max(records_held), (SELECT count(*) FROM records WHERE partner_id = %(pid)s)),
                (SELECT max(applied_at) FROM harvest_runs
                  WHERE partner_id = %(pid)s AND status = 'applied' AND fetched > 0),
                (SELECT min(started_at) FROM harvest_runs WHERE partner_id = %(pid)s),

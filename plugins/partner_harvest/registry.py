@@ -310,12 +310,24 @@ class CompletenessOptions(_Strict):
     list_identifiers: StrictBool = False
 
 
+class ReconcileOptions(_Strict):
+    """options.reconcile (OAI-PMH): how much of a reconcile's work one run does."""
+
+    verify_limit: Annotated[StrictInt, Field(ge=1, description=(
+        "vanished records confirmed with GetRecord per reconcile before they are purged; the rest are "
+        "kept and verified by the next reconcile"))] = 1000
+    bulk_missing_threshold: Annotated[StrictInt, Field(ge=1, description=(
+        "more records missing locally than this come back through one ListRecords stream instead of "
+        "one GetRecord each"))] = 500
+
+
 class Options(_Strict):
     http: HttpOptions = Field(default_factory=HttpOptions)  # type: ignore[valid-type]
     sierra: SierraOptions = Field(default_factory=SierraOptions)
     export: ExportOptions = Field(default_factory=ExportOptions)
     limits: LimitsOptions = Field(default_factory=LimitsOptions)
     completeness: CompletenessOptions = Field(default_factory=CompletenessOptions)
+    reconcile: ReconcileOptions = Field(default_factory=ReconcileOptions)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dicts for ``partner.options.get(...)``; http/sierra/export only the keys given,
@@ -326,6 +338,7 @@ class Options(_Strict):
             "export": self.export.model_dump(exclude_unset=True),
             "limits": self.limits.model_dump(),
             "completeness": self.completeness.model_dump(),
+            "reconcile": self.reconcile.model_dump(),
         }
 
 
@@ -461,6 +474,8 @@ class PartnerEntry(_Strict):
             for name in ("sierra", "export"):
                 if name in value.model_fields_set:
                     raise ValueError(f"options.{name} applies to protocol sierra only")
+        if protocol is not None and protocol != "oai-pmh" and "reconcile" in value.model_fields_set:
+            raise ValueError("options.reconcile applies to protocol oai-pmh only")
         return value
 
     def to_partner(self) -> Partner:

@@ -7,6 +7,8 @@ two pages of the sweep. Real PostgreSQL, the simulator over loopback.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from datetime import timedelta
 
 import psycopg
@@ -107,13 +109,12 @@ def test_vanished_candidates_beyond_the_verify_limit_are_kept_for_the_next_recon
         partner = oai_partner()
         full_harvest(sim, conn, partner)
         gone = set(repo.delete(30))
-        adapter = build_adapter(partner, Endpoint(sim.base_url))
-        adapter.verify_limit = 12
-        first = reconcile(adapter, conn, partner, "rec-1")
+        budget = replace(partner, options={**partner.options, "reconcile": {"verify_limit": 12}})  # the registry key
+        first = reconcile(build_adapter(budget, Endpoint(sim.base_url)), conn, budget, "rec-1")
         assert first.purged == 12 and deletions(conn, "rec-1") <= gone
         assert first.verified == {"gone": 12, "deleted": 0, "live": 0, "unverified": 18}
         assert len(held(conn, "museum") - repo.live_identifiers()) == 18
-        second = reconcile(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, "rec-2")
+        second = reconcile(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, "rec-2")  # default 1,000
         assert second.purged == 18 and held(conn, "museum") == repo.live_identifiers()
 
 

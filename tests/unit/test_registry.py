@@ -131,7 +131,7 @@ def test_cursor_keys_are_unique_per_partner_and_channel() -> None:
     ("{sierra: {token_ttl: 5}}", "options.sierra.token_ttl", "unknown field"),
     ("{limits: {max_record_bytes: big}}", "options.limits.max_record_bytes", "valid integer"),
     ("{completeness: {list_identifiers: 'yes'}}", "options.completeness.list_identifiers", "valid boolean"),
-    ("{colour: blue}", "options.colour", "unknown field (known: completeness, export, http, limits, sierra)"),
+    ("{colour: blue}", "options.colour", "unknown field (known: completeness, export, http, limits, reconcile, sierra)"),
 ])
 def test_bad_options_name_the_key(tmp_path: Path, options: str, field: str, problem: str) -> None:
     path = write(tmp_path, f"partners:\n  - {{id: lib, protocol: sierra, conn_id: c, options: {options}}}\n")
@@ -156,7 +156,8 @@ partners:
     lib, museum = load_partners(path)
     assert museum.options == {"http": {"read_timeout": 30}, "sierra": {}, "export": {},
                               "limits": {"max_record_bytes": 8 * 1024 * 1024},
-                              "completeness": {"list_identifiers": False}}
+                              "completeness": {"list_identifiers": False},
+                              "reconcile": {"verify_limit": 1000, "bulk_missing_threshold": 500}}
     assert lib.options["export"] == {"limit": 5000, "params": {"mapping": "marc21", "locations": 3}}
     assert lib.options["http"]["retry_statuses"] == frozenset({429, 503})
     assert lib.options["sierra"] == {"refresh_margin": 30}
@@ -263,3 +264,17 @@ def test_bad_slicing_sets_are_refused_with_the_reason(tmp_path: Path, entry: str
     path = write(tmp_path, f"partners:\n  - {{id: museum, conn_id: c, {entry}}}\n")
     (error,) = load_registry(path).errors
     assert problem in str(error)
+
+
+def test_reconcile_budget_is_per_partner_and_oai_only(tmp_path: Path) -> None:
+    path = write(tmp_path, "partners:\n"
+                           "  - {id: museum, protocol: oai-pmh, conn_id: c, options: {reconcile: {verify_limit: 5000}}}\n"
+                           "  - {id: plain, protocol: oai-pmh, conn_id: c}\n"
+                           "  - {id: library, protocol: sierra, conn_id: c, options: {reconcile: {verify_limit: 10}}}\n"
+                           "  - {id: none, protocol: oai-pmh, conn_id: c, options: {reconcile: {verify_limit: 0}}}\n")
+    registry = load_registry(path)
+    assert get_partner("museum", path).options["reconcile"] == {"verify_limit": 5000, "bulk_missing_threshold": 500}
+    assert get_partner("plain", path).options["reconcile"] == {"verify_limit": 1000, "bulk_missing_threshold": 500}
+    problems = {e.partner: str(e) for e in registry.errors}
+    assert "options.reconcile applies to protocol oai-pmh only" in problems["library"]
+    assert "greater than or equal to 1" in problems["none"]

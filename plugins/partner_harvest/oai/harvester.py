@@ -21,7 +21,7 @@ from partner_harvest.oai.parse import DAY_GRANULARITY, format_datestamp
 from partner_harvest.records import HarvestItem
 from partner_harvest.oai.errors import BadResumptionToken
 from partner_harvest.records import HarvestStats
-from partner_harvest.registry import Partner
+from partner_harvest.registry import Partner, ReconcileOptions
 from partner_harvest.window import DAY, SECONDS, Window, format_instant
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,9 @@ class OaiAdapter:
         self.partner = partner
         self.partner_id = partner.id
         self.client = client
+        budget = (partner.options or {}).get("reconcile") or {}  # registry options.reconcile
+        self.verify_limit = int(budget.get("verify_limit", type(self).verify_limit))
+        self.bulk_missing_threshold = int(budget.get("bulk_missing_threshold", type(self).bulk_missing_threshold))
 
     def clock(self) -> PartnerClock:
         identify = self.client.identify()
@@ -212,10 +215,11 @@ class OaiAdapter:
 
     # -- reconcile -------------------------------------------------------------------
 
-    # Vanished candidates verified by GetRecord per reconcile; the rest wait for the next.
-    verify_limit = 1000
-    # More missing records than this are fetched by one ListRecords stream, not GetRecord.
-    bulk_missing_threshold = 500
+    # The registry's options.reconcile defaults (registry.ReconcileOptions): vanished candidates
+    # verified by GetRecord per reconcile (the rest wait for the next), and the number of missing
+    # records above which one ListRecords stream fetches them instead of GetRecord each.
+    verify_limit: int = ReconcileOptions.model_fields["verify_limit"].default
+    bulk_missing_threshold: int = ReconcileOptions.model_fields["bulk_missing_threshold"].default
 
     def sweep_ids(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
         """Every header the partner lists now (ListIdentifiers: cheap, headers only).

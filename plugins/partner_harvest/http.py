@@ -233,12 +233,17 @@ class CappedRetry(Retry):
             return False
         return super().is_retry(method, status_code, has_retry_after)
 
+    def _asked_beyond_task(self, response: Any) -> float | None:
+        """The response's Retry-After when it is longer than a task may sleep, else None."""
+        asked = self.get_retry_after(response) if response is not None else None
+        return asked if asked is not None and asked > self.max_wait_in_task else None
+
     def sleep(self, response: Any = None) -> None:
         """Wait as told; the wait does not count against the request's deadline. A
         Retry-After longer than ``max_wait_in_task`` is not slept: ServerAsksToWait."""
-        wait = self.get_retry_after(response) if response is not None else None
-        if wait is not None and wait > self.max_wait_in_task:
-            raise ServerAsksToWait(wait, response.status)
+        beyond = self._asked_beyond_task(response)
+        if beyond is not None:
+            raise ServerAsksToWait(beyond, response.status)
         deadline = _DEADLINE.get()
         started = time.monotonic()
         try:
@@ -250,12 +255,13 @@ class CappedRetry(Retry):
     def increment(self, method=None, url=None, response=None, error=None, _pool=None, _stacktrace=None):  # type: ignore[override]
         new = super().increment(method, url, response, error, _pool, _stacktrace)
         cause = f"HTTP {response.status}" if response is not None else f"{type(error).__name__}: {error}"
-        asked = new.get_retry_after(response) if response is not None else None
-        if asked is not None and asked > self.max_wait_in_task:  # sleep() raises ServerAsksToWait
+        beyond = self._asked_beyond_task(response)
+        if beyond is not None:  # sleep() raises ServerAsksToWait
             log.warning("%s: %s %s failed (%s); the server asks for a wait of %.0f s, longer than a task may "
                         "sleep (options.http.max_wait_in_task = %g s)", self.label or "partner", method, url,
-                        cause, asked, self.max_wait_in_task)
+                        cause, beyond, self.max_wait_in_task)
             return new
+        asked = new.get_retry_after(response) if response is not None else None
         wait = asked if asked is not None else new.get_backoff_time()
         done = len(new.history)
         # ``total`` counts the retries left, so the configured number is what was used plus that.

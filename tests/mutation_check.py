@@ -83,9 +83,10 @@ MUTATIONS: tuple[Mutation, ...] = (
       (APPLY + "test_replaying_a_window_changes_nothing", OAI + "test_replaying_the_same_window_changes_nothing"),
       "a same-datestamp, same-content upsert rewrites the row"),
     M("I2-update-skipped-only-on-a-first-load", "store/apply.py",
-      "        held = conn.execute(_HOLDS_RECORDS, params).fetchone()[0]\n", "        held = False\n",
+      "        holds_records, holds_tombstones, records_held = conn.execute(_HOLDS, params).fetchone()\n",
+      "        holds_records, holds_tombstones, records_held = False, False, 0\n",
       (APPLY + "test_a_first_load_remembers_its_tombstones_and_a_reload_updates_and_purges",),
-      "the update and the purge are skipped although the partner holds records"),
+      "every apply is taken for a first load: no update, no purge, a plain insert"),
     # I3 -- guarded tombstones, recorded deletions
     M("I3-tombstone-not-older", "store/apply.py",
       "      AND NOT harvest_version_newer(r.datestamp, r.observed_at, r.regressed_clock,\n"
@@ -179,6 +180,10 @@ MUTATIONS: tuple[Mutation, ...] = (
       (MIRROR + "test_a_late_apply_of_an_older_run_never_resurrects_a_purged_record",
        MIRROR + "test_any_apply_order_gives_the_same_mirror"),
       "remembered purges no longer stop an older record from landing"),
+    M("I10-first-load-path-only-without-tombstones", "store/apply.py",
+      "        if holds_records or holds_tombstones:\n", "        if holds_records:\n",
+      (MIRROR + "test_a_late_apply_of_an_older_run_never_resurrects_a_purged_record",),
+      "a partner holding only remembered purges is loaded without the anti-joins: an older record lands"),
     M("I10-later-observation-wins", "store/apply.py",
       "  AND harvest_version_newer(b.datestamp, b.observed_at, b.regressed_clock,\n"
       "                            r.datestamp, r.observed_at, r.regressed_clock)\n",

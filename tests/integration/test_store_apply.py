@@ -188,8 +188,8 @@ def test_quarantine_current_shows_what_is_still_broken(conn: psycopg.Connection)
     (), ("s",), ("a,b", "{braces}", 'say "hi"', "back\\slash", "tab\there", "new\nline", "NULL", "", "ünï ☃"),
 ])
 def test_set_specs_land_exactly_as_the_partner_wrote_them(conn: psycopg.Connection, specs: tuple) -> None:
-    """The staging COPY writes set specs as a text[] literal of its own (faster than psycopg's
-    list dumper); whatever a partner puts in a setSpec must come back unchanged."""
+    """The staging COPY sends set specs as a binary text[] (once a text[] literal of its own);
+    whatever a partner puts in a setSpec must come back unchanged."""
     record = Record("x", T0, "oai_dc", '<dc xmlns="urn:x"><title>t</title></dc>', specs, "t")
     stage(conn, "p", "r1", [record])
     apply_run(conn, "p", "r1")

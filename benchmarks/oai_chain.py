@@ -11,7 +11,9 @@ then applies the run into the aggregation tables; records/s below is end to end:
 (b) no delay: the bare loop, Sickle iterating ListRecords (fetch only: its own parsing
     into Record objects, nothing stored), ours pipelined and sequential in one chain, and
     ours as a big partner's full harvest runs: --slices slices in parallel processes, then
-    the apply (targets: ours >= 1.5x Sickle, >= 0.8x the bare loop).
+    the apply (targets: ours >= 1.5x Sickle, >= 0.8x the bare loop). ``--repeat N`` measures
+    Sickle and the sliced harvest N times in turn and judges the median of the pairs' ratios
+    (the machine's speed drifts from minute to minute; one pair can mislead either way).
 
 Sickle is never a project dependency. It is looked for in --sickle-dir (default
 /tmp/ph-bench-sickle); `--install-sickle` puts it there first with
@@ -23,7 +25,7 @@ machine's load average is printed with every figure (other work on the machine s
 them). All figures of one run come from the same simulator and the same run.
 
     .venv/bin/python benchmarks/oai_chain.py [--records 200000] [--page-size 500]
-        [--delay-ms 200] [--parts a,b] [--install-sickle]
+        [--delay-ms 200] [--parts a,b] [--repeat 1] [--install-sickle]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -164,12 +167,17 @@ def _ours(url: str, db: str, prefix: str, run_id: str, *, sequential: bool) -> d
     return figures
 
 
-def _ours_sliced(url: str, db: str, args: argparse.Namespace) -> dict:
+def _sliced_partner(repetition: int) -> str:
+    # its own: another benchmark may be using sliced_harvest's; each repetition a first load
+    return f"{PARTNER}-sliced" + (f"-{repetition + 1}" if repetition else "")
+
+
+def _ours_sliced(url: str, db: str, args: argparse.Namespace, repetition: int = 0) -> dict:
     """A full harvest the way a big partner's runs: planned into slices harvested by parallel
     processes (Airflow's mapped harvest_changes), then one apply (benchmarks/sliced_harvest.py)."""
     import sliced_harvest
 
-    partner_id = f"{PARTNER}-sliced"  # its own: another benchmark may be using sliced_harvest's
+    partner_id = _sliced_partner(repetition)
     plan = argparse.Namespace(records=args.records, slices=args.slices, partner=partner_id)
     load_before = _load()
     figures = sliced_harvest.run(sliced_harvest.__file__, url, db, plan, args.slices, "b-sliced")
@@ -283,10 +291,22 @@ def part_b(url: str, db: str, args: argparse.Namespace) -> bool:
     print(_line(f"ours, {args.slices} slices, end to end", sliced) +
           f"\n  {'':<34} apply {sliced['apply_seconds']:.1f} s; records == live set: {'yes' if sliced['exact'] else 'NO'}")
     ok = piped["exact"] and seq["exact"] and sliced["exact"]
+    ratios = [sliced["rate"] / sick["rate"]] if sick is not None else []
+    for repetition in range(1, args.repeat):  # Sickle and ours in turn: each pair shares the machine's state
+        if sick is None:
+            break
+        again_sick = _run("sickle", url, args.prefix, "--sickle-dir", args.sickle_dir)
+        again = _ours_sliced(url, db, args, repetition)
+        ok = ok and again["exact"]
+        ratios.append(again["rate"] / again_sick["rate"])
+        print(f"  pair {repetition + 1}: Sickle {again_sick['rate']:,.0f}/s, ours {args.slices} slices "
+              f"{again['rate']:,.0f}/s (apply {again['apply_seconds']:.1f} s; exact: {'yes' if again['exact'] else 'NO'}): "
+              f"{ratios[-1]:.2f}x ({again_sick['load']})")
     if sick is not None:
         print(_verdict("ours pipelined, one chain / Sickle fetch-only", piped["rate"] / sick["rate"], 1.5))
-        ratio = sliced["rate"] / sick["rate"]
-        print(_verdict(f"ours, {args.slices} slices / Sickle fetch-only", ratio, 1.5))
+        ratio = statistics.median(ratios)
+        label = f"ours, {args.slices} slices / Sickle fetch-only" + (f" (median of {len(ratios)})" if len(ratios) > 1 else "")
+        print(_verdict(label, ratio, 1.5) + (f"; pairs {', '.join(f'{r:.2f}x' for r in ratios)}" if len(ratios) > 1 else ""))
         ok = ok and ratio >= 1.5
     print(_verdict(f"ours, {args.slices} slices / bare fetch loop", sliced["rate"] / floor["rate"], 0.8))
     ratio = piped["rate"] / floor["rate"]
@@ -306,6 +326,9 @@ def main() -> int:
     parser.add_argument("--parts", default="a,b")
     parser.add_argument("--prefix", default="oai_dc")
     parser.add_argument("--slices", type=int, default=4, help="(b): the sliced full harvest's slices")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="(b): measure Sickle and the sliced harvest this many times, in turn; the verdict "
+                             "takes the median of the pairs' ratios (the machine's speed drifts)")
     parser.add_argument("--sickle-dir", default=SICKLE_DIR)
     parser.add_argument("--install-sickle", action="store_true")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -329,7 +352,8 @@ def main() -> int:
           f"5% deleted; simulator, harvester and PostgreSQL in separate processes on {os.cpu_count()} cores; "
           f"{_load()} at start")
     db = support.fresh_database(PARTNER)
-    loads = [f"{PARTNER}-{part}-{how}" for part in "ab" for how in ("pipelined", "sequential")] + [f"{PARTNER}-sliced"]
+    loads = [f"{PARTNER}-{part}-{how}" for part in "ab" for how in ("pipelined", "sequential")]
+    loads += [_sliced_partner(i) for i in range(args.repeat)]
     print(f"  (settled: the partners forgotten and the tables vacuumed in {support.settle(db, loads):.1f} s)")
     sim_args = ("--records", str(args.records), "--deleted-fraction", "0.05", "--page-size", str(args.page_size),
                 "--granularity", "seconds", "--formats", "oai_dc,lido")

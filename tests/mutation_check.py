@@ -101,8 +101,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     # I4 -- one transaction
     Mutation("I4-one-transaction", "store/apply.py", (
         ("CREATE TEMP TABLE apply_batch ON COMMIT DROP AS", "CREATE TEMP TABLE apply_batch AS"),
-        ("        inserted = dict(conn.execute(_INSERT.format(tally=tally), tally_params).fetchall())\n",
-         "        inserted = dict(conn.execute(_INSERT.format(tally=tally), tally_params).fetchall())\n"
+        ("        upserted = Counter(updated) + Counter(inserted)\n",
+         "        upserted = Counter(updated) + Counter(inserted)\n"
          "        conn.execute('COMMIT')\n        conn.execute('BEGIN')\n"),
     ), (APPLY + "test_failed_apply_leaves_nothing_half_applied",),
         "the upserts commit on their own, before the purge"),

@@ -6,8 +6,9 @@ restores the file byte for byte (also on Ctrl-C), and reports:
 
     CAUGHT    the tests failed on the broken code (what we want)
     MISSED    the tests still passed: the guard is not pinned
-    STALE     the text to break is not in the file (exactly once) any more: the code
-              moved on; update the mutation and tests/INVARIANTS.md
+    STALE     the text to break is not in the file exactly once any more (an indented
+              text counts only at the start of a line): the code moved on; update the
+              mutation and tests/INVARIANTS.md
 
 Usage (from the repository root):
 
@@ -236,8 +237,8 @@ MUTATIONS: tuple[Mutation, ...] = (
       "a failed completeness check raises no data-quality alert"),
     # I13 -- the simulators vary where real servers do: the client must not assume one shape
     M("I13-export-ends-only-on-an-empty-block", "sierra/harvester.py",
-      "            if covered == 0 and last_id is None:\n",
-      "            if block.output_records < self.export_limit:\n",
+      "                if covered == 0 and last_id is None:\n",
+      "                if block.output_records < self.export_limit:\n",
       (SIERRA + "test_full_load_with_deleted_and_suppressed_bibs_in_every_block_holds_the_live_set",),
       "the export stops on a block with fewer records out than asked (deleted bibs inside it)"),
     # Not invariants of their own, but guards a broken build slipped past
@@ -256,14 +257,26 @@ MUTATIONS: tuple[Mutation, ...] = (
 )
 
 
+def _occurrences(text: str, find: str) -> int:
+    """How often ``find`` occurs; an indented find counts only from the start of a line (as a
+    substring it would also match a more deeply indented line, and the edit would then land
+    at the wrong depth or in the wrong block)."""
+    if find.startswith(" "):
+        return ("\n" + text).count("\n" + find)
+    return text.count(find)
+
+
 def run(m: Mutation, pytest_args: list[str]) -> str:
     path = ROOT / LIB / m.file
     original = path.read_bytes()
     text = original.decode("utf-8")
     for find, replace in m.edits:
-        if text.count(find) != 1:
+        if _occurrences(text, find) != 1:
             return "STALE"
-        text = text.replace(find, replace)
+        if find.startswith(" "):
+            text = ("\n" + text).replace("\n" + find, "\n" + replace)[1:]
+        else:
+            text = text.replace(find, replace)
     try:
         path.write_text(text, encoding="utf-8")
         proc = subprocess.run(

@@ -146,5 +146,6 @@ def main() -> int:
           f"check off / empty table: {figures['same, check off']['second'] / base:.1f}x")
     return 0 if figures["loaded again"]["second"] < 3 * base + 1 else 1
 
+
 if __name__ == "__main__":
     raise SystemExit(main())

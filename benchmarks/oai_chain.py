@@ -292,9 +292,7 @@ def part_b(url: str, db: str, args: argparse.Namespace) -> bool:
           f"\n  {'':<34} apply {sliced['apply_seconds']:.1f} s; records == live set: {'yes' if sliced['exact'] else 'NO'}")
     ok = piped["exact"] and seq["exact"] and sliced["exact"]
     ratios = [sliced["rate"] / sick["rate"]] if sick is not None else []
-    for repetition in range(1, args.repeat):  # Sickle and ours in turn: each pair shares the machine's state
-        if sick is None:
-            break
+    for repetition in range(1, args.repeat if sick is not None else 1):  # in turn: a pair shares the machine's state
         again_sick = _run("sickle", url, args.prefix, "--sickle-dir", args.sickle_dir)
         again = _ours_sliced(url, db, args, repetition)
         ok = ok and again["exact"]

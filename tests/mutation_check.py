@@ -257,13 +257,20 @@ MUTATIONS: tuple[Mutation, ...] = (
 )
 
 
+def _at_line_start(find: str) -> bool:
+    """An indented ``find`` is matched only from the start of a line: as a substring it would
+    also match a more deeply indented line, and the edit would land at the wrong depth."""
+    return find.startswith(" ")
+
+
 def _occurrences(text: str, find: str) -> int:
-    """How often ``find`` occurs; an indented find counts only from the start of a line (as a
-    substring it would also match a more deeply indented line, and the edit would then land
-    at the wrong depth or in the wrong block)."""
-    if find.startswith(" "):
-        return ("\n" + text).count("\n" + find)
-    return text.count(find)
+    return ("\n" + text).count("\n" + find) if _at_line_start(find) else text.count(find)
+
+
+def _replaced(text: str, find: str, replace: str) -> str:
+    if _at_line_start(find):
+        return ("\n" + text).replace("\n" + find, "\n" + replace)[1:]
+    return text.replace(find, replace)
 
 
 def run(m: Mutation, pytest_args: list[str]) -> str:
@@ -273,10 +280,7 @@ def run(m: Mutation, pytest_args: list[str]) -> str:
     for find, replace in m.edits:
         if _occurrences(text, find) != 1:
             return "STALE"
-        if find.startswith(" "):
-            text = ("\n" + text).replace("\n" + find, "\n" + replace)[1:]
-        else:
-            text = text.replace(find, replace)
+        text = _replaced(text, find, replace)
     try:
         path.write_text(text, encoding="utf-8")
         proc = subprocess.run(

@@ -154,7 +154,8 @@ _TALLY_BY_CHANNEL = "SELECT b.channel, count(*) FROM landed JOIN apply_batch b U
 
 # What the partner holds before the apply: any record, any remembered tombstone, and the
 # records counted by the applies (partner_stats), which the statistics check reads instead of
-# counting the partner's rows.
+# counting the partner's rows. Which path the apply takes rests on the rows themselves, not
+# on that counter: a wrong path would land what a stored version should have beaten.
 _HOLDS = """
 SELECT EXISTS (SELECT 1 FROM records WHERE partner_id = %(pid)s),
        EXISTS (SELECT 1 FROM tombstones WHERE partner_id = %(pid)s),
@@ -276,20 +277,20 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         conn.execute("CREATE INDEX ON apply_batch (identifier)")
         conn.execute("ANALYZE apply_batch (kind, identifier)")  # the joins' columns, not the payloads
         holds_records, holds_tombstones, records_held = conn.execute(_HOLDS, params).fetchone()
+        one_channel = len(fetched) == 1
+        tally_params = {**params, "channel": next(iter(fetched), None)}
+        updated: dict[str, int] = {}
         if holds_records or holds_tombstones:
-            if holds_records:
-                _know_partner_rows(conn, "records", partner_id, records_held)
+            tally = _TALLY_ONE_CHANNEL if one_channel else _TALLY_BY_CHANNEL
             if holds_tombstones:
                 _know_partner_rows(conn, "tombstones", partner_id)
-            tally = _TALLY_ONE_CHANNEL if len(fetched) == 1 else _TALLY_BY_CHANNEL
-            tally_params = {**params, "channel": next(iter(fetched), None)}
-            updated = dict(conn.execute(_UPDATE.format(tally=tally), tally_params).fetchall()) if holds_records else {}
+            if holds_records:
+                _know_partner_rows(conn, "records", partner_id, records_held)
+                updated = dict(conn.execute(_UPDATE.format(tally=tally), tally_params).fetchall())
             inserted = dict(conn.execute(_INSERT.format(tally=tally), tally_params).fetchall())
         else:
-            tally = _TALLY_ONE_CHANNEL if len(fetched) == 1 else _TALLY_BATCH_BY_CHANNEL
-            updated = {}
-            inserted = dict(conn.execute(_INSERT_ALL.format(tally=tally),
-                                         {**params, "channel": next(iter(fetched), None)}).fetchall())
+            tally = _TALLY_ONE_CHANNEL if one_channel else _TALLY_BATCH_BY_CHANNEL
+            inserted = dict(conn.execute(_INSERT_ALL.format(tally=tally), tally_params).fetchall())
         upserted = Counter(updated) + Counter(inserted)
         purged: dict[str, int] = {}
         if staged.tombstones:

@@ -228,12 +228,11 @@ def plan_slices(
 def _describe_slice(bounds: slices.SliceBounds) -> str:
     if bounds.lo is not None:
         return f"{bounds.channel} ids {bounds.lo}..{bounds.hi}"
-    if bounds.set_spec is not None:
-        return f"{bounds.channel} set {bounds.set_spec}" + (
-            f" (~{bounds.estimate})" if bounds.estimate is not None else "")
     start = format_instant(bounds.from_) if bounds.from_ else "the beginning"
-    return f"{bounds.channel} {start}..{format_instant(bounds.until)}" + (
-        f" (~{bounds.estimate})" if bounds.estimate is not None else "")
+    where = f"{start}..{format_instant(bounds.until)}"
+    if bounds.set_spec is not None:  # a set, whole or a range of it
+        where = f"set {bounds.set_spec} {where}"
+    return f"{bounds.channel} {where}" + (f" (~{bounds.estimate})" if bounds.estimate is not None else "")
 
 
 def slice_window(window: Window, bounds: slices.SliceBounds, resume_at: int | None = None) -> Window:

@@ -141,8 +141,9 @@ class SliceSettings:
     ranges on a full harvest (1: not at all). ``max_slices: 1`` turns slicing off.
 
     ``sets`` (OAI-PMH): the operator says these sets partition the repository, so such a
-    window is cut into one slice per set instead, when the sets' counts add up to the whole
-    list's at planning time (oai/slicing.plan_by_sets); otherwise by datestamp as above.
+    window is cut into one slice per set instead (a set above ``target_records`` further in
+    time), when the sets' counts add up to the whole list's at planning time
+    (oai/slicing.plan_by_sets); otherwise by datestamp as above.
     """
 
     threshold_records: int = 200_000
@@ -359,8 +360,9 @@ class SlicingEntry(_Strict):
     sets: list[Annotated[str, Field(min_length=1, pattern=r"^\S+$", strict=True)]] = Field(
         default_factory=list, description=(
             "OAI-PMH: setSpecs that partition the repository (every record, deleted ones too, in exactly "
-            "one of them): a big window is harvested one slice per set, when the sets' counts add up to the "
-            "whole list's at planning time (else by datestamp); 2..max_slices sets; needs no partner set"))
+            "one of them): a big window is harvested one slice per set (a set above target_records cut in "
+            "time), when the sets' counts add up to the whole list's at planning time (else by datestamp); "
+            "2..max_slices sets; needs no partner set"))
 
     @model_validator(mode="after")
     def _target_below_threshold(self) -> "SlicingEntry":

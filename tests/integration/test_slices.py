@@ -141,7 +141,7 @@ def test_oai_full_harvest_sliced_by_the_registry_sets_equals_the_live_set(conn, 
     """slicing.sets: one slice per set, each listing its set over the whole window; the
     sets' counts were checked against the whole list's before the plan trusted them."""
     sim, repo = oai
-    partner = oai_partner(slicing=replace(SLICES, sets=TYPE_SETS))
+    partner = oai_partner(slicing=replace(SLICES, sets=TYPE_SETS, target_records=400))  # no set above the target
     run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
     assert [(p["channel"], p["set"]) for p in run.pieces] == [
         ("changes/001", "type:painting"), ("changes/002", "type:print"), ("changes/003", "type:sculpture")]
@@ -161,6 +161,33 @@ def test_oai_full_harvest_sliced_by_the_registry_sets_equals_the_live_set(conn, 
                           "'oai-complete-list-size'", (run.run_id,)).fetchall()
     conn.commit()
     assert dict(checks) == {p["channel"]: True for p in run.pieces}  # I12, per set
+
+
+def test_sets_above_the_target_are_harvested_as_time_slices_of_each_set(conn, oai) -> None:
+    """A set bigger than target_records is cut in time with its own counts (a big set would
+    otherwise be one slice, expensive to redo): every slice lists its set over its own range,
+    each set's ranges cover the window, and together they hold the live set exactly once."""
+    sim, repo = oai
+    partner = oai_partner(slicing=replace(SLICES, sets=TYPE_SETS))  # about 300 a set; target 150, at most 6
+    run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
+    assert len(run.pieces) == SLICES.max_slices and {p["set"] for p in run.pieces} == set(TYPE_SETS)
+    rows = run.rows()
+    for spec in TYPE_SETS:
+        ranges = [(rows[p["channel"]]["window_from"], rows[p["channel"]]["window_until"])
+                  for p in run.pieces if p["set"] == spec]
+        assert len(ranges) >= 2 and ranges[0][0] is None and ranges[-1][1] == run.window.until
+        assert all(b[0] == a[1] + timedelta(seconds=1) for a, b in zip(ranges, ranges[1:]))  # no gap, no overlap
+    sim.requests.clear()
+    run.harvest_all()
+    first_requests = [r for r in sim.requests if r.get("verb") == "ListRecords" and "metadataPrefix" in r]
+    assert len(first_requests) == len(run.pieces) and all(r.get("set") in TYPE_SETS for r in first_requests)
+    result = run.apply()
+    assert held(conn, partner.id) == repo.live_identifiers()
+    assert result.fetched == len(repo.live_identifiers()) + len(repo.deleted_identifiers())  # nothing twice
+    checks = conn.execute("SELECT channel, check_ok FROM harvest_runs WHERE run_id = %s AND check_kind = "
+                          "'oai-complete-list-size'", (run.run_id,)).fetchall()
+    conn.commit()
+    assert dict(checks) == {p["channel"]: True for p in run.pieces}  # I12, per slice of a set
 
 
 @pytest.mark.parametrize("case", ["a set missing from the list", "deleted records outside their sets"])

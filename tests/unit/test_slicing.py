@@ -125,3 +125,45 @@ def test_a_small_list_or_a_short_window_stays_whole_whatever_the_sets() -> None:
     counter = SetCounter({"a": 1, "b": 1, "c": 1}, whole=3)
     assert plan_by_sets(short, SliceSettings(sets=SETS), counter) == [] and counter.asked == []
     assert plan_by_sets(full_window(), SliceSettings(), counter) is None  # no sets listed: by datestamp
+
+
+class SetStamps:
+    """completeListSize of any range of the whole list or of one set, from each set's datestamps."""
+
+    def __init__(self, per_set: dict[str, list[datetime]]):
+        self.per_set = {spec: Counter(stamps) for spec, stamps in per_set.items()}
+        self.whole = Counter([s for stamps in per_set.values() for s in stamps])
+
+    def __call__(self, from_, until, set_spec=None):
+        return (self.whole if set_spec is None else self.per_set[set_spec])(from_, until)
+
+
+def spread(n: int, seed: int) -> list[datetime]:
+    rng = random.Random(seed)
+    return [T0 + timedelta(seconds=rng.randrange(int((UNTIL - T0).total_seconds()))) for _ in range(n)]
+
+
+def test_a_set_bigger_than_the_target_is_cut_in_time_within_its_set() -> None:
+    """A big set is not one slice that is expensive to redo: it is bisected in time with its
+    own counts, and its pieces cover the window; a small set stays whole, an empty one gets none."""
+    counter = SetStamps({"a": spread(6_000, 1), "b": spread(1_000, 2), "c": []})
+    settings = SliceSettings(threshold_records=2_000, target_records=1_500, max_slices=16, sets=SETS)
+    pieces = plan_by_sets(full_window(), settings, counter)
+    by_set = {spec: [p for p in pieces if p["set_spec"] == spec] for spec in SETS}
+    assert len(by_set["a"]) >= 4 and len(by_set["b"]) == 1 and by_set["c"] == []
+    for spec in ("a", "b"):
+        covers(by_set[spec], full_window(), timedelta(seconds=1))  # disjoint in time, no gap, within the set
+        sizes = [counter(p["from_"], p["until"], spec) for p in by_set[spec]]
+        assert sum(sizes) == counter(None, UNTIL, spec) and max(sizes) <= 1_500
+        assert [p["estimate"] for p in by_set[spec]] == sizes  # the estimates are the set's own counts
+
+
+def test_cutting_sets_stops_at_max_slices_and_without_a_start() -> None:
+    counter = SetStamps({"a": spread(6_000, 3), "b": spread(5_000, 4), "c": []})
+    settings = SliceSettings(threshold_records=2_000, target_records=1_000, max_slices=4, sets=SETS)
+    pieces = plan_by_sets(full_window(), settings, counter)
+    assert [p["set_spec"] for p in pieces] == ["a", "a", "b", "b"]  # the biggest range is halved first
+    no_start = Window("full", None, UNTIL, "seconds", False, {"oai_granularity": "YYYY-MM-DDThh:mm:ssZ"})
+    whole_sets = plan_by_sets(no_start, settings, counter)  # no earliestDatestamp: nothing to bisect from
+    assert whole_sets == [{"from_": None, "until": UNTIL, "estimate": 6_000, "set_spec": "a"},
+                          {"from_": None, "until": UNTIL, "estimate": 5_000, "set_spec": "b"}]

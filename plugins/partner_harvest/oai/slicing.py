@@ -9,10 +9,12 @@ cover the frozen window: each starts one granule after the previous one ends (OA
 is wrong (I13) gets uneven slices, never missing ones. Without any count, a full harvest
 is cut into ``without_count`` equal time ranges.
 
-Where the registry lists sets that partition the repository (``slicing.sets``), each set
-is a slice over the whole window instead, but only when the sets' counts add up to the
-whole list's: a record in no listed set, in two of them, or a deleted record the
-repository no longer lists in its set would otherwise be missed or fetched twice.
+Where the registry lists sets that partition the repository (``slicing.sets``), the sets
+are the first cut instead, but only when the sets' counts add up to the whole list's: a
+record in no listed set, in two of them, or a deleted record the repository no longer
+lists in its set would otherwise be missed or fetched twice. A set bigger than
+``target_records`` is then bisected in time like a whole list (its own counts steer), so
+a big set does not make one slice that is expensive to redo.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -89,9 +92,16 @@ def plan_by_sets(window: Window, settings: Any, probe: Probe, partner_id: str = 
     kept = [spec for spec in settings.sets if counts[spec]]
     if len(kept) < 2:
         return None
-    log.info("%s: %d records announced, in %d sets: %s", partner_id, total, len(kept), described)
-    return [{"from_": window.from_, "until": window.until, "estimate": counts[spec], "set_spec": spec}
-            for spec in kept]
+    start = window.from_ or _earliest(window)
+    # Without a known start a set cannot be cut in time: it stays one slice.
+    ranges = [_Range(start or window.until, window.until, counts[spec], spec, splittable=start is not None)
+              for spec in kept]
+    probes = 1 + len(settings.sets) + _bisect(ranges, window, start, settings, probe)
+    pieces = [piece for spec in kept for piece in _pieces([r for r in ranges if r.set_spec == spec], window)]
+    log.info("%s: %d records announced, in %d sets: %s; %d slices after %d count probes: %s", partner_id, total,
+             len(kept), described, len(pieces), probes,
+             ", ".join(f"{p['set_spec']} {p['estimate']}" for p in pieces))
+    return pieces
 
 
 def plan(window: Window, settings: Any, probe: Probe, partner_id: str = "") -> list[dict[str, Any]]:
@@ -109,45 +119,67 @@ def plan(window: Window, settings: Any, probe: Probe, partner_id: str = "") -> l
         return _equal_ranges(window, start, step, min(count, settings.max_slices))
     if total <= settings.threshold_records:
         return []
-    # ranges: [lo, hi, count, splittable]; the first keeps the window's own (open) start.
-    ranges: list[list[Any]] = [[start, window.until, total, True]]
-    probes = 1
+    ranges = [_Range(start, window.until, total)]
+    probes = 1 + _bisect(ranges, window, start, settings, probe)
+    pieces = _pieces(ranges, window)
+    log.info("%s: %d records announced; %d slices after %d count probes: %s", partner_id,
+             total, len(pieces), probes, ", ".join(str(p["estimate"]) for p in pieces))
+    if len(pieces) < 2:
+        return []
+    return pieces
+
+
+@dataclass
+class _Range:
+    """A datestamp range of the list (or of one set), ``count`` records by its announcement."""
+
+    lo: datetime
+    hi: datetime
+    count: int | None
+    set_spec: str | None = None
+    splittable: bool = True
+
+
+def _bisect(ranges: list[_Range], window: Window, start: datetime | None, settings: Any, probe: Probe) -> int:
+    """Halve the biggest range in time, in place, until every range holds about
+    ``target_records`` or there are ``max_slices``; returns the count probes it made."""
+    step = granule(window.protocol.get("oai_granularity", DAY_GRANULARITY))
+    probes = 0
     while len(ranges) < settings.max_slices:
-        candidates = [r for r in ranges if r[3] and r[2] is not None and r[2] > settings.target_records]
+        candidates = [r for r in ranges if r.splittable and r.count is not None and r.count > settings.target_records]
         if not candidates:
             break
-        biggest = max(candidates, key=lambda r: r[2])
-        lo, hi, count, _ = biggest
-        mid = floor_to(lo + (hi - lo) / 2, "day" if step == timedelta(days=1) else "seconds")
-        if mid < lo or mid + step > hi:
-            biggest[3] = False  # one granule: cannot be cut
+        biggest = max(candidates, key=lambda r: r.count)
+        mid = floor_to(biggest.lo + (biggest.hi - biggest.lo) / 2, "day" if step == timedelta(days=1) else "seconds")
+        if mid < biggest.lo or mid + step > biggest.hi:
+            biggest.splittable = False  # one granule: cannot be cut
             continue
-        left = probe(None if lo == start and window.from_ is None else lo, mid)
+        from_ = None if biggest.lo == start and window.from_ is None else biggest.lo
+        left = probe(from_, mid) if biggest.set_spec is None else probe(from_, mid, biggest.set_spec)
         probes += 1
         if left is None:
-            biggest[3] = False
+            biggest.splittable = False
             continue
-        right = max(count - left, 0)
         index = ranges.index(biggest)
-        ranges[index:index + 1] = [[lo, mid, left, True], [mid + step, hi, right, True]]
-    ranges = [r for r in ranges if r[2] != 0 or len(ranges) == 1] or ranges[:1]
-    ranges = _close_gaps(ranges, start, window.until, step)
-    log.info("%s: %d records announced; %d slices after %d count probes: %s", partner_id,
-             total, len(ranges), probes, ", ".join(str(r[2]) for r in ranges))
-    if len(ranges) < 2:
-        return []
-    return [{"from_": window.from_ if i == 0 else r[0], "until": r[1], "estimate": r[2]}
-            for i, r in enumerate(ranges)]
+        ranges[index:index + 1] = [_Range(biggest.lo, mid, left, biggest.set_spec),
+                                   _Range(mid + step, biggest.hi, max(biggest.count - left, 0), biggest.set_spec)]
+    return probes
 
 
-def _close_gaps(ranges: list[list[Any]], start: datetime, until: datetime, step: timedelta) -> list[list[Any]]:
-    """Dropping empty ranges leaves gaps: each kept range starts right after the one before."""
-    closed: list[list[Any]] = []
-    for r in ranges:
-        lo = start if not closed else closed[-1][1] + step
-        closed.append([lo, r[1], r[2], r[3]])
-    closed[-1][1] = until
-    return closed
+def _pieces(ranges: list[_Range], window: Window) -> list[dict[str, Any]]:
+    """One list's (or one set's) ranges as slices that cover the window: empty ranges
+    dropped, each kept one starting a granule after the one before, the first at the
+    window's own (perhaps open) start."""
+    step = granule(window.protocol.get("oai_granularity", DAY_GRANULARITY))
+    kept = [r for r in ranges if r.count != 0] or ranges[:1]
+    pieces: list[dict[str, Any]] = []
+    for i, r in enumerate(kept):
+        piece = {"from_": window.from_ if i == 0 else pieces[-1]["until"] + step,
+                 "until": window.until if i == len(kept) - 1 else r.hi, "estimate": r.count}
+        if r.set_spec is not None:
+            piece["set_spec"] = r.set_spec
+        pieces.append(piece)
+    return pieces
 
 
 def _earliest(window: Window) -> datetime | None:

@@ -42,7 +42,7 @@ import support
 sys.path.insert(0, str(support.ROOT / "tests" / "e2e"))  # conftest's stack helpers and smtp_sink
 
 PAGE_SIZE = 500
-SETTINGS_DIR = Path(__file__).resolve().parent / "airflow_settings"
+SETTINGS_DIR = Path(__file__).resolve().parents[1] / "config"  # the deployment's airflow_local_settings.py
 RUN_TIMEOUT = 1800.0
 
 
@@ -152,7 +152,7 @@ def main() -> int:
         registry = base / "sliced.yaml"
         write_registry(registry, partner, args.slices, args.records, args.pool)
         overrides = {"AIRFLOW__CORE__PARALLELISM": str(parallelism), "HARVEST_PARTNERS_FILE": str(registry),
-                     # airflow_settings/airflow_local_settings.py: Airflow 3.3.2 + psycopg 3 lock shim
+                     # config/airflow_local_settings.py: Airflow 3.3.2 + psycopg 3 lock check
                      "PYTHONPATH": os.pathsep.join(str(p) for p in (SETTINGS_DIR, support.ROOT / "plugins", support.ROOT)),
                      f"AIRFLOW_CONN_PARTNER_{partner.upper()}": json.dumps({"conn_type": "http", "host": url})}
         started = time.perf_counter()

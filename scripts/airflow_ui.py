@@ -88,7 +88,7 @@ def airflow_env(home: Path, port: int, meta_db: str, aggregation_db: str, oai_ur
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_"))}
     env.update({
         "AIRFLOW_HOME": str(home),
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT)]),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "config"), str(ROOT / "plugins"), str(ROOT)]),
         "PYTHONUNBUFFERED": "1",
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),

@@ -40,7 +40,7 @@ def airflow_env(pg_uri: str, oai_url: str, sierra_url: str) -> dict[str, str]:
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT)]),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "config"), str(ROOT / "plugins"), str(ROOT)]),
         "HARVEST_PARTNERS_FILE": str(ROOT / "include" / "partners.yaml"),
         "AIRFLOW_CONN_PARTNER_DEMO": json.dumps({"conn_type": "http", "host": oai_url}),
         "AIRFLOW_CONN_PARTNER_DEMO_LIBRARY": json.dumps(

@@ -275,7 +275,8 @@ def _base_env(home: Path) -> dict[str, str]:
            if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_", "HARVEST_"))}
     env["AIRFLOW_HOME"] = str(home)
     env.setdefault("XDG_RUNTIME_DIR", f"/tmp/ph-runtime-{os.getuid()}")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "plugins"), str(ROOT)])
+    # config/: the airflow_local_settings.py a deployment installs (the psycopg 3 lock check).
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "config"), str(ROOT / "plugins"), str(ROOT)])
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

@@ -213,3 +213,50 @@ def test_forget_refuses_a_partner_whose_run_holds_the_lease(capsys, conn, db) ->
 def test_forget_rejects_an_id_that_is_not_a_slug(capsys, db) -> None:
     status, _, err = run(capsys, "forget", "a__b", "--yes", "--database-only", "--database-url", db)
     assert status == 1 and "a__b" in err
+
+
+# -- progress -----------------------------------------------------------------------------
+
+def seed_sliced_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> None:
+    """A run cut into three slices, seen mid-way: one harvested, one 100 s into its try with
+    2,000 of 10,000 records (its last page 3 s ago), one waiting for a pool slot."""
+    rows = [  # channel, status, window_from, slice_set, pages, fetched, expected, since (s ago), last page (s ago)
+        ("changes", "harvested", None, None, 0, 0, None, None, None),  # the parent of a sliced run
+        ("changes/001", "harvested", None, "dept:prints", 20, 10_000, 10_000, 300, 200),
+        ("changes/002", "harvesting", "2021-01-01T00:00:01Z", "dept:prints", 4, 2_000, 10_000, 100, 3),
+        ("changes/003", "planned", None, "dept:paintings", 0, 0, 6_000, None, None),
+    ]
+    with conn.transaction():
+        for channel, status, window_from, set_spec, pages, fetched, expected, since, last in rows:
+            conn.execute(
+                "INSERT INTO harvest_runs (partner_id, run_id, channel, mode, status, window_from, window_until,"
+                " slice_set, pages, fetched, expected, attempts, started_at, harvesting_since, progress_at)"
+                " VALUES (%s, %s, %s, 'full', %s, %s, '2026-01-01T00:00:00Z', %s, %s, %s, %s, 1, now() - interval '1 hour',"
+                " now() - make_interval(secs => %s), now() - make_interval(secs => %s))",
+                (partner_id, run_id, channel, status, window_from, set_spec, pages, fetched, expected, since, last),
+            )
+
+
+def test_progress_shows_each_slice_with_its_rate_and_the_time_left(capsys, conn, db) -> None:
+    ensure_schema(conn)
+    seed_sliced_run(conn, "museum", "harvest_museum/older")
+    conn.execute("UPDATE harvest_runs SET started_at = started_at - interval '1 day' WHERE run_id = 'harvest_museum/older'")
+    conn.commit()
+    seed_sliced_run(conn, "museum", "harvest_museum/newest")
+    status, out, _ = run(capsys, "progress", "museum", "--database-url", db)
+    assert status == 0
+    lines = {line.split()[0]: line for line in out.splitlines()[2:] if line.startswith("changes")}
+    assert set(lines) == {"changes/001", "changes/002", "changes/003"}  # the parent row is left out
+    running = lines["changes/002"].split()
+    assert running[1:5] == ["harvesting", "set", "dept:prints", "2021-01-01T00:00:01Z..2026-01-01T00:00:00Z"]
+    assert running[5:9] == ["4", "2000", "10000", "20%"]
+    assert running[9] == "21" and running[10] == "0:06:28"  # 2,000 in 97 s; 8,000 to go at that rate
+    assert "s ago" in lines["changes/002"] and lines["changes/003"].split()[1] == "planned"
+    summary = out.splitlines()[-1]
+    assert summary.startswith("run harvest_museum/newest: 12,000 of 26,000 records, 21/s now, time left 0:11:19")  # 14,000 to go
+
+
+def test_progress_of_a_partner_without_runs_says_so(capsys, conn, db) -> None:
+    ensure_schema(conn)
+    status, _, err = run(capsys, "progress", "nobody", "--database-url", db)
+    assert status == 1 and "partner nobody has no run" in err

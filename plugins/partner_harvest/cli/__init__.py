@@ -2,6 +2,7 @@
 
     partner-harvest validate                     check the registry; exit 1 listing every invalid entry
     partner-harvest status [--partner ID]        one line per partner, from the aggregation database
+    partner-harvest progress ID [--run RUN]      the newest (or named) run's channels and slices: records, rate, time left
     partner-harvest sync-pools [--check]         create/update the Airflow pools partner_<id>
     partner-harvest reset-cursor ID [--to WHEN]  delete or set the partner's cursor Variables (asks first)
     partner-harvest forget ID                    drop a partner's rows, pool and Variables (asks first)
@@ -153,6 +154,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     for error in registry.errors:
         if not args.partner or error.partner == args.partner:
             print(f"INVALID  {error}")
+    return 0
+
+
+def cmd_progress(args: argparse.Namespace) -> int:
+    from partner_harvest.cli.progress import database_now, newest_run_id, run_progress, summary_line
+    from partner_harvest.cli.status import render_table
+    from partner_harvest.store.slices import slice_rows
+
+    with _connect(args) as conn:
+        run_id = args.run or newest_run_id(conn, args.partner)
+        if run_id is None:
+            raise CliError(f"partner {args.partner} has no run in the aggregation database")
+        rows = slice_rows(conn, args.partner, run_id)
+        if not rows:
+            raise CliError(f"partner {args.partner} has no run {run_id!r}")
+        progress = run_progress(rows, run_id, database_now(conn))
+    print(render_table(progress.channels))
+    print(summary_line(progress))
     return 0
 
 
@@ -308,6 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", parents=[common], help="one line per partner: records, quarantine, last runs")
     p.add_argument("--partner", metavar="ID")
     p.set_defaults(func=cmd_status)
+    p = sub.add_parser("progress", parents=[common],
+                       help="a run's channels (its slices): records so far, records per second, time left")
+    p.add_argument("partner", metavar="PARTNER")
+    p.add_argument("--run", metavar="RUN_ID", help="harvest_runs.run_id (default: the partner's newest run)")
+    p.set_defaults(func=cmd_progress)
     p = sub.add_parser("sync-pools", parents=[common], help="create/update the pool partner_<id> of every partner")
     p.add_argument("--check", action="store_true", help="only report missing pools (exit 1 if any)")
     p.set_defaults(func=cmd_sync_pools)

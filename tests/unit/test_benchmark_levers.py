@@ -1,0 +1,73 @@
+"""Every lever a benchmark pulls on the library names code that exists.
+
+A benchmark switches code off or meters it by assigning to a module's attribute
+(``apply._know_partner_rows = ...``). Assigning to a name the library renamed raises
+nothing: the benchmark then measures the code switched on and reports it as off, as
+``apply_statistics.py`` did for several stops. This reads every benchmark's source and
+checks each such target against the module it names.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def levers(source: str) -> list[tuple[str, str, int]]:
+    """(module, attribute, line) of each ``alias.attr = ...`` or ``setattr(alias, "attr", ...)``
+    whose alias was imported from ``partner_harvest``, anywhere in the file."""
+    tree = ast.parse(source)
+    modules: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("partner_harvest"):
+            for name in node.names:
+                modules[name.asname or name.name] = f"{node.module}.{name.name}"
+        elif isinstance(node, ast.Import):
+            for name in node.names:
+                if name.name.startswith("partner_harvest") and name.asname:
+                    modules[name.asname] = name.name
+    found = []
+    for node in ast.walk(tree):
+        targets: list[tuple[ast.expr, str]] = []
+        if isinstance(node, ast.Assign):
+            targets = [(t.value, t.attr) for t in node.targets if isinstance(t, ast.Attribute)]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)):
+            targets = [(node.args[0], node.args[1].value)]
+        for owner, attr in targets:
+            if isinstance(owner, ast.Name) and owner.id in modules:
+                found.append((modules[owner.id], attr, node.lineno))
+    return found
+
+
+def owner_of(dotted: str):
+    """The module ``dotted`` names, or the attribute of its parent module (a class, say)."""
+    try:
+        return importlib.import_module(dotted)
+    except ModuleNotFoundError:
+        parent, _, name = dotted.rpartition(".")
+        return getattr(importlib.import_module(parent), name)
+
+
+CASES = [(path.relative_to(BENCHMARKS).as_posix(), *lever)
+         for path in sorted(BENCHMARKS.rglob("*.py")) for lever in levers(path.read_text(encoding="utf-8"))]
+
+
+def test_the_scan_finds_the_levers_it_guards() -> None:
+    assert ("apply_statistics.py", "partner_harvest.store.apply", "_know_partner_rows") in {c[:3] for c in CASES}
+    renamed = "from partner_harvest.store import apply\napply._refresh_statistics_if_outgrown = None\n"
+    assert levers(renamed) == [("partner_harvest.store.apply", "_refresh_statistics_if_outgrown", 2)]
+    assert not hasattr(owner_of("partner_harvest.store.apply"), "_refresh_statistics_if_outgrown")
+
+
+@pytest.mark.parametrize(("benchmark", "module", "attribute", "line"), CASES,
+                         ids=[f"{c[0]}:{c[3]}:{c[2]}" for c in CASES])
+def test_every_benchmark_lever_names_existing_code(benchmark: str, module: str, attribute: str, line: int) -> None:
+    assert hasattr(owner_of(module), attribute), (
+        f"benchmarks/{benchmark}:{line} assigns {module}.{attribute}, which does not exist: the lever "
+        "switches nothing (renamed?)")

@@ -18,6 +18,7 @@ from partner_harvest.store.health import (
     BEHIND, FAILING, HEALTHY, NEW, WARNING, partner_health, quarantine_today, recent_runs,
 )
 from partner_harvest.window import Window
+from tests.integration.test_cli import seed_sliced_run
 
 FAST = {"http": {"backoff_factor": 0.01, "retries": 2}}
 
@@ -231,3 +232,39 @@ def test_the_health_pages_refuse_a_request_without_airflow_login() -> None:
     for path in ("/", "/partner/museum"):
         response = client.get(path, headers={"Accept": "application/json"})
         assert response.status_code == 401, path
+
+
+def test_the_partner_page_shows_a_running_run_slice_by_slice(conn, db, monkeypatch) -> None:
+    """While a run is going, the partner page lists its slices with records so far, rate and
+    time left (store/progress.py, as `partner-harvest progress`); once applied, the section goes."""
+    from pathlib import Path
+
+    from fastapi.testclient import TestClient
+
+    from partner_harvest.airflow.health import app as health_app
+    from partner_harvest.airflow.health import source
+    from partner_harvest.registry import Registry
+    from partner_harvest.store import connect, ensure_schema
+
+    ensure_schema(conn)
+    registry = Registry(Path("partners.yaml"), partners("museum"), [])
+    monkeypatch.setattr(source, "registry", lambda: registry)
+    monkeypatch.setattr(source, "latest_harvest_runs", lambda partners: {})
+    monkeypatch.setattr(source, "connection", lambda: connect(db))
+    monkeypatch.setattr(health_app, "_require_user", lambda: (lambda: None))  # Airflow's login, tested above
+    client = TestClient(health_app.create_app())
+    seed_sliced_run(conn, "museum", "harvest_museum/manual__2026-12-01")
+
+    page = client.get("/partner/museum").text
+    assert "Running now" in page
+    assert 'href="/dags/harvest_museum/runs/manual__2026-12-01"' in page
+    assert "12,000 of 26,000 records, 21/s now, time left 0:11:19" in page
+    table = page[page.index('<table id="progress">'):page.index("</table>", page.index('<table id="progress">'))]
+    assert table.count("<tr class=") == 3  # the three slices, not the sliced run's parent row
+    running = table[table.index("changes/002"):].split("</tr>")[0]
+    assert "set dept:prints 2021-01-01T00:00:01Z..2026-01-01T00:00:00Z" in running
+    assert ">2,000<" in running and ">10,000<" in running and ">20%<" in running and ">6m 28s<" in running
+
+    conn.execute("UPDATE harvest_runs SET status = 'applied' WHERE partner_id = 'museum'")
+    conn.commit()
+    assert "Running now" not in client.get("/partner/museum").text

@@ -158,18 +158,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_progress(args: argparse.Namespace) -> int:
-    from partner_harvest.cli.progress import database_now, newest_run_id, run_progress, summary_line
     from partner_harvest.cli.status import render_table
-    from partner_harvest.store.slices import slice_rows
+    from partner_harvest.store.progress import current_progress, summary_line
 
     with _connect(args) as conn:
-        run_id = args.run or newest_run_id(conn, args.partner)
-        if run_id is None:
-            raise CliError(f"partner {args.partner} has no run in the aggregation database")
-        rows = slice_rows(conn, args.partner, run_id)
-        if not rows:
-            raise CliError(f"partner {args.partner} has no run {run_id!r}")
-        progress = run_progress(rows, run_id, database_now(conn))
+        progress = current_progress(conn, args.partner, args.run)
+    if progress is None:
+        raise CliError(f"partner {args.partner} has no run {args.run!r}" if args.run
+                       else f"partner {args.partner} has no run in the aggregation database")
     print(render_table(progress.channels))
     print(summary_line(progress))
     return 0

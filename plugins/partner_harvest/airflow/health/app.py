@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -21,6 +22,7 @@ from markupsafe import Markup
 from partner_harvest.airflow.health import source
 from partner_harvest.airflow.health.chart import runs_chart
 from partner_harvest.store.health import STATES, partner_health, quarantine_today, recent_runs
+from partner_harvest.store.progress import current_progress, summary_line
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +76,11 @@ def create_app() -> FastAPI:
             (health,) = partner_health(conn, [entry], now, scheduled)
             runs = recent_runs(conn, partner_id, limit=90)
             reasons, entries = quarantine_today(conn, partner_id, now)
+            progress = current_progress(conn, partner_id, unfinished=True)  # a run going on now, slice by slice
         return _render("partner.html", request, h=health, runs=runs, chart=Markup(runs_chart(runs)),
-                       reasons=reasons, entries=entries, now=now)
+                       reasons=reasons, entries=entries, now=now, progress=progress,
+                       progress_line=summary_line(progress) if progress else None,
+                       progress_run=_audit_run(progress.run_id) if progress else None)
 
     return app
 
@@ -96,6 +101,12 @@ def _run_url(ui_root: str, run: object) -> str | None:
     if not dag_id or not dag_run_id:
         return None
     return f"{ui_root}/dags/{quote(dag_id, safe='')}/runs/{quote(dag_run_id, safe='')}"
+
+
+def _audit_run(run_id: str) -> object:
+    """``harvest_runs.run_id`` (``<dag_id>/<Airflow run id>``) as the run link's parts."""
+    dag_id, _, dag_run_id = run_id.partition("/")
+    return SimpleNamespace(dag_id=dag_id, dag_run_id=dag_run_id or None, run_id=run_id)
 
 
 def _when(moment: datetime | None) -> str:

@@ -1,4 +1,5 @@
-"""``partner-harvest progress``: a run's channels (its slices) while it runs, with rate and time left.
+"""A run's channels (its slices) while it runs, with rate and time left: ``partner-harvest
+progress`` and the partner health page.
 
 Every channel writes ``pages``, ``fetched`` and ``progress_at`` to its ``harvest_runs`` row
 after each staged page, and ``expected`` holds what it should bring (the plan's estimate,
@@ -22,14 +23,18 @@ RUNNING = ("harvesting", "waiting")
 DONE = ("harvested", "applied")
 
 
-def newest_run_id(conn: psycopg.Connection, partner_id: str) -> str | None:
-    """The partner's run that started last (its slices share the run id)."""
+def newest_run_id(conn: psycopg.Connection, partner_id: str, *, unfinished: bool = False) -> str | None:
+    """The partner's run that started last (its slices share the run id); with
+    ``unfinished``, only when some channel of it is still to be harvested or applied."""
     row = conn.execute(
-        "SELECT run_id FROM harvest_runs WHERE partner_id = %s ORDER BY started_at DESC, run_id DESC LIMIT 1",
+        "SELECT run_id, bool_or(status NOT IN ('applied', 'failed', 'abandoned')) FROM harvest_runs"
+        " WHERE partner_id = %s GROUP BY run_id ORDER BY max(started_at) DESC, run_id DESC LIMIT 1",
         (partner_id,),
     ).fetchone()
     conn.commit()
-    return row[0] if row else None
+    if row is None or (unfinished and not row[1]):
+        return None
+    return row[0]
 
 
 def database_now(conn: psycopg.Connection) -> datetime:
@@ -122,3 +127,14 @@ def summary_line(progress: RunProgress) -> str:
         else str(progress.time_left)
     return (f"run {progress.run_id}: {progress.fetched:,}{expected} records, "
             f"{progress.per_second:,.0f}/s now, time left {left}")
+
+
+def current_progress(conn: psycopg.Connection, partner_id: str, run_id: str | None = None, *,
+                     unfinished: bool = False) -> RunProgress | None:
+    """The progress of ``run_id``, else of the partner's newest run (``unfinished``: only while
+    it runs); None when there is no such run."""
+    run_id = run_id or newest_run_id(conn, partner_id, unfinished=unfinished)
+    if run_id is None:
+        return None
+    rows = slices.slice_rows(conn, partner_id, run_id)
+    return run_progress(rows, run_id, database_now(conn)) if rows else None

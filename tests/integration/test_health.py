@@ -265,6 +265,12 @@ def test_the_partner_page_shows_a_running_run_slice_by_slice(conn, db, monkeypat
     assert "set dept:prints 2021-01-01T00:00:01Z..2026-01-01T00:00:00Z" in running
     assert ">2,000<" in running and ">10,000<" in running and ">20%<" in running and ">6m 28s<" in running
 
+    conn.execute("UPDATE harvest_runs SET status = 'failed' WHERE channel = 'changes/002'")  # its try ended
+    conn.execute("UPDATE harvest_runs SET status = 'harvested' WHERE channel = 'changes/003'")
+    conn.commit()
+    page = client.get("/partner/museum").text  # a failed slice waiting for its retry (or a dead run): still shown
+    assert "Running now" not in page and "Newest run, not applied" in page and ">failed<" in page
     conn.execute("UPDATE harvest_runs SET status = 'applied' WHERE partner_id = 'museum'")
     conn.commit()
-    assert "Running now" not in client.get("/partner/museum").text
+    page = client.get("/partner/museum").text
+    assert 'id="progress' not in page

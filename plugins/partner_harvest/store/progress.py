@@ -25,9 +25,9 @@ DONE = ("harvested", "applied")
 
 def newest_run_id(conn: psycopg.Connection, partner_id: str, *, unfinished: bool = False) -> str | None:
     """The partner's run that started last (its slices share the run id); with
-    ``unfinished``, only when some channel of it is still to be harvested or applied."""
+    ``unfinished``, only while it is not applied (running, or failed and not yet retried or given up)."""
     row = conn.execute(
-        "SELECT run_id, bool_or(status NOT IN ('applied', 'failed', 'abandoned')) FROM harvest_runs"
+        "SELECT run_id, bool_or(status NOT IN ('applied', 'abandoned')) FROM harvest_runs"
         " WHERE partner_id = %s GROUP BY run_id ORDER BY max(started_at) DESC, run_id DESC LIMIT 1",
         (partner_id,),
     ).fetchone()
@@ -53,6 +53,7 @@ class RunProgress:
     expected: int | None      # None when some unfinished channel has no estimate
     per_second: float         # the channels harvesting now, together
     time_left: timedelta | None
+    running: bool             # some channel is planned, harvesting or waiting (else: failed or awaiting the apply)
 
 
 def run_progress(rows: list[dict[str, Any]], run_id: str, now: datetime) -> RunProgress:
@@ -72,6 +73,7 @@ def run_progress(rows: list[dict[str, Any]], run_id: str, now: datetime) -> RunP
     return RunProgress(
         run_id=run_id, channels=channels, fetched=sum(c["fetched"] or 0 for c in channels),
         expected=None if None in known else sum(known), per_second=per_second, time_left=time_left,
+        running=any(c["status"] in ("planned", *RUNNING) for c in channels),
     )
 
 

@@ -231,6 +231,15 @@ MUTATIONS: tuple[Mutation, ...] = (
       (SLICES + "test_sets_that_do_not_partition_the_list_are_not_trusted",),
       "the registry's slicing.sets are trusted without their counts: a set left out, or tombstones a repository "
       "lists outside their sets, are never harvested"),
+    M("I12-slices-keep-the-windows-open-start", "oai/slicing.py",
+      '        piece = {"from_": window.from_ if i == 0 else pieces[-1]["until"] + step,',
+      '        piece = {"from_": r.lo if i == 0 else pieces[-1]["until"] + step,',
+      ("tests/unit/test_slicing.py::test_similar_slices_cover_the_window_with_few_probes",
+       "tests/unit/test_slicing.py::test_a_set_bigger_than_the_target_is_cut_in_time_within_its_set",
+       SLICES + "test_sets_above_the_target_are_harvested_as_time_slices_of_each_set",
+       SLICES + "test_a_wrong_earliest_datestamp_neither_loses_records_nor_stops_the_cut"),
+      "the first slice (of the list, or of each set) starts at earliestDatestamp instead of the window's open "
+      "start: records a repository stamps before the earliestDatestamp it announces are never harvested"),
     M("I12-failed-check-alerts", "quality.py",
       "    for check in figures.failed_checks:\n", "    for check in ():\n",
       ("tests/unit/test_quality.py::test_a_failed_completeness_check_is_a_finding",),

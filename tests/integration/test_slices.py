@@ -190,6 +190,25 @@ def test_sets_above_the_target_are_harvested_as_time_slices_of_each_set(conn, oa
     assert dict(checks) == {p["channel"]: True for p in run.pieces}  # I12, per slice of a set
 
 
+@pytest.mark.parametrize("by", ["datestamp", "sets"])
+@pytest.mark.parametrize("earliest", ["late", "absent", "epoch"])
+def test_a_wrong_earliest_datestamp_neither_loses_records_nor_stops_the_cut(conn, earliest, by) -> None:
+    """Real repositories announce an earliestDatestamp later than records they hold, none at
+    all, or the epoch (I13). The slices still cover every record (the first keeps the
+    window's open start), and the cut still finds the records' span: bisecting from 1970
+    when nothing usable is announced, empty halves not counted against max_slices."""
+    repo = SimulatedRepository(records=900, page_size=50, seed=9, deleted_fraction=0.05, earliest_datestamp=earliest)
+    with OaiSimulator(repo) as sim:
+        partner = oai_partner(slicing=replace(SLICES, sets=TYPE_SETS) if by == "sets" else SLICES)
+        run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
+        assert len(run.pieces) >= SLICES.max_slices - 1, run.pieces  # about 900 / 150 records a slice
+        assert run.rows()[run.pieces[0]["channel"]]["window_from"] is None  # the open start, never earliest
+        run.harvest_all()
+        result = run.apply()
+    assert held(conn, partner.id) == repo.live_identifiers()
+    assert result.fetched == len(repo.live_identifiers()) + len(repo.deleted_identifiers())  # nothing twice
+
+
 @pytest.mark.parametrize("case", ["a set missing from the list", "deleted records outside their sets"])
 def test_sets_that_do_not_partition_the_list_are_not_trusted(conn, oai, caplog, case) -> None:
     """The registry's sets are checked against the whole list: a set left out, or a

@@ -214,6 +214,26 @@ def test_payloads_escape_and_mark_invalid_records(session: requests.Session) -> 
         assert dc.find(f"dc:{field}", NS) is not None, field
 
 
+@pytest.mark.parametrize("earliest", ["true", "late", "absent", "epoch"])
+def test_identify_may_announce_a_wrong_earliest_datestamp(session: requests.Session, earliest: str) -> None:
+    """Real repositories announce an earliestDatestamp after records they hold, none, or 1970 (I13)."""
+    repo = SimulatedRepository(records=200, seed=3, earliest_datestamp=earliest)
+    with OaiSimulator(repo) as sim:
+        announced = fetch(sim, session, verb="Identify").find("o:Identify", NS).findtext("o:earliestDatestamp",
+                                                                                         namespaces=NS)
+        headers, _ = walk(sim, session, verb="ListIdentifiers", metadataPrefix="oai_dc")
+        stamps = sorted(parse_oai_date(h.findtext("o:datestamp", namespaces=NS))[0] for h in headers)
+    if earliest == "absent":
+        assert announced is None
+        return
+    moment = parse_oai_date(announced)[0]
+    older = sum(1 for s in stamps if s < moment)
+    expected = {"true": (0, 0), "late": (len(stamps) // 3, len(stamps) * 2 // 3), "epoch": (0, 0)}[earliest]
+    assert expected[0] <= older <= expected[1], (announced, older, len(stamps))
+    if earliest == "epoch":
+        assert moment == 0  # 1970-01-01T00:00:00Z, in epoch seconds
+
+
 # -------------------------------------------------------------------- protocol
 def test_identify_formats_and_sets(session: requests.Session) -> None:
     repo = SimulatedRepository(records=50, granularity="day", formats=("lido",), deleted_record="transient")

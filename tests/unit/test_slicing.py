@@ -158,12 +158,28 @@ def test_a_set_bigger_than_the_target_is_cut_in_time_within_its_set() -> None:
         assert [p["estimate"] for p in by_set[spec]] == sizes  # the estimates are the set's own counts
 
 
-def test_cutting_sets_stops_at_max_slices_and_without_a_start() -> None:
+NO_EARLIEST = Window("full", None, UNTIL, "seconds", False, {"oai_granularity": "YYYY-MM-DDThh:mm:ssZ"})
+
+
+def test_cutting_sets_stops_at_max_slices_with_or_without_an_earliest_datestamp() -> None:
     counter = SetStamps({"a": spread(6_000, 3), "b": spread(5_000, 4), "c": []})
     settings = SliceSettings(threshold_records=2_000, target_records=1_000, max_slices=4, sets=SETS)
-    pieces = plan_by_sets(full_window(), settings, counter)
-    assert [p["set_spec"] for p in pieces] == ["a", "a", "b", "b"]  # the biggest range is halved first
-    no_start = Window("full", None, UNTIL, "seconds", False, {"oai_granularity": "YYYY-MM-DDThh:mm:ssZ"})
-    whole_sets = plan_by_sets(no_start, settings, counter)  # no earliestDatestamp: nothing to bisect from
-    assert whole_sets == [{"from_": None, "until": UNTIL, "estimate": 6_000, "set_spec": "a"},
-                          {"from_": None, "until": UNTIL, "estimate": 5_000, "set_spec": "b"}]
+    for window in (full_window(), NO_EARLIEST):  # without one, bisected from 1970: the empty halves cost no slice
+        pieces = plan_by_sets(window, settings, counter)
+        assert [p["set_spec"] for p in pieces] == ["a", "a", "b", "b"]  # the biggest range is halved first
+        for spec, size in (("a", 6_000), ("b", 5_000)):
+            own = [p for p in pieces if p["set_spec"] == spec]
+            covers(own, window, timedelta(seconds=1))
+            assert sum(counter(p["from_"], p["until"], spec) for p in own) == size
+
+
+def test_without_an_earliest_datestamp_the_cut_starts_at_the_epoch() -> None:
+    """A repository that announces no usable earliestDatestamp (or 1970) is still cut into
+    similar slices: the empty halves before its first record are dropped, not counted."""
+    counter = Counter(spread(10_000, 5))
+    settings = SliceSettings(threshold_records=2_000, target_records=1_500, max_slices=16)
+    pieces = plan(NO_EARLIEST, settings, counter)
+    covers(pieces, NO_EARLIEST, timedelta(seconds=1))
+    sizes = [counter.inside(p["from_"], p["until"]) for p in pieces]
+    assert sum(sizes) == 10_000 and max(sizes) <= 1_500 and 7 <= len(pieces) <= 16  # 7: 10,000 / 1,500
+    assert counter.calls <= 64 + 1  # the probe cap, whatever the counts

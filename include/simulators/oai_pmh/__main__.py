@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from ..cli import add_listen_arguments, serve_until_signalled, simulator_parser
-from .collection import DELETED_POLICIES, GRANULARITY_SECONDS, SimulatedRepository
+from .collection import DELETED_POLICIES, EARLIEST_DATESTAMPS, GRANULARITY_SECONDS, SimulatedRepository
 from .server import TOKEN_MARKUPS, OaiSimulator
 
 
@@ -29,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--invalid-every", type=int, default=0)
     parser.add_argument("--deleted-outside-sets", action="store_true",
                         help="deleted records belong to no set (set-restricted lists omit their tombstones)")
+    parser.add_argument("--earliest-datestamp", choices=EARLIEST_DATESTAMPS, default="true",
+                        help="what Identify announces: the truth, a time after half the records (late), "
+                             "no element (absent), or the epoch")
     parser.add_argument("--response-delay-ms", type=float, default=0.0,
                         help="every OAI response waits this long first (POST /_control/response_delay changes it)")
     parser.add_argument("--mutation-step", type=float, default=60.0, help="seconds per mutation call")
@@ -43,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         formats=tuple(f.strip() for f in args.formats.split(",") if f.strip()),
         deleted_record=args.deleted_record, page_size=args.page_size, seed=args.seed,
         invalid_every=args.invalid_every, mutation_step=timedelta(seconds=args.mutation_step),
-        deleted_in_sets=not args.deleted_outside_sets,
+        deleted_in_sets=not args.deleted_outside_sets, earliest_datestamp=args.earliest_datestamp,
     )
     return serve_until_signalled(OaiSimulator(repo, host=args.host, port=args.port,
                                               response_delay_ms=args.response_delay_ms,

@@ -35,6 +35,10 @@ SETS: tuple[tuple[str, str], ...] = (
 )
 GRANULARITY_SECONDS = {"seconds": 1, "day": 86400}
 DELETED_POLICIES = ("persistent", "transient", "no")
+# What Identify says the earliest datestamp is: the truth, or what real servers send (I13):
+# a later time than some records carry (e.g. the date the repository software was set up,
+# after a migration kept older stamps), no such element, or the epoch.
+EARLIEST_DATESTAMPS = ("true", "late", "absent", "epoch")
 SUPPORTED_FORMATS = ("oai_dc", "lido")
 
 LIVE, TOMBSTONE, GONE = 0, 1, 2
@@ -145,6 +149,7 @@ class SimulatedRepository(SimulatedModel[str]):
         invalid_every: int = 0,
         mutation_step: timedelta = timedelta(seconds=60),
         deleted_in_sets: bool = True,
+        earliest_datestamp: str = "true",
     ) -> None:
         if granularity not in GRANULARITY_SECONDS:
             raise ValueError(f"granularity must be one of {sorted(GRANULARITY_SECONDS)}")
@@ -153,6 +158,8 @@ class SimulatedRepository(SimulatedModel[str]):
         unknown = [f for f in formats if f not in SUPPORTED_FORMATS]
         if unknown:
             raise ValueError(f"unsupported formats {unknown}; supported: {SUPPORTED_FORMATS}")
+        if earliest_datestamp not in EARLIEST_DATESTAMPS:
+            raise ValueError(f"earliest_datestamp must be one of {EARLIEST_DATESTAMPS}")
         if records < 0 or page_size < 1 or invalid_every < 0 or not 0 <= deleted_fraction <= 1:
             raise ValueError("records>=0, page_size>=1, invalid_every>=0, 0<=deleted_fraction<=1")
         self.granularity = granularity
@@ -165,6 +172,7 @@ class SimulatedRepository(SimulatedModel[str]):
         # False: a deleted record belongs to no set any more, as on repositories that drop a
         # deleted item's set membership: set-restricted lists omit its tombstone (I13).
         self.deleted_in_sets = deleted_in_sets
+        self.earliest_datestamp = earliest_datestamp
         super().__init__(start_clock, mutation_step, mutation_seed=seed * 1_000_003 + 17)
         self._unit = GRANULARITY_SECONDS[granularity]
         self._build(records, deleted_fraction)
@@ -304,6 +312,21 @@ class SimulatedRepository(SimulatedModel[str]):
         with self.lock:
             low = min(self._stamp) if self._stamp else self.clock_epoch
         return low - low % self._unit
+
+    def announced_earliest_stamp(self) -> int | None:
+        """What Identify announces as earliestDatestamp (``earliest_datestamp``); None: no element.
+        ``late``: the median record's stamp, so about half the records are older."""
+        if self.earliest_datestamp == "absent":
+            return None
+        if self.earliest_datestamp == "epoch":
+            return 0
+        if self.earliest_datestamp == "late":
+            with self.lock:
+                stamps = sorted(self._stamp)
+            if stamps:
+                middle = stamps[len(stamps) // 2]
+                return middle - middle % self._unit
+        return self.earliest_stamp()
 
     def format_stamp(self, stamp: int) -> str:
         """A datestamp as the repository reports it (at its granularity).

@@ -531,13 +531,14 @@ class OaiSimulator(ControlledServer):
     def _verb_Identify(self, args: dict[str, str]) -> list[str]:
         repo = self.repo
         granularity = "YYYY-MM-DD" if repo.granularity == "day" else "YYYY-MM-DDThh:mm:ssZ"
+        earliest = repo.announced_earliest_stamp()
         return [
             "<Identify><repositoryName>Simulated Museum of Art - collection online</repositoryName>"
             f"<baseURL>{self.base_url}</baseURL><protocolVersion>2.0</protocolVersion>"
             "<adminEmail>oai-admin@sim.example</adminEmail>"
-            f"<earliestDatestamp>{repo.format_stamp(repo.earliest_stamp())}</earliestDatestamp>"
-            f"<deletedRecord>{repo.deleted_record}</deletedRecord><granularity>{granularity}</granularity>"
-            "<compression>gzip</compression><description>"
+            + (f"<earliestDatestamp>{repo.format_stamp(earliest)}</earliestDatestamp>" if earliest is not None else "")
+            + f"<deletedRecord>{repo.deleted_record}</deletedRecord><granularity>{granularity}</granularity>"
+            + "<compression>gzip</compression><description>"
             '<oai-identifier xmlns="http://www.openarchives.org/OAI/2.0/oai-identifier">'
             "<scheme>oai</scheme><repositoryIdentifier>sim.example</repositoryIdentifier>"
             f"<delimiter>:</delimiter><sampleIdentifier>{ID_PREFIX}0000001</sampleIdentifier>"

@@ -7,7 +7,9 @@ slice holds about ``target_records`` or ``max_slices`` is reached. Slices are di
 cover the frozen window: each starts one granule after the previous one ends (OAI-PMH
 ``from``/``until`` are inclusive). The counts only steer the cut; a repository whose count
 is wrong (I13) gets uneven slices, never missing ones. Without any count, a full harvest
-is cut into ``without_count`` equal time ranges.
+is cut into ``without_count`` equal time ranges. A repository without a usable
+``earliestDatestamp`` (none, unparseable, or 1970, as real ones announce: I13) is bisected
+from 1970: the empty halves before its first record cost a probe each, not a slice.
 
 Where the registry lists sets that partition the repository (``slicing.sets``), the sets
 are the first cut instead, but only when the sets' counts add up to the whole list's: a
@@ -23,7 +25,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from partner_harvest.oai.client import OaiClient
@@ -34,6 +36,12 @@ from partner_harvest.window import Window, floor_to, parse_instant
 log = logging.getLogger(__name__)
 
 Probe = Callable[..., "int | None"]  # (from_, until[, set_spec]) -> the list's size, or None
+
+
+# The plan's count probes are requests to the partner: a cap, whatever the counts say. Halving
+# 1970..now down to a second takes 31; a plan of 8 slices from the epoch needs about 40.
+_MAX_PROBES = 64
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)  # where a repository without a usable earliestDatestamp starts
 
 
 def granule(oai_granularity: str) -> timedelta:
@@ -92,10 +100,8 @@ def plan_by_sets(window: Window, settings: Any, probe: Probe, partner_id: str = 
     kept = [spec for spec in settings.sets if counts[spec]]
     if len(kept) < 2:
         return None
-    start = window.from_ or _earliest(window)
-    # Without a known start a set cannot be cut in time: it stays one slice.
-    ranges = [_Range(start or window.until, window.until, counts[spec], spec, splittable=start is not None)
-              for spec in kept]
+    start = window.from_ or _earliest(window) or EPOCH
+    ranges = [_Range(start, window.until, counts[spec], spec, splittable=start < window.until) for spec in kept]
     probes = 1 + len(settings.sets) + _bisect(ranges, window, start, settings, probe)
     pieces = [piece for spec in kept for piece in _pieces([r for r in ranges if r.set_spec == spec], window)]
     log.info("%s: %d records announced, in %d sets: %s; %d slices after %d count probes: %s", partner_id, total,
@@ -110,15 +116,18 @@ def plan(window: Window, settings: Any, probe: Probe, partner_id: str = "") -> l
     step = granule(oai_granularity)
     if not _considered(window, settings):
         return []
-    start = window.from_ or _earliest(window)
-    if start is None or start >= window.until:
+    announced = window.from_ or _earliest(window)
+    if announced is not None and announced >= window.until:
         return []
     total = probe(window.from_, window.until)
     if total is None:
+        if announced is None:  # neither a count nor a start: nothing to cut by
+            return []
         count = settings.without_count if window.is_full else 1
-        return _equal_ranges(window, start, step, min(count, settings.max_slices))
+        return _equal_ranges(window, announced, step, min(count, settings.max_slices))
     if total <= settings.threshold_records:
         return []
+    start = announced or EPOCH
     ranges = [_Range(start, window.until, total)]
     probes = 1 + _bisect(ranges, window, start, settings, probe)
     pieces = _pieces(ranges, window)
@@ -142,10 +151,12 @@ class _Range:
 
 def _bisect(ranges: list[_Range], window: Window, start: datetime | None, settings: Any, probe: Probe) -> int:
     """Halve the biggest range in time, in place, until every range holds about
-    ``target_records`` or there are ``max_slices``; returns the count probes it made."""
+    ``target_records`` or there are ``max_slices`` that hold records; returns the count
+    probes it made. Empty halves (before the first record of a repository whose
+    earliestDatestamp is the epoch or missing, a quiet decade) do not use up the slices."""
     step = granule(window.protocol.get("oai_granularity", DAY_GRANULARITY))
     probes = 0
-    while len(ranges) < settings.max_slices:
+    while sum(1 for r in ranges if r.count != 0) < settings.max_slices and probes < _MAX_PROBES:
         candidates = [r for r in ranges if r.splittable and r.count is not None and r.count > settings.target_records]
         if not candidates:
             break

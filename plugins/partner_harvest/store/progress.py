@@ -38,6 +38,7 @@ def newest_run_id(conn: psycopg.Connection, partner_id: str, *, unfinished: bool
 
 
 def database_now(conn: psycopg.Connection) -> datetime:
+    """The database's clock, which wrote every ``progress_at``."""
     now = conn.execute("SELECT statement_timestamp()").fetchone()[0]
     conn.commit()
     return now
@@ -134,7 +135,7 @@ def summary_line(progress: RunProgress) -> str:
 def current_progress(conn: psycopg.Connection, partner_id: str, run_id: str | None = None, *,
                      unfinished: bool = False) -> RunProgress | None:
     """The progress of ``run_id``, else of the partner's newest run (``unfinished``: only while
-    it runs); None when there is no such run."""
+    it is not applied); None when there is no such run."""
     run_id = run_id or newest_run_id(conn, partner_id, unfinished=unfinished)
     if run_id is None:
         return None

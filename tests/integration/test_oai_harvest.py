@@ -6,6 +6,7 @@ and compares ``records`` with the simulator's live set, identifier for identifie
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
@@ -350,3 +351,16 @@ def test_a_high_water_ahead_of_the_clock_marks_the_run_and_names_a_future_dated_
     assert window.protocol["clock_regressed"] is True
     (warning,) = [r.getMessage() for r in caplog.records if "ordered by when we observed them" in r.getMessage()]
     assert "museum" in warning and "record datestamp" in warning and "stamped in the future" in warning
+
+
+def test_each_page_logs_progress_against_the_announced_size_and_the_time_left(conn, caplog) -> None:
+    """The task log an operator reads while a long chain runs: fetched of completeListSize,
+    the rate, and the time left at that rate on every page but the last."""
+    repo = SimulatedRepository(records=300, page_size=100, seed=5, deleted_fraction=0.0)
+    with OaiSimulator(repo) as sim, caplog.at_level("INFO", logger="partner_harvest.oai.harvester"):
+        Harness(sim, conn, partner()).run("full")
+    lines = [r.getMessage() for r in caplog.records if ": page " in r.getMessage()]
+    assert [line.split(": page ")[1].split(":")[0] for line in lines] == ["1", "2", "3"]
+    assert all(re.search(r"\d+ fetched of 300 \(", line) for line in lines), lines
+    assert all(re.search(r"/s, about \d+:\d\d:\d\d left$", line) for line in lines[:-1]), lines
+    assert lines[-1].endswith("/s")  # the last page: nothing left to estimate

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import closing
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from partner_harvest.adapters import ItemSink, PartnerClock
@@ -146,11 +146,15 @@ class OaiAdapter:
                             self.partner_id, stats.pages)
             sink.write_page(page.items)
             rate = stats.fetched / max(time.monotonic() - started, 1e-6)
-            of = f" of {stats.complete_list_size}" if stats.complete_list_size is not None else ""
+            of = left = ""
+            if stats.complete_list_size is not None:
+                of = f" of {stats.complete_list_size}"
+                if rate > 0 and page.token:
+                    left = f", about {timedelta(seconds=round(max(stats.complete_list_size - stats.fetched, 0) / rate))} left"
             log.info(
-                "%s: page %d: %d items; %d fetched%s (%d records, %d deleted, %d rejected), %.0f/s",
+                "%s: page %d: %d items; %d fetched%s (%d records, %d deleted, %d rejected), %.0f/s%s",
                 self.partner_id, stats.pages, len(page.items), stats.fetched, of,
-                stats.records, stats.tombstones, stats.rejected, rate,
+                stats.records, stats.tombstones, stats.rejected, rate, left,
             )
         stats.extra["cleaned_pages"] = cleaned
 

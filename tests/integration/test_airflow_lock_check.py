@@ -65,6 +65,11 @@ def test_a_busy_row_lock_is_recognised_under_psycopg3_once_installed(db: str, un
     assert compat.recognise_psycopg3_lock_errors() is True and airflow_sqlalchemy.is_lock_not_available_error is installed
 
 
+def test_a_blocked_import_in_sys_modules_does_not_stop_the_install(unpatched, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "airflow.partner_harvest_blocked", None)  # how an import is blocked
+    assert compat.recognise_psycopg3_lock_errors() is True
+
+
 def test_other_operational_errors_are_still_errors(db: str, unpatched) -> None:
     compat.recognise_psycopg3_lock_errors()
     cancelled = error_of(db, "SET statement_timeout = 1; SELECT pg_sleep(1)", hold_lock=False)

@@ -88,7 +88,9 @@ def recognise_psycopg3_lock_errors() -> bool:
     is_lock_not_available_error._partner_harvest_compat = True  # type: ignore[attr-defined]
     airflow_sqlalchemy.is_lock_not_available_error = is_lock_not_available_error
     for name, module in list(sys.modules.items()):
-        # vars(), not getattr: a module's __getattr__ (Airflow's deprecation shims) may import or warn
-        if name.startswith("airflow.") and vars(module).get("is_lock_not_available_error") is current:
+        # The module's own namespace, not getattr: a module's __getattr__ (Airflow's deprecation
+        # shims) may import or warn. A None entry (a blocked import) has none.
+        namespace = getattr(module, "__dict__", None) or {}
+        if name.startswith("airflow.") and namespace.get("is_lock_not_available_error") is current:
             module.is_lock_not_available_error = is_lock_not_available_error  # type: ignore[attr-defined]
     return True

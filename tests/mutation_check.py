@@ -240,6 +240,12 @@ MUTATIONS: tuple[Mutation, ...] = (
        SLICES + "test_a_wrong_earliest_datestamp_neither_loses_records_nor_stops_the_cut"),
       "the first slice (of the list, or of each set) starts at earliestDatestamp instead of the window's open "
       "start: records a repository stamps before the earliestDatestamp it announces are never harvested"),
+    M("I13-a-plan-without-counts-still-slices", "oai/slicing.py",
+      "        return _equal_ranges(window, announced, step, min(count, settings.max_slices))\n",
+      "        return []\n",
+      (SLICES + "test_a_repository_that_announces_no_list_size_is_cut_into_equal_time_ranges",),
+      "a repository that announces no completeListSize (it is optional) is never sliced, whatever without_count "
+      "says: its full harvest is one chain of hours"),
     M("I12-failed-check-alerts", "quality.py",
       "    for check in figures.failed_checks:\n", "    for check in ():\n",
       ("tests/unit/test_quality.py::test_a_failed_completeness_check_is_a_finding",),

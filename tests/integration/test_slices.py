@@ -210,6 +210,24 @@ def test_a_wrong_earliest_datestamp_neither_loses_records_nor_stops_the_cut(conn
     applied_exactly_once(conn, run, repo)
 
 
+@pytest.mark.parametrize("sets", [(), TYPE_SETS], ids=["no sets", "sets"])
+def test_a_repository_that_announces_no_list_size_is_cut_into_equal_time_ranges(conn, caplog, sets) -> None:
+    """completeListSize is optional (I13). Without it the plan cannot count: a full harvest is
+    cut into ``without_count`` equal time ranges, registry sets are not trusted (they cannot be
+    checked against the whole list), and the slices still hold the live set, every item once."""
+    repo = SimulatedRepository(records=900, page_size=50, seed=9, deleted_fraction=0.05)
+    with OaiSimulator(repo, list_size="omitted") as sim:
+        partner = oai_partner(slicing=replace(SLICES, without_count=4, sets=sets))
+        with caplog.at_level("WARNING", logger="partner_harvest.oai.slicing"):
+            run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
+        assert len(run.pieces) == 4 and all(p["set"] is None and p["estimate"] is None for p in run.pieces)
+        assert ("cannot be checked" in caplog.text) == bool(sets)
+        run.harvest_all()
+    result = run.apply()
+    assert held(conn, partner.id) == repo.live_identifiers()
+    assert result.fetched == len(repo.live_identifiers()) + len(repo.deleted_identifiers())  # nothing twice
+
+
 @pytest.mark.parametrize("case", ["a set missing from the list", "deleted records outside their sets"])
 def test_sets_that_do_not_partition_the_list_are_not_trusted(conn, oai, caplog, case) -> None:
     """The registry's sets are checked against the whole list: a set left out, or a

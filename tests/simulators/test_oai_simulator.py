@@ -234,6 +234,17 @@ def test_identify_may_announce_a_wrong_earliest_datestamp(session: requests.Sess
         assert moment == 0  # 1970-01-01T00:00:00Z, in epoch seconds
 
 
+@pytest.mark.parametrize("list_size", ["exact", "omitted"])
+def test_complete_list_size_may_be_left_out(session: requests.Session, list_size: str) -> None:
+    """completeListSize is optional on a resumptionToken; some repositories never send it (I13)."""
+    repo = SimulatedRepository(records=250, page_size=100, seed=4, deleted_fraction=0.0)
+    with OaiSimulator(repo, list_size=list_size) as sim:
+        headers, tokens = walk(sim, session, verb="ListIdentifiers", metadataPrefix="oai_dc")
+    assert len(headers) == 250 and len(tokens) == 3
+    sizes = {token.get("completeListSize") for token in tokens}
+    assert sizes == ({"250"} if list_size == "exact" else {None})
+
+
 # -------------------------------------------------------------------- protocol
 def test_identify_formats_and_sets(session: requests.Session) -> None:
     repo = SimulatedRepository(records=50, granularity="day", formats=("lido",), deleted_record="transient")

@@ -12,7 +12,7 @@ from datetime import timedelta
 
 from ..cli import add_listen_arguments, serve_until_signalled, simulator_parser
 from .collection import DELETED_POLICIES, EARLIEST_DATESTAMPS, GRANULARITY_SECONDS, SimulatedRepository
-from .server import TOKEN_MARKUPS, OaiSimulator
+from .server import LIST_SIZES, TOKEN_MARKUPS, OaiSimulator
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--earliest-datestamp", choices=EARLIEST_DATESTAMPS, default="true",
                         help="what Identify announces: the truth, a time after half the records (late), "
                              "no element (absent), or the epoch")
+    parser.add_argument("--list-size", choices=LIST_SIZES, default="exact",
+                        help="completeListSize on resumptionTokens: exact, or omitted (it is optional)")
     parser.add_argument("--response-delay-ms", type=float, default=0.0,
                         help="every OAI response waits this long first (POST /_control/response_delay changes it)")
     parser.add_argument("--mutation-step", type=float, default=60.0, help="seconds per mutation call")
@@ -50,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     return serve_until_signalled(OaiSimulator(repo, host=args.host, port=args.port,
                                               response_delay_ms=args.response_delay_ms,
-                                              token_markup=args.token_markup))
+                                              token_markup=args.token_markup, list_size=args.list_size))
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ HOSTILE_KINDS = ("billion_laughs", "xxe")
 # page; "stale-comment" leaves an old token in a comment on the last page, where the
 # element is absent.
 TOKEN_MARKUPS = ("plain", "padded", "charrefs", "cdata", "decoy", "varied", "stale-comment")
+# completeListSize is optional (OAI-PMH 2.0, 3.5): a real repository may leave it out (I13).
+LIST_SIZES = ("exact", "omitted")
 _ROTATION = TOKEN_MARKUPS[:5]
 # attack_next: bodies that try to exhaust the harvesting worker rather than fool its parser.
 ATTACK_KINDS = ("gzip_bomb", "endless_body", "slow_drip", "deep_xml", "wide_xml", "many_attributes")
@@ -173,10 +175,13 @@ class OaiSimulator(ControlledServer):
 
     def __init__(self, repo: SimulatedRepository, host: str = "127.0.0.1", port: int = 0, *,
                  token_lifetime: timedelta = timedelta(hours=1), max_chains: int = 64,
-                 response_delay_ms: float = 0.0, token_markup: str = "plain") -> None:
+                 response_delay_ms: float = 0.0, token_markup: str = "plain", list_size: str = "exact") -> None:
         super().__init__(host, port, _Handler, repo)
         self.token_markup = "plain"
         self.set_token_markup(token_markup)
+        if list_size not in LIST_SIZES:
+            raise ValueError(f"list_size must be one of {LIST_SIZES}")
+        self.list_size = list_size
         self.repo = repo
         self.token_lifetime = token_lifetime
         self.max_chains = max_chains
@@ -659,17 +664,18 @@ class OaiSimulator(ControlledServer):
                     next_token = self._token(chain, cursor + len(page))
                 else:
                     next_token = ""
+        size = f'completeListSize="{total}" ' if self.list_size == "exact" else ""
         if next_token is None:
             token_xml = ""
         elif next_token:
             expires = iso_seconds(self.repo.clock + self.token_lifetime)
-            token_xml = _token_element(f'completeListSize="{total}" cursor="{cursor}" expirationDate="{expires}"',
+            token_xml = _token_element(f'{size}cursor="{cursor}" expirationDate="{expires}"',
                                        next_token, self._markup(cursor, page_size))
         elif self.token_markup == "stale-comment":
             stale = payloads.escape(f"{token or 'first'}+stale")
             token_xml = f"<!-- served before: <resumptionToken>{stale}</resumptionToken> -->\n"
         else:
-            token_xml = _token_element(f'completeListSize="{total}" cursor="{cursor}"', "",
+            token_xml = _token_element(f'{size}cursor="{cursor}"', "",
                                        self._markup(cursor, page_size))
         return [f"<{verb}>\n", *self._render(page, prefix, verb == "ListIdentifiers"), token_xml,
                 f"</{verb}>\n"]

@@ -356,13 +356,14 @@ def _know_partner_rows(conn: psycopg.Connection, table: str, partner_id: str, he
                         (partner_id,)).fetchone()[0]
     believed = int(plan[0]["Plan"]["Plan Rows"])
     limit = 10 * believed + 1000
-    if held is None:
+    counted = held is None  # counted up to the limit: the partner holds at least that many
+    if counted:
         held = conn.execute(sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} WHERE partner_id = %s LIMIT %s) held")
                             .format(table_name), (partner_id, limit)).fetchone()[0]
     if held < limit:
         return
-    log.info("%s: the statistics of %s believe the partner holds %d rows, it holds %d: analyzing",
-             partner_id, table, believed, held)
+    log.info("%s: the statistics of %s believe the partner holds %d rows, it holds %s%d: analyzing",
+             partner_id, table, believed, "at least " if counted else "", held)
     conn.execute(sql.SQL("ANALYZE {} (partner_id)").format(table_name))  # the belief; payloads cost time
 
 

@@ -193,13 +193,27 @@ def test_token_markup_that_defeats_the_guess_costs_no_extra_request(sim, conn) -
     assert observed.requests == PAGES and sim.max_in_flight == 1 and sim.errors == []
 
 
-def test_a_wrong_guess_is_dropped_and_the_chain_still_ends_exactly(sim, conn) -> None:
+def test_a_wrong_guess_is_dropped_and_the_chain_still_ends_exactly(sim, conn, monkeypatch) -> None:
     """The last page leaves an old token in a comment: the guess asks for it, the parse
     finds no token, and the stray answer (badResumptionToken) is waited for and dropped:
-    no restart, no extra page, still one request at a time."""
+    no restart, no extra page, still one request at a time.
+
+    The last page's parse waits until the guessed request has started: on a loaded
+    machine the parse could otherwise win, and a guess not yet sent is cancelled unsent."""
     sim.set_token_markup("stale-comment")
     sim.set_response_delay(20)
     observed = Observed(sim)
+    from partner_harvest.oai import parse
+
+    parse_page, parsed = parse.parse_list_page, []
+
+    def parse_after_the_guess_left(content, verb, prefix):
+        parsed.append(1)
+        if len(parsed) == PAGES:
+            assert observed.started[PAGES + 1].wait(10), "the guessed request never started"
+        return parse_page(content, verb, prefix)
+
+    monkeypatch.setattr(parse, "parse_list_page", parse_after_the_guess_left)
     stats = observed.harvest(StagingWriter(conn, RunRef("museum", "run-1")))
     assert stats.fetched == PAGES * 100 and stats.pages == PAGES and stats.restarts == 0
     staged = conn.execute("SELECT count(DISTINCT identifier) FROM staging WHERE run_id = 'run-1'").fetchone()[0]

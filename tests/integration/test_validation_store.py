@@ -59,3 +59,16 @@ def test_a_run_without_warnings_counts_none(conn: psycopg.Connection) -> None:
     stage(conn, "r1", [rec("a", T0)])
     apply_run(conn, "p", "r1")
     assert conn.execute("SELECT warnings FROM harvest_runs WHERE run_id = 'r1'").fetchone()[0] == {}
+
+
+def test_run_figures_carry_the_warnings_and_those_of_the_previous_run(conn: psycopg.Connection) -> None:
+    from partner_harvest.store.quality import run_figures
+
+    stage(conn, "r1", [rec("a", T0, NO_001)])
+    apply_run(conn, "p", "r1")
+    first = run_figures(conn, "p", "r1")
+    assert first.warnings == {"marc.no_001": 1} and first.previous_warnings is None
+    stage(conn, "r2", [rec("b", T0, REBUILT)])
+    apply_run(conn, "p", "r2")
+    second = run_figures(conn, "p", "r2")
+    assert second.warnings == {"marc.leader_rebuilt": 1} and second.previous_warnings == {"marc.no_001"}

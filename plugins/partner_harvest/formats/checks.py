@@ -122,15 +122,15 @@ class UnknownCheck(ValueError):
 
 
 def check_overrides(overrides: Mapping[str, str]) -> None:
-    """Refuse unknown check names, non-overridable checks and actions other than reject/warn."""
+    """Refuse unknown check names, checks that cannot be overridden, and actions other than reject/warn."""
     for name, action in overrides.items():
         check = CHECKS.get(name)
         if check is None:
             raise UnknownCheck(f"unknown validation check {name!r}; known checks: {', '.join(sorted(CHECKS))}")
         if action not in (REJECT, WARN):
             raise UnknownCheck(f"validation check {name!r}: action must be reject or warn, got {action!r}")
-        if not check.overridable and action != check.default:
-            raise UnknownCheck(f"validation check {name!r} cannot be turned into a warning: {check.why}")
+        if not check.overridable:
+            raise UnknownCheck(f"validation check {name!r} cannot be overridden: {check.why}")
 
 
 @dataclass(frozen=True)

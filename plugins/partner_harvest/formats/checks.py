@@ -8,7 +8,8 @@ payload's own identifiers rejects it. No check is stricter than the format's sta
 
 Names are stable: they are stored with the records (``records.warnings``), counted per
 run (``harvest_runs.warnings``) and written in the registry (``options.validation``).
-``docs/operator/validation.md`` is generated from :data:`CHECKS` (``scripts/validation_docs.py``).
+The table in ``docs/operator/validation.md`` is generated from :data:`CHECKS`
+(``python -m partner_harvest.formats.checks --write-docs docs/operator/validation.md``).
 """
 
 from __future__ import annotations
@@ -174,3 +175,38 @@ def warnings_json(warnings: tuple[Finding, ...]) -> dict[str, str] | None:
     for finding in warnings:
         stored.setdefault(finding.check, finding.message)
     return stored
+
+
+TABLE_START = "<!-- checks table: generated from formats/checks.py, do not edit by hand -->"
+TABLE_END = "<!-- end of checks table -->"
+
+
+def checks_table() -> str:
+    """The operator's table of every check (docs/operator/validation.md), one row each."""
+    rows = ["| Check | Default | Finds | Why this default | Override |", "|---|---|---|---|---|"]
+    for check in _CHECK_LIST:
+        override = "reject or warn" if check.overridable else "never (not overridable)"
+        cells = (f"`{check.name}`", f"**{check.default}**", check.finds, check.why, override)
+        rows.append("| " + " | ".join(cell.replace("|", "\\|").replace("<", "&lt;") for cell in cells) + " |")
+    return "\n".join(rows)
+
+
+def with_table(document: str) -> str:
+    """``document`` with the text between the table's markers replaced by :func:`checks_table`."""
+    head, start, rest = document.partition(TABLE_START)
+    _, end, tail = rest.partition(TABLE_END)
+    if not start or not end:
+        raise ValueError(f"the document lacks the markers {TABLE_START!r} ... {TABLE_END!r}")
+    return f"{head}{TABLE_START}\n{checks_table()}\n{TABLE_END}{tail}"
+
+
+if __name__ == "__main__":  # python -m partner_harvest.formats.checks --write-docs docs/operator/validation.md
+    import sys
+    from pathlib import Path
+
+    if len(sys.argv) == 3 and sys.argv[1] == "--write-docs":
+        target = Path(sys.argv[2])
+        target.write_text(with_table(target.read_text(encoding="utf-8")), encoding="utf-8")
+        print(f"wrote {target}")
+    else:
+        print(checks_table())

@@ -208,3 +208,43 @@ def test_the_fast_path_and_pymarc_agree_on_warned_records(leader: str, with_001:
     assert isinstance(slow, Record) and [w.check for w in slow.warnings] == ([] if with_001 else ["marc.no_001"])
     strict = Policy({"marc.no_001": "reject"})
     assert marc.fast_item(fast, "1000001", STAMP, strict) == marc.to_item(record, "1000001", STAMP, strict)
+
+
+def test_the_registry_policy_reaches_both_adapters() -> None:
+    """options.validation is what the adapters judge by: the OAI client parses pages with it,
+    the Sierra adapter converts bibs with it."""
+    from partner_harvest.oai.harvester import OaiAdapter
+    from partner_harvest.registry import Partner
+    from partner_harvest.sierra.harvester import SierraAdapter
+
+    options = {"validation": {"marc.no_001": "reject"}}
+
+    class Client:
+        validation = DEFAULT_POLICY
+
+    oai = OaiAdapter(Partner(id="m", protocol="oai-pmh", conn_id="c", options=options), Client())  # type: ignore[arg-type]
+    assert oai.client.validation.action("marc.no_001") == "reject"
+    sierra = SierraAdapter(Partner(id="s", protocol="sierra", conn_id="c", options=options), Client())  # type: ignore[arg-type]
+    assert sierra.validation.action("marc.no_001") == "reject"
+    assert SierraAdapter(Partner(id="s", protocol="sierra", conn_id="c"), Client()).validation is DEFAULT_POLICY  # type: ignore[arg-type]
+
+
+def test_the_committed_schema_refuses_an_unknown_check() -> None:
+    import jsonschema
+
+    schema = json.loads((Path(__file__).parents[2] / "include" / "partners.schema.json").read_text(encoding="utf-8"))
+    entry = {"id": "m", "protocol": "oai-pmh", "conn_id": "c", "options": {"validation": {"marc.no_001": "reject"}}}
+    jsonschema.validate({"partners": [entry]}, schema)
+    entry["options"]["validation"] = {"marc.no_01": "reject"}
+    with pytest.raises(jsonschema.ValidationError, match="marc.no_01"):
+        jsonschema.validate({"partners": [entry]}, schema)
+
+
+def test_an_oai_dc_record_titled_in_dcterms_lands_with_a_warning() -> None:
+    """Seen from an aggregator's OAI server: oai_dc payloads whose title is dcterms:title."""
+    payload = ('<oai_dc:dc xmlns:oai_dc="http://www.openarchives.org/OAI/2.0/oai_dc/" '
+               'xmlns:dc="http://purl.org/dc/elements/1.1/" xmlns:dcterms="http://purl.org/dc/terms/">'
+               '<dcterms:title>lizards</dcterms:title></oai_dc:dc>')
+    item = only(parse.parse_list_records(oai_page(payload), "oai_dc"))
+    assert isinstance(item, Record) and item.title == "lizards"
+    assert [w.check for w in item.warnings] == ["oai_dc.dcterms_title"]

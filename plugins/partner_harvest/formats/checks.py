@@ -80,6 +80,9 @@ _CHECK_LIST = (
     Check("oai_dc.no_title", REJECT,
           "no non-empty dc:title (every oai_dc element is optional and repeatable: nothing else is required)",
           "the aggregation shows records by their title; a partner can turn this into a warning"),
+    Check("oai_dc.dcterms_title", WARN,
+          "no dc:title, but a dcterms:title (DCMI Terms, which the oai_dc schema does not allow) is the title",
+          "the title is there, in the wrong namespace: the record can be shown"),
     # -- LIDO (museum objects) -------------------------------------------------------------
     Check("lido.wrong_root", REJECT,
           "the payload's root is not <lido:lido> (nor a <lido:lidoWrap> holding exactly one)",

@@ -16,8 +16,11 @@ from partner_harvest.formats.checks import Checked, Finding
 OAI_DC_NS = "http://www.openarchives.org/OAI/2.0/oai_dc/"
 DC_NS = "http://purl.org/dc/elements/1.1/"
 _ROOT = f"{{{OAI_DC_NS}}}dc"
+DCTERMS_NS = "http://purl.org/dc/terms/"
 _TITLE = f"{{{DC_NS}}}title"
+_TERMS_TITLE = f"{{{DCTERMS_NS}}}title"
 _NO_TITLE = Finding("oai_dc.no_title", "oai_dc payload has no non-empty dc:title")
+_TERMS_ONLY = Finding("oai_dc.dcterms_title", "oai_dc payload has no dc:title; titled from dcterms:title")
 
 
 class OaiDcFormat:
@@ -30,7 +33,12 @@ class OaiDcFormat:
             return Checked((Finding("oai_dc.wrong_root",
                                     f"oai_dc payload root is {describe_tag(element)}, expected <{_ROOT}>"),))
         title = self.extract_title(element)
-        return Checked((_NO_TITLE,) if title is None else (), title)
+        if title is not None:
+            return Checked((), title)
+        # Some aggregators' oai_dc carries DCMI Terms elements the schema does not allow; a
+        # dcterms:title is still the record's title.
+        title = first_text(element.iterchildren(_TERMS_TITLE))
+        return Checked((_TERMS_ONLY,) if title is not None else (_NO_TITLE,), title)
 
     def validate(self, element: etree._Element) -> str | None:
         return default_verdict(self.check(element))

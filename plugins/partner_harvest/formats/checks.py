@@ -14,7 +14,7 @@ The table in ``docs/operator/validation.md`` is generated from :data:`CHECKS`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -52,7 +52,7 @@ class Checked:
 
     findings: tuple[Finding, ...] = ()
     title: str | None = None
-    repair: object = None  # a zero-argument callable, or None
+    repair: Callable[[], None] | None = None
 
 
 _CHECK_LIST = (

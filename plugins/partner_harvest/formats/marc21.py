@@ -9,6 +9,8 @@ protocol identifies the record.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from lxml import etree
 
 from partner_harvest.formats.base import default_verdict, normalise_space
@@ -124,7 +126,7 @@ class Marc21Format:
         return _title(record) if record is not None else None
 
 
-def _leader_repair(record: etree._Element, leader: etree._Element | None):  # noqa: ANN202
+def _leader_repair(record: etree._Element, leader: etree._Element | None) -> Callable[[], None]:
     """Writes the rebuilt leader into the payload (a new first child when there was none)."""
     def repair() -> None:
         node = leader

@@ -451,7 +451,7 @@ def _record_item(node: etree._Element, prefix: str, fmt: MetadataFormat, policy:
         rejected, warnings = policy.judge(checked.findings)
         reason = rejected.message if rejected else None
         if reason is None and checked.repair is not None:
-            checked.repair()  # type: ignore[operator]  # e.g. a rebuilt MARC leader; a reject keeps its bytes
+            checked.repair()  # e.g. a rebuilt MARC leader; a reject keeps its bytes as delivered
     except Exception as exc:  # a format bug must not take the page down (I8)
         reason = f"{fmt.prefix} validation crashed: {type(exc).__name__}: {exc}"
     if reason is not None:

@@ -1,7 +1,8 @@
 """Data-quality findings on a successful run: things a person should look at.
 
-A run can succeed and still be wrong: a partner that starts sending broken records, that
-deletes a large share of its collection, or that has gone silent for longer than usual.
+A run can succeed and still be wrong: a partner that starts sending broken records (or odd
+ones that land with a warning), that deletes a large share of its collection, or that has
+gone silent for longer than usual.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def findings(partner: Partner, figures: RunFigures, now: datetime) -> list[str]:
                 f"quarantine rate {rate:.1%} ({figures.quarantined} of {figures.fetched} fetched) is over "
                 f"{partner.quarantine_alert_rate:.0%}: see the quarantine table for the reasons"
             )
+    found.extend(_new_warnings(partner, figures))
     before = figures.held + figures.purged
     if before and figures.purged / before > partner.purge_alert_fraction:
         found.append(
@@ -45,4 +47,23 @@ def findings(partner: Partner, figures: RunFigures, now: datetime) -> list[str]:
             f"no record fetched for {(now - reference).days} days (last fetch: {since}); "
             f"the expected quiet period is {partner.quiet_period.days} days: is the partner still publishing?"
         )
+    return found
+
+
+def _new_warnings(partner: Partner, figures: RunFigures) -> list[str]:
+    """A validation check that warned on more than the quarantine alert rate of the fetched
+    records and not on the previous run: the partner started sending such records. The records
+    landed; a check that always warns for a partner is its normal and is not repeated nightly."""
+    if figures.fetched < MIN_FETCHED_FOR_RATE:
+        return []
+    found = []
+    for check, n in sorted(figures.warnings.items(), key=lambda item: (-item[1], item[0])):
+        rate = n / figures.fetched
+        if rate > partner.quarantine_alert_rate and (figures.previous_warnings is None
+                                                     or check not in figures.previous_warnings):
+            found.append(
+                f"new warning {check} on {n} of {figures.fetched} fetched records ({rate:.1%}), not seen in the "
+                f"previous run: the records landed with it (records.warnings); registry options.validation "
+                f"can make it a reject (docs/operator/validation.md)"
+            )
     return found

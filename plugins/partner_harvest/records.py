@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Union
 
+from partner_harvest.formats.checks import Finding
+
 
 @dataclass(frozen=True, slots=True)
 class Record:
@@ -22,6 +24,8 @@ class Record:
     metadata: str  # the raw XML of the payload element, serialised
     set_specs: tuple[str, ...] = ()
     title: str | None = None
+    # What is odd but usable about it (formats/checks.py): stored with the record, counted per run
+    warnings: tuple[Finding, ...] = ()
 
     @property
     def content_hash(self) -> str:

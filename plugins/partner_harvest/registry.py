@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from partner_harvest.formats.checks import CHECKS, UnknownCheck, check_overrides
 from partner_harvest.http import HttpPolicy
 
 PARTNERS_FILE_ENV = "HARVEST_PARTNERS_FILE"
@@ -322,6 +323,28 @@ class ReconcileOptions(_Strict):
         "one GetRecord each"))] = 500
 
 
+def _validation_overrides(value: Any) -> Any:
+    if isinstance(value, dict):
+        try:
+            check_overrides(value)
+        except UnknownCheck as exc:
+            raise ValueError(str(exc)) from None
+    return value
+
+
+ValidationOverrides = Annotated[
+    dict[StrictStr, Literal["reject", "warn"]],
+    BeforeValidator(_validation_overrides),
+    WithJsonSchema({
+        "type": "object",
+        "propertyNames": {"enum": sorted(name for name, check in CHECKS.items() if check.overridable)},
+        "additionalProperties": {"enum": ["reject", "warn"]},
+        "description": "validation checks turned into a reject or a warning for this partner "
+                       "(docs/operator/validation.md), e.g. {marc.no_001: reject}",
+    }),
+]
+
+
 class Options(_Strict):
     http: HttpOptions = Field(default_factory=HttpOptions)  # type: ignore[valid-type]
     sierra: SierraOptions = Field(default_factory=SierraOptions)
@@ -329,6 +352,7 @@ class Options(_Strict):
     limits: LimitsOptions = Field(default_factory=LimitsOptions)
     completeness: CompletenessOptions = Field(default_factory=CompletenessOptions)
     reconcile: ReconcileOptions = Field(default_factory=ReconcileOptions)
+    validation: ValidationOverrides = Field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dicts for ``partner.options.get(...)``; http/sierra/export only the keys given,
@@ -340,6 +364,7 @@ class Options(_Strict):
             "limits": self.limits.model_dump(),
             "completeness": self.completeness.model_dump(),
             "reconcile": self.reconcile.model_dump(),
+            "validation": dict(self.validation),
         }
 
 

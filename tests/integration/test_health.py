@@ -274,3 +274,10 @@ def test_the_partner_page_shows_a_running_run_slice_by_slice(conn, db, monkeypat
     conn.commit()
     page = client.get("/partner/museum").text
     assert 'id="progress' not in page
+    assert 'id="warnings-none"' in page
+    conn.execute("""UPDATE harvest_runs SET warnings = '{"marc.no_001": 7}', applied_at = now()
+                    WHERE partner_id = 'museum' AND channel = 'changes/001'""")
+    conn.commit()
+    warned = client.get("/partner/museum").text  # today's warnings per check, beside today's quarantine
+    table = warned[warned.index('<table id="warnings"'):]
+    assert "<td>marc.no_001</td><td class=\"num\">7</td>" in table.split("</table>")[0]

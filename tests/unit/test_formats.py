@@ -146,7 +146,6 @@ def test_lido_without_preference_takes_first_non_empty() -> None:
 @pytest.mark.parametrize(
     ("record", "fragment"),
     [
-        (lambda: lido_record(rec_id="  "), "lidoRecID"),
         (lambda: lido("<lido:lidoRecID>R-1</lido:lidoRecID>"), "descriptiveMetadata"),
         (lambda: lido_record(titles=""), "title"),
         (
@@ -155,7 +154,6 @@ def test_lido_without_preference_takes_first_non_empty() -> None:
             ),
             "title",
         ),
-        (lambda: lido_record(term=""), "objectWorkType"),
         (lambda: el(f"<lido:lidoWrap {LIDO}/>"), "lidoWrap"),
         (lambda: el("<lido><lidoRecID>no namespace</lidoRecID></lido>"), "payload root is <lido>"),
     ],
@@ -174,7 +172,27 @@ def test_lido_work_type_needs_a_term_not_just_the_wrapper() -> None:
         + LIDO_TITLES.format(sets="<lido:titleSet><lido:appellationValue>T</lido:appellationValue></lido:titleSet>")
         + "</lido:descriptiveMetadata>"
     )
-    assert "objectWorkType" in get_format("lido").validate(record)
+    checked = get_format("lido").check(record)
+    assert [f.check for f in checked.findings] == ["lido.no_work_type"] and "objectWorkType" in checked.findings[0].message
+
+
+@pytest.mark.parametrize(
+    ("record", "check"),
+    [(lambda: lido_record(rec_id="  "), "lido.no_rec_id"), (lambda: lido_record(term=""), "lido.no_work_type")],
+)
+def test_lido_without_what_only_the_schema_needs_lands_with_a_warning(record, check: str) -> None:
+    """The LIDO schema requires lidoRecID and objectWorkType; the aggregation needs neither
+    (identity is the OAI identifier, a record is shown by its title): a warning, not a reject."""
+    element = record()
+    checked = get_format("lido").check(element)
+    assert get_format("lido").validate(element) is None
+    assert [f.check for f in checked.findings] == [check] and checked.title
+
+
+def test_a_one_record_lido_wrap_is_read_as_its_record() -> None:
+    wrapped = el(f"<lido:lidoWrap {LIDO}>" + etree.tostring(lido_record()).decode() + "</lido:lidoWrap>")
+    checked = get_format("lido").check(wrapped)
+    assert checked.findings == () and checked.title == get_format("lido").extract_title(lido_record())
 
 
 # -- generic -----------------------------------------------------------------------------

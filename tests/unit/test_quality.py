@@ -51,3 +51,14 @@ def test_a_failed_completeness_check_is_a_finding() -> None:
     check = "sierra-id-enumeration on the changes channel: the witness says 100, the run holds 98"
     [line] = findings(PARTNER, figures(failed_checks=(check,)), NOW)
     assert line.startswith("completeness check failed: sierra-id-enumeration") and "98" in line
+
+
+def test_a_warning_a_partner_starts_sending_is_a_finding_once() -> None:
+    """Records that land with a warning are usable: only a check newly over the rate is reported."""
+    [line] = findings(PARTNER, figures(warnings={"marc.no_001": 40, "marc.leader_rebuilt": 2},
+                                       previous_warnings=frozenset()), NOW)
+    assert line.startswith("new warning marc.no_001 on 40 of 100 fetched records (40.0%)")
+    assert findings(PARTNER, figures(warnings={"marc.no_001": 40}, previous_warnings=frozenset({"marc.no_001"})),
+                    NOW) == []  # the partner's normal: not repeated nightly
+    assert findings(PARTNER, figures(warnings={"marc.no_001": 5}, previous_warnings=None), NOW) == []  # under the rate
+    assert len(findings(PARTNER, figures(warnings={"marc.no_001": 40}, previous_warnings=None), NOW)) == 1  # first run

@@ -131,7 +131,10 @@ def test_cursor_keys_are_unique_per_partner_and_channel() -> None:
     ("{sierra: {token_ttl: 5}}", "options.sierra.token_ttl", "unknown field"),
     ("{limits: {max_record_bytes: big}}", "options.limits.max_record_bytes", "valid integer"),
     ("{completeness: {list_identifiers: 'yes'}}", "options.completeness.list_identifiers", "valid boolean"),
-    ("{colour: blue}", "options.colour", "unknown field (known: completeness, export, http, limits, reconcile, sierra)"),
+    ("{colour: blue}", "options.colour", "unknown field (known: completeness, export, http, limits, reconcile, sierra, validation)"),
+    ("{validation: {marc.no_01: warn}}", "options.validation", "unknown validation check 'marc.no_01'; known checks:"),
+    ("{validation: {store.unstorable: warn}}", "options.validation", "cannot be overridden"),
+    ("{validation: {marc.no_001: ignore}}", "options.validation", "must be reject or warn"),
 ])
 def test_bad_options_name_the_key(tmp_path: Path, options: str, field: str, problem: str) -> None:
     path = write(tmp_path, f"partners:\n  - {{id: lib, protocol: sierra, conn_id: c, options: {options}}}\n")
@@ -152,17 +155,20 @@ partners:
       export: {limit: 5000, params: {mapping: marc21, locations: 3}}
       limits: {max_record_bytes: 1024}
       completeness: {list_identifiers: true}
+      validation: {marc.no_001: reject, marc.no_title: warn}
 """)
     lib, museum = load_partners(path)
     assert museum.options == {"http": {"read_timeout": 30}, "sierra": {}, "export": {},
                               "limits": {"max_record_bytes": 8 * 1024 * 1024},
                               "completeness": {"list_identifiers": False},
-                              "reconcile": {"verify_limit": 1000, "bulk_missing_threshold": 500}}
+                              "reconcile": {"verify_limit": 1000, "bulk_missing_threshold": 500},
+                              "validation": {}}
     assert lib.options["export"] == {"limit": 5000, "params": {"mapping": "marc21", "locations": 3}}
     assert lib.options["http"]["retry_statuses"] == frozenset({429, 503})
     assert lib.options["sierra"] == {"refresh_margin": 30}
     assert lib.options["limits"]["max_record_bytes"] == 1024 and lib.options["completeness"]["list_identifiers"]
     assert lib.run_deadline == timedelta(hours=20)
+    assert lib.options["validation"] == {"marc.no_001": "reject", "marc.no_title": "warn"}
 
 
 def test_every_http_policy_field_is_an_allowed_option(tmp_path: Path) -> None:

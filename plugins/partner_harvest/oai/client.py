@@ -35,6 +35,7 @@ from partner_harvest.errors import (
     PartnerHttpError,
     PartnerProtocolError,
 )
+from partner_harvest.formats.checks import DEFAULT_POLICY, Policy
 from partner_harvest.http import ServerAsksToWait
 from partner_harvest.oai import parse
 from partner_harvest.oai.errors import BadResumptionToken, OaiProtocolError, OaiResponseError
@@ -82,6 +83,7 @@ class OaiClient:
         max_empty_pages: int = 3,
         xml_limits: XmlLimits | None = None,
         pipelined: bool = True,
+        validation: Policy = DEFAULT_POLICY,
     ):
         self.partner_id = partner_id
         self.base_url = base_url
@@ -89,6 +91,7 @@ class OaiClient:
         self.max_empty_pages = max_empty_pages
         self.xml_limits = xml_limits or XmlLimits()
         self.pipelined = pipelined  # fetch page N+1 while the caller works on page N
+        self.validation = validation  # the partner's checks (registry options.validation): pages are parsed here
 
     # -- single requests ---------------------------------------------------------------
 
@@ -202,7 +205,7 @@ class OaiClient:
                     params = _continuation(asked, guess)
                     pending = pool.submit(self.fetch, params)
                 with self._named_errors(asked):
-                    page = parse.parse_list_page(content, verb, prefix)
+                    page = parse.parse_list_page(content, verb, prefix, self.validation)
                 del content
                 token = page.token
                 loop = chain.check(asked, token, bool(page.items))
@@ -230,7 +233,7 @@ class OaiClient:
         while True:
             content = self.fetch(params)
             with self._named_errors(params):
-                page = parse.parse_list_page(content, verb, prefix)
+                page = parse.parse_list_page(content, verb, prefix, self.validation)
             yield page
             loop = chain.check(params, page.token, bool(page.items))
             if loop is not None:

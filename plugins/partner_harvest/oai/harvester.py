@@ -14,6 +14,7 @@ from typing import Any
 
 from partner_harvest.adapters import ItemSink, PartnerClock
 from partner_harvest.errors import HarvestError, PartnerProtocolError
+from partner_harvest.formats.checks import policy_of
 from partner_harvest.oai import parse, slicing
 from partner_harvest.oai.client import OaiClient
 from partner_harvest.oai.errors import IdDoesNotExist
@@ -40,6 +41,7 @@ class OaiAdapter:
         self.partner = partner
         self.partner_id = partner.id
         self.client = client
+        client.validation = policy_of(partner.options)  # registry options.validation; the client parses
         budget = (partner.options or {}).get("reconcile") or {}  # registry options.reconcile
         self.verify_limit = int(budget.get("verify_limit", type(self).verify_limit))
         self.bulk_missing_threshold = int(budget.get("bulk_missing_threshold", type(self).bulk_missing_threshold))
@@ -278,7 +280,7 @@ class OaiAdapter:
         prefix = window.protocol["metadata_prefix"]
         params = {"verb": "GetRecord", "identifier": identifier, "metadataPrefix": prefix}
         try:
-            return self.client.call(params, lambda c: parse.parse_get_record(c, prefix))  # type: ignore[return-value]
+            return self.client.call(params, lambda c: parse.parse_get_record(c, prefix, self.client.validation))  # type: ignore[return-value]
         except PartnerProtocolError as exc:
             if isinstance(exc.__cause__, IdDoesNotExist):
                 return None

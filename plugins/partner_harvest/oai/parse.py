@@ -17,6 +17,8 @@ from typing import Union
 from lxml import etree
 
 from partner_harvest.formats import MetadataFormat, get_format
+from partner_harvest.formats.base import checked_by
+from partner_harvest.formats.checks import DEFAULT_POLICY, Policy
 from partner_harvest.oai.errors import (
     NoRecordsMatch,
     OaiResponseError,
@@ -236,14 +238,15 @@ def parse_list_identifiers(content: bytes) -> ListPage:
     return parse_list_page(content, "ListIdentifiers")
 
 
-def parse_list_records(content: bytes, metadata_prefix: str) -> ListPage:
+def parse_list_records(content: bytes, metadata_prefix: str, policy: Policy = DEFAULT_POLICY) -> ListPage:
     """Parse ListRecords into Record / Tombstone / Rejected; noRecordsMatch is an empty page."""
-    return parse_list_page(content, "ListRecords", metadata_prefix)
+    return parse_list_page(content, "ListRecords", metadata_prefix, policy)
 
 
-def parse_list_page(content: bytes, verb: str, metadata_prefix: str | None = None) -> ListPage:
+def parse_list_page(content: bytes, verb: str, metadata_prefix: str | None = None,
+                    policy: Policy = DEFAULT_POLICY) -> ListPage:
     """A ListRecords or ListIdentifiers page: envelope, token, and its items (records
-    validated); noRecordsMatch is an empty page."""
+    validated under the partner's ``policy``); noRecordsMatch is an empty page."""
     root, cleaned, empty = _open(content, no_records_ok=True)
     if empty:
         return ListPage(response_date=_response_date(root), cleaned=cleaned)
@@ -252,20 +255,20 @@ def parse_list_page(content: bytes, verb: str, metadata_prefix: str | None = Non
     if verb == "ListRecords":
         prefix = metadata_prefix or ""
         fmt = get_format(prefix)
-        page.items.extend(_record_item(node, prefix, fmt) for node in element.iterchildren(_RECORD))
+        page.items.extend(_record_item(node, prefix, fmt, policy) for node in element.iterchildren(_RECORD))
     else:
         page.items.extend(_header(node) for node in element.iterchildren(_HEADER))
     return page
 
 
-def parse_get_record(content: bytes, metadata_prefix: str) -> HarvestItem:
+def parse_get_record(content: bytes, metadata_prefix: str, policy: Policy = DEFAULT_POLICY) -> HarvestItem:
     """Parse GetRecord into a single Record, Tombstone or Rejected."""
     root, _, _ = _open(content)
     verb = _verb_element(root, "GetRecord")
     node = verb.find(_RECORD)
     if node is None:
         raise OaiResponseError("<GetRecord> holds no <record>")
-    return _record_item(node, metadata_prefix, get_format(metadata_prefix))
+    return _record_item(node, metadata_prefix, get_format(metadata_prefix), policy)
 
 
 def guess_token(content: bytes) -> str | None:
@@ -406,7 +409,7 @@ def _is_deleted(header: etree._Element) -> bool:
     return status is not None and status.strip() == "deleted"
 
 
-def _record_item(node: etree._Element, prefix: str, fmt: MetadataFormat) -> HarvestItem:
+def _record_item(node: etree._Element, prefix: str, fmt: MetadataFormat, policy: Policy = DEFAULT_POLICY) -> HarvestItem:
     header_node = metadata = None
     for child in node:  # the first of each counts
         tag = child.tag
@@ -444,12 +447,11 @@ def _record_item(node: etree._Element, prefix: str, fmt: MetadataFormat) -> Harv
         )
     payload = payloads[0]
     try:
-        check = getattr(fmt, "check", None)  # validate + extract_title in one reading, where offered
-        if check is not None:
-            reason, title = check(payload)
-        else:
-            reason = fmt.validate(payload)
-            title = None if reason else fmt.extract_title(payload)
+        checked = checked_by(fmt, payload)
+        rejected, warnings = policy.judge(checked.findings)
+        reason = rejected.message if rejected else None
+        if reason is None and checked.repair is not None:
+            checked.repair()  # e.g. a rebuilt MARC leader; a reject keeps its bytes as delivered
     except Exception as exc:  # a format bug must not take the page down (I8)
         reason = f"{fmt.prefix} validation crashed: {type(exc).__name__}: {exc}"
     if reason is not None:
@@ -460,7 +462,8 @@ def _record_item(node: etree._Element, prefix: str, fmt: MetadataFormat) -> Harv
         metadata_prefix=prefix,
         metadata=etree.tostring(payload, encoding="unicode", with_tail=False),
         set_specs=set_specs,
-        title=title,
+        title=checked.title,
+        warnings=warnings,
     )
 
 

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from partner_harvest.adapters import ItemSink, PartnerClock, StagingSink
 from partner_harvest.errors import ConfigurationError, HarvestError, HarvestLoopError, PartnerAsksToWait
+from partner_harvest.formats.checks import policy_of
 from partner_harvest.records import HarvestItem, HarvestStats, Rejected, Tombstone
 from partner_harvest.registry import Partner
 from partner_harvest.sierra import marc, resume
@@ -79,6 +80,7 @@ class SierraAdapter:
         self.partner_id = partner.id
         self.client = client
         self.sleep = sleep
+        self.validation = policy_of(partner.options)  # registry options.validation
         self.fields = tuple(partner.fields) or DEFAULT_FIELDS
         missing = [f for f in REQUIRED_FIELDS if f not in self.fields]
         if missing:
@@ -234,7 +236,7 @@ class SierraAdapter:
             record = marc.from_marc_json(entry["marc"])
         except Exception as exc:
             return Rejected(bib_id, f"MARC-in-JSON unreadable: {type(exc).__name__}: {exc}", _json(entry), updated, marc.PREFIX)
-        return marc.to_item(record, bib_id, updated)
+        return marc.to_item(record, bib_id, updated, self.validation)
 
     def _tombstone(self, entry: dict[str, Any], bib_id: str) -> HarvestItem:
         try:
@@ -442,10 +444,10 @@ class SierraAdapter:
             elif index in suspects:
                 items.append(self._refetch(d.bib_id, stamp))
             elif d.fast is not None:
-                items.append(marc.fast_item(d.fast, d.bib_id, stamp))
+                items.append(marc.fast_item(d.fast, d.bib_id, stamp, self.validation))
             else:
                 assert d.record is not None
-                items.append(marc.to_item(d.record, d.bib_id, stamp))
+                items.append(marc.to_item(d.record, d.bib_id, stamp, self.validation))
         return items
 
     def _prove_complete(self, window: Window, sink: ItemSink, stats: HarvestStats,
@@ -506,7 +508,7 @@ class SierraAdapter:
             return Rejected(bib_id, f"truncated in the bibs/marc export and the re-fetch failed: {cause}",
                             "", stamp, marc.PREFIX)
         log.info("%s: bib %s was truncated by the export; re-fetched it whole", self.partner_id, bib_id)
-        return marc.to_item(record, bib_id, marc.stamp_of(record) or stamp)
+        return marc.to_item(record, bib_id, marc.stamp_of(record) or stamp, self.validation)
 
     # -- reconcile -------------------------------------------------------------------
 

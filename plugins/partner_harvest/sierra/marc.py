@@ -1,7 +1,8 @@
 """Turning Sierra MARC (ISO 2709 from the export, MARC-in-JSON from the API) into Records.
 
-Every bib lands as MARCXML (prefix ``marc21``) and is validated by the same rules as an
-OAI-PMH ``marcxml`` payload; what fails goes to quarantine with its reason.
+Every bib lands as MARCXML (prefix ``marc21``) and is judged by the same checks as an
+OAI-PMH ``marcxml`` payload (formats/checks.py): what the partner's policy rejects goes to
+quarantine with its reason, what it only warns about lands with its warnings.
 
 Character sets: leader/09 "a" is UTF-8 and is decoded strictly; blank is MARC-8 and is
 converted with pymarc's MARC-8 decoder (leader/09 then says "a", as the text now is).
@@ -23,7 +24,8 @@ from typing import Any
 import pymarc
 from lxml import etree
 
-from partner_harvest.formats import get_format
+from partner_harvest.formats.checks import DEFAULT_POLICY, Finding, Policy
+from partner_harvest.formats.marc21 import LEADER_LENGTH, MARC21, NO_001, NO_TITLE, leader_finding, rebuild_leader, title_of_245
 from partner_harvest.records import Record, Rejected
 
 PREFIX = "marc21"
@@ -59,18 +61,25 @@ def stamp_of(record: pymarc.Record) -> datetime | None:
         return None
 
 
-def to_item(record: pymarc.Record, bib_id: str, datestamp: datetime) -> Record | Rejected:
-    """Validate the bib and serialise it as MARCXML; a failure becomes a Rejected."""
+def to_item(record: pymarc.Record, bib_id: str, datestamp: datetime,
+            policy: Policy = DEFAULT_POLICY) -> Record | Rejected:
+    """Check the bib and serialise it as MARCXML: a Record (with its warnings) or a Rejected,
+    as the partner's ``policy`` says."""
     try:
         element = marcxml_element(record)
     except (ValueError, TypeError) as exc:  # e.g. control characters lxml refuses
         return Rejected(bib_id, f"MARC: cannot serialise ({type(exc).__name__}: {exc})", str(record)[:200000], datestamp, PREFIX)
     text = etree.tostring(element, encoding="unicode")
-    fmt = get_format(PREFIX)
-    reason = fmt.validate(element)
-    if reason:
-        return Rejected(bib_id, reason, text, datestamp, PREFIX)
-    return Record(bib_id, datestamp, PREFIX, text, (), fmt.extract_title(element))
+    checked = MARC21.check(element)
+    rebuilt = leader_finding(_leader_text(record))
+    rejected, warnings = policy.judge((rebuilt, *checked.findings) if rebuilt else checked.findings)
+    if rejected:
+        return Rejected(bib_id, rejected.message, text, datestamp, PREFIX)
+    return Record(bib_id, datestamp, PREFIX, text, (), checked.title, warnings)
+
+
+def _leader_text(record: pymarc.Record) -> str:
+    return str(record.leader or "")
 
 
 def marcxml_element(record: pymarc.Record) -> etree._Element:
@@ -79,11 +88,15 @@ def marcxml_element(record: pymarc.Record) -> etree._Element:
     Export-only fields (907, 945 items, 998) are dropped and the leader's computed
     positions (record length, base address) zeroed, so a bib reads the same whether it
     came from the export or from the API's ``marc`` field: a re-seen version is a no-op.
+    A leader that is not 24 characters (Sierra's API serves empty ones) is rebuilt
+    (formats/marc21.py); :func:`to_item` says so with a ``marc.leader_rebuilt`` warning.
     """
     root = etree.Element(_TAG_RECORD, nsmap={None: MARC_NS})
-    leader = str(record.leader or "")
-    if len(leader) == 24:
+    leader = _leader_text(record)
+    if len(leader) == LEADER_LENGTH:
         leader = "00000" + leader[5:12] + "00000" + leader[17:]
+    else:
+        leader = rebuild_leader(leader)
     etree.SubElement(root, _TAG_LEADER).text = leader
     for field in record.fields:
         if field.tag in EXPORT_ONLY_TAGS:
@@ -125,8 +138,14 @@ class FastBib:
     bib_id: str | None  # as bib_id_of
     stamp: datetime | None  # as stamp_of
     xml: str  # as etree.tostring(marcxml_element(record))
-    problem: str | None  # as the marc21 format's validate() of that MARCXML
+    findings: tuple[Finding, ...]  # as the marc21 format's check() of that MARCXML
     title: str | None  # as its extract_title()
+
+    @property
+    def problem(self) -> str | None:
+        """The reason the bib is rejected under the default policy (the marc21 format's validate())."""
+        rejected, _ = DEFAULT_POLICY.judge(self.findings)
+        return rejected.message if rejected else None
 
 
 def _text(value: str) -> str:
@@ -207,24 +226,16 @@ def _decode_fast(raw: bytes) -> FastBib | None:
     bib_id = id_907
     if bib_id is None and control_001:
         bib_id = re.sub(r"\D", "", control_001) or None
-    # The marc21 format's rules (formats/marc21.py), on the values instead of a reparse;
-    # tests/unit/test_sierra_marc_fast.py holds both to the same answers.
-    leader_xml = "00000" + leader[5:12] + "00000" + leader[17:]
-    if len(leader_xml.strip()) != 24:
-        problem: str | None = "MARC: missing or malformed leader (24 characters expected)"
-    elif not has_001:
-        problem = "MARC: no control number (001)"
-    elif title is None:
-        problem = "MARC: no title (245 $a)"
-    else:
-        problem = None
-    return FastBib(bib_id, _stamp(stamp_005), xml, problem, title)
+    # The marc21 format's checks (formats/marc21.py), on the values instead of a reparse;
+    # tests/unit/test_sierra_marc_fast.py holds both to the same answers. An ISO 2709 leader
+    # is always 24 characters (its digits were checked above): it is never rebuilt here.
+    findings = (() if has_001 else (NO_001,)) + (() if title is not None else (NO_TITLE,))
+    return FastBib(bib_id, _stamp(stamp_005), xml, findings, title)
 
 
 def _title_245(text: str) -> str | None:
-    """The marc21 format's title of a 245 field: $a and $b, spaces normalised, end punctuation cut."""
-    parts = [" ".join(value[1:].split()) for value in text.split("\x1f")[1:] if value[:1] in ("a", "b")]
-    return " ".join(" ".join(p for p in parts if p).split()).rstrip(" /:;,.") or None
+    """The marc21 format's title of a 245 field's text (formats/marc21.title_of_245)."""
+    return title_of_245([(value[:1], value[1:]) for value in text.split("\x1f")[1:]])
 
 
 def _id_in_907(text: str) -> str | None:
@@ -254,11 +265,12 @@ def _stamp(text: str | None) -> datetime | None:
         return None
 
 
-def fast_item(bib: FastBib, bib_id: str, datestamp: datetime) -> Record | Rejected:
-    """:func:`to_item` of a bib the fast path decoded (same payload, same verdict)."""
-    if bib.problem:
-        return Rejected(bib_id, bib.problem, bib.xml, datestamp, PREFIX)
-    return Record(bib_id, datestamp, PREFIX, bib.xml, (), bib.title)
+def fast_item(bib: FastBib, bib_id: str, datestamp: datetime, policy: Policy = DEFAULT_POLICY) -> Record | Rejected:
+    """:func:`to_item` of a bib the fast path decoded (same payload, same verdict, same warnings)."""
+    rejected, warnings = policy.judge(bib.findings)
+    if rejected:
+        return Rejected(bib_id, rejected.message, bib.xml, datestamp, PREFIX)
+    return Record(bib_id, datestamp, PREFIX, bib.xml, (), bib.title, warnings)
 
 
 def split_iso2709(data: bytes) -> Iterator[tuple[bytes, str | None]]:
@@ -326,9 +338,23 @@ def escape_raw(raw: bytes) -> str:
 
 
 def from_marc_json(data: dict[str, Any] | str) -> pymarc.Record:
-    """A MARC-in-JSON object (the ``marc`` field of a bib, or ``bibs/{id}/marc``)."""
-    text = data if isinstance(data, str) else json.dumps(data)
-    records = list(pymarc.JSONReader(text))
+    """A MARC-in-JSON object (the ``marc`` field of a bib, or ``bibs/{id}/marc``).
+
+    pymarc refuses a leader that is not 24 characters, and Sierra serves empty ones: such a
+    record is read with a stand-in and keeps its leader as delivered (a plain string, ``""``
+    when absent), for :func:`marcxml_element` to rebuild and :func:`to_item` to warn about.
+    """
+    obj = json.loads(data) if isinstance(data, str) else data
+    delivered: str | None = None
+    if isinstance(obj, dict):
+        leader = obj.get("leader")
+        if not isinstance(leader, str) or len(leader) != LEADER_LENGTH:
+            delivered = "" if leader is None else str(leader)
+            obj = {**obj, "leader": rebuild_leader(delivered)}
+    records = list(pymarc.JSONReader(json.dumps(obj)))
     if len(records) != 1:
         raise ValueError(f"expected one MARC-in-JSON record, got {len(records)}")
-    return records[0]
+    record = records[0]
+    if delivered is not None:
+        record.leader = delivered  # type: ignore[assignment]  # rebuilt when serialised
+    return record

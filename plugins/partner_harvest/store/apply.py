@@ -77,7 +77,7 @@ class RunNotHarvested(HarvestError):
 _BATCH = """
 CREATE TEMP TABLE apply_batch ON COMMIT DROP AS
 SELECT DISTINCT ON (s.identifier) s.kind, s.identifier, s.datestamp, s.observed_at, s.metadata_prefix,
-       s.metadata, s.set_specs, s.title, s.content_hash, s.channel,
+       s.metadata, s.set_specs, s.title, s.content_hash, s.channel, s.warnings,
        (%(regressed)s::jsonb ->> s.channel)::timestamptz AS regressed_clock
 FROM staging s
 WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.kind IN ('R', 'T')
@@ -121,7 +121,7 @@ _UPDATE = """
 WITH landed AS (
 UPDATE records r SET
     datestamp = b.datestamp, metadata_prefix = b.metadata_prefix, metadata = b.metadata,
-    set_specs = b.set_specs, title = b.title, content_hash = b.content_hash, harvested_at = now(),
+    set_specs = b.set_specs, title = b.title, content_hash = b.content_hash, warnings = b.warnings, harvested_at = now(),
     run_id = %(run)s, observed_at = b.observed_at, change_seq = nextval('change_seq'),
     regressed_clock = b.regressed_clock
 FROM apply_batch b
@@ -137,9 +137,9 @@ RETURNING r.identifier
 _INSERT_BATCH_RECORDS = """
 WITH landed AS (
 INSERT INTO records (partner_id, identifier, datestamp, metadata_prefix, metadata,
-                     set_specs, title, content_hash, run_id, observed_at, change_seq, regressed_clock)
+                     set_specs, title, content_hash, warnings, run_id, observed_at, change_seq, regressed_clock)
 SELECT %(pid)s, b.identifier, b.datestamp, b.metadata_prefix, b.metadata, b.set_specs, b.title,
-       b.content_hash, %(run)s, b.observed_at, nextval('change_seq'), b.regressed_clock
+       b.content_hash, b.warnings, %(run)s, b.observed_at, nextval('change_seq'), b.regressed_clock
 FROM apply_batch b
 WHERE b.kind = 'R'"""
 
@@ -242,8 +242,17 @@ WHERE h.partner_id = %(pid)s AND h.run_id = %(run)s AND h.channel = m.channel
 """
 
 _COUNT_STAGED = """
-SELECT channel, count(*), count(*) FILTER (WHERE kind = 'T'), count(*) FILTER (WHERE kind = 'Q') FROM staging
+SELECT channel, count(*), count(*) FILTER (WHERE kind = 'T'), count(*) FILTER (WHERE kind = 'Q'),
+       count(*) FILTER (WHERE warnings IS NOT NULL) FROM staging
 WHERE partner_id = %(pid)s AND run_id = %(run)s GROUP BY channel
+"""
+
+# Per channel and check, the fetched records that carried its warning (harvest_runs.warnings),
+# as _QUARANTINE counts the rejects: what was fetched, whether or not it changed a stored record.
+_WARNINGS = """
+SELECT s.channel, w.check_name, count(*) FROM staging s, jsonb_object_keys(s.warnings) AS w(check_name)
+WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.kind = 'R' AND s.warnings IS NOT NULL
+GROUP BY s.channel, w.check_name
 """
 
 _HARVESTED = """
@@ -301,6 +310,10 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
             else:
                 conn.execute(_REMEMBER_ONLY, params)
         quarantined = dict(conn.execute(_QUARANTINE, params).fetchall()) if staged.rejects else {}
+        warnings: dict[str, dict[str, int]] = {}
+        if staged.warned:
+            for channel, check_name, n in conn.execute(_WARNINGS, params).fetchall():
+                warnings.setdefault(channel, {})[check_name] = n
         update_partner_stats(conn, partner_id, run_id, sum(inserted.values()) - sum(purged.values()))
         per_channel = {
             channel: ApplyResult(
@@ -312,7 +325,7 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
             )
             for channel, n in fetched.items()
         }
-        _audit(conn, partner_id, run_id, per_channel)
+        _audit(conn, partner_id, run_id, per_channel, warnings)
         conn.execute(_MAX_DATESTAMP, params)
         # Under the lock, in this transaction: the change feed's high water (store/feed.py).
         feed.mark_applied(conn, partner_id, run_id)
@@ -320,6 +333,11 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         conn.execute("DROP TABLE apply_batch")
     total = ApplyResult(*(sum(getattr(r, f) for r in per_channel.values()) for f in ApplyResult.__dataclass_fields__))
     log.info("%s: applied run %s: %s", partner_id, run_id, total.as_dict())
+    if warnings:
+        landed_with = Counter()
+        for per_check in warnings.values():
+            landed_with.update(per_check)
+        log.info("%s: run %s: records with warnings, per check: %s", partner_id, run_id, dict(sorted(landed_with.items())))
     return total
 
 
@@ -375,13 +393,14 @@ class _Staged:
     per_channel: dict[str, int]
     tombstones: int
     rejects: int
+    warned: int = 0  # staged records carrying warnings
 
 
 def _check_staged(conn: psycopg.Connection, partner_id: str, run_id: str) -> _Staged:
     """Per channel, what is staged must equal what the harvest recorded (I12); returns it."""
     params = {"pid": partner_id, "run": run_id}
     counted = conn.execute(_COUNT_STAGED, params).fetchall()
-    staged = {channel: n for channel, n, _, _ in counted}
+    staged = {channel: n for channel, n, *_ in counted}
     harvested = conn.execute(_HARVESTED, params).fetchall()
     unfinished = [f"{channel} ({status})" for channel, _, done, status in harvested if not done]
     if unfinished:
@@ -396,18 +415,19 @@ def _check_staged(conn: psycopg.Connection, partner_id: str, run_id: str) -> _St
     if lost:
         raise StagingIncomplete(partner_id, run_id, lost)
     return _Staged({channel: recorded[channel] for channel in recorded},
-                   sum(t for _, _, t, _ in counted), sum(q for _, _, _, q in counted))
+                   sum(row[2] for row in counted), sum(row[3] for row in counted), sum(row[4] for row in counted))
 
 
-def _audit(conn: psycopg.Connection, partner_id: str, run_id: str, per_channel: dict[str, ApplyResult]) -> None:
-    """Close every harvested channel of the run with its own outcome counts."""
+def _audit(conn: psycopg.Connection, partner_id: str, run_id: str, per_channel: dict[str, ApplyResult],
+           warnings: dict[str, dict[str, int]] | None = None) -> None:
+    """Close every harvested channel of the run with its own outcome counts (and warnings per check)."""
     for channel, result in per_channel.items():
         conn.execute(
             """
             UPDATE harvest_runs SET upserted = %s, unchanged = %s, purged = %s, quarantined = %s,
-                status = 'applied', applied_at = now(), error = NULL
+                warnings = %s, status = 'applied', applied_at = now(), error = NULL
             WHERE partner_id = %s AND run_id = %s AND channel = %s
             """,
             (result.upserted, result.unchanged, result.purged, result.quarantined,
-             partner_id, run_id, channel),
+             Jsonb((warnings or {}).get(channel, {})), partner_id, run_id, channel),
         )

@@ -318,3 +318,19 @@ def quarantine_today(
     ).fetchall()
     conn.commit()
     return [(r, n) for r, n in reasons], [QuarantineEntry(*row) for row in entries]
+
+
+def warnings_today(conn: psycopg.Connection, partner_id: str, now: datetime) -> list[tuple[str, int]]:
+    """Since midnight UTC of ``now``: (check name, records that landed with its warning) from the
+    runs applied since, most frequent first (formats/checks.py; docs/operator/validation.md)."""
+    since = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    rows = conn.execute(
+        """
+        SELECT w.key, sum(w.value::bigint) FROM harvest_runs h, jsonb_each_text(h.warnings) AS w
+        WHERE h.partner_id = %(pid)s AND h.applied_at >= %(since)s
+        GROUP BY w.key ORDER BY sum(w.value::bigint) DESC, w.key
+        """,
+        {"pid": partner_id, "since": since},
+    ).fetchall()
+    conn.commit()
+    return [(check, int(n)) for check, n in rows]

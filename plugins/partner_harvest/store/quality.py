@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import psycopg
@@ -18,6 +18,9 @@ class RunFigures:
     first_run_at: datetime | None  # oldest run on record
     announced: int | None = None  # completeListSize, when it disagreed with what came
     failed_checks: tuple[str, ...] = ()  # completeness checks (I12) that did not hold
+    warnings: dict[str, int] = field(default_factory=dict)  # per validation check: records landed with it
+    # the checks that warned on the partner's previous applied run; None: there is none
+    previous_warnings: frozenset[str] | None = None
 
 
 def run_figures(conn: psycopg.Connection, partner_id: str, run_id: str) -> RunFigures:
@@ -43,10 +46,32 @@ def run_figures(conn: psycopg.Connection, partner_id: str, run_id: str) -> RunFi
         """,
         (partner_id, run_id),
     ).fetchall()
+    warnings = dict(conn.execute(
+        """
+        SELECT w.key, sum(w.value::bigint)::int FROM harvest_runs h, jsonb_each_text(h.warnings) AS w
+        WHERE h.partner_id = %s AND h.run_id = %s GROUP BY w.key
+        """,
+        (partner_id, run_id),
+    ).fetchall())
+    previous = conn.execute(
+        """
+        WITH prev AS (
+            SELECT run_id FROM harvest_runs
+            WHERE partner_id = %(pid)s AND run_id <> %(run)s AND status = 'applied'
+              AND started_at < (SELECT min(started_at) FROM harvest_runs WHERE partner_id = %(pid)s AND run_id = %(run)s)
+            ORDER BY started_at DESC LIMIT 1
+        )
+        SELECT (SELECT run_id FROM prev),
+               ARRAY(SELECT DISTINCT w.key FROM harvest_runs h JOIN prev USING (run_id), jsonb_each_text(h.warnings) AS w
+                     WHERE h.partner_id = %(pid)s)
+        """,
+        {"pid": partner_id, "run": run_id},
+    ).fetchone()
     conn.commit()
     checks = tuple(
         f"{kind} on the {channel} channel: the witness says {expected if expected is not None else 'nothing'}, "
         f"the run holds {found if found is not None else 'unknown'}" + (f" ({detail})" if detail else "")
         for channel, kind, expected, found, detail in failed
     )
-    return RunFigures(*row, failed_checks=checks)
+    return RunFigures(*row, failed_checks=checks, warnings=warnings,
+                      previous_warnings=frozenset(previous[1]) if previous[0] is not None else None)

@@ -21,7 +21,7 @@ from markupsafe import Markup
 
 from partner_harvest.airflow.health import source
 from partner_harvest.airflow.health.chart import runs_chart
-from partner_harvest.store.health import STATES, partner_health, quarantine_today, recent_runs
+from partner_harvest.store.health import STATES, partner_health, quarantine_today, recent_runs, warnings_today
 from partner_harvest.store.progress import current_progress, summary_line
 
 log = logging.getLogger(__name__)
@@ -76,9 +76,10 @@ def create_app() -> FastAPI:
             (health,) = partner_health(conn, [entry], now, scheduled)
             runs = recent_runs(conn, partner_id, limit=90)
             reasons, entries = quarantine_today(conn, partner_id, now)
+            warned = warnings_today(conn, partner_id, now)
             progress = current_progress(conn, partner_id, unfinished=True)  # a run going on now, slice by slice
         return _render("partner.html", request, h=health, runs=runs, chart=Markup(runs_chart(runs)),
-                       reasons=reasons, entries=entries, now=now, progress=progress,
+                       reasons=reasons, entries=entries, warned=warned, now=now, progress=progress,
                        progress_line=summary_line(progress) if progress else None,
                        progress_run=_audit_run(progress.run_id) if progress else None)
 

@@ -1,0 +1,74 @@
+"""Warnings travel with their records: staged, stored on ``records``, counted per check on
+``harvest_runs`` (issue 22 item 2), against real PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+
+from partner_harvest.formats.checks import Finding
+from partner_harvest.records import HarvestStats, Record, Rejected
+from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, finish_harvest
+from partner_harvest.store.health import warnings_today
+from partner_harvest.window import Window
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+WINDOW = Window("incremental", None, T0 + timedelta(days=10), "seconds", True, {"metadata_prefix": "marc21"})
+NO_001 = Finding("marc.no_001", "MARC: no control number (001)")
+REBUILT = Finding("marc.leader_rebuilt", "MARC: leader empty (24 characters expected): rebuilt as '00000nam a2200000uu 4500'")
+
+
+def rec(ident: str, at: datetime, *warnings: Finding) -> Record:
+    return Record(ident, at, "marc21", f'<record xmlns="urn:x"><t>{ident}</t></record>', (), f"t {ident}", warnings)
+
+
+def stage(conn: psycopg.Connection, run_id: str, items: list) -> None:
+    run = RunRef("p", run_id, "changes")
+    begin_run(conn, run, WINDOW, "marc21")
+    stats = HarvestStats()
+    for item in items:
+        stats.add(item)
+    StagingWriter(conn, run).write_page(items)
+    stats.pages = 1
+    finish_harvest(conn, run, stats)
+
+
+def test_warnings_are_stored_with_the_record_and_counted_per_check(conn: psycopg.Connection) -> None:
+    stage(conn, "r1", [rec("a", T0, NO_001), rec("b", T0, NO_001, REBUILT), rec("c", T0),
+                       Rejected("d", "MARC: no title (245 $a)", "<record/>", T0, "marc21")])
+    result = apply_run(conn, "p", "r1")
+    assert (result.upserted, result.quarantined) == (3, 1)
+    stored = dict(conn.execute("SELECT identifier, warnings FROM records WHERE partner_id = 'p'").fetchall())
+    assert stored == {"a": {"marc.no_001": NO_001.message},
+                      "b": {"marc.no_001": NO_001.message, "marc.leader_rebuilt": REBUILT.message}, "c": None}
+    counted = conn.execute("SELECT warnings FROM harvest_runs WHERE run_id = 'r1'").fetchone()[0]
+    assert counted == {"marc.no_001": 2, "marc.leader_rebuilt": 1}
+    assert warnings_today(conn, "p", datetime.now(timezone.utc)) == [("marc.no_001", 2), ("marc.leader_rebuilt", 1)]
+
+    # A newer version without the oddity clears its warning; an unchanged one keeps it.
+    stage(conn, "r2", [rec("a", T0 + timedelta(hours=1)), rec("b", T0, NO_001, REBUILT)])
+    apply_run(conn, "p", "r2")
+    stored = dict(conn.execute("SELECT identifier, warnings FROM records WHERE partner_id = 'p'").fetchall())
+    assert stored["a"] is None and set(stored["b"]) == {"marc.no_001", "marc.leader_rebuilt"}
+    assert conn.execute("SELECT warnings FROM harvest_runs WHERE run_id = 'r2'").fetchone()[0] == {
+        "marc.no_001": 1, "marc.leader_rebuilt": 1}
+
+
+def test_a_run_without_warnings_counts_none(conn: psycopg.Connection) -> None:
+    stage(conn, "r1", [rec("a", T0)])
+    apply_run(conn, "p", "r1")
+    assert conn.execute("SELECT warnings FROM harvest_runs WHERE run_id = 'r1'").fetchone()[0] == {}
+
+
+def test_run_figures_carry_the_warnings_and_those_of_the_previous_run(conn: psycopg.Connection) -> None:
+    from partner_harvest.store.quality import run_figures
+
+    stage(conn, "r1", [rec("a", T0, NO_001)])
+    apply_run(conn, "p", "r1")
+    first = run_figures(conn, "p", "r1")
+    assert first.warnings == {"marc.no_001": 1} and first.previous_warnings is None
+    stage(conn, "r2", [rec("b", T0, REBUILT)])
+    apply_run(conn, "p", "r2")
+    second = run_figures(conn, "p", "r2")
+    assert second.warnings == {"marc.leader_rebuilt": 1} and second.previous_warnings == {"marc.no_001"}

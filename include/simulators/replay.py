@@ -9,10 +9,12 @@ nock fixture (``.json``). :func:`load_recording` turns each into :class:`Exchang
 resumptionToken the *previous recorded page* carried, not by the recorded request URL,
 because recorders differ in how they encoded the token (several sent it unencoded, one
 server hands out tokens that are already percent-encoded): what a harvest must send back is
-the token text as the page gave it. First requests are matched on their arguments
-(verb, metadataPrefix, set, from, until); ``from``/``until`` that the recording did not carry
-are not compared, so a bare page recorded without a window can answer a harvest's bounded
-request. Several exchanges for the same request are served in their recorded order (a 503
+the token text as the page gave it. A first request is answered by the recording whose
+arguments it carries, every one of them with the recorded value; arguments the recording
+did not carry (a bare page's ``<request>`` echo often omits ``until``, some omit all) are
+not compared. With ``end_open_chains`` a continuation of a page whose next page was not
+recorded (a cut chain) is answered ``noRecordsMatch``, which ends the list the way one
+recorded server ends its own. Several exchanges for the same request are served in their recorded order (a 503
 then a 200), the last one again thereafter. Anything unmatched is answered 404 and kept in
 ``unmatched``: a test asserts it stays empty. A recorded redirect is pointed at the replay
 server itself.
@@ -36,7 +38,6 @@ from lxml import etree
 from .loopback import TEXT_TYPE, LoopbackHandler, LoopbackServer, Response, query_log_form, status_phrase
 
 OAI_NS = "http://www.openarchives.org/OAI/2.0/"
-_WINDOW_ARGS = ("from", "until")
 _DROPPED_HEADERS = {"content-encoding", "content-length", "transfer-encoding", "connection", "set-cookie",
                     "keep-alive", "date", "server", "strict-transport-security"}
 
@@ -148,14 +149,19 @@ def _query(url: str) -> dict[str, str]:
     return dict(parse_qsl(urlsplit(url).query, keep_blank_values=True))
 
 
-def _key(params: dict[str, str], recorded: dict[str, str] | None = None) -> tuple:
-    """What identifies a request: a continuation by verb and token, else its arguments
-    (window bounds only where the recording carried them)."""
+def _key(params: dict[str, str]) -> tuple:
+    """What identifies a request: a continuation by verb and token, else its arguments."""
     if "resumptionToken" in params:
         return ("token", params.get("verb"), params["resumptionToken"])
-    shape = recorded if recorded is not None else params
-    return ("args", tuple(sorted((k, v) for k, v in params.items()
-                                 if k not in _WINDOW_ARGS or k in shape)))
+    return ("args", tuple(sorted(params.items())))
+
+
+_END_OF_LIST = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n'
+    f'<OAI-PMH xmlns="{OAI_NS}"><responseDate>1970-01-01T00:00:00Z</responseDate>'
+    '<request verb="{verb}">replay</request>'
+    '<error code="noRecordsMatch">the recording ends here</error></OAI-PMH>'
+)
 
 
 class ReplayServer(LoopbackServer):
@@ -163,8 +169,11 @@ class ReplayServer(LoopbackServer):
 
     _thread_prefix = "oai-replay"
 
-    def __init__(self, exchanges: list[Exchange], host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, exchanges: list[Exchange], host: str = "127.0.0.1", port: int = 0, *,
+                 end_open_chains: bool = False) -> None:
         super().__init__(host, port, _ReplayHandler)
+        self.end_open_chains = end_open_chains
+        self._open_tokens: set[str] = set()
         self.unmatched: list[dict[str, Any]] = []
         self._firsts: list[tuple[dict[str, str], list[Exchange]]] = []  # recorded params -> answers
         self._continuations: dict[tuple, list[Exchange]] = {}
@@ -177,12 +186,13 @@ class ReplayServer(LoopbackServer):
                 token = token or unescape(exchange.params["resumptionToken"]).strip()
                 key = ("token", exchange.params.get("verb"), token)
                 self._continuations.setdefault(key, []).append(exchange)
-            elif exchange.status in (301, 302, 303, 307, 308):
-                self._add_first(exchange)
             else:
                 self._add_first(exchange)
             if exchange.status == 200:
                 previous = exchange
+                if exchange.token():
+                    self._open_tokens.add(exchange.token())
+        self._open_tokens -= {key[2] for key in self._continuations}
 
     def _add_first(self, exchange: Exchange) -> None:
         for params, answers in self._firsts:
@@ -197,9 +207,12 @@ class ReplayServer(LoopbackServer):
         answers = self._continuations.get(_key(params)) if "resumptionToken" in params else None
         if answers is None and "resumptionToken" not in params:
             for recorded, candidates in self._firsts:
-                if _key(params, recorded) == _key(recorded):
+                if recorded.get("verb") == params.get("verb") and recorded.items() <= params.items():
                     answers = candidates
                     break
+        if answers is None and self.end_open_chains and params.get("resumptionToken") in self._open_tokens:
+            body = _END_OF_LIST.replace("{verb}", params.get("verb", "")).encode()
+            return Response(200, body, "text/xml; charset=utf-8")
         if answers is None:
             with self._lock:
                 self.unmatched.append(params)

@@ -343,10 +343,17 @@ ValidationOverrides = Annotated[
                        "(docs/operator/validation.md), e.g. {marc.no_001: reject}",
     }),
 ]
+class OaiOptions(_Strict):
+    """options.oai (OAI-PMH): how far a window the repository refuses as too large is cut."""
+
+    max_window_splits: Annotated[StrictInt, Field(ge=0, le=30, description=(
+        "halvings of a window the repository refuses as too large (HTTP 413, 422, or badArgument saying "
+        "so) before the run fails; 12 cut a year into pieces of about two hours"))] = 12
 
 
 class Options(_Strict):
     http: HttpOptions = Field(default_factory=HttpOptions)  # type: ignore[valid-type]
+    oai: OaiOptions = Field(default_factory=OaiOptions)
     sierra: SierraOptions = Field(default_factory=SierraOptions)
     export: ExportOptions = Field(default_factory=ExportOptions)
     limits: LimitsOptions = Field(default_factory=LimitsOptions)
@@ -365,6 +372,7 @@ class Options(_Strict):
             "completeness": self.completeness.model_dump(),
             "reconcile": self.reconcile.model_dump(),
             "validation": dict(self.validation),
+            "oai": self.oai.model_dump(),
         }
 
 
@@ -501,8 +509,9 @@ class PartnerEntry(_Strict):
             for name in ("sierra", "export"):
                 if name in value.model_fields_set:
                     raise ValueError(f"options.{name} applies to protocol sierra only")
-        if protocol is not None and protocol != "oai-pmh" and "reconcile" in value.model_fields_set:
-            raise ValueError("options.reconcile applies to protocol oai-pmh only")
+        for name in ("reconcile", "oai"):
+            if protocol is not None and protocol != "oai-pmh" and name in value.model_fields_set:
+                raise ValueError(f"options.{name} applies to protocol oai-pmh only")
         return value
 
     def to_partner(self) -> Partner:

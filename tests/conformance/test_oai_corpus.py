@@ -1,14 +1,14 @@
-"""Every real OAI-PMH response in the shared corpus parses, or fails with a typed error.
+"""Every recorded real OAI-PMH response in the corpus parses, or fails with a typed error.
 
-The corpus lives outside the project (``../shared/oai-corpus`` next to the project root,
-or ``$OAI_CORPUS_DIR``); where it is absent the module is skipped. Any ``*.xml`` file
-added there is picked up automatically by the generic test; the table below pins the
-facts known for the files described in its SOURCES.md.
+The corpus is part of the project: ``tests/fixtures/realworld/oai/<implementation>/``, each
+file byte-identical to its source (``tests/fixtures/realworld/SOURCES.md``). Any ``*.xml``
+added there is picked up by the generic test, and so is every response inside a recorded
+cassette (``.yaml``, vcrpy) or nock fixture (``.json``); the tables below pin the facts
+known for the files SOURCES.md describes.
 """
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -17,22 +17,17 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
+from include.simulators.replay import load_recording
 from partner_harvest.oai import parse
 from partner_harvest.oai.errors import OaiProtocolError, OaiResponseError
 from partner_harvest.records import Record, Rejected, Tombstone
 from partner_harvest.xmlsafe import MalformedXmlError, NotXmlError, XmlInputError, parse_xml
 
-CORPUS = Path(
-    os.environ.get("OAI_CORPUS_DIR")
-    or Path(__file__).resolve().parents[2].parent / "shared" / "oai-corpus"
-)
-FILES = sorted(CORPUS.rglob("*.xml")) if CORPUS.is_dir() else []
+CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "realworld" / "oai"
+FILES = sorted(CORPUS.rglob("*.xml"))
+RECORDED = sorted(p for p in CORPUS.rglob("*") if p.suffix in (".yaml", ".json"))
 UTC = timezone.utc
 OAI = f"{{{parse.OAI_NS}}}"
-
-pytestmark = pytest.mark.skipif(
-    not CORPUS.is_dir(), reason=f"OAI-PMH corpus not found at {CORPUS} (set OAI_CORPUS_DIR)"
-)
 
 
 @dataclass
@@ -60,11 +55,14 @@ def request_info(content: bytes) -> tuple[str | None, str | None, str | None]:
 
 
 def run(path: Path) -> Outcome:
+    return run_bytes(path.read_bytes())
+
+
+def run_bytes(content: bytes, asked_prefix: str | None = None) -> Outcome:
     """Dispatch on the verb element present (else the request's verb, else Identify)."""
-    content = path.read_bytes()
     verb, request_verb, prefix = request_info(content)
     chosen = verb or request_verb or "Identify"
-    prefix = prefix or "unknown"
+    prefix = prefix or asked_prefix or "unknown"
     parsers = {
         "Identify": parse.parse_identify,
         "ListMetadataFormats": parse.parse_metadata_formats,
@@ -93,7 +91,25 @@ def counts(items: list) -> dict[str, int]:
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(CORPUS)))
 def test_every_corpus_file_parses_or_fails_with_a_typed_error(path: Path) -> None:
-    outcome = run(path)
+    check_outcome(run(path))
+
+
+def recorded_responses() -> list[tuple[str, bytes, str | None]]:
+    """(id, body, prefix asked) of every OAI-PMH body inside a cassette or nock fixture."""
+    found = []
+    for path in RECORDED:
+        for n, exchange in enumerate(load_recording(path)):
+            if exchange.body.lstrip()[:1] == b"<":
+                found.append((f"{path.relative_to(CORPUS)}#{n}", exchange.body, exchange.params.get("metadataPrefix")))
+    return found
+
+
+@pytest.mark.parametrize(("name", "body", "prefix"), recorded_responses(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_recorded_response_parses_or_fails_with_a_typed_error(name: str, body: bytes, prefix: str | None) -> None:
+    check_outcome(run_bytes(body, prefix))
+
+
+def check_outcome(outcome: Outcome) -> None:
     if outcome.error is not None:
         error = outcome.error
         assert "\n" not in str(error) and str(error)
@@ -132,33 +148,33 @@ def test_every_corpus_file_parses_or_fails_with_a_typed_error(path: Path) -> Non
 # file -> (verb, expected): expected is a dict of item counts, an error class + code, or a
 # callable check for the odd ones.
 EXPECTED_LISTS = {
-    "sickle/ListRecords.xml": ("ListRecords", {"Tombstone": 1, "Record": 1}),
-    "sickle/ListRecords4.xml": ("ListRecords", {"Rejected": 1, "Record": 1}),
-    "sickle/ListIdentifiers.xml": ("ListIdentifiers", {"OaiHeader": 2}),
-    "sickle/ListIdentifiers2.xml": ("ListIdentifiers", {"OaiHeader": 2}),
-    "sickle/ListSets.xml": ("ListSets", {"OaiSet": 131}),
-    "pyoai/eur-dspace-2003_ListSets-hierarchical.xml": ("ListSets", {"OaiSet": 10}),
-    "pyoai/eur-dspace-2003_ListIdentifiers.xml": ("ListIdentifiers", {"OaiHeader": 16}),
-    "pyoai/eur-dspace-2003_ListRecords.xml": ("ListRecords", {"Record": 16}),
-    "pyoai/eur-dspace-2004_ListRecords-252KB.xml": ("ListRecords", {"Record": 79, "Tombstone": 2}),
-    "phpoaipmh/nsdl_ListIdentifiers_page1.xml": ("ListIdentifiers", {"OaiHeader": 200}),
-    "phpoaipmh/nsdl_ListIdentifiers_page2.xml": ("ListIdentifiers", {"OaiHeader": 200}),
-    "phpoaipmh/nsdl_ListIdentifiers_page3.xml": ("ListIdentifiers", {"OaiHeader": 200}),
-    "phpoaipmh/nsdl_ListIdentifiers_page4.xml": ("ListIdentifiers", {"OaiHeader": 133}),
-    "phpoaipmh/nsdl_ListRecords_nsdl_dc-544KB.xml": ("ListRecords", {"Record": 162}),
-    "phpoaipmh/bnf_ListRecords-prefixed-namespace.xml": ("ListRecords", {"Record": 1}),
+    "spec-examples/ListRecords.xml": ("ListRecords", {"Tombstone": 1, "Record": 1}),
+    "spec-examples/ListRecords4.xml": ("ListRecords", {"Rejected": 1, "Record": 1}),
+    "spec-examples/ListIdentifiers.xml": ("ListIdentifiers", {"OaiHeader": 2}),
+    "spec-examples/ListIdentifiers2.xml": ("ListIdentifiers", {"OaiHeader": 2}),
+    "spec-examples/ListSets.xml": ("ListSets", {"OaiSet": 131}),
+    "dspace/eur-dspace-2003_ListSets-hierarchical.xml": ("ListSets", {"OaiSet": 10}),
+    "dspace/eur-dspace-2003_ListIdentifiers.xml": ("ListIdentifiers", {"OaiHeader": 16}),
+    "dspace/eur-dspace-2003_ListRecords.xml": ("ListRecords", {"Record": 16}),
+    "dspace/eur-dspace-2004_ListRecords-252KB.xml": ("ListRecords", {"Record": 79, "Tombstone": 2}),
+    "nsdl/nsdl_ListIdentifiers_page1.xml": ("ListIdentifiers", {"OaiHeader": 200}),
+    "nsdl/nsdl_ListIdentifiers_page2.xml": ("ListIdentifiers", {"OaiHeader": 200}),
+    "nsdl/nsdl_ListIdentifiers_page3.xml": ("ListIdentifiers", {"OaiHeader": 200}),
+    "nsdl/nsdl_ListIdentifiers_page4.xml": ("ListIdentifiers", {"OaiHeader": 133}),
+    "nsdl/nsdl_ListRecords_nsdl_dc-544KB.xml": ("ListRecords", {"Record": 162}),
+    "gallica/bnf_ListRecords-prefixed-namespace.xml": ("ListRecords", {"Record": 1}),
 }
 
 EXPECTED_ERRORS = {
-    "sickle/badArgument.xml": "badArgument",
-    "sickle/badResumptionToken.xml": "badResumptionToken",
-    "sickle/cannotDisseminateFormat.xml": "cannotDisseminateFormat",
-    "sickle/idDoesNotExist.xml": "idDoesNotExist",
-    "sickle/noSetHierarchy.xml": "noSetHierarchy",
-    "sickle/undefinedError.xml": "undefinedError",
-    "phpoaipmh/nsdl_badVerb.xml": "badVerb",
-    "phpoaipmh/wustl-bepress_idDoesNotExist.xml": "idDoesNotExist",
-    "cessda/ukds_cannotDisseminateFormat.xml": "cannotDisseminateFormat",
+    "spec-examples/badArgument.xml": "badArgument",
+    "spec-examples/badResumptionToken.xml": "badResumptionToken",
+    "spec-examples/cannotDisseminateFormat.xml": "cannotDisseminateFormat",
+    "spec-examples/idDoesNotExist.xml": "idDoesNotExist",
+    "spec-examples/noSetHierarchy.xml": "noSetHierarchy",
+    "spec-examples/undefinedError.xml": "undefinedError",
+    "nsdl/nsdl_badVerb.xml": "badVerb",
+    "bepress/wustl-bepress_idDoesNotExist.xml": "idDoesNotExist",
+    "ukds/ukds_cannotDisseminateFormat.xml": "cannotDisseminateFormat",
 }
 
 
@@ -186,19 +202,19 @@ def test_error_envelopes(relative: str, code: str) -> None:
 
 
 def test_no_records_match_is_an_empty_list() -> None:
-    outcome = run(corpus_file("sickle/noRecordsMatch.xml"))
+    outcome = run(corpus_file("spec-examples/noRecordsMatch.xml"))
     assert outcome.error is None
     assert outcome.result.items == [] and outcome.result.token is None
 
 
 def test_undefined_error_code_keeps_the_base_class() -> None:
-    outcome = run(corpus_file("sickle/undefinedError.xml"))
+    outcome = run(corpus_file("spec-examples/undefinedError.xml"))
     assert type(outcome.error) is OaiProtocolError
     assert str(outcome.error) == "undefinedError: (no message)"
 
 
 def test_id_does_not_exist_message_is_one_line() -> None:
-    outcome = run(corpus_file("sickle/idDoesNotExist.xml"))
+    outcome = run(corpus_file("spec-examples/idDoesNotExist.xml"))
     assert str(outcome.error) == (
         "idDoesNotExist: oai:lcoa1.loc.gov:loc.rbc/rbpe.00000111 has the structure of a valid "
         "LOC identifier, but it maps to no known item"
@@ -206,13 +222,13 @@ def test_id_does_not_exist_message_is_one_line() -> None:
 
 
 def test_bad_verb_message_decodes_the_character_reference() -> None:
-    outcome = run(corpus_file("phpoaipmh/nsdl_badVerb.xml"))
+    outcome = run(corpus_file("nsdl/nsdl_badVerb.xml"))
     assert "The verb 'NotExist' is illegal" in str(outcome.error)
 
 
 def test_nsdl_tokens_and_the_empty_last_token() -> None:
     pages = [
-        parse.parse_list_identifiers(corpus_file(f"phpoaipmh/nsdl_ListIdentifiers_page{n}.xml").read_bytes())
+        parse.parse_list_identifiers(corpus_file(f"nsdl/nsdl_ListIdentifiers_page{n}.xml").read_bytes())
         for n in (1, 2, 3, 4)
     ]
     assert [p.token for p in pages] == [
@@ -228,7 +244,7 @@ def test_nsdl_tokens_and_the_empty_last_token() -> None:
 
 
 def test_bnf_prefixed_namespace_payload_is_self_contained() -> None:
-    content = corpus_file("phpoaipmh/bnf_ListRecords-prefixed-namespace.xml").read_bytes()
+    content = corpus_file("gallica/bnf_ListRecords-prefixed-namespace.xml").read_bytes()
     assert not content.lstrip().startswith(b"<?xml")
     page = parse.parse_list_records(content, "oai_dc")
     (record,) = page.items
@@ -245,14 +261,14 @@ def test_bnf_prefixed_namespace_payload_is_self_contained() -> None:
 
 
 def test_sickle_list_records_token_and_tombstone() -> None:
-    page = parse.parse_list_records(corpus_file("sickle/ListRecords.xml").read_bytes(), "oai_dc")
+    page = parse.parse_list_records(corpus_file("spec-examples/ListRecords.xml").read_bytes(), "oai_dc")
     assert page.token == "ListRecords2.xml" and page.complete_list_size == 8 and page.cursor == 0
     assert page.items[0] == Tombstone("oai:test.example.com:1585310", datetime(2011, 7, 18, 16, 31, tzinfo=UTC))
     assert page.items[1].title == "Sample Title"
 
 
 def test_sickle_list_records4_deleted_header_without_identifier_is_rejected() -> None:
-    page = parse.parse_list_records(corpus_file("sickle/ListRecords4.xml").read_bytes(), "oai_dc")
+    page = parse.parse_list_records(corpus_file("spec-examples/ListRecords4.xml").read_bytes(), "oai_dc")
     rejected, record = page.items
     assert isinstance(rejected, Rejected)
     assert rejected.identifier == parse.MISSING_IDENTIFIER
@@ -262,8 +278,8 @@ def test_sickle_list_records4_deleted_header_without_identifier_is_rejected() ->
 
 
 def test_sickle_list_identifiers_second_page_has_no_token() -> None:
-    first = parse.parse_list_identifiers(corpus_file("sickle/ListIdentifiers.xml").read_bytes())
-    second = parse.parse_list_identifiers(corpus_file("sickle/ListIdentifiers2.xml").read_bytes())
+    first = parse.parse_list_identifiers(corpus_file("spec-examples/ListIdentifiers.xml").read_bytes())
+    second = parse.parse_list_identifiers(corpus_file("spec-examples/ListIdentifiers2.xml").read_bytes())
     assert first.token == "ListIdentifiers2.xml" and first.complete_list_size == 4
     assert second.token is None and second.complete_list_size is None
     assert [h.deleted for h in second.items] == [False, True]
@@ -271,35 +287,35 @@ def test_sickle_list_identifiers_second_page_has_no_token() -> None:
 
 def test_sickle_broken_is_not_xml() -> None:
     with pytest.raises(NotXmlError, match="broken xml"):
-        parse.parse_list_records(corpus_file("sickle/ListRecordsBroken.xml").read_bytes(), "oai_dc")
+        parse.parse_list_records(corpus_file("spec-examples/ListRecordsBroken.xml").read_bytes(), "oai_dc")
 
 
 def test_sickle_utf8_creator_survives() -> None:
-    record = parse.parse_get_record(corpus_file("sickle/GetRecord_utf8test.xml").read_bytes(), "oai_dc")
+    record = parse.parse_get_record(corpus_file("spec-examples/GetRecord_utf8test.xml").read_bytes(), "oai_dc")
     assert "某人" in record.metadata and record.title == "Sample Title"
 
 
 def test_sickle_metadata_formats() -> None:
-    formats = parse.parse_metadata_formats(corpus_file("sickle/ListMetadataFormats.xml").read_bytes())
+    formats = parse.parse_metadata_formats(corpus_file("spec-examples/ListMetadataFormats.xml").read_bytes())
     prefixes = [f.prefix for f in formats]
     assert prefixes[:3] == ["epicur", "xMetaDissPlus", "oai_dc"] and "mods" in prefixes
 
 
 def test_pyoai_hierarchical_set_specs() -> None:
-    page = parse.parse_list_sets(corpus_file("pyoai/eur-dspace-2003_ListSets-hierarchical.xml").read_bytes())
+    page = parse.parse_list_sets(corpus_file("dspace/eur-dspace-2003_ListSets-hierarchical.xml").read_bytes())
     assert [s.spec for s in page.items][:2] == ["3", "3:5"]
 
 
 def test_pyoai_252kb_page() -> None:
     page = parse.parse_list_records(
-        corpus_file("pyoai/eur-dspace-2004_ListRecords-252KB.xml").read_bytes(), "oai_dc"
+        corpus_file("dspace/eur-dspace-2004_ListRecords-252KB.xml").read_bytes(), "oai_dc"
     )
     assert len(page.items) == 81 and page.token is None
     assert all(item.title for item in page.items if isinstance(item, Record))
 
 
 def test_pyoai_deleted_record_with_duplicate_set_spec() -> None:
-    content = corpus_file("pyoai/eur-dspace-2004_GetRecord-deleted-dup-setSpec.xml").read_bytes()
+    content = corpus_file("dspace/eur-dspace-2004_GetRecord-deleted-dup-setSpec.xml").read_bytes()
     assert parse.parse_get_record(content, "oai_dc") == Tombstone(
         "hdl:1765/1160", datetime(2004, 2, 16, 13, 29, 54, tzinfo=UTC)
     )
@@ -307,14 +323,14 @@ def test_pyoai_deleted_record_with_duplicate_set_spec() -> None:
 
 
 def test_pyoai_identify_2003() -> None:
-    info = parse.parse_identify(corpus_file("pyoai/eur-dspace-2003_Identify.xml").read_bytes())
+    info = parse.parse_identify(corpus_file("dspace/eur-dspace-2003_Identify.xml").read_bytes())
     assert info.granularity == parse.SECOND_GRANULARITY and info.deleted_record == "no"
     assert info.earliest_datestamp == datetime(2001, 1, 1, tzinfo=UTC)
     assert info.response_date == datetime(2003, 4, 30, 16, 8, 1, tzinfo=UTC)
 
 
 def test_broken_identify_bad_earliest_datestamp_degrades() -> None:
-    content = corpus_file("pyoai/eur-dspace-2006_Identify-BROKEN-bad-earliestDatestamp.xml").read_bytes()
+    content = corpus_file("dspace/eur-dspace-2006_Identify-BROKEN-bad-earliestDatestamp.xml").read_bytes()
     info = parse.parse_identify(content)
     assert info.earliest_datestamp is None
     assert info.repository_name == "DSpace at Erasmus"
@@ -322,26 +338,26 @@ def test_broken_identify_bad_earliest_datestamp_degrades() -> None:
 
 
 def test_broken_identify_bogus_wrapper_is_malformed() -> None:
-    content = corpus_file("pyoai/eur-dspace-2006_Identify-BROKEN-bogus-wrapper.xml").read_bytes()
+    content = corpus_file("dspace/eur-dspace-2006_Identify-BROKEN-bogus-wrapper.xml").read_bytes()
     with pytest.raises(MalformedXmlError, match="bogus"):
         parse.parse_identify(content)
 
 
 def test_broken_identify_undefined_entity_is_malformed() -> None:
-    content = corpus_file("pyoai/eur-dspace-2006_Identify-BROKEN-undefined-entity.xml").read_bytes()
+    content = corpus_file("dspace/eur-dspace-2006_Identify-BROKEN-undefined-entity.xml").read_bytes()
     with pytest.raises(MalformedXmlError, match="Entity 'bogus' not defined"):
         parse.parse_identify(content)
 
 
 def test_nsdl_identify_with_blank_lines() -> None:
-    info = parse.parse_identify(corpus_file("phpoaipmh/nsdl_Identify.xml").read_bytes())
+    info = parse.parse_identify(corpus_file("nsdl/nsdl_Identify.xml").read_bytes())
     assert info.repository_name == "National Science Digital Library"
     assert info.granularity == parse.SECOND_GRANULARITY
 
 
 def test_nsdl_records_carry_their_namespaces() -> None:
     page = parse.parse_list_records(
-        corpus_file("phpoaipmh/nsdl_ListRecords_nsdl_dc-544KB.xml").read_bytes(), "nsdl_dc"
+        corpus_file("nsdl/nsdl_ListRecords_nsdl_dc-544KB.xml").read_bytes(), "nsdl_dc"
     )
     record = page.items[0]
     assert record.title == "Molecular Structure of Dinitrophenol"
@@ -351,24 +367,24 @@ def test_nsdl_records_carry_their_namespaces() -> None:
 
 
 def test_cessda_deleted_with_stylesheet_pi() -> None:
-    item = parse.parse_get_record(corpus_file("cessda/ukds_GetRecord-deleted.xml").read_bytes(), "ddi")
+    item = parse.parse_get_record(corpus_file("ukds/ukds_GetRecord-deleted.xml").read_bytes(), "ddi")
     assert item == Tombstone("1031", datetime(2017, 5, 2, 8, 31, 32, tzinfo=UTC))
 
 
 def test_cessda_ddi_payloads_are_generic_records() -> None:
-    ukds = parse.parse_get_record(corpus_file("cessda/ukds_GetRecord_ddi25.xml").read_bytes(), "ddi")
+    ukds = parse.parse_get_record(corpus_file("ukds/ukds_GetRecord_ddi25.xml").read_bytes(), "ddi")
     assert isinstance(ukds, Record) and ukds.metadata.startswith("<codeBook")
-    fsd = parse.parse_get_record(corpus_file("cessda/fsd_GetRecord_oai_ddi25.xml").read_bytes(), "oai_ddi25")
+    fsd = parse.parse_get_record(corpus_file("kuha2/fsd_GetRecord_oai_ddi25.xml").read_bytes(), "oai_ddi25")
     assert "data_kind:Kvantitatiivinen" in fsd.set_specs and "openaire_data" in fsd.set_specs
     missing = parse.parse_get_record(
-        corpus_file("cessda/fsd_GetRecord-request-missing-prefix.xml").read_bytes(), "oai_ddi25"
+        corpus_file("kuha2/fsd_GetRecord-request-missing-prefix.xml").read_bytes(), "oai_ddi25"
     )
     assert isinstance(missing, Record)
     assert missing.set_specs == ("language:fi", "language:en", "study_groups:laku")
 
 
 def test_oarepo_nested_xoai_metadata() -> None:
-    record = parse.parse_get_record(corpus_file("oarepo/cuni-dspace_GetRecord_xoai.xml").read_bytes(), "xoai")
+    record = parse.parse_get_record(corpus_file("dspace/cuni-dspace_GetRecord_xoai.xml").read_bytes(), "xoai")
     assert isinstance(record, Record)
     payload = etree.fromstring(record.metadata.encode("utf-8"))
     assert payload.tag == "{http://www.lyncode.com/xoai}metadata"

@@ -43,6 +43,10 @@ HOSTILE_KINDS = ("billion_laughs", "xxe")
 TOKEN_MARKUPS = ("plain", "padded", "charrefs", "cdata", "decoy", "varied", "stale-comment")
 # completeListSize is optional (OAI-PMH 2.0, 3.5): a real repository may leave it out (I13).
 LIST_SIZES = ("exact", "omitted")
+# How a repository refuses a list request whose window it finds too large (users of other
+# harvesters report HTTP 413 "please restrict the request period" from a national library
+# and 422 on monthly windows from a research repository; others answer badArgument).
+WINDOW_REFUSALS = ("413", "422", "badArgument")
 _ROTATION = TOKEN_MARKUPS[:5]
 # attack_next: bodies that try to exhaust the harvesting worker rather than fool its parser.
 ATTACK_KINDS = ("gzip_bomb", "endless_body", "slow_drip", "deep_xml", "wide_xml", "many_attributes")
@@ -208,6 +212,10 @@ class OaiSimulator(ControlledServer):
         self._end_after_pending: int | None = None
         self.mutations: list[dict[str, list[str]]] = []  # what mutate_after_pages did, in order
         self._attack: dict[str, Any] | None = None
+        # Real servers send OAI error bodies with non-200 statuses (a quiet window answered
+        # noRecordsMatch with HTTP 422): OAI error code -> the HTTP status it is served with.
+        self.error_statuses: dict[str, int] = {}
+        self._refuse_windows: tuple[int, str] | None = None  # (longest window in seconds, how)
 
     # ------------------------------------------------- latency and concurrency
     def set_response_delay(self, ms: float) -> None:
@@ -295,6 +303,48 @@ class OaiSimulator(ControlledServer):
             self._fail_count = count
             self._fail_status = status
             self._fail_retry_after = None if retry_after is None else str(retry_after)
+
+    def set_error_status(self, code: str, status: int) -> None:
+        """Serve OAI errors with `code` under HTTP `status` instead of 200 (the body stays
+        the OAI-PMH error response); status 200 restores the protocol's own behaviour."""
+        with self._lock:
+            if status == 200:
+                self.error_statuses.pop(code, None)
+            else:
+                self.error_statuses[code] = status
+
+    def refuse_windows_longer_than(self, seconds: int | None, how: str = "413") -> None:
+        """Refuse ListRecords/ListIdentifiers whose window (``from`` or the oldest record
+        to ``until`` or the clock) spans more than `seconds`: HTTP 413 or 422 with an HTML
+        page, or an OAI badArgument. None stops refusing."""
+        if how not in WINDOW_REFUSALS:
+            raise ValueError(f"how must be one of {WINDOW_REFUSALS}")
+        with self._lock:
+            self._refuse_windows = None if seconds is None else (int(seconds), how)
+
+    def _window_refusal(self, pairs: list[tuple[str, str]]) -> Response | None:
+        """The refusal of a too-large window, or None."""
+        refuse = self._refuse_windows
+        args = dict(pairs)
+        if refuse is None or args.get("verb") not in ("ListRecords", "ListIdentifiers") or "resumptionToken" in args:
+            return None
+        try:
+            low = parse_oai_date(args["from"])[0] if "from" in args else self.repo.earliest_stamp()
+            high = parse_oai_date(args["until"])[0] + (86_399 if len(args["until"]) == 10 else 0) \
+                if "until" in args else self.repo.clock_epoch
+        except ValueError:
+            return None  # the protocol's own badArgument answers it
+        longest, how = refuse
+        if high - low <= longest:
+            return None
+        text = f"please restrict the request period to at most {longest} seconds"
+        if how == "badArgument":
+            head = (f"{_XML_HEAD}<responseDate>{iso_seconds(self.repo.clock)}</responseDate>\n"
+                    f"<request>{self.base_url}</request>\n")
+            body = f'{head}<error code="badArgument">{text}</error>\n</OAI-PMH>\n'
+            return Response(self.error_statuses.get("badArgument", 200), body.encode(), XML_CONTENT_TYPE)
+        html = f"<html><head><title>{how} {status_phrase(int(how))}</title></head><body><p>{text}</p></body></html>\n"
+        return Response(int(how), html.encode(), HTML_CONTENT_TYPE)
 
     def html_next(self) -> None:
         """The next OAI request gets 200 text/html (a CMS error page)."""
@@ -459,14 +509,20 @@ class OaiSimulator(ControlledServer):
                     "<h1>Something went wrong</h1><p>The collection service is under maintenance.</p>"
                     "</body></html>\n")
             return Response(200, html.encode(), HTML_CONTENT_TYPE)
+        refusal = self._window_refusal(pairs)
+        if refusal is not None:
+            return refusal
         parts = self._protocol(pairs)
+        status = 200
+        if self.error_statuses and len(parts) > 1 and parts[1].startswith('<error code="'):
+            status = self.error_statuses.get(parts[1][len('<error code="'):].split('"', 1)[0], 200)
         if mode == "broken":
             parts = [_truncate("".join(parts))]
         elif mode == "hostile":
             parts = [_hostile("".join(parts), detail)]
         # Encoding parts one by one keeps ASCII parts compact and avoids one huge
         # intermediate str (which costs page faults on every page).
-        return Response(200, b"".join([part.encode() for part in parts]), XML_CONTENT_TYPE)
+        return Response(status, b"".join([part.encode() for part in parts]), XML_CONTENT_TYPE)
 
     def _protocol(self, pairs: list[tuple[str, str]]) -> list[str]:
         """The response document as a list of string parts (joined once, later)."""
@@ -745,6 +801,15 @@ class OaiSimulator(ControlledServer):
     def _control_fail_next(self, data: dict[str, Any]) -> dict[str, Any]:
         self.fail_next(int(data.get("count", 1)), int(data.get("status", 503)), data.get("retry_after"))
         return {"ok": True}
+
+    def _control_error_status(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.set_error_status(str(data["code"]), int(data["status"]))
+        return {"error_statuses": dict(self.error_statuses)}
+
+    def _control_refuse_windows(self, data: dict[str, Any]) -> dict[str, Any]:
+        seconds = data.get("longer_than")
+        self.refuse_windows_longer_than(None if seconds is None else int(seconds), str(data.get("how", "413")))
+        return {"refuse_windows": self._refuse_windows}
 
     def _control_html_next(self, data: dict[str, Any]) -> dict[str, Any]:
         self.html_next()

@@ -18,6 +18,7 @@ stream ends.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -38,7 +39,7 @@ from partner_harvest.errors import (
 from partner_harvest.formats.checks import DEFAULT_POLICY, Policy
 from partner_harvest.http import ServerAsksToWait
 from partner_harvest.oai import parse
-from partner_harvest.oai.errors import BadResumptionToken, OaiProtocolError, OaiResponseError
+from partner_harvest.oai.errors import BadArgument, BadResumptionToken, OaiProtocolError, OaiResponseError
 from partner_harvest.xmlsafe import XmlInputError, XmlLimits, xml_limits
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,25 @@ def _prompt_thread_switches() -> Iterator[None]:
             _switch_users -= 1
             if _switch_users == 0:
                 sys.setswitchinterval(_switch_saved)
+
+
+# Statuses a repository uses to refuse a list request's window as too large (413: users
+# of other harvesters report "please restrict the request period" from a national library;
+# 422: a research repository on monthly windows). Only a body that is not an OAI-PMH error
+# counts: an OAI error under such a status is the error it carries.
+WINDOW_REFUSAL_STATUSES = frozenset({413, 422})
+# An OAI badArgument that words the window as the problem; a badArgument about anything else
+# (a malformed date, an unknown argument) stays a protocol error.
+_TOO_LARGE = re.compile(r"too (large|big|long|many)|restrict|narrow|smaller|shorter|maximum|at most|exceed",
+                        re.IGNORECASE)
+
+
+class WindowTooLarge(PartnerHttpError):
+    """The repository refused a list request's window as too large: ask for smaller ones."""
+
+
+def _carries_window(params: dict[str, str]) -> bool:
+    return params.get("verb") in ("ListRecords", "ListIdentifiers") and "resumptionToken" not in params
 
 
 class OaiClient:
@@ -115,10 +135,16 @@ class OaiClient:
         except requests.RequestException as exc:
             raise PartnerHttpError(self.partner_id, request, f"{type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:
+            codes = parse.error_codes(response.content)
+            if codes:  # the repository speaking under the wrong status: read the OAI error
+                log.info("%s: HTTP %d carries OAI-PMH error %s; read as that error (%s)",
+                         self.partner_id, response.status_code, ", ".join(codes), request)
+                return response.content
             snippet = " ".join(response.text[:300].split())
-            raise PartnerHttpError(
-                self.partner_id, request, f"HTTP {response.status_code} {response.reason}: {snippet}"
-            )
+            cause = f"HTTP {response.status_code} {response.reason}: {snippet}"
+            if response.status_code in WINDOW_REFUSAL_STATUSES and _carries_window(params):
+                raise WindowTooLarge(self.partner_id, request, cause)
+            raise PartnerHttpError(self.partner_id, request, cause)
         return response.content
 
     def call(self, params: dict[str, str], parser: Callable[[bytes], object]) -> object:
@@ -135,6 +161,10 @@ class OaiClient:
                 yield
         except BadResumptionToken:
             raise
+        except BadArgument as exc:
+            if _carries_window(params) and _TOO_LARGE.search(exc.message):
+                raise WindowTooLarge(self.partner_id, self.describe(params), f"OAI-PMH error {exc}") from exc
+            raise PartnerProtocolError(self.partner_id, self.describe(params), f"OAI-PMH error {exc}") from exc
         except OaiProtocolError as exc:
             raise PartnerProtocolError(self.partner_id, self.describe(params), f"OAI-PMH error {exc}") from exc
         except (XmlInputError, OaiResponseError) as exc:

@@ -1,7 +1,10 @@
 """The OAI-PMH adapter: the partner's clock and one window's ListRecords stream.
 
 An expired resumptionToken restarts the window from its frozen bounds (never from a saved
-token), a bounded number of times, discarding what the broken attempt staged.
+token), a bounded number of times, discarding what the broken attempt staged. A window the
+repository refuses as too large (oai/client.py: WindowTooLarge) is cut in two halves that do
+not overlap, each harvested in turn and cut again while refused, within the frozen bounds
+and down to ``options.oai.max_window_splits`` levels.
 """
 
 from __future__ import annotations
@@ -16,14 +19,14 @@ from partner_harvest.adapters import ItemSink, PartnerClock
 from partner_harvest.errors import HarvestError, PartnerProtocolError
 from partner_harvest.formats.checks import policy_of
 from partner_harvest.oai import parse, slicing
-from partner_harvest.oai.client import OaiClient
+from partner_harvest.oai.client import OaiClient, WindowTooLarge
 from partner_harvest.oai.errors import IdDoesNotExist
 from partner_harvest.oai.parse import DAY_GRANULARITY, format_datestamp
 from partner_harvest.records import HarvestItem
 from partner_harvest.oai.errors import BadResumptionToken
 from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner, ReconcileOptions
-from partner_harvest.window import DAY, SECONDS, Window, format_instant
+from partner_harvest.window import DAY, SECONDS, Window, format_instant, parse_instant
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,8 @@ class OaiAdapter:
     """Harvests one OAI-PMH partner through an :class:`OaiClient`."""
 
     fetch_chunk = 100  # GetRecord is one request per id; the chunk only bounds memory
+    # Halvings of a refused window before the run fails: 12 levels cut a year into ~2 h pieces.
+    max_window_splits = 12
 
     def __init__(self, partner: Partner, client: OaiClient):
         self.partner = partner
@@ -45,6 +50,8 @@ class OaiAdapter:
         budget = (partner.options or {}).get("reconcile") or {}  # registry options.reconcile
         self.verify_limit = int(budget.get("verify_limit", type(self).verify_limit))
         self.bulk_missing_threshold = int(budget.get("bulk_missing_threshold", type(self).bulk_missing_threshold))
+        oai_options = (partner.options or {}).get("oai") or {}
+        self.max_window_splits = int(oai_options.get("max_window_splits", type(self).max_window_splits))
 
     def clock(self) -> PartnerClock:
         identify = self.client.identify()
@@ -100,7 +107,7 @@ class OaiAdapter:
         restarts = 0
         while True:
             try:
-                self._stream(prefix, from_, until, set_spec, sink, stats)
+                self._stream_refusable(prefix, window, set_spec, sink, stats)
                 # a full harvest, or one slice of it (its own range), never the reconcile's bulk fetch
                 piece = window.protocol.get("slice")
                 if (piece.get("of_full") if piece else window.is_full) and window.mode != "reconcile":
@@ -124,6 +131,50 @@ class OaiAdapter:
                 sink.reset()
                 stats.reset()
                 stats.restarts = restarts
+
+    def _stream_refusable(self, prefix: str, window: Window, set_spec: str | None, sink: ItemSink,
+                          stats: HarvestStats) -> None:
+        """The window's stream; bisected while the repository refuses it as too large."""
+        oai_granularity = window.protocol.get("oai_granularity", DAY_GRANULARITY)
+        sizes: list[int | None] = []
+        self._stream_piece(prefix, window.from_, window.until, oai_granularity, set_spec, sink, stats,
+                           _lower_guess(window), 0, sizes)
+        if len(sizes) > 1:  # each piece's completeListSize counts its own list only
+            stats.complete_list_size = None if None in sizes else sum(sizes)  # type: ignore[arg-type]
+
+    def _stream_piece(self, prefix: str, low: datetime | None, high: datetime, oai_granularity: str,
+                      set_spec: str | None, sink: ItemSink, stats: HarvestStats, guess: datetime,
+                      depth: int, sizes: list[int | None]) -> None:
+        from_ = format_datestamp(low, oai_granularity) if low else None
+        until = format_datestamp(high, oai_granularity)
+        pages = stats.pages
+        stats.complete_list_size = None
+        try:
+            self._stream(prefix, from_, until, set_spec, sink, stats)
+            sizes.append(stats.complete_list_size)
+            return
+        except WindowTooLarge as exc:
+            if stats.pages != pages:
+                raise  # refused in the middle of its chain: not a window the repository finds too large
+            step = timedelta(days=1) if oai_granularity == DAY_GRANULARITY else timedelta(seconds=1)
+            start = low or min(guess, high - step)
+            if depth >= self.max_window_splits or high - start < step:
+                raise WindowTooLarge(
+                    self.partner_id, exc.request,
+                    f"{exc.cause}; the window was split {depth} times (options.oai.max_window_splits="
+                    f"{self.max_window_splits}) and the repository still refuses it") from exc
+            middle = start + (high - start) / 2
+            middle = middle.replace(microsecond=0) if step < timedelta(days=1) else middle.replace(
+                hour=0, minute=0, second=0, microsecond=0)
+            log.warning("%s: the repository refuses the window %s..%s as too large (%s); harvesting it as "
+                        "two halves, %s..%s and %s..%s (split %d of at most %d)",
+                        self.partner_id, from_ or "the beginning", until, exc.cause, from_ or "the beginning",
+                        format_datestamp(middle, oai_granularity),
+                        format_datestamp(middle + step, oai_granularity), until, depth + 1,
+                        self.max_window_splits)
+        self._stream_piece(prefix, low, middle, oai_granularity, set_spec, sink, stats, guess, depth + 1, sizes)
+        self._stream_piece(prefix, middle + step, high, oai_granularity, set_spec, sink, stats, guess,
+                           depth + 1, sizes)
 
     def _stream(self, prefix: str, from_: str | None, until: str, set_spec: str | None, sink: ItemSink,
                 stats: HarvestStats) -> None:
@@ -285,6 +336,14 @@ class OaiAdapter:
             if isinstance(exc.__cause__, IdDoesNotExist):
                 return None
             raise
+
+
+def _lower_guess(window: Window) -> datetime:
+    """Where to cut an open-started window: its start is kept open (a wrong earliestDatestamp
+    loses nothing, I13); the announced earliestDatestamp, else 30 years back, only places the cut."""
+    text = window.protocol.get("earliest_datestamp")
+    earliest = parse_instant(text) if text else None
+    return earliest if earliest is not None and earliest < window.until else window.until - timedelta(days=365 * 30)
 
 
 def _stamp(header: parse.OaiHeader):

@@ -309,6 +309,23 @@ def _markup_mentions(content: bytes) -> int:
     return count
 
 
+def error_codes(content: bytes) -> tuple[str, ...]:
+    """The ``<error>`` codes of an OAI-PMH error response, () for anything else (never raises).
+
+    Real servers send OAI error bodies under non-200 statuses (noRecordsMatch with 422,
+    badResumptionToken with 400): the client reads such a body as the error it carries.
+    """
+    if b"error" not in content:
+        return ()
+    try:
+        root = parse_document(content).root
+    except Exception:  # not XML, hostile or over a limit: not an OAI error body either
+        return ()
+    if root.tag != _ROOT:
+        return ()
+    return tuple((node.get("code") or "").strip() for node in root.findall(_ERROR))
+
+
 def response_verb(root: etree._Element) -> str | None:
     """The verb whose element the response carries, or None (an error or not OAI-PMH)."""
     for verb in _VERBS:

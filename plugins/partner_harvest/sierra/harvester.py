@@ -236,25 +236,33 @@ class SierraAdapter:
         if start:
             log.info("%s: slice %s resumes its change poll at id %d", self.partner_id, piece.get("channel"), start)
         for entries in self.client.bib_pages(params, self.partner.page_size, **({"start_id": start} if start else {})):
-            items = [self._entry_to_item(entry) for entry in entries]
+            items = [self._entry_to_item(entry, window.until) for entry in entries]
             self._write(items, sink, stats, "changes", checkpoint=_after_last(entries) if piece else None)
 
-    def _entry_to_item(self, entry: dict[str, Any]) -> HarvestItem:
+    def _entry_to_item(self, entry: dict[str, Any], fallback: datetime | None = None) -> HarvestItem:
+        """One ``GET bibs`` entry as a record, deletion or reject.
+
+        A bib is identified by its ``id``. An entry without a usable ``updatedDate``
+        (recorded sandbox answers omit it) is stamped with its MARC's 005, else with
+        ``fallback`` (the window's until), as an export record without 005 is.
+        """
         bib_id = str(entry.get("id", "")).strip() or "(missing id)"
         if entry.get("deleted") is True:
             # Older Sierra versions return deleted stubs (id, deleted, deletedDate) here.
             return self._tombstone(entry, bib_id)
+        fallback = fallback or self.now()
         try:
-            updated = parse_sierra_timestamp(str(entry["updatedDate"]))
+            updated: datetime | None = parse_sierra_timestamp(str(entry["updatedDate"]))
         except (KeyError, ValueError):
-            return Rejected(bib_id, f"bib without a usable updatedDate: {entry.get('updatedDate')!r}", _json(entry))
+            updated = None
         if not entry.get("marc"):
-            return Rejected(bib_id, "bib without its 'marc' field", _json(entry), updated, marc.PREFIX)
+            return Rejected(bib_id, "bib without its 'marc' field", _json(entry), updated or fallback, marc.PREFIX)
         try:
             record = marc.from_marc_json(entry["marc"])
         except Exception as exc:
-            return Rejected(bib_id, f"MARC-in-JSON unreadable: {type(exc).__name__}: {exc}", _json(entry), updated, marc.PREFIX)
-        return marc.to_item(record, bib_id, updated)
+            return Rejected(bib_id, f"MARC-in-JSON unreadable: {type(exc).__name__}: {exc}", _json(entry),
+                            updated or fallback, marc.PREFIX)
+        return marc.to_item(record, bib_id, updated or marc.stamp_of(record) or fallback)
 
     def _tombstone(self, entry: dict[str, Any], bib_id: str) -> HarvestItem:
         try:
@@ -645,7 +653,7 @@ class SierraAdapter:
             chunk = identifiers[start:start + self.fetch_chunk]
             params = {"id": ",".join(chunk), "fields": ",".join(self.fields), "deleted": "false", "limit": len(chunk)}
             body = self.client.get_json("/bibs", params, empty_ok=True) or {}
-            items.extend(self._entry_to_item(entry) for entry in body.get("entries") or [])
+            items.extend(self._entry_to_item(entry, window.until) for entry in body.get("entries") or [])
         return items
 
     def _deleted_since(self, identifiers: list[str]) -> list[HarvestItem]:

@@ -24,7 +24,7 @@ from .marc8 import encodable
 _YEAR = 365 * 86400
 _DAY = 86400
 _DELETED, _SUPPRESSED = 1, 2
-MAX_ID = 9_999_999  # ids are 7-digit strings, so string order == numeric order
+MAX_ID = 999_999_999  # 7 digits on most catalogues, 8 on large ones (.b116512684): never compare ids as text
 OVERSIZED_ITEMS = 1400  # enough 945s to push an export record past 99,999 bytes
 
 TITLES: tuple[str, ...] = (
@@ -192,21 +192,26 @@ class SimulatedCatalogue(SimulatedModel[str | int]):
         no_id_every: int = 0,
         bad_utf8_every: int = 0,
         nul_every: int = 0,
+        poison_every: int = 0,
     ) -> None:
         """Deleted and suppressed bibs are a random sample, so they fall in every export block.
 
         ``*_every``: every n-th bib is MARC-8 in the export, lacks 005, lacks 001/907,
         or carries an invalid UTF-8 byte in the export, or a NUL character in its title
         (MARC-in-JSON ``\u0000``, a 0x00 byte in the export; real catalogues hold such
-        control characters from old imports) (0 = never).
+        control characters from old imports) (0 = never). ``poison_every``: every n-th
+        bib is one bib2Marc cannot convert: a ``bibs/marc`` block holding it answers 500
+        code 135 on every try, as a production catalogue does on certain ranges; the JSON
+        API serves it normally. Ids may start anywhere from 1,000,000 and cross into 8 or
+        9 digits (``first_id``).
         """
         everies = (oversized_every, invalid_every, marc8_every, no_005_every, no_id_every, bad_utf8_every, nul_every)
         if bibs < 0 or min(everies) < 0:
             raise ValueError("bibs and the *_every options must be >= 0")
         if not 0 <= deleted_fraction <= 1 or not 0 <= suppressed_fraction <= 1:
             raise ValueError("fractions must lie in [0, 1]")
-        if not 1_000_000 <= first_id or first_id + bibs - 1 > MAX_ID:
-            raise ValueError("ids must stay 7-digit (1000000..9999999)")
+        if not 1_000_000 <= first_id or first_id + bibs - 1 > MAX_ID or poison_every < 0:
+            raise ValueError("ids must lie in 1000000..999999999 and poison_every must be >= 0")
         self.seed = seed
         self.first_id = first_id
         self.oversized_every = oversized_every
@@ -216,6 +221,7 @@ class SimulatedCatalogue(SimulatedModel[str | int]):
         self.no_id_every = no_id_every
         self.bad_utf8_every = bad_utf8_every
         self.nul_every = nul_every
+        self.poison_every = poison_every
         super().__init__(start_clock, mutation_step, mutation_seed=seed * 1_000_003 + 29)
         self._build(bibs, deleted_fraction, suppressed_fraction)
 
@@ -328,6 +334,9 @@ class SimulatedCatalogue(SimulatedModel[str | int]):
 
     def lacks_ids(self, number: int) -> bool:
         return self._every(self.no_id_every, number)
+
+    def is_poison(self, number: int) -> bool:
+        return self._every(self.poison_every, number)
 
     def has_bad_utf8(self, number: int) -> bool:
         return self._every(self.bad_utf8_every, number)

@@ -37,6 +37,13 @@ JSON_TYPE = "application/json;charset=UTF-8"
 MAX_LIMIT = 2000
 DEFAULT_LIMIT = 50
 HOUR = 3600
+# Production's text, byte for byte (tests/fixtures/realworld/sierra/brown/bibs-marc-500-135.json).
+EXPORT_FAILED_135 = (
+    "External Process Failed : bib2Marc process failed twice. Error1: External Process Failed : bib2Marc "
+    "process failed : External Process Failed : bib2Marc process failed. No records exported, check parameters "
+    "Error2: External Process Failed : bib2Marc process failed : External Process Failed : bib2Marc process "
+    "failed. No records exported, check parameters"
+)
 ERROR_NAMES = {
     106: "Parameter not recognized", 107: "Record not found", 108: "Invalid parameter",
     111: "Internal server error", 113: "Unauthorized", 120: "Unauthorized", 123: "Unauthorized",
@@ -305,6 +312,20 @@ class SierraSimulator(ControlledServer):
     loopback port) instead of the API's own; the file is still served here.
     ``keep_alive_timeout``/``keep_alive_max``: idle connections close after this many
     wall-clock seconds; a connection closes after this many requests.
+
+    Shapes recorded from real servers (tests/fixtures/realworld/sierra):
+    ``list_start=False``: list bodies carry ``total`` and ``entries`` only (2017 servers).
+    ``specific_code``: error bodies carry this ``specificCode`` instead of 0.
+    ``export_file_ids``: the summary's ``file`` ends in a name (``...-bibs-1.mrc``),
+    a bare number (``.../files/17``), or is only that number (``"17"``).
+    ``marc_storage_order``: MARC-in-JSON fields in storage order, 001/005/008 amid the
+    others, not by tag. ``empty_leader_every``/``blank_leader_every``: every n-th bib's
+    MARC-in-JSON leader is "" or 24 blanks (as a vendor sandbox serves).
+    ``padded_codes``: codes padded to their width ("a  ", "gw "), in fixedFields too.
+    ``mixed_fixed_types``: fixedFields values are numbers or strings of digits by field.
+    Poison bibs (``SimulatedCatalogue(poison_every=...)``) make a ``bibs/marc`` block
+    answer 500 code 135 with production's long description; ``poison_json_fails``:
+    ``GET bibs`` naming one answers 500 too.
     """
 
     _base_path = API_PATH
@@ -317,11 +338,17 @@ class SierraSimulator(ControlledServer):
                  empty_export_file: bool = False, expired_token_code: int = 123,
                  keep_alive_timeout: float = 5.0, keep_alive_max: int = 100,
                  export_omits_suppressed: bool = False, deleted_records_field: str = "nonzero",
-                 file_origin: str | None = None, rate_limit_style: str = "138") -> None:
+                 file_origin: str | None = None, rate_limit_style: str = "138",
+                 list_start: bool = True, specific_code: int = 0, export_file_ids: str = "named",
+                 marc_storage_order: bool = False, empty_leader_every: int = 0, blank_leader_every: int = 0,
+                 padded_codes: bool = False, mixed_fixed_types: bool = False,
+                 poison_json_fails: bool = False) -> None:
         if rate_limit_style not in ("138", "429"):
             raise ValueError("rate_limit_style must be 138 or 429")
         if expired_token_code not in (120, 123):
             raise ValueError("expired_token_code must be 120 or 123")
+        if export_file_ids not in ("named", "numeric", "bare"):
+            raise ValueError("export_file_ids must be named, numeric or bare")
         if deleted_records_field not in ("nonzero", "always", "never"):
             raise ValueError("deleted_records_field must be nonzero, always or never")
         super().__init__(host, port, _Handler, catalogue)
@@ -338,6 +365,15 @@ class SierraSimulator(ControlledServer):
         self.export_omits_suppressed = export_omits_suppressed
         self.deleted_records_field = deleted_records_field
         self.file_origin = file_origin.rstrip("/") if file_origin else None
+        self.list_start = list_start
+        self.specific_code = specific_code
+        self.export_file_ids = export_file_ids
+        self.marc_storage_order = marc_storage_order
+        self.empty_leader_every = empty_leader_every
+        self.blank_leader_every = blank_leader_every
+        self.padded_codes = padded_codes
+        self.mixed_fixed_types = mixed_fixed_types
+        self.poison_json_fails = poison_json_fails
         self.tokens_issued = 0
         self.exports_created = 0
         self._tokens: dict[str, _Token] = {}
@@ -447,7 +483,10 @@ class SierraSimulator(ControlledServer):
             try:
                 response = self._route(method, path, dict(reversed(pairs)), headers, body)
             except ApiError as exc:
-                response = _json(exc.status, exc.body(), exc.headers)
+                payload = exc.body()
+                if self.specific_code:
+                    payload["specificCode"] = self.specific_code
+                response = _json(exc.status, payload, exc.headers)
         entry["status"] = response.status
         return response
 
@@ -574,10 +613,52 @@ class SierraSimulator(ControlledServer):
         numbers = self.catalogue.select(query, offset, limit)
         if not numbers:
             if query.deleted and query.deleted_days is not None:
-                return _json(200, {"start": offset, "entries": []})
+                return _json(200, {"start": offset, "entries": []} if self.list_start else {"entries": []})
             raise ApiError(404, 107)
-        entries = [render_entry(bib, names) for bib in self.catalogue.bibs(numbers)]
-        return _json(200, {"total": len(entries), "start": offset, "entries": entries})
+        bibs = self.catalogue.bibs(numbers)
+        if self.poison_json_fails and query.id_list and any(self.catalogue.is_poison(b.number) for b in bibs):
+            raise ApiError(500, 111, "Internal server error : unable to read the MARC record")
+        entries = [self._shape(bib, render_entry(bib, names)) for bib in bibs]
+        body: dict[str, Any] = {"total": len(entries), "start": offset, "entries": entries}
+        if not self.list_start:
+            del body["start"]
+        return _json(200, body)
+
+    def _shape(self, bib: Bib, entry: dict[str, Any]) -> dict[str, Any]:
+        """The recorded real-server shapes this simulator was asked to vary (see the class doc)."""
+        if bib.deleted:
+            return entry
+        if "marc" in entry:
+            entry["marc"] = self._shape_marc(bib, entry["marc"])
+        if self.padded_codes:
+            for name, width in (("materialType", 3), ("country", 3), ("lang", 3)):
+                if isinstance(entry.get(name), dict) and "code" in entry[name]:
+                    entry[name]["code"] = str(entry[name]["code"]).ljust(width)
+        fixed = entry.get("fixedFields")
+        if isinstance(fixed, dict):
+            for key, field in fixed.items():
+                value = field.get("value")
+                if self.padded_codes and key in ("30", "89", "24") and isinstance(value, str):
+                    field["value"] = value.ljust(3)
+                if self.mixed_fixed_types:
+                    if isinstance(value, int) and int(key) % 2:
+                        field["value"] = str(value)  # some sites' fixed fields are all strings
+                    elif isinstance(value, str) and value.isdigit() and not int(key) % 2:
+                        field["value"] = int(value)
+        return entry
+
+    def _shape_marc(self, bib: Bib, record: dict[str, Any]) -> dict[str, Any]:
+        fields = list(record.get("fields") or [])
+        if self.marc_storage_order and fields:
+            turn = bib.number % len(fields)
+            fields = fields[turn:] + fields[:turn]  # storage order: control fields amid the data fields
+        leader = record.get("leader", "")
+        place = bib.number - self.catalogue.first_id + 1
+        if self.empty_leader_every and place % self.empty_leader_every == 0:
+            leader = ""
+        elif self.blank_leader_every and place % self.blank_leader_every == 0:
+            leader = " " * 24
+        return {"leader": leader, "fields": fields}
 
     def _bib(self, bib_id: str, params: Mapping[str, str]) -> Response:
         self._check_params(params, frozenset({"fields"}))
@@ -600,7 +681,7 @@ class SierraSimulator(ControlledServer):
             raise ApiError(404, 107)
         if kind == "application/marc-xml":
             return Response(200, marc.marc_xml(bib), f"{kind};charset=UTF-8")
-        return Response(200, json.dumps(marc.marc_in_json(bib), ensure_ascii=False).encode(),
+        return Response(200, json.dumps(self._shape_marc(bib, marc.marc_in_json(bib)), ensure_ascii=False).encode(),
                         f"{kind};charset=UTF-8")
 
     # ---------------------------------------------------------------- query
@@ -628,9 +709,7 @@ class SierraSimulator(ControlledServer):
         with self._lock:
             if self._export_failures:
                 code = self._export_failures.pop(0)
-                description = ("bib2Marc process failed twice. No records exported, check parameters"
-                               if code == 135 else None)
-                raise ApiError(500, code, description)
+                raise ApiError(500, code, EXPORT_FAILED_135 if code == 135 else None)
             self._exports_asked += 1
             limit_once = self._rate_limit_once
             if limit_once is not None and self._exports_asked > limit_once[0]:
@@ -644,6 +723,8 @@ class SierraSimulator(ControlledServer):
         block = self.catalogue.bibs(self.catalogue.select(replace(query, deleted=None), offset, limit))
         if not block and not self.empty_export_file:
             raise ApiError(404, 107)
+        if any(self.catalogue.is_poison(bib.number) for bib in block if not bib.deleted):
+            raise ApiError(500, 135, EXPORT_FAILED_135)  # on every try, as long as the block holds it
         deleted = sum(1 for bib in block if bib.deleted)
         output = [bib for bib in block
                   if not bib.deleted and not (bib.suppressed and self.export_omits_suppressed)]
@@ -657,9 +738,14 @@ class SierraSimulator(ControlledServer):
             self._file_seq += 1
             self.exports_created += 1
             name = f"{datetime.fromtimestamp(now, timezone.utc):%Y%m%dT%H%M%S}-bibs-{self._file_seq}.mrc"
+            if self.export_file_ids != "named":
+                name = f"{self._file_seq}.mrc"
             self._files[name] = data
         origin = f"{self.file_origin}{API_PATH}" if self.file_origin else self.base_url
-        return _json(200, {"file": f"{origin}/bibs/marc/files/{name}", **summary})
+        if self.export_file_ids == "bare":
+            return _json(200, {"file": name.removesuffix(".mrc"), **summary})
+        shown = name.removesuffix(".mrc") if self.export_file_ids == "numeric" else name
+        return _json(200, {"file": f"{origin}/bibs/marc/files/{shown}", **summary})
 
     def _export_record(self, bib: Bib) -> tuple[bytes, bool]:
         cached = self._export_cache.get(bib) if self._export_cache is not None else None

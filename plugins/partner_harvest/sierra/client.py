@@ -37,15 +37,24 @@ from partner_harvest.http import ServerAsksToWait
 
 log = logging.getLogger(__name__)
 
-AUTH_EXPIRED_CODES = frozenset({120, 123})
+AUTH_EXPIRED_CODES = frozenset({120, 123})  # documented; a 401 with another code (113) is retried once too
 NOT_FOUND = 107
+EXPORT_FAILED = 135  # "External Process Failed : bib2Marc process failed twice..."
 RATE_LIMITED = 138
 MAX_LIMIT = 2000
 _FILE_ID = re.compile(r"[A-Za-z0-9._-]+")
 
 
 class SierraServerError(PartnerHttpError):
-    """A 5xx that may pass; retried a few times before it fails the task."""
+    """A 5xx that may pass; retried a few times before it fails the task.
+
+    ``code`` is Sierra's error code from the body (135 "External Process Failed" for an
+    export the server cannot build), None when the body carries none.
+    """
+
+    def __init__(self, partner_id: str, request: str, cause: str, code: int | None = None):
+        super().__init__(partner_id, request, cause)
+        self.code = code
 
 
 class RateLimited(PartnerProtocolError):
@@ -223,14 +232,18 @@ class SierraClient:
         params: dict[str, Any] | None = None,
         accept: str | None = None,
         empty_ok: bool = False,
+        tries: int | None = None,
     ) -> requests.Response | None:
-        """One authenticated call on the base URL; None for "no results" (404/107) when ``empty_ok``."""
+        """One authenticated call on the base URL; None for "no results" (404/107) when ``empty_ok``.
+
+        ``tries`` overrides ``server_error_tries`` (the export's bisection asks once per sub-block).
+        """
         if not path.startswith("/"):
             raise ValueError(f"{self.partner_id}: requests go to paths under the base URL, not {path!r}")
         url = f"{self.base_url}{path}"
         what = self.describe(method, url.removeprefix(self.base_url), params)
         retrying = Retrying(
-            stop=stop_after_attempt(max(1, self.server_error_tries)),
+            stop=stop_after_attempt(max(1, self.server_error_tries if tries is None else tries)),
             wait=wait_exponential(multiplier=self.server_error_backoff, max=60),
             retry=retry_if_exception_type(SierraServerError),
             reraise=True,
@@ -245,7 +258,10 @@ class SierraClient:
     ) -> requests.Response | None:
         try:
             response = self._send(method, url, params, accept)
-            if response.status_code == 401 and error_code(response) in AUTH_EXPIRED_CODES:
+            # 120/123 are the documented "token expired" codes; recorded servers also answer an
+            # expired token with 113 "Invalid or missing authorization header": any 401 gets
+            # one fresh token, and a second 401 fails the task (below).
+            if response.status_code == 401:
                 log.info("%s: access token rejected (code %s); fetching a new one", self.partner_id, error_code(response))
                 self._token = None
                 response = self._send(method, url, params, accept)
@@ -264,13 +280,14 @@ class SierraClient:
                               retry_after_seconds(response))
         if response.status_code >= 500:
             log.warning("%s: %s answered HTTP %d: %s", self.partner_id, what, response.status_code, _body_snippet(response))
-            raise SierraServerError(self.partner_id, what, f"HTTP {response.status_code}: {_body_snippet(response)}")
+            raise SierraServerError(self.partner_id, what, f"HTTP {response.status_code}: {_body_snippet(response)}", code)
         if response.status_code >= 400:
             raise PartnerProtocolError(self.partner_id, what, f"HTTP {response.status_code} (code {code}): {_body_snippet(response)}")
         return response
 
-    def get_json(self, path: str, params: dict[str, Any] | None = None, *, empty_ok: bool = False) -> dict[str, Any] | None:
-        response = self.request("GET", path, params=params, empty_ok=empty_ok)
+    def get_json(self, path: str, params: dict[str, Any] | None = None, *, empty_ok: bool = False,
+                 tries: int | None = None) -> dict[str, Any] | None:
+        response = self.request("GET", path, params=params, empty_ok=empty_ok, tries=tries)
         if response is None:
             return None
         try:
@@ -319,14 +336,14 @@ class SierraClient:
             cursor = next_cursor
 
     def export_block(self, start_id: int, limit: int, params: dict[str, Any] | None = None,
-                     end_id: int | None = None) -> ExportBlock | None:
+                     end_id: int | None = None, tries: int | None = None) -> ExportBlock | None:
         """Phase 1-3 of ``bibs/marc`` for the lowest ``limit`` ids from ``start_id`` (up to
         ``end_id`` for an id slice); None on 404/107.
 
         ``limit`` above Sierra's cap is sent as the cap (the caller pages on, whatever it asked).
         """
         query = {**(params or {}), "id": _id_range(start_id, end_id), "limit": min(max(1, limit), MAX_LIMIT)}
-        summary = self.get_json("/bibs/marc", query, empty_ok=True)
+        summary = self.get_json("/bibs/marc", query, empty_ok=True, tries=tries)
         if summary is None:
             return None
         file_ref = summary.get("file")

@@ -28,7 +28,15 @@ from partner_harvest.formats.checks import policy_of
 from partner_harvest.records import HarvestItem, HarvestStats, Rejected, Tombstone
 from partner_harvest.registry import Partner
 from partner_harvest.sierra import marc, resume
-from partner_harvest.sierra.client import MAX_LIMIT, ExportBlock, RateLimited, SierraClient
+from partner_harvest.sierra.client import (
+    EXPORT_FAILED,
+    MAX_LIMIT,
+    ExportBlock,
+    RateLimited,
+    SierraClient,
+    SierraServerError,
+    _id_range,
+)
 from partner_harvest.store import completeness, record_check
 from partner_harvest.window import SECONDS, Window, format_instant
 
@@ -40,11 +48,13 @@ REQUIRED_FIELDS = ("id", "updatedDate", "marc")
 DELETION_FIELDS = "id,deletedDate"
 EXPORT_SIZE_CEILING = 99_999
 TRUNCATION_SUSPECT = 0.95  # records this close to the ceiling may have lost their tail
-MAX_BIB_ID = 9_999_999  # record numbers are 7 digits
+# Record numbers have no fixed width: 7 digits on most catalogues, 8 on large ones
+# (907 $a ".b116512684"). Nothing here assumes a highest id: the export ends on 404/107
+# or an empty block, and the slice plan probes upwards for the highest id.
 RESERVED_EXPORT_PARAMS = frozenset({"id", "limit", "offset"})  # the keyset owns these
 CHECK_KIND = "sierra-id-enumeration"
 MISSING_BATCH = 500  # missing ids read back from PostgreSQL at a time (fetched 25 per request)
-_RAW_907 = re.compile(rb"\x1fa\.b(\d{7})[\dx]", re.IGNORECASE)
+_RAW_907 = re.compile(rb"\x1fa\.b(\d+)[\dx]", re.IGNORECASE)
 
 
 def _option(container: Any, key: str, default: Any = None) -> Any:
@@ -74,6 +84,7 @@ class SierraAdapter:
 
     fetch_chunk = 25  # ids per bibs?id=a,b,c request: long id lists fail on real servers
     fast_marc = True  # False: every export record through pymarc (the benchmark's baseline)
+    isolated_bibs = 0  # bibs the export could not build (code 135), fetched or quarantined one by one
 
     def __init__(self, partner: Partner, client: SierraClient, *, sleep: Callable[[float], None] = time.sleep):
         self.partner = partner
@@ -152,11 +163,20 @@ class SierraAdapter:
     def _id_slices(self, window: Window, settings: Any) -> list[dict[str, Any]]:
         """Equal id ranges: Sierra record numbers are handed out in sequence, so an id range
         holds about as many bibs as it is wide. The span comes from ``fields=id&limit=1``
-        probes: the lowest id, then the highest by bisection (about 24 requests)."""
+        probes: the lowest id, then the highest: doubling steps up until no id lies above
+        (ids have no fixed width), then bisection (about 2 x log2(span) requests)."""
         low = self._first_id_from(0)
-        if low is None or self._first_id_from(low + settings.threshold_records) is None:
+        above = None if low is None else self._first_id_from(low + settings.threshold_records)
+        if low is None or above is None:
             return []  # no id that far above the lowest: small enough to stay whole (two requests)
-        high, top, probes = low, MAX_BIB_ID, 2
+        high, probes, step = above, 2, max(1, settings.threshold_records)
+        while True:  # an id exists at or above ``high``: find a probe with none above it
+            found = self._first_id_from(high + step)
+            probes += 1
+            if found is None:
+                top = high + step - 1
+                break
+            high, step = found, step * 2
         while high < top:
             mid = (high + top + 1) // 2
             found = self._first_id_from(mid)
@@ -174,7 +194,7 @@ class SierraAdapter:
         pieces = []
         for index in range(count):
             lo = 0 if index == 0 else low + index * size
-            hi = MAX_BIB_ID if index == count - 1 else low + (index + 1) * size - 1
+            hi = None if index == count - 1 else low + (index + 1) * size - 1  # the last one is open-ended
             pieces.append({"from_": None, "until": window.until, "lo": lo, "hi": hi, "estimate": size})
         return pieces
 
@@ -218,25 +238,33 @@ class SierraAdapter:
         if start:
             log.info("%s: slice %s resumes its change poll at id %d", self.partner_id, piece.get("channel"), start)
         for entries in self.client.bib_pages(params, self.partner.page_size, **({"start_id": start} if start else {})):
-            items = [self._entry_to_item(entry) for entry in entries]
+            items = [self._entry_to_item(entry, window.until) for entry in entries]
             self._write(items, sink, stats, "changes", checkpoint=_after_last(entries) if piece else None)
 
-    def _entry_to_item(self, entry: dict[str, Any]) -> HarvestItem:
+    def _entry_to_item(self, entry: dict[str, Any], fallback: datetime | None = None) -> HarvestItem:
+        """One ``GET bibs`` entry as a record, deletion or reject.
+
+        A bib is identified by its ``id``. An entry without a usable ``updatedDate``
+        (recorded sandbox answers omit it) is stamped with its MARC's 005, else with
+        ``fallback`` (the window's until), as an export record without 005 is.
+        """
         bib_id = str(entry.get("id", "")).strip() or "(missing id)"
         if entry.get("deleted") is True:
             # Older Sierra versions return deleted stubs (id, deleted, deletedDate) here.
             return self._tombstone(entry, bib_id)
+        fallback = fallback or self.now()
         try:
-            updated = parse_sierra_timestamp(str(entry["updatedDate"]))
+            updated: datetime | None = parse_sierra_timestamp(str(entry["updatedDate"]))
         except (KeyError, ValueError):
-            return Rejected(bib_id, f"bib without a usable updatedDate: {entry.get('updatedDate')!r}", _json(entry))
+            updated = None
         if not entry.get("marc"):
-            return Rejected(bib_id, "bib without its 'marc' field", _json(entry), updated, marc.PREFIX)
+            return Rejected(bib_id, "bib without its 'marc' field", _json(entry), updated or fallback, marc.PREFIX)
         try:
             record = marc.from_marc_json(entry["marc"])
         except Exception as exc:
-            return Rejected(bib_id, f"MARC-in-JSON unreadable: {type(exc).__name__}: {exc}", _json(entry), updated, marc.PREFIX)
-        return marc.to_item(record, bib_id, updated, self.validation)
+            return Rejected(bib_id, f"MARC-in-JSON unreadable: {type(exc).__name__}: {exc}", _json(entry),
+                            updated or fallback, marc.PREFIX)
+        return marc.to_item(record, bib_id, updated or marc.stamp_of(record) or fallback, self.validation)
 
     def _tombstone(self, entry: dict[str, Any], bib_id: str) -> HarvestItem:
         try:
@@ -326,25 +354,53 @@ class SierraAdapter:
         """
         piece = piece or {}
         end_id = piece.get("hi")  # an id slice: [lo, hi]; else open-ended
-        last = MAX_BIB_ID if end_id is None else int(end_id)
+        last = None if end_id is None else int(end_id)
         cursor = start
         waits = 0
         blocks = 0
+        limit = self.export_limit  # smaller while a block that fails with code 135 is bisected
+        failing: _Failing | None = None
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"export-{self.partner_id}") as ahead, \
                 ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"staging-{self.partner_id}") as copier:
             pending: Future[ExportBlock | None] | None = None
             writing: Future[None] | None = None  # the previous block's COPY, in order, one at a time
-            while cursor <= last:
+            while last is None or cursor <= last:
                 try:
                     if pending is not None:
                         block, pending = pending.result(), None
                     else:
-                        block = self.client.export_block(cursor, self.export_limit, self.export_params,
-                                                         end_id=end_id)
+                        block = self.client.export_block(cursor, limit, self.export_params, end_id=end_id,
+                                                         tries=1 if failing else None)
                 except RateLimited as exc:
                     pending = None
                     waits += 1
                     self._wait_for_rate_limit(exc, cursor, waits)
+                    continue
+                except SierraServerError as exc:
+                    pending = None
+                    if exc.code != EXPORT_FAILED:
+                        raise
+                    if limit > 1:  # bisect: the lower half of the block first
+                        if failing is None:
+                            failing = _Failing(limit)
+                            log.warning("%s: export block from id %d (limit %d) fails with code 135 on every try; "
+                                        "bisecting it to isolate the bib(s) bib2Marc cannot export: %s",
+                                        self.partner_id, cursor, limit, exc.cause)
+                        limit //= 2
+                        continue
+                    items, after = self._isolate(cursor, end_id, exc, window)
+                    if after is None:
+                        _finish(writing)
+                        log.info("%s: export ends at id %d (no ids left after a failing block)", self.partner_id, cursor)
+                        return
+                    if writing is not None:
+                        writing, done = None, writing
+                        done.result()
+                    if items or piece:
+                        writing = copier.submit(self._write, items, sink, stats, "isolated bib",
+                                                checkpoint=after if piece else None)
+                    self.isolated_bibs += 1
+                    cursor, limit, failing = after, self.export_limit, None
                     continue
                 if block is None:
                     _finish(writing)
@@ -363,7 +419,11 @@ class SierraAdapter:
                 if next_cursor <= cursor:
                     raise HarvestLoopError(self.partner_id, f"GET bibs/marc?id=[{cursor},]",
                                            f"export ids did not ascend (highest id {last_id}, inputRecords {covered})")
-                if not block.errors and next_cursor <= last:
+                if failing is not None:  # past the whole block that failed: it was not one bib's fault
+                    failing.covered += covered
+                    if failing.covered >= failing.limit:
+                        limit, failing = self.export_limit, None
+                if failing is None and not block.errors and (last is None or next_cursor <= last):
                     pending = ahead.submit(self.client.export_block, next_cursor, self.export_limit, self.export_params,
                                            end_id=end_id)
                 items = self._items(decoded, block, window, cursor)
@@ -378,6 +438,39 @@ class SierraAdapter:
                              cursor, covered, block.output_records, block.deleted_records)
                 cursor = next_cursor
             _finish(writing)
+
+    def _isolate(self, cursor: int, end_id: Any, failure: SierraServerError,
+                 window: Window) -> tuple[list[HarvestItem], int | None]:
+        """The one bib a block of ``limit=1`` from ``cursor`` covers, fetched without the export.
+
+        bib2Marc fails on it (code 135) however small the block: its id comes from
+        ``GET bibs?id=[cursor,]&limit=1``, the bib through ``GET bibs`` (MARC-in-JSON);
+        if that fails too, it is quarantined by id with both servers' errors. Returns the
+        items and the cursor after the bib (None: no id left from ``cursor``).
+        """
+        probe = self.client.get_json("/bibs", {"id": _id_range(cursor, end_id), "limit": 1, "fields": "id,deleted"},
+                                     empty_ok=True)
+        entries = (probe or {}).get("entries") or []
+        if not entries:
+            return [], None
+        bib_id = str(entries[0].get("id", "")).strip()
+        if not bib_id.isdigit() or int(bib_id) < cursor:
+            raise HarvestLoopError(self.partner_id, f"GET bibs?id=[{cursor},]&limit=1",
+                                   f"the lowest id from {cursor} is {bib_id!r}")
+        after = int(bib_id) + 1
+        if entries[0].get("deleted") is True:
+            return [], after  # a deleted bib is not in any export; the deletion poll or purge handles it
+        try:
+            items = self.fetch_records(window, [bib_id])
+        except RateLimited:
+            raise
+        except HarvestError as exc:
+            reason = (f"bibs/marc cannot export this bib ({failure.cause}) and GET bibs failed too: {exc.cause}")
+            log.error("%s: bib %s quarantined: %s", self.partner_id, bib_id, reason)
+            return [Rejected(bib_id, reason, "", window.until, marc.PREFIX)], after
+        log.warning("%s: bib %s is one bibs/marc cannot export (code 135); fetched it through GET bibs "
+                    "(%d item(s)); the export goes on at id %d", self.partner_id, bib_id, len(items), after)
+        return items, after
 
     def _wait_for_rate_limit(self, exc: RateLimited, cursor: int, waits: int) -> None:
         """A short wait sleeps here; a longer one gives the worker slot back (PartnerAsksToWait).
@@ -483,8 +576,11 @@ class SierraAdapter:
             deleted_since += len(gone)
             if items or gone:
                 self._write(items + gone, staging, stats, "completeness fetch")
+        purged = self._stage_vanished(conn, run, staging, stats, piece)
         left, sample = completeness.still_missing(conn, run)
         detail = f"fetched {fetched} missing of {gap.missing}"
+        if purged:
+            detail += f"; {purged}"
         if deleted_since:
             detail += f"; {deleted_since} deleted since they were listed (staged as deletions)"
         if gap.missing:
@@ -498,6 +594,36 @@ class SierraAdapter:
         completeness.clear(conn, run)
         (log.info if left == 0 else log.error)("%s: completeness check %s: %s", self.partner_id,
                                                "passed" if left == 0 else "FAILED", detail)
+
+    def _stage_vanished(self, conn: Any, run: Any, staging: StagingSink, stats: HarvestStats,
+                        piece: Mapping[str, Any]) -> str:
+        """A full load leaves the mirror equal to the live set, whatever it held before.
+
+        The export and the enumeration list only live bibs, and a load from the beginning
+        polls no deletions: a bib the mirror holds (in this slice's id range) that the
+        enumeration did not list and the run did not stage was deleted upstream since.
+        It is staged as a tombstone at its stored version's datestamp (as a reconcile
+        does), so the one-transaction apply purges exactly that version (I3, I10). More
+        than the partner's ``max_purge_fraction`` of what is held is not staged (the
+        weekly reconcile, with its guard and override, decides): returns what was done.
+        """
+        sliced = bool(piece)
+        bounds = {"lo": piece.get("lo"), "hi": piece.get("hi"), "sliced": sliced}
+        gone, held = completeness.held_not_listed(conn, run, **bounds)
+        if not gone:
+            return ""
+        if gone > self.partner.max_purge_fraction * held:
+            log.error("%s: %d of the %d bibs held were not listed live by the full load; more than the %.0f%% "
+                      "mass-purge limit, so none is purged (a reconcile decides)", self.partner_id, gone, held,
+                      100 * self.partner.max_purge_fraction)
+            return f"{gone} held bibs not listed live left alone (above the mass-purge limit)"
+        staged = 0
+        for batch in completeness.held_not_listed_batches(conn, run, MISSING_BATCH, **bounds):
+            items: list[HarvestItem] = [Tombstone(identifier, datestamp) for identifier, datestamp in batch]
+            self._write(items, staging, stats, "deleted since held")
+            staged += len(items)
+        log.info("%s: %d bibs held by the mirror are no longer live upstream: staged as deletions", self.partner_id, staged)
+        return f"{staged} held bibs no longer live staged as deletions"
 
     def _refetch(self, bib_id: str, stamp: datetime) -> HarvestItem:
         """A record the export may have truncated: fetch it whole, or quarantine it."""
@@ -529,7 +655,7 @@ class SierraAdapter:
             chunk = identifiers[start:start + self.fetch_chunk]
             params = {"id": ",".join(chunk), "fields": ",".join(self.fields), "deleted": "false", "limit": len(chunk)}
             body = self.client.get_json("/bibs", params, empty_ok=True) or {}
-            items.extend(self._entry_to_item(entry) for entry in body.get("entries") or [])
+            items.extend(self._entry_to_item(entry, window.until) for entry in body.get("entries") or [])
         return items
 
     def _deleted_since(self, identifiers: list[str]) -> list[HarvestItem]:
@@ -589,6 +715,15 @@ def _finish(writing: Future[None] | None) -> None:
     """The last block's COPY is done (or its error raised) before the export returns."""
     if writing is not None:
         writing.result()
+
+
+class _Failing:
+    """A block that failed with code 135 while it is bisected: its size, and the ids the
+    smaller blocks have covered since (past all of them, the full block size returns)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.covered = 0
 
 
 class _Decoded(NamedTuple):

@@ -32,7 +32,7 @@ def staged_so_far(conn: psycopg.Connection, run: RunRef) -> Staged:
         """
         SELECT count(*), count(*) FILTER (WHERE kind = 'R'), count(*) FILTER (WHERE kind = 'T'),
                count(*) FILTER (WHERE kind = 'Q'), coalesce(max(seq), 0),
-               max(CASE WHEN identifier ~ '^[0-9]{1,9}$' THEN identifier::bigint END)
+               max(CASE WHEN identifier ~ '^[0-9]{1,18}$' THEN identifier::bigint END)
         FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s
         """,
         run.key(),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 
@@ -130,6 +131,56 @@ STILL_MISSING = """
                             AND s.kind IN ('R', 'Q', 'T') AND s.identifier = l.identifier)
         ORDER BY l.identifier LIMIT %(sample)s
 """
+
+
+_HELD_NOT_LISTED = """
+    FROM records r
+    WHERE r.partner_id = %(pid)s AND r.identifier > %(after)s
+      AND (NOT %(sliced)s OR (CASE WHEN r.identifier ~ '^[0-9]{1,18}$' THEN r.identifier::bigint END)
+                             BETWEEN %(lo)s AND %(hi)s)
+      AND NOT EXISTS (SELECT 1 FROM reconcile_ids l
+                      WHERE l.partner_id = %(pid)s AND l.run_id = %(listed)s AND l.identifier = r.identifier)
+      AND NOT EXISTS (SELECT 1 FROM staging s
+                      WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.channel = %(channel)s
+                        AND s.identifier = r.identifier)
+"""
+
+
+def _held_params(run: RunRef, lo: int | None, hi: int | None, sliced: bool) -> dict:
+    return {"pid": run.partner_id, "run": run.run_id, "channel": run.channel, "listed": _keys(run)[0],
+            "sliced": sliced, "lo": -1 if lo is None else lo, "hi": 2**63 - 1 if hi is None else hi, "after": ""}
+
+
+def held_not_listed(conn: psycopg.Connection, run: RunRef, *, lo: int | None = None, hi: int | None = None,
+                    sliced: bool = False) -> tuple[int, int]:
+    """Records the mirror holds (within a slice's id range) that the enumeration did not
+    list live and the run did not stage: deleted upstream since the mirror got them.
+    Returns (how many, how many records the mirror holds in that range)."""
+    params = _held_params(run, lo, hi, sliced)
+    conn.commit()
+    with conn.transaction():
+        _no_nested_loops(conn)
+        gone = conn.execute("SELECT count(*) " + _HELD_NOT_LISTED, params).fetchone()[0]
+        held = conn.execute(
+            """SELECT count(*) FROM records r WHERE r.partner_id = %(pid)s
+               AND (NOT %(sliced)s OR (CASE WHEN r.identifier ~ '^[0-9]{1,18}$' THEN r.identifier::bigint END)
+                                      BETWEEN %(lo)s AND %(hi)s)""", params).fetchone()[0]
+    return gone, held
+
+
+def held_not_listed_batches(conn: psycopg.Connection, run: RunRef, size: int, *, lo: int | None = None,
+                            hi: int | None = None, sliced: bool = False) -> Iterator[list[tuple[str, Any]]]:
+    """Those records' (identifier, stored datestamp), in keyset batches; the caller stages
+    tombstones for them between batches (so they then count as staged)."""
+    params = _held_params(run, lo, hi, sliced)
+    while True:
+        rows = conn.execute("SELECT r.identifier, r.datestamp " + _HELD_NOT_LISTED
+                            + " ORDER BY r.identifier LIMIT %(size)s", {**params, "size": size}).fetchall()
+        conn.commit()
+        if not rows:
+            return
+        yield [(identifier, datestamp) for identifier, datestamp in rows]
+        params["after"] = rows[-1][0]
 
 
 def clear(conn: psycopg.Connection, run: RunRef) -> None:

@@ -53,10 +53,10 @@ def _async_message() -> str:
 def _check_async_twin() -> None:
     url = os.environ.get(SYNC_URL_ENV, "")
     if url.startswith(("postgresql+psycopg:", "postgresql+psycopg2:", "postgresql:")) and not os.environ.get(ASYNC_URL_ENV):
-        try:
-            import asyncpg  # noqa: F401
-        except ImportError:
-            raise AirflowUnreachable(_async_message()) from None
+        from importlib.util import find_spec
+
+        if find_spec("asyncpg") is None:  # what Airflow would import for the derived URL
+            raise AirflowUnreachable(_async_message())
 
 
 def _check_metadata_database() -> None:

@@ -2,11 +2,17 @@
 
 Starts (or reuses) the embedded PostgreSQL (or uses HARVEST_DATABASE_URL) with two
 databases of its own, Airflow's metadata and the aggregation, the two demo partner
-simulators, and Airflow's api-server, scheduler and dag-processor (LocalExecutor), all
-on 127.0.0.1. The settings are those the end-to-end tests run with (tests/e2e/conftest.py).
-Ctrl-C stops everything it started; the databases, the cursors and the run history stay
-for the next start. Everyone reaching the port is an admin (SimpleAuthManager, all
-admins): keep it on loopback.
+simulators, an alert inbox (alerts.log and a page), and Airflow's api-server, scheduler,
+dag-processor and triggerer (LocalExecutor), all on 127.0.0.1. The settings are those the
+end-to-end tests run with (tests/e2e/conftest.py). Ctrl-C stops everything it started but
+the embedded PostgreSQL (``stop-db`` stops it); the databases, the cursors and the run
+history stay for the next start. Everyone reaching the port is an admin
+(SimpleAuthManager, all admins): keep it on loopback.
+
+    airflow_ui.py [--port ...]   start it
+    airflow_ui.py env            print the exports that point partner-harvest (and the airflow
+                                 command) at this Airflow: eval "$(bash scripts/airflow_ui.sh env)"
+    airflow_ui.py stop-db        stop the embedded PostgreSQL it left running
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import argparse
 import json
 import os
 import secrets
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,9 +39,13 @@ from psycopg import sql  # noqa: E402
 from psycopg.conninfo import conninfo_to_dict, make_conninfo  # noqa: E402
 
 from include import embedded_pg  # noqa: E402
+from include.alert_inbox import AlertInbox  # noqa: E402
 from include.simulators.process import simulator_process as simulator  # noqa: E402
 
-SERVICES = ("api-server", "scheduler", "dag-processor")
+# The triggerer runs deferred tasks; the partner DAGs defer nothing (their deadlines run on the
+# executor), but Airflow's Home page checks it, and DAGs of your own may defer.
+SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
+UI_LABEL = "ui"  # the embedded PostgreSQL's data directory label
 SIERRA_KEY, SIERRA_SECRET = "demo-key", "demo-secret"
 
 
@@ -81,7 +93,8 @@ def stable_secrets(home: Path) -> dict[str, str]:
     return values
 
 
-def airflow_env(home: Path, port: int, meta_db: str, aggregation_db: str, oai_url: str, sierra_url: str) -> dict[str, str]:
+def airflow_env(home: Path, port: int, meta_db: str, aggregation_db: str, oai_url: str, sierra_url: str,
+                alerts_url: str | None = None) -> dict[str, str]:
     keys = stable_secrets(home)
     base_url = f"http://127.0.0.1:{port}"
     metadata_url = sqlalchemy_url(meta_db)
@@ -118,7 +131,42 @@ def airflow_env(home: Path, port: int, meta_db: str, aggregation_db: str, oai_ur
         "AIRFLOW_CONN_PARTNER_DEMO_LIBRARY": json.dumps(
             {"conn_type": "http", "host": sierra_url, "login": SIERRA_KEY, "password": SIERRA_SECRET}),
     })
+    if alerts_url:  # the alert inbox: alerts.log and its page
+        env["AIRFLOW_CONN_HARVEST_ALERTS_WEBHOOK"] = json.dumps({"conn_type": "http", "host": f"{alerts_url}/alerts"})
+    for name, value in json.loads(os.environ.get("HARVEST_UI_EXTRA_CONNECTIONS") or "{}").items():
+        env[f"AIRFLOW_CONN_{name.upper()}"] = json.dumps(value)  # tests: a partner whose endpoint is down
     return env
+
+
+# What the command line needs to reach this Airflow (`env`): no partner endpoints, no secrets
+# the CLI does not use.
+CLI_KEYS = ("AIRFLOW_HOME", "AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__PLUGINS_FOLDER",
+            "AIRFLOW__CORE__LOAD_EXAMPLES", "AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC", "HARVEST_PARTNERS_FILE", "AIRFLOW_CONN_AGGREGATION_DB")
+
+
+def print_env(home: Path, db_prefix: str) -> int:
+    """The exports for `eval "$(bash scripts/airflow_ui.sh env)"` (starts the embedded PostgreSQL
+    when it is not running; creates nothing else)."""
+    if not (home / "ui-secrets.json").exists():
+        print(f"echo 'no local Airflow in {home} yet: start it once with bash scripts/airflow_ui.sh' >&2; false")
+        return 1
+    pg_uri = embedded_pg.start(UI_LABEL, keep_running=True)
+    env = airflow_env(home, 8080, database(pg_uri, f"{db_prefix}_meta"), database(pg_uri, f"{db_prefix}_aggregation"),
+                      "", "")
+    for key in CLI_KEYS:
+        print(f"export {key}={shlex.quote(env[key])}")
+    print(f"export PATH={shlex.quote(str(ROOT / '.venv' / 'bin'))}:\"$PATH\"")
+    return 0
+
+
+def drop_stray_egg_info() -> None:
+    """``pip install -e .`` leaves plugins/partner_harvest.egg-info; with plugins/ on sys.path
+    (Airflow puts it there) Python then sees the package twice, Airflow loads its plugin entry
+    point twice, and the UI's Home page shows "Plugin 'partner_harvest' already registered"."""
+    for stray in (ROOT / "plugins").glob("*.egg-info"):
+        shutil.rmtree(stray)
+        print(f"==> removed {stray.relative_to(ROOT)} (a second copy of the package's metadata on Airflow's sys.path)")
 
 
 def stop(processes: dict[str, subprocess.Popen], wait: float = 20.0) -> None:
@@ -145,7 +193,7 @@ def healthy(base_url: str) -> bool:
     except (requests.RequestException, ValueError):
         return False
     return all((health.get(part) or {}).get("status") == "healthy"
-               for part in ("metadatabase", "scheduler", "dag_processor"))
+               for part in ("metadatabase", "scheduler", "dag_processor", "triggerer"))
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -159,10 +207,20 @@ def main() -> int:
     parser.add_argument("--home", type=Path, default=ROOT / ".airflow-ui", help="AIRFLOW_HOME (default .airflow-ui)")
     parser.add_argument("--db-prefix", default="airflow_ui", help="names of the two databases: <prefix>_meta, <prefix>_aggregation")
     parser.add_argument("--records", type=int, default=5000, help="size of each demo partner's collection")
+    parser.add_argument("action", nargs="?", choices=["start", "env", "stop-db"], default="start",
+                        help="start (default); env: print the exports for partner-harvest; stop-db: stop the "
+                             "embedded PostgreSQL")
     args = parser.parse_args()
+    if args.action == "env":
+        return print_env(args.home, args.db_prefix)
+    if args.action == "stop-db":
+        embedded_pg.stop(UI_LABEL)
+        print("==> the embedded PostgreSQL of the local UI is stopped")
+        return 0
 
     args.home.mkdir(parents=True, exist_ok=True)
-    pg_uri = embedded_pg.start("ui", keep_running=True)
+    drop_stray_egg_info()
+    pg_uri = embedded_pg.start(UI_LABEL, keep_running=True)
     meta_db = database(pg_uri, f"{args.db_prefix}_meta")
     aggregation_db = database(pg_uri, f"{args.db_prefix}_aggregation")
     processes: dict[str, subprocess.Popen] = {}
@@ -173,7 +231,11 @@ def main() -> int:
                                                 "--granularity", "seconds", "--formats", "oai_dc,lido"))
         sierra_url = stack.enter_context(simulator("sierra", "--bibs", n, "--client-key", SIERRA_KEY,
                                                    "--client-secret", SIERRA_SECRET))
-        env = airflow_env(args.home, args.port, meta_db, aggregation_db, oai_url, sierra_url)
+        try:
+            inbox = stack.enter_context(AlertInbox(args.home / "alerts.log", args.port + 3))
+        except OSError:  # the port is taken: any free one (the ready lines name it)
+            inbox = stack.enter_context(AlertInbox(args.home / "alerts.log"))
+        env = airflow_env(args.home, args.port, meta_db, aggregation_db, oai_url, sierra_url, inbox.url)
         airflow = [sys.executable, "-m", "airflow"]
         print(f"==> Airflow metadata DB and aggregation DB on {'HARVEST_DATABASE_URL' if os.environ.get(embedded_pg.DATABASE_URL_ENV) else 'the embedded PostgreSQL'}", flush=True)
         with (args.home / "db-migrate.log").open("wb") as out:
@@ -196,8 +258,11 @@ def main() -> int:
                     return 1
                 time.sleep(1)
             print(f"==> Airflow UI ready at {base_url} (every visitor is admin: loopback only)", flush=True)
-            print(f"    partners: demo (OAI-PMH) at {oai_url}, demo_library (Sierra) at {sierra_url}", flush=True)
-            print(f"    logs: {args.home}/<service>.log; Ctrl-C stops everything", flush=True)
+            print(f"    partners: demo (OAI-PMH) at {oai_url}, demo_library (Sierra) at {sierra_url}; their clock "
+                  "stands at 2026-01-01 (the simulators' fixed clock: the health page shows it)", flush=True)
+            print(f"    alerts: {inbox.url}/ and {args.home}/alerts.log", flush=True)
+            print('    command line: eval "$(bash scripts/airflow_ui.sh env)"; partner-harvest status', flush=True)
+            print(f"    logs: {args.home}/<service>.log; Ctrl-C stops everything but the PostgreSQL", flush=True)
             while all(proc.poll() is None for proc in processes.values()):
                 time.sleep(1)
             dead = [name for name, proc in processes.items() if proc.poll() is not None]
@@ -205,6 +270,9 @@ def main() -> int:
             return 1
         except KeyboardInterrupt:
             print("==> stopping", flush=True)
+            if not os.environ.get(embedded_pg.DATABASE_URL_ENV):
+                print(f"==> the embedded PostgreSQL keeps running (data in {embedded_pg.data_dir(UI_LABEL)}), so the "
+                      "next start is quick: `bash scripts/airflow_ui.sh stop-db` stops it", flush=True)
             return 0
 
 

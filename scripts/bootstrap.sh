@@ -19,6 +19,10 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+# The editable install writes plugins/partner_harvest.egg-info. With plugins/ on sys.path (Airflow
+# puts its plugins folder there) Python sees the package twice and Airflow loads its plugin entry
+# point twice ("Plugin 'partner_harvest' already registered" on the UI's Home page): drop it.
+rm -rf plugins/*.egg-info
 # The health page's browser test drives Debian's Chromium (no browser can be downloaded by
 # playwright here). Installed when missing and this user may install packages.
 if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

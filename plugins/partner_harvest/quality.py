@@ -41,7 +41,7 @@ def findings(partner: Partner, figures: RunFigures, now: datetime) -> list[str]:
         found.append(f"completeness check failed: {check}; records may be missing or extra (see README, "
                      "'Completeness checks')")
     reference = figures.last_fetch_at or figures.first_run_at
-    if reference is not None and now - reference > partner.quiet_period:
+    if is_quiet(partner, figures.last_fetch_at, figures.first_run_at, now):
         since = figures.last_fetch_at.strftime("%Y-%m-%d %H:%MZ") if figures.last_fetch_at else "never"
         found.append(
             f"no record fetched for {(now - reference).days} days (last fetch: {since}); "
@@ -67,3 +67,9 @@ def _new_warnings(partner: Partner, figures: RunFigures) -> list[str]:
                 f"can make it a reject (docs/operator/validation.md)"
             )
     return found
+
+
+def is_quiet(partner: Partner, last_fetch_at: datetime | None, first_run_at: datetime | None, now: datetime) -> bool:
+    """No record fetched (since the first run, if none ever was) for longer than ``quiet_period``."""
+    reference = last_fetch_at or first_run_at
+    return reference is not None and now - reference > partner.quiet_period

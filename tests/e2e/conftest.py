@@ -36,7 +36,7 @@ from smtp_sink import SmtpSink, free_loopback_port  # pytest (prepend mode) puts
 ROOT = Path(__file__).resolve().parents[2]
 MUSEUM = "e2emuseum"
 BROKEN = "e2ebroken"
-LAGGING = "e2elagging"  # clock ten days back (the health page's "behind"); every tenth record invalid
+LAGGING = "e2elagging"  # clock ten days back (the health page shows it); every tenth record invalid
 ALERTS_CONN_ID = "harvest_alerts_smtp"
 DOWNSTREAM_DAG = "example_downstream_jsonl"  # scheduled on the partners' Asset events
 SERVICES = ("api-server", "scheduler", "dag-processor")

@@ -160,12 +160,13 @@ def test_status_shows_one_line_per_partner(capsys, conn, db, registry_file) -> N
     seed(conn, "archive", 1, status="failed", error="HTTP 503 from https://archive.example/oai\nTraceback...")
     status, out, _ = run(capsys, "status", "--database-url", db)
     assert status == 0
-    lines = {line.split()[0]: line for line in out.splitlines()[2:]}
+    lines = {line.split()[0]: line for line in out.splitlines()[2:5]}
     assert set(lines) == {"archive", "library", "museum"}
-    assert lines["museum"].split()[:5] == ["museum", "oai-pmh", "healthy", "3", "1"]
+    assert lines["museum"].split()[:5] == ["museum", "oai-pmh", "ok", "3", "1"]
     assert "failing" in lines["archive"] and "HTTP 503 from https://archive.example/oai" in lines["archive"]
+    assert "archive failing: changes: HTTP 503 from https://archive.example/oai" in out.splitlines()
     assert "Traceback" not in out
-    assert lines["library"].split()[2] == "new"  # never run
+    assert lines["library"].split()[2:4] == ["never", "run"]
 
 
 def test_status_of_a_partner_that_went_quiet(capsys, conn, db, registry_file) -> None:
@@ -173,7 +174,7 @@ def test_status_of_a_partner_that_went_quiet(capsys, conn, db, registry_file) ->
     seed(conn, "museum", 1, applied_at=datetime.now(timezone.utc) - timedelta(days=3))
     status, out, _ = run(capsys, "status", "--database-url", db, "--partner", "museum")
     line = out.splitlines()[2]
-    assert status == 0 and " warning " in line and "no record fetched for 3 days" in line
+    assert status == 0 and " quiet " in line and "no record fetched for 3 days" in line
 
 
 def test_status_of_a_database_without_the_schema_says_to_migrate(capsys, db, registry_file) -> None:
@@ -237,7 +238,8 @@ def seed_sliced_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> N
             )
 
 
-def test_progress_shows_each_slice_with_its_rate_and_the_time_left(capsys, conn, db) -> None:
+def test_progress_shows_each_slice_with_its_rate_and_the_time_left(capsys, conn, db, registry_file) -> None:
+    registry_file("partners:" + GOOD)
     ensure_schema(conn)
     seed_sliced_run(conn, "museum", "harvest_museum/older")
     conn.execute("UPDATE harvest_runs SET started_at = started_at - interval '1 day' WHERE run_id = 'harvest_museum/older'")
@@ -256,7 +258,18 @@ def test_progress_shows_each_slice_with_its_rate_and_the_time_left(capsys, conn,
     assert summary.startswith("run harvest_museum/newest: 12,000 of 26,000 records, 21/s now, time left 0:11:19")  # 14,000 to go
 
 
-def test_progress_of_a_partner_without_runs_says_so(capsys, conn, db) -> None:
+def test_progress_of_a_partner_without_runs_says_so(capsys, conn, db, registry_file) -> None:
+    registry_file("partners:" + GOOD)
     ensure_schema(conn)
-    status, _, err = run(capsys, "progress", "nobody", "--database-url", db)
-    assert status == 1 and "partner nobody has no run" in err
+    status, _, err = run(capsys, "progress", "museum", "--database-url", db)
+    assert status == 1 and "partner museum has no run" in err
+
+
+def test_progress_of_a_partner_not_in_the_registry_says_so(capsys, conn, db, registry_file) -> None:
+    """Issue 25: `progress nosuch` said 'has no run', as if the partner existed."""
+    path = registry_file("partners:" + GOOD)
+    ensure_schema(conn)
+    status, _, err = run(capsys, "progress", "nosuch", "--database-url", db)
+    assert status == 1 and err.strip() == (
+        f"partner-harvest progress: partner 'nosuch' is not in the registry {path} "
+        "(`partner-harvest validate` lists its partners)")

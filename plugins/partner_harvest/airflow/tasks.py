@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import psycopg
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
@@ -24,10 +24,10 @@ from partner_harvest.errors import HarvestError, PartnerAsksToWait
 from partner_harvest.factory import build_adapter
 from partner_harvest.registry import Partner, RegistryError, get_partner
 from partner_harvest import quality
-from partner_harvest.airflow.notifiers import send_alert
+from partner_harvest.airflow.notifiers import failure_fields, send_alert
 from partner_harvest.reconcile import reconcile
 from partner_harvest.store import RunRef, connect, ensure_schema
-from partner_harvest.store import leases, runs
+from partner_harvest.store import events, leases, runs
 from partner_harvest.store.quality import run_figures
 from partner_harvest.store.runs import abandon_stale_runs, clock_high_water, last_applied_until
 from partner_harvest.window import Window, WindowError, channel_window, parse_instant
@@ -136,6 +136,33 @@ def release_lease_after_final_failure(context: dict[str, Any], partner_id: str) 
         log.warning("could not release the lease of %s: %s", partner_id, exc)
 
 
+def record_run_event(context: dict[str, Any], partner_id: str, kind: str = events.FAILED) -> None:
+    """on_failure_callback / on_retry_callback: the try's error, as the alert names it, in
+    ``run_events`` for the health page and ``partner-harvest status`` (a run that fails before
+    it writes harvest_runs, e.g. an unreachable endpoint, is otherwise only in the task's log)."""
+    fields = failure_fields(context)
+    _record_event(context, partner_id, kind, f"{fields['task_id']}: {fields['cause']}")
+
+
+def _record_event(context: dict[str, Any], partner_id: str, kind: str, message: str) -> None:
+    ti = context.get("ti") or context.get("task_instance")
+    try:
+        with aggregation() as conn:
+            ensure_schema(conn)
+            events.record(conn, partner_id, context["dag_run"].dag_id, run_key(context),
+                          getattr(ti, "task_id", "?"), getattr(ti, "try_number", None), kind, message)
+    except Exception as exc:  # never mask the task's own failure or skip
+        log.warning("%s: could not record the run's %s event: %s", partner_id, kind, exc)
+
+
+def _skip(partner_id: str, context: dict[str, Any], kind: str, reason: str) -> NoReturn:
+    """Skip the run saying why: first in the task's log (not at its end, in a folded group),
+    then in ``run_events`` for the health page."""
+    log.warning("SKIPPED: %s", reason)
+    _record_event(context, partner_id, kind, reason)
+    raise AirflowSkipException(reason)
+
+
 def is_scheduled(context: dict[str, Any]) -> bool:
     run_type = getattr(context["dag_run"], "run_type", None)
     return getattr(run_type, "value", run_type) == "scheduled"
@@ -156,7 +183,7 @@ def first_harvest_waits(partner: Partner, context: dict[str, Any], request: pipe
         ensure_schema(conn)
         if last_applied_until(conn, partner.id, "changes") is not None:
             return  # the Variable was deleted on purpose (README "Reset a cursor"): full harvest as before
-    raise AirflowSkipException(
+    _skip(partner.id, context, events.SKIPPED,
         f"{partner.id}: no cursor yet (Variable {partner.cursor_key} unset, no applied run in harvest_runs): "
         "a scheduled run never starts a partner's first full harvest. Trigger "
         f"{partner.dag_id} once by hand (mode=incremental harvests everything and sets the cursor); "
@@ -183,10 +210,25 @@ def freeze_window(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
                         for name in extra_channels(adapter)}
             high_water = clock_high_water(conn, partner_id)
         window = pipeline.freeze_window(adapter, partner.lag, cursor, request, channels, high_water)
-        behind = window.protocol.get("clock_behind_cursor")
-        if behind:
-            _alert_clock_behind(partner, context, behind)
-        return window.to_dict()
+        empty = _empty_window(partner_id, window, request)
+        if empty is None:
+            behind = window.protocol.get("clock_behind_cursor")
+            if behind:
+                _alert_clock_behind(partner, context, behind)
+            return window.to_dict()
+    release_lease(partner_id, run_key(context))  # nothing follows: let a reconcile in now
+    _skip(partner_id, context, events.EMPTY, empty)
+
+
+def _empty_window(partner_id: str, window: Window, request: pipeline.RunRequest) -> str | None:
+    """Why a window run (a backfill's day) has nothing to harvest: it starts after the partner's clock."""
+    clock = window.partner_clock
+    if window.mode != "window" or window.from_ is None or clock is None or window.from_ <= clock:
+        return None
+    kind = "backfill" if not request.may_advance_cursor else "window"
+    return (f"{partner_id}: nothing to harvest: this {kind} run's window {window.describe()} starts after the "
+            f"partner's clock ({window.protocol['partner_clock']}): the partner has stamped no change there. "
+            "This run is skipped.")
 
 
 def _alert_clock_behind(partner: Partner, context: dict[str, Any], behind: dict[str, Any]) -> None:

@@ -51,12 +51,13 @@ def _registry(args: argparse.Namespace) -> Registry:
 
 
 def _airflow(purpose: str) -> ModuleType:
-    """The Airflow side (Variables, pools, Connections); only where Airflow is installed."""
+    """The Airflow side (Variables, pools, Connections); only where Airflow is installed and configured."""
+    from partner_harvest.cli.airflow_side import AirflowUnreachable, admin
+
     try:
-        from partner_harvest.airflow import admin
-    except ImportError as exc:
-        raise CliError(f"{purpose} needs Airflow in this environment ({exc}); run it where the Airflow CLI runs") from None
-    return admin
+        return admin(purpose)
+    except AirflowUnreachable as exc:
+        raise CliError(str(exc)) from None
 
 
 def _conninfo(args: argparse.Namespace) -> str:
@@ -144,16 +145,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from partner_harvest.cli.status import partner_overview, render_table
+    from partner_harvest.cli.status import partner_overview, render_table, scheduler_runs
 
     registry = _registry(args)
     partners = [_partner(registry, args.partner)] if args.partner else registry.partners
+    errors = [e for e in registry.errors if not args.partner or e.partner == args.partner]
+    scheduled, unread = scheduler_runs(partners)
     with _connect(args) as conn:
-        rows = partner_overview(conn, partners, datetime.now(timezone.utc))
+        rows, causes = partner_overview(conn, partners, datetime.now(timezone.utc), scheduled, errors)
     print(render_table(rows))
-    for error in registry.errors:
-        if not args.partner or error.partner == args.partner:
-            print(f"INVALID  {error}")
+    for partner_id, state, cause in causes:
+        print(f"{partner_id} {state}: {cause}")
+    if unread:
+        print(f"(Airflow's metadata database not read: {unread})")
     return 0
 
 
@@ -161,11 +165,16 @@ def cmd_progress(args: argparse.Namespace) -> int:
     from partner_harvest.cli.status import render_table
     from partner_harvest.store.progress import current_progress, summary_line
 
+    registry = _registry(args)
+    known = any(p.id == args.partner for p in registry.partners) or registry.error_for(args.partner) is not None
+    if not known:
+        raise CliError(f"partner {args.partner!r} is not in the registry {registry.path} "
+                       f"(`partner-harvest validate` lists its partners)")
     with _connect(args) as conn:
         progress = current_progress(conn, args.partner, args.run)
     if progress is None:
         raise CliError(f"partner {args.partner} has no run {args.run!r}" if args.run
-                       else f"partner {args.partner} has no run in the aggregation database")
+                       else f"partner {args.partner} has no run in the aggregation database yet")
     print(render_table(progress.channels))
     print(summary_line(progress))
     return 0
@@ -361,5 +370,27 @@ def main(argv: list[str] | None = None) -> int:
               f"({exc.diag.message_primary}): run `partner-harvest migrate`", file=sys.stderr)
         return 1
     except psycopg.Error as exc:
-        print(f"partner-harvest {args.command}: aggregation database: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"partner-harvest {args.command}: aggregation database: {type(exc).__name__}: {one_line(exc)}",
+              file=sys.stderr)
         return 1
+    except Exception as exc:  # anything else: one line, never a traceback (PARTNER_HARVEST_DEBUG=1 shows it)
+        if os.environ.get("PARTNER_HARVEST_DEBUG"):
+            raise
+        print(f"partner-harvest {args.command}: {type(exc).__name__}: {one_line(exc)} ({_hint(exc)})",
+              file=sys.stderr)
+        return 1
+
+
+def one_line(value: object, limit: int = 300) -> str:
+    text = " ".join(str(value).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _hint(exc: Exception) -> str:
+    """What to do about an error no command expected (most are the wrong Airflow environment)."""
+    text = str(exc)
+    if "no such table" in text or "OperationalError" in type(exc).__name__:
+        from partner_harvest.cli.airflow_side import LOCAL_UI_HINT
+
+        return f"Airflow's metadata database is not the one you mean: run where the Airflow CLI runs, or {LOCAL_UI_HINT}"
+    return "PARTNER_HARVEST_DEBUG=1 shows the traceback"

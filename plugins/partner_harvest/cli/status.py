@@ -9,30 +9,60 @@ from typing import Any
 
 import psycopg
 
-from partner_harvest.registry import Partner
-from partner_harvest.store.health import partner_health
+from partner_harvest.registry import Partner, RegistryError
+from partner_harvest.store.health import SchedulerRun, partner_health
 
 
-def partner_overview(conn: psycopg.Connection, partners: list[Partner], now: datetime) -> list[dict[str, Any]]:
-    """The health page's rows (``store.health.partner_health``), one flat line per partner.
+def partner_overview(
+    conn: psycopg.Connection, partners: list[Partner], now: datetime,
+    scheduler_runs: Mapping[str, SchedulerRun] | None = None, registry_errors: Iterable[RegistryError] = (),
+) -> tuple[list[dict[str, Any]], list[tuple[str, str, str]]]:
+    """The health page's rows (``store.health.partner_health``), one flat line per partner,
+    and the causes of their states (partner, state, cause) to print in full under the table.
 
-    State (worst first): failing, behind, warning, new, healthy; then records held and
-    quarantined now (the apply's counters, no count(*)), the newest run, the cursor and
-    how far it trails ``now``, and the first open alert.
+    State (worst first, ``partner_state.TABLE``); records held and quarantined now (the
+    apply's counters, no count(*)), the newest run, the cursor and how far it trails the
+    partner's clock, that clock when it is not ours, and the cause or the first open alert.
     """
-    overview = []
-    for health in partner_health(conn, partners, now):
+    overview, causes = [], []
+    for health in partner_health(conn, partners, now, scheduler_runs, registry_errors):
         last = health.last_run
-        error = (last.error or "").splitlines()[0][:80] if last and last.error else None
+        first_line = (health.cause or "").splitlines()[0] if health.cause else None
+        offset = health.clock_offset
         overview.append({
             "partner": health.partner_id, "protocol": health.protocol, "state": health.state,
             "records": health.records_held, "quarantined": health.quarantined_now,
             "last_run": last.status if last else None, "started": last.started_at if last else None,
             "last_success": health.last_success.ended_at if health.last_success else None,
             "cursor": health.cursor, "behind": _duration(health.cursor_lag),
-            "alerts": len(health.alerts), "note": error or (health.alerts[0][:80] if health.alerts else None),
+            "partner_clock": (f"{health.partner_clock:%Y-%m-%d %H:%M} ({_duration(abs(offset))} "
+                              f"{'behind' if offset.total_seconds() > 0 else 'ahead'})") if offset is not None else None,
+            "alerts": len(health.alerts),
+            "note": (first_line[:80] if first_line else None) or (health.alerts[0][:80] if health.alerts else None),
         })
-    return overview
+        if health.cause:
+            causes.append((health.partner_id, health.state, first_line))
+    return overview, causes
+
+
+def scheduler_runs(partners: list[Partner]) -> tuple[dict[str, SchedulerRun] | None, str | None]:
+    """Each partner's newest harvest DAG run from Airflow's database, as the health page reads
+    it; or None and why not (the states then come from the aggregation database alone: a run
+    between tries reads ``retrying`` from its failed try's event, a queued run is not seen)."""
+    from partner_harvest.cli import airflow_side
+
+    if not airflow_side.configured():
+        return None, (f"no {airflow_side.SYNC_URL_ENV} and no {airflow_side.airflow_home()}/airflow.cfg here; "
+                      f"{airflow_side.LOCAL_UI_HINT}")
+    try:
+        airflow_side.admin("reading Airflow's DAG runs")
+        from partner_harvest.airflow.health.source import latest_harvest_runs
+
+        return latest_harvest_runs(partners), None
+    except airflow_side.AirflowUnreachable as exc:
+        return None, str(exc)
+    except Exception as exc:  # a database Airflow cannot read: say so, the aggregation's view still stands
+        return None, f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
 
 
 def _duration(value: timedelta | None) -> str | None:

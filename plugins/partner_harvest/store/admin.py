@@ -12,7 +12,7 @@ from partner_harvest.store.feed import mark_applied
 # adds to it (a consumer behind may not have read the older deletions yet).
 _PARTNER_TABLES = (
     "records", "quarantine", "harvest_runs", "staging", "partner_leases", "reconcile_ids", "tombstones",
-    "partner_stats",
+    "partner_stats", "run_events",
 )
 FORGET_RUN = "forget"  # run_id of the deletions and the feed's high water that forget writes
 FEED_DELETIONS = "deletions written to the change feed"

@@ -13,20 +13,26 @@ the ``changes`` channel names harvest runs, the ``reconcile`` channel reconcile 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import lru_cache
 
 import psycopg
 from croniter import croniter
 
-from partner_harvest import quality
-from partner_harvest.registry import Partner
+from partner_harvest import partner_state, quality
+from partner_harvest.partner_state import (  # noqa: F401  (the states, re-exported for the page and tests)
+    BEHIND, FAILING, INVALID, NEVER_RUN, OK, QUIET, RETRYING, RUNNING, WARNING,
+)
+from partner_harvest.registry import Partner, RegistryError
+from partner_harvest.store import events
 from partner_harvest.store.quality import RunFigures
 
-# Partner states, worst first: what the health page sorts and colours by.
-FAILING, BEHIND, WARNING, NEW, HEALTHY = "failing", "behind", "warning", "new", "healthy"
-STATES = (FAILING, BEHIND, WARNING, NEW, HEALTHY)
+# Partner states, worst first (partner_state.TABLE): what the health page sorts and colours by.
+STATES = partner_state.NAMES
+NEW, HEALTHY = NEVER_RUN, OK  # the names before the state table (issue 25)
+# A partner clock this far from ours is shown (the demo simulators' clock stands still).
+CLOCK_SHOWN_AFTER = timedelta(minutes=5)
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,11 @@ class SchedulerRun:
     state: str  # Airflow's DagRun state: queued | running | success | failed
     started_at: datetime | None
     ended_at: datetime | None
+    waiting_tasks: tuple[str, ...] = ()  # task ids up_for_retry / up_for_reschedule (between tries)
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.dag_id}/{self.dag_run_id}"
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,15 @@ class PartnerHealth:
     records_held: int
     quarantined_now: int  # rows of quarantine_current (as of the last apply)
     alerts: tuple[str, ...] = field(default_factory=tuple)
+    cause: str | None = None  # why the state (failing, retrying: the task's error; never run: a skip's reason)
+    note: str | None = None  # what the newest run said without failing (a skip, an empty backfill)
+    clock_offset: timedelta | None = None  # ours minus the partner's clock, as the cursor's run saw it
+    partner_clock: datetime | None = None  # the partner's clock then
+    last_harvest: RunInfo | None = None  # the newest applied incremental or full run ("last night")
+
+    @property
+    def state_slug(self) -> str:
+        return partner_state.slug(self.state)
 
 
 def behind_after(partner: Partner, now: datetime) -> timedelta:
@@ -129,6 +149,10 @@ CROSS JOIN LATERAL (
       WHERE h.partner_id = p.partner_id AND h.status = 'applied' AND h.channel = 'changes'
       ORDER BY h.started_at DESC LIMIT 1)
     UNION ALL
+    (SELECT 'harvest', h.run_id FROM harvest_runs h
+      WHERE h.partner_id = p.partner_id AND h.status = 'applied' AND h.channel = 'changes' AND h.mode <> 'window'
+      ORDER BY h.started_at DESC LIMIT 1)
+    UNION ALL
     (SELECT 'reconcile', h.run_id FROM harvest_runs h
       WHERE h.partner_id = p.partner_id AND h.channel = 'reconcile'
       ORDER BY h.started_at DESC LIMIT 1)
@@ -141,6 +165,7 @@ _RUN_COLUMNS = """
     CASE WHEN bool_or(h.status = 'failed') THEN 'failed'
          WHEN bool_or(h.status = 'abandoned') THEN 'abandoned'
          WHEN bool_and(h.status = 'applied') THEN 'applied'
+         WHEN bool_or(h.status = 'waiting') THEN 'waiting'
          ELSE 'running' END,
     min(h.started_at),
     CASE WHEN bool_and(h.status = 'applied') THEN max(h.applied_at)
@@ -173,14 +198,17 @@ _PER_PARTNER = """
 WITH p AS (SELECT unnest(%(ids)s::text[]) AS partner_id)
 SELECT p.partner_id,
     COALESCE(s.records_held, 0), COALESCE(s.quarantined_now, 0),
-    (SELECT max(h.window_until) FROM harvest_runs h
-      WHERE h.partner_id = p.partner_id AND h.channel = 'changes' AND h.status = 'applied'
-        AND h.mode = 'incremental'),
+    c.window_until, c.started_at, c.partner_clock,
     (SELECT h.applied_at FROM harvest_runs h
       WHERE h.partner_id = p.partner_id AND h.status = 'applied' AND h.fetched > 0
       ORDER BY h.started_at DESC LIMIT 1),
     (SELECT min(h.started_at) FROM harvest_runs h WHERE h.partner_id = p.partner_id)
 FROM p LEFT JOIN partner_stats s ON s.partner_id = p.partner_id
+LEFT JOIN LATERAL (  -- the cursor: the newest applied incremental window, and the clock it was frozen at
+    SELECT h.window_until, h.started_at, h.partner_clock FROM harvest_runs h
+    WHERE h.partner_id = p.partner_id AND h.channel = 'changes' AND h.status = 'applied' AND h.mode = 'incremental'
+    ORDER BY h.window_until DESC LIMIT 1
+) c ON true
 """
 
 
@@ -194,14 +222,17 @@ def _run(row: Sequence) -> RunInfo:
 def partner_health(
     conn: psycopg.Connection, partners: Iterable[Partner], now: datetime,
     scheduler_runs: Mapping[str, SchedulerRun] | None = None,
+    registry_errors: Iterable[RegistryError] = (),
 ) -> list[PartnerHealth]:
     """The health of every partner given (the registry's), worst state first.
 
     ``now`` is the reference clock (aware UTC): cursor lag and quiet periods are measured
-    against it. Partners without any run are listed too (state ``new``). ``scheduler_runs``
-    (partner id -> its newest harvest DAG run, optional) adds the failed runs that never
-    wrote an audit row. Reads only: the transaction is committed before returning, so a
-    caller's connection is left idle.
+    against it. Partners without any run are listed too (``never run``), and so is every
+    invalid registry entry (``invalid``). ``scheduler_runs`` (partner id -> its newest
+    harvest DAG run from Airflow's database, optional) tells a run between tries from a run
+    going on; without it ``run_events`` (the tasks' callbacks) tell what they can. The
+    state itself is ``partner_state.decide``: the page and the CLI share it. Reads only:
+    the transaction is committed before returning, so a caller's connection is left idle.
     """
     partners = list(partners)
     ids = [p.id for p in partners]
@@ -212,46 +243,124 @@ def partner_health(
         for pid, kind, *row in conn.execute(_RUNS, {"pids": pids, "kinds": kinds, "runs": run_ids}):
             runs[(pid, kind)] = _run(row)
     per_partner = {row[0]: row[1:] for row in conn.execute(_PER_PARTNER, {"ids": ids})}
+    newest_events = events.newest(conn, [(p.id, p.dag_id) for p in partners])
     conn.commit()
 
     result = []
     for partner in partners:
-        held, quarantined, cursor, last_fetch_at, first_run_at = per_partner[partner.id]
-        last, success = runs.get((partner.id, "last")), runs.get((partner.id, "success"))
-        last = _newer_failure((scheduler_runs or {}).get(partner.id), last, now)
-        lag = now - cursor if cursor else None
+        (held, quarantined, cursor, cursor_started, clock, last_fetch_at,
+         first_run_at) = per_partner[partner.id]
+        success = runs.get((partner.id, "success"))
+        newest = newest_run(runs.get((partner.id, "last")), newest_events.get(partner.id),
+                            (scheduler_runs or {}).get(partner.id), now)
+        offset = cursor_started - clock if cursor_started and clock else None
+        # How far the cursor trails the partner's clock now: ours minus the partner's offset.
+        lag = now - (offset or timedelta(0)) - cursor if cursor else None
         limit = behind_after(partner, now)
         alerts = _alerts(partner, success, held, last_fetch_at, first_run_at, now)
-        if last is None:
-            state = NEW
-        elif last.status in ("failed", "abandoned"):
-            state = FAILING
-        elif lag is not None and lag > limit:
-            state = BEHIND
-        elif alerts:
-            state = WARNING
-        else:
-            state = HEALTHY
+        quiet = success is not None and quality.is_quiet(partner, last_fetch_at, first_run_at, now)
+        state = partner_state.decide(
+            invalid=False, newest_run=newest.status if newest else None, ever_applied=success is not None,
+            behind=lag is not None and lag > limit, quiet=quiet, alerts=bool(alerts),
+        )
+        cause = newest.cause if newest and newest.status in (
+            partner_state.RUN_FAILED, partner_state.RUN_RETRYING, partner_state.RUN_SKIPPED) else None
         result.append(PartnerHealth(
-            partner_id=partner.id, protocol=partner.protocol, state=state, last_run=last,
-            last_success=success, last_reconcile=runs.get((partner.id, "reconcile")), cursor=cursor,
-            cursor_lag=lag, behind_after=limit, records_held=held,
-            quarantined_now=quarantined, alerts=tuple(alerts),
+            partner_id=partner.id, protocol=partner.protocol, state=state,
+            last_run=newest.info if newest else None, last_success=success,
+            last_reconcile=runs.get((partner.id, "reconcile")), cursor=cursor, cursor_lag=lag, behind_after=limit,
+            records_held=held, quarantined_now=quarantined, alerts=tuple(alerts), cause=cause,
+            note=newest.note if newest else None,
+            clock_offset=offset if offset is not None and abs(offset) > CLOCK_SHOWN_AFTER else None,
+            partner_clock=clock, last_harvest=runs.get((partner.id, "harvest")),
+        ))
+    for error in registry_errors:
+        result.append(PartnerHealth(
+            partner_id=error.partner or "?", protocol="?", state=INVALID, last_run=None, last_success=None,
+            last_reconcile=None, cursor=None, cursor_lag=None, behind_after=timedelta(0), records_held=0,
+            quarantined_now=0, cause=str(error),
         ))
     result.sort(key=lambda h: (STATES.index(h.state), h.partner_id))
     return result
 
 
-def _newer_failure(scheduled: SchedulerRun | None, last: RunInfo | None, now: datetime) -> RunInfo | None:
-    """The scheduler's failed run when the audit knows nothing of it (or only older runs)."""
-    if scheduled is None or scheduled.state != "failed":
-        return last
-    run_id = f"{scheduled.dag_id}/{scheduled.dag_run_id}"
-    started = scheduled.started_at or scheduled.ended_at or now
-    if last is not None and (last.run_id == run_id or last.started_at >= started):
-        return last
-    return RunInfo(run_id, "failed", started, scheduled.ended_at, 0, 0, 0, 0, 0,
-                   "the DAG run failed before it recorded anything in harvest_runs: see its task logs")
+@dataclass(frozen=True)
+class NewestRun:
+    """The partner's newest harvest run as the state table sees it."""
+
+    status: str  # partner_state.RUN_*
+    info: RunInfo  # what the page's "Last run" cell shows (its error: the cause)
+    cause: str | None = None
+    note: str | None = None
+
+
+_AUDIT_STATUS = {"applied": partner_state.RUN_APPLIED, "failed": partner_state.RUN_FAILED,
+                 "abandoned": partner_state.RUN_FAILED, "waiting": partner_state.RUN_RETRYING,
+                 "running": partner_state.RUN_RUNNING}
+_EVENT_STATUS = {events.FAILED: partner_state.RUN_FAILED, events.RETRY: partner_state.RUN_RETRYING,
+                 events.SKIPPED: partner_state.RUN_SKIPPED, events.EMPTY: partner_state.RUN_SKIPPED}
+_NOTHING_RECORDED = "the DAG run failed before it recorded anything: see its task logs"
+
+
+def newest_run(audit: RunInfo | None, event: events.RunEvent | None, scheduled: SchedulerRun | None,
+               now: datetime) -> NewestRun | None:
+    """Which run is the partner's newest, and what it is doing, from three witnesses.
+
+    ``audit``: its newest ``harvest_runs`` run; ``event``: its newest ``run_events`` row (a
+    failed try, a skip: also of runs that never wrote ``harvest_runs``); ``scheduled``: its
+    newest DAG run in Airflow's database (when the caller can read it), which alone tells a
+    run between tries from a try going on, and knows a queued run.
+    """
+    candidates = [(a.started_at, a.run_id) for a in (audit,) if a is not None]
+    candidates += [(e.at, e.run_id) for e in (event,) if e is not None]
+    candidates += [(s.started_at or s.ended_at or now, s.run_id) for s in (scheduled,) if s is not None]
+    if not candidates:
+        return None
+    run_id = max(candidates)[1]
+    a = audit if audit is not None and audit.run_id == run_id else None
+    e = event if event is not None and event.run_id == run_id else None
+    s = scheduled if scheduled is not None and scheduled.run_id == run_id else None
+
+    if s is not None and s.state == "failed":
+        status = partner_state.RUN_FAILED
+    elif s is not None and s.state in ("running", "queued"):
+        status = partner_state.RUN_RETRYING if s.waiting_tasks else partner_state.RUN_RUNNING
+    elif a is not None:
+        status = _AUDIT_STATUS.get(a.status, partner_state.RUN_RUNNING)
+        if status != partner_state.RUN_APPLIED and e is not None and e.kind == events.FAILED:
+            status = partner_state.RUN_FAILED  # its last try failed; the audit row stayed 'harvesting'
+        elif status == partner_state.RUN_RUNNING and e is not None and e.kind == events.RETRY and s is None:
+            status = partner_state.RUN_RETRYING  # without the scheduler: its newest word is a failed try
+    elif e is not None:
+        status = _EVENT_STATUS[e.kind]
+    else:  # the scheduler says success, and nothing was harvested or said
+        status = partner_state.RUN_SKIPPED
+
+    said = e.message if e is not None else None
+    cause = None
+    if status == partner_state.RUN_FAILED:
+        cause = (said if e.kind in (events.FAILED, events.RETRY) else None) if e else None
+        cause = cause or (a.error if a is not None and a.error else _NOTHING_RECORDED)
+    elif status == partner_state.RUN_RETRYING:
+        cause = said if e is not None and e.kind == events.RETRY else (
+            f"{', '.join(s.waiting_tasks)} waiting for its next try" if s is not None and s.waiting_tasks
+            else "waiting for the time the partner named (or for another run's lease)")
+    elif status == partner_state.RUN_SKIPPED:
+        cause = said or "the run succeeded without harvesting (its tasks were skipped)"
+    note = said if e is not None and e.kind in (events.SKIPPED, events.EMPTY) else None
+
+    if a is not None:
+        info = a
+    else:
+        started = (s.started_at if s is not None else None) or (e.at if e is not None else now)
+        ended = (s.ended_at if s is not None else None) or (e.at if e is not None and status in (
+            partner_state.RUN_FAILED, partner_state.RUN_SKIPPED) else None)
+        info = RunInfo(run_id, "running", started, ended, 0, 0, 0, 0, 0, None)
+    shown = {partner_state.RUN_FAILED: "failed", partner_state.RUN_RETRYING: "retrying",
+             partner_state.RUN_SKIPPED: "skipped", partner_state.RUN_RUNNING: "running"}.get(status, info.status)
+    if a is None or status in (partner_state.RUN_FAILED, partner_state.RUN_RETRYING):
+        info = replace(info, status=shown, error=cause if cause is not None else info.error)
+    return NewestRun(status, info, cause, note)
 
 
 def _alerts(partner: Partner, success: RunInfo | None, held: int, last_fetch_at: datetime | None,

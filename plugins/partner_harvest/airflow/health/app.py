@@ -21,6 +21,7 @@ from markupsafe import Markup
 
 from partner_harvest.airflow.health import source
 from partner_harvest.airflow.health.chart import runs_chart
+from partner_harvest.partner_state import slug
 from partner_harvest.store.health import STATES, partner_health, quarantine_today, recent_runs, warnings_today
 from partner_harvest.store.progress import current_progress, summary_line
 
@@ -60,9 +61,9 @@ def create_app() -> FastAPI:
         registry = source.registry()
         scheduled = source.latest_harvest_runs(registry.partners)
         with source.connection() as conn:
-            rows = partner_health(conn, registry.partners, now, scheduled)
+            rows = partner_health(conn, registry.partners, now, scheduled, registry.errors)
         counts = {state: sum(1 for r in rows if r.state == state) for state in STATES}
-        return _render("index.html", request, rows=rows, counts=counts, now=now, registry_errors=registry.errors)
+        return _render("index.html", request, rows=rows, counts=counts, now=now)
 
     @app.get("/partner/{partner_id}", response_class=HTMLResponse, dependencies=guard)
     def partner(request: Request, partner_id: str) -> HTMLResponse:
@@ -92,7 +93,7 @@ def _render(template: str, request: Request, **context: object) -> HTMLResponse:
     ui_root = here[: -len(URL_PREFIX)] if here.endswith(URL_PREFIX) else ""
     page = _templates.get_template(template).render(
         ui_root=ui_root, here=here, run_url=lambda run: _run_url(ui_root, run), ago=_ago, when=_when,
-        span=_span, **context,
+        span=_span, slug=slug, **context,
     )
     return HTMLResponse(page)
 

@@ -1,0 +1,141 @@
+"""The local UI as the README documents it (scripts/airflow_ui.sh), in a real headless Chromium:
+its Home page has no import error and a healthy triggerer; a partner whose endpoint is down
+fails, and the health page shows it **failing** with the task's error; `partner-harvest
+status`, pointed at that Airflow by `eval "$(bash scripts/airflow_ui.sh env)"`, prints the
+same; the alert lands in the local alert inbox. Screenshots go to HARVEST_SCREENSHOTS (or a
+temporary directory the test prints).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+import requests
+from psycopg import sql
+
+from test_airflow_ui_script import ROOT, three_free_ports, wait_for  # tests/e2e is on sys.path (conftest)
+from test_health_page import CHROMIUM, CHROMIUM_ARGS
+
+pytestmark = pytest.mark.e2e
+DOWN = "down"
+
+
+def registry(path: Path, closed_port: int) -> Path:
+    """The demo partners and one more whose endpoint is a closed port (fails at once, no retries)."""
+    text = (ROOT / "include" / "partners.yaml").read_text(encoding="utf-8").rstrip()
+    text += (f"\n\n  - id: {DOWN}\n    protocol: oai-pmh\n    conn_id: partner_{DOWN}\n    metadata_prefix: oai_dc\n"
+             "    retries: 0\n    options: {http: {backoff_factor: 0.01, retries: 1}}\n")
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_the_local_ui_shows_a_failing_partner_with_its_cause_and_status_agrees(
+        pg_server: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is pinned in requirements-dev.txt")
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no Chromium at {CHROMIUM}: scripts/bootstrap.sh installs Debian's chromium (apt-get)")
+    shots = Path(os.environ.get("HARVEST_SCREENSHOTS") or tmp_path_factory.mktemp("local_ui_screenshots"))
+    shots.mkdir(parents=True, exist_ok=True)
+    print(f"\nlocal UI screenshots: {shots}")
+    port, prefix = three_free_ports(), f"ui_{uuid.uuid4().hex[:8]}"
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "HARVEST_"))}
+    env.update({
+        "HARVEST_DATABASE_URL": pg_server, "HARVEST_SKIP_BOOTSTRAP": "1",
+        "HARVEST_PARTNERS_FILE": str(registry(tmp_path / "partners.yaml", closed_port())),
+        "HARVEST_UI_EXTRA_CONNECTIONS": json.dumps(
+            {f"partner_{DOWN}": {"conn_type": "http", "host": f"http://127.0.0.1:{closed_port()}/oai"}}),
+    })
+    script = ["bash", str(ROOT / "scripts" / "airflow_ui.sh")]
+    where = ["--port", str(port), "--home", str(home), "--db-prefix", prefix]
+    log = tmp_path / "airflow_ui.out"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([*script, *where, "--records", "100"], env=env, cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    base_url = f"http://127.0.0.1:{port}"
+    api = requests.Session()
+    try:
+        wait_for(lambda: "Airflow UI ready at" in log.read_text(), 240, "the ready line", proc, log)
+        health = api.get(f"{base_url}/api/v2/monitor/health", timeout=10).json()
+        assert health["triggerer"]["status"] == "healthy", health
+        dag_id = f"harvest_{DOWN}"
+        wait_for(lambda: api.get(f"{base_url}/api/v2/dags/{dag_id}", timeout=10).status_code == 200, 180,
+                 f"DAG {dag_id}", proc, log)
+        assert api.get(f"{base_url}/api/v2/plugins/importErrors", timeout=10).json()["total_entries"] == 0
+        assert api.patch(f"{base_url}/api/v2/dags/{dag_id}", json={"is_paused": False}, timeout=10).ok
+        run_id = f"e2e__{uuid.uuid4().hex[:8]}"
+        assert api.post(f"{base_url}/api/v2/dags/{dag_id}/dagRuns",
+                        json={"dag_run_id": run_id, "logical_date": None, "conf": {}}, timeout=30).ok
+
+        def finished() -> str | None:
+            state = api.get(f"{base_url}/api/v2/dags/{dag_id}/dagRuns/{run_id}", timeout=10).json()["state"]
+            return state if state in ("success", "failed") else None
+
+        assert wait_for(finished, 240, f"run {run_id} to end", proc, log) == "failed"
+
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()
+            page.goto(f"{base_url}/")
+            page.get_by_text("Health").first.wait_for(timeout=60_000)
+            page.wait_for_load_state("networkidle")
+            page.screenshot(path=str(shots / "local_ui_home.png"), full_page=True)
+            assert page.get_by_text("Import Error").count() == 0, "the Home page shows an import error"
+            page.goto(f"{base_url}/partner-health/")
+            page.wait_for_selector("table#partners")
+            row = page.locator(f'tr[data-partner="{DOWN}"]')
+            assert row.get_attribute("data-state") == "failing"
+            cause = row.locator(".cause").inner_text()
+            assert cause.startswith("freeze_window: ") and "Failed to establish a new connection" in cause, cause
+            states = {p: page.locator(f'tr[data-partner="{p}"]').get_attribute("data-state")
+                      for p in ("demo", "demo_library")}
+            assert states == {"demo": "never run", "demo_library": "never run"}
+            page.screenshot(path=str(shots / "local_ui_health_failing.png"), full_page=True)
+            page.goto(f"{base_url}/partner-health/partner/{DOWN}")
+            assert page.locator("#state").inner_text() == "failing"
+            assert "Connection refused" in page.locator("#cause").inner_text()
+            page.screenshot(path=str(shots / "local_ui_partner_failing.png"), full_page=True)
+            inbox = page.goto(f"http://127.0.0.1:{port + 3}/")
+            assert inbox.ok and f"{DOWN}: harvest_{DOWN}.freeze_window failed" in page.inner_text("#alerts")
+            page.screenshot(path=str(shots / "local_ui_alert_inbox.png"), full_page=True)
+            browser.close()
+
+        # The command line, with the one documented line that points it at this Airflow.
+        exports = subprocess.run([*script, "env", *where], env=env, cwd=ROOT, capture_output=True, text=True,
+                                 timeout=120, check=True).stdout
+        cli_env = {k: v for k, v in env.items() if k != "HARVEST_DATABASE_URL"}  # the Connection, as a user has it
+        status = subprocess.run(["bash", "-c", f'{exports}\npartner-harvest status'], env=cli_env, cwd=tmp_path,
+                                capture_output=True, text=True, timeout=180)
+        assert status.returncode == 0, status.stderr
+        lines = status.stdout.splitlines()
+        row_line = next(line for line in lines[2:] if line.startswith(f"{DOWN} "))
+        assert " failing " in row_line, status.stdout
+        cause_line = next(line for line in lines if line.startswith(f"{DOWN} failing: "))
+        assert cause_line.startswith(f"{DOWN} failing: freeze_window: ") and "Connection refused" in cause_line
+        assert not any("metadata database not read" in line for line in lines), status.stdout
+        (shots / "status.txt").write_text(status.stdout, encoding="utf-8")
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        with psycopg.connect(pg_server, autocommit=True) as admin:
+            for name in (f"{prefix}_meta", f"{prefix}_aggregation"):
+                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -13,6 +13,7 @@ import hashlib
 import psycopg
 
 from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
+from partner_harvest.store import fences
 from partner_harvest.store.runs import RunRef, check_attempt, record_progress
 
 # Binary: the server reads the datestamp as eight bytes and the set specs as an array of
@@ -52,6 +53,7 @@ class StagingWriter:
         """Drop what this channel staged so far: the window restarts from its bounds."""
         with self.conn.transaction():
             check_attempt(self.conn, self.run, self.attempt)
+            fences.check(self.conn, f"staging reset of {self.run.channel} of run {self.run.run_id}")
             self.conn.execute(
                 "DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s",
                 self.run.key(),
@@ -70,6 +72,7 @@ class StagingWriter:
         pid, run_id, channel = self.run.key()
         with self.conn.transaction():
             check_attempt(self.conn, self.run, self.attempt)
+            fences.check(self.conn, f"staging of {channel} of run {run_id}")
             if items:
                 with self.conn.cursor() as cur, cur.copy(_COPY) as copy:
                     copy.set_types(_COPY_TYPES)

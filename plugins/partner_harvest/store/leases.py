@@ -105,9 +105,11 @@ def renew(conn: psycopg.Connection, partner_id: str, holder: str, ttl: timedelta
     return cur.rowcount == 1
 
 
-def release(conn: psycopg.Connection, partner_id: str, holder: str) -> None:
+def release(conn: psycopg.Connection, partner_id: str, holder: str, token: int | None = None) -> None:
+    """End the lease; with ``token``, only that tenure (a lost one is left to its new holder)."""
     with conn.transaction():
-        conn.execute("DELETE FROM partner_leases WHERE partner_id = %s AND holder = %s", (partner_id, holder))
+        conn.execute("DELETE FROM partner_leases WHERE partner_id = %s AND holder = %s"
+                     " AND (%s::bigint IS NULL OR token = %s::bigint)", (partner_id, holder, token, token))
 
 
 class LeaseKeeper:
@@ -149,7 +151,7 @@ class LeaseKeeper:
             self._thread.join()
         if self.release_on_exit:
             with connect(self.conninfo) as conn:
-                release(conn, self.partner_id, self.holder)
+                release(conn, self.partner_id, self.holder, self.fence.token if self.fence else None)
 
     def _renew_until_stopped(self) -> None:
         assert self.fence is not None

@@ -232,8 +232,8 @@ MUTATIONS: tuple[Mutation, ...] = (
       "the registry's slicing.sets are trusted without their counts: a set left out, or tombstones a repository "
       "lists outside their sets, are never harvested"),
     M("I12-slices-keep-the-windows-open-start", "oai/slicing.py",
-      '        piece = {"from_": window.from_ if i == 0 else pieces[-1]["until"] + step,',
-      '        piece = {"from_": r.lo if i == 0 else pieces[-1]["until"] + step,',
+      '        piece = {"from_": window.from_ if i == 0 else pieces[-1]["until"],',
+      '        piece = {"from_": r.lo if i == 0 else pieces[-1]["until"],',
       ("tests/unit/test_slicing.py::test_similar_slices_cover_the_window_with_few_probes",
        "tests/unit/test_slicing.py::test_a_set_bigger_than_the_target_is_cut_in_time_within_its_set",
        SLICES + "test_sets_above_the_target_are_harvested_as_time_slices_of_each_set",
@@ -266,7 +266,7 @@ MUTATIONS: tuple[Mutation, ...] = (
       (GUARDS + "test_mass_purge_limit_is_exactly_the_configured_fraction",),
       "a fixed 20% instead of the partner's configured fraction"),
     M("loop-guard-repeated-token", "oai/client.py",
-      "        if token in self.seen_tokens:", "        if False:",
+      "        if digest in self.seen_tokens:", "        if False:",
       (OAI + "test_repeated_token_is_a_loop_error_and_nothing_lands",),
       "a repeated resumptionToken loops forever: pytest-timeout must fail the test (takes ~2 min)"),
 )

@@ -75,6 +75,8 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
             conn.execute(
                 "DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key()
             )
+            conn.execute("UPDATE harvest_runs SET staged_bytes = 0"
+                         " WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key())
     return attempt
 
 

@@ -14,3 +14,7 @@ CREATE TABLE IF NOT EXISTS partner_fences (
 -- The token of the lease's tenure: given when the row is created, kept while it is renewed
 -- or joined by the run's other tasks; a lapsed lease taken again gets a new one.
 ALTER TABLE partner_leases ADD COLUMN IF NOT EXISTS token bigint;
+
+-- The payload bytes each channel staged (store/staging.py): a run's sum over its channels
+-- and slices may not pass the partner's options.limits.max_run_bytes.
+ALTER TABLE harvest_runs ADD COLUMN IF NOT EXISTS staged_bytes bigint NOT NULL DEFAULT 0;

@@ -255,3 +255,30 @@ def test_a_keeper_that_cannot_renew_stops_the_work_at_its_next_page(db: str) -> 
         with pytest.raises(fences.LeaseLost, match="museum"):
             writer.write_page([Record("b", stamp, "oai_dc", "<y/>")])
         assert conn.execute("SELECT count(*) FROM staging WHERE run_id = 'run-9'").fetchone()[0] == 1
+
+
+def test_a_run_staged_before_an_operator_command_never_applies_after_it(db: str) -> None:
+    """reset-cursor (any epoch bump) between a run's harvest and its apply: the apply fails
+    naming the command and nothing of the run lands; the next run plans afresh."""
+    from partner_harvest.store import fences
+    from partner_harvest.store.fences import PartnerChanged, bump_epoch
+
+    repo = SimulatedRepository(records=200, page_size=100, deleted_fraction=0.0, seed=233)
+    with connect(db) as conn:
+        ensure_schema(conn)
+    holder = "harvest_museum/manual__4"
+    with OaiSimulator(repo) as sim, connect(db) as conn:
+        keeper = LeaseKeeper(db, "museum", holder, HARVEST, ttl=timedelta(seconds=60))
+        with keeper:
+            fences.bind(conn, keeper.fence)
+            adapter = build_adapter(oai_partner(), Endpoint(sim.base_url))
+            window = pipeline.freeze_window(adapter, timedelta(minutes=10), None, pipeline.RunRequest("full"))
+            pipeline.harvest_window(adapter, conn, RunRef("museum", holder), window)
+            with psycopg.connect(db) as operator, operator.transaction():
+                bump_epoch(operator, "museum", "reset-cursor")
+            with pytest.raises(PartnerChanged, match="`partner-harvest reset-cursor` changed this partner"):
+                pipeline.apply_changes(conn, "museum", holder)
+        assert conn.execute("SELECT count(*) FROM records").fetchone()[0] == 0
+        status = conn.execute("SELECT status FROM harvest_runs WHERE run_id = %s", (holder,)).fetchone()[0]
+        conn.commit()
+        assert status == "failed"

@@ -71,6 +71,7 @@ def guard_memory(pages: int, token_bytes: int) -> tuple[float, float]:
         kept.add(token)
     as_tokens = (tracemalloc.get_traced_memory()[0] - before) / (1 << 20)
     kept.clear()
+    token = ""  # the loop's last token is no longer held either
     client = OaiClient("tokens", "http://127.0.0.1:9/oai", None,  # type: ignore[arg-type]
                        caps=ChainCaps(max_token_bytes=2 * token_bytes))
     chain = _Chain(client)
@@ -78,7 +79,7 @@ def guard_memory(pages: int, token_bytes: int) -> tuple[float, float]:
     before = tracemalloc.get_traced_memory()[0]
     for token in tokens():
         assert chain.check({"verb": "ListRecords", "resumptionToken": "t"}, token, page) is None
-        del token
+    token = ""
     as_digests = (tracemalloc.get_traced_memory()[0] - before) / (1 << 20)
     tracemalloc.stop()
     return as_tokens, as_digests
@@ -123,7 +124,7 @@ def main() -> int:
     as_tokens, as_digests = guard_memory(args.pages, token_bytes)
     print(f"loop guard after {args.pages} distinct {args.token_mib:g} MB tokens: a set of the tokens keeps "
           f"{as_tokens:,.1f} MiB, the digests keep {as_digests * 1024:,.1f} KiB "
-          f"({as_tokens / max(as_digests, 1e-9):,.0f}x less)")
+          f"({as_tokens / max(as_digests, 1e-6):,.0f}x less)")
     ok = (not hostile["ok"]) and "max_token_bytes" in hostile["ended"] and extra <= args.max_extra_mib
     print(f"the {args.token_mib:g} MB tokens failed the chain at the cap within {args.max_extra_mib:g} MiB: "
           f"{'yes' if ok else 'NO'}")

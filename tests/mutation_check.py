@@ -53,6 +53,10 @@ DAG = "tests/dags/test_harvest_dag_run.py::"
 MIRROR = "tests/integration/test_mirror_store.py::"
 SIERRA = "tests/integration/test_sierra_harvest.py::"
 SLICES = "tests/integration/test_slices.py::"
+FENCES = "tests/integration/test_fences.py::"
+FENCE_DAG = "tests/dags/test_fences_dag.py::"
+CAPS = "tests/integration/test_caps.py::"
+BOUNDARIES = "tests/integration/test_slice_boundaries.py::"
 
 MUTATIONS: tuple[Mutation, ...] = (
     # I1 -- the cursor
@@ -232,8 +236,8 @@ MUTATIONS: tuple[Mutation, ...] = (
       "the registry's slicing.sets are trusted without their counts: a set left out, or tombstones a repository "
       "lists outside their sets, are never harvested"),
     M("I12-slices-keep-the-windows-open-start", "oai/slicing.py",
-      '        piece = {"from_": window.from_ if i == 0 else pieces[-1]["until"] + step,',
-      '        piece = {"from_": r.lo if i == 0 else pieces[-1]["until"] + step,',
+      '        piece = {"from_": window.from_ if i == 0 else pieces[-1]["until"],',
+      '        piece = {"from_": r.lo if i == 0 else pieces[-1]["until"],',
       ("tests/unit/test_slicing.py::test_similar_slices_cover_the_window_with_few_probes",
        "tests/unit/test_slicing.py::test_a_set_bigger_than_the_target_is_cut_in_time_within_its_set",
        SLICES + "test_sets_above_the_target_are_harvested_as_time_slices_of_each_set",
@@ -256,6 +260,67 @@ MUTATIONS: tuple[Mutation, ...] = (
       "                if block.output_records < self.export_limit:\n",
       (SIERRA + "test_full_load_with_deleted_and_suppressed_bibs_in_every_block_holds_the_live_set",),
       "the export stops on a block with fewer records out than asked (deleted bibs inside it)"),
+    # I14 -- fences: a write a lease or an operator's state protects checks, in its own transaction
+    M("I14-writes-check-the-fence", "store/fences.py",
+      "    if fence is not None:\n        check_fence(conn, fence, request)\n",
+      "    if False:\n        check_fence(conn, fence, request)\n",
+      (FENCES + "test_a_reconcile_frozen_past_its_lease_never_purges_what_the_next_harvest_applied",
+       FENCES + "test_a_harvest_frozen_past_its_lease_stops_at_its_next_page",
+       FENCE_DAG + "test_forget_while_a_run_waits_for_its_retry_is_not_undone_by_the_retry"),
+      "no write checks its fence: a task frozen past its lease, or planned before forget, writes anyway"),
+    Mutation("I14-lease-token-checked", "store/fences.py", (
+        ("    if fence.lost.is_set():\n", "    if False:\n"),
+        ('        "SELECT 1 FROM partner_leases WHERE partner_id = %s AND holder = %s AND token = %s FOR KEY SHARE",\n'
+         '        (fence.partner_id, fence.holder, fence.token),\n',
+         '        "SELECT 1 WHERE %s::text IS NOT NULL OR %s::text IS NOT NULL OR %s::bigint IS NOT NULL",\n'
+         '        (fence.partner_id, fence.holder, fence.token),\n')),
+      (FENCES + "test_a_reconcile_frozen_past_its_lease_never_purges_what_the_next_harvest_applied",),
+      "the fence checks the epoch only: a reconcile resumed after its lease lapsed purges what the harvest applied"),
+    M("I14-epoch-checked", "store/fences.py",
+      "    if fence.epoch is not None and epoch != fence.epoch:\n", "    if False:\n",
+      (FENCE_DAG + "test_forget_while_a_run_waits_for_its_retry_is_not_undone_by_the_retry",
+       FENCES + "test_a_run_staged_before_an_operator_command_never_applies_after_it"),
+      "the fence checks the lease only: a retry after forget applies into the emptied partner, sets the cursor"),
+    M("I14-apply-fenced", "store/apply.py",
+      '        fences.check(conn, f"apply of run {run_id}")\n', "        pass\n",
+      (FENCES + "test_a_run_staged_before_an_operator_command_never_applies_after_it",),
+      "the apply does not check its fence: a run staged before reset-cursor applies after it"),
+    M("I14-cursor-move-fenced", "airflow/tasks.py",
+      '        with fences.fenced(conn, f"cursor move of run {run_id}"):\n', "        with conn.transaction():\n",
+      (FENCE_DAG + "test_reset_cursor_between_the_apply_and_the_cursor_move_is_not_overwritten",),
+      "the cursor Variable is written unfenced: a run planned before reset-cursor --to overwrites it"),
+    M("I14-forget-bumps-the-epoch", "store/admin.py",
+      '        bump_epoch(conn, partner_id, "forget")\n', "",
+      (FENCE_DAG + "test_forget_while_a_run_waits_for_its_retry_is_not_undone_by_the_retry",),
+      "forget leaves the epoch: the retry of a run planned before it applies and sets the cursor again"),
+    M("I14-keeper-tells-the-task", "store/leases.py",
+      '                    self._lose(f"its tenure (token {self.fence.token}) is gone: it lapsed and was taken, or removed")\n',
+      "                    continue\n",
+      (FENCES + "test_a_keeper_that_cannot_renew_stops_the_work_at_its_next_page",),
+      "a keeper that cannot renew says nothing: the task learns of it only from the database, if at all"),
+    M("I14-a-lapsed-lease-is-a-new-tenure", "store/leases.py",
+      '        conn.execute("DELETE FROM partner_leases WHERE partner_id = %s AND expires_at < now()", (partner_id,))\n',
+      '        conn.execute("DELETE FROM partner_leases WHERE partner_id = %s AND false", (partner_id,))\n',
+      (FENCES + "test_lease_tokens_only_grow_and_a_lapsed_tenure_gets_a_new_one",),
+      "a lapsed lease is joined again with its old token: a task frozen in the old tenure could still write"),
+    # Issue 23's caps and slice boundaries
+    M("cap-token-size", "oai/chain_caps.py",
+      "        if size <= self.max_token_bytes:\n", "        if True:\n",
+      (CAPS + "test_a_resumption_token_over_the_cap_fails_the_chain",),
+      "a resumptionToken of any size is followed (a hostile partner grows the worker without bound)"),
+    M("cap-chain-pages", "oai/chain_caps.py",
+      "        if pages <= justified:\n", "        if True:\n",
+      (CAPS + "test_a_chain_longer_than_its_complete_list_size_justifies_fails",),
+      "a chain may run far past what its completeListSize justifies"),
+    M("cap-run-bytes", "store/staging.py",
+      "        if total > self.max_run_bytes:\n", "        if False:\n",
+      (CAPS + "test_a_run_cannot_stage_more_than_its_cap",),
+      "a run stages without limit"),
+    M("I13-slices-overlap-at-the-boundary", "oai/slicing.py",
+      '        piece = {"from_": window.from_ if i == 0 else pieces[-1]["until"],',
+      '        piece = {"from_": window.from_ if i == 0 else pieces[-1]["until"] + timedelta(seconds=1),',
+      (BOUNDARIES + "test_records_stored_just_after_each_slice_boundary_are_harvested",),
+      "adjacent slices [.., m] and [m + 1 s, ..]: a partner comparing sub-second stamps raw returns m + 0.5 s in neither"),
     # Not invariants of their own, but guards a broken build slipped past
     M("I11-mass-purge-inclusive", "reconcile.py",
       "plan.removals <= limit", "plan.removals < limit",
@@ -266,7 +331,7 @@ MUTATIONS: tuple[Mutation, ...] = (
       (GUARDS + "test_mass_purge_limit_is_exactly_the_configured_fraction",),
       "a fixed 20% instead of the partner's configured fraction"),
     M("loop-guard-repeated-token", "oai/client.py",
-      "        if token in self.seen_tokens:", "        if False:",
+      "        if digest in self.seen_tokens:", "        if False:",
       (OAI + "test_repeated_token_is_a_loop_error_and_nothing_lands",),
       "a repeated resumptionToken loops forever: pytest-timeout must fail the test (takes ~2 min)"),
 )

@@ -35,6 +35,13 @@ class HarvestLoopError(HarvestError):
     retryable = False
 
 
+class PartnerCapExceeded(HarvestError):
+    """The partner passed a cap of the registry (options.limits): a token too long, a chain
+    longer than its list can justify, a run staging too much. Retrying would meet it again."""
+
+    retryable = False
+
+
 class ConfigurationError(HarvestError):
     """Bad credentials, a bad prefix, a bad registry entry: retrying will not help."""
 

@@ -8,6 +8,7 @@ from typing import Any
 from partner_harvest.adapters import Adapter
 from partner_harvest.errors import ConfigurationError
 from partner_harvest.http import RETRY_STATUSES, HttpPolicy, Transport, build_session
+from partner_harvest.oai.chain_caps import ChainCaps
 from partner_harvest.oai.client import OaiClient
 from partner_harvest.oai.harvester import OaiAdapter
 from partner_harvest.registry import Partner
@@ -58,7 +59,8 @@ def build_adapter(partner: Partner, endpoint: Endpoint) -> Adapter:
     policy = http_policy(partner)
     session = build_session(partner.id, policy, home=endpoint.base_url, transport=transport(partner, endpoint))
     if partner.protocol == "oai-pmh":
-        client = OaiClient(partner.id, endpoint.base_url, session, xml_limits=XmlLimits(policy.max_xml_nodes))
+        client = OaiClient(partner.id, endpoint.base_url, session, xml_limits=XmlLimits(policy.max_xml_nodes),
+                           caps=ChainCaps.from_limits(partner.options.get("limits")))
         return OaiAdapter(partner, client)
     if partner.protocol == "sierra":
         # Imported here: an OAI-PMH worker process (a slice's) need not load the Sierra stack.

@@ -33,6 +33,7 @@ from partner_harvest.store import (
 )
 from partner_harvest.store import slices
 from partner_harvest.store.apply import StagingIncomplete
+from partner_harvest.store.staging import DEFAULT_MAX_RUN_BYTES
 from partner_harvest.store.slices import Resumable
 from partner_harvest.store.runs import last_applied_until
 from partner_harvest.window import Window, channel_window, format_instant, plan_window
@@ -169,7 +170,8 @@ def _stage(
         attempt = slices.reopen(conn, run)
         stats.pages, stats.fetched = resume.pages, resume.fetched
         stats.records, stats.tombstones, stats.rejected = resume.records, resume.tombstones, resume.rejected
-    writer = StagingWriter(conn, run, max_record_bytes=max_record_bytes(adapter), progress=stats,
+    writer = StagingWriter(conn, run, max_record_bytes=max_record_bytes(adapter), max_run_bytes=max_run_bytes(adapter),
+                           progress=stats,
                            seq=resume.last_seq if resume else 0, attempt=attempt)
     try:
         source(window, writer, stats)
@@ -271,6 +273,13 @@ def max_record_bytes(adapter: Any) -> int:
     partner = getattr(adapter, "partner", None)
     limits = (getattr(partner, "options", None) or {}).get("limits") or {}
     return int(limits.get("max_record_bytes") or DEFAULT_MAX_RECORD_BYTES)
+
+
+def max_run_bytes(adapter: Any) -> int:
+    """What one run may stage (registry ``options.limits.max_run_bytes``)."""
+    partner = getattr(adapter, "partner", None)
+    limits = (getattr(partner, "options", None) or {}).get("limits") or {}
+    return int(limits.get("max_run_bytes") or DEFAULT_MAX_RUN_BYTES)
 
 
 def apply_changes(

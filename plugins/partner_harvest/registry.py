@@ -52,6 +52,11 @@ _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 CURSOR_PREFIX = "harvest_cursor__"
 DEFAULT_MAX_RECORD_BYTES = 8 * 1024 * 1024
+# Caps a partner cannot pass (issue 23), gentle: far above what real partners send.
+DEFAULT_MAX_TOKEN_BYTES = 64 * 1024  # real tokens: tens to hundreds of bytes
+DEFAULT_CHAIN_PAGES_SLACK = 3.0
+DEFAULT_MAX_CHAIN_PAGES = 200_000  # 20 million records at 100 a page
+DEFAULT_MAX_RUN_BYTES = 64 * 1024 ** 3
 DEFAULT_RUN_DEADLINE = timedelta(hours=20)
 FINISH_BY_PATTERN = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
 MAX_RETRIES = 20
@@ -305,7 +310,21 @@ class ExportOptions(_Strict):
 
 
 class LimitsOptions(_Strict):
+    """options.limits: what one partner may cost a worker and the database; each cap passed
+    is a failure naming the partner, the cap and the request (records over
+    max_record_bytes are quarantined instead)."""
+
     max_record_bytes: Annotated[StrictInt, Field(ge=1)] = DEFAULT_MAX_RECORD_BYTES
+    max_token_bytes: Annotated[StrictInt, Field(ge=64, description=(
+        "an OAI-PMH resumptionToken longer than this (UTF-8 bytes) fails its chain"))] = DEFAULT_MAX_TOKEN_BYTES
+    chain_pages_slack: Annotated[float, Field(ge=1, strict=True, description=(
+        "an OAI-PMH chain may have at most this many times the pages its announced completeListSize "
+        "justifies at its first page's size (plus the empty pages the loop guard allows)"))] = DEFAULT_CHAIN_PAGES_SLACK
+    max_chain_pages: Annotated[StrictInt, Field(ge=1, description=(
+        "pages of one OAI-PMH chain, whatever it announces (and when it announces no completeListSize)"))] = (
+        DEFAULT_MAX_CHAIN_PAGES)
+    max_run_bytes: Annotated[StrictInt, Field(ge=1, description=(
+        "payload bytes one run may stage over all its channels and slices"))] = DEFAULT_MAX_RUN_BYTES
 
 
 class CompletenessOptions(_Strict):

@@ -124,11 +124,12 @@ def test_oai_full_harvest_as_slices_equals_the_live_set(conn, oai) -> None:
     rows = run.rows()
     assert rows["changes"]["status"] == "harvested" and rows["changes"]["fetched"] == 0  # the parent
     assert {rows[c]["status"] for c in channels} == {"planned"}
-    # disjoint datestamp ranges covering the frozen window, the first open at the start
+    # datestamp ranges covering the frozen window, the first open at the start, each starting
+    # where the one before ends (the boundary second in both: tests/integration/test_slice_boundaries.py)
     bounds = [(rows[c]["window_from"], rows[c]["window_until"]) for c in channels]
     assert bounds[0][0] is None and bounds[-1][1] == run.window.until
     for (_, end), (start, _) in zip(bounds, bounds[1:]):
-        assert start == end + timedelta(seconds=1)
+        assert start == end
 
     with pytest.raises(RunNotHarvested, match="changes/00"):  # I4: nothing applies before every slice harvested
         pipeline.apply_changes(conn, partner.id, run.run_id)
@@ -185,7 +186,7 @@ def test_sets_above_the_target_are_harvested_as_time_slices_of_each_set(conn, oa
         ranges = [(rows[p["channel"]]["window_from"], rows[p["channel"]]["window_until"])
                   for p in run.pieces if p["set"] == spec]
         assert len(ranges) >= 2 and ranges[0][0] is None and ranges[-1][1] == run.window.until
-        assert all(b[0] == a[1] + timedelta(seconds=1) for a, b in zip(ranges, ranges[1:]))  # no gap, no overlap
+        assert all(b[0] == a[1] for a, b in zip(ranges, ranges[1:]))  # no gap: the boundary second in both
     sim.requests.clear()
     run.harvest_all()
     first_requests = [r for r in sim.requests if r.get("verb") == "ListRecords" and "metadataPrefix" in r]

@@ -159,7 +159,9 @@ partners:
 """)
     lib, museum = load_partners(path)
     assert museum.options == {"http": {"read_timeout": 30}, "sierra": {}, "export": {},
-                              "limits": {"max_record_bytes": 8 * 1024 * 1024},
+                              "limits": {"max_record_bytes": 8 * 1024 * 1024, "max_token_bytes": 64 * 1024,
+                                         "chain_pages_slack": 3.0, "max_chain_pages": 200_000,
+                                         "max_run_bytes": 64 * 1024 ** 3},
                               "completeness": {"list_identifiers": False},
                               "reconcile": {"verify_limit": 1000, "bulk_missing_threshold": 500},
                               "validation": {},

@@ -41,7 +41,9 @@ class Counter:
 def covers(pieces: list[dict], window: Window, step: timedelta) -> None:
     assert pieces[0]["from_"] == window.from_ and pieces[-1]["until"] == window.until
     for a, b in zip(pieces, pieces[1:]):
-        assert b["from_"] == a["until"] + step  # disjoint, no gap
+        # no gap: each starts where the one before ends, the boundary granule in both (issue 23:
+        # a partner comparing sub-second stamps raw returns a record at until + 0.5 s only there)
+        assert b["from_"] == a["until"] and b["until"] >= b["from_"] + step
 
 
 def test_similar_slices_cover_the_window_with_few_probes() -> None:
@@ -62,7 +64,8 @@ def test_a_burst_on_one_day_stays_one_slice_at_day_granularity() -> None:
     window = full_window("YYYY-MM-DD")
     pieces = plan(window, SliceSettings(threshold_records=1_000, target_records=500, max_slices=32), counter)
     covers(pieces, window, timedelta(days=1))
-    assert sum(counter.inside(p["from_"], p["until"]) for p in pieces) == 6_000
+    twice = sum(counter.inside(p["from_"], p["from_"]) for p in pieces[1:])  # each boundary day is in two slices
+    assert sum(counter.inside(p["from_"], p["until"]) for p in pieces) - twice == 6_000
     assert max(counter.inside(p["from_"], p["until"]) for p in pieces) >= 5_000  # cannot cut below a day
 
 

@@ -39,6 +39,11 @@ DELETED_POLICIES = ("persistent", "transient", "no")
 # a later time than some records carry (e.g. the date the repository software was set up,
 # after a migration kept older stamps), no such element, or the epoch.
 EARLIEST_DATESTAMPS = ("true", "late", "absent", "epoch")
+# How from/until are compared with the stored stamps (I13): at the granularity, as OAI-PMH
+# says (an until covers its whole second or day), or "raw": the repository stores sub-second
+# stamps (it reports them truncated) and compares them with the argument as given, so
+# until=m excludes a record stored at m + 0.5 s, and from=m + 1 s excludes it too (issue 23).
+STAMP_COMPARISONS = ("granular", "raw")
 SUPPORTED_FORMATS = ("oai_dc", "lido")
 
 LIVE, TOMBSTONE, GONE = 0, 1, 2
@@ -150,6 +155,7 @@ class SimulatedRepository(SimulatedModel[str]):
         mutation_step: timedelta = timedelta(seconds=60),
         deleted_in_sets: bool = True,
         earliest_datestamp: str = "true",
+        stamps: str = "granular",
     ) -> None:
         if granularity not in GRANULARITY_SECONDS:
             raise ValueError(f"granularity must be one of {sorted(GRANULARITY_SECONDS)}")
@@ -158,6 +164,8 @@ class SimulatedRepository(SimulatedModel[str]):
         unknown = [f for f in formats if f not in SUPPORTED_FORMATS]
         if unknown:
             raise ValueError(f"unsupported formats {unknown}; supported: {SUPPORTED_FORMATS}")
+        if stamps not in STAMP_COMPARISONS:
+            raise ValueError(f"stamps must be one of {STAMP_COMPARISONS}")
         if earliest_datestamp not in EARLIEST_DATESTAMPS:
             raise ValueError(f"earliest_datestamp must be one of {EARLIEST_DATESTAMPS}")
         if records < 0 or page_size < 1 or invalid_every < 0 or not 0 <= deleted_fraction <= 1:
@@ -173,6 +181,8 @@ class SimulatedRepository(SimulatedModel[str]):
         # deleted item's set membership: set-restricted lists omit its tombstone (I13).
         self.deleted_in_sets = deleted_in_sets
         self.earliest_datestamp = earliest_datestamp
+        self.stamps = stamps
+        self._fraction: dict[int, int] = {}  # index -> milliseconds past the stored second (restamp)
         super().__init__(start_clock, mutation_step, mutation_seed=seed * 1_000_003 + 17)
         self._unit = GRANULARITY_SECONDS[granularity]
         self._build(records, deleted_fraction)
@@ -211,7 +221,21 @@ class SimulatedRepository(SimulatedModel[str]):
         for i in indices:
             self._version[i] += 1
             self._stamp[i] = now
+            self._fraction.pop(i, None)
         return [identifier_for(i + 1) for i in indices]
+
+    def restamp(self, identifiers: Iterable[str], when: datetime) -> None:
+        """Store ``when`` (sub-second: its milliseconds are kept) as these records' stamp;
+        reported truncated to the granularity, compared raw with ``stamps="raw"``."""
+        with self.lock:
+            for i in self._live_indices_for(identifiers):
+                self._stamp[i] = epoch_seconds(when)
+                self._fraction[i] = when.microsecond // 1000
+
+    def _milliseconds(self, index: int) -> int:
+        """The stored stamp's milliseconds past its second: a restamp's, else a seeded
+        spread (every record of a "raw" repository has some)."""
+        return self._fraction.get(index, (index * 7919 + self.seed) % 1000)
 
     def _apply_delete(self, indices: list[int]) -> list[str]:
         """Tombstone, or vanish under deletedRecord=no."""
@@ -373,6 +397,8 @@ class SimulatedRepository(SimulatedModel[str]):
 
         Strings are OAI dates: a day-only `until` covers the whole day.
         """
+        if self.stamps == "raw":
+            return self._select_raw(from_, until, set_spec)
         low, high = self._bounds(from_, until)
         with self.lock:
             stamps, states = self._stamp, self._state
@@ -383,6 +409,19 @@ class SimulatedRepository(SimulatedModel[str]):
             hidden = GONE if self.deleted_in_sets else TOMBSTONE  # GONE is hidden either way
             return [i + 1 for i, (t, s, k) in enumerate(zip(stamps, states, self._kind))
                     if s < hidden and allowed[k] and low <= t <= high]
+
+    def _select_raw(self, from_: datetime | str | None, until: datetime | str | None,
+                    set_spec: str | None) -> list[int]:
+        """select_numbers of a repository comparing sub-second stamps raw: the arguments
+        are instants (a day is its midnight), not granules."""
+        low = self._as_stamp(from_)[0] * 1000 if from_ is not None else -(2**62)
+        high = self._as_stamp(until)[0] * 1000 if until is not None else 2**62
+        allowed = self._set_filter(set_spec) if set_spec is not None else None
+        hidden = GONE if (set_spec is None or self.deleted_in_sets) else TOMBSTONE
+        with self.lock:
+            return [i + 1 for i, (t, s, k) in enumerate(zip(self._stamp, self._state, self._kind))
+                    if s < hidden and (allowed is None or allowed[k])
+                    and low <= t * 1000 + self._milliseconds(i) <= high]
 
     def select(
         self, from_: datetime | str | None = None, until: datetime | str | None = None,

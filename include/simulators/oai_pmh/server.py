@@ -42,7 +42,8 @@ HOSTILE_KINDS = ("billion_laughs", "xxe")
 # element is absent.
 TOKEN_MARKUPS = ("plain", "padded", "charrefs", "cdata", "decoy", "varied", "stale-comment")
 # completeListSize is optional (OAI-PMH 2.0, 3.5): a real repository may leave it out (I13).
-LIST_SIZES = ("exact", "omitted")
+# "understated": a tenth of the list (a broken count, or a chain that never ends)
+LIST_SIZES = ("exact", "omitted", "understated")
 # How a repository refuses a list request whose window it finds too large (users of other
 # harvesters report HTTP 413 "please restrict the request period" from a national library
 # and 422 on monthly windows from a research repository; others answer badArgument).
@@ -67,7 +68,7 @@ _VERB_ARGS: dict[str, tuple[frozenset[str], frozenset[str]]] = {  # verb -> (req
 }
 _RESUMABLE = frozenset({"ListSets", "ListIdentifiers", "ListRecords"})
 # Token text needs URL encoding on purpose: "!", "/" and "+" (a raw "+" decodes to a space).
-_TOKEN_RE = re.compile(r"c(\d+)!(\d+)/([A-Za-z0-9_]+)\+([0-9a-z]+)")
+_TOKEN_RE = re.compile(r"c(\d+)!(\d+)/([A-Za-z0-9_]+)\+([0-9a-z]+)(?:~x*)?")
 _SET_XML = {kind: "".join(f"<setSpec>{s}</setSpec>" for s in specs)
             for kind, specs in SET_SPECS_BY_KIND.items()}
 
@@ -198,6 +199,7 @@ class OaiSimulator(ControlledServer):
         self._chains: OrderedDict[int, _Chain] = OrderedDict()
         self._next_chain = 1
         self._nonce = 0
+        self._token_padding = 0  # pad_tokens: bytes of filler each resumptionToken carries
         self._fail_count = 0
         self._fail_status = 503
         self._fail_retry_after: str | None = None
@@ -362,6 +364,14 @@ class OaiSimulator(ControlledServer):
             raise ValueError(f"kind must be one of {HOSTILE_KINDS}")
         with self._lock:
             self._hostile_next = kind
+
+    def pad_tokens(self, size: int) -> None:
+        """Every resumptionToken from now on carries ``size`` bytes of filler (0: none).
+
+        Nothing in OAI-PMH bounds a token's length: a hostile (or careless) repository may
+        hand out megabytes a page, each one distinct (issue 23).
+        """
+        self._token_padding = max(0, int(size))
 
     def set_token_markup(self, markup: str) -> None:
         """How list pages write their resumptionToken (TOKEN_MARKUPS)."""
@@ -675,7 +685,8 @@ class OaiSimulator(ControlledServer):
             nonce = f"e{self._nonce:x}"
         else:
             nonce = f"{zlib.crc32(f'{chain.chain_id}:{cursor}'.encode()):x}"
-        return f"c{chain.chain_id}!{cursor}/{chain.prefix}+{nonce}"
+        padding = "~" + "x" * (self._token_padding - 1) if self._token_padding else ""
+        return f"c{chain.chain_id}!{cursor}/{chain.prefix}+{nonce}{padding}"
 
     def _list(self, verb: str, args: dict[str, str]) -> list[str]:
         token = args.get("resumptionToken")
@@ -720,7 +731,8 @@ class OaiSimulator(ControlledServer):
                     next_token = self._token(chain, cursor + len(page))
                 else:
                     next_token = ""
-        size = f'completeListSize="{total}" ' if self.list_size == "exact" else ""
+        announced = {"exact": total, "understated": max(1, total // 10)}.get(self.list_size)
+        size = f'completeListSize="{announced}" ' if announced is not None else ""
         if next_token is None:
             token_xml = ""
         elif next_token:

@@ -51,3 +51,33 @@ def delete_pool(name: str) -> bool:
         return False
     Pool.delete_pool(name)
     return True
+
+
+# Task states of a run that has not finished: working, waiting between tries, or queued.
+_NOT_DONE = ("running", "queued", "scheduled", "up_for_retry", "up_for_reschedule", "deferred", "restarting")
+
+
+def unfinished_dag_runs(dag_ids: list[str]) -> list[dict[str, Any]]:
+    """The DAG runs of ``dag_ids`` that are queued or running: their state, whether their
+    window was frozen (``freeze_window`` succeeded: planned at the epoch before a command's
+    bump) and their unfinished tasks with states (what ``forget``/``reset-cursor`` report)."""
+    from sqlalchemy import select
+
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    found: list[dict[str, Any]] = []
+    with create_session() as session:
+        runs = session.scalars(select(DagRun).where(DagRun.dag_id.in_(dag_ids),
+                                                    DagRun.state.in_(("queued", "running")))).all()
+        for run in runs:
+            tis = session.scalars(select(TaskInstance).where(TaskInstance.dag_id == run.dag_id,
+                                                             TaskInstance.run_id == run.run_id)).all()
+            states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in tis}
+            waiting = sorted(f"{ti.task_id}{'' if ti.map_index < 0 else f'[{ti.map_index}]'} "
+                             f"{getattr(ti.state, 'value', ti.state)}"
+                             for ti in tis if str(getattr(ti.state, "value", ti.state)) in _NOT_DONE)
+            found.append({"dag_id": run.dag_id, "run_id": run.run_id, "state": str(getattr(run.state, "value", run.state)),
+                          "frozen": states.get("freeze_window") == "success", "tasks": waiting})
+    return found

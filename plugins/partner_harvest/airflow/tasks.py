@@ -27,7 +27,7 @@ from partner_harvest import quality
 from partner_harvest.airflow.notifiers import failure_fields, send_alert
 from partner_harvest.reconcile import reconcile
 from partner_harvest.store import RunRef, connect, ensure_schema
-from partner_harvest.store import events, leases, runs
+from partner_harvest.store import events, fences, leases, runs
 from partner_harvest.store.quality import run_figures
 from partner_harvest.store.runs import abandon_stale_runs, clock_high_water, last_applied_until
 from partner_harvest.window import Window, WindowError, channel_window, parse_instant
@@ -65,8 +65,9 @@ def _fail_fast(func: Callable[..., T]) -> Callable[..., T]:
 
 
 @contextmanager
-def aggregation() -> Iterator[psycopg.Connection]:
-    conn = connect(aggregation_conninfo())
+def aggregation(fence: fences.Fence | None = None) -> Iterator[psycopg.Connection]:
+    """A connection to the aggregation; with ``fence``, its fenced writes check it."""
+    conn = fences.bind(connect(aggregation_conninfo()), fence)
     try:
         yield conn
     finally:
@@ -104,12 +105,20 @@ def run_key(context: dict[str, Any]) -> str:
     return f"{dag_run.dag_id}/{dag_run.run_id}"
 
 
-def hold_lease(partner_id: str, context: dict[str, Any], kind: str = leases.HARVEST) -> leases.LeaseKeeper:
-    """Every task that reads or writes the partner's data holds the run's lease while it runs."""
+def hold_lease(partner_id: str, context: dict[str, Any], kind: str = leases.HARVEST,
+               window_data: dict[str, Any] | None = None) -> leases.LeaseKeeper:
+    """Every task that reads or writes the partner's data holds the run's lease while it runs.
+
+    ``window_data``: the run's frozen window, whose epoch its writes are fenced by (a
+    command like ``forget`` after the freeze stops them); without it, the epoch the lease
+    was taken at (the freeze itself, a reconcile).
+    """
     conninfo = aggregation_conninfo()
     with connect(conninfo) as conn:
         ensure_schema(conn)
-    return leases.LeaseKeeper(conninfo, partner_id, run_key(context), kind, ttl=LEASE_TTL)
+    epoch = ((window_data or {}).get("protocol") or {}).get("epoch")
+    return leases.LeaseKeeper(conninfo, partner_id, run_key(context), kind, ttl=LEASE_TTL,
+                              epoch=None if epoch is None else int(epoch))
 
 
 def release_lease(partner_id: str, holder: str) -> None:
@@ -196,9 +205,9 @@ def freeze_window(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
     partner = _partner(partner_id)
     request = run_request(context)
     first_harvest_waits(partner, context, request)
-    with hold_lease(partner_id, context):
+    with hold_lease(partner_id, context) as keeper:
         adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
-        with aggregation() as conn:
+        with aggregation(keeper.fence) as conn:
             abandoned = abandon_stale_runs(conn, partner_id, ABANDON_AFTER)
             if abandoned:
                 log.warning("%s: %d run channel(s) never applied within %s were abandoned and their staging dropped",
@@ -210,6 +219,7 @@ def freeze_window(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
                         for name in extra_channels(adapter)}
             high_water = clock_high_water(conn, partner_id)
         window = pipeline.freeze_window(adapter, partner.lag, cursor, request, channels, high_water)
+        window.protocol["epoch"] = keeper.fence.epoch  # every later write of the run is fenced by it
         empty = _empty_window(partner_id, window, request)
         if empty is None:
             behind = window.protocol.get("clock_behind_cursor")
@@ -249,8 +259,8 @@ def extra_channels(adapter: object) -> tuple[str, ...]:
 
 def _stage_channel(partner_id: str, window_data: dict[str, Any], context: dict[str, Any], channel: str) -> dict[str, Any]:
     """Stream one channel of the frozen window into staging (retries reuse the window)."""
-    with hold_lease(partner_id, context):
-        stats = _stage(partner_id, window_data, context, channel)
+    with hold_lease(partner_id, context, window_data=window_data) as keeper:
+        stats = _stage(partner_id, window_data, context, channel, keeper.fence)
     return {
         "pages": stats.pages, "fetched": stats.fetched, "records": stats.records,
         "tombstones": stats.tombstones, "rejected": stats.rejected,
@@ -258,11 +268,12 @@ def _stage_channel(partner_id: str, window_data: dict[str, Any], context: dict[s
     }
 
 
-def _stage(partner_id: str, window_data: dict[str, Any], context: dict[str, Any], channel: str) -> Any:
+def _stage(partner_id: str, window_data: dict[str, Any], context: dict[str, Any], channel: str,
+           fence: fences.Fence | None) -> Any:
     partner = _partner(partner_id)
     window = Window.from_dict(window_data)
     adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
-    with aggregation() as conn:
+    with aggregation(fence) as conn:
         if channel == "deletions":
             return pipeline.poll_deletions(adapter, conn, RunRef(partner_id, run_key(context), channel), window)
         # 'changes' (the whole window) or one of its slices 'changes/00N'
@@ -274,9 +285,9 @@ def plan_slices(partner_id: str, window_data: dict[str, Any], context: dict[str,
     """The pieces the mapped harvest runs over: the whole window, or its slices."""
     partner = _partner(partner_id)
     window = Window.from_dict(window_data)
-    with hold_lease(partner_id, context):
+    with hold_lease(partner_id, context, window_data=window_data) as keeper:
         adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
-        with aggregation() as conn:
+        with aggregation(keeper.fence) as conn:
             return pipeline.plan_slices(adapter, conn, partner_id, run_key(context), window, partner.slicing)
 
 
@@ -296,12 +307,12 @@ def poll_deletions(partner_id: str, window_data: dict[str, Any], context: dict[s
 @_fail_fast
 def apply_changes(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, int]:
     """Apply the run; channels whose staging the database lost are harvested again first."""
+    with hold_lease(partner_id, context, window_data=window_data) as keeper, aggregation(keeper.fence) as conn:
 
-    def reharvest(channels: list[str]) -> None:
-        for channel in channels:
-            _stage(partner_id, window_data, context, channel)
+        def reharvest(channels: list[str]) -> None:
+            for channel in channels:
+                _stage(partner_id, window_data, context, channel, keeper.fence)
 
-    with hold_lease(partner_id, context), aggregation() as conn:
         applied = pipeline.apply_changes(conn, partner_id, run_key(context), reharvest).as_dict()
         # The event Airflow emits on the partner's Asset when this task succeeds (airflow/assets.py).
         extra = assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id)
@@ -311,12 +322,21 @@ def apply_changes(partner_id: str, window_data: dict[str, Any], context: dict[st
 
 @_fail_fast
 def move_cursor(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
-    """The main cursor, then each channel's own (day-granular) cursor."""
+    """The main cursor, then each channel's own (day-granular) cursor.
+
+    Fenced like every other write, though the cursor is an Airflow Variable: the Variables
+    are written inside an aggregation transaction that checked the run's lease and epoch
+    first and holds them locked until after the writes (store/fences.fenced). A command's
+    epoch bump (``reset-cursor``, ``forget``) waits for that transaction, so it writes its
+    cursor after this one; a move that starts after the bump fails naming the command.
+    """
     window = Window.from_dict(window_data)
     run_id = context["dag_run"].run_id
-    moved = {"changes": advance_cursor(partner_id, window, run_id)}
-    for channel in window.protocol.get("channels") or {}:
-        moved[channel] = advance_cursor(partner_id, channel_window(window, channel), run_id, channel)
+    with hold_lease(partner_id, context, window_data=window_data) as keeper, aggregation(keeper.fence) as conn:
+        with fences.fenced(conn, f"cursor move of run {run_id}"):
+            moved = {"changes": advance_cursor(partner_id, window, run_id)}
+            for channel in window.protocol.get("channels") or {}:
+                moved[channel] = advance_cursor(partner_id, channel_window(window, channel), run_id, channel)
     release_lease(partner_id, run_key(context))
     return moved
 
@@ -349,7 +369,7 @@ def reconcile_partner(partner_id: str, context: dict[str, Any]) -> dict[str, Any
     keeper.release_on_exit = True
     with keeper:
         adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
-        with aggregation() as conn:
+        with aggregation(keeper.fence) as conn:
             outcome = reconcile(adapter, conn, partner, run_key(context), allow_mass_purge=allow).as_dict()
             assets.emit(context, partner_id,
                         assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id))

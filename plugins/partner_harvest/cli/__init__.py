@@ -28,7 +28,8 @@ from psycopg import sql
 
 from partner_harvest.registry import PARTNERS_FILE_ENV, Partner, Registry, RegistryError, cursor_key, load_registry
 from partner_harvest.store import connect
-from partner_harvest.store.admin import _PARTNER_TABLES, FEED_DELETIONS, forget_partner
+from partner_harvest.store.admin import _PARTNER_TABLES, FEED_DELETIONS, forget_partner, unfinished_runs
+from partner_harvest.store.fences import bump_epoch
 from partner_harvest.store.runs import last_applied_until
 from partner_harvest.store.schema import apply_migrations, migration_files, pending_migrations
 from partner_harvest.window import DAY, SECONDS, WindowError, floor_to, format_instant, parse_instant
@@ -108,6 +109,39 @@ def _refuse_when_busy(conn: psycopg.Connection, partner_id: str) -> None:
         holders = ", ".join(f"{holder} ({kind}, until {format_instant(expires)})" for holder, kind, expires in leases)
         raise CliError(f"partner {partner_id} is busy: {holders} holds its lease. Pause its DAGs and let the "
                        "run finish (a killed task's lease expires by itself), then try again")
+
+
+def _runs_to_fence(conn: psycopg.Connection, admin: ModuleType | None, partner_id: str) -> tuple[list, list]:
+    """Before the command: the partner's unfinished runs in the aggregation's audit and,
+    with Airflow, its queued or running DAG runs (waiting for a retry, a reschedule or a
+    pool slot hold no lease, so only the fence stops them)."""
+    audit = unfinished_runs(conn, partner_id)
+    conn.commit()
+    dag_runs = admin.unfinished_dag_runs([f"harvest_{partner_id}", f"reconcile_{partner_id}"]) if admin else []
+    return audit, dag_runs
+
+
+def _report_fenced(command: str, epoch: int, audit: list, dag_runs: list) -> None:
+    """What the command did to runs in flight, waiting or queued (issue 23)."""
+    print(f"epoch of the partner: {epoch} (set by {command}); runs planned before it can neither apply nor move "
+          "a cursor: each fails at its next write, naming this command")
+    listed = set()
+    for run in dag_runs:
+        key = f"{run['dag_id']}/{run['run_id']}"
+        listed.add(key)
+        tasks = ", ".join(run["tasks"]) or "no task started"
+        if run["dag_id"].startswith("reconcile_"):
+            effect = "its reconcile plans from the new state when its task (re)starts"
+        elif run["frozen"]:
+            effect = "planned before: fenced (it will fail without applying or moving the cursor)"
+        else:
+            effect = "not planned yet: it plans from the new state"
+        print(f"  DAG run {key} ({run['state']}; {tasks}): {effect}")
+    for run_id, channels in audit:
+        if run_id not in listed:
+            print(f"  run {run_id} ({channels}): planned before: fenced")
+    if not dag_runs and not audit:
+        print("  no run of the partner was in flight, waiting or queued")
 
 
 def _partner(registry: Registry, partner_id: str) -> Partner:
@@ -214,8 +248,14 @@ def cmd_reset_cursor(args: argparse.Namespace) -> int:
         raise CliError(f"--to: {exc}") from None
     admin = _airflow("reset-cursor")
     with _connect(args) as conn:
-        _refuse_when_busy(conn, partner.id)
-        applied = {channel: last_applied_until(conn, partner.id, channel or "changes") for channel in channels}
+        return _reset_cursor(args, partner, channels, target, admin, conn)
+
+
+def _reset_cursor(args: argparse.Namespace, partner: Partner, channels: list[str | None], target: datetime | None,
+                  admin: ModuleType, conn: psycopg.Connection) -> int:
+    _refuse_when_busy(conn, partner.id)
+    applied = {channel: last_applied_until(conn, partner.id, channel or "changes") for channel in channels}
+    conn.commit()
     plan = []
     for channel in channels:
         key = cursor_key(partner.id, channel)
@@ -233,19 +273,26 @@ def cmd_reset_cursor(args: argparse.Namespace) -> int:
                   "(a cursor is never trusted beyond what the database holds)")
     if not _confirm(args, partner.id):
         return 1
-    for key, _, new, granularity in plan:
-        if new is None:
-            admin.delete_variable(key)
-            if admin.read_variable(key) is not None:
-                print(f"{key} is still defined outside the metadata database (AIRFLOW_VAR_* or a secrets backend): "
-                      "remove it there", file=sys.stderr)
-                return 1
-        else:
-            admin.write_variable(key, {
-                "until": format_instant(new), "granularity": granularity, "run_id": "partner-harvest reset-cursor",
-                "updated_at": format_instant(datetime.now(timezone.utc)),
-            }, description=f"harvest cursor of partner {partner.id}")
-        print(f"{key}: done")
+    audit, dag_runs = _runs_to_fence(conn, admin, partner.id)
+    # The Variables are written while the bumped epoch row is locked: a run's cursor move
+    # (fenced, store/fences.py) either finished before, or fails after, never lands between.
+    with conn.transaction():
+        epoch = bump_epoch(conn, partner.id, "reset-cursor")
+        for key, _, new, granularity in plan:
+            if new is None:
+                admin.delete_variable(key)
+                if admin.read_variable(key) is not None:
+                    print(f"{key} is still defined outside the metadata database (AIRFLOW_VAR_* or a secrets "
+                          "backend): remove it there", file=sys.stderr)
+                    return 1
+            else:
+                admin.write_variable(key, {
+                    "until": format_instant(new), "granularity": granularity,
+                    "run_id": "partner-harvest reset-cursor",
+                    "updated_at": format_instant(datetime.now(timezone.utc)),
+                }, description=f"harvest cursor of partner {partner.id}")
+            print(f"{key}: done")
+    _report_fenced("reset-cursor", epoch, audit, dag_runs)
     return 0
 
 
@@ -283,7 +330,10 @@ def cmd_forget(args: argparse.Namespace) -> int:
                 print(f"pool {pool}: {'to delete' if drop_pool else 'does not exist'}")
         if not _confirm(args, partner_id):
             return 1
+        audit, dag_runs = _runs_to_fence(conn, admin, partner_id)
         removed = forget_partner(conn, partner_id)
+        epoch = conn.execute("SELECT epoch FROM partner_fences WHERE partner_id = %s", (partner_id,)).fetchone()[0]
+        conn.commit()
     written = removed.pop(FEED_DELETIONS)
     print(f"removed {sum(removed.values())} row(s): " + ", ".join(f"{t} {n}" for t, n in removed.items() if n))
     print(f"{FEED_DELETIONS}: {written} (reason 'forgotten'), so downstream consumers drop them too")
@@ -293,6 +343,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
     if drop_pool:
         admin.delete_pool(pool)
         print(f"pool {pool}: deleted")
+    _report_fenced("forget", epoch, audit, dag_runs)
     return 0
 
 

@@ -32,6 +32,7 @@ import requests
 from partner_harvest.errors import (
     HarvestLoopError,
     PartnerAsksToWait,
+    PartnerCapExceeded,
     PartnerDataError,
     PartnerHttpError,
     PartnerProtocolError,
@@ -39,6 +40,7 @@ from partner_harvest.errors import (
 from partner_harvest.formats.checks import DEFAULT_POLICY, Policy
 from partner_harvest.http import ServerAsksToWait
 from partner_harvest.oai import parse
+from partner_harvest.oai.chain_caps import ChainCaps, short_params, token_digest
 from partner_harvest.oai.errors import BadArgument, BadResumptionToken, OaiProtocolError, OaiResponseError
 from partner_harvest.xmlsafe import XmlInputError, XmlLimits, xml_limits
 
@@ -104,6 +106,7 @@ class OaiClient:
         xml_limits: XmlLimits | None = None,
         pipelined: bool = True,
         validation: Policy = DEFAULT_POLICY,
+        caps: ChainCaps | None = None,
     ):
         self.partner_id = partner_id
         self.base_url = base_url
@@ -112,6 +115,7 @@ class OaiClient:
         self.xml_limits = xml_limits or XmlLimits()
         self.pipelined = pipelined  # fetch page N+1 while the caller works on page N
         self.validation = validation  # the partner's checks (registry options.validation): pages are parsed here
+        self.caps = caps or ChainCaps()  # a token's size, a chain's pages (issue 23)
 
     # -- single requests ---------------------------------------------------------------
 
@@ -231,14 +235,14 @@ class OaiClient:
                 pending = None
                 asked = params
                 guess = parse.guess_token(content)
-                if guess is not None:
+                if guess is not None and self.caps.token_problem(guess) is None:
                     params = _continuation(asked, guess)
                     pending = pool.submit(self.fetch, params)
                 with self._named_errors(asked):
                     page = parse.parse_list_page(content, verb, prefix, self.validation)
                 del content
                 token = page.token
-                loop = chain.check(asked, token, bool(page.items))
+                loop = chain.check(asked, token, page)
                 if token != guess or loop is not None:
                     if pending is not None:
                         log.debug("%s: dropping the request sent on the guessed token %r (parsed: %r)",
@@ -265,7 +269,7 @@ class OaiClient:
             with self._named_errors(params):
                 page = parse.parse_list_page(content, verb, prefix, self.validation)
             yield page
-            loop = chain.check(params, page.token, bool(page.items))
+            loop = chain.check(params, page.token, page)
             if loop is not None:
                 raise loop
             if not page.token:
@@ -286,25 +290,42 @@ def _continuation(params: dict[str, str], token: str) -> dict[str, str]:
 
 
 class _Chain:
-    """Loop detection over one token chain: a token seen twice, or too many empty pages."""
+    """Loop detection over one token chain: a token seen twice, or too many empty pages;
+    and its caps (oai/chain_caps.py): a token too long, more pages than the list justifies."""
 
     def __init__(self, client: OaiClient):
         self.client = client
-        self.seen_tokens: set[str] = set()
+        self.seen_tokens: set[bytes] = set()  # digests: the tokens themselves are not kept
         self.empty_run = 0
+        self.pages = 0
+        self.page_size: int | None = None  # items of the chain's first page with items
+        self.list_size: int | None = None  # the largest completeListSize announced
 
-    def check(self, params: dict[str, str], token: str | None, has_items: bool) -> HarvestLoopError | None:
+    def check(self, params: dict[str, str], token: str | None,
+              page: parse.ListPage) -> HarvestLoopError | PartnerCapExceeded | None:
         """The loop error the page answering `params` reveals, else None (token recorded)."""
+        self.pages += 1
+        has_items = bool(page.items)
+        if has_items and self.page_size is None:
+            self.page_size = len(page.items)
+        if page.complete_list_size is not None:
+            self.list_size = max(self.list_size or 0, page.complete_list_size)
         if not token:
             return None
         client = self.client
-        if token in self.seen_tokens:  # a loop guard: fails instead of hanging
+        capped = client.caps.token_problem(token) or client.caps.pages_problem(
+            self.pages, self.list_size, self.page_size, client.max_empty_pages)
+        if capped is not None:
+            return PartnerCapExceeded(client.partner_id, client.describe(short_params(params)),
+                                      f"{capped}; stopping the chain")
+        digest = token_digest(token)
+        if digest in self.seen_tokens:  # a loop guard: fails instead of hanging
             return HarvestLoopError(
                 client.partner_id, client.describe(params),
                 f"the repository handed out resumptionToken {token!r} a second time; "
                 "stopping instead of looping forever",
             )
-        self.seen_tokens.add(token)
+        self.seen_tokens.add(digest)
         self.empty_run = self.empty_run + 1 if not has_items else 0
         if self.empty_run > client.max_empty_pages:
             return HarvestLoopError(

@@ -3,9 +3,13 @@
 The size of a range is the ``completeListSize`` its first ListIdentifiers page announces
 (or the page's own length when the list fits in one page): one cheap request per probe.
 The largest range is bisected in time, down to the repository's granularity, until every
-slice holds about ``target_records`` or ``max_slices`` is reached. Slices are disjoint and
-cover the frozen window: each starts one granule after the previous one ends (OAI-PMH
-``from``/``until`` are inclusive). The counts only steer the cut; a repository whose count
+slice holds about ``target_records`` or ``max_slices`` is reached. Slices cover the frozen
+window and overlap by one granule: each starts where the previous one ends. OAI-PMH
+``from``/``until`` are inclusive granules, so disjoint slices ``[.., m]`` and ``[m + 1 s, ..]``
+would do, but a repository that stores sub-second stamps and compares them raw returns a
+record stored at ``m + 0.5 s`` in neither (I13, issue 23); with the overlap it is in the
+second, and a record stamped ``m`` may come twice, which the apply merges (one version per
+identifier). The counts only steer the cut; a repository whose count
 is wrong (I13) gets uneven slices, never missing ones. Without any count, a full harvest
 is cut into ``without_count`` equal time ranges. A repository without a usable
 ``earliestDatestamp`` (none, unparseable, or 1970, as real ones announce: I13) is bisected
@@ -179,13 +183,12 @@ def _bisect(ranges: list[_Range], window: Window, start: datetime | None, settin
 
 def _pieces(ranges: list[_Range], window: Window) -> list[dict[str, Any]]:
     """One list's (or one set's) ranges as slices that cover the window: empty ranges
-    dropped, each kept one starting a granule after the one before, the first at the
-    window's own (perhaps open) start."""
-    step = granule(window.protocol.get("oai_granularity", DAY_GRANULARITY))
+    dropped, each kept one starting where the one before ends (the boundary granule in
+    both: see the module's docstring), the first at the window's own (perhaps open) start."""
     kept = [r for r in ranges if r.count != 0] or ranges[:1]
     pieces: list[dict[str, Any]] = []
     for i, r in enumerate(kept):
-        piece = {"from_": window.from_ if i == 0 else pieces[-1]["until"] + step,
+        piece = {"from_": window.from_ if i == 0 else pieces[-1]["until"],
                  "until": window.until if i == len(kept) - 1 else r.hi, "estimate": r.count}
         if r.set_spec is not None:
             piece["set_spec"] = r.set_spec
@@ -204,7 +207,8 @@ def _earliest(window: Window) -> datetime | None:
 
 
 def _equal_ranges(window: Window, start: datetime, step: timedelta, count: int) -> list[dict[str, Any]]:
-    """``count`` equal time ranges from ``start`` to until, on granule boundaries."""
+    """``count`` equal time ranges from ``start`` to until, on granule boundaries, each
+    starting where the one before ends (overlapping by that granule, as ``_pieces``)."""
     if count < 2:
         return []
     granules = int((window.until - start) / step) + 1  # both ends included
@@ -216,6 +220,6 @@ def _equal_ranges(window: Window, start: datetime, step: timedelta, count: int) 
     lo = start
     while lo <= window.until:
         hi = min(lo + step * (size - 1), window.until)
-        pieces.append({"from_": window.from_ if not pieces else lo, "until": hi, "estimate": None})
+        pieces.append({"from_": window.from_ if not pieces else pieces[-1]["until"], "until": hi, "estimate": None})
         lo = hi + step
     return pieces

@@ -7,6 +7,7 @@ from psycopg import sql
 
 from partner_harvest.store.apply import lock_partner_writes
 from partner_harvest.store.feed import mark_applied
+from partner_harvest.store.fences import bump_epoch
 
 # What `forget` removes. `deletions` stays: it is the change feed's history, and forget
 # adds to it (a consumer behind may not have read the older deletions yet).
@@ -31,10 +32,15 @@ def forget_partner(conn: psycopg.Connection, partner_id: str) -> dict[str, int]:
     ``forgotten``) and the partner's high water raised, in the same transaction under
     the partner's apply lock: a downstream consumer drops what the aggregation dropped,
     and a reload afterwards arrives as upserts after those deletions.
+
+    The partner's epoch is bumped in the same transaction (store/fences.py): a run planned
+    before, waiting for a retry or a pool slot, can neither apply into the emptied partner
+    nor move its cursor after it. The epoch and the lease tokens are kept.
     """
     removed: dict[str, int] = {}
     with conn.transaction():
         lock_partner_writes(conn, partner_id)
+        bump_epoch(conn, partner_id, "forget")
         written = conn.execute(_FORGET_IN_THE_FEED, {"pid": partner_id, "run": FORGET_RUN}).rowcount
         if written:
             mark_applied(conn, partner_id, FORGET_RUN)
@@ -43,6 +49,18 @@ def forget_partner(conn: psycopg.Connection, partner_id: str) -> dict[str, int]:
             removed[table] = conn.execute(statement, (partner_id,)).rowcount
     removed[FEED_DELETIONS] = written
     return removed
+
+
+_UNFINISHED = """
+SELECT run_id, string_agg(channel || ' ' || status, ', ' ORDER BY channel), min(started_at)
+FROM harvest_runs WHERE partner_id = %s AND status <> 'applied' AND status <> 'abandoned'
+GROUP BY run_id ORDER BY min(started_at)
+"""
+
+
+def unfinished_runs(conn: psycopg.Connection, partner_id: str) -> list[tuple[str, str]]:
+    """Runs of the partner that started and did not apply: (run, its channels' states)."""
+    return [(run, channels) for run, channels, _ in conn.execute(_UNFINISHED, (partner_id,)).fetchall()]
 
 
 def run_summary(conn: psycopg.Connection, partner_id: str | None = None, limit: int = 20) -> list[dict]:

@@ -31,7 +31,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from partner_harvest.errors import HarvestError
-from partner_harvest.store import feed
+from partner_harvest.store import feed, fences
 from partner_harvest.store.partner_stats import update_partner_stats
 
 log = logging.getLogger(__name__)
@@ -275,6 +275,9 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         # bounded wait turns a stuck apply elsewhere into an error (and a retry) here.
         conn.execute("SET LOCAL lock_timeout = '30min'")
         lock_partner_writes(conn, partner_id)
+        # Under the lock, before anything is read or written: the run still holds its lease
+        # and no operator command changed the partner since it was planned (store/fences.py).
+        fences.check(conn, f"apply of run {run_id}")
         staged = _check_staged(conn, partner_id, run_id)
         fetched = staged.per_channel
         regressed = {channel: clock.isoformat() if clock else None

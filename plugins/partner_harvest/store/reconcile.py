@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 
 from partner_harvest.records import Tombstone
+from partner_harvest.store import fences
 from partner_harvest.store.runs import RunRef
 
 _COPY_IDS = "COPY reconcile_ids (partner_id, run_id, identifier, datestamp, deleted) FROM STDIN"
@@ -52,15 +53,18 @@ class IdSweepWriter:
 
     def reset(self) -> None:
         with self.conn.transaction():
+            fences.check(self.conn, f"reconcile sweep of run {self.run_id}")
             self.conn.execute("DELETE FROM reconcile_ids WHERE partner_id = %s AND run_id = %s",
                               (self.partner_id, self.run_id))
 
     def write_page(self, headers: list[tuple[str, datetime | None, bool]]) -> None:
         if not headers:
             return
-        with self.conn.transaction(), self.conn.cursor() as cur, cur.copy(_COPY_IDS) as copy:
-            for identifier, datestamp, deleted in headers:
-                copy.write_row((self.partner_id, self.run_id, identifier, datestamp, deleted))
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            fences.check(self.conn, f"reconcile sweep of run {self.run_id}")
+            with cur.copy(_COPY_IDS) as copy:
+                for identifier, datestamp, deleted in headers:
+                    copy.write_row((self.partner_id, self.run_id, identifier, datestamp, deleted))
 
 
 _PLAN = """
@@ -223,6 +227,7 @@ def missing_identifiers(conn: psycopg.Connection, partner_id: str, run_id: str, 
 def stage_removals(conn: psycopg.Connection, run: RunRef, first_seq: int) -> int:
     """Stage tombstones for vanished and upstream-deleted records; returns how many."""
     with conn.transaction():
+        fences.check(conn, f"reconcile removals of run {run.run_id}")
         cur = conn.execute(
             """
             INSERT INTO staging (partner_id, run_id, channel, seq, kind, identifier, datestamp)

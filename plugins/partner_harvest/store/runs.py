@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 import psycopg
 
 from partner_harvest.errors import HarvestError
+from partner_harvest.store import fences
 from partner_harvest.records import HarvestStats
 from partner_harvest.window import Window
 
@@ -41,6 +42,7 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
     (``check_attempt``), so a try superseded by a newer one can no longer write.
     """
     with conn.transaction():
+        fences.check(conn, f"start of {run.channel} of run {run.run_id}")
         previous = conn.execute(
             "SELECT window_until, mode, status FROM harvest_runs WHERE partner_id = %s AND run_id = %s AND channel = %s",
             run.key(),
@@ -73,6 +75,8 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
             conn.execute(
                 "DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key()
             )
+            conn.execute("UPDATE harvest_runs SET staged_bytes = 0"
+                         " WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key())
     return attempt
 
 
@@ -114,6 +118,7 @@ def finish_harvest(conn: psycopg.Connection, run: RunRef, stats: HarvestStats, a
     mismatch = stats.complete_list_size is not None and stats.complete_list_size != stats.fetched
     with conn.transaction():
         check_attempt(conn, run, attempt)
+        fences.check(conn, f"end of {run.channel} of run {run.run_id}")
         conn.execute(
             """
             UPDATE harvest_runs SET status = 'harvested', pages = %s, fetched = %s,

@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 
+from partner_harvest.store import fences
 from partner_harvest.store.runs import RunRef
 from partner_harvest.window import Window
 
@@ -56,6 +57,7 @@ def write_plan(
     """
     key = {"pid": partner_id, "run": run_id, "prefix": SLICE_PREFIX + "%"}
     with conn.transaction():
+        fences.check(conn, f"slice plan of run {run_id}")
         conn.execute("DELETE FROM harvest_runs WHERE partner_id = %(pid)s AND run_id = %(run)s"
                      " AND channel LIKE %(prefix)s", key)
         conn.execute("DELETE FROM staging WHERE partner_id = %(pid)s AND run_id = %(run)s"
@@ -151,6 +153,7 @@ def reopen(conn: psycopg.Connection, run: RunRef) -> int:
     """Mark a slice harvesting again from its checkpoint, keeping its staging and counts;
     returns the new attempt number (the fence of store/runs.check_attempt)."""
     with conn.transaction():
+        fences.check(conn, f"resumption of {run.channel} of run {run.run_id}")
         return conn.execute(
             """
             UPDATE harvest_runs SET status = 'harvesting', attempts = attempts + 1, resumed = resumed + 1,

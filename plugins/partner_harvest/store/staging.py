@@ -12,8 +12,10 @@ import hashlib
 
 import psycopg
 
+from partner_harvest.errors import PartnerCapExceeded
 from partner_harvest.formats.checks import warnings_json
 from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
+from partner_harvest.store import fences
 from partner_harvest.store.runs import RunRef, check_attempt, record_progress
 
 # Binary: the server reads the datestamp as eight bytes and the set specs as an array of
@@ -30,6 +32,7 @@ _COPY_TYPES = ["text", "text", "text", "int8", "text", "text", "timestamptz", "t
 
 MAX_IDENTIFIER_BYTES = 1000  # well inside a btree entry (about 2,700 bytes) with partner_id
 DEFAULT_MAX_RECORD_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_RUN_BYTES = 64 * 1024 ** 3  # registry options.limits.max_run_bytes
 QUARANTINED_HEAD_BYTES = 64 * 1024  # what is kept of a payload refused for its size
 
 
@@ -37,11 +40,15 @@ class StagingWriter:
     """Writes harvest items for one run channel; memory is bounded by one page (I5)."""
 
     def __init__(self, conn: psycopg.Connection, run: RunRef, *, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
-                 progress: HarvestStats | None = None, seq: int = 0, attempt: int | None = None):
+                 progress: HarvestStats | None = None, seq: int = 0, attempt: int | None = None,
+                 max_run_bytes: int = DEFAULT_MAX_RUN_BYTES):
         self.conn = conn
         self.run = run
         self.seq = seq
         self.max_record_bytes = max_record_bytes
+        # What the whole run (every channel and slice) may stage: each page adds its payload
+        # bytes to its channel's harvest_runs row and checks the run's sum, in its transaction.
+        self.max_run_bytes = max_run_bytes
         # With the channel's running totals, every page also writes them (and a checkpoint)
         # to its harvest_runs row in the page's own transaction: progress while it runs (issue 9).
         self.progress = progress
@@ -53,10 +60,13 @@ class StagingWriter:
         """Drop what this channel staged so far: the window restarts from its bounds."""
         with self.conn.transaction():
             check_attempt(self.conn, self.run, self.attempt)
+            fences.check(self.conn, f"staging reset of {self.run.channel} of run {self.run.run_id}")
             self.conn.execute(
                 "DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s",
                 self.run.key(),
             )
+            self.conn.execute("UPDATE harvest_runs SET staged_bytes = 0"
+                              " WHERE partner_id = %s AND run_id = %s AND channel = %s", self.run.key())
             if self.progress is not None:
                 self.conn.execute(
                     "UPDATE harvest_runs SET pages = 0, fetched = 0, checkpoint = NULL, progress_at = now()"
@@ -71,15 +81,50 @@ class StagingWriter:
         pid, run_id, channel = self.run.key()
         with self.conn.transaction():
             check_attempt(self.conn, self.run, self.attempt)
+            fences.check(self.conn, f"staging of {channel} of run {run_id}")
             if items:
+                size = 0
                 with self.conn.cursor() as cur, cur.copy(_COPY) as copy:
                     copy.set_types(_COPY_TYPES)
                     for item in items:
                         self.seq += 1
-                        copy.write_row(_row(pid, run_id, channel, self.seq, storable(item, self.max_record_bytes)))
+                        stored = storable(item, self.max_record_bytes)
+                        size += _payload_bytes(stored)
+                        copy.write_row(_row(pid, run_id, channel, self.seq, stored))
+                self._count_run_bytes(size)
             if self.progress is not None:
                 record_progress(self.conn, self.run, self.progress.pages, self.progress.fetched, checkpoint,
                                 self.progress.complete_list_size)
+
+
+    def _count_run_bytes(self, size: int) -> None:
+        """Add the page's payload bytes to the channel's row; raise (the page's transaction
+        then rolls back: nothing of it lands) when the run's sum passes the cap."""
+        pid, run_id, channel = self.run.key()
+        total = self.conn.execute(
+            """
+            WITH added AS (
+                UPDATE harvest_runs SET staged_bytes = staged_bytes + %(size)s
+                WHERE partner_id = %(pid)s AND run_id = %(run)s AND channel = %(channel)s RETURNING staged_bytes
+            )
+            SELECT COALESCE((SELECT sum(staged_bytes) FROM harvest_runs
+                             WHERE partner_id = %(pid)s AND run_id = %(run)s AND channel <> %(channel)s), 0)
+                   + COALESCE((SELECT staged_bytes FROM added), 0)
+            """, {"size": size, "pid": pid, "run": run_id, "channel": channel},
+        ).fetchone()[0]
+        if total > self.max_run_bytes:
+            raise PartnerCapExceeded(
+                pid, f"staging of {channel} of run {run_id}",
+                f"the run would have staged {total} bytes of payloads, over the cap options.limits.max_run_bytes = "
+                f"{self.max_run_bytes}; this page was not staged and the run stops",
+            )
+
+
+def _payload_bytes(item: HarvestItem) -> int:
+    text = item.metadata if isinstance(item, Record) else item.raw if isinstance(item, Rejected) else None
+    if not text:
+        return 0
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def storable(item: HarvestItem, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> HarvestItem:

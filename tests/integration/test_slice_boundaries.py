@@ -1,0 +1,77 @@
+"""Slice boundaries lose no record whatever the partner's clock resolution (issue 23, I13).
+
+The simulator stores sub-second stamps and compares ``from``/``until`` with them raw (as
+some repositories do, against OAI-PMH's granules): ``until=m`` leaves out a record stored at
+``m + 0.5 s`` and so does ``from=m + 1 s``. Adjacent slices ``[.., m]``, ``[m + 1 s, ..]`` lost
+it; slices that overlap at ``m`` harvest it (and the apply merges a record stamped ``m``
+that both slices return). Real PostgreSQL, the simulator over loopback.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import psycopg
+
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
+from partner_harvest import pipeline
+from partner_harvest.factory import Endpoint, build_adapter
+from partner_harvest.registry import Partner, SliceSettings
+from partner_harvest.store.admin import live_identifiers
+from partner_harvest.window import format_instant, parse_instant
+
+FAST_HTTP = {"backoff_factor": 0.01, "backoff_max": 0.05, "retries": 2, "read_timeout": 30}
+SLICES = SliceSettings(threshold_records=300, target_records=150, max_slices=6)
+
+
+def oai_partner() -> Partner:
+    return Partner(id="museum", protocol="oai-pmh", conn_id="unused", metadata_prefix="oai_dc",
+                   options={"http": FAST_HTTP}, slicing=SLICES)
+
+
+def held(conn: psycopg.Connection) -> set[str]:
+    ids = live_identifiers(conn, "museum")
+    conn.commit()
+    return ids
+
+
+def test_the_simulator_compares_sub_second_stamps_raw() -> None:
+    repo = SimulatedRepository(records=10, deleted_fraction=0.0, seed=3, stamps="raw")
+    victim = sorted(repo.live_identifiers())[0]
+    m = parse_instant("2025-10-01T12:00:00Z")
+    repo.restamp([victim], m + timedelta(milliseconds=500))
+    assert repo.get(victim).datestamp == m  # reported at the granularity
+    until_m = {r.identifier for r in repo.select(until=format_instant(m))}
+    from_next = {r.identifier for r in repo.select(from_=format_instant(m + timedelta(seconds=1)))}
+    from_m = {r.identifier for r in repo.select(from_=format_instant(m))}
+    assert victim not in until_m and victim not in from_next and victim in from_m
+    granular = SimulatedRepository(records=10, deleted_fraction=0.0, seed=3)
+    granular.restamp([victim], m + timedelta(milliseconds=500))
+    assert victim in {r.identifier for r in granular.select(until=format_instant(m))}
+
+
+def test_records_stored_just_after_each_slice_boundary_are_harvested(conn) -> None:
+    repo = SimulatedRepository(records=900, page_size=50, seed=9, deleted_fraction=0.0, stamps="raw")
+    with OaiSimulator(repo) as sim:
+        partner = oai_partner()
+
+        def make():
+            return build_adapter(partner, Endpoint(sim.base_url))
+
+        window = pipeline.freeze_window(make(), partner.lag, None, pipeline.RunRequest("incremental"))
+        pieces = pipeline.plan_slices(make(), conn, partner.id, "run-1", window, partner.slicing)
+        assert len(pieces) >= 3, pieces
+        boundaries = [parse_instant(p["until"]) for p in pieces[:-1]]
+        victims = sorted(repo.live_identifiers())[:len(boundaries)]
+        for identifier, m in zip(victims, boundaries):  # stored half a second past the boundary
+            repo.restamp([identifier], m + timedelta(milliseconds=500))
+        on_a_boundary = sorted(repo.live_identifiers())[-1]
+        repo.restamp([on_a_boundary], boundaries[0])  # stamped the boundary itself: in both slices
+        for piece in pieces:
+            pipeline.harvest_piece(make(), conn, partner.id, "run-1", window, piece["channel"])
+        result = pipeline.apply_changes(conn, partner.id, "run-1")
+        lost = set(victims) - held(conn)
+        assert not lost, f"{len(lost)} record(s) stored just after a slice boundary were harvested by no slice"
+        assert held(conn) == repo.live_identifiers()
+        assert result.fetched == len(repo.live_identifiers()) + 1  # the boundary record twice, merged
+        assert result.upserted == len(repo.live_identifiers()) and result.unchanged == 1

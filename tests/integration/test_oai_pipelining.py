@@ -207,11 +207,11 @@ def test_a_wrong_guess_is_dropped_and_the_chain_still_ends_exactly(sim, conn, mo
 
     parse_page, parsed = parse.parse_list_page, []
 
-    def parse_after_the_guess_left(content, verb, prefix):
+    def parse_after_the_guess_left(content, *args, **kwargs):
         parsed.append(1)
         if len(parsed) == PAGES:
             assert observed.started[PAGES + 1].wait(10), "the guessed request never started"
-        return parse_page(content, verb, prefix)
+        return parse_page(content, *args, **kwargs)
 
     monkeypatch.setattr(parse, "parse_list_page", parse_after_the_guess_left)
     stats = observed.harvest(StagingWriter(conn, RunRef("museum", "run-1")))

@@ -81,7 +81,7 @@ def child(args: argparse.Namespace) -> dict:
 
 def _forgotten(db: str, records: int, partner_id: str) -> None:
     """The partner loaded, then forgotten before a clean re-harvest (`forget_partner`, as the
-    README suggests), and the tables analyzed (autovacuum would do the same)."""
+    docs/operator/cli.md suggests), and the tables analyzed (autovacuum would do the same)."""
     from partner_harvest.store import connect
     from partner_harvest.store.admin import forget_partner
     from partner_harvest.store.apply import apply_run

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install check (README, "Install into an existing Airflow"): in a temporary directory,
+# Install check (docs/operator/install.md): in a temporary directory,
 #   1. a clean virtualenv with apache-airflow installed on its own (as the official image
 #      has it; AIRFLOW_CONSTRAINTS=<file or URL> adds Airflow's own constraints file),
 #   2. `pip install <this repository>` WITHOUT our constraints.txt,
@@ -9,7 +9,7 @@
 #      HARVEST_PARTNERS_FILE = include/partners.yaml), the plugin is registered through its
 #      entry point, partner_harvest comes from site-packages,
 #   5. `partner-harvest validate` passes.
-# About 1.5 minutes with a warm pip cache (README, "Install into an existing Airflow").
+# About 1.5 minutes with a warm pip cache (docs/operator/install.md).
 # KEEP=1 keeps the directory. PYTHON picks the interpreter (default python3.11),
 # AIRFLOW_VERSION another Airflow (default: the pin in requirements.txt).
 set -euo pipefail

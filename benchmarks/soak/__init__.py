@@ -1,1 +1,1 @@
-"""Chaos nights: the convergence soak (README, "Chaos nights (the soak)")."""
+"""Chaos nights: the convergence soak (docs/design/soak.md)."""

@@ -42,7 +42,7 @@ LEASE_TTL_SECONDS = 3
 RERUNS = 2  # a killed night is run again at most this often before the next night takes over
 RETRIES = 2  # Airflow task retries (the registry's default is 3; the soak keeps nights short)
 HTTP_RETRIES = 2
-# Registry keys (issue 9 item 5): on --scheduler nights the scheduler itself waits this
+# Registry keys retry_delay and max_retry_delay: on --scheduler nights the scheduler itself waits this
 # before it retries a failed or killed task (dag.test nights shorten it to 1 s per task).
 RETRY_DELAY, MAX_RETRY_DELAY, EXECUTION_TIMEOUT = "2s", "4s", "10m"
 SIERRA_KEY, SIERRA_SECRET = "soak-key", "soak-secret-never-logged"

@@ -21,7 +21,7 @@ class Fault:
     action: str = ""  # page/child: kill | pg_restart | drop_conn
     full_load_only: bool = False  # only a full load meets it (Sierra's export)
     incremental_only: bool = False
-    known_gap: bool = False  # diverges on today's code (README): drawn only with --known-gaps
+    known_gap: bool = False  # diverges on today's code: drawn only with --known-gaps
     # --scheduler nights: the moment in the real task processes, when it differs. A task
     # process reports success before its success listeners run, so a kill there ends a
     # finished task; the same point "between" two tasks is the next task's start, which

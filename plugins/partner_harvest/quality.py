@@ -38,8 +38,8 @@ def findings(partner: Partner, figures: RunFigures, now: datetime) -> list[str]:
             "records may be missing (a reconcile will tell)"
         )
     for check in figures.failed_checks:
-        found.append(f"completeness check failed: {check}; records may be missing or extra (see README, "
-                     "'Completeness checks')")
+        found.append(f"completeness check failed: {check}; records may be missing or extra (see "
+                     "docs/operator/operating.md, 'Completeness checks')")
     reference = figures.last_fetch_at or figures.first_run_at
     if is_quiet(partner, figures.last_fetch_at, figures.first_run_at, now):
         since = figures.last_fetch_at.strftime("%Y-%m-%d %H:%MZ") if figures.last_fetch_at else "never"

@@ -1,7 +1,7 @@
 """The one XML parser configuration every partner response goes through.
 
 Partner bodies are untrusted: they may be hostile (entity expansion, XXE), not XML at all
-(HTML error pages, empty 200s), truncated, or carry characters XML 1.0 forbids (quirk 13).
+(HTML error pages, empty 200s), truncated, or carry characters XML 1.0 forbids (real servers emit control characters).
 Each case gets its own exception with a one-line cause so the harvest can name it (I9).
 Nothing is parsed with ``recover=True``: a silently repaired page loses records.
 

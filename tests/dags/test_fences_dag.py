@@ -187,7 +187,7 @@ def test_forget_while_a_run_waits_for_its_retry_is_not_undone_by_the_retry(partn
     assert len(waited.failures) == 2 and "`partner-harvest forget` changed this partner" in waited.failures[-1], \
         waited.failures
 
-    # The next run harvests everything, as the README promises after a forget.
+    # The next run harvests everything, as docs/operator/cli.md promises after a forget.
     third = build_dag().test()
     assert task_states(third)["advance_cursor"] == "success"
     assert held(db) == repo.live_identifiers()

@@ -1,4 +1,4 @@
-"""scripts/airflow_ui.sh, the README's recipe for a local Airflow with its UI: it starts,
+"""scripts/airflow_ui.sh, the recipe of docs/operator/local-ui.md for a local Airflow with its UI: it starts,
 the API answers, the partner DAGs are listed, and it stops everything on SIGTERM."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The local UI as the README documents it (scripts/airflow_ui.sh), in a real headless Chromium:
+"""The local UI as docs/operator/local-ui.md documents it (scripts/airflow_ui.sh), in a real headless Chromium:
 its Home page has no import error and a healthy triggerer; a partner whose endpoint is down
 fails, and the health page shows it **failing** with the task's error; `partner-harvest
 status`, pointed at that Airflow by `eval "$(bash scripts/airflow_ui.sh env)"`, prints the

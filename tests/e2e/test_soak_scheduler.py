@@ -4,7 +4,7 @@ the harvest; inside the apply's transaction; as the cursor task starts, after th
 and the scheduler itself retries it after the registry's ``retry_delay``. After every night
 the soak's checks hold: the mirror equals the partner.
 
-The full run, one night per fault kind on the scheduler, is a command (README, "Chaos
+The full run, one night per fault kind on the scheduler, is a command (docs/design/soak.md, "Chaos
 nights"): ``python -m benchmarks.soak --scheduler --per-kind --seed 2026``.
 """
 

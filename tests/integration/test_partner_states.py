@@ -1,6 +1,6 @@
 """The partner-state table (partner_state.TABLE), case by case, on real PostgreSQL: the health
 page's rows (store.health.partner_health) and `partner-harvest status` give every partner
-the same state, with the same cause, for each row of the table; and the README's list of
+the same state, with the same cause, for each row of the table; and the operator docs' list of
 states is the table (generated from the code).
 """
 
@@ -187,10 +187,11 @@ def load_registry_text(text: str):
         return load_registry(path)
 
 
-def test_the_readme_lists_the_states_of_the_table() -> None:
-    """The README's table of states is generated: `python -m partner_harvest.partner_state`."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"<!-- partner-states:begin -->\n(.*?)\n<!-- partner-states:end -->", readme, re.S)
-    assert block, "README.md lacks the generated table of partner states (<!-- partner-states:begin -->)"
+def test_the_operator_docs_list_the_states_of_the_table() -> None:
+    """docs/operator/operating.md's table of states is generated: `python -m partner_harvest.partner_state`
+    (or scripts/gen_docs.py)."""
+    page = (ROOT / "docs" / "operator" / "operating.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- partner-states:begin -->\n(.*?)\n<!-- partner-states:end -->", page, re.S)
+    assert block, "docs/operator/operating.md lacks the generated table of partner states (<!-- partner-states:begin -->)"
     assert block.group(1) == partner_state.markdown_table(), (
-        "README.md's table of partner states is stale: paste `python -m partner_harvest.partner_state`")
+        "docs/operator/operating.md's table of partner states is stale: run scripts/gen_docs.py")

@@ -1,6 +1,6 @@
 """Tests for the loopback Sierra REST API simulator.
 
-One test (or a few) per quirk of docs/reference/sierra-rest-api.md §6, plus
+One test (or a few) per production behaviour the simulator reproduces (see its server.py), plus
 auth, keyset paging, the two-phase export and mutations. Everything runs on
 the simulator's own clock: no sleeps, no wall-clock dates.
 """

@@ -1,6 +1,6 @@
 """The short soak (issue 8): a few chaos nights of every partner kind through Airflow,
 every fault kind at least once across them, and after every night the mirror equals
-the partner. The long soak is ``python -m benchmarks.soak`` (README, "Chaos nights").
+the partner. The long soak is ``python -m benchmarks.soak`` (docs/design/soak.md).
 
 A failing night replays alone: ``python -m benchmarks.soak --seed <seed> --partners
 <partner> --nights <night>`` (the plan below fixes the faults; the seed the rest).

@@ -1,7 +1,7 @@
 """What the soak found, each reproduced small (without Airflow, on the pipeline the tasks call).
 
 A partner clock that jumps back past our cursor (seed 5, ``clock_backwards`` with the
-clock set back 26 hours, see the README's "Chaos nights"): the run that meets it alerts
+clock set back 26 hours, see CHANGELOG.md and docs/design/soak.md): the run that meets it alerts
 and skips nothing, but every record the partner changes while its clock is still behind
 our cursor is stamped before the cursor, and no later incremental window reached back
 there: edits stayed stale for good, deletions until the weekly reconcile. Fixed: the run

@@ -218,7 +218,7 @@ def test_schema_accepts_the_project_registry_and_rejects_unknown_keys() -> None:
         jsonschema.validate(project, schema)
 
 
-# -- Airflow task arguments (issue 9 item 5) ------------------------------------------------
+# -- Airflow task arguments (retries, retry_delay, max_retry_delay, execution_timeout) ------------------------------------------------
 
 def test_airflow_task_arguments_are_read_and_default_to_unset(tmp_path: Path) -> None:
     path = write(tmp_path, """

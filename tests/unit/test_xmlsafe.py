@@ -1,4 +1,4 @@
-"""The single parser configuration: hostile, non-XML, broken and dirty bodies (I9, quirk 13)."""
+"""The single parser configuration: hostile, non-XML, broken and dirty bodies (I9; real servers emit control characters)."""
 
 from __future__ import annotations
 

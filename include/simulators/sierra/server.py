@@ -1,6 +1,6 @@
 """A loopback Sierra ILS REST API (v6, bib reads) over a SimulatedCatalogue.
 
-Reproduces the production quirks in docs/reference/sierra-rest-api.md §6 so a
+Reproduces the production behaviours of docs/design/sierra.md and sierra-real-world.md so a
 harvester's tests meet them before a real catalogue does: 404/107 for empty
 ranges (but 200 for an empty deletion poll), ``total`` = page size, the 2000
 cap, date-only deletedDate, the ``fields=,`` 500, the two-phase MARC export

@@ -75,7 +75,7 @@ WHEN_A_TASK_FAILS = (
     "the cause in the alert or the task's log, fix what it names (the partner's server, the "
     "Connection, the registry), then **clear the failed task and its downstream tasks**: the rerun "
     "reuses the frozen window, so nothing is skipped or applied twice. Clear `freeze_window` too "
-    "only to start over from the cursor. The README's alert table says what each cause means."
+    "only to start over from the cursor. docs/operator/alerts.md says what each cause means."
 )
 
 PARAMS_DOC = (

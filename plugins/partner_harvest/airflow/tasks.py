@@ -191,7 +191,7 @@ def first_harvest_waits(partner: Partner, context: dict[str, Any], request: pipe
     with aggregation() as conn:
         ensure_schema(conn)
         if last_applied_until(conn, partner.id, "changes") is not None:
-            return  # the Variable was deleted on purpose (README "Reset a cursor"): full harvest as before
+            return  # the Variable was deleted on purpose (docs/operator/operating.md, "Everyday actions"): full harvest as before
     _skip(partner.id, context, events.SKIPPED,
         f"{partner.id}: no cursor yet (Variable {partner.cursor_key} unset, no applied run in harvest_runs): "
         "a scheduled run never starts a partner's first full harvest. Trigger "

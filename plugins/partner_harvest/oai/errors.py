@@ -72,7 +72,7 @@ class BadArgument(OaiProtocolError):
 
 
 class BadResumptionToken(OaiProtocolError):
-    """The token expired or is unknown: only a restart of the window helps (quirk 3)."""
+    """The token expired or is unknown: only a restart of the window helps (tokens cannot be resumed once their session died)."""
 
     CODE = "badResumptionToken"
 

@@ -68,7 +68,7 @@ def parse_datestamp(text: str) -> datetime:
     """An OAI datestamp as an aware UTC datetime.
 
     Tolerates what real servers send besides the two spec forms: fractional seconds
-    (DSpace ``.485Z``, quirk 6), explicit offsets, a missing ``Z`` (read as UTC, which
+    (DSpace writes ``.485Z``), explicit offsets, a missing ``Z`` (read as UTC, which
     the protocol mandates). Raises ValueError on anything else.
     """
     if (len(text) == 20 and text[19] == "Z" and text[10] == "T" and text[4] == "-" and text[7] == "-"
@@ -101,7 +101,7 @@ def parse_datestamp(text: str) -> datetime:
 def format_datestamp(value: datetime, granularity: str) -> str:
     """Write ``value`` at the repository's granularity (day-only servers reject times).
 
-    Refuses naive datetimes: a local time written as UTC skips records (quirk 9).
+    Refuses naive datetimes: a local time written as UTC shifts the window and skips records.
     """
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"refusing a naive datetime for an OAI datestamp: {value!r}")

@@ -1,6 +1,6 @@
 """The change feed: a monotonic change sequence per partner that downstream reads.
 
-Contract (README, "Downstream: Asset events and the change feed"): every row the apply
+Contract (docs/consumers.md): every row the apply
 writes to ``records`` and every ``deletions`` row carries ``change_seq``, a value of the
 sequence ``change_seq`` taken inside the apply transaction while it holds the partner's
 advisory lock. ``partner_feed.high_water`` is written in the same transaction. So for one

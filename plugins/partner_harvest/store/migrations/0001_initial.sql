@@ -1,5 +1,5 @@
 -- The aggregation: one row per live record of every partner. Downstream readers rely on
--- these tables and columns (see README, "Tables").
+-- these tables and columns (docs/consumers.md; every column: docs/tables.md).
 CREATE TABLE IF NOT EXISTS records (
     partner_id          text        NOT NULL,
     identifier          text        NOT NULL,

@@ -1,4 +1,4 @@
--- The change feed (README, "Downstream: Asset events and the change feed").
+-- The change feed (docs/consumers.md).
 --
 -- Every row the apply writes to `records` (insert or real update) and every `deletions`
 -- row carries a value of ONE sequence, taken inside the apply transaction while it holds

@@ -65,10 +65,12 @@ class Waits:
     max_retry_delay: str = MAX_RETRY_DELAY
     dag_test_retry_seconds: float = 1.0  # dag.test nights: each task's retry_delay (night.py)
     sierra_server_error_backoff: float | None = None  # options.sierra; None: the registry default (2 s, 4 s)
+    # The lease TTL of a run the soak stops (a pause must outlast it); None: LEASE_TTL_SECONDS.
+    pause_lease_ttl_seconds: float | None = None
 
 
 FAST_WAITS = Waits(retry_delay="1s", max_retry_delay="1s", dag_test_retry_seconds=0.0,
-                   sierra_server_error_backoff=0.01)
+                   sierra_server_error_backoff=0.01, pause_lease_ttl_seconds=1.0)
 
 
 @dataclass(frozen=True)
@@ -409,7 +411,7 @@ class Soak:
 
     def _child(self, env: dict[str, str], partner: Partner, night: int, kind: str, moment: str = "",
                action: str = "", forget: bool = False, on_stop=None, tag: str = "",
-               logical: datetime | None = None) -> tuple[dict | None, int]:
+               logical: datetime | None = None, lease_ttl: float | None = None) -> tuple[dict | None, int]:
         """One DAG run in a process forked from the warm zygote; (result or None, exit code).
 
         ``on_stop(pid)``: called while the process is stopped (SIGSTOP); SIGCONT after it."""
@@ -424,6 +426,8 @@ class Soak:
             argv += ["--moment", moment, "--action", action]
         if forget:
             argv.append("--forget-cursors")
+        if lease_ttl is not None:
+            argv += ["--lease-ttl", str(lease_ttl)]
         log = str(self.workdir / f"{name}.log")
         outer = getattr(partner, "child", None)
         pid = self._fork({"argv": argv, "log": log})
@@ -468,6 +472,7 @@ class Soak:
         kinds = applicable(spec.protocol, full_load, self.known_gaps, spec.reconciled, self.scheduler,
                            self.only) or ["none"]
         kind = "none" if settle else self.plan.get((spec.id, night)) or rng.choice(kinds)
+        kind, _, planned_moment = kind.partition("@")  # a plan may fix a pause's moment: kind@moment
         fault = fault_of(kind)
         if self.scheduler and fault.dag_test_only:
             raise ValueError(f"{spec.id} night {night}: {kind} runs on dag.test nights only (not --scheduler)")
@@ -476,6 +481,12 @@ class Soak:
         record = Night(spec.id, night, kind)
         # A pause's moment: between two tasks, or inside the next one, its lease taken.
         pause_moment = rng.choice(fault.moments) if fault.moments else ""
+        if planned_moment:
+            if planned_moment not in fault.moments:
+                raise ValueError(f"{spec.id} night {night}: {kind} has no moment {planned_moment}"
+                                 f" (its moments: {', '.join(fault.moments) or 'none'})")
+            pause_moment = planned_moment
+        paused_ttl = self.waits.pause_lease_ttl_seconds if fault.action == "pause" or fault.where == "retry_wait" else None
         if fault.where == "retry_wait":
             pause_moment = fault.moment
         record.paused = pause_moment
@@ -520,6 +531,7 @@ class Soak:
                     moment, action = pause_moment, "pause"
                 data, code = self._child(env, partner, night, "harvest", moment, action,
                                          forget=full_load and attempt == 0,
+                                         lease_ttl=None if fault.reconcile_only else paused_ttl,
                                          on_stop=lambda pid: self._paused(env, partner, night, fault, rng, record,
                                                                           oracle, "harvest"))
                 if fault.where == "child" and attempt == 0 and (data is None or fault.action == "pg_restart"):
@@ -550,6 +562,7 @@ class Soak:
             moment = pause_moment if fault.reconcile_only else ""
             data = (self._scheduled(partner, night, "reconcile")[0] if self.scheduler
                     else self._child(env, partner, night, "reconcile", moment, "pause" if moment else "",
+                                     lease_ttl=paused_ttl if moment else None,
                                      on_stop=lambda pid: self._paused(env, partner, night, fault, rng, record,
                                                                       oracle, "reconcile"))[0])
             if fault.reconcile_only and data:

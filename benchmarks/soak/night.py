@@ -172,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--action", default="", choices=("", "kill", "pg_restart", "pause"))
     parser.add_argument("--pg-label", default="test")
     parser.add_argument("--forget-cursors", action="store_true", help="night 1: no cursor yet")
+    parser.add_argument("--lease-ttl", type=float, default=None,
+                        help="seconds: this run's lease TTL (a run the soak stops; default: the environment's)")
     parser.add_argument("--result", required=True)
     args = parser.parse_args(argv)
 
@@ -186,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         for key in keys:
             Variable.delete(key)
     _workaround_deadline_alerts()
+    if args.lease_ttl is not None:
+        from partner_harvest.airflow import tasks
+
+        tasks.LEASE_TTL = timedelta(seconds=args.lease_ttl)
     if args.moment and args.action:
         _arm(args.moment, args.action, args.pg_label)
     dag = (build_harvest_dag if args.kind == "harvest" else build_reconcile_dag)(partner)

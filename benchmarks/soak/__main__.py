@@ -41,6 +41,9 @@ def main() -> int:
                         help="keep the aggregation database after the soak (its conninfo is printed) to inspect a replay")
     parser.add_argument("--scheduler", action="store_true",
                         help="run the nights on a real Airflow scheduler + api-server (retries by the scheduler)")
+    parser.add_argument("--only", default="",
+                        help="draw faults from these kinds alone (comma-separated; 'pauses': the pause faults,"
+                             " the operator commands in a retry wait included); --plan may still name any")
     parser.add_argument("--per-kind", action="store_true",
                         help="plan every fault kind once across the partners (overrides --nights; --plan still wins)")
     args = parser.parse_args()
@@ -63,6 +66,7 @@ def main() -> int:
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     from benchmarks.soak.driver import Soak, per_kind_plan, summary
+    from benchmarks.soak.faults import FAULTS, PAUSES
     from include import embedded_pg
 
     label = "soak"
@@ -80,14 +84,18 @@ def main() -> int:
         where, kind = item.split("=")
         partner, night = where.split(":")
         plan[(partner, int(night))] = kind
+    only = tuple(k for item in filter(None, args.only.split(",")) for k in (PAUSES if item == "pauses" else (item,)))
+    unknown = [k for k in only if k not in FAULTS]
+    if unknown:
+        parser.error(f"--only: unknown fault kind(s) {', '.join(unknown)}")
     partners = args.partners.split(",")
     nights: int | dict[str, int] = args.nights
     if args.per_kind:
-        plan = {**per_kind_plan(partners, args.known_gaps), **plan}
+        plan = {**per_kind_plan(partners, args.known_gaps, args.scheduler), **plan}
         nights = {p: max([n for (q, n) in plan if q == p] or [1]) for p in partners}
     soak = Soak(seed=seed, nights=nights, partners=partners, conninfo=make_conninfo(**params),
                 pg_label=label, workdir=workdir, size=args.size, reconcile_every=args.reconcile_every,
-                plan=plan, known_gaps=args.known_gaps, scheduler=args.scheduler,
+                plan=plan, known_gaps=args.known_gaps, scheduler=args.scheduler, only=only,
                 log=lambda line: print(line, flush=True))
     try:
         results = soak.run()

@@ -10,6 +10,11 @@ run id (what Airflow does when the scheduler retries the dead task, or an operat
 clears the run), failures inside a task are retried by Airflow itself (dag.test honours
 ``retries``), and a night that still fails is left for the next scheduled night.
 
+Pauses (issue 23): a night's process stopped with a real SIGSTOP (faults.py) is held until
+its lease lapsed; meanwhile the partner changes upstream and a second harvest (or an
+operator command, for a run waiting between tries) takes the partner; then SIGCONT, and
+the night goes on. The oracle wants the mirror to equal the partner after it, as always.
+
 Deterministic for a seed: every choice (changes, fault, its moment) comes from
 ``random.Random(f"{seed}/{partner}/{night}")``, so one night replays alone with
 ``--partners <p> --nights <n>`` and the same seed (the nights before it are replayed too,
@@ -33,7 +38,7 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.soak.faults import applicable, fault as fault_of
+from benchmarks.soak.faults import PAUSES, applicable, fault as fault_of
 
 ROOT = Path(__file__).resolve().parents[2]
 START = datetime(2026, 6, 1, tzinfo=timezone.utc)
@@ -60,10 +65,12 @@ class Waits:
     max_retry_delay: str = MAX_RETRY_DELAY
     dag_test_retry_seconds: float = 1.0  # dag.test nights: each task's retry_delay (night.py)
     sierra_server_error_backoff: float | None = None  # options.sierra; None: the registry default (2 s, 4 s)
+    # The lease TTL of a run the soak stops (a pause must outlast it); None: LEASE_TTL_SECONDS.
+    pause_lease_ttl_seconds: float | None = None
 
 
 FAST_WAITS = Waits(retry_delay="1s", max_retry_delay="1s", dag_test_retry_seconds=0.0,
-                   sierra_server_error_backoff=0.01)
+                   sierra_server_error_backoff=0.01, pause_lease_ttl_seconds=1.0)
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,7 @@ class Partner:
         self.spec = spec
         self.trip: dict[str, Any] | None = None  # {"page": k, "do": callable}
         self.asking = "harvest_changes"  # the task whose request is being answered
+        self.full_load_night = False  # tonight's harvest is a full load (a pause picks its page by it)
         self.list_requests = 0
         self.touched: set[str] = set()  # changed while a harvest ran (after the oracle's snapshot)
         self.changed_at: dict[str, datetime] = {}  # the partner's clock when each id last changed
@@ -190,6 +198,20 @@ class Partner:
         now = self.model.clock
         return {i for i, at in self.changed_at.items() if at > now}
 
+    def changes_while_paused(self, rng: random.Random) -> list[str]:
+        """Staff at work while a run is stopped, after it froze its window or swept past
+        them: records created, edited and deleted (and, OAI, re-created and moved) that the
+        stopped run cannot have seen; the second harvest must bring them in."""
+        m = self.model
+        m.advance_clock(timedelta(minutes=10))  # stamped after the stopped run's clock
+        with m.lock:
+            ids = m.add(rng.randint(1, 3)) + m.edit(rng.randint(1, 3)) + m.delete(1)
+            if self.spec.protocol == "oai-pmh":
+                ids += m.recreate(rng.randint(0, 1)) + m.move_sets(rng.randint(0, 1))
+            self._stamp(ids)
+        m.advance_clock(timedelta(hours=1))  # past the lag: inside the second harvest's window
+        return ids
+
     def changes_during_harvest(self, rng: random.Random) -> None:
         m = self.model
         with m.lock:
@@ -243,14 +265,17 @@ class Night:
     divergence: list[str] = field(default_factory=list)
     checked: str = ""  # strict | deferred | awaiting-reconcile
     notes: list[str] = field(default_factory=list)
+    paused: str = ""  # a pause's moment (or "page <k>"); "" for other faults
+    interloper: str = ""  # the second harvest's (or the operator command's) outcome
 
 
 class Soak:
     def __init__(self, *, seed: int, nights: int | dict[str, int], partners: list[str], conninfo: str, pg_label: str,
                  workdir: Path, size: int = 300, reconcile_every: int = 7, plan: dict | None = None,
                  known_gaps: bool = False, scheduler: bool = False, waits: Waits = Waits(),
-                 airflow_metadata: tuple[str, str] | None = None, log=print) -> None:
+                 airflow_metadata: tuple[str, str] | None = None, only: tuple[str, ...] = (), log=print) -> None:
         self.known_gaps = known_gaps
+        self.only = only  # draw from these fault kinds alone (--only); the plan may name any
         self.waits = waits
         # --scheduler nights: (server URI, template database) to copy Airflow's metadata
         # database from, on that server, instead of migrating one on a server of its own.
@@ -385,34 +410,86 @@ class Soak:
         return json.loads(line)
 
     def _child(self, env: dict[str, str], partner: Partner, night: int, kind: str, moment: str = "",
-               action: str = "", forget: bool = False) -> tuple[dict | None, int]:
-        """One DAG run in a process forked from the warm zygote; (result or None, exit code)."""
-        result = self.workdir / f"{partner.spec.id}-{night}-{kind}.json"
+               action: str = "", forget: bool = False, on_stop=None, tag: str = "",
+               logical: datetime | None = None, lease_ttl: float | None = None) -> tuple[dict | None, int]:
+        """One DAG run in a process forked from the warm zygote; (result or None, exit code).
+
+        ``on_stop(pid)``: called while the process is stopped (SIGSTOP); SIGCONT after it."""
+        name = f"{partner.spec.id}-{night}-{kind}{'-' + tag if tag else ''}"
+        result = self.workdir / f"{name}.json"
         result.unlink(missing_ok=True)
         argv = ["--partner", partner.spec.id, "--kind", kind,
-                "--logical", (START + timedelta(days=night)).isoformat(), "--retries", str(RETRIES),
+                "--logical", (logical or START + timedelta(days=night)).isoformat(), "--retries", str(RETRIES),
                 "--retry-delay", str(self.waits.dag_test_retry_seconds),
                 "--pg-label", self.pg_label, "--result", str(result)]
         if moment and action:
             argv += ["--moment", moment, "--action", action]
         if forget:
             argv.append("--forget-cursors")
-        log = str(self.workdir / f"{partner.spec.id}-{night}-{kind}.log")
-        self.zygote.stdin.write(json.dumps({"argv": argv, "log": log}) + "\n")
-        self.zygote.stdin.flush()
-        partner.child = _Pid(self._answer()["pid"])
-        code = self._answer()["exit"]
+        if lease_ttl is not None:
+            argv += ["--lease-ttl", str(lease_ttl)]
+        log = str(self.workdir / f"{name}.log")
+        outer = getattr(partner, "child", None)
+        pid = self._fork({"argv": argv, "log": log})
+        partner.child = _Pid(pid)
+        code = self._until_exit(pid, on_stop)
+        if tag and outer is not None:
+            partner.child = outer  # a second run within a pause: the page tripwires mean the first
         data = json.loads(result.read_text()) if result.exists() else None
         return data, code
+
+    def _fork(self, order: dict) -> int:
+        self.zygote.stdin.write(json.dumps(order) + "\n")
+        self.zygote.stdin.flush()
+        return self._answer()["pid"]
+
+    def _until_exit(self, pid: int, on_stop=None) -> int:
+        """The process's exit code; each time it is stopped: ``on_stop(pid)``, then SIGCONT."""
+        while True:
+            answer = self._answer()
+            if "exit" in answer:
+                return answer["exit"]
+            try:
+                if on_stop is None:
+                    raise RuntimeError(f"process {pid} stopped, and nobody expected it to")
+                on_stop(pid)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+                self.zygote.stdin.write(json.dumps({"wait": pid}) + "\n")
+                self.zygote.stdin.flush()
+
+    def _operator(self, name: str, argv: list[str]) -> tuple[int, str]:
+        """``partner-harvest <argv>`` in a process of its own, as an operator types it."""
+        log = self.workdir / f"{name}.log"
+        log.unlink(missing_ok=True)
+        code = self._until_exit(self._fork({"argv": argv, "log": str(log), "cli": True}))
+        return code, log.read_text(errors="replace") if log.exists() else ""
 
     def _night(self, partner: Partner, night: int, env: dict[str, str], settle: bool = False) -> Night:
         spec = partner.spec
         rng = random.Random(f"{self.seed}/{spec.id}/{night}")
         full_load = night == 1
-        kinds = applicable(spec.protocol, full_load, self.known_gaps)
+        kinds = applicable(spec.protocol, full_load, self.known_gaps, spec.reconciled, self.scheduler,
+                           self.only) or ["none"]
         kind = "none" if settle else self.plan.get((spec.id, night)) or rng.choice(kinds)
+        kind, _, planned_moment = kind.partition("@")  # a plan may fix a pause's moment: kind@moment
         fault = fault_of(kind)
+        if self.scheduler and fault.dag_test_only:
+            raise ValueError(f"{spec.id} night {night}: {kind} runs on dag.test nights only (not --scheduler)")
+        if fault.reconcile_only and not spec.reconciled:
+            raise ValueError(f"{spec.id} night {night}: {kind} needs a partner with a reconcile")
         record = Night(spec.id, night, kind)
+        # A pause's moment: between two tasks, or inside the next one, its lease taken.
+        pause_moment = rng.choice(fault.moments) if fault.moments else ""
+        if planned_moment:
+            if planned_moment not in fault.moments:
+                raise ValueError(f"{spec.id} night {night}: {kind} has no moment {planned_moment}"
+                                 f" (its moments: {', '.join(fault.moments) or 'none'})")
+            pause_moment = planned_moment
+        paused_ttl = self.waits.pause_lease_ttl_seconds if fault.action == "pause" or fault.where == "retry_wait" else None
+        if fault.where == "retry_wait":
+            pause_moment = fault.moment
+        record.paused = pause_moment
         started = time.monotonic()
 
         # The day: staff work, then the night's clock (the window closes `LAG` before it).
@@ -434,6 +511,7 @@ class Soak:
         partner.list_requests = 0
         mid_page = rng.randint(1, 2)  # staff edit as the harvest asks for page mid_page + 1
         fault_page = rng.randint(1, 2)
+        partner.full_load_night = full_load
         self._arm(partner, fault, rng, record, mid_page, fault_page)
 
         attempt_data: dict | None = None
@@ -449,7 +527,13 @@ class Soak:
                 record.attempts = attempt + 1
                 moment = fault.moment if fault.where == "child" and attempt == 0 else ""
                 action = fault.action if moment else ""
-                data, code = self._child(env, partner, night, "harvest", moment, action, forget=full_load and attempt == 0)
+                if attempt == 0 and pause_moment and not fault.reconcile_only:
+                    moment, action = pause_moment, "pause"
+                data, code = self._child(env, partner, night, "harvest", moment, action,
+                                         forget=full_load and attempt == 0,
+                                         lease_ttl=None if fault.reconcile_only else paused_ttl,
+                                         on_stop=lambda pid: self._paused(env, partner, night, fault, rng, record,
+                                                                          oracle, "harvest"))
                 if fault.where == "child" and attempt == 0 and (data is None or fault.action == "pg_restart"):
                     record.fired = record.fired or data is None or fault.action == "pg_restart"
                 if data is None:
@@ -473,10 +557,16 @@ class Soak:
                 failed = [t for t, v in attempt_data["tasks"].items() if v["state"] != "success"]
                 record.notes.append(f"run {attempt_data['state']}: {', '.join(failed)}")
 
-        if spec.reconciled and (night % self.reconcile_every == 0 or settle):
+        if spec.reconciled and (night % self.reconcile_every == 0 or settle or fault.reconcile_only):
             record.reconcile = True
+            moment = pause_moment if fault.reconcile_only else ""
             data = (self._scheduled(partner, night, "reconcile")[0] if self.scheduler
-                    else self._child(env, partner, night, "reconcile")[0])
+                    else self._child(env, partner, night, "reconcile", moment, "pause" if moment else "",
+                                     lease_ttl=paused_ttl if moment else None,
+                                     on_stop=lambda pid: self._paused(env, partner, night, fault, rng, record,
+                                                                      oracle, "reconcile"))[0])
+            if fault.reconcile_only and data:
+                record.task_retries += sum(max(0, t["tries"] - 1) for t in data["tasks"].values())
             if not data or data["state"] != "success":
                 record.notes.append("reconcile failed")
         record.seconds = round(time.monotonic() - started, 1)
@@ -503,8 +593,14 @@ class Soak:
                 "pg_restart": lambda: self._pg_restart(),
                 "drop_conn": lambda: self._drop_connections(),
                 "expire_tokens": lambda: sim.expire_tokens(),
+                "pause": lambda: self._stop(partner, record, pause_page),
             }[fault.action]
-            steps.append((fault_page, fired(do)))
+            # A pause stops the harvest before its second page (a full load's) or its first (an
+            # incremental night may have one page only): it always meets its moment.
+            pause_page = 1 if partner.full_load_night else 0
+            steps.append((pause_page if fault.action == "pause" else fault_page, fired(do)))
+        elif fault.where == "retry_wait":  # the first list request fails through the try's HTTP retries
+            steps.append((0, lambda: sim.fail_next(HTTP_RETRIES + 1, 500)))
         elif fault.kind == "storm_5xx":
             sim.fail_next((HTTP_RETRIES + 1) * (RETRIES + 1) + 1, 500)  # longer than every retry of the night
             record.fired = True
@@ -558,6 +654,67 @@ class Soak:
         else:
             with sim._lock:
                 sim._export_failures.clear()
+
+    # ---------------------------------------------------------------- pauses
+    def _stop(self, partner: Partner, record: Night, page: int) -> None:
+        """From the simulator, as the harvest asks for a page: stop the night's process."""
+        record.paused = f"page {page + 1}"
+        os.kill(partner.child.pid, signal.SIGSTOP)
+
+    def _paused(self, env: dict[str, str], partner: Partner, night: int, fault, rng: random.Random,
+                record: Night, oracle: dict, stopped_run: str) -> None:
+        """The night's process is stopped: hold it past its lease's TTL, then let another run
+        take the partner (or an operator command change it) before it goes on."""
+        record.fired = True
+        self._wait_until_no_live_lease(partner.spec.id)
+        if fault.where == "retry_wait":
+            self._command_in_retry_wait(partner, fault, rng, record)
+            return
+        changed = partner.changes_while_paused(rng)
+        second, _ = self._child(env, partner, night, "harvest", tag="second",
+                                logical=START + timedelta(days=night, hours=12))
+        state = second["state"] if second else "killed"
+        record.interloper = f"second harvest {state}"
+        record.notes.append(f"{stopped_run} stopped at {record.paused} past its lease; {len(changed)} changed "
+                            f"upstream; second harvest {state}")
+        if second:
+            self._check_cursors(record, second)
+        # What the mirror must hold now: the partner after the changes the second run harvested.
+        oracle.update(partner.snapshot())
+        oracle["excused"] = partner.stamped_after_now()
+
+    def _wait_until_no_live_lease(self, partner_id: str, timeout: float = 60.0) -> None:
+        """The stopped run's lease lapses by itself (nobody renews it): wait for that state."""
+        deadline = time.monotonic() + timeout
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+            while conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = %s AND expires_at > now()",
+                               (partner_id,)).fetchone()[0]:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{partner_id}: a lease stayed live {timeout:.0f} s with its run stopped")
+                time.sleep(0.05)
+
+    def _command_in_retry_wait(self, partner: Partner, fault, rng: random.Random, record: Night) -> None:
+        """``forget`` or ``reset-cursor --to`` (an earlier instant) while the run waits for its retry."""
+        pid = partner.spec.id
+        keys = [f"harvest_cursor__{pid}", f"harvest_cursor__{pid}__deletions"]
+        argv = [fault.action, pid, "--yes"]
+        if fault.action == "reset-cursor":
+            high = self.cursor_high.get(keys[0])
+            to = (datetime.fromisoformat(high.replace("Z", "+00:00")) if high else START) \
+                - timedelta(hours=rng.randint(1, 48))
+            argv += ["--to", to.strftime("%Y-%m-%dT%H:%M:%SZ")]
+        code, said = self._operator(f"{pid}-{record.night}-{fault.action}", argv)
+        first = next((line for line in said.splitlines() if line.startswith("epoch of the partner")), "")
+        record.interloper = f"{' '.join(argv[:1] + argv[3:])}: exit {code}"
+        record.notes.append(f"{fault.action} in the retry wait (stopped at {record.paused}): exit {code}" + (f"; {first[:60]}" if first else
+                                                                                  f"; {said.strip()[-200:]}"))
+        if code != 0:
+            record.fired = False
+            return
+        for key in keys:  # the operator moved the cursor on purpose: backwards from here is not a fault
+            self.cursor_high.pop(key, None)
+        if fault.action == "forget":
+            self.reported_deleted[pid + ":held"] = set()  # the mirror holds nothing of it now
 
     def _pg_restart(self) -> None:
         from include import embedded_pg
@@ -661,19 +818,22 @@ def _same(spec: PartnerSpec, held: tuple, expect: tuple) -> bool:
     return title == want_title and sets == want_sets
 
 
-def per_kind_plan(partners: list[str], known_gaps: bool = False) -> dict[tuple[str, int], str]:
+def per_kind_plan(partners: list[str], known_gaps: bool = False, scheduler: bool = False) -> dict[tuple[str, int], str]:
     """Every fault kind once across the partners, each on a night it can meet: the export's
     faults on a Sierra full load (night 1), the deletion poll's and a clock jump on later
-    nights; gaps left by those rules are quiet nights ("none")."""
+    nights, a reconcile's pause on a partner with a reconcile; gaps left by those rules are
+    quiet nights ("none"). ``scheduler``: only the kinds --scheduler nights can meet."""
     from benchmarks.soak.faults import FAULTS
 
     specs = [PARTNERS[p] for p in partners]
     plan: dict[tuple[str, int], str] = {}
     used = {s.id: 0 for s in specs}
-    kinds = sorted(k for k, f in FAULTS.items() if known_gaps or not f.known_gap)
+    kinds = sorted(k for k, f in FAULTS.items() if (known_gaps or not f.known_gap)
+                   and not (scheduler and f.dag_test_only))
     # The export's faults need a night 1 (a full load); a page's faults want one too: an
-    # incremental night may have fewer pages than the fault's page, and never fire.
-    kinds.sort(key=lambda k: (not FAULTS[k].full_load_only, FAULTS[k].where != "page"))
+    # incremental night may have fewer pages than the fault's page, and never fire (a
+    # pause at a page stops the first one on such a night).
+    kinds.sort(key=lambda k: (not FAULTS[k].full_load_only, FAULTS[k].where != "page" or FAULTS[k].action == "pause"))
 
     def fits(kind: str, night: int) -> bool:
         f = FAULTS[kind]
@@ -682,7 +842,8 @@ def per_kind_plan(partners: list[str], known_gaps: bool = False) -> dict[tuple[s
         return night > 1 or not (f.incremental_only or f.where == "before")
 
     for kind in kinds:
-        candidates = sorted((s for s in specs if s.protocol in FAULTS[kind].protocols),
+        candidates = sorted((s for s in specs if s.protocol in FAULTS[kind].protocols
+                             and (s.reconciled or not FAULTS[kind].reconcile_only)),
                             key=lambda s: (used[s.id], specs.index(s)))
         if not candidates:
             continue

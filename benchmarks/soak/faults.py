@@ -2,9 +2,16 @@
 
 A fault is armed in one of three places: at the partner (a simulator switch), at a page
 (a tripwire the soak hangs on the simulator: when the harvest asks for page k+1, the
-soak kills the night's process, restarts PostgreSQL or drops the harvester's
-connections before answering), or inside the night's process (an Airflow listener, or
-the apply's transaction; see night.py).
+soak kills the night's process, stops it with SIGSTOP, restarts PostgreSQL or drops the
+harvester's connections before answering), or inside the night's process (an Airflow
+listener, the lease's taking, the apply's or the reconcile's transaction; see night.py).
+
+Pauses (issue 23): the night's process is stopped with a real SIGSTOP at a task boundary
+(``where="pause"``, one of ``moments``, drawn per night) or between two pages, and held
+until its lease has lapsed; meanwhile another run takes the partner (a second harvest,
+after upstream changes the paused run cannot have seen), then SIGCONT. An operator
+command (``where="retry_wait"``) is issued while the run waits between two tries. The
+oracle then wants the mirror to equal the partner, as after every night.
 """
 
 from __future__ import annotations
@@ -27,6 +34,11 @@ class Fault:
     # finished task; the same point "between" two tasks is the next task's start, which
     # the scheduler then retries.
     scheduler_moment: str = ""
+    # pauses: the moments one is drawn from (night.py's moments: between two tasks, or inside
+    # the next one holding its lease); reconcile_only: the night's reconcile meets it.
+    moments: tuple[str, ...] = ()
+    reconcile_only: bool = False
+    dag_test_only: bool = False  # not on --scheduler nights (their task processes are the scheduler's)
 
 
 BOTH = ("oai-pmh", "sierra")
@@ -56,7 +68,23 @@ FAULTS: dict[str, Fault] = {f.kind: f for f in (
     Fault("sierra_export_138", SIERRA, "partner", full_load_only=True),
     Fault("sierra_export_135", SIERRA, "partner", full_load_only=True),
     Fault("sierra_deletion_poll_500", SIERRA, "partner", incremental_only=True),
+    # Pauses past the lease's TTL at each boundary of a run, a second harvest in between.
+    Fault("pause_after_freeze", BOTH, "pause", action="pause", dag_test_only=True,
+          moments=("success:freeze_window", "lease:plan_slices")),
+    Fault("pause_mid_page", BOTH, "page", action="pause", dag_test_only=True),
+    Fault("pause_before_apply", BOTH, "pause", action="pause", dag_test_only=True,
+          moments=("running:apply_changes", "lease:apply_changes")),
+    Fault("pause_before_cursor", BOTH, "pause", action="pause", dag_test_only=True,
+          moments=("success:apply_changes", "lease:advance_cursor")),
+    Fault("pause_reconcile_before_removals", OAI, "pause", action="pause", dag_test_only=True,
+          reconcile_only=True, moments=("reconcile:removals", "reconcile:apply")),
+    # An operator command while the run waits for its retry (its first try failed).
+    Fault("forget_in_retry_wait", BOTH, "retry_wait", "failed:*", "forget", incremental_only=True,
+          dag_test_only=True),
+    Fault("reset_cursor_in_retry_wait", BOTH, "retry_wait", "failed:*", "reset-cursor", incremental_only=True,
+          dag_test_only=True),
 )}
+PAUSES = tuple(k for k, f in FAULTS.items() if f.action == "pause" or f.where == "retry_wait")
 NONE = Fault("none", BOTH, "none")  # a settling night: no fault
 
 
@@ -64,7 +92,13 @@ def fault(kind: str) -> Fault:
     return NONE if kind == "none" else FAULTS[kind]
 
 
-def applicable(protocol: str, full_load: bool, known_gaps: bool = False) -> list[str]:
-    """Fault kinds that can meet a night of this protocol (sorted, for determinism)."""
+def applicable(protocol: str, full_load: bool, known_gaps: bool = False, reconciled: bool = False,
+               scheduler: bool = False, only: tuple[str, ...] = ()) -> list[str]:
+    """Fault kinds that can meet a night of this protocol (sorted, for determinism).
+
+    ``reconciled``: the partner has a reconcile (a reconcile-only fault makes its night a
+    reconcile night); ``only``: draw from these kinds alone (``--only``)."""
     return sorted(k for k, f in FAULTS.items() if protocol in f.protocols and (known_gaps or not f.known_gap)
-                  and not (f.full_load_only and not full_load) and not (f.incremental_only and full_load))
+                  and not (f.full_load_only and not full_load) and not (f.incremental_only and full_load)
+                  and not (f.reconcile_only and not reconciled) and not (f.dag_test_only and scheduler)
+                  and (not only or k in only))

@@ -3,8 +3,10 @@
 The soak runs every night in a child process so that a fault can SIGKILL it, as the OOM
 killer or a lost node kills a worker, without killing the soak. Faults that belong inside
 the task process are armed here: an Airflow listener (or, mid-apply, a wrapper round the
-apply's audit step, inside its open transaction) kills this process, or restarts the
-PostgreSQL server, at the named moment. Everything else happens at the partner's end.
+apply's audit step, inside its open transaction) kills this process, restarts the
+PostgreSQL server, or stops this process with a real SIGSTOP (``pause``: every thread,
+the lease's renewal thread too, until the soak sends SIGCONT), at the named moment.
+Everything else happens at the partner's end.
 
 The result (task states and tries, cursors) goes to ``--result`` as JSON; a killed
 night writes none.
@@ -34,6 +36,10 @@ def _die() -> None:
 def _act(action: str, pg_label: str) -> None:
     if action == "kill":
         _die()
+    elif action == "pause":
+        # The whole process stops here; its parent (the zygote, waiting with WUNTRACED)
+        # tells the soak, which lets the lease lapse, works the partner and sends SIGCONT.
+        os.kill(os.getpid(), signal.SIGSTOP)
     elif action == "pg_restart":
         from include import embedded_pg
 
@@ -57,36 +63,94 @@ def _workaround_deadline_alerts() -> None:
     DeadlineAlertModel.get_by_id = get_by_id
 
 
+def _once(action: str, pg_label: str):
+    """``action`` the first time only: Airflow's retry of the task meets no fault."""
+    fired = []
+
+    def act() -> None:
+        if not fired:
+            fired.append(True)
+            _act(action, pg_label)
+
+    return act
+
+
+def _wrap(module, name: str, act) -> None:
+    """``module.name`` acts first, once, then does what it did."""
+    original = getattr(module, name)
+
+    def acting(*args, **kwargs):
+        setattr(module, name, original)
+        act()
+        return original(*args, **kwargs)
+
+    setattr(module, name, acting)
+
+
 def _arm(moment: str, action: str, pg_label: str) -> None:
-    """``running:<task>`` / ``success:<task>``: an Airflow listener; ``apply:audit``: inside
-    the apply's transaction, after its upsert and purge, before its audit and commit."""
+    """Where a fault meets the night's process:
+
+    - ``running:<task>`` / ``success:<task>``: an Airflow listener, as the task starts or
+      after it ended (between two tasks: no lease is being renewed);
+    - ``failed:<task>`` / ``failed:*``: the first failed try (``up_for_retry``: the run
+      waits between tries, holding no live lease once its TTL passed);
+    - ``lease:<task>``: inside the task, the moment its lease is taken, before its first
+      write (the lease's renewal thread runs: a pause freezes it);
+    - ``apply:audit``: inside the apply's transaction, after its upsert and purge, before
+      its audit and commit;
+    - ``reconcile:removals`` / ``reconcile:apply``: inside the reconcile's task, after its
+      sweep and verification, before its removals are staged / before they are applied.
+    """
+    act = _once(action, pg_label)
     if moment == "apply:audit":
         from partner_harvest.store import apply
 
-        audit = apply._audit
+        _wrap(apply, "_audit", act)
+        return
+    if moment == "reconcile:removals":
+        from partner_harvest.store import reconcile as reconcile_sql
 
-        def audit_then_act(*args, **kwargs):  # once: Airflow's retry of the task meets no fault
-            apply._audit = audit
-            _act(action, pg_label)
-            return audit(*args, **kwargs)
+        _wrap(reconcile_sql, "stage_removals", act)
+        return
+    if moment == "reconcile:apply":
+        from partner_harvest import reconcile
 
-        apply._audit = audit_then_act
+        _wrap(reconcile, "apply_run", act)
         return
     when, task_id = moment.split(":", 1)
     from airflow.listeners import hookimpl
     from airflow.sdk.listener import get_listener_manager
 
+    if when == "lease":
+        from partner_harvest.store import leases
+
+        enter = leases.LeaseKeeper.__enter__
+        running: list[str] = []
+
+        def enter_then_act(self):
+            keeper = enter(self)
+            if running and running[-1] == task_id:
+                act()
+            return keeper
+
+        leases.LeaseKeeper.__enter__ = enter_then_act
+
     class Trip:
-        fired = False
-
         def _maybe(self, ti) -> None:
-            if ti.task_id == task_id and not self.fired:
-                self.fired = True
-                _act(action, pg_label)
+            if task_id in ("*", ti.task_id):
+                act()
 
-        if when == "running":
+        if when == "lease":
             @hookimpl
             def on_task_instance_running(self, previous_state, task_instance) -> None:
+                running.append(task_instance.task_id)
+        elif when == "running":
+            @hookimpl
+            def on_task_instance_running(self, previous_state, task_instance) -> None:
+                self._maybe(task_instance)
+        elif when == "failed":
+            @hookimpl
+            def on_task_instance_failed(self, previous_state, task_instance, error) -> None:
                 self._maybe(task_instance)
         else:
             @hookimpl
@@ -103,10 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logical", required=True, help="logical date (ISO); one per night")
     parser.add_argument("--retries", type=int, default=2)
     parser.add_argument("--retry-delay", type=float, default=1.0, help="seconds before a task's retry")
-    parser.add_argument("--moment", default="", help="running:<task> | success:<task> | apply:audit")
-    parser.add_argument("--action", default="", choices=("", "kill", "pg_restart"))
+    parser.add_argument("--moment", default="", help="running: | success: | failed: | lease:<task>, apply:audit,"
+                        " reconcile:removals | reconcile:apply")
+    parser.add_argument("--action", default="", choices=("", "kill", "pg_restart", "pause"))
     parser.add_argument("--pg-label", default="test")
     parser.add_argument("--forget-cursors", action="store_true", help="night 1: no cursor yet")
+    parser.add_argument("--lease-ttl", type=float, default=None,
+                        help="seconds: this run's lease TTL (a run the soak stops; default: the environment's)")
     parser.add_argument("--result", required=True)
     args = parser.parse_args(argv)
 
@@ -121,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         for key in keys:
             Variable.delete(key)
     _workaround_deadline_alerts()
+    if args.lease_ttl is not None:
+        from partner_harvest.airflow import tasks
+
+        tasks.LEASE_TTL = timedelta(seconds=args.lease_ttl)
     if args.moment and args.action:
         _arm(args.moment, args.action, args.pg_label)
     dag = (build_harvest_dag if args.kind == "harvest" else build_reconcile_dag)(partner)
@@ -142,11 +213,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def operator_command(argv: list[str]) -> int:
+    """An operator's ``partner-harvest`` command, in a process of its own (the real CLI)."""
+    from partner_harvest.cli import main as cli
+
+    return cli(argv)
+
+
 def zygote() -> int:
     """Warm Airflow once (imports, the in-process execution API: ~20 s on a busy machine),
-    then fork one process per night. Reads one JSON line per night from stdin
-    (``{"argv": [...], "log": path}``); answers ``{"pid": n}`` at once and
-    ``{"exit": code}`` when the night's process ended (-9: SIGKILL)."""
+    then fork one process per night. Reads one JSON line per order from stdin:
+
+    - ``{"argv": [...], "log": path}`` (a night; ``"cli": true``: an operator command):
+      answers ``{"pid": n}`` at once, then ``{"exit": code}`` when that process ended
+      (-9: SIGKILL) or ``{"stopped": n}`` when it was stopped (SIGSTOP);
+    - ``{"wait": n}``, after the soak sent a stopped process SIGCONT: the same answers.
+
+    While one night's process is stopped, the soak may fork others (a second harvest, an
+    operator command) before it sends the stopped one SIGCONT."""
     import traceback
 
     proto = os.fdopen(os.dup(1), "w")  # the protocol keeps the pipe; everything logged goes to stderr
@@ -156,6 +240,7 @@ def zygote() -> int:
 
     import partner_harvest.airflow.dag_factory  # noqa: F401
     import partner_harvest.airflow.tasks  # noqa: F401
+    import partner_harvest.cli  # noqa: F401
 
     import asyncio
 
@@ -169,8 +254,19 @@ def zygote() -> int:
 
     asyncio.run(first_request())  # no thread survives it: the fork below copies a quiet process
     print(json.dumps({"ready": True}), file=proto, flush=True)
+
+    def report(pid: int) -> None:
+        _, status = os.waitpid(pid, os.WUNTRACED)
+        if os.WIFSTOPPED(status):
+            print(json.dumps({"stopped": pid}), file=proto, flush=True)
+        else:
+            print(json.dumps({"exit": os.waitstatus_to_exitcode(status)}), file=proto, flush=True)
+
     for line in sys.stdin:
         order = json.loads(line)
+        if "wait" in order:
+            report(int(order["wait"]))
+            continue
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -181,11 +277,13 @@ def zygote() -> int:
                 fd = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 os.dup2(fd, 1)
                 os.dup2(fd, 2)
+                devnull = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(devnull, 0)  # the orders are the zygote's, never a child's
                 from airflow import settings
 
                 if settings.engine is not None:
                     settings.engine.dispose(close=False)  # never share the zygote's connections
-                code = main(order["argv"])
+                code = operator_command(order["argv"]) if order.get("cli") else main(order["argv"])
             except BaseException:
                 traceback.print_exc()
             finally:
@@ -193,8 +291,7 @@ def zygote() -> int:
                 sys.stderr.flush()
                 os._exit(code)
         print(json.dumps({"pid": pid}), file=proto, flush=True)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"exit": os.waitstatus_to_exitcode(status)}), file=proto, flush=True)
+        report(pid)
     return 0
 
 

@@ -21,7 +21,7 @@ def test_per_kind_plan_meets_every_kind_once_on_a_night_it_can_fire() -> None:
             continue
         fault = FAULTS[kind]
         assert PARTNERS[partner].protocol in fault.protocols, (partner, kind)
-        if fault.full_load_only or fault.where == "page" and "oai-pmh" in fault.protocols:
+        if fault.full_load_only or fault.where == "page" and fault.action != "pause" and "oai-pmh" in fault.protocols:
             assert night == 1, (partner, night, kind)  # a full load: pages enough for the fault's page
         if fault.incremental_only or fault.where == "before":
             assert night > 1, (partner, night, kind)
@@ -29,6 +29,12 @@ def test_per_kind_plan_meets_every_kind_once_on_a_night_it_can_fire() -> None:
         nights = sorted(n for p, n in plan if p == partner)
         assert nights == list(range(1, len(nights) + 1))
     assert "clock_behind_cursor" in per_kind_plan(list(PARTNERS), known_gaps=True).values()
+    for (partner, _), kind in plan.items():
+        assert PARTNERS[partner].reconciled or not FAULTS[kind].reconcile_only if kind != "none" else True
+    on_scheduler = set(per_kind_plan(list(PARTNERS), scheduler=True).values())
+    assert not {k for k in on_scheduler if k != "none" and FAULTS[k].dag_test_only}
+    assert {k for k in kinds if FAULTS[k].dag_test_only} == {k for k in FAULTS if k.startswith("pause_")
+                                                             or k.endswith("_in_retry_wait")}
 
 
 def test_an_armed_fault_is_claimed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,38 +14,47 @@ from pathlib import Path
 import pytest
 
 from benchmarks.soak.driver import FAST_WAITS, Soak, summary
-from benchmarks.soak.faults import FAULTS
+from benchmarks.soak.faults import FAULTS, PAUSES
 from include import embedded_pg
 
 pytestmark = [pytest.mark.soak, pytest.mark.airflow]
 
-SOAK_TIMEOUT = 600  # 21 nights of a few seconds each, plus Airflow's start: ~2 min, more when loaded
+SOAK_TIMEOUT = 600  # 28 nights of a few seconds each, plus Airflow's start: ~3 min, more when loaded
 SEED = 8
 
 # Every fault kind once: night 1 of a Sierra partner is its full load (the export's faults),
-# a failed night is followed by one that must converge, deletedRecord=no reconciles every 3rd.
+# a failed night is followed by one that must converge, deletedRecord=no reconciles every 3rd
+# (and on the night of its reconcile's pause). The pauses here stop a task holding its lease
+# (``kind@moment``), so its resumed write meets the fence; the long soak draws the moment.
 PLAN = {
     ("soak_persistent", 1): "kill_mid_page",
     ("soak_persistent", 2): "kill_between_harvest_and_apply",
     ("soak_persistent", 3): "token_repeated",
     ("soak_persistent", 4): "throttle_503_retry_after",
     ("soak_persistent", 5): "token_expired",
+    ("soak_persistent", 6): "pause_after_freeze@lease:plan_slices",
     ("soak_no_deletions", 1): "throttle_429_retry_after",
     ("soak_no_deletions", 2): "storm_5xx",
     ("soak_no_deletions", 3): "pg_restart_mid_apply",
     ("soak_no_deletions", 4): "broken_xml",
+    ("soak_no_deletions", 5): "pause_reconcile_before_removals@reconcile:removals",
     ("soak_daily", 1): "kill_mid_apply",
     ("soak_daily", 2): "clock_backwards",
     ("soak_daily", 3): "pg_restart_before_apply",
     ("soak_daily", 4): "kill_after_apply_before_cursor",
+    ("soak_daily", 5): "pause_before_cursor@lease:advance_cursor",
     ("soak_sierra", 1): "sierra_export_138",
     ("soak_sierra", 2): "sierra_401_mid_run",
     ("soak_sierra", 3): "sierra_deletion_poll_500",
     ("soak_sierra", 4): "drop_conn_mid_copy",
+    ("soak_sierra", 5): "forget_in_retry_wait",
+    ("soak_sierra", 6): "pause_mid_page",
     ("soak_sierra_b", 1): "sierra_export_135",
     ("soak_sierra_b", 2): "clock_behind_cursor",
     ("soak_sierra_b", 3): "pg_restart_mid_page",
     ("soak_sierra_b", 4): "kill_mid_page",
+    ("soak_sierra_b", 5): "reset_cursor_in_retry_wait",
+    ("soak_sierra_b", 6): "pause_before_apply@lease:apply_changes",
 }
 
 
@@ -66,6 +75,13 @@ def test_short_soak_converges_after_every_night(airflow_db, db: str, tmp_path: P
 
     assert not [(r.partner, r.night, r.divergence) for r in results if r.divergence], table
     assert {r.fault for r in results if r.fired} >= {k for k, f in FAULTS.items() if not f.known_gap}, table
+    for r in results:
+        if r.fault in PAUSES:  # stopped, held past its lease, then another run or a command in between
+            assert r.fired and r.interloper.endswith(("success", "exit 0")), (r.partner, r.night, r.interloper)
+        if "@lease:" in PLAN.get((r.partner, r.night), "") or r.fault == "pause_reconcile_before_removals":
+            assert r.task_retries >= 1, (r.partner, r.night, "the resumed task's write should have met the fence")
+        if r.fault.endswith("_in_retry_wait"):  # the retry is fenced: nothing of the run applies
+            assert r.outcome == "next-night", (r.partner, r.night, r.outcome, r.notes)
     last = {}
     for r in results:
         last[r.partner] = r

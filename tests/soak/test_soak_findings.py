@@ -105,3 +105,34 @@ def test_a_clock_behind_stamps_a_full_export_already_held_is_a_regression_too(co
     held = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
     assert held == {i: catalogue.get(i).title.strip() for i in edited}
     assert harness.held() == catalogue.live_ids()
+
+
+def test_a_version_stamped_while_the_clock_was_behind_beats_one_stamped_before_the_jump(conn) -> None:
+    """Seed 2324, soak_sierra_b nights 4-7 (python -m benchmarks.soak --seed 2324 --partners
+    soak_sierra_b --nights 7), reproduced small.
+
+    A record edited just before the partner's clock jumped back is held with that stamp,
+    observed by the run that met the jump (its clock regressed). Edited again while the
+    clock is still behind, its new version carries an *older* stamp; the run that harvests
+    it comes after the clock passed the old one again, so it is not regressed itself, and
+    ordered by stamp the held version won for good. The held version was observed by a
+    regressed run and the new one carries a stamp after that run's clock: the later
+    observation is what the partner holds (store/migrations: harvest_version_newer)."""
+    catalogue = SimulatedCatalogue(bibs=300, deleted_fraction=0.03, seed=5)
+    with SierraSimulator(catalogue, client_key=sierra.KEY, client_secret=sierra.SECRET) as sim:
+        harness = sierra.Harness(sim, conn, sierra.partner())
+        harness.run("incremental")  # the full load (no cursor)
+        harness.cursor = harness.deletions_cursor = catalogue.clock
+        catalogue.advance_clock(timedelta(hours=20))
+        edited = catalogue.edit(3)  # stamped just before the jump
+        catalogue.advance_clock(timedelta(hours=1))
+        catalogue.rewind_clock(timedelta(hours=26))  # a failover to a server a day behind
+        harness.run()  # behind the cursor: the whole export, the edits with stamps ahead of its clock
+        catalogue.advance_clock(timedelta(hours=20))  # still behind the edits' stamps
+        catalogue.edit_ids(edited)  # again: stamped after that run's clock, before the held stamps
+        catalogue.advance_clock(timedelta(hours=1))
+        catalogue.advance_clock(timedelta(hours=20))  # the clock passes the held stamps: not regressed
+        harness.run()
+    held = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
+    assert held == {i: catalogue.get(i).title.strip() for i in edited}
+    assert harness.held() == catalogue.live_ids()

@@ -187,13 +187,15 @@ def load_registry_text(text: str):
         return load_registry(path)
 
 
-def test_the_readme_lists_the_states_of_the_table() -> None:
-    """The README's table of states is generated: `python -m partner_harvest.partner_state`."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+@pytest.mark.parametrize("page", ["README.md", "docs/operator/health.md"])
+def test_the_readme_lists_the_states_of_the_table(page: str) -> None:
+    """The table of states in the README and the operator's health page is generated:
+    `python -m partner_harvest.partner_state`."""
+    readme = (ROOT / page).read_text(encoding="utf-8")
     block = re.search(r"<!-- partner-states:begin -->\n(.*?)\n<!-- partner-states:end -->", readme, re.S)
-    assert block, "README.md lacks the generated table of partner states (<!-- partner-states:begin -->)"
+    assert block, f"{page} lacks the generated table of partner states (<!-- partner-states:begin -->)"
     assert block.group(1) == partner_state.markdown_table(), (
-        "README.md's table of partner states is stale: paste `python -m partner_harvest.partner_state`")
+        f"{page}'s table of partner states is stale: paste `python -m partner_harvest.partner_state`")
 
 
 def test_the_health_page_shows_a_partners_cause_once(conn: psycopg.Connection, db: str, tmp_path: Path,

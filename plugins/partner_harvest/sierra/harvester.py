@@ -161,27 +161,6 @@ class SierraAdapter:
         except (KeyError, TypeError, ValueError):
             return None
 
-    def _highest_id(self, high: int, step: int) -> tuple[int, int]:
-        """The highest bib id, given one that exists: doubling steps up until no id lies above
-        (ids have no fixed width), then bisection. Returns it and the probes it took."""
-        probes = 0
-        while True:  # an id exists at or above ``high``: find a probe with none above it
-            found = self._first_id_from(high + step)
-            probes += 1
-            if found is None:
-                top = high + step - 1
-                break
-            high, step = found, step * 2
-        while high < top:
-            mid = (high + top + 1) // 2
-            found = self._first_id_from(mid)
-            probes += 1
-            if found is None:
-                top = mid - 1
-            else:
-                high = found
-        return high, probes
-
     def _id_slices(self, window: Window, settings: Any) -> list[dict[str, Any]]:
         """Equal id ranges: Sierra record numbers are handed out in sequence, so an id range
         holds about as many bibs as it is wide. The span comes from ``fields=id&limit=1``
@@ -205,6 +184,27 @@ class SierraAdapter:
             hi = None if index == count - 1 else low + (index + 1) * size - 1  # the last one is open-ended
             pieces.append({"from_": None, "until": window.until, "lo": lo, "hi": hi, "estimate": size})
         return pieces
+
+    def _highest_id(self, high: int, step: int) -> tuple[int, int]:
+        """The highest bib id, given one that exists: doubling steps up until no id lies above
+        (ids have no fixed width), then bisection. Returns it and the probes it took."""
+        probes = 0
+        while True:  # an id exists at or above ``high``: find a probe with none above it
+            found = self._first_id_from(high + step)
+            probes += 1
+            if found is None:
+                top = high + step - 1
+                break
+            high, step = found, step * 2
+        while high < top:
+            mid = (high + top + 1) // 2
+            found = self._first_id_from(mid)
+            probes += 1
+            if found is None:
+                top = mid - 1
+            else:
+                high = found
+        return high, probes
 
     # -- changes ---------------------------------------------------------------------
 
@@ -720,7 +720,6 @@ class SierraAdapter:
                  self.partner_id, what, stats.pages, len(items), stats.fetched,
                  f" of ~{stats.expected} (id range)" if stats.expected is not None else "", stats.records,
                  stats.tombstones, stats.rejected, self._time_left(stats))
-
 
     _progress_since: tuple[float, int] | None = None  # (monotonic start, items fetched then) of this try
 

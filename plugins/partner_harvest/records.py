@@ -67,6 +67,9 @@ class HarvestStats:
     rejected: int = 0
     complete_list_size: int | None = None
     restarts: int = 0
+    # Items the channel should bring, for its progress and time left only (Sierra: the id
+    # span); never a check, never the end of a listing. completeListSize, when known, wins.
+    expected: int | None = None
     extra: dict[str, object] = field(default_factory=dict)
 
     def add(self, item: HarvestItem) -> None:

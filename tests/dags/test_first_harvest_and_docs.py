@@ -144,9 +144,9 @@ def test_dag_and_task_docs(registry) -> None:
              "  - {id: library, protocol: sierra, conn_id: d, lag: 90m, run_deadline: 1d}\n")
     dags = {d.dag_id: d for kind in ("harvest", "reconcile") for d in build_dags(kind)}
     museum, library = dags["harvest_museum"], dags["harvest_library"]
-    assert "lag 10 min," in museum.doc_md and "0:10:00" not in museum.doc_md
+    assert "lag 10m," in museum.doc_md and "0:10:00" not in museum.doc_md
     assert "nightly runs due by 06:00 UTC" in museum.doc_md and "due by" not in library.doc_md
-    assert "lag 1 h 30 min," in library.doc_md and "run deadline 1 day after" in library.doc_md
+    assert "lag 1h 30m," in library.doc_md and "run deadline 1d after" in library.doc_md
     assert "poll_deletions" not in museum.doc_md and "poll_deletions" in library.doc_md
     for dag in (museum, library):
         assert "`check_quality`" in dag.doc_md and "**Params**" in dag.doc_md

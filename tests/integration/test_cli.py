@@ -252,10 +252,10 @@ def test_progress_shows_each_slice_with_its_rate_and_the_time_left(capsys, conn,
     running = lines["changes/002"].split()
     assert running[1:5] == ["harvesting", "set", "dept:prints", "2021-01-01T00:00:01Z..2026-01-01T00:00:00Z"]
     assert running[5:9] == ["4", "2000", "10000", "20%"]
-    assert running[9] == "21" and running[10] == "0:06:28"  # 2,000 in 97 s; 8,000 to go at that rate
+    assert running[9] == "21" and running[10:12] == ["6m", "28s"]  # 2,000 in 97 s; 8,000 to go at that rate
     assert "s ago" in lines["changes/002"] and lines["changes/003"].split()[1] == "planned"
     summary = out.splitlines()[-1]
-    assert summary.startswith("run harvest_museum/newest: 12,000 of 26,000 records, 21/s now, time left 0:11:19")  # 14,000 to go
+    assert summary.startswith("run harvest_museum/newest: 12,000 of 26,000 records, 21/s now, time left 11m 19s")  # 14,000 to go
 
 
 def test_progress_of_a_partner_without_runs_says_so(capsys, conn, db, registry_file) -> None:

@@ -258,7 +258,7 @@ def test_the_partner_page_shows_a_running_run_slice_by_slice(conn, db, monkeypat
     page = client.get("/partner/museum").text
     assert "Running now" in page
     assert 'href="/dags/harvest_museum/runs/manual__2026-12-01"' in page
-    assert "12,000 of 26,000 records, 21/s now, time left 0:11:19" in page
+    assert "12,000 of 26,000 records, 21/s now, time left 11m 19s" in page
     table = page[page.index('<table id="progress">'):page.index("</table>", page.index('<table id="progress">'))]
     assert table.count("<tr class=") == 3  # the three slices, not the sliced run's parent row
     running = table[table.index("changes/002"):].split("</tr>")[0]

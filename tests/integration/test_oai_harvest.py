@@ -362,5 +362,5 @@ def test_each_page_logs_progress_against_the_announced_size_and_the_time_left(co
     lines = [r.getMessage() for r in caplog.records if ": page " in r.getMessage()]
     assert [line.split(": page ")[1].split(":")[0] for line in lines] == ["1", "2", "3"]
     assert all(re.search(r"\d+ fetched of 300 \(", line) for line in lines), lines
-    assert all(re.search(r"/s, about \d+:\d\d:\d\d left$", line) for line in lines[:-1]), lines
+    assert all(re.search(r"/s, about \d+[dhms]( \d+[hms])? left$", line) for line in lines[:-1]), lines
     assert lines[-1].endswith("/s")  # the last page: nothing left to estimate

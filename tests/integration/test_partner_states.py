@@ -188,10 +188,43 @@ def load_registry_text(text: str):
 
 
 def test_the_operator_docs_list_the_states_of_the_table() -> None:
-    """docs/operator/operating.md's table of states is generated: `python -m partner_harvest.partner_state`
+    """docs/operator/health.md's table of states is generated: `python -m partner_harvest.partner_state`
     (or scripts/gen_docs.py)."""
-    page = (ROOT / "docs" / "operator" / "operating.md").read_text(encoding="utf-8")
-    block = re.search(r"<!-- partner-states:begin -->\n(.*?)\n<!-- partner-states:end -->", page, re.S)
-    assert block, "docs/operator/operating.md lacks the generated table of partner states (<!-- partner-states:begin -->)"
+    page = "docs/operator/health.md"
+    readme = (ROOT / page).read_text(encoding="utf-8")
+    block = re.search(r"<!-- partner-states:begin -->\n(.*?)\n<!-- partner-states:end -->", readme, re.S)
+    assert block, f"{page} lacks the generated table of partner states (<!-- partner-states:begin -->)"
     assert block.group(1) == partner_state.markdown_table(), (
-        "docs/operator/operating.md's table of partner states is stale: run scripts/gen_docs.py")
+        f"{page}'s table of partner states is stale: run scripts/gen_docs.py")
+
+
+def test_the_health_page_shows_a_partners_cause_once(conn: psycopg.Connection, db: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 25 (noticed defect): the index showed a failing partner's cause twice, in the State
+    cell and again as the Last run cell's error; the partner page in its cause line and again in
+    its Last run row. The cause stays beside the state (the browser test reads it there); the
+    run cell keeps an error that is not the partner's cause."""
+    from fastapi.testclient import TestClient
+
+    from partner_harvest.airflow.health import app as health_app
+    from partner_harvest.airflow.health import source
+    from partner_harvest.store import connect
+
+    registry = load_registry_text(REGISTRY)
+    _, scheduled = seed(conn)
+    monkeypatch.setattr(source, "registry", lambda: registry)
+    monkeypatch.setattr(source, "latest_harvest_runs", lambda partners: scheduled)
+    monkeypatch.setattr(source, "connection", lambda: connect(db))
+    monkeypatch.setattr(health_app, "_require_user", lambda: (lambda: None))  # Airflow's login: test_health.py
+    client = TestClient(health_app.create_app())
+
+    index = client.get("/").text
+    for partner, cause in (("down", "freeze_window: ConnectionError"), ("died", "unusable response: not XML"),
+                           ("between_db", "Connection refused")):
+        row = index[index.index(f'<tr data-partner="{partner}"'):].split("</tr>")[0]
+        assert row.count(cause) == 1, (partner, row)
+        state_cell = row[row.index('class="state-cell"'):row.index('class="last-run"')]
+        assert '<div class="cause">' in state_cell and cause in state_cell
+        page = client.get(f"/partner/{partner}").text
+        assert page.count(cause) == 1, (partner, page[:3000])
+        assert 'id="cause"' in page

@@ -24,6 +24,7 @@ from airflow.sdk import (
     task,
 )
 
+from partner_harvest import durations
 from partner_harvest.airflow import compat, tasks
 from partner_harvest.airflow.assets import partner_asset
 from partner_harvest.airflow.notifiers import PartnerAlertNotifier, run_late_alert, run_overdue_alert
@@ -59,17 +60,6 @@ DEFAULT_ARGS: dict[str, Any] = {
 }
 
 
-def human_duration(value: timedelta) -> str:
-    """``10 min``, ``1 h 30 min``, ``20 h``, ``7 days``: what a reader expects, not ``0:10:00``."""
-    seconds = int(value.total_seconds())
-    parts = []
-    for unit, size in (("day", 86400), ("h", 3600), ("min", 60), ("s", 1)):
-        count, seconds = divmod(seconds, size)
-        if count:
-            parts.append(f"{count} {unit}{'s' if unit == 'day' and count > 1 else ''}")
-    return " ".join(parts) or "0 s"
-
-
 WHEN_A_TASK_FAILS = (
     "**When a task fails** (an alert names the partner, the task, the window and the cause): read "
     "the cause in the alert or the task's log, fix what it names (the partner's server, the "
@@ -99,8 +89,8 @@ def _doc(partner: Partner) -> str:
         f"### Harvest of partner `{partner.id}` ({partner.protocol})\n\n"
         f"{partner.description}\n\n"
         f"Connection `{partner.conn_id}`, cursor Variable `{partner.cursor_key}`, "
-        f"lag {human_duration(partner.lag)}, schedule `{partner.schedule}` (UTC), "
-        f"pool `{partner.pool}`, run deadline {human_duration(partner.run_deadline)} after queueing"
+        f"lag {durations.human(partner.lag)}, schedule `{partner.schedule}` (UTC), "
+        f"pool `{partner.pool}`, run deadline {durations.human(partner.run_deadline)} after queueing"
         + (f", nightly runs due by {partner.finish_by} UTC" if partner.finish_by else "")
         + ".\n\n"
         f"{tasks_line}\n\n"

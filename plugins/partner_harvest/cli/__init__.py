@@ -209,7 +209,10 @@ def cmd_progress(args: argparse.Namespace) -> int:
     if progress is None:
         raise CliError(f"partner {args.partner} has no run {args.run!r}" if args.run
                        else f"partner {args.partner} has no run in the aggregation database yet")
-    print(render_table(progress.channels))
+    from partner_harvest.durations import ago
+
+    print(render_table([{**c, "last_page": ago(c["last_page"]) if c["last_page"] is not None else None}
+                        for c in progress.channels]))
     print(summary_line(progress))
     return 0
 

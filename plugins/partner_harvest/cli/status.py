@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 
+from partner_harvest import durations
 from partner_harvest.registry import Partner, RegistryError
 from partner_harvest.store.health import SchedulerRun, partner_health
 
@@ -66,10 +67,7 @@ def scheduler_runs(partners: list[Partner]) -> tuple[dict[str, SchedulerRun] | N
 
 
 def _duration(value: timedelta | None) -> str | None:
-    if value is None:
-        return None
-    hours = int(value.total_seconds() // 3600)
-    return f"{hours // 24}d {hours % 24}h" if hours >= 24 else f"{hours}h {int(value.total_seconds() % 3600 // 60)}m"
+    return None if value is None else durations.human(value)
 
 
 def _cell(value: Any) -> str:
@@ -78,7 +76,7 @@ def _cell(value: Any) -> str:
     if isinstance(value, datetime):
         return value.strftime("%Y-%m-%d %H:%M")
     if isinstance(value, timedelta):
-        return str(value)
+        return durations.human(value)
     return str(value)
 
 

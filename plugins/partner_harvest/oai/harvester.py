@@ -15,6 +15,7 @@ from contextlib import closing
 from datetime import datetime, timedelta
 from typing import Any
 
+from partner_harvest import durations
 from partner_harvest.adapters import ItemSink, PartnerClock
 from partner_harvest.errors import HarvestError, PartnerProtocolError
 from partner_harvest.formats.checks import policy_of
@@ -203,7 +204,7 @@ class OaiAdapter:
             if stats.complete_list_size is not None:
                 of = f" of {stats.complete_list_size}"
                 if rate > 0 and page.token:
-                    left = f", about {timedelta(seconds=round(max(stats.complete_list_size - stats.fetched, 0) / rate))} left"
+                    left = f", about {durations.human(max(stats.complete_list_size - stats.fetched, 0) / rate)} left"
             log.info(
                 "%s: page %d: %d items; %d fetched%s (%d records, %d deleted, %d rejected), %.0f/s%s",
                 self.partner_id, stats.pages, len(page.items), stats.fetched, of,

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from datetime import date, datetime, time as dtime, timedelta, timezone
 from typing import Any, NamedTuple, TypeVar
 
+from partner_harvest import durations
 from partner_harvest.adapters import ItemSink, PartnerClock, StagingSink
 from partner_harvest.errors import ConfigurationError, HarvestError, HarvestLoopError, PartnerAsksToWait
 from partner_harvest.formats.checks import policy_of
@@ -169,7 +170,25 @@ class SierraAdapter:
         above = None if low is None else self._first_id_from(low + settings.threshold_records)
         if low is None or above is None:
             return []  # no id that far above the lowest: small enough to stay whole (two requests)
-        high, probes, step = above, 2, max(1, settings.threshold_records)
+        high, probes = self._highest_id(above, max(1, settings.threshold_records))
+        probes += 2
+        span = high - low + 1
+        count = min(settings.max_slices, math.ceil(span / settings.target_records))
+        log.info("%s: bib ids %d..%d (span %d, %d probes)", self.partner_id, low, high, span, probes)
+        if span <= settings.threshold_records or count < 2:
+            return []
+        size = math.ceil(span / count)
+        pieces = []
+        for index in range(count):
+            lo = 0 if index == 0 else low + index * size
+            hi = None if index == count - 1 else low + (index + 1) * size - 1  # the last one is open-ended
+            pieces.append({"from_": None, "until": window.until, "lo": lo, "hi": hi, "estimate": size})
+        return pieces
+
+    def _highest_id(self, high: int, step: int) -> tuple[int, int]:
+        """The highest bib id, given one that exists: doubling steps up until no id lies above
+        (ids have no fixed width), then bisection. Returns it and the probes it took."""
+        probes = 0
         while True:  # an id exists at or above ``high``: find a probe with none above it
             found = self._first_id_from(high + step)
             probes += 1
@@ -185,18 +204,7 @@ class SierraAdapter:
                 top = mid - 1
             else:
                 high = found
-        span = high - low + 1
-        count = min(settings.max_slices, math.ceil(span / settings.target_records))
-        log.info("%s: bib ids %d..%d (span %d, %d probes)", self.partner_id, low, high, span, probes)
-        if span <= settings.threshold_records or count < 2:
-            return []
-        size = math.ceil(span / count)
-        pieces = []
-        for index in range(count):
-            lo = 0 if index == 0 else low + index * size
-            hi = None if index == count - 1 else low + (index + 1) * size - 1  # the last one is open-ended
-            pieces.append({"from_": None, "until": window.until, "lo": lo, "hi": hi, "estimate": size})
-        return pieces
+        return high, probes
 
     # -- changes ---------------------------------------------------------------------
 
@@ -306,8 +314,36 @@ class SierraAdapter:
                 log.info("%s: slice %s resumes its export at id %d", self.partner_id, piece.get("channel"), start)
         else:
             start = self._resume_point(sink, stats)
+            stats.expected = self._expected_bibs()
+        if piece.get("estimate") is not None:
+            stats.expected = int(piece["estimate"])  # the plan's id span, already in harvest_runs
+        self._progress_since = (time.monotonic(), stats.fetched)  # the time left counts this try's rate
         self._export(window, sink, stats, start, piece)
         self._prove_complete(window, sink, stats, piece)
+
+    def _expected_bibs(self) -> int | None:
+        """About how many items an unsliced full load brings, for its progress and time left only.
+
+        Sierra's ``total`` is the size of one page, not of the result set, so the estimate is
+        the span of bib ids (``fields=id&limit=1`` probes: the lowest id, then the highest,
+        about 2 x log2(span) requests): record numbers are handed out in sequence, so it is
+        an upper bound (deleted ids count). The export never stops on it: it ends on 404/107
+        or an empty block. A probe that fails leaves the load without an estimate.
+        """
+        try:
+            low = self._first_id_from(0)
+            if low is None:
+                return None
+            high, probes = self._highest_id(low, max(1, self.export_limit))
+        except HarvestError as exc:
+            log.warning("%s: no estimate of the full load's size (the id probe failed: %s); its progress shows "
+                        "no time left", self.partner_id, exc)
+            return None
+        span = high - low + 1
+        log.info("%s: full load expects about %d bibs: an estimate from the id range %d..%d (%d probes; an upper "
+                 "bound, deleted ids count; Sierra's total counts only a page), for the progress and the time "
+                 "left, never to end the export", self.partner_id, span, low, high, probes + 1)
+        return span
 
     def resumes_staging(self, channel: str, window: Window) -> bool:
         """Whether a new try of this channel keeps what an unfinished try staged (pipeline).
@@ -680,9 +716,22 @@ class SierraAdapter:
             sink.write_page(items)
         else:  # a slice's staging sink: the position is stored with the page (store/staging.py)
             sink.write_page(items, checkpoint=checkpoint)  # type: ignore[call-arg]
-        log.info("%s: %s page %d: %d items; %d fetched (%d records, %d deleted, %d rejected)",
-                 self.partner_id, what, stats.pages, len(items), stats.fetched, stats.records,
-                 stats.tombstones, stats.rejected)
+        log.info("%s: %s page %d: %d items; %d fetched%s (%d records, %d deleted, %d rejected)%s",
+                 self.partner_id, what, stats.pages, len(items), stats.fetched,
+                 f" of ~{stats.expected} (id range)" if stats.expected is not None else "", stats.records,
+                 stats.tombstones, stats.rejected, self._time_left(stats))
+
+    _progress_since: tuple[float, int] | None = None  # (monotonic start, items fetched then) of this try
+
+    def _time_left(self, stats: HarvestStats) -> str:
+        """``, 120/s, about 4m 10s left`` at this try's rate, against the estimate (else empty)."""
+        if stats.expected is None or self._progress_since is None:
+            return ""
+        began, before = self._progress_since
+        rate = (stats.fetched - before) / max(time.monotonic() - began, 1e-6)
+        if rate <= 0:
+            return ""
+        return f", {rate:.0f}/s, about {durations.human(max(stats.expected - stats.fetched, 0) / rate)} left"
 
 
 def _after_last(entries: list[dict[str, Any]]) -> int | None:

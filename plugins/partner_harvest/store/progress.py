@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from partner_harvest import durations
 from partner_harvest.store import slices
 from partner_harvest.window import format_instant
 
@@ -91,7 +92,7 @@ def _channel(row: dict[str, Any], now: datetime) -> dict[str, Any]:
         "fetched": fetched, "expected": expected,
         "done": f"{min(fetched / expected, 1.0):.0%}" if expected else None,
         "per_s": round(per_s) if per_s is not None else None, "left": left,
-        "last_page": _ago(now - last) if last is not None and status in RUNNING else None,
+        "last_page": max(now - last, timedelta(0)) if last is not None and status in RUNNING else None,
         "attempts": row["attempts"],
     }
 
@@ -119,15 +120,10 @@ def _range(row: dict[str, Any]) -> str:
     return (f"set {row['slice_set']} " if row["slice_set"] else "") + f"{start}..{until}"
 
 
-def _ago(value: timedelta) -> str:
-    seconds = max(int(value.total_seconds()), 0)
-    return f"{seconds}s ago" if seconds < 120 else f"{seconds // 60}m ago"
-
-
 def summary_line(progress: RunProgress) -> str:
     expected = f" of {progress.expected:,}" if progress.expected is not None else ""
     left = "unknown (a channel has no estimate, or none is harvesting)" if progress.time_left is None \
-        else str(progress.time_left)
+        else durations.human(progress.time_left)
     return (f"run {progress.run_id}: {progress.fetched:,}{expected} records, "
             f"{progress.per_second:,.0f}/s now, time left {left}")
 

@@ -93,8 +93,9 @@ class StagingWriter:
                         copy.write_row(_row(pid, run_id, channel, self.seq, stored))
                 self._count_run_bytes(size)
             if self.progress is not None:
+                announced = self.progress.complete_list_size
                 record_progress(self.conn, self.run, self.progress.pages, self.progress.fetched, checkpoint,
-                                self.progress.complete_list_size)
+                                announced if announced is not None else self.progress.expected)
 
 
     def _count_run_bytes(self, size: int) -> None:

@@ -9,7 +9,7 @@ Figures come from the aggregation database through the ``aggregation_db`` Connec
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import quote
@@ -19,6 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
+from partner_harvest import durations
 from partner_harvest.airflow.health import source
 from partner_harvest.airflow.health.chart import runs_chart
 from partner_harvest.partner_state import slug
@@ -93,7 +94,7 @@ def _render(template: str, request: Request, **context: object) -> HTMLResponse:
     ui_root = here[: -len(URL_PREFIX)] if here.endswith(URL_PREFIX) else ""
     page = _templates.get_template(template).render(
         ui_root=ui_root, here=here, run_url=lambda run: _run_url(ui_root, run), ago=_ago, when=_when,
-        span=_span, slug=slug, **context,
+        span=_span, ago_span=_ago_span, slug=slug, **context,
     )
     return HTMLResponse(page)
 
@@ -115,23 +116,16 @@ def _when(moment: datetime | None) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%MZ") if moment else "—"
 
 
-def _span(delta) -> str:  # noqa: ANN001 - a timedelta or None
-    if delta is None:
-        return "—"
-    seconds = int(delta.total_seconds())
-    sign, seconds = ("-" if seconds < 0 else ""), abs(seconds)
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{sign}{days}d {hours}h"
-    if hours:
-        return f"{sign}{hours}h {minutes}m"
-    return f"{sign}{minutes}m {secs}s" if minutes else f"{sign}{secs}s"
+def _span(delta: timedelta | None) -> str:
+    return "—" if delta is None else durations.human(delta)
+
+
+def _ago_span(delta: timedelta | None) -> str:
+    return "—" if delta is None else durations.ago(delta)
 
 
 def _ago(moment: datetime | None, now: datetime) -> str:
-    return f"{_span(now - moment)} ago" if moment else "never"
+    return durations.ago(now - moment) if moment else "never"
 
 
 app = create_app()

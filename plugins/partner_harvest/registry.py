@@ -36,7 +36,7 @@ from pydantic import (
 )
 
 from partner_harvest.formats.checks import CHECKS, UnknownCheck, check_overrides
-from partner_harvest.http import HttpPolicy
+from partner_harvest.transport import HttpPolicy
 
 PARTNERS_FILE_ENV = "HARVEST_PARTNERS_FILE"
 DEFAULT_PARTNERS_FILE = Path(__file__).resolve().parents[2] / "include" / "partners.yaml"
@@ -260,7 +260,7 @@ def _http_options_model() -> type[BaseModel]:
             default = sorted(default)  # JSON-friendly in the published schema
         definitions[f.name] = (_strict_type(hints.get(f.name, Any)), default)
     return create_model("HttpOptions", __base__=_Strict,
-                        __doc__="options.http: overrides of partner_harvest.http.HttpPolicy",
+                        __doc__="options.http: overrides of partner_harvest.transport.HttpPolicy",
                         **definitions)
 
 

@@ -27,7 +27,7 @@ from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import pipeline
 from partner_harvest.errors import ConfigurationError, PartnerDataError, PartnerHttpError
 from partner_harvest.factory import Endpoint, build_adapter
-from partner_harvest.http import HttpPolicy, Transport, build_session
+from partner_harvest.transport import HttpPolicy, Transport, build_session
 from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef
 

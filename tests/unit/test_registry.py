@@ -179,7 +179,7 @@ def test_every_http_policy_field_is_an_allowed_option(tmp_path: Path) -> None:
     import dataclasses
     import json
 
-    from partner_harvest.http import HttpPolicy
+    from partner_harvest.transport import HttpPolicy
 
     policy = HttpPolicy()
     values = {f.name: getattr(policy, f.name) for f in dataclasses.fields(HttpPolicy)}

@@ -38,7 +38,7 @@ from partner_harvest.errors import (
     PartnerProtocolError,
 )
 from partner_harvest.formats.checks import DEFAULT_POLICY, Policy
-from partner_harvest.http import ServerAsksToWait
+from partner_harvest.transport import ServerAsksToWait
 from partner_harvest.oai import parse
 from partner_harvest.oai.chain_caps import ChainCaps, short_params, token_digest
 from partner_harvest.oai.errors import BadArgument, BadResumptionToken, OaiProtocolError, OaiResponseError

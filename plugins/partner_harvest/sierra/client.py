@@ -33,7 +33,7 @@ from partner_harvest.errors import (
     PartnerHttpError,
     PartnerProtocolError,
 )
-from partner_harvest.http import ServerAsksToWait
+from partner_harvest.transport import ServerAsksToWait
 
 log = logging.getLogger(__name__)
 

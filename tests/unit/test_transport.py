@@ -9,7 +9,7 @@ import pytest
 
 from urllib3.response import HTTPResponse
 
-from partner_harvest.http import HttpPolicy, ServerAsksToWait, Transport, build_session, origin
+from partner_harvest.transport import HttpPolicy, ServerAsksToWait, Transport, build_session, origin
 
 
 def retry_of(policy: HttpPolicy):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
+from croniter import CroniterError, croniter
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -199,9 +200,14 @@ def parse_duration(value: Any) -> timedelta:
 
 # -- the model ---------------------------------------------------------------------------
 
-def _cron(value: Any) -> Any:
+def _cron(value: object) -> str:
+    """Five fields, each in its range (croniter: ``61 * * * *`` never fires and is refused)."""
     if not isinstance(value, str) or len(value.split()) != 5:
         raise ValueError(f"must be a five-field cron expression, got {value!r}")
+    try:
+        croniter(value)
+    except (CroniterError, ValueError) as exc:
+        raise ValueError(f"is not a valid cron expression ({value!r}): {' '.join(str(exc).split())}") from None
     return value
 
 

@@ -287,3 +287,20 @@ def test_reconcile_budget_is_per_partner_and_oai_only(tmp_path: Path) -> None:
     problems = {e.partner: str(e) for e in registry.errors}
     assert "options.reconcile applies to protocol oai-pmh only" in problems["library"]
     assert "greater than or equal to 1" in problems["none"]
+
+
+# -- cron schedules are checked by croniter -----------------------------------------------
+
+@pytest.mark.parametrize("key,cron", [("schedule", "61 * * * *"), ("schedule", "0 25 * * *"),
+                                      ("reconcile_schedule", "0 4 * * 8"), ("schedule", "*/0 * * * *")])
+def test_an_impossible_cron_is_one_line_naming_the_partner(tmp_path: Path, key: str, cron: str) -> None:
+    path = write(tmp_path, f"partners:\n  - {{id: clock, protocol: oai-pmh, conn_id: c, {key}: '{cron}'}}\n")
+    (error,) = load_registry(path).errors
+    message = str(error)
+    assert "\n" not in message and error.partner == "clock" and error.field == key
+    assert f"partner 'clock', field '{key}'" in message and cron in message
+
+
+def test_a_valid_cron_passes(tmp_path: Path) -> None:
+    path = write(tmp_path, "partners:\n  - {id: clock, protocol: oai-pmh, conn_id: c, schedule: '*/15 1-5 * * mon-fri'}\n")
+    assert load_partners(path)[0].schedule == "*/15 1-5 * * mon-fri"

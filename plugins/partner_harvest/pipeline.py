@@ -18,6 +18,7 @@ import psycopg
 from partner_harvest.adapters import Adapter
 from partner_harvest.errors import HarvestError, PartnerAsksToWait
 from partner_harvest.records import HarvestStats
+from partner_harvest.registry import SliceSettings
 from partner_harvest.store import (
     DEFAULT_MAX_RECORD_BYTES,
     ApplyResult,
@@ -106,9 +107,8 @@ def freeze_window(
             "clock": format_instant(clock.now), "cursor": format_instant(cursor_until),
         }
         channel_cursors = {name: EPOCH for name in (channel_cursors or {})}
-    plan_channels = getattr(adapter, "plan_channels", None)
-    if plan_channels is not None:
-        channels = plan_channels(window, channel_cursors or {})
+    channels = adapter.plan_channels(window, channel_cursors or {})
+    if channels:
         for plan in channels.values():  # each channel's audit row remembers the clock too
             plan.setdefault("partner_clock", window.protocol["partner_clock"])
             if regressed:
@@ -149,23 +149,23 @@ def harvest_window(
     return _stage(adapter, adapter.harvest, conn, run, window)
 
 
-def poll_deletions(adapter: Any, conn: psycopg.Connection, run: RunRef, window: Window) -> HarvestStats:
+def poll_deletions(adapter: Adapter, conn: psycopg.Connection, run: RunRef, window: Window) -> HarvestStats:
     """Stream the separate deletions channel (Sierra) into the same run's staging."""
     return _stage(adapter, adapter.poll_deletions, conn, run, window,
                   audit_window=channel_window(window, "deletions"))
 
 
 def _stage(
-    adapter: Any, source: Any, conn: psycopg.Connection, run: RunRef, window: Window,
-    audit_window: Window | None = None, resume: Resumable | None = None,
+    adapter: Adapter, source: Callable[[Window, StagingWriter, HarvestStats], None], conn: psycopg.Connection,
+    run: RunRef, window: Window, audit_window: Window | None = None, resume: Resumable | None = None,
 ) -> HarvestStats:
     partner_id = adapter.partner_id
     ensure_schema(conn)
     stats = HarvestStats()
     if resume is None:
-        resumes = getattr(adapter, "resumes_staging", None)  # an unsliced Sierra export keeps an unfinished try's
+        # An unsliced Sierra export keeps an unfinished try's staging (Adapter.resumes_staging).
         attempt = begin_run(conn, run, audit_window or window, window.protocol.get("metadata_prefix"),
-                            keep_staging=bool(resumes and resumes(run.channel, window)))
+                            keep_staging=adapter.resumes_staging(run.channel, window))
     else:  # a Sierra slice picks up where it failed, with what it staged before
         attempt = slices.reopen(conn, run)
         stats.pages, stats.fetched = resume.pages, resume.fetched
@@ -201,7 +201,8 @@ WHOLE = {"channel": slices.PARENT}  # the plan of a run that is not sliced: one 
 
 
 def plan_slices(
-    adapter: Any, conn: psycopg.Connection, partner_id: str, run_id: str, window: Window, settings: Any,
+    adapter: Adapter, conn: psycopg.Connection, partner_id: str, run_id: str, window: Window,
+    settings: SliceSettings,
 ) -> list[dict[str, Any]]:
     """Decide whether the run is harvested whole or as slices, and record the plan.
 
@@ -211,8 +212,7 @@ def plan_slices(
     apply refuses until every one of them harvested (I4).
     """
     ensure_schema(conn)
-    planner = getattr(adapter, "plan_slices", None)
-    planned = planner(window, settings) if planner is not None else []
+    planned = adapter.plan_slices(window, settings)
     if len(planned) < 2:
         planned = []
     bounds = [slices.SliceBounds(slices.slice_channel(i + 1), p.get("from_"), p["until"], p.get("lo"), p.get("hi"),
@@ -245,7 +245,7 @@ def slice_window(window: Window, bounds: slices.SliceBounds, resume_at: int | No
 
 
 def harvest_piece(
-    adapter: Any, conn: psycopg.Connection, partner_id: str, run_id: str, window: Window, channel: str,
+    adapter: Adapter, conn: psycopg.Connection, partner_id: str, run_id: str, window: Window, channel: str,
 ) -> HarvestStats:
     """Harvest one piece of the plan: the whole window (``changes``) or one slice.
 
@@ -260,7 +260,7 @@ def harvest_piece(
         return harvest_window(adapter, conn, run, window)
     ensure_schema(conn)
     bounds = slices.read_bounds(conn, run)
-    resume = slices.resumable(conn, run) if getattr(adapter, "resumes_slices", False) else None
+    resume = slices.resumable(conn, run) if adapter.resumes_slices else None
     if resume is not None:
         log.info("%s: slice %s resumes at its checkpoint %d with %d items already staged",
                  partner_id, channel, resume.checkpoint, resume.fetched)
@@ -268,18 +268,14 @@ def harvest_piece(
     return _stage(adapter, adapter.harvest, conn, run, sub, resume=resume)
 
 
-def max_record_bytes(adapter: Any) -> int:
+def max_record_bytes(adapter: Adapter) -> int:
     """The partner's payload limit (registry ``options.limits.max_record_bytes``)."""
-    partner = getattr(adapter, "partner", None)
-    limits = (getattr(partner, "options", None) or {}).get("limits") or {}
-    return int(limits.get("max_record_bytes") or DEFAULT_MAX_RECORD_BYTES)
+    return adapter.partner.options.limits.max_record_bytes
 
 
-def max_run_bytes(adapter: Any) -> int:
+def max_run_bytes(adapter: Adapter) -> int:
     """What one run may stage (registry ``options.limits.max_run_bytes``)."""
-    partner = getattr(adapter, "partner", None)
-    limits = (getattr(partner, "options", None) or {}).get("limits") or {}
-    return int(limits.get("max_run_bytes") or DEFAULT_MAX_RUN_BYTES)
+    return adapter.partner.options.limits.max_run_bytes
 
 
 def apply_changes(

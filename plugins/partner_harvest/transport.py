@@ -29,10 +29,11 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import requests
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_serializer, field_validator
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
@@ -46,42 +47,58 @@ MiB = 1024 * 1024
 READ_CHUNK = 64 * 1024  # decoded bytes per read: urllib3 >= 2.6 inflates no more than asked
 
 
-@dataclass(frozen=True)
-class HttpPolicy:
-    """How patient, and how trusting, to be with one partner (registry ``options.http``)."""
+_Seconds = Annotated[float, Field(strict=True)]
 
-    connect_timeout: float = 10.0
-    read_timeout: float = 120.0
-    retries: int = 5
-    backoff_factor: float = 2.0
-    backoff_max: float = 120.0
-    retry_after_cap: float = 300.0
-    # A Retry-After up to this many seconds is slept in the task (an OAI-PMH token chain
-    # lives on); a longer one ends the request with ServerAsksToWait, and the task gives
-    # its worker slot back until then (a reschedule) instead of holding it asleep.
-    max_wait_in_task: float = 60.0
-    user_agent: str = USER_AGENT
-    retry_statuses: frozenset[int] = RETRY_STATUSES
-    # The largest honest page we know (2,000 rich MARCXML/LIDO records) is well below this.
-    max_response_bytes: int = 64 * MiB
-    # Seconds one request may spend talking to the server (redirects included, the waits
-    # between urllib3's retries excluded: retries x retry_after_cap bound those).
-    request_deadline: float = 600.0
-    # libxml2 nodes of one XML page, counted before parsing (see xmlsafe.XmlLimits): about
-    # 250 MB of tree; honest pages hold one per ~20 bytes, so raise it with a cap past 40 MiB.
-    max_xml_nodes: int = 2_000_000
 
-    def __post_init__(self) -> None:
-        for name in ("max_response_bytes", "max_xml_nodes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"options.http.{name} must be a positive integer, got {value!r}")
-        wait = self.max_wait_in_task
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
-            raise ValueError(f"options.http.max_wait_in_task must be a number of seconds >= 0, got {wait!r}")
-        deadline = self.request_deadline
-        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or deadline <= 0:
-            raise ValueError(f"options.http.request_deadline must be a positive number of seconds, got {deadline!r}")
+class HttpPolicy(BaseModel):
+    """How patient, and how trusting, to be with one partner (registry ``options.http``).
+
+    A pydantic model: the registry validates ``options.http`` into this very object, so
+    each default and each rule lives here once. Strict: YAML ``'5'`` or ``yes`` is no number.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, title="options.http")
+
+    connect_timeout: Annotated[_Seconds, Field(gt=0, description=(
+        "seconds to wait for the partner's server to accept the connection"))] = 10.0
+    read_timeout: Annotated[_Seconds, Field(gt=0, description=(
+        "seconds to wait for the next bytes of a response"))] = 120.0
+    retries: Annotated[StrictInt, Field(ge=0, description=(
+        "retries of one request by the transport (statuses in retry_statuses, broken connections, "
+        "timeouts), with exponential backoff"))] = 5
+    backoff_factor: Annotated[_Seconds, Field(ge=0, description=(
+        "the first retry's backoff in seconds, doubling after each"))] = 2.0
+    backoff_max: Annotated[_Seconds, Field(ge=0, description="the longest backoff between two retries, in seconds")] = 120.0
+    retry_after_cap: Annotated[_Seconds, Field(ge=0, description=(
+        "a Retry-After longer than this many seconds is cut to it"))] = 300.0
+    max_wait_in_task: Annotated[_Seconds, Field(ge=0, description=(
+        "a Retry-After up to this many seconds is slept in the task (an OAI-PMH token chain lives on); "
+        "a longer one ends the request and the task gives its worker slot back until then (a reschedule) "
+        "instead of holding it asleep"))] = 60.0
+    user_agent: Annotated[StrictStr, Field(min_length=1, description="the User-Agent header sent")] = USER_AGENT
+    retry_statuses: frozenset[StrictInt] = Field(default=RETRY_STATUSES, description=(
+        "HTTP statuses the transport retries; default 429, 500, 502, 503, 504, and for Sierra 502, 503, 504 "
+        "(the Sierra client reads 500 and 429 itself: their bodies and waits carry Sierra's codes)"))
+    max_response_bytes: Annotated[StrictInt, Field(ge=1, description=(
+        "decoded bytes of one response body kept at most (a small gzip can expand to gigabytes); the "
+        "largest honest page known (2,000 rich MARCXML/LIDO records) is well below the default"))] = 64 * MiB
+    request_deadline: Annotated[_Seconds, Field(gt=0, description=(
+        "seconds one request may spend talking to the server, redirects included, the waits between the "
+        "transport's retries excluded (retries x retry_after_cap bound those); a server dripping one byte "
+        "at a time never trips read_timeout but trips this"))] = 600.0
+    max_xml_nodes: Annotated[StrictInt, Field(ge=1, description=(
+        "libxml2 nodes of one XML page, counted before parsing (about 250 MB of tree); honest pages hold "
+        "one per ~20 bytes, so raise it with max_response_bytes past 40 MiB"))] = 2_000_000
+
+    @field_validator("retry_statuses", mode="before")
+    @classmethod
+    def _statuses(cls, value: object) -> object:
+        """A YAML list of statuses is a set here."""
+        return frozenset(value) if isinstance(value, (list, tuple, set)) else value
+
+    @field_serializer("retry_statuses", when_used="json")
+    def _statuses_json(self, value: frozenset[int]) -> list[int]:
+        return sorted(value)
 
 
 # --------------------------------------------------------------------------- errors

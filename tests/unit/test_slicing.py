@@ -103,14 +103,14 @@ class SetCounter:
 
 def test_sets_that_add_up_to_the_whole_list_are_the_slices() -> None:
     counter = SetCounter({"a": 3_000, "b": 0, "c": 5_000}, whole=8_000)
-    pieces = plan_by_sets(full_window(), SliceSettings(threshold_records=2_000, sets=SETS), counter)
+    pieces = plan_by_sets(full_window(), SliceSettings(threshold_records=6_000, target_records=6_000, sets=SETS), counter)
     assert pieces == [{"from_": None, "until": UNTIL, "estimate": 3_000, "set_spec": "a"},
                       {"from_": None, "until": UNTIL, "estimate": 5_000, "set_spec": "c"}]  # an empty set: no slice
     assert counter.asked == [None, "a", "b", "c"]
 
 
 def test_sets_are_not_trusted_unless_their_counts_make_the_whole_list() -> None:
-    settings = SliceSettings(threshold_records=2_000, sets=SETS)
+    settings = SliceSettings(threshold_records=6_000, target_records=6_000, sets=SETS)
     for per_set, whole in [({"a": 3_000, "b": 1_000, "c": 3_000}, 8_000),   # a record in no set
                            ({"a": 3_000, "b": 2_000, "c": 4_000}, 8_000),   # a record in two
                            ({"a": 3_000, "b": None, "c": 5_000}, 8_000),    # a set without a count
@@ -121,7 +121,7 @@ def test_sets_are_not_trusted_unless_their_counts_make_the_whole_list() -> None:
 
 def test_a_small_list_or_a_short_window_stays_whole_whatever_the_sets() -> None:
     counter = SetCounter({"a": 500, "b": 500, "c": 500}, whole=1_500)
-    assert plan_by_sets(full_window(), SliceSettings(threshold_records=2_000, sets=SETS), counter) == []
+    assert plan_by_sets(full_window(), SliceSettings(threshold_records=6_000, target_records=6_000, sets=SETS), counter) == []
     assert counter.asked == [None]  # the sets are not even counted
     short = Window("incremental", UNTIL - timedelta(days=1), UNTIL, "seconds", True,
                    {"oai_granularity": "YYYY-MM-DDThh:mm:ssZ"})

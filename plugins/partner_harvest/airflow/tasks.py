@@ -21,6 +21,7 @@ from partner_harvest.airflow import assets
 from partner_harvest.airflow.connections import aggregation_conninfo, partner_endpoint
 from partner_harvest.airflow.cursor import advance_cursor, read_cursor
 from partner_harvest.errors import HarvestError, PartnerAsksToWait
+from partner_harvest.adapters import Adapter
 from partner_harvest.factory import build_adapter
 from partner_harvest.registry import Partner, RegistryError, get_partner
 from partner_harvest import quality
@@ -252,9 +253,9 @@ def _alert_clock_behind(partner: Partner, context: dict[str, Any], behind: dict[
                {"kind": "clock_behind", "partner": partner.id, "dag_id": partner.dag_id, **behind})
 
 
-def extra_channels(adapter: object) -> tuple[str, ...]:
+def extra_channels(adapter: Adapter) -> tuple[str, ...]:
     """Channels with cursors of their own (Sierra's deletion poll)."""
-    return ("deletions",) if hasattr(adapter, "poll_deletions") else ()
+    return adapter.extra_channels
 
 
 def _stage_channel(partner_id: str, window_data: dict[str, Any], context: dict[str, Any], channel: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from contextlib import closing
 from datetime import datetime, timedelta
 from typing import Any
 
-from partner_harvest.adapters import ItemSink, PartnerClock
+from partner_harvest.adapters import Adapter, ItemSink, PartnerClock
 from partner_harvest.errors import HarvestError, PartnerProtocolError
 from partner_harvest.formats.checks import policy_of
 from partner_harvest.oai import parse, slicing
@@ -35,23 +35,22 @@ class TokenRestartsExhausted(HarvestError):
     """The repository kept expiring tokens; the window never completed."""
 
 
-class OaiAdapter:
+class OaiAdapter(Adapter):
     """Harvests one OAI-PMH partner through an :class:`OaiClient`."""
 
     fetch_chunk = 100  # GetRecord is one request per id; the chunk only bounds memory
-    # Halvings of a refused window before the run fails: 12 levels cut a year into ~2 h pieces.
-    max_window_splits = 12
 
     def __init__(self, partner: Partner, client: OaiClient):
-        self.partner = partner
-        self.partner_id = partner.id
+        super().__init__(partner)
         self.client = client
-        client.validation = policy_of(partner.options)  # registry options.validation; the client parses
-        budget = (partner.options or {}).get("reconcile") or {}  # registry options.reconcile
-        self.verify_limit = int(budget.get("verify_limit", type(self).verify_limit))
-        self.bulk_missing_threshold = int(budget.get("bulk_missing_threshold", type(self).bulk_missing_threshold))
-        oai_options = (partner.options or {}).get("oai") or {}
-        self.max_window_splits = int(oai_options.get("max_window_splits", type(self).max_window_splits))
+        client.validation = policy_of(partner.options.validation)  # the client parses
+        # Halvings of a refused window before the run fails (registry options.oai).
+        self.max_window_splits = partner.options.oai.max_window_splits
+        # The reconcile's budget (registry options.reconcile): vanished candidates verified by
+        # GetRecord per reconcile (the rest wait for the next), and the number of missing
+        # records above which one ListRecords stream fetches them instead of GetRecord each.
+        self.verify_limit: int | None = partner.options.reconcile.verify_limit
+        self.bulk_missing_threshold: int | None = partner.options.reconcile.bulk_missing_threshold
 
     def clock(self) -> PartnerClock:
         identify = self.client.identify()
@@ -233,7 +232,7 @@ class OaiAdapter:
                 f"completeListSize={expected} on the last page; fetched {stats.fetched} "
                 f"({stats.records} records, {stats.tombstones} deleted, {stats.rejected} rejected)",
             ))
-        if (self.partner.options.get("completeness") or {}).get("list_identifiers"):
+        if self.partner.options.completeness.list_identifiers:
             checks.append(self._list_identifiers_check(prefix, until, stats, from_, set_spec))
         checks.sort(key=lambda check: check[3], reverse=True)
         return checks
@@ -271,12 +270,6 @@ class OaiAdapter:
         return ("oai-list-identifiers", listed, stats.fetched, ok, detail)
 
     # -- reconcile -------------------------------------------------------------------
-
-    # The registry's options.reconcile defaults (registry.ReconcileOptions): vanished candidates
-    # verified by GetRecord per reconcile (the rest wait for the next), and the number of missing
-    # records above which one ListRecords stream fetches them instead of GetRecord each.
-    verify_limit: int = ReconcileOptions.model_fields["verify_limit"].default
-    bulk_missing_threshold: int = ReconcileOptions.model_fields["bulk_missing_threshold"].default
 
     def sweep_ids(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
         """Every header the partner lists now (ListIdentifiers: cheap, headers only).

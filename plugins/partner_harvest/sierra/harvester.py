@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from datetime import date, datetime, time as dtime, timedelta, timezone
 from typing import Any, NamedTuple, TypeVar
 
-from partner_harvest.adapters import ItemSink, PartnerClock, StagingSink
+from partner_harvest.adapters import Adapter, ItemSink, PartnerClock, StagingSink
 from partner_harvest.errors import ConfigurationError, HarvestError, HarvestLoopError, PartnerAsksToWait
 from partner_harvest.formats.checks import policy_of
 from partner_harvest.records import HarvestItem, HarvestStats, Rejected, Tombstone
@@ -51,18 +51,9 @@ TRUNCATION_SUSPECT = 0.95  # records this close to the ceiling may have lost the
 # Record numbers have no fixed width: 7 digits on most catalogues, 8 on large ones
 # (907 $a ".b116512684"). Nothing here assumes a highest id: the export ends on 404/107
 # or an empty block, and the slice plan probes upwards for the highest id.
-RESERVED_EXPORT_PARAMS = frozenset({"id", "limit", "offset"})  # the keyset owns these
 CHECK_KIND = "sierra-id-enumeration"
 MISSING_BATCH = 500  # missing ids read back from PostgreSQL at a time (fetched 25 per request)
 _RAW_907 = re.compile(rb"\x1fa\.b(\d+)[\dx]", re.IGNORECASE)
-
-
-def _option(container: Any, key: str, default: Any = None) -> Any:
-    """A registry option from a mapping or a typed (pydantic) model alike."""
-    if container is None:
-        return default
-    value = container.get(key) if isinstance(container, Mapping) else getattr(container, key, None)
-    return default if value is None else value
 
 
 def sierra_timestamp(value: datetime) -> str:
@@ -79,41 +70,34 @@ def end_of_day(day: date) -> datetime:
     return datetime.combine(day, dtime(23, 59, 59, 999_999), tzinfo=timezone.utc)
 
 
-class SierraAdapter:
+class SierraAdapter(Adapter):
     """Harvests one Sierra catalogue through a :class:`SierraClient`."""
+
+    extra_channels = ("deletions",)  # the deletion poll, on its own day cursor
 
     fetch_chunk = 25  # ids per bibs?id=a,b,c request: long id lists fail on real servers
     fast_marc = True  # False: every export record through pymarc (the benchmark's baseline)
     isolated_bibs = 0  # bibs the export could not build (code 135), fetched or quarantined one by one
 
     def __init__(self, partner: Partner, client: SierraClient, *, sleep: Callable[[float], None] = time.sleep):
-        self.partner = partner
-        self.partner_id = partner.id
+        super().__init__(partner)
         self.client = client
         self.sleep = sleep
-        self.validation = policy_of(partner.options)  # registry options.validation
+        self.validation = policy_of(partner.options.validation)
         self.fields = tuple(partner.fields) or DEFAULT_FIELDS
         missing = [f for f in REQUIRED_FIELDS if f not in self.fields]
         if missing:
             raise ConfigurationError(partner.id, "registry", f"'fields' must include {', '.join(missing)}")
-        export = _option(partner.options, "export")
+        export = partner.options.export
         # Above Sierra's 2000 the client pages at 2000: the loop never compares with the limit.
-        self.export_limit = int(_option(export, "limit", partner.page_size))
-        if self.export_limit < 1:
-            raise ConfigurationError(partner.id, "registry", "options.export.limit must be >= 1")
-        self.rate_limit_wait = float(_option(export, "rate_limit_wait", 300))
-        self.max_rate_limit_waits = int(_option(export, "max_rate_limit_waits", 12))
-        self.max_sleep_seconds = float(_option(export, "max_sleep_seconds", 30))
+        self.export_limit = export.limit or partner.page_size
+        self.rate_limit_wait = export.rate_limit_wait
+        self.max_rate_limit_waits = export.max_rate_limit_waits
+        self.max_sleep_seconds = export.max_sleep_seconds
         self.now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
-        # Extra export query parameters (mapping, locations...) come ONLY from options.export.params.
-        params = _option(export, "params", {})
-        if not isinstance(params, Mapping):
-            raise ConfigurationError(partner.id, "registry", "options.export.params must be a mapping")
-        reserved = sorted(RESERVED_EXPORT_PARAMS & set(params))
-        if reserved:
-            raise ConfigurationError(partner.id, "registry",
-                                     f"options.export.params must not set {', '.join(reserved)} (the export keyset owns them)")
-        self.export_params = {str(k): str(v) for k, v in params.items()}
+        # Extra export query parameters (mapping, locations...) come ONLY from options.export.params
+        # (the registry refuses the keyset's own: registry.RESERVED_EXPORT_PARAMS).
+        self.export_params = {str(k): str(v) for k, v in export.params.items()}
 
     # -- window ----------------------------------------------------------------------
 

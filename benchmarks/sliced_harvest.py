@@ -47,7 +47,8 @@ def child(args: argparse.Namespace) -> None:
     with connect(args.db) as conn:
         if args.step == "plan":
             window = pipeline.freeze_window(adapter, partner.lag, None, pipeline.RunRequest("incremental"))
-            pieces = pipeline.plan_slices(adapter, conn, args.partner, args.run_id, window, partner.slicing)
+            pieces = pipeline.pieces(pipeline.plan_slices(adapter, conn, args.partner, args.run_id, window,
+                                                          partner.slicing))
             print(json.dumps({"window": window.to_dict(), "pieces": pieces}))
         elif args.step == "piece":
             window = Window.from_dict(json.loads(args.window))

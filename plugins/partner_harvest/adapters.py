@@ -10,13 +10,13 @@ describes the contract and how a third protocol plugs in.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from partner_harvest.records import HarvestItem, HarvestStats
-from partner_harvest.window import Window
+from partner_harvest.window import ChannelPlan, Slice, Window
 
 if TYPE_CHECKING:
     import psycopg
@@ -29,6 +29,18 @@ class ItemSink(Protocol):
     """Where harvested pages go (the staging table in production)."""
 
     def write_page(self, items: list[HarvestItem]) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+# One row of the reconcile's sweep: (identifier, datestamp or None, deleted).
+SweptId = tuple[str, "datetime | None", bool]
+
+
+class IdSink(Protocol):
+    """Where the reconcile's sweep goes (store.reconcile.IdSweepWriter)."""
+
+    def write_page(self, headers: list[SweptId]) -> None: ...
 
     def reset(self) -> None: ...
 
@@ -50,11 +62,8 @@ class PartnerClock:
     protocol: dict[str, Any] = field(default_factory=dict)
 
 
-# What plan_slices returns: one mapping per slice, with ``until`` and any of ``from_``,
-# ``lo``/``hi`` (an id range), ``set_spec``, ``estimate`` (pipeline.plan_slices records them).
-SlicePlan = Mapping[str, Any]
-# What plan_channels returns: channel name -> its own window (``from``, ``until``, facts).
-ChannelPlans = dict[str, dict[str, Any]]
+# What plan_channels returns: channel name -> its own window.
+ChannelPlans = dict[str, ChannelPlan]
 # What verify_vanished returns: each identifier with the partner's answer (None: gone).
 Verdicts = list[tuple[str, HarvestItem | None]]
 
@@ -105,7 +114,7 @@ class Adapter(ABC):
         """Stream the window's changes page by page into ``sink`` (a slice's window too)."""
 
     @abstractmethod
-    def sweep_ids(self, window: Window, sink: Any, stats: HarvestStats) -> None:
+    def sweep_ids(self, window: Window, sink: IdSink, stats: HarvestStats) -> None:
         """The reconcile's sweep: every identifier the partner holds now, as
         ``(identifier, datestamp or None, deleted)`` rows written page by page into ``sink``."""
 
@@ -115,7 +124,7 @@ class Adapter(ABC):
 
     # -- may --------------------------------------------------------------------------
 
-    def plan_channels(self, window: Window, cursors: Mapping[str, datetime | None]) -> ChannelPlans:
+    def plan_channels(self, window: Window, cursors: dict[str, datetime | None]) -> ChannelPlans:
         """The own window of each of :attr:`extra_channels`, from its cursor; default none."""
         return {}
 
@@ -123,7 +132,7 @@ class Adapter(ABC):
         """Stream the ``deletions`` channel; called only when :attr:`extra_channels` names it."""
         raise NotImplementedError(f"{type(self).__name__} has no deletions channel")
 
-    def plan_slices(self, window: Window, settings: SliceSettings) -> Sequence[SlicePlan]:
+    def plan_slices(self, window: Window, settings: SliceSettings) -> Sequence[Slice]:
         """How to cut a big window into slices (registry ``slicing``); default: never (whole)."""
         return []
 

@@ -7,11 +7,11 @@ from typing import Any
 
 from partner_harvest.adapters import Adapter
 from partner_harvest.errors import ConfigurationError
-from partner_harvest.transport import HttpPolicy, Transport, build_session
 from partner_harvest.oai.chain_caps import ChainCaps
 from partner_harvest.oai.client import OaiClient
 from partner_harvest.oai.harvester import OaiAdapter
 from partner_harvest.registry import Partner
+from partner_harvest.transport import HttpPolicy, Transport, build_session
 from partner_harvest.xmlsafe import XmlLimits
 
 

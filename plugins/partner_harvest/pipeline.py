@@ -20,7 +20,6 @@ from partner_harvest.errors import HarvestError, PartnerAsksToWait
 from partner_harvest.records import HarvestStats
 from partner_harvest.registry import SliceSettings
 from partner_harvest.store import (
-    DEFAULT_MAX_RECORD_BYTES,
     ApplyResult,
     RunRef,
     StagingWriter,
@@ -31,13 +30,21 @@ from partner_harvest.store import (
     fail_run,
     finish_harvest,
     record_check,
+    slices,
 )
-from partner_harvest.store import slices
 from partner_harvest.store.apply import StagingIncomplete
-from partner_harvest.store.staging import DEFAULT_MAX_RUN_BYTES
-from partner_harvest.store.slices import Resumable
 from partner_harvest.store.runs import last_applied_until
-from partner_harvest.window import Window, channel_window, format_instant, plan_window
+from partner_harvest.store.slices import Resumable
+from partner_harvest.window import (
+    ClockBehind,
+    Slice,
+    SliceFacts,
+    Window,
+    WindowFacts,
+    channel_window,
+    format_instant,
+    plan_window,
+)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)  # 'from the start' for a channel's own cursor
 
@@ -93,27 +100,26 @@ def freeze_window(
         requested_until=request.requested_until,
         may_advance_cursor=request.may_advance_cursor,
     )
-    window = replace(window, protocol={**clock.protocol, "partner_clock": format_instant(clock.now)})
+    facts = WindowFacts.model_validate({**clock.protocol, "partner_clock": clock.now, "clock_regressed": regressed})
     if regressed:
-        window.protocol["clock_regressed"] = True
         if not behind:
             log.warning("%s: the partner's clock %s is still behind the highest clock or record datestamp an applied "
                         "run saw (%s) by more than the lag %s: versions it stamps now may be older than versions held, "
                         "so this run's versions are ordered by when we observed them. If no clock was ever that far "
                         "ahead, a record is stamped in the future: this repeats until the partner's clock passes it",
-                        adapter.partner_id, format_instant(clock.now), format_instant(clock_high_water), lag)
-    if behind:
-        window.protocol["clock_behind_cursor"] = {
-            "clock": format_instant(clock.now), "cursor": format_instant(cursor_until),
-        }
+                        adapter.partner_id, format_instant(clock.now),
+                        format_instant(clock_high_water) if clock_high_water else "?", lag)
+    if behind and cursor_until is not None:
+        facts = facts.with_(clock_behind_cursor=ClockBehind(clock=format_instant(clock.now),
+                                                            cursor=format_instant(cursor_until)))
         channel_cursors = {name: EPOCH for name in (channel_cursors or {})}
+    window = replace(window, protocol=facts)
     channels = adapter.plan_channels(window, channel_cursors or {})
-    if channels:
-        for plan in channels.values():  # each channel's audit row remembers the clock too
-            plan.setdefault("partner_clock", window.protocol["partner_clock"])
-            if regressed:
-                plan["clock_regressed"] = True
-        window.protocol["channels"] = channels
+    if channels:  # each channel's audit row remembers the clock too
+        window = window.with_facts(channels={
+            name: plan.model_copy(update={"partner_clock": plan.partner_clock or clock.now,
+                                          "clock_regressed": plan.clock_regressed or regressed})
+            for name, plan in channels.items()})
     log.info("%s: frozen %s", adapter.partner_id, window.describe())
     return window
 
@@ -164,7 +170,7 @@ def _stage(
     stats = HarvestStats()
     if resume is None:
         # An unsliced Sierra export keeps an unfinished try's staging (Adapter.resumes_staging).
-        attempt = begin_run(conn, run, audit_window or window, window.protocol.get("metadata_prefix"),
+        attempt = begin_run(conn, run, audit_window or window, window.protocol.metadata_prefix,
                             keep_staging=adapter.resumes_staging(run.channel, window))
     else:  # a Sierra slice picks up where it failed, with what it staged before
         attempt = slices.reopen(conn, run)
@@ -180,7 +186,7 @@ def _stage(
         fail_run(conn, run, _one_line(exc), attempt, "waiting" if isinstance(exc, PartnerAsksToWait) else "failed")
         raise
     finish_harvest(conn, run, stats, attempt)
-    for check in stats.extra.get("checks", ()):  # second witnesses the adapter ran (I12)
+    for check in stats.checks:  # second witnesses the adapter ran (I12)
         record_check(conn, run, *check, attempt=attempt)
     if stats.complete_list_size is not None and stats.complete_list_size != stats.fetched:
         log.warning(
@@ -197,7 +203,7 @@ def _stage(
 
 # -- slices (issue 9) ---------------------------------------------------------------------
 
-WHOLE = {"channel": slices.PARENT}  # the plan of a run that is not sliced: one piece, the window
+WHOLE = {"channel": slices.PARENT}  # the plan of a run that is not sliced: one piece, the window (XCom)
 
 
 def plan_slices(
@@ -206,25 +212,27 @@ def plan_slices(
 ) -> list[dict[str, Any]]:
     """Decide whether the run is harvested whole or as slices, and record the plan.
 
-    Returns the pieces the mapped harvest task runs over: ``[{"channel": "changes"}]`` for
-    a window that stays whole (the unsliced path), else one ``{"channel": "changes/00N",
-    ...}`` per slice. The slices' rows are written ``planned`` in one transaction, so the
-    apply refuses until every one of them harvested (I4).
+    Returns the slices planned (none: the window stays whole, the unsliced path), each with
+    its channel ``changes/00N``; :func:`pieces` turns them into what the mapped harvest task
+    runs over. The slices' rows are written ``planned`` in one transaction, so the apply
+    refuses until every one of them harvested (I4).
     """
     ensure_schema(conn)
-    planned = adapter.plan_slices(window, settings)
+    planned = list(adapter.plan_slices(window, settings))
     if len(planned) < 2:
         planned = []
-    bounds = [slices.SliceBounds(slices.slice_channel(i + 1), p.get("from_"), p["until"], p.get("lo"), p.get("hi"),
-                                 p.get("estimate"), p.get("set_spec")) for i, p in enumerate(planned)]
-    slices.write_plan(conn, partner_id, run_id, window, window.protocol.get("metadata_prefix"), bounds)
-    if not bounds:
-        return [dict(WHOLE)]
-    log.info("%s: %s harvested as %d slices: %s", partner_id, window.describe(), len(bounds),
-             "; ".join(_describe_slice(b) for b in bounds))
-    return [{"channel": b.channel, "from": format_instant(b.from_) if b.from_ else None,
-             "until": format_instant(b.until), "lo": b.lo, "hi": b.hi, "set": b.set_spec, "estimate": b.estimate}
-            for b in bounds]
+    bounds = [p.model_copy(update={"channel": slices.slice_channel(i + 1)}) for i, p in enumerate(planned)]
+    slices.write_plan(conn, partner_id, run_id, window, window.protocol.metadata_prefix, bounds)
+    if bounds:
+        log.info("%s: %s harvested as %d slices: %s", partner_id, window.describe(), len(bounds),
+                 "; ".join(_describe_slice(b) for b in bounds))
+    return bounds
+
+
+def pieces(planned: list[Slice]) -> list[dict[str, Any]]:
+    """What the mapped harvest task runs over, as JSON (XCom): ``[{"channel": "changes"}]``
+    for a window that stays whole, else one slice (``{"channel": "changes/00N", ...}``) each."""
+    return [s.to_json() for s in planned] if planned else [dict(WHOLE)]
 
 
 def _describe_slice(bounds: slices.SliceBounds) -> str:
@@ -239,9 +247,9 @@ def _describe_slice(bounds: slices.SliceBounds) -> str:
 
 def slice_window(window: Window, bounds: slices.SliceBounds, resume_at: int | None = None) -> Window:
     """The sub-window one slice harvests: its own range, the run's frozen facts."""
-    piece = {"channel": bounds.channel, "lo": bounds.lo, "hi": bounds.hi, "set": bounds.set_spec,
-             "resume_at": resume_at, "of_full": window.is_full}  # a slice of a full harvest proves its own range (I12)
-    return replace(window, from_=bounds.from_, until=bounds.until, protocol={**window.protocol, "slice": piece})
+    piece = SliceFacts(channel=bounds.channel, lo=bounds.lo, hi=bounds.hi, set_spec=bounds.set_spec,
+                       resume_at=resume_at, of_full=window.is_full)  # a slice of a full harvest proves its own range (I12)
+    return replace(window, from_=bounds.from_, until=bounds.until, protocol=window.protocol.with_(slice=piece))
 
 
 def harvest_piece(

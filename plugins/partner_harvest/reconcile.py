@@ -25,7 +25,7 @@ from partner_harvest.records import HarvestStats, Tombstone
 from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, ensure_schema, fail_run, finish_harvest
 from partner_harvest.store import reconcile as sql
-from partner_harvest.window import Window
+from partner_harvest.window import Window, WindowFacts
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +65,9 @@ def reconcile(
     """Sweep, plan, guard, fetch what is missing, and apply it all in one transaction."""
     ensure_schema(conn)
     clock = adapter.clock()
-    window = Window("reconcile", None, clock.now, clock.granularity, False, dict(clock.protocol))
+    window = Window("reconcile", None, clock.now, clock.granularity, False, WindowFacts.model_validate(clock.protocol))
     run = RunRef(partner.id, run_id, CHANNEL)
-    begin_run(conn, run, window, window.protocol.get("metadata_prefix"))
+    begin_run(conn, run, window, window.protocol.metadata_prefix)
     sweep = sql.IdSweepWriter(conn, partner.id, run_id)
     sweep.reset()
     stats = HarvestStats()
@@ -157,7 +157,7 @@ def _fetch_missing(
         if missing > threshold:
             bulk = True
             since = None if undated or oldest is None else oldest
-            span = Window("reconcile", since, window.until, window.granularity, False, dict(window.protocol))
+            span = Window("reconcile", since, window.until, window.granularity, False, window.protocol)
             log.info("%s: %d records missing; fetching them with one list stream: %s",
                      partner.id, missing, span.describe())
             sink = sql.MissingOnlySink(conn, writer, partner.id)

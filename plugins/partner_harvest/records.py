@@ -56,6 +56,11 @@ class Rejected:
 HarvestItem = Union[Record, Tombstone, Rejected]
 
 
+# A completeness check (I12) an adapter ran: (kind, expected, found, ok, detail), recorded
+# on the channel's audit row by the pipeline (store.runs.record_check).
+Check = tuple[str, "int | None", "int | None", bool, str]
+
+
 @dataclass(slots=True)
 class HarvestStats:
     """Running totals of one harvest channel; becomes the ``harvest_runs`` row."""
@@ -67,7 +72,8 @@ class HarvestStats:
     rejected: int = 0
     complete_list_size: int | None = None
     restarts: int = 0
-    extra: dict[str, object] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)  # second witnesses (I12) the adapter ran
+    cleaned_pages: int = 0  # OAI-PMH pages whose XML had to be cleaned before it parsed
 
     def add(self, item: HarvestItem) -> None:
         self.fetched += 1

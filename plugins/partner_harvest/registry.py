@@ -9,11 +9,9 @@ the partner and the field. Only a file that cannot be read at all fails as a who
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -29,9 +27,8 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
-    WithJsonSchema,
     ValidationInfo,
-    create_model,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )

@@ -29,6 +29,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
@@ -36,7 +37,8 @@ import requests
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_serializer, field_validator
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.connectionpool import ConnectionPool, HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.response import BaseHTTPResponse
 from urllib3.util.retry import Retry
 
 log = logging.getLogger(__name__)
@@ -198,7 +200,7 @@ class _DeadlineResponse(http.client.HTTPResponse):
         deadline = _DEADLINE.get()
         if deadline is not None and isinstance(self.fp, io.BufferedReader):
             raw = self.fp.detach()  # detach: the old reader must not close the socket file
-            self.fp = io.BufferedReader(_DeadlineReader(raw, sock, deadline))  # type: ignore[arg-type]
+            self.fp = io.BufferedReader(_DeadlineReader(raw, sock, deadline))
 
 
 class _HTTPConnection(HTTPConnection):
@@ -239,7 +241,7 @@ class CappedRetry(Retry):
         kw.setdefault("retry_after_cap", self.retry_after_cap)
         kw.setdefault("max_wait_in_task", self.max_wait_in_task)
         kw.setdefault("label", self.label)
-        return super().new(**kw)  # type: ignore[return-value]
+        return super().new(**kw)
 
     def parse_retry_after(self, retry_after: str) -> float:
         return min(super().parse_retry_after(retry_after), self.retry_after_cap)
@@ -269,7 +271,15 @@ class CappedRetry(Retry):
             if deadline is not None:
                 deadline.extend(time.monotonic() - started)
 
-    def increment(self, method=None, url=None, response=None, error=None, _pool=None, _stacktrace=None):  # type: ignore[override]
+    def increment(
+        self,
+        method: str | None = None,
+        url: str | None = None,
+        response: BaseHTTPResponse | None = None,
+        error: Exception | None = None,
+        _pool: ConnectionPool | None = None,
+        _stacktrace: TracebackType | None = None,
+    ) -> CappedRetry:
         new = super().increment(method, url, response, error, _pool, _stacktrace)
         cause = f"HTTP {response.status}" if response is not None else f"{type(error).__name__}: {error}"
         beyond = self._asked_beyond_task(response)
@@ -420,7 +430,7 @@ class PartnerAdapter(HTTPAdapter):
             if size > cap:
                 raise self._too_large(response, f"stopped reading after {size:,} bytes")
             body.write(chunk)
-        response._content = body.getvalue()  # type: ignore[attr-defined]
+        response._content = body.getvalue()
         response._content_consumed = True  # type: ignore[attr-defined]
 
     def _too_large(self, response: requests.Response, detail: str) -> ResponseTooLarge:
@@ -458,8 +468,8 @@ class PartnerSession(requests.Session):
         self.deadline = deadline
         self.transport = transport or Transport()
         self.verify = self.transport.verify
-        self.cert = self.transport.cert  # type: ignore[assignment]
-        self.proxies = dict(self.transport.proxies)  # type: ignore[assignment]
+        self.cert = self.transport.cert
+        self.proxies = dict(self.transport.proxies)
 
     def request(self, method: str, url: str, **kwargs: Any) -> requests.Response:  # type: ignore[override]
         kwargs.setdefault("timeout", self.default_timeout)
@@ -487,7 +497,7 @@ class PartnerSession(requests.Session):
         finally:
             _DEADLINE.reset(token)
 
-    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
         """Every hop passes here: credentials go to the partner's origin and nowhere else."""
         if self.home is not None and "Authorization" in request.headers:
             target = origin(request.url or "")

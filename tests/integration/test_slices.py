@@ -52,7 +52,8 @@ class Run:
                  mode: str = "incremental"):
         self.conn, self.partner, self.make, self.run_id = conn, partner, adapter_factory, run_id
         self.window = pipeline.freeze_window(self.make(), partner.lag, None, pipeline.RunRequest(mode))
-        self.pieces = pipeline.plan_slices(self.make(), conn, partner.id, run_id, self.window, partner.slicing)
+        self.pieces = pipeline.pieces(pipeline.plan_slices(self.make(), conn, partner.id, run_id, self.window,
+                                                           partner.slicing))
 
     def harvest(self, channel: str):
         return pipeline.harvest_piece(self.make(), self.conn, self.partner.id, self.run_id, self.window, channel)
@@ -508,7 +509,7 @@ def test_a_long_sierra_change_poll_is_sliced_by_updated_date(conn, sierra) -> No
     catalogue.advance_clock(86400 * 5)
     edited = catalogue.edit(30)
     window = pipeline.freeze_window(adapter(), partner.lag, cursor, pipeline.RunRequest("incremental"))
-    pieces = pipeline.plan_slices(adapter(), conn, partner.id, "run-3", window, partner.slicing)
+    pieces = pipeline.pieces(pipeline.plan_slices(adapter(), conn, partner.id, "run-3", window, partner.slicing))
     assert len(pieces) == 3  # five days and ten minutes in pieces of two days
     rows = {r["channel"]: r for r in slice_rows(conn, partner.id, "run-3")}
     assert rows["changes/001"]["window_from"] == window.from_ and rows["changes/003"]["window_until"] == window.until

@@ -66,10 +66,9 @@ def recognise_psycopg3_lock_errors() -> bool:
     wraps it), so a release that reads ``sqlstate`` itself is left alone. Modules that
     imported the function by name (the scheduler, the dag processor, backfills) are rebound.
     """
+    import airflow.utils.sqlalchemy as airflow_sqlalchemy
     import psycopg
     from sqlalchemy.exc import OperationalError
-
-    import airflow.utils.sqlalchemy as airflow_sqlalchemy
 
     current = airflow_sqlalchemy.is_lock_not_available_error
     if getattr(current, "_partner_harvest_compat", False):

@@ -24,8 +24,7 @@ from partner_harvest.airflow.dag_factory import START_DATE
 from partner_harvest.airflow.tasks import aggregation
 from partner_harvest.feed import export_jsonl
 from partner_harvest.registry import RegistryError, load_registry
-from partner_harvest.store import ensure_schema
-from partner_harvest.store import feed
+from partner_harvest.store import ensure_schema, feed
 
 log = logging.getLogger(__name__)
 

@@ -16,19 +16,17 @@ from typing import Any, NoReturn, TypeVar
 import psycopg
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
-from partner_harvest import pipeline
+from partner_harvest import pipeline, quality
+from partner_harvest.adapters import Adapter
 from partner_harvest.airflow import assets
 from partner_harvest.airflow.connections import aggregation_conninfo, partner_endpoint
 from partner_harvest.airflow.cursor import advance_cursor, read_cursor
-from partner_harvest.errors import HarvestError, PartnerAsksToWait
-from partner_harvest.adapters import Adapter
-from partner_harvest.factory import build_adapter
-from partner_harvest.registry import Partner, RegistryError, get_partner
-from partner_harvest import quality
 from partner_harvest.airflow.notifiers import failure_fields, send_alert
+from partner_harvest.errors import HarvestError, PartnerAsksToWait
+from partner_harvest.factory import build_adapter
 from partner_harvest.reconcile import reconcile
-from partner_harvest.store import RunRef, connect, ensure_schema
-from partner_harvest.store import events, fences, leases, runs
+from partner_harvest.registry import Partner, RegistryError, get_partner
+from partner_harvest.store import RunRef, connect, ensure_schema, events, fences, leases, runs
 from partner_harvest.store.quality import run_figures
 from partner_harvest.store.runs import abandon_stale_runs, clock_high_water, last_applied_until
 from partner_harvest.window import Window, WindowError, channel_window, parse_instant
@@ -220,10 +218,10 @@ def freeze_window(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
                         for name in extra_channels(adapter)}
             high_water = clock_high_water(conn, partner_id)
         window = pipeline.freeze_window(adapter, partner.lag, cursor, request, channels, high_water)
-        window.protocol["epoch"] = keeper.fence.epoch  # every later write of the run is fenced by it
+        window = window.with_facts(epoch=keeper.fence.epoch)  # every later write of the run is fenced by it
         empty = _empty_window(partner_id, window, request)
         if empty is None:
-            behind = window.protocol.get("clock_behind_cursor")
+            behind = window.protocol.clock_behind_cursor
             if behind:
                 _alert_clock_behind(partner, context, behind)
             return window.to_dict()
@@ -289,7 +287,8 @@ def plan_slices(partner_id: str, window_data: dict[str, Any], context: dict[str,
     with hold_lease(partner_id, context, window_data=window_data) as keeper:
         adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
         with aggregation(keeper.fence) as conn:
-            return pipeline.plan_slices(adapter, conn, partner_id, run_key(context), window, partner.slicing)
+            planned = pipeline.plan_slices(adapter, conn, partner_id, run_key(context), window, partner.slicing)
+    return pipeline.pieces(planned)  # JSON here, at the XCom boundary
 
 
 @_fail_fast
@@ -336,7 +335,7 @@ def move_cursor(partner_id: str, window_data: dict[str, Any], context: dict[str,
     with hold_lease(partner_id, context, window_data=window_data) as keeper, aggregation(keeper.fence) as conn:
         with fences.fenced(conn, f"cursor move of run {run_id}"):
             moved = {"changes": advance_cursor(partner_id, window, run_id)}
-            for channel in window.protocol.get("channels") or {}:
+            for channel in window.protocol.channels:
                 moved[channel] = advance_cursor(partner_id, channel_window(window, channel), run_id, channel)
     release_lease(partner_id, run_key(context))
     return moved

@@ -113,9 +113,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the upserts commit on their own, before the purge"),
     # I5 -- bounded memory
     M("I5-page-by-page", "oai/harvester.py",
-      "            sink.write_page(page.items)\n",
+      "            sink.write_page(items)\n",
       "            held_back = locals().get('held_back') or []\n"
-      "            held_back.extend(page.items)\n"
+      "            held_back.extend(items)\n"
       "            if not page.token:\n"
       "                sink.write_page(held_back)\n",
       (GUARDS + "test_each_page_is_staged_before_the_next_is_requested",),

@@ -53,18 +53,18 @@ def build_adapter(partner: Partner, endpoint: Endpoint) -> Adapter:
     policy = http_policy(partner)
     session = build_session(partner.id, policy, home=endpoint.base_url, transport=transport(partner, endpoint))
     if partner.protocol == "oai-pmh":
-        client = OaiClient(partner.id, endpoint.base_url, session, xml_limits=XmlLimits(policy.max_xml_nodes),
-                           caps=ChainCaps.from_limits(partner.options.limits))
-        return OaiAdapter(partner, client)
+        oai = OaiClient(partner.id, endpoint.base_url, session, xml_limits=XmlLimits(policy.max_xml_nodes),
+                        caps=ChainCaps.from_limits(partner.options.limits))
+        return OaiAdapter(partner, oai)
     if partner.protocol == "sierra":
         # Imported here: an OAI-PMH worker process (a slice's) need not load the Sierra stack.
         from partner_harvest.sierra.client import SierraClient
         from partner_harvest.sierra.harvester import SierraAdapter
 
-        sierra = partner.options.sierra
-        client = SierraClient(partner.id, endpoint.base_url, session, endpoint.login or "", endpoint.password or "",
-                              refresh_margin=sierra.refresh_margin, server_error_tries=sierra.server_error_tries,
-                              server_error_backoff=sierra.server_error_backoff,
+        options = partner.options.sierra
+        sierra = SierraClient(partner.id, endpoint.base_url, session, endpoint.login or "", endpoint.password or "",
+                              refresh_margin=options.refresh_margin, server_error_tries=options.server_error_tries,
+                              server_error_backoff=options.server_error_backoff,
                               transport_retries=policy.retry_statuses)
-        return SierraAdapter(partner, client)
+        return SierraAdapter(partner, sierra)
     raise ConfigurationError(partner.id, "registry", f"protocol {partner.protocol!r} is not supported yet")

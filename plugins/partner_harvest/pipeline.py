@@ -85,7 +85,7 @@ def freeze_window(
     clock = adapter.clock()
     behind = request.mode == "incremental" and cursor_until is not None and clock.now < cursor_until - lag
     regressed = behind or (clock_high_water is not None and clock.now < clock_high_water - lag)
-    if behind:
+    if behind and cursor_until is not None:
         log.warning("%s: the partner's clock %s is behind the cursor %s by more than the lag %s: its changes since "
                     "the jump carry stamps before the cursor, so this run harvests the whole list up to the "
                     "partner's clock (and every channel from the start)", adapter.partner_id,
@@ -209,7 +209,7 @@ WHOLE = {"channel": slices.PARENT}  # the plan of a run that is not sliced: one 
 def plan_slices(
     adapter: Adapter, conn: psycopg.Connection, partner_id: str, run_id: str, window: Window,
     settings: SliceSettings,
-) -> list[dict[str, Any]]:
+) -> list[Slice]:
     """Decide whether the run is harvested whole or as slices, and record the plan.
 
     Returns the slices planned (none: the window stays whole, the unsliced path), each with

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Union
 
 from partner_harvest.formats.checks import Finding
 
@@ -53,7 +52,7 @@ class Rejected:
     metadata_prefix: str | None = None
 
 
-HarvestItem = Union[Record, Tombstone, Rejected]
+HarvestItem = Record | Tombstone | Rejected
 
 
 # A completeness check (I12) an adapter ran: (kind, expected, found, ok, detail), recorded

@@ -325,7 +325,7 @@ class SliceSettings(_Strict):
             "2..max_slices sets; needs no partner set"))
 
     @model_validator(mode="after")
-    def _target_below_threshold(self) -> "SliceSettings":
+    def _target_below_threshold(self) -> SliceSettings:
         if self.target_records > self.threshold_records:
             raise ValueError("target_records must not exceed threshold_records")
         if self.long_window < timedelta(hours=1):
@@ -367,7 +367,7 @@ class Partner(_Strict):
     schedule: Cron = Field(default="0 2 * * *", description="when the harvest runs (cron, UTC)")
     lag: Duration = Field(default=timedelta(minutes=10), description=(
         "overlap of windows: the next window starts at the previous until minus this"))
-    metadata_prefix: _Text | None = Field(default=None, validate_default=True, description=(
+    metadata_prefix: _Text = Field(default=None, validate_default=True, description=(
         "a prefix, or auto (OAI-PMH: LIDO when advertised, else oai_dc); default auto (OAI-PMH) / "
         "marc21 (Sierra)"))
     set_spec: _Text | None = Field(default=None, alias="set", description="OAI-PMH: harvest this set only")
@@ -419,13 +419,18 @@ class Partner(_Strict):
     def _stripped(cls, value: str) -> str:
         return value.strip()
 
+    @field_validator("metadata_prefix", mode="before")
+    @classmethod
+    def _default_prefix(cls, value: object, info: ValidationInfo) -> object:
+        """The default depends on the protocol: auto-detected (OAI-PMH), marc21 (Sierra)."""
+        if value is None:
+            return "marc21" if info.data.get("protocol") == "sierra" else "auto"
+        return value
+
     @field_validator("metadata_prefix")
     @classmethod
-    def _prefix(cls, value: str | None, info: ValidationInfo) -> str:
-        """The default depends on the protocol: auto-detected (OAI-PMH), marc21 (Sierra)."""
-        if value is not None:
-            return value.strip()
-        return "marc21" if info.data.get("protocol") == "sierra" else "auto"
+    def _prefix(cls, value: str) -> str:
+        return value.strip()
 
     @field_validator("execution_timeout", "retry_delay", "max_retry_delay")
     @classmethod
@@ -443,7 +448,7 @@ class Partner(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _slicing_sets_fit_the_partner(self) -> "Partner":
+    def _slicing_sets_fit_the_partner(self) -> Partner:
         if self.slicing.sets:
             if self.protocol != "oai-pmh":
                 raise ValueError("slicing.sets applies to protocol oai-pmh only")
@@ -452,7 +457,7 @@ class Partner(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _finish_by_fits_the_schedule(self) -> "Partner":
+    def _finish_by_fits_the_schedule(self) -> Partner:
         if self.finish_by is not None:
             try:
                 finish_by_offset(self.schedule, self.finish_by)
@@ -504,7 +509,7 @@ class Partner(_Strict):
         """The Airflow pool that bounds concurrent requests to this partner's endpoint."""
         return f"partner_{self.id}"
 
-    def evolve(self, **changes: object) -> "Partner":
+    def evolve(self, **changes: object) -> Partner:
         """A copy with ``changes`` (registry keys or attribute names), validated again."""
         current = {name: getattr(self, name) for name in type(self).model_fields}
         return type(self).model_validate({**current, **changes})
@@ -646,7 +651,8 @@ def _describe(err: Any) -> str:
     message = str(err["msg"])
     message = message.removeprefix("Value error, ")
     if kind == "string_pattern_mismatch" and err["loc"] == ("id",):
-        message = "must be a slug: lowercase letters and digits in words joined by single '_', starting with a letter (no '__', no trailing '_')"
+        message = ("must be a slug: lowercase letters and digits in words joined by single '_', starting with a "
+                   "letter (no '__', no trailing '_')")
     if kind == "literal_error" and err["loc"] == ("protocol",):
         message = f"must be one of {', '.join(PROTOCOLS)}"
     return message

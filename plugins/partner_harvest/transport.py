@@ -237,7 +237,7 @@ class CappedRetry(Retry):
         self.max_wait_in_task = max_wait_in_task
         self.label = label
 
-    def new(self, **kw: Any) -> "CappedRetry":
+    def new(self, **kw: Any) -> CappedRetry:
         kw.setdefault("retry_after_cap", self.retry_after_cap)
         kw.setdefault("max_wait_in_task", self.max_wait_in_task)
         kw.setdefault("label", self.label)
@@ -331,7 +331,7 @@ class Transport:
     proxies: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold proxy credentials
 
     @classmethod
-    def from_extra(cls, extra: Mapping[str, Any] | None) -> "Transport":
+    def from_extra(cls, extra: Mapping[str, Any] | None) -> Transport:
         """Read and check the extras; ValueError names the extra key at fault."""
         extra = extra or {}
         verify = _verify_setting(extra.get("verify", True))

@@ -246,6 +246,11 @@ def next_cursor(current: datetime | None, window: Window) -> datetime | None:
     return current
 
 
+def channel_windows(window: Window) -> dict[str, Window]:
+    """The own window of each of the run's extra channels."""
+    return {name: own for name in window.protocol.channels if (own := channel_window(window, name)) is not None}
+
+
 def channel_window(window: Window, channel: str) -> Window | None:
     """The own (day-granular) window of a run's extra channel, e.g. Sierra's deletions."""
     plan = window.protocol.channels.get(channel)

@@ -48,7 +48,8 @@ def tolerate_encoded_deadline_alerts() -> bool:
         if isinstance(deadline_alert_id, dict):  # only dag.test's in-memory DAG passes these
             data = deadline_alert_id.get("__var", deadline_alert_id)
             reference = SimpleNamespace(reference=data["reference"])
-            return SimpleNamespace(reference_class=DeadlineAlertModel.reference_class.fget(reference))
+            reference_class = DeadlineAlertModel.__dict__["reference_class"]  # the property itself
+            return SimpleNamespace(reference_class=reference_class.__get__(reference))
         return original(deadline_alert_id, *args, **kwargs)
 
     get_by_id._partner_harvest_compat = True  # type: ignore[attr-defined]

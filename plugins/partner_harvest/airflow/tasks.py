@@ -29,7 +29,7 @@ from partner_harvest.registry import Partner, RegistryError, get_partner
 from partner_harvest.store import RunRef, connect, ensure_schema, events, fences, leases, runs
 from partner_harvest.store.quality import run_figures
 from partner_harvest.store.runs import abandon_stale_runs, clock_high_water, last_applied_until
-from partner_harvest.window import Window, WindowError, channel_window, parse_instant
+from partner_harvest.window import ClockBehind, Window, WindowError, channel_windows, format_instant, parse_instant
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -115,9 +115,8 @@ def hold_lease(partner_id: str, context: dict[str, Any], kind: str = leases.HARV
     conninfo = aggregation_conninfo()
     with connect(conninfo) as conn:
         ensure_schema(conn)
-    epoch = ((window_data or {}).get("protocol") or {}).get("epoch")
-    return leases.LeaseKeeper(conninfo, partner_id, run_key(context), kind, ttl=LEASE_TTL,
-                              epoch=None if epoch is None else int(epoch))
+    epoch = Window.from_dict(window_data).protocol.epoch if window_data else None
+    return leases.LeaseKeeper(conninfo, partner_id, run_key(context), kind, ttl=LEASE_TTL, epoch=epoch)
 
 
 def release_lease(partner_id: str, holder: str) -> None:
@@ -148,7 +147,7 @@ def record_run_event(context: dict[str, Any], partner_id: str, kind: str = event
     """on_failure_callback / on_retry_callback: the try's error, as the alert names it, in
     ``run_events`` for the health page and ``partner-harvest status`` (a run that fails before
     it writes harvest_runs, e.g. an unreachable endpoint, is otherwise only in the task's log)."""
-    fields = failure_fields(context)
+    fields = failure_fields(context, partner_id)
     _record_event(context, partner_id, kind, f"{fields['task_id']}: {fields['cause']}")
 
 
@@ -218,7 +217,8 @@ def freeze_window(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
                         for name in extra_channels(adapter)}
             high_water = clock_high_water(conn, partner_id)
         window = pipeline.freeze_window(adapter, partner.lag, cursor, request, channels, high_water)
-        window = window.with_facts(epoch=keeper.fence.epoch)  # every later write of the run is fenced by it
+        fence = keeper.fence  # set once the lease is held
+        window = window.with_facts(epoch=fence.epoch if fence else None)  # every later write of the run is fenced by it
         empty = _empty_window(partner_id, window, request)
         if empty is None:
             behind = window.protocol.clock_behind_cursor
@@ -236,19 +236,19 @@ def _empty_window(partner_id: str, window: Window, request: pipeline.RunRequest)
         return None
     kind = "backfill" if not request.may_advance_cursor else "window"
     return (f"{partner_id}: nothing to harvest: this {kind} run's window {window.describe()} starts after the "
-            f"partner's clock ({window.protocol['partner_clock']}): the partner has stamped no change there. "
+            f"partner's clock ({format_instant(clock)}): the partner has stamped no change there. "
             "This run is skipped.")
 
 
-def _alert_clock_behind(partner: Partner, context: dict[str, Any], behind: dict[str, Any]) -> None:
+def _alert_clock_behind(partner: Partner, context: dict[str, Any], behind: ClockBehind) -> None:
     lines = [
         f"Partner: {partner.id}", f"DAG: {partner.dag_id}   run: {context['dag_run'].run_id}",
-        f"The partner's clock ({behind['clock']}) is behind our cursor ({behind['cursor']}) by more than the lag "
+        f"The partner's clock ({behind.clock}) is behind our cursor ({behind.cursor}) by more than the lag "
         f"({partner.lag}). The window was harvested up to the cursor again; nothing was skipped, but check the "
         "partner's clock (a reset, a failover to a server with another clock).",
     ]
     send_alert(f"[partner harvest] {partner.id}: partner clock moved backwards", lines,
-               {"kind": "clock_behind", "partner": partner.id, "dag_id": partner.dag_id, **behind})
+               {"kind": "clock_behind", "partner": partner.id, "dag_id": partner.dag_id, **behind.model_dump()})
 
 
 def extra_channels(adapter: Adapter) -> tuple[str, ...]:
@@ -335,8 +335,8 @@ def move_cursor(partner_id: str, window_data: dict[str, Any], context: dict[str,
     with hold_lease(partner_id, context, window_data=window_data) as keeper, aggregation(keeper.fence) as conn:
         with fences.fenced(conn, f"cursor move of run {run_id}"):
             moved = {"changes": advance_cursor(partner_id, window, run_id)}
-            for channel in window.protocol.channels:
-                moved[channel] = advance_cursor(partner_id, channel_window(window, channel), run_id, channel)
+            for channel, own in channel_windows(window).items():
+                moved[channel] = advance_cursor(partner_id, own, run_id, channel)
     release_lease(partner_id, run_key(context))
     return moved
 

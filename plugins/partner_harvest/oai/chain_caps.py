@@ -32,7 +32,7 @@ class ChainCaps:
     max_pages: int = DEFAULT_MAX_CHAIN_PAGES
 
     @classmethod
-    def from_limits(cls, limits: LimitsOptions) -> "ChainCaps":
+    def from_limits(cls, limits: LimitsOptions) -> ChainCaps:
         return cls(limits.max_token_bytes, limits.chain_pages_slack, limits.max_chain_pages)
 
     def token_problem(self, token: str) -> str | None:

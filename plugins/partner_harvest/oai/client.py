@@ -231,6 +231,7 @@ class OaiClient:
             pending = pool.submit(self.fetch, params)
             chain = _Chain(self)
             while True:
+                assert pending is not None  # every path that comes round again sent the next request
                 content = pending.result()  # a fetch error surfaces here with its own type
                 pending = None
                 asked = params

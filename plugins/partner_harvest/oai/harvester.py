@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable
 from contextlib import closing
 from datetime import datetime, timedelta
+from typing import cast
 
 from partner_harvest.adapters import Adapter, IdSink, ItemSink, PartnerClock
 from partner_harvest.errors import HarvestError, PartnerProtocolError
@@ -186,7 +187,8 @@ class OaiAdapter(Adapter):
         cleaned = 0
         for page in pages:
             stats.pages += 1
-            for item in page.items:
+            items = cast(list[HarvestItem], page.items)  # a ListRecords page holds records only (parse_list_records)
+            for item in items:
                 stats.add(item)
             if page.complete_list_size is not None:
                 stats.complete_list_size = page.complete_list_size
@@ -194,7 +196,7 @@ class OaiAdapter(Adapter):
                 cleaned += 1
                 log.warning("%s: page %d contained invalid XML characters; they were stripped",
                             self.partner_id, stats.pages)
-            sink.write_page(page.items)
+            sink.write_page(items)
             rate = stats.fetched / max(time.monotonic() - started, 1e-6)
             of = left = ""
             if stats.complete_list_size is not None:

@@ -12,7 +12,6 @@ import html
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Union
 
 from lxml import etree
 
@@ -162,7 +161,7 @@ class OaiHeader:
             return None
 
 
-ListItem = Union[HarvestItem, OaiHeader, OaiSet]
+ListItem = HarvestItem | OaiHeader | OaiSet
 
 
 @dataclass(slots=True)

@@ -65,7 +65,7 @@ def list_size(client: OaiClient, prefix: str, set_spec: str | None, oai_granular
     except BadResumptionToken:  # cannot happen on a first page; counted as unknown
         return None
     finally:
-        pages.close()  # type: ignore[attr-defined]
+        pages.close()
     if page.token is None:
         return len(page.items)
     return page.complete_list_size

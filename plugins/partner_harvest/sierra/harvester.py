@@ -23,7 +23,7 @@ from datetime import date, datetime, timedelta, timezone
 from datetime import time as dtime
 from typing import Any, NamedTuple, TypeVar
 
-from partner_harvest.adapters import Adapter, IdSink, ItemSink, PartnerClock, StagingSink
+from partner_harvest.adapters import Adapter, IdSink, ItemSink, PartnerClock, StagingSink, SweptId
 from partner_harvest.errors import ConfigurationError, HarvestError, HarvestLoopError, PartnerAsksToWait
 from partner_harvest.formats.checks import policy_of
 from partner_harvest.records import HarvestItem, HarvestStats, Rejected, Tombstone
@@ -382,7 +382,7 @@ class SierraAdapter(Adapter):
                         log.info("%s: export ends at id %d (no ids left after a failing block)", self.partner_id, cursor)
                         return
                     if writing is not None:
-                        writing, done = None, writing
+                        done, writing = writing, None
                         done.result()
                     if items or piece is not None:
                         writing = copier.submit(self._write, items, sink, stats, "isolated bib",
@@ -416,7 +416,7 @@ class SierraAdapter(Adapter):
                                            end_id=end_id)
                 items = self._items(decoded, block, window, cursor)
                 if writing is not None:
-                    writing, done = None, writing
+                    done, writing = writing, None
                     done.result()  # a failed COPY fails the export here
                 if items or piece is not None:  # a slice stores its checkpoint with every block, even an empty one
                     writing = copier.submit(self._write, items, sink, stats, "export",
@@ -629,7 +629,7 @@ class SierraAdapter(Adapter):
         with self._rate_limit_frees_the_slot():
             for entries in self.client.bib_pages({"deleted": "false", "fields": "id"}, self.partner.page_size):
                 stats.pages += 1
-                rows = [(str(e["id"]), None, False) for e in entries if e.get("id")]
+                rows: list[SweptId] = [(str(e["id"]), None, False) for e in entries if e.get("id")]
                 stats.fetched += len(rows)
                 sink.write_page(rows)
         log.info("%s: reconcile sweep: %d live ids in %d pages", self.partner_id, stats.fetched, stats.pages)

@@ -70,7 +70,7 @@ class Fence:
         self.lost.set()
 
 
-_BOUND: "weakref.WeakKeyDictionary[psycopg.Connection, Fence]" = weakref.WeakKeyDictionary()
+_BOUND: weakref.WeakKeyDictionary[psycopg.Connection, Fence] = weakref.WeakKeyDictionary()
 
 
 def bind(conn: psycopg.Connection, fence: Fence | None) -> psycopg.Connection:

@@ -9,9 +9,11 @@ Figures come from the aggregation database through the ``aggregation_db`` Connec
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -34,7 +36,7 @@ _templates = Environment(
 )
 
 
-def _require_user() -> object:
+def _require_user() -> Callable[..., Any]:
     """Airflow's own check: an authenticated user allowed to see the website."""
     from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
     from airflow.api_fastapi.core_api.security import requires_access_view
@@ -115,7 +117,7 @@ def _when(moment: datetime | None) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%MZ") if moment else "—"
 
 
-def _span(delta) -> str:  # noqa: ANN001 - a timedelta or None
+def _span(delta: timedelta | None) -> str:
     if delta is None:
         return "—"
     seconds = int(delta.total_seconds())

@@ -142,7 +142,7 @@ def _compare(args: argparse.Namespace) -> tuple[bool, dict]:
     with sim:
         db = support.fresh_database(args.partner)
         # each load a first load under its own partner id, settled before any is measured
-        loads = {slices: argparse.Namespace(**{**vars(args), "partner": f"{args.partner}-{slices}"})
+        loads = {slices: argparse.Namespace(**{**vars(args), "partner": f"{args.partner}_{slices}"})
                  for _, slices in runs}
         print(f"  (settled: the partners forgotten and the tables vacuumed in "
               f"{support.settle(db, [load.partner for load in loads.values()]):.1f} s)")

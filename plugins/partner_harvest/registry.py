@@ -522,7 +522,7 @@ class RegistryFile(_Strict):
     """The whole file: ``partners:``, a list of partner entries."""
 
     model_config = ConfigDict(extra="forbid", title="partner harvest registry")
-    partners: list[Partner]
+    partners: list[Partner] = Field(description="one entry per partner repository; ids unique")
 
 
 def registry_schema() -> dict[str, Any]:

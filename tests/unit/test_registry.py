@@ -297,3 +297,15 @@ def test_an_impossible_cron_is_one_line_naming_the_partner(tmp_path: Path, key: 
 def test_a_valid_cron_passes(tmp_path: Path) -> None:
     path = write(tmp_path, "partners:\n  - {id: clock, protocol: oai-pmh, conn_id: c, schedule: '*/15 1-5 * * mon-fri'}\n")
     assert load_partners(path)[0].schedule == "*/15 1-5 * * mon-fri"
+
+
+def test_every_registry_field_is_described_in_the_schema() -> None:
+    """The registry reference is generated from the schema: a field without a description
+    would be a blank line there."""
+    from partner_harvest.registry import registry_schema
+
+    schema = registry_schema()
+    models = {"registry": schema, **schema["$defs"]}
+    blank = [f"{model}.{name}" for model, definition in models.items()
+             for name, prop in definition.get("properties", {}).items() if not prop.get("description")]
+    assert blank == []

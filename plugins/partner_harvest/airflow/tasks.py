@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, NoReturn, TypeVar
 
 import psycopg
+from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
 from partner_harvest import pipeline, quality
@@ -73,7 +74,7 @@ def aggregation(fence: fences.Fence | None = None) -> Iterator[psycopg.Connectio
         conn.close()
 
 
-def run_request(context: dict[str, Any]) -> pipeline.RunRequest:
+def run_request(context: Context) -> pipeline.RunRequest:
     """Params and run type decide the mode; a backfill harvests its data interval."""
     params = context.get("params") or {}
     dag_run = context["dag_run"]
@@ -94,7 +95,7 @@ def _partner(partner_id: str) -> Partner:
     return get_partner(partner_id)
 
 
-def run_key(context: dict[str, Any]) -> str:
+def run_key(context: Context) -> str:
     """The run's key in the aggregation (staging, audit, leases): DAG and run together.
 
     A harvest and a reconcile scheduled at the same instant share Airflow's run id
@@ -104,7 +105,7 @@ def run_key(context: dict[str, Any]) -> str:
     return f"{dag_run.dag_id}/{dag_run.run_id}"
 
 
-def hold_lease(partner_id: str, context: dict[str, Any], kind: str = leases.HARVEST,
+def hold_lease(partner_id: str, context: Context, kind: str = leases.HARVEST,
                window_data: dict[str, Any] | None = None) -> leases.LeaseKeeper:
     """Every task that reads or writes the partner's data holds the run's lease while it runs.
 
@@ -124,7 +125,7 @@ def release_lease(partner_id: str, holder: str) -> None:
         leases.release(conn, partner_id, holder)
 
 
-def release_lease_after_final_failure(context: dict[str, Any], partner_id: str) -> None:
+def release_lease_after_final_failure(context: Context, partner_id: str) -> None:
     """on_failure_callback: a failed run lets a reconcile in at once, not after the TTL.
 
     Not while a sibling slice of the run is still planned or harvesting: it holds the same
@@ -143,7 +144,7 @@ def release_lease_after_final_failure(context: dict[str, Any], partner_id: str) 
         log.warning("could not release the lease of %s: %s", partner_id, exc)
 
 
-def record_run_event(context: dict[str, Any], partner_id: str, kind: str = events.FAILED) -> None:
+def record_run_event(context: Context, partner_id: str, kind: str = events.FAILED) -> None:
     """on_failure_callback / on_retry_callback: the try's error, as the alert names it, in
     ``run_events`` for the health page and ``partner-harvest status`` (a run that fails before
     it writes harvest_runs, e.g. an unreachable endpoint, is otherwise only in the task's log)."""
@@ -151,7 +152,7 @@ def record_run_event(context: dict[str, Any], partner_id: str, kind: str = event
     _record_event(context, partner_id, kind, f"{fields['task_id']}: {fields['cause']}")
 
 
-def _record_event(context: dict[str, Any], partner_id: str, kind: str, message: str) -> None:
+def _record_event(context: Context, partner_id: str, kind: str, message: str) -> None:
     ti = context.get("ti") or context.get("task_instance")
     try:
         with aggregation() as conn:
@@ -162,7 +163,7 @@ def _record_event(context: dict[str, Any], partner_id: str, kind: str, message: 
         log.warning("%s: could not record the run's %s event: %s", partner_id, kind, exc)
 
 
-def _skip(partner_id: str, context: dict[str, Any], kind: str, reason: str) -> NoReturn:
+def _skip(partner_id: str, context: Context, kind: str, reason: str) -> NoReturn:
     """Skip the run saying why: first in the task's log (not at its end, in a folded group),
     then in ``run_events`` for the health page."""
     log.warning("SKIPPED: %s", reason)
@@ -170,12 +171,12 @@ def _skip(partner_id: str, context: dict[str, Any], kind: str, reason: str) -> N
     raise AirflowSkipException(reason)
 
 
-def is_scheduled(context: dict[str, Any]) -> bool:
+def is_scheduled(context: Context) -> bool:
     run_type = getattr(context["dag_run"], "run_type", None)
     return getattr(run_type, "value", run_type) == "scheduled"
 
 
-def first_harvest_waits(partner: Partner, context: dict[str, Any], request: pipeline.RunRequest) -> None:
+def first_harvest_waits(partner: Partner, context: Context, request: pipeline.RunRequest) -> None:
     """A partner's first full harvest is a deliberate act, never a side effect of the schedule.
 
     Unpausing a new partner's DAG (the UI's "unpause on trigger" does it) creates a
@@ -199,7 +200,7 @@ def first_harvest_waits(partner: Partner, context: dict[str, Any], request: pipe
 
 
 @_fail_fast
-def freeze_window(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
+def freeze_window(partner_id: str, context: Context) -> dict[str, Any]:
     partner = _partner(partner_id)
     request = run_request(context)
     first_harvest_waits(partner, context, request)
@@ -240,7 +241,7 @@ def _empty_window(partner_id: str, window: Window, request: pipeline.RunRequest)
             "This run is skipped.")
 
 
-def _alert_clock_behind(partner: Partner, context: dict[str, Any], behind: ClockBehind) -> None:
+def _alert_clock_behind(partner: Partner, context: Context, behind: ClockBehind) -> None:
     lines = [
         f"Partner: {partner.id}", f"DAG: {partner.dag_id}   run: {context['dag_run'].run_id}",
         f"The partner's clock ({behind.clock}) is behind our cursor ({behind.cursor}) by more than the lag "
@@ -256,7 +257,7 @@ def extra_channels(adapter: Adapter) -> tuple[str, ...]:
     return adapter.extra_channels
 
 
-def _stage_channel(partner_id: str, window_data: dict[str, Any], context: dict[str, Any], channel: str) -> dict[str, Any]:
+def _stage_channel(partner_id: str, window_data: dict[str, Any], context: Context, channel: str) -> dict[str, Any]:
     """Stream one channel of the frozen window into staging (retries reuse the window)."""
     with hold_lease(partner_id, context, window_data=window_data) as keeper:
         stats = _stage(partner_id, window_data, context, channel, keeper.fence)
@@ -267,7 +268,7 @@ def _stage_channel(partner_id: str, window_data: dict[str, Any], context: dict[s
     }
 
 
-def _stage(partner_id: str, window_data: dict[str, Any], context: dict[str, Any], channel: str,
+def _stage(partner_id: str, window_data: dict[str, Any], context: Context, channel: str,
            fence: fences.Fence | None) -> Any:
     partner = _partner(partner_id)
     window = Window.from_dict(window_data)
@@ -280,7 +281,7 @@ def _stage(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]
 
 
 @_fail_fast
-def plan_slices(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> list[dict[str, Any]]:
+def plan_slices(partner_id: str, window_data: dict[str, Any], context: Context) -> list[dict[str, Any]]:
     """The pieces the mapped harvest runs over: the whole window, or its slices."""
     partner = _partner(partner_id)
     window = Window.from_dict(window_data)
@@ -292,7 +293,7 @@ def plan_slices(partner_id: str, window_data: dict[str, Any], context: dict[str,
 
 
 @_fail_fast
-def harvest_changes(partner_id: str, window_data: dict[str, Any], context: dict[str, Any],
+def harvest_changes(partner_id: str, window_data: dict[str, Any], context: Context,
                     piece: dict[str, Any] | None = None) -> dict[str, Any]:
     """One piece of the plan (mapped): the whole window, or one slice retried on its own."""
     channel = (piece or {}).get("channel") or "changes"
@@ -300,12 +301,12 @@ def harvest_changes(partner_id: str, window_data: dict[str, Any], context: dict[
 
 
 @_fail_fast
-def poll_deletions(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+def poll_deletions(partner_id: str, window_data: dict[str, Any], context: Context) -> dict[str, Any]:
     return _stage_channel(partner_id, window_data, context, "deletions")
 
 
 @_fail_fast
-def apply_changes(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, int]:
+def apply_changes(partner_id: str, window_data: dict[str, Any], context: Context) -> dict[str, int]:
     """Apply the run; channels whose staging the database lost are harvested again first."""
     with hold_lease(partner_id, context, window_data=window_data) as keeper, aggregation(keeper.fence) as conn:
 
@@ -321,7 +322,7 @@ def apply_changes(partner_id: str, window_data: dict[str, Any], context: dict[st
 
 
 @_fail_fast
-def move_cursor(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+def move_cursor(partner_id: str, window_data: dict[str, Any], context: Context) -> dict[str, Any]:
     """The main cursor, then each channel's own (day-granular) cursor.
 
     Fenced like every other write, though the cursor is an Airflow Variable: the Variables
@@ -342,7 +343,7 @@ def move_cursor(partner_id: str, window_data: dict[str, Any], context: dict[str,
 
 
 @_fail_fast
-def check_quality(partner_id: str, context: dict[str, Any]) -> list[str]:
+def check_quality(partner_id: str, context: Context) -> list[str]:
     """Alert (without failing) when a successful run crossed a data-quality threshold."""
     partner = _partner(partner_id)
     run_id = context["dag_run"].run_id
@@ -361,7 +362,7 @@ def check_quality(partner_id: str, context: dict[str, Any]) -> list[str]:
 
 
 @_fail_fast
-def reconcile_partner(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
+def reconcile_partner(partner_id: str, context: Context) -> dict[str, Any]:
     """The weekly full reconcile; never moves a harvest cursor, never overlaps a harvest."""
     partner = _partner(partner_id)
     allow = bool((context.get("params") or {}).get("allow_mass_purge"))

@@ -568,6 +568,13 @@ def load_registry(path: Path | str | None = None) -> Registry:
         raise RegistryError(path, None, None, "file not found") from None
     except yaml.YAMLError as exc:
         raise RegistryError(path, None, None, f"not valid YAML: {exc}") from None
+    return parse_registry(raw, path)
+
+
+def parse_registry(raw: object, path: Path | str = "<registry>") -> Registry:
+    """A registry-shaped value (``{"partners": [...]}``, as the YAML file parses) checked the
+    way :func:`load_registry` checks the file: each entry on its own; ``path`` names it in errors."""
+    path = Path(path)
     if not isinstance(raw, dict) or not isinstance(raw.get("partners"), list):
         raise RegistryError(path, None, "partners", "expected a top-level 'partners:' list")
     unknown = sorted(str(k) for k in raw if k != "partners")

@@ -309,3 +309,13 @@ def test_every_registry_field_is_described_in_the_schema() -> None:
     blank = [f"{model}.{name}" for model, definition in models.items()
              for name, prop in definition.get("properties", {}).items() if not prop.get("description")]
     assert blank == []
+
+
+def test_a_registry_shaped_mapping_parses_like_the_file() -> None:
+    from partner_harvest.registry import Partner, parse_registry
+
+    registry = parse_registry({"partners": [{"id": "m", "protocol": "oai-pmh", "conn_id": "c", "set": "s"},
+                                            {"id": "bad", "protocol": "oai-pmh", "conn_id": "c", "lag": "soon"}]})
+    assert [p.id for p in registry.partners] == ["m"] and registry.partners[0].set_spec == "s"
+    assert [(e.partner, e.field) for e in registry.errors] == [("bad", "lag")]
+    assert Partner(id="m", protocol="oai-pmh", conn_id="c", set="s") == registry.partners[0]

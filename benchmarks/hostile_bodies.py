@@ -72,7 +72,7 @@ def main() -> int:
         return 0
 
     from include.simulators.oai_pmh.server import _gzip_bomb
-    from partner_harvest.http import HttpPolicy
+    from partner_harvest.transport import HttpPolicy
 
     bomb_bytes = int(args.bomb_gib * (1 << 30))
     compressed = len(_gzip_bomb(b"", bomb_bytes))

@@ -160,16 +160,21 @@ def _run(kind: str, url: str, prefix: str, *extra: str) -> dict:
 def _ours(url: str, db: str, prefix: str, run_id: str, *, sequential: bool) -> dict:
     """A first full load under a partner id of its own, settled before the measurements
     (main: forgotten and vacuumed; the database keeps the other partners' rows)."""
-    partner_id = f"{PARTNER}-{run_id}"
+    partner_id = _partner_id(run_id)
     extra = ("--db", db, "--run-id", run_id, "--partner", partner_id) + (("--sequential",) if sequential else ())
     figures = _run("ours", url, prefix, *extra)
     figures["exact"] = support.held_ids(db, partner_id) == support.control(url, "live_ids")
     return figures
 
 
+def _partner_id(run_id: str) -> str:
+    """A registry id of its own per load (lowercase words joined by single '_')."""
+    return f"{PARTNER}_{run_id}".replace("-", "_")
+
+
 def _sliced_partner(repetition: int) -> str:
     # its own: another benchmark may be using sliced_harvest's; each repetition a first load
-    return f"{PARTNER}-sliced" + (f"-{repetition + 1}" if repetition else "")
+    return f"{PARTNER}_sliced" + (f"_{repetition + 1}" if repetition else "")
 
 
 def _ours_sliced(url: str, db: str, args: argparse.Namespace, repetition: int = 0) -> dict:
@@ -350,7 +355,7 @@ def main() -> int:
           f"5% deleted; simulator, harvester and PostgreSQL in separate processes on {os.cpu_count()} cores; "
           f"{_load()} at start")
     db = support.fresh_database(PARTNER)
-    loads = [f"{PARTNER}-{part}-{how}" for part in "ab" for how in ("pipelined", "sequential")]
+    loads = [_partner_id(f"{part}-{how}") for part in "ab" for how in ("pipelined", "sequential")]
     loads += [_sliced_partner(i) for i in range(args.repeat)]
     print(f"  (settled: the partners forgotten and the tables vacuumed in {support.settle(db, loads):.1f} s)")
     sim_args = ("--records", str(args.records), "--deleted-fraction", "0.05", "--page-size", str(args.page_size),

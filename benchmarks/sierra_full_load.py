@@ -97,7 +97,7 @@ def child(args: argparse.Namespace) -> None:
                             "postgres_cpu": None if begin[3] is None else end[3] - begin[3]}
     print(json.dumps({
         "until": window.to_dict()["until"],
-        "deletions_until": window.protocol["channels"]["deletions"]["until"],
+        "deletions_until": window.protocol.channels["deletions"].until.date().isoformat(),
         "changes_fetched": changes.fetched, "deletions_fetched": polled.fetched, "pages": changes.pages,
         "upserted": result.upserted, "purged": result.purged, "unchanged": result.unchanged,
         "quarantined": result.quarantined,

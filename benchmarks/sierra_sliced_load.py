@@ -54,7 +54,7 @@ def child(args: argparse.Namespace) -> None:
         if args.step == "plan":
             window = pipeline.freeze_window(adapter, partner.lag, None, pipeline.RunRequest("incremental"),
                                             {"deletions": None})
-            pieces = pipeline.plan_slices(adapter, conn, PARTNER, args.run_id, window, partner.slicing)
+            pieces = pipeline.pieces(pipeline.plan_slices(adapter, conn, PARTNER, args.run_id, window, partner.slicing))
             print(json.dumps({"window": window.to_dict(), "pieces": pieces}))
             return
         window = Window.from_dict(json.loads(args.window))

@@ -47,7 +47,8 @@ def child(args: argparse.Namespace) -> None:
     with connect(args.db) as conn:
         if args.step == "plan":
             window = pipeline.freeze_window(adapter, partner.lag, None, pipeline.RunRequest("incremental"))
-            pieces = pipeline.plan_slices(adapter, conn, args.partner, args.run_id, window, partner.slicing)
+            pieces = pipeline.pieces(pipeline.plan_slices(adapter, conn, args.partner, args.run_id, window,
+                                                          partner.slicing))
             print(json.dumps({"window": window.to_dict(), "pieces": pieces}))
         elif args.step == "piece":
             window = Window.from_dict(json.loads(args.window))
@@ -141,7 +142,7 @@ def _compare(args: argparse.Namespace) -> tuple[bool, dict]:
     with sim:
         db = support.fresh_database(args.partner)
         # each load a first load under its own partner id, settled before any is measured
-        loads = {slices: argparse.Namespace(**{**vars(args), "partner": f"{args.partner}-{slices}"})
+        loads = {slices: argparse.Namespace(**{**vars(args), "partner": f"{args.partner}_{slices}"})
                  for _, slices in runs}
         print(f"  (settled: the partners forgotten and the tables vacuumed in "
               f"{support.settle(db, [load.partner for load in loads.values()]):.1f} s)")

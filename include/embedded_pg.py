@@ -10,6 +10,10 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pgserver.postgres_server import PostgresServer
 
 DATABASE_URL_ENV = "HARVEST_DATABASE_URL"
 
@@ -31,7 +35,7 @@ def start(label: str = "pg", *, keep_running: bool = False) -> str:
     return server.get_uri()
 
 
-def server(label: str):
+def server(label: str) -> PostgresServer:
     """The embedded server object itself (stopped by ``.cleanup()``); for test fixtures."""
     import pgserver
 
@@ -57,7 +61,9 @@ def stop_leftover(label: str) -> bool:
     """
     import getpass
 
-    from pgserver._commands import pg_ctl
+    from pgserver._commands import create_command_function
+
+    pg_ctl = create_command_function("pg_ctl")  # what pgserver exports as pg_ctl (made at import)
 
     if not (data_dir(label) / "postmaster.pid").exists():
         return False
@@ -78,7 +84,9 @@ def restart_immediately(label: str, conninfo: str | None = None, timeout: float 
     """
     import getpass
 
-    from pgserver._commands import pg_ctl
+    from pgserver._commands import create_command_function
+
+    pg_ctl = create_command_function("pg_ctl")  # what pgserver exports as pg_ctl (made at import)
 
     user = "pgserver" if getpass.getuser() == "root" else None  # pgserver's own user when root
     pg_ctl(["-m", "immediate", "-w", "restart"], pgdata=data_dir(label), user=user, timeout=120)

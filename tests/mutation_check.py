@@ -88,7 +88,7 @@ MUTATIONS: tuple[Mutation, ...] = (
       (APPLY + "test_replaying_a_window_changes_nothing", OAI + "test_replaying_the_same_window_changes_nothing"),
       "a same-datestamp, same-content upsert rewrites the row"),
     M("I2-update-skipped-only-on-a-first-load", "store/apply.py",
-      "        holds_records, holds_tombstones, records_held = conn.execute(_HOLDS, params).fetchone()\n",
+      "        holds_records, holds_tombstones, records_held = one(conn.execute(_HOLDS, params))\n",
       "        holds_records, holds_tombstones, records_held = False, False, 0\n",
       (APPLY + "test_a_first_load_remembers_its_tombstones_and_a_reload_updates_and_purges",),
       "every apply is taken for a first load: no update, no purge, a plain insert"),
@@ -113,9 +113,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the upserts commit on their own, before the purge"),
     # I5 -- bounded memory
     M("I5-page-by-page", "oai/harvester.py",
-      "            sink.write_page(page.items)\n",
+      "            sink.write_page(items)\n",
       "            held_back = locals().get('held_back') or []\n"
-      "            held_back.extend(page.items)\n"
+      "            held_back.extend(items)\n"
       "            if not page.token:\n"
       "                sink.write_page(held_back)\n",
       (GUARDS + "test_each_page_is_staged_before_the_next_is_requested",),
@@ -236,8 +236,8 @@ MUTATIONS: tuple[Mutation, ...] = (
       "the registry's slicing.sets are trusted without their counts: a set left out, or tombstones a repository "
       "lists outside their sets, are never harvested"),
     M("I12-slices-keep-the-windows-open-start", "oai/slicing.py",
-      '        piece = {"from_": window.from_ if i == 0 else pieces[-1]["until"],',
-      '        piece = {"from_": r.lo if i == 0 else pieces[-1]["until"],',
+      '        piece = Slice(from_=window.from_ if i == 0 else pieces[-1].until,',
+      '        piece = Slice(from_=r.lo if i == 0 else pieces[-1].until,',
       ("tests/unit/test_slicing.py::test_similar_slices_cover_the_window_with_few_probes",
        "tests/unit/test_slicing.py::test_a_set_bigger_than_the_target_is_cut_in_time_within_its_set",
        SLICES + "test_sets_above_the_target_are_harvested_as_time_slices_of_each_set",
@@ -317,8 +317,8 @@ MUTATIONS: tuple[Mutation, ...] = (
       (CAPS + "test_a_run_cannot_stage_more_than_its_cap",),
       "a run stages without limit"),
     M("I13-slices-overlap-at-the-boundary", "oai/slicing.py",
-      '        piece = {"from_": window.from_ if i == 0 else pieces[-1]["until"],',
-      '        piece = {"from_": window.from_ if i == 0 else pieces[-1]["until"] + timedelta(seconds=1),',
+      '        piece = Slice(from_=window.from_ if i == 0 else pieces[-1].until,',
+      '        piece = Slice(from_=window.from_ if i == 0 else pieces[-1].until + timedelta(seconds=1),',
       (BOUNDARIES + "test_records_stored_just_after_each_slice_boundary_are_harvested",),
       "adjacent slices [.., m] and [m + 1 s, ..]: a partner comparing sub-second stamps raw returns m + 0.5 s in neither"),
     # Not invariants of their own, but guards a broken build slipped past

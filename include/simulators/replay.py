@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from html import unescape
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 import yaml
 from lxml import etree
@@ -78,7 +78,13 @@ class _Loader(yaml.SafeLoader):
     """vcrpy cassettes written under Python 2 tag their strings ``!!python/unicode``."""
 
 
-_Loader.add_constructor("tag:yaml.org,2002:python/unicode", lambda loader, node: loader.construct_scalar(node))
+def _python_unicode(loader: yaml.SafeLoader, node: yaml.Node) -> str:
+    if not isinstance(node, yaml.ScalarNode):
+        raise yaml.constructor.ConstructorError(None, None, f"expected a string, found {type(node).__name__}", node.start_mark)
+    return str(loader.construct_scalar(node))
+
+
+_Loader.add_constructor("tag:yaml.org,2002:python/unicode", _python_unicode)
 
 
 def load_recording(path: Path) -> list[Exchange]:
@@ -190,8 +196,9 @@ class ReplayServer(LoopbackServer):
                 self._add_first(exchange)
             if exchange.status == 200:
                 previous = exchange
-                if exchange.token():
-                    self._open_tokens.add(exchange.token())
+                token = exchange.token()
+                if token:
+                    self._open_tokens.add(token)
         self._open_tokens -= {key[2] for key in self._continuations}
 
     def _add_first(self, exchange: Exchange) -> None:
@@ -231,7 +238,7 @@ class ReplayServer(LoopbackServer):
 class _ReplayHandler(LoopbackHandler):
     server: Any
 
-    def _respond(self, url, body):  # type: ignore[override]
+    def _respond(self, url: SplitResult, body: bytes | None) -> Response | None:
         pairs = parse_qsl(url.query, keep_blank_values=True)
         sim: ReplayServer = self.server.sim
         with sim._lock:

@@ -1,13 +1,28 @@
-"""What the pipeline needs from a protocol adapter; OAI-PMH and Sierra both provide it."""
+"""The protocol adapter contract: what the pipeline and the reconcile need from a protocol.
+
+A new protocol subclasses :class:`Adapter`: it must implement the abstract methods (the
+partner's clock, a window's changes, the reconcile's sweep and fetch) and may override
+the others, whose defaults say "this protocol has no such thing". The pipeline calls
+every method unconditionally; nothing is looked up by name. docs/design/adapters.md
+describes the contract and how a third protocol plugs in.
+"""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from partner_harvest.records import HarvestItem, HarvestStats
-from partner_harvest.window import Window
+from partner_harvest.window import ChannelPlan, Slice, Window
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from partner_harvest.registry import Partner, SliceSettings
+    from partner_harvest.store import RunRef
 
 
 class ItemSink(Protocol):
@@ -18,12 +33,24 @@ class ItemSink(Protocol):
     def reset(self) -> None: ...
 
 
+# One row of the reconcile's sweep: (identifier, datestamp or None, deleted).
+SweptId = tuple[str, "datetime | None", bool]
+
+
+class IdSink(Protocol):
+    """Where the reconcile's sweep goes (store.reconcile.IdSweepWriter)."""
+
+    def write_page(self, headers: list[SweptId]) -> None: ...
+
+    def reset(self) -> None: ...
+
+
 class StagingSink(ItemSink, Protocol):
     """A sink staging into PostgreSQL (``StagingWriter``): an adapter that proves its
     completeness (I12) compares in SQL on ``conn`` and records the check on ``run``."""
 
-    conn: Any  # psycopg.Connection
-    run: Any  # store.RunRef
+    conn: psycopg.Connection[Any]
+    run: RunRef
 
 
 @dataclass(frozen=True)
@@ -35,15 +62,86 @@ class PartnerClock:
     protocol: dict[str, Any] = field(default_factory=dict)
 
 
-class Adapter(Protocol):
-    """A protocol adapter. Optional extras, looked up by the pipeline when present:
-    ``plan_channels`` + ``poll_deletions`` (a deletions channel with its own cursor, Sierra)
-    and ``sweep_ids`` + ``fetch_records`` + ``fetch_chunk`` (the weekly reconcile)."""
+# What plan_channels returns: channel name -> its own window.
+ChannelPlans = dict[str, ChannelPlan]
+# What verify_vanished returns: each identifier with the partner's answer (None: gone).
+Verdicts = list[tuple[str, HarvestItem | None]]
 
-    partner_id: str
 
+class Adapter(ABC):
+    """One partner's protocol: built by factory.build_adapter from the registry entry.
+
+    Must provide: :meth:`clock`, :meth:`harvest`, :meth:`sweep_ids`, :meth:`fetch_records`.
+    May provide (defaults below): extra channels with cursors of their own
+    (:attr:`extra_channels`, :meth:`plan_channels`, :meth:`poll_deletions`), slices
+    (:meth:`plan_slices`, :attr:`resumes_slices`), resuming an interrupted try's staging
+    (:meth:`resumes_staging`), verifying vanished records (:attr:`verify_limit`,
+    :meth:`verify_vanished`) and a bulk fetch of many missing records
+    (:attr:`bulk_missing_threshold`).
+    """
+
+    fetch_chunk: ClassVar[int] = 100
+    """Identifiers per :meth:`fetch_records` / :meth:`verify_vanished` call (bounds memory and URLs)."""
+
+    extra_channels: ClassVar[tuple[str, ...]] = ()
+    """Channels besides ``changes`` with cursors of their own; default none. Today only
+    ``deletions`` exists (Sierra's deletion poll, :meth:`poll_deletions`)."""
+
+    resumes_slices: ClassVar[bool] = False
+    """Whether a slice interrupted mid-way resumes from its checkpoint (store/slices.resumable)
+    instead of restarting from its own start; default False (an OAI token cannot be resumed)."""
+
+    verify_limit: int | None = None
+    """Vanished reconcile candidates confirmed per reconcile with :meth:`verify_vanished`;
+    None (the default): the protocol's sweep is authoritative and nothing is verified."""
+
+    bulk_missing_threshold: int | None = None
+    """More records missing locally than this come back through one :meth:`harvest` stream
+    instead of :meth:`fetch_records`; None (the default): always by identifier."""
+
+    def __init__(self, partner: Partner):
+        self.partner = partner
+        self.partner_id = partner.id
+
+    # -- must -------------------------------------------------------------------------
+
+    @abstractmethod
     def clock(self) -> PartnerClock:
-        """Ask the partner for its clock; called once, by freeze_window."""
+        """Ask the partner for its clock; called once per run, by pipeline.freeze_window."""
 
+    @abstractmethod
     def harvest(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
-        """Stream the window's changes page by page into ``sink``."""
+        """Stream the window's changes page by page into ``sink`` (a slice's window too)."""
+
+    @abstractmethod
+    def sweep_ids(self, window: Window, sink: IdSink, stats: HarvestStats) -> None:
+        """The reconcile's sweep: every identifier the partner holds now, as
+        ``(identifier, datestamp or None, deleted)`` rows written page by page into ``sink``."""
+
+    @abstractmethod
+    def fetch_records(self, window: Window, identifiers: list[str]) -> list[HarvestItem]:
+        """The current version of each identifier (the reconcile's missing records)."""
+
+    # -- may --------------------------------------------------------------------------
+
+    def plan_channels(self, window: Window, cursors: dict[str, datetime | None]) -> ChannelPlans:
+        """The own window of each of :attr:`extra_channels`, from its cursor; default none."""
+        return {}
+
+    def poll_deletions(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
+        """Stream the ``deletions`` channel; called only when :attr:`extra_channels` names it."""
+        raise NotImplementedError(f"{type(self).__name__} has no deletions channel")
+
+    def plan_slices(self, window: Window, settings: SliceSettings) -> Sequence[Slice]:
+        """How to cut a big window into slices (registry ``slicing``); default: never (whole)."""
+        return []
+
+    def resumes_staging(self, channel: str, window: Window) -> bool:
+        """Whether a new try of ``channel`` keeps what an unfinished try of the same frozen
+        window staged (and resumes after it); default False: each try starts clean."""
+        return False
+
+    def verify_vanished(self, window: Window, identifiers: list[str]) -> Verdicts:
+        """Ask the partner about records the sweep no longer lists; called only when
+        :attr:`verify_limit` is set."""
+        raise NotImplementedError(f"{type(self).__name__} does not verify vanished records")

@@ -16,16 +16,17 @@ Plain Python: no Airflow import (the library's rule), psycopg only for the table
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 # The HTTP policy whose defaults the limits page shows: the one import to change when the
-# module moves (it is renamed to partner_harvest.transport).
-from partner_harvest.http import HttpPolicy
+# module moves.
+from partner_harvest.transport import HttpPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "include" / "partners.schema.json"
@@ -115,6 +116,7 @@ def _sections(schema: dict[str, Any]) -> list[tuple[str, str]]:
                     visit(child, f"{path}.{key}" if path else key)
 
     entry = _ref_name(schema["properties"]["partners"]["items"])
+    assert entry is not None, "the schema's partners items name no model"
     visit(entry, "")
     order += [(name, name) for name in defs if not any(n == name for n, _ in order)]
     return order
@@ -174,9 +176,10 @@ def _subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str, ar
 def _argument_row(action: argparse.Action) -> str | None:
     if isinstance(action, argparse._HelpAction):
         return None
-    name = ", ".join(action.option_strings) or (action.metavar or action.dest)
+    metavar = " ".join(action.metavar) if isinstance(action.metavar, tuple) else action.metavar
+    name = ", ".join(action.option_strings) or (metavar or action.dest)
     if action.option_strings and action.nargs != 0:
-        name += f" {action.metavar or action.dest.upper()}"
+        name += f" {metavar or action.dest.upper()}"
     default = "" if action.default in (None, False, argparse.SUPPRESS) else _code(action.default)
     choices = ", ".join(_code(c) for c in action.choices) if action.choices else ""
     kind = "option" if action.option_strings else "argument"
@@ -310,11 +313,8 @@ LIMIT_NOTES: dict[str, tuple[str, str]] = {
 }
 
 
-def _policy_defaults(policy: type) -> list[tuple[str, Any]]:
-    if dataclasses.is_dataclass(policy):
-        return [(f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory())  # type: ignore[misc]
-                for f in dataclasses.fields(policy)]
-    fields = getattr(policy, "model_fields", {})  # a pydantic model
+def _policy_defaults(policy: type[BaseModel]) -> list[tuple[str, Any]]:
+    fields = policy.model_fields  # the HTTP policy is a pydantic model (transport.HttpPolicy)
     return [(name, field.get_default(call_default_factory=True)) for name, field in fields.items()]
 
 
@@ -328,7 +328,7 @@ def _value(value: Any) -> str:
     return str(value)
 
 
-def limits_table(policy: type = HttpPolicy) -> str:
+def limits_table(policy: type[BaseModel] = HttpPolicy) -> str:
     lines = ["| registry key (`options.http`) | limit | default | when it trips |", "|---|---|---|---|"]
     for name, default in _policy_defaults(policy):
         what, trips = LIMIT_NOTES.get(name, ("", ""))

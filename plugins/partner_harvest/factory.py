@@ -7,11 +7,11 @@ from typing import Any
 
 from partner_harvest.adapters import Adapter
 from partner_harvest.errors import ConfigurationError
-from partner_harvest.http import RETRY_STATUSES, HttpPolicy, Transport, build_session
 from partner_harvest.oai.chain_caps import ChainCaps
 from partner_harvest.oai.client import OaiClient
 from partner_harvest.oai.harvester import OaiAdapter
 from partner_harvest.registry import Partner
+from partner_harvest.transport import HttpPolicy, Transport, build_session
 from partner_harvest.xmlsafe import XmlLimits
 
 
@@ -26,25 +26,19 @@ class Endpoint:
 
 
 def http_policy(partner: Partner) -> HttpPolicy:
-    """Per-partner HTTP overrides from the registry's ``options.http`` mapping.
+    """The partner's ``options.http`` (validated by the registry), with Sierra's one rule.
 
     Sierra 500s carry error codes (138 rate limit, 135 export failure) that the client
-    must see, so for Sierra the transport does not retry 500 by itself; nor 429, whose
-    Retry-After the client weighs (a long wait frees the worker slot instead of sleeping).
+    must see, so unless the registry says otherwise the transport does not retry 500 for
+    Sierra, nor 429, whose Retry-After the client weighs (a long wait frees the worker slot
+    instead of sleeping): sierra.client.TRANSPORT_RETRY_STATUSES.
     """
-    overrides = dict(partner.options.get("http", {}) or {})
-    if partner.protocol == "sierra":
-        overrides.setdefault("retry_statuses", RETRY_STATUSES - {500, 429})
-    if "retry_statuses" in overrides:
-        overrides["retry_statuses"] = frozenset(overrides["retry_statuses"])
-    allowed = set(HttpPolicy.__dataclass_fields__)
-    unknown = set(overrides) - allowed
-    if unknown:
-        raise ConfigurationError(partner.id, "registry", f"unknown options.http keys: {sorted(unknown)}")
-    try:
-        return HttpPolicy(**overrides)
-    except ValueError as exc:
-        raise ConfigurationError(partner.id, "registry", str(exc)) from None
+    policy = partner.options.http
+    if partner.protocol == "sierra" and "retry_statuses" not in policy.model_fields_set:
+        from partner_harvest.sierra.client import TRANSPORT_RETRY_STATUSES
+
+        return policy.model_copy(update={"retry_statuses": TRANSPORT_RETRY_STATUSES})
+    return policy
 
 
 def transport(partner: Partner, endpoint: Endpoint) -> Transport:
@@ -59,15 +53,18 @@ def build_adapter(partner: Partner, endpoint: Endpoint) -> Adapter:
     policy = http_policy(partner)
     session = build_session(partner.id, policy, home=endpoint.base_url, transport=transport(partner, endpoint))
     if partner.protocol == "oai-pmh":
-        client = OaiClient(partner.id, endpoint.base_url, session, xml_limits=XmlLimits(policy.max_xml_nodes),
-                           caps=ChainCaps.from_limits(partner.options.get("limits")))
-        return OaiAdapter(partner, client)
+        oai = OaiClient(partner.id, endpoint.base_url, session, xml_limits=XmlLimits(policy.max_xml_nodes),
+                        caps=ChainCaps.from_limits(partner.options.limits))
+        return OaiAdapter(partner, oai)
     if partner.protocol == "sierra":
         # Imported here: an OAI-PMH worker process (a slice's) need not load the Sierra stack.
         from partner_harvest.sierra.client import SierraClient
         from partner_harvest.sierra.harvester import SierraAdapter
 
-        sierra = dict(partner.options.get("sierra", {}) or {})
-        client = SierraClient(partner.id, endpoint.base_url, session, endpoint.login or "", endpoint.password or "", **sierra)
-        return SierraAdapter(partner, client)
+        options = partner.options.sierra
+        sierra = SierraClient(partner.id, endpoint.base_url, session, endpoint.login or "", endpoint.password or "",
+                              refresh_margin=options.refresh_margin, server_error_tries=options.server_error_tries,
+                              server_error_backoff=options.server_error_backoff,
+                              transport_retries=policy.retry_statuses)
+        return SierraAdapter(partner, sierra)
     raise ConfigurationError(partner.id, "registry", f"protocol {partner.protocol!r} is not supported yet")

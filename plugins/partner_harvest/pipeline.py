@@ -18,8 +18,8 @@ import psycopg
 from partner_harvest.adapters import Adapter
 from partner_harvest.errors import HarvestError, PartnerAsksToWait
 from partner_harvest.records import HarvestStats
+from partner_harvest.registry import SliceSettings
 from partner_harvest.store import (
-    DEFAULT_MAX_RECORD_BYTES,
     ApplyResult,
     RunRef,
     StagingWriter,
@@ -30,13 +30,21 @@ from partner_harvest.store import (
     fail_run,
     finish_harvest,
     record_check,
+    slices,
 )
-from partner_harvest.store import slices
 from partner_harvest.store.apply import StagingIncomplete
-from partner_harvest.store.staging import DEFAULT_MAX_RUN_BYTES
-from partner_harvest.store.slices import Resumable
 from partner_harvest.store.runs import last_applied_until
-from partner_harvest.window import Window, channel_window, format_instant, plan_window
+from partner_harvest.store.slices import Resumable
+from partner_harvest.window import (
+    ClockBehind,
+    Slice,
+    SliceFacts,
+    Window,
+    WindowFacts,
+    channel_window,
+    format_instant,
+    plan_window,
+)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)  # 'from the start' for a channel's own cursor
 
@@ -77,7 +85,7 @@ def freeze_window(
     clock = adapter.clock()
     behind = request.mode == "incremental" and cursor_until is not None and clock.now < cursor_until - lag
     regressed = behind or (clock_high_water is not None and clock.now < clock_high_water - lag)
-    if behind:
+    if behind and cursor_until is not None:
         log.warning("%s: the partner's clock %s is behind the cursor %s by more than the lag %s: its changes since "
                     "the jump carry stamps before the cursor, so this run harvests the whole list up to the "
                     "partner's clock (and every channel from the start)", adapter.partner_id,
@@ -92,28 +100,26 @@ def freeze_window(
         requested_until=request.requested_until,
         may_advance_cursor=request.may_advance_cursor,
     )
-    window = replace(window, protocol={**clock.protocol, "partner_clock": format_instant(clock.now)})
+    facts = WindowFacts.model_validate({**clock.protocol, "partner_clock": clock.now, "clock_regressed": regressed})
     if regressed:
-        window.protocol["clock_regressed"] = True
         if not behind:
             log.warning("%s: the partner's clock %s is still behind the highest clock or record datestamp an applied "
                         "run saw (%s) by more than the lag %s: versions it stamps now may be older than versions held, "
                         "so this run's versions are ordered by when we observed them. If no clock was ever that far "
                         "ahead, a record is stamped in the future: this repeats until the partner's clock passes it",
-                        adapter.partner_id, format_instant(clock.now), format_instant(clock_high_water), lag)
-    if behind:
-        window.protocol["clock_behind_cursor"] = {
-            "clock": format_instant(clock.now), "cursor": format_instant(cursor_until),
-        }
+                        adapter.partner_id, format_instant(clock.now),
+                        format_instant(clock_high_water) if clock_high_water else "?", lag)
+    if behind and cursor_until is not None:
+        facts = facts.with_(clock_behind_cursor=ClockBehind(clock=format_instant(clock.now),
+                                                            cursor=format_instant(cursor_until)))
         channel_cursors = {name: EPOCH for name in (channel_cursors or {})}
-    plan_channels = getattr(adapter, "plan_channels", None)
-    if plan_channels is not None:
-        channels = plan_channels(window, channel_cursors or {})
-        for plan in channels.values():  # each channel's audit row remembers the clock too
-            plan.setdefault("partner_clock", window.protocol["partner_clock"])
-            if regressed:
-                plan["clock_regressed"] = True
-        window.protocol["channels"] = channels
+    window = replace(window, protocol=facts)
+    channels = adapter.plan_channels(window, channel_cursors or {})
+    if channels:  # each channel's audit row remembers the clock too
+        window = window.with_facts(channels={
+            name: plan.model_copy(update={"partner_clock": plan.partner_clock or clock.now,
+                                          "clock_regressed": plan.clock_regressed or regressed})
+            for name, plan in channels.items()})
     log.info("%s: frozen %s", adapter.partner_id, window.describe())
     return window
 
@@ -149,23 +155,23 @@ def harvest_window(
     return _stage(adapter, adapter.harvest, conn, run, window)
 
 
-def poll_deletions(adapter: Any, conn: psycopg.Connection, run: RunRef, window: Window) -> HarvestStats:
+def poll_deletions(adapter: Adapter, conn: psycopg.Connection, run: RunRef, window: Window) -> HarvestStats:
     """Stream the separate deletions channel (Sierra) into the same run's staging."""
     return _stage(adapter, adapter.poll_deletions, conn, run, window,
                   audit_window=channel_window(window, "deletions"))
 
 
 def _stage(
-    adapter: Any, source: Any, conn: psycopg.Connection, run: RunRef, window: Window,
-    audit_window: Window | None = None, resume: Resumable | None = None,
+    adapter: Adapter, source: Callable[[Window, StagingWriter, HarvestStats], None], conn: psycopg.Connection,
+    run: RunRef, window: Window, audit_window: Window | None = None, resume: Resumable | None = None,
 ) -> HarvestStats:
     partner_id = adapter.partner_id
     ensure_schema(conn)
     stats = HarvestStats()
     if resume is None:
-        resumes = getattr(adapter, "resumes_staging", None)  # an unsliced Sierra export keeps an unfinished try's
-        attempt = begin_run(conn, run, audit_window or window, window.protocol.get("metadata_prefix"),
-                            keep_staging=bool(resumes and resumes(run.channel, window)))
+        # An unsliced Sierra export keeps an unfinished try's staging (Adapter.resumes_staging).
+        attempt = begin_run(conn, run, audit_window or window, window.protocol.metadata_prefix,
+                            keep_staging=adapter.resumes_staging(run.channel, window))
     else:  # a Sierra slice picks up where it failed, with what it staged before
         attempt = slices.reopen(conn, run)
         stats.pages, stats.fetched = resume.pages, resume.fetched
@@ -180,7 +186,7 @@ def _stage(
         fail_run(conn, run, _one_line(exc), attempt, "waiting" if isinstance(exc, PartnerAsksToWait) else "failed")
         raise
     finish_harvest(conn, run, stats, attempt)
-    for check in stats.extra.get("checks", ()):  # second witnesses the adapter ran (I12)
+    for check in stats.checks:  # second witnesses the adapter ran (I12)
         record_check(conn, run, *check, attempt=attempt)
     if stats.complete_list_size is not None and stats.complete_list_size != stats.fetched:
         log.warning(
@@ -197,34 +203,36 @@ def _stage(
 
 # -- slices (issue 9) ---------------------------------------------------------------------
 
-WHOLE = {"channel": slices.PARENT}  # the plan of a run that is not sliced: one piece, the window
+WHOLE = {"channel": slices.PARENT}  # the plan of a run that is not sliced: one piece, the window (XCom)
 
 
 def plan_slices(
-    adapter: Any, conn: psycopg.Connection, partner_id: str, run_id: str, window: Window, settings: Any,
-) -> list[dict[str, Any]]:
+    adapter: Adapter, conn: psycopg.Connection, partner_id: str, run_id: str, window: Window,
+    settings: SliceSettings,
+) -> list[Slice]:
     """Decide whether the run is harvested whole or as slices, and record the plan.
 
-    Returns the pieces the mapped harvest task runs over: ``[{"channel": "changes"}]`` for
-    a window that stays whole (the unsliced path), else one ``{"channel": "changes/00N",
-    ...}`` per slice. The slices' rows are written ``planned`` in one transaction, so the
-    apply refuses until every one of them harvested (I4).
+    Returns the slices planned (none: the window stays whole, the unsliced path), each with
+    its channel ``changes/00N``; :func:`pieces` turns them into what the mapped harvest task
+    runs over. The slices' rows are written ``planned`` in one transaction, so the apply
+    refuses until every one of them harvested (I4).
     """
     ensure_schema(conn)
-    planner = getattr(adapter, "plan_slices", None)
-    planned = planner(window, settings) if planner is not None else []
+    planned = list(adapter.plan_slices(window, settings))
     if len(planned) < 2:
         planned = []
-    bounds = [slices.SliceBounds(slices.slice_channel(i + 1), p.get("from_"), p["until"], p.get("lo"), p.get("hi"),
-                                 p.get("estimate"), p.get("set_spec")) for i, p in enumerate(planned)]
-    slices.write_plan(conn, partner_id, run_id, window, window.protocol.get("metadata_prefix"), bounds)
-    if not bounds:
-        return [dict(WHOLE)]
-    log.info("%s: %s harvested as %d slices: %s", partner_id, window.describe(), len(bounds),
-             "; ".join(_describe_slice(b) for b in bounds))
-    return [{"channel": b.channel, "from": format_instant(b.from_) if b.from_ else None,
-             "until": format_instant(b.until), "lo": b.lo, "hi": b.hi, "set": b.set_spec, "estimate": b.estimate}
-            for b in bounds]
+    bounds = [p.model_copy(update={"channel": slices.slice_channel(i + 1)}) for i, p in enumerate(planned)]
+    slices.write_plan(conn, partner_id, run_id, window, window.protocol.metadata_prefix, bounds)
+    if bounds:
+        log.info("%s: %s harvested as %d slices: %s", partner_id, window.describe(), len(bounds),
+                 "; ".join(_describe_slice(b) for b in bounds))
+    return bounds
+
+
+def pieces(planned: list[Slice]) -> list[dict[str, Any]]:
+    """What the mapped harvest task runs over, as JSON (XCom): ``[{"channel": "changes"}]``
+    for a window that stays whole, else one slice (``{"channel": "changes/00N", ...}``) each."""
+    return [s.to_json() for s in planned] if planned else [dict(WHOLE)]
 
 
 def _describe_slice(bounds: slices.SliceBounds) -> str:
@@ -239,13 +247,14 @@ def _describe_slice(bounds: slices.SliceBounds) -> str:
 
 def slice_window(window: Window, bounds: slices.SliceBounds, resume_at: int | None = None) -> Window:
     """The sub-window one slice harvests: its own range, the run's frozen facts."""
-    piece = {"channel": bounds.channel, "lo": bounds.lo, "hi": bounds.hi, "set": bounds.set_spec,
-             "resume_at": resume_at, "of_full": window.is_full}  # a slice of a full harvest proves its own range (I12)
-    return replace(window, from_=bounds.from_, until=bounds.until, protocol={**window.protocol, "slice": piece})
+    piece = SliceFacts(channel=bounds.channel, lo=bounds.lo, hi=bounds.hi, set_spec=bounds.set_spec,
+                       resume_at=resume_at, estimate=bounds.estimate,
+                       of_full=window.is_full)  # a slice of a full harvest proves its own range (I12)
+    return replace(window, from_=bounds.from_, until=bounds.until, protocol=window.protocol.with_(slice=piece))
 
 
 def harvest_piece(
-    adapter: Any, conn: psycopg.Connection, partner_id: str, run_id: str, window: Window, channel: str,
+    adapter: Adapter, conn: psycopg.Connection, partner_id: str, run_id: str, window: Window, channel: str,
 ) -> HarvestStats:
     """Harvest one piece of the plan: the whole window (``changes``) or one slice.
 
@@ -260,7 +269,7 @@ def harvest_piece(
         return harvest_window(adapter, conn, run, window)
     ensure_schema(conn)
     bounds = slices.read_bounds(conn, run)
-    resume = slices.resumable(conn, run) if getattr(adapter, "resumes_slices", False) else None
+    resume = slices.resumable(conn, run) if adapter.resumes_slices else None
     if resume is not None:
         log.info("%s: slice %s resumes at its checkpoint %d with %d items already staged",
                  partner_id, channel, resume.checkpoint, resume.fetched)
@@ -268,18 +277,14 @@ def harvest_piece(
     return _stage(adapter, adapter.harvest, conn, run, sub, resume=resume)
 
 
-def max_record_bytes(adapter: Any) -> int:
+def max_record_bytes(adapter: Adapter) -> int:
     """The partner's payload limit (registry ``options.limits.max_record_bytes``)."""
-    partner = getattr(adapter, "partner", None)
-    limits = (getattr(partner, "options", None) or {}).get("limits") or {}
-    return int(limits.get("max_record_bytes") or DEFAULT_MAX_RECORD_BYTES)
+    return adapter.partner.options.limits.max_record_bytes
 
 
-def max_run_bytes(adapter: Any) -> int:
+def max_run_bytes(adapter: Adapter) -> int:
     """What one run may stage (registry ``options.limits.max_run_bytes``)."""
-    partner = getattr(adapter, "partner", None)
-    limits = (getattr(partner, "options", None) or {}).get("limits") or {}
-    return int(limits.get("max_run_bytes") or DEFAULT_MAX_RUN_BYTES)
+    return adapter.partner.options.limits.max_run_bytes
 
 
 def apply_changes(

@@ -41,7 +41,7 @@ def findings(partner: Partner, figures: RunFigures, now: datetime) -> list[str]:
         found.append(f"completeness check failed: {check}; records may be missing or extra (see "
                      "docs/operator/operating.md, 'Completeness checks')")
     reference = figures.last_fetch_at or figures.first_run_at
-    if is_quiet(partner, figures.last_fetch_at, figures.first_run_at, now):
+    if reference is not None and is_quiet(partner, figures.last_fetch_at, figures.first_run_at, now):
         since = figures.last_fetch_at.strftime("%Y-%m-%d %H:%MZ") if figures.last_fetch_at else "never"
         found.append(
             f"no record fetched for {(now - reference).days} days (last fetch: {since}); "

@@ -19,12 +19,13 @@ from typing import Any
 
 import psycopg
 
+from partner_harvest.adapters import Adapter
 from partner_harvest.errors import HarvestError
 from partner_harvest.records import HarvestStats, Tombstone
 from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, ensure_schema, fail_run, finish_harvest
 from partner_harvest.store import reconcile as sql
-from partner_harvest.window import Window
+from partner_harvest.window import Window, WindowFacts
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class ReconcileResult:
 
 
 def reconcile(
-    adapter: Any,
+    adapter: Adapter,
     conn: psycopg.Connection,
     partner: Partner,
     run_id: str,
@@ -64,9 +65,9 @@ def reconcile(
     """Sweep, plan, guard, fetch what is missing, and apply it all in one transaction."""
     ensure_schema(conn)
     clock = adapter.clock()
-    window = Window("reconcile", None, clock.now, clock.granularity, False, dict(clock.protocol))
+    window = Window("reconcile", None, clock.now, clock.granularity, False, WindowFacts.model_validate(clock.protocol))
     run = RunRef(partner.id, run_id, CHANNEL)
-    begin_run(conn, run, window, window.protocol.get("metadata_prefix"))
+    begin_run(conn, run, window, window.protocol.metadata_prefix)
     sweep = sql.IdSweepWriter(conn, partner.id, run_id)
     sweep.reset()
     stats = HarvestStats()
@@ -95,7 +96,7 @@ def reconcile(
 
 
 def _verify_vanished(
-    adapter: Any, conn: psycopg.Connection, partner: Partner, run: RunRef, window: Window,
+    adapter: Adapter, conn: psycopg.Connection, partner: Partner, run: RunRef, window: Window,
     sweep: sql.IdSweepWriter, writer: StagingWriter, unbounded: bool = False,
 ) -> dict[str, int]:
     """Confirm each vanished candidate with the partner before it may become a tombstone.
@@ -106,19 +107,19 @@ def _verify_vanished(
     unless the operator allowed a mass purge: then every candidate is verified (a long
     run, once, instead of a refusal every week until the budget has worked through them).
     """
-    verify = getattr(adapter, "verify_vanished", None)
     counts = {"gone": 0, "deleted": 0, "live": 0, "unverified": 0}
-    if verify is None:
+    budget = adapter.verify_limit
+    if budget is None:  # the protocol's sweep is authoritative (Adapter.verify_limit)
         return counts
     if not unbounded:
-        counts["unverified"] = sql.keep_unverified(conn, partner.id, run.run_id, adapter.verify_limit)
+        counts["unverified"] = sql.keep_unverified(conn, partner.id, run.run_id, budget)
     if counts["unverified"]:
         log.warning(
             "%s: %d vanished records beyond the verification budget of %d are kept; the next "
-            "reconcile verifies them", partner.id, counts["unverified"], adapter.verify_limit,
+            "reconcile verifies them", partner.id, counts["unverified"], budget,
         )
     for chunk in sql.vanished_identifiers(conn, partner.id, run.run_id, adapter.fetch_chunk):
-        answers = verify(window, chunk)
+        answers = adapter.verify_vanished(window, chunk)
         listed: list[tuple[str, Any, bool]] = []
         live: list[Any] = []
         for identifier, item in answers:
@@ -139,7 +140,7 @@ def _verify_vanished(
 
 
 def _fetch_missing(
-    adapter: Any, conn: psycopg.Connection, partner: Partner, run: RunRef, window: Window,
+    adapter: Adapter, conn: psycopg.Connection, partner: Partner, run: RunRef, window: Window,
     writer: StagingWriter,
 ) -> tuple[int, bool]:
     """Stage the live records the aggregation lacks; returns (how many, whether in bulk).
@@ -150,13 +151,13 @@ def _fetch_missing(
     """
     start = writer.seq
     bulk = False
-    threshold = getattr(adapter, "bulk_missing_threshold", None)
+    threshold = adapter.bulk_missing_threshold
     if threshold is not None:
         missing, oldest, undated = sql.missing_span(conn, partner.id, run.run_id)
         if missing > threshold:
             bulk = True
             since = None if undated or oldest is None else oldest
-            span = Window("reconcile", since, window.until, window.granularity, False, dict(window.protocol))
+            span = Window("reconcile", since, window.until, window.granularity, False, window.protocol)
             log.info("%s: %d records missing; fetching them with one list stream: %s",
                      partner.id, missing, span.describe())
             sink = sql.MissingOnlySink(conn, writer, partner.id)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Union
 
 from partner_harvest.formats.checks import Finding
 
@@ -53,7 +52,12 @@ class Rejected:
     metadata_prefix: str | None = None
 
 
-HarvestItem = Union[Record, Tombstone, Rejected]
+HarvestItem = Record | Tombstone | Rejected
+
+
+# A completeness check (I12) an adapter ran: (kind, expected, found, ok, detail), recorded
+# on the channel's audit row by the pipeline (store.runs.record_check).
+Check = tuple[str, "int | None", "int | None", bool, str]
 
 
 @dataclass(slots=True)
@@ -70,7 +74,8 @@ class HarvestStats:
     # Items the channel should bring, for its progress and time left only (Sierra: the id
     # span); never a check, never the end of a listing. completeListSize, when known, wins.
     expected: int | None = None
-    extra: dict[str, object] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)  # second witnesses (I12) the adapter ran
+    cleaned_pages: int = 0  # OAI-PMH pages whose XML had to be cleaned before it parsed
 
     def add(self, item: HarvestItem) -> None:
         self.fetched += 1

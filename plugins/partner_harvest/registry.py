@@ -9,16 +9,15 @@ the partner and the field. Only a file that cannot be read at all fails as a who
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
+from croniter import CroniterError, croniter
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -28,15 +27,14 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
-    WithJsonSchema,
     ValidationInfo,
-    create_model,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 
 from partner_harvest.formats.checks import CHECKS, UnknownCheck, check_overrides
-from partner_harvest.http import HttpPolicy
+from partner_harvest.transport import HttpPolicy
 
 PARTNERS_FILE_ENV = "HARVEST_PARTNERS_FILE"
 DEFAULT_PARTNERS_FILE = Path(__file__).resolve().parents[2] / "include" / "partners.yaml"
@@ -78,88 +76,6 @@ class RegistryError(ValueError):
         self.problem = problem
 
 
-@dataclass(frozen=True)
-class Partner:
-    """One partner repository and the knobs its DAG is built from."""
-
-    id: str
-    protocol: str
-    conn_id: str
-    schedule: str = "0 2 * * *"
-    lag: timedelta = timedelta(minutes=10)
-    metadata_prefix: str = "auto"
-    set_spec: str | None = None
-    description: str = ""
-    max_token_restarts: int = 3
-    page_size: int = 2000
-    fields: tuple[str, ...] = ()
-    deletion_overlap_days: int = 1
-    pool_slots: int = 1
-    retries: int = 3
-    reconcile_schedule: str = "0 4 * * 0"
-    max_purge_fraction: float = 0.05
-    quarantine_alert_rate: float = 0.05
-    purge_alert_fraction: float = 0.05
-    quiet_period: timedelta = timedelta(days=7)
-    run_deadline: timedelta = DEFAULT_RUN_DEADLINE
-    finish_by: str | None = None  # "HH:MM" UTC: a scheduled run unfinished then alerts
-    options: dict[str, Any] = field(default_factory=dict)
-    # -- Airflow task arguments (issue 9 item 5): None = the DAG factory's default
-    execution_timeout: timedelta | None = None
-    retry_delay: timedelta | None = None
-    max_retry_delay: timedelta | None = None
-    slicing: "SliceSettings" = field(default_factory=lambda: SliceSettings())
-
-    @property
-    def finish_by_offset(self) -> timedelta | None:
-        """From the scheduled run's logical date (its cron tick) to ``finish_by``: under a day."""
-        if not self.finish_by:
-            return None
-        return finish_by_offset(self.schedule, self.finish_by)
-
-    @property
-    def dag_id(self) -> str:
-        return f"harvest_{self.id}"
-
-    @property
-    def cursor_key(self) -> str:
-        return cursor_key(self.id)
-
-    @property
-    def reconcile_dag_id(self) -> str:
-        return f"reconcile_{self.id}"
-
-    @property
-    def pool(self) -> str:
-        """The Airflow pool that bounds concurrent requests to this partner's endpoint."""
-        return f"partner_{self.id}"
-
-
-@dataclass(frozen=True)
-class SliceSettings:
-    """When a run is harvested as slices (mapped tasks), and how finely (registry ``slicing``).
-
-    A full harvest, or a window longer than ``long_window``, whose expected size (OAI
-    ``completeListSize``; Sierra the span of bib ids) is above ``threshold_records`` is cut
-    into slices of about ``target_records``, at most ``max_slices``. A Sierra change poll has
-    no count: a window longer than ``long_window`` is cut into pieces of that length. An OAI
-    repository that announces no ``completeListSize`` is cut into ``without_count`` equal time
-    ranges on a full harvest (1: not at all). ``max_slices: 1`` turns slicing off.
-
-    ``sets`` (OAI-PMH): the operator says these sets partition the repository, so such a
-    window is cut into one slice per set instead (a set above ``target_records`` further in
-    time), when the sets' counts add up to the whole list's at planning time
-    (oai/slicing.plan_by_sets); otherwise by datestamp as above.
-    """
-
-    threshold_records: int = 200_000
-    target_records: int = 100_000
-    max_slices: int = 8
-    long_window: timedelta = timedelta(days=30)
-    without_count: int = 1
-    sets: tuple[str, ...] = ()
-
-
 def cursor_key(partner_id: str, channel: str | None = None) -> str:
     """``harvest_cursor__<id>[__<channel>]``; ids and channels never contain ``__``,
     so no partner's key can equal another partner's channel key."""
@@ -199,9 +115,14 @@ def parse_duration(value: Any) -> timedelta:
 
 # -- the model ---------------------------------------------------------------------------
 
-def _cron(value: Any) -> Any:
+def _cron(value: object) -> str:
+    """Five fields, each in its range (croniter: ``61 * * * *`` never fires and is refused)."""
     if not isinstance(value, str) or len(value.split()) != 5:
         raise ValueError(f"must be a five-field cron expression, got {value!r}")
+    try:
+        croniter(value)
+    except (CroniterError, ValueError) as exc:
+        raise ValueError(f"is not a valid cron expression ({value!r}): {' '.join(str(exc).split())}") from None
     return value
 
 
@@ -236,64 +157,45 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _strict_type(annotation: Any) -> Any:
-    """Strict scalars for the HttpPolicy mirror: YAML 'yes' or '5' must not pass as 5."""
-    return {int: StrictInt, bool: StrictBool, str: StrictStr,
-            float: Annotated[float, Field(strict=True)]}.get(annotation, annotation)
-
-
-def _http_options_model() -> type[BaseModel]:
-    """Mirror every field of HttpPolicy, so fields added to it are accepted here too."""
-    try:
-        hints = typing.get_type_hints(HttpPolicy)
-    except Exception:  # an annotation we cannot resolve: still check the key names
-        hints = {}
-    definitions: dict[str, Any] = {}
-    for f in dataclasses.fields(HttpPolicy):
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = ...  # required by HttpPolicy itself
-        if isinstance(default, frozenset):
-            default = sorted(default)  # JSON-friendly in the published schema
-        definitions[f.name] = (_strict_type(hints.get(f.name, Any)), default)
-    return create_model("HttpOptions", __base__=_Strict,
-                        __doc__="options.http: overrides of partner_harvest.http.HttpPolicy",
-                        **definitions)
-
-
-HttpOptions = _http_options_model()
+HttpOptions = HttpPolicy  # options.http is the transport's own model
 
 
 class SierraOptions(_Strict):
-    """options.sierra: keyword arguments of SierraClient."""
+    """options.sierra (Sierra only): keyword arguments of SierraClient."""
 
-    refresh_margin: Annotated[float, Field(ge=0, strict=True)] = 60.0
-    server_error_tries: Annotated[StrictInt, Field(ge=1)] = 3
-    server_error_backoff: Annotated[float, Field(ge=0, strict=True)] = 2.0
+    refresh_margin: Annotated[float, Field(ge=0, strict=True, description=(
+        "seconds before an access token's expiry at which a new one is fetched (tokens cannot be "
+        "refreshed)"))] = 60.0
+    server_error_tries: Annotated[StrictInt, Field(ge=1, description=(
+        "tries of one request answered HTTP 500 (its body carries Sierra's error code, which the client "
+        "reads); 502/503/504 and broken connections are retried by options.http.retries instead"))] = 3
+    server_error_backoff: Annotated[float, Field(ge=0, strict=True, description=(
+        "seconds before the second try of a 500, doubling after each (at most 60)"))] = 2.0
 
 
-_RESERVED_EXPORT_PARAMS = ("id", "limit")
+RESERVED_EXPORT_PARAMS = ("id", "limit", "offset")  # the export keyset owns these
 
 
-def _query_value(value: Any) -> Any:
+def _query_value(value: object) -> str | int:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise ValueError(f"must be a string or an integer, got {value!r}")
     return value
 
 
-QueryValue = Annotated[Any, BeforeValidator(_query_value),
+QueryValue = Annotated[str | int, BeforeValidator(_query_value),
                        WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "integer"}]})]
 
 
 class ExportOptions(_Strict):
-    """options.export: the Sierra bibs/marc full-load export."""
+    """options.export (Sierra only): the bibs/marc full-load export."""
 
-    limit: Annotated[StrictInt, Field(ge=1)] = 2000
-    rate_limit_wait: Annotated[float, Field(ge=0, strict=True)] = 300.0
-    max_rate_limit_waits: Annotated[StrictInt, Field(ge=0)] = 12
+    limit: Annotated[StrictInt, Field(ge=1)] | None = Field(default=None, description=(
+        "ids per bibs/marc export block; default the partner's page_size; above 2000 (Sierra's cap) "
+        "2000 is sent"))
+    rate_limit_wait: Annotated[float, Field(ge=0, strict=True, description=(
+        "seconds to wait on a rate limit (code 138, HTTP 429) that names no wait of its own"))] = 300.0
+    max_rate_limit_waits: Annotated[StrictInt, Field(ge=0, description=(
+        "rate-limit waits slept in one try at the same id before the try fails"))] = 12
     max_sleep_seconds: Annotated[float, Field(ge=0, strict=True, description=(
         "a rate-limit wait up to this long sleeps in the task; a longer one frees the worker slot "
         "(the task is rescheduled and resumes where it stopped)"))] = 30.0
@@ -302,8 +204,8 @@ class ExportOptions(_Strict):
 
     @field_validator("params")
     @classmethod
-    def _no_reserved(cls, value: dict[str, Any]) -> dict[str, Any]:
-        clash = sorted(set(value) & set(_RESERVED_EXPORT_PARAMS))
+    def _no_reserved(cls, value: dict[str, str | int]) -> dict[str, str | int]:
+        clash = sorted(set(value) & set(RESERVED_EXPORT_PARAMS))
         if clash:
             raise ValueError(f"{', '.join(clash)} are set by the harvester, not by params")
         return value
@@ -314,7 +216,9 @@ class LimitsOptions(_Strict):
     is a failure naming the partner, the cap and the request (records over
     max_record_bytes are quarantined instead)."""
 
-    max_record_bytes: Annotated[StrictInt, Field(ge=1)] = DEFAULT_MAX_RECORD_BYTES
+    max_record_bytes: Annotated[StrictInt, Field(ge=1, description=(
+        "bytes of one record's payload; a larger record is quarantined with the reason, not stored"))] = (
+        DEFAULT_MAX_RECORD_BYTES)
     max_token_bytes: Annotated[StrictInt, Field(ge=64, description=(
         "an OAI-PMH resumptionToken longer than this (UTF-8 bytes) fails its chain"))] = DEFAULT_MAX_TOKEN_BYTES
     chain_pages_slack: Annotated[float, Field(ge=1, strict=True, description=(
@@ -328,7 +232,11 @@ class LimitsOptions(_Strict):
 
 
 class CompletenessOptions(_Strict):
-    list_identifiers: StrictBool = False
+    """options.completeness (OAI-PMH): how a harvest proves it missed nothing."""
+
+    list_identifiers: StrictBool = Field(default=False, description=(
+        "after a harvest that announces no completeListSize, count the window with a separate "
+        "ListIdentifiers stream (oai-list-identifiers) and compare"))
 
 
 class ReconcileOptions(_Strict):
@@ -342,7 +250,7 @@ class ReconcileOptions(_Strict):
         "one GetRecord each"))] = 500
 
 
-def _validation_overrides(value: Any) -> Any:
+def _validation_overrides(value: object) -> object:
     if isinstance(value, dict):
         try:
             check_overrides(value)
@@ -371,32 +279,32 @@ class OaiOptions(_Strict):
 
 
 class Options(_Strict):
-    http: HttpOptions = Field(default_factory=HttpOptions)  # type: ignore[valid-type]
-    oai: OaiOptions = Field(default_factory=OaiOptions)
-    sierra: SierraOptions = Field(default_factory=SierraOptions)
-    export: ExportOptions = Field(default_factory=ExportOptions)
-    limits: LimitsOptions = Field(default_factory=LimitsOptions)
-    completeness: CompletenessOptions = Field(default_factory=CompletenessOptions)
-    reconcile: ReconcileOptions = Field(default_factory=ReconcileOptions)
+    """options: per-partner settings, each typed; an unknown key anywhere is an error naming it."""
+
+    http: HttpPolicy = Field(default_factory=HttpPolicy, description=(
+        "the HTTP transport: timeouts, retries, caps on responses (every key optional)"))
+    oai: OaiOptions = Field(default_factory=OaiOptions, description="OAI-PMH only: window splitting")
+    sierra: SierraOptions = Field(default_factory=SierraOptions, description="Sierra only: the API client")
+    export: ExportOptions = Field(default_factory=ExportOptions, description="Sierra only: the full-load export")
+    limits: LimitsOptions = Field(default_factory=LimitsOptions, description=(
+        "what one partner may cost a worker and the database"))
+    completeness: CompletenessOptions = Field(default_factory=CompletenessOptions, description=(
+        "OAI-PMH: the completeness proof of a harvest"))
+    reconcile: ReconcileOptions = Field(default_factory=ReconcileOptions, description=(
+        "OAI-PMH only: how much of a reconcile's work one run does"))
     validation: ValidationOverrides = Field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
-        """Plain dicts for ``partner.options.get(...)``; http/sierra/export only the keys given,
-        so the code's own defaults apply to the rest."""
-        return {
-            "http": self.http.model_dump(exclude_unset=True),
-            "sierra": self.sierra.model_dump(exclude_unset=True),
-            "export": self.export.model_dump(exclude_unset=True),
-            "limits": self.limits.model_dump(),
-            "completeness": self.completeness.model_dump(),
-            "reconcile": self.reconcile.model_dump(),
-            "validation": dict(self.validation),
-            "oai": self.oai.model_dump(),
-        }
 
+class SliceSettings(_Strict):
+    """slicing: when a run is harvested as slices (mapped tasks), and how finely.
 
-class SlicingEntry(_Strict):
-    """slicing: when a big run is harvested as slices (mapped tasks; README "Big partners: slices")."""
+    A full harvest, or a window longer than ``long_window``, whose expected size (OAI
+    ``completeListSize``; Sierra the span of bib ids) is above ``threshold_records`` is cut
+    into slices of about ``target_records``, at most ``max_slices``. A Sierra change poll has
+    no count: a window longer than ``long_window`` is cut into pieces of that length. ``sets``
+    (OAI-PMH) cut by set first, when their counts add up at planning time
+    (oai/slicing.plan_by_sets); otherwise by datestamp.
+    """
 
     threshold_records: Annotated[StrictInt, Field(ge=1, description=(
         "a full harvest (or a window longer than long_window) expected to hold more records than this "
@@ -409,15 +317,15 @@ class SlicingEntry(_Strict):
     without_count: Annotated[StrictInt, Field(ge=1, le=256, description=(
         "OAI-PMH full harvest of a repository that announces no completeListSize: this many equal time "
         "ranges (1: no slicing)"))] = 1
-    sets: list[Annotated[str, Field(min_length=1, pattern=r"^\S+$", strict=True)]] = Field(
-        default_factory=list, description=(
+    sets: tuple[Annotated[str, Field(min_length=1, pattern=r"^\S+$", strict=True)], ...] = Field(
+        default=(), description=(
             "OAI-PMH: setSpecs that partition the repository (every record, deleted ones too, in exactly "
             "one of them): a big window is harvested one slice per set (a set above target_records cut in "
             "time), when the sets' counts add up to the whole list's at planning time (else by datestamp); "
             "2..max_slices sets; needs no partner set"))
 
     @model_validator(mode="after")
-    def _target_below_threshold(self) -> "SlicingEntry":
+    def _target_below_threshold(self) -> SliceSettings:
         if self.target_records > self.threshold_records:
             raise ValueError("target_records must not exceed threshold_records")
         if self.long_window < timedelta(hours=1):
@@ -430,37 +338,62 @@ class SlicingEntry(_Strict):
                                  f"{len(self.sets)} given")
         return self
 
-    def to_settings(self) -> SliceSettings:
-        return SliceSettings(self.threshold_records, self.target_records, self.max_slices,
-                             self.long_window, self.without_count, tuple(self.sets))
 
 
-class PartnerEntry(_Strict):
-    """One entry of ``partners:`` as written in the YAML file."""
+SlicingEntry = SliceSettings  # the name the registry model had
 
-    id: Annotated[str, Field(pattern=ID_PATTERN, max_length=ID_MAX_LENGTH, strict=True,
-                             description="slug; DAGs harvest_<id>/reconcile_<id>, pool partner_<id>")]
-    protocol: Literal["oai-pmh", "sierra"]
-    conn_id: Annotated[str, Field(min_length=1, pattern=r"\S", strict=True,
-                                  description="Airflow Connection whose host is the endpoint's base URL")]
-    schedule: Cron = "0 2 * * *"
-    lag: Duration = timedelta(minutes=10)
-    metadata_prefix: Annotated[str, Field(min_length=1, pattern=r"\S", strict=True)] | None = Field(
-        default=None, description="a prefix, or auto; default auto (OAI-PMH) / marc21 (Sierra)")
-    set: Annotated[str, Field(min_length=1, pattern=r"\S", strict=True)] | None = None
-    description: StrictStr = ""
-    max_token_restarts: Annotated[StrictInt, Field(ge=0, le=100)] = 3
-    page_size: Annotated[StrictInt, Field(ge=1, le=2000)] = 2000
-    fields: Annotated[list[StrictStr], BeforeValidator(_field_list)] = Field(default_factory=list)
-    deletion_overlap_days: Annotated[StrictInt, Field(ge=0, le=365)] = 1
-    pool_slots: Annotated[StrictInt, Field(ge=1, le=64)] = 1
+
+_Text = Annotated[str, Field(min_length=1, pattern=r"\S", strict=True)]
+
+
+class Partner(_Strict):
+    """One partner repository and the knobs its DAGs are built from: one entry of ``partners:``.
+
+    This model is the runtime object too: what the file says, validated once, with every
+    default and rule here. Python code builds one from a registry-shaped mapping
+    (``Partner(**entry)`` or ``Partner.model_validate(entry)``); the attribute of the file's
+    ``set`` is ``set_spec`` (either name is accepted).
+    """
+
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True)
+
+    id: Annotated[str, Field(pattern=ID_PATTERN, max_length=ID_MAX_LENGTH, strict=True, description=(
+        "slug: lowercase letters and digits in words joined by single '_'; DAGs harvest_<id> and "
+        "reconcile_<id>, pool partner_<id>, cursor harvest_cursor__<id>"))]
+    protocol: Literal["oai-pmh", "sierra"] = Field(description="oai-pmh or sierra")
+    conn_id: Annotated[str, Field(min_length=1, pattern=r"\S", strict=True, description=(
+        "Airflow Connection whose host is the endpoint's base URL (Sierra: login the client key, "
+        "password the client secret)"))]
+    schedule: Cron = Field(default="0 2 * * *", description="when the harvest runs (cron, UTC)")
+    lag: Duration = Field(default=timedelta(minutes=10), description=(
+        "overlap of windows: the next window starts at the previous until minus this"))
+    metadata_prefix: _Text = Field(default=None, validate_default=True, description=(
+        "a prefix, or auto (OAI-PMH: LIDO when advertised, else oai_dc); default auto (OAI-PMH) / "
+        "marc21 (Sierra)"))
+    set_spec: _Text | None = Field(default=None, alias="set", description="OAI-PMH: harvest this set only")
+    description: StrictStr = Field(default="", description="free text shown with the partner's DAGs")
+    max_token_restarts: Annotated[StrictInt, Field(ge=0, le=100, description=(
+        "OAI-PMH: restarts of a run's chain from its frozen bounds after badResumptionToken"))] = 3
+    page_size: Annotated[StrictInt, Field(ge=1, le=2000, description=(
+        "Sierra: records per page of the change and deletion polls (Sierra's cap is 2000)"))] = 2000
+    fields: Annotated[tuple[StrictStr, ...], BeforeValidator(_field_list)] = Field(default=(), description=(
+        "Sierra: the bib fields the change poll asks for (a list or a comma-separated string); "
+        "empty: the harvester's own set"))
+    deletion_overlap_days: Annotated[StrictInt, Field(ge=0, le=365, description=(
+        "Sierra: the deletion poll starts this many days before its cursor"))] = 1
+    pool_slots: Annotated[StrictInt, Field(ge=1, le=64, description=(
+        "concurrent requests to this endpoint: the slots of pool partner_<id>"))] = 1
     retries: Annotated[StrictInt, Field(ge=0, le=MAX_RETRIES)] = Field(
         default=3, description="Airflow retries of each task (0..20), exponential backoff from retry_delay")
-    reconcile_schedule: Cron = "0 4 * * 0"
-    max_purge_fraction: Fraction = 0.05
-    quarantine_alert_rate: Fraction = 0.05
-    purge_alert_fraction: Fraction = 0.05
-    quiet_period: Duration = timedelta(days=7)
+    reconcile_schedule: Cron = Field(default="0 4 * * 0", description="when the full reconcile runs (cron, UTC)")
+    max_purge_fraction: Fraction = Field(default=0.05, description=(
+        "a reconcile that would remove more than this share of the partner's records applies nothing"))
+    quarantine_alert_rate: Fraction = Field(default=0.05, description=(
+        "alert when a run quarantines more than this share of the records it fetched"))
+    purge_alert_fraction: Fraction = Field(default=0.05, description=(
+        "alert when one run purges more than this share of the partner's records"))
+    quiet_period: Duration = Field(default=timedelta(days=7), description=(
+        "alert when nothing was fetched from the partner for longer than this"))
     run_deadline: Duration = Field(
         default=DEFAULT_RUN_DEADLINE,
         description="alert when a run has not finished this long after it was queued "
@@ -470,14 +403,34 @@ class PartnerEntry(_Strict):
         description="HH:MM (UTC): alert when a scheduled run has not finished by then, counted from "
         "its start time (schedule 0 2 * * *, finish_by 06:00: four hours); needs a schedule that runs "
         "at one time of day")
-    options: Options = Field(default_factory=Options)
-    # -- Airflow task arguments (issue 9 item 5); unset: the DAG factory's defaults
+    options: Options = Field(default_factory=Options, description="per-partner settings by subject")
+    # -- Airflow task arguments; unset: the DAG factory's defaults
     execution_timeout: Duration | None = Field(
         default=None, description="a task attempt running longer fails (and is retried); default 6h")
     retry_delay: Duration | None = Field(
         default=None, description="wait before a task's first retry, doubling after each; default 2m")
     max_retry_delay: Duration | None = Field(
         default=None, description="the longest wait between two retries; default 30m")
+    slicing: SliceSettings = Field(default_factory=SliceSettings, description=(
+        "when a big run is harvested as slices (mapped tasks), and how finely"))
+
+    @field_validator("conn_id")
+    @classmethod
+    def _stripped(cls, value: str) -> str:
+        return value.strip()
+
+    @field_validator("metadata_prefix", mode="before")
+    @classmethod
+    def _default_prefix(cls, value: object, info: ValidationInfo) -> object:
+        """The default depends on the protocol: auto-detected (OAI-PMH), marc21 (Sierra)."""
+        if value is None:
+            return "marc21" if info.data.get("protocol") == "sierra" else "auto"
+        return value
+
+    @field_validator("metadata_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        return value.strip()
 
     @field_validator("execution_timeout", "retry_delay", "max_retry_delay")
     @classmethod
@@ -493,19 +446,18 @@ class PartnerEntry(_Strict):
         if value is not None and delay is not None and value < delay:
             raise ValueError(f"is shorter than retry_delay ({int(delay.total_seconds())}s), the first wait")
         return value
-    slicing: SlicingEntry = Field(default_factory=SlicingEntry)
 
     @model_validator(mode="after")
-    def _slicing_sets_fit_the_partner(self) -> "PartnerEntry":
+    def _slicing_sets_fit_the_partner(self) -> Partner:
         if self.slicing.sets:
             if self.protocol != "oai-pmh":
                 raise ValueError("slicing.sets applies to protocol oai-pmh only")
-            if self.set is not None:
+            if self.set_spec is not None:
                 raise ValueError("slicing.sets partitions the whole repository: it cannot be combined with set")
         return self
 
     @model_validator(mode="after")
-    def _finish_by_fits_the_schedule(self) -> "PartnerEntry":
+    def _finish_by_fits_the_schedule(self) -> Partner:
         if self.finish_by is not None:
             try:
                 finish_by_offset(self.schedule, self.finish_by)
@@ -533,32 +485,44 @@ class PartnerEntry(_Strict):
                 raise ValueError(f"options.{name} applies to protocol oai-pmh only")
         return value
 
-    def to_partner(self) -> Partner:
-        prefix = self.metadata_prefix or ("auto" if self.protocol == "oai-pmh" else "marc21")
-        return Partner(
-            id=self.id, protocol=self.protocol, conn_id=self.conn_id.strip(), schedule=self.schedule,
-            lag=self.lag, metadata_prefix=prefix.strip(), set_spec=self.set, description=self.description,
-            max_token_restarts=self.max_token_restarts, page_size=self.page_size, fields=tuple(self.fields),
-            deletion_overlap_days=self.deletion_overlap_days, pool_slots=self.pool_slots,
-            retries=self.retries, reconcile_schedule=self.reconcile_schedule,
-            max_purge_fraction=float(self.max_purge_fraction),
-            quarantine_alert_rate=float(self.quarantine_alert_rate),
-            purge_alert_fraction=float(self.purge_alert_fraction), quiet_period=self.quiet_period,
-            run_deadline=self.run_deadline, finish_by=self.finish_by, options=self.options.as_dict(),
-            **self._airflow_args(),
-            slicing=self.slicing.to_settings(),
-        )
+    @property
+    def finish_by_offset(self) -> timedelta | None:
+        """From the scheduled run's logical date (its cron tick) to ``finish_by``: under a day."""
+        if not self.finish_by:
+            return None
+        return finish_by_offset(self.schedule, self.finish_by)
 
-    def _airflow_args(self) -> dict[str, Any]:
-        return {"execution_timeout": self.execution_timeout, "retry_delay": self.retry_delay,
-                "max_retry_delay": self.max_retry_delay}
+    @property
+    def dag_id(self) -> str:
+        return f"harvest_{self.id}"
+
+    @property
+    def cursor_key(self) -> str:
+        return cursor_key(self.id)
+
+    @property
+    def reconcile_dag_id(self) -> str:
+        return f"reconcile_{self.id}"
+
+    @property
+    def pool(self) -> str:
+        """The Airflow pool that bounds concurrent requests to this partner's endpoint."""
+        return f"partner_{self.id}"
+
+    def evolve(self, **changes: object) -> Partner:
+        """A copy with ``changes`` (registry keys or attribute names), validated again."""
+        current = {name: getattr(self, name) for name in type(self).model_fields}
+        return type(self).model_validate({**current, **changes})
+
+
+PartnerEntry = Partner  # the name the registry model had
 
 
 class RegistryFile(_Strict):
     """The whole file: ``partners:``, a list of partner entries."""
 
     model_config = ConfigDict(extra="forbid", title="partner harvest registry")
-    partners: list[PartnerEntry]
+    partners: list[Partner] = Field(description="one entry per partner repository; ids unique")
 
 
 def registry_schema() -> dict[str, Any]:
@@ -604,16 +568,23 @@ def load_registry(path: Path | str | None = None) -> Registry:
         raise RegistryError(path, None, None, "file not found") from None
     except yaml.YAMLError as exc:
         raise RegistryError(path, None, None, f"not valid YAML: {exc}") from None
+    return parse_registry(raw, path)
+
+
+def parse_registry(raw: object, path: Path | str = "<registry>") -> Registry:
+    """A registry-shaped value (``{"partners": [...]}``, as the YAML file parses) checked the
+    way :func:`load_registry` checks the file: each entry on its own; ``path`` names it in errors."""
+    path = Path(path)
     if not isinstance(raw, dict) or not isinstance(raw.get("partners"), list):
         raise RegistryError(path, None, "partners", "expected a top-level 'partners:' list")
     unknown = sorted(str(k) for k in raw if k != "partners")
     if unknown:
         raise RegistryError(path, None, unknown[0], "unknown top-level key (only 'partners:' is allowed)")
-    entries: list[tuple[str, PartnerEntry | RegistryError]] = []
+    entries: list[tuple[str, Partner | RegistryError]] = []
     for index, entry in enumerate(raw["partners"]):
         label = _label(entry, index)
         try:
-            entries.append((label, PartnerEntry.model_validate(entry)))
+            entries.append((label, Partner.model_validate(entry)))
         except ValidationError as exc:
             entries.append((label, _entry_error(path, label, exc)))
     counts: dict[str, int] = {}
@@ -630,7 +601,7 @@ def load_registry(path: Path | str | None = None) -> Registry:
         elif isinstance(result, RegistryError):
             errors.append(result)
         else:
-            partners.append(result.to_partner())
+            partners.append(result)
     return Registry(path, sorted(partners, key=lambda p: p.id), errors)
 
 
@@ -687,7 +658,8 @@ def _describe(err: Any) -> str:
     message = str(err["msg"])
     message = message.removeprefix("Value error, ")
     if kind == "string_pattern_mismatch" and err["loc"] == ("id",):
-        message = "must be a slug: lowercase letters and digits in words joined by single '_', starting with a letter (no '__', no trailing '_')"
+        message = ("must be a slug: lowercase letters and digits in words joined by single '_', starting with a "
+                   "letter (no '__', no trailing '_')")
     if kind == "literal_error" and err["loc"] == ("protocol",):
         message = f"must be one of {', '.join(PROTOCOLS)}"
     return message
@@ -695,7 +667,7 @@ def _describe(err: Any) -> str:
 
 def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
     """The keys the model allows at ``loc`` (a path of field names)."""
-    model: Any = PartnerEntry
+    model: Any = Partner
     for part in loc:
         info = getattr(model, "model_fields", {}).get(part)
         if info is None:

@@ -8,9 +8,12 @@ idempotent, so the overlap is harmless).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
 
 MODES = ("incremental", "full", "window")
 DAY = "day"
@@ -51,52 +54,152 @@ def format_instant(value: datetime) -> str:
     return as_utc(value).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _instant(value: object) -> object:
+    """Text (XCom) parsed; a datetime in UTC to the second, as its JSON form keeps it."""
+    if isinstance(value, str):
+        return parse_instant(value)
+    return as_utc(value).replace(microsecond=0) if isinstance(value, datetime) else value
+
+
+# An instant in UTC; in JSON (XCom) ``YYYY-MM-DDThh:mm:ssZ``, read back from that or a date.
+Instant = Annotated[
+    datetime,
+    BeforeValidator(_instant),
+    PlainSerializer(lambda value: format_instant(value), return_type=str, when_used="json"),
+]
+
+
+class _Facts(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True)
+
+
+class ClockBehind(_Facts):
+    """The partner's clock was behind our cursor by more than the lag when the window froze."""
+
+    clock: str
+    cursor: str
+
+
+class ChannelPlan(_Facts):
+    """The own (day-granular) window of a run's extra channel (Sierra's deletion poll)."""
+
+    from_: Instant | None = Field(default=None, alias="from")
+    until: Instant
+    skip: bool = False  # nothing to poll (a full load from scratch: deletions start tomorrow)
+    partner_clock: Instant | None = None
+    clock_regressed: bool = False
+
+
+class SliceFacts(_Facts):
+    """What a slice's sub-window knows of its slice (pipeline.slice_window)."""
+
+    channel: str
+    lo: int | None = None  # a Sierra id range [lo, hi] (hi None: open-ended)
+    hi: int | None = None
+    set_spec: str | None = Field(default=None, alias="set")  # an OAI slice that is one set
+    resume_at: int | None = None  # the checkpoint a retried Sierra slice resumes at
+    estimate: int | None = None  # what the plan expected of the slice (a count or an id span), for progress only
+    of_full: bool = False  # a slice of a full harvest proves its own range (I12)
+
+
+class WindowFacts(_Facts):
+    """The facts frozen with a window (the partner's clock, the protocol's answers), read by
+    every task of the run: typed here, JSON only at the XCom boundary (:meth:`Window.to_dict`)."""
+
+    partner_clock: Instant | None = None  # the partner's own clock when the window froze
+    clock_regressed: bool = False  # the clock trails the highest stamp applied runs saw
+    clock_behind_cursor: ClockBehind | None = None
+    epoch: int | None = None  # the operator epoch the run's writes are fenced by
+    channels: dict[str, ChannelPlan] = Field(default_factory=dict)
+    slice: SliceFacts | None = None
+    skip: bool = False  # a channel window with nothing to poll (ChannelPlan.skip)
+    # OAI-PMH: what Identify and the prefix resolution said
+    metadata_prefix: str | None = None
+    oai_granularity: str | None = None
+    deleted_record: str | None = None
+    set_spec: str | None = Field(default=None, alias="set")
+    earliest_datestamp: Instant | None = None
+    # Sierra: the bib fields the change poll asks for
+    fields: str | None = None
+
+    def with_(self, **changes: object) -> WindowFacts:
+        """A copy with ``changes`` (validated)."""
+        return type(self).model_validate({**self.model_dump(), **changes})
+
+
 @dataclass(frozen=True)
 class Window:
-    """The frozen bounds of one run; serialisable to XCom as a plain dict."""
+    """The frozen bounds of one run; serialisable to XCom as a plain dict.
+
+    ``protocol`` may be given as a mapping (it is validated into :class:`WindowFacts`).
+    """
 
     mode: str
     from_: datetime | None
     until: datetime
     granularity: str
     advances_cursor: bool
-    protocol: dict[str, Any] = field(default_factory=dict)  # adapter facts frozen with it
+    protocol: WindowFacts = field(default_factory=WindowFacts)  # adapter facts frozen with it
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.protocol, WindowFacts):
+            object.__setattr__(self, "protocol", WindowFacts.model_validate(self.protocol or {}))
 
     @property
     def partner_clock(self) -> datetime | None:
         """The partner's own clock when the window was frozen (it may trail ``until``)."""
-        text = self.protocol.get("partner_clock")
-        return parse_instant(text) if text else None
+        return self.protocol.partner_clock
 
     @property
     def is_full(self) -> bool:
         return self.from_ is None
 
+    def with_facts(self, **changes: object) -> Window:
+        return replace(self, protocol=self.protocol.with_(**changes))
+
     def to_dict(self) -> dict[str, Any]:
+        """The XCom form (JSON): instants as ``YYYY-MM-DDThh:mm:ssZ``, unset facts left out."""
         return {
             "mode": self.mode,
             "from": format_instant(self.from_) if self.from_ else None,
             "until": format_instant(self.until),
             "granularity": self.granularity,
             "advances_cursor": self.advances_cursor,
-            "protocol": dict(self.protocol),
+            "protocol": self.protocol.model_dump(mode="json", by_alias=True, exclude_defaults=True),
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Window":
+    def from_dict(cls, data: Mapping[str, Any]) -> Window:
         return cls(
             mode=data["mode"],
             from_=parse_instant(data["from"]) if data.get("from") else None,
             until=parse_instant(data["until"]),
             granularity=data["granularity"],
             advances_cursor=bool(data["advances_cursor"]),
-            protocol=dict(data.get("protocol") or {}),
+            protocol=WindowFacts.model_validate(data.get("protocol") or {}),
         )
 
     def describe(self) -> str:
         start = format_instant(self.from_) if self.from_ else "the beginning"
         kind = "requested" if self.mode == "window" else self.mode  # never "window window"
         return f"{kind} window from {start} until {format_instant(self.until)} ({self.granularity})"
+
+
+class Slice(_Facts):
+    """One slice of a big window: what an adapter plans (``channel`` still empty), what
+    harvest_runs records (store/slices), and, as JSON, one piece of the mapped harvest."""
+
+    channel: str = ""  # changes/001, ... once planned
+    from_: Instant | None = Field(default=None, alias="from")
+    until: Instant
+    lo: int | None = None  # a Sierra id range [lo, hi] (hi None: open-ended)
+    hi: int | None = None
+    estimate: int | None = None  # records the plan expected (a count or an id span)
+    set_spec: str | None = Field(default=None, alias="set")  # an OAI slice that is one set of the repository
+
+    def to_json(self) -> dict[str, Any]:
+        """The XCom form of a planned slice."""
+        return self.model_dump(mode="json", by_alias=True)
 
 
 def plan_window(
@@ -144,10 +247,15 @@ def next_cursor(current: datetime | None, window: Window) -> datetime | None:
     return current
 
 
+def channel_windows(window: Window) -> dict[str, Window]:
+    """The own window of each of the run's extra channels."""
+    return {name: own for name in window.protocol.channels if (own := channel_window(window, name)) is not None}
+
+
 def channel_window(window: Window, channel: str) -> Window | None:
     """The own (day-granular) window of a run's extra channel, e.g. Sierra's deletions."""
-    plan = (window.protocol.get("channels") or {}).get(channel)
-    if not plan:
+    plan = window.protocol.channels.get(channel)
+    if plan is None:
         return None
-    start = parse_instant(plan["from"]) if plan.get("from") else None
-    return Window(window.mode, start, parse_instant(plan["until"]), DAY, window.advances_cursor, dict(plan))
+    facts = WindowFacts(partner_clock=plan.partner_clock, clock_regressed=plan.clock_regressed, skip=plan.skip)
+    return Window(window.mode, plan.from_, plan.until, DAY, window.advances_cursor, facts)

@@ -203,7 +203,7 @@ def _limit_error(exc: etree.XMLSyntaxError) -> XmlLimitError:
 def _checked_root(root: etree._Element) -> etree._Element:
     dtd = root.getroottree().docinfo.internalDTD
     if dtd is not None and any(True for _ in dtd.iterentities()):
-        names = ", ".join(sorted(e.name for e in dtd.iterentities()))
+        names = ", ".join(sorted(str(e.name) for e in dtd.iterentities()))
         raise HostileXmlError(
             f"document type declaration declares entities ({names}); refused as entity "
             "expansion / XXE risk"

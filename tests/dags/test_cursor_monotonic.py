@@ -84,4 +84,5 @@ def test_a_full_or_window_run_leaves_an_unset_cursor_unset(partner_env, conf: di
     states = task_states(run)
     assert states["apply_changes"] == "success" and states["advance_cursor"] == "success", states
     assert get_cursor() is None
-    assert cursor_outcome(run.run_id)["changes"]["moved"] is False
+    outcome = cursor_outcome(run.run_id)["changes"]
+    assert outcome["moved"] is False and outcome["reason"] == f"{conf['mode']} runs never move the cursor", outcome

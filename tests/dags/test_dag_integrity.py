@@ -174,7 +174,7 @@ def test_error_dag_names_never_clash_with_a_valid_partner(registry) -> None:
 
 def test_airflow_plugin_loader_leaves_the_library_alone() -> None:
     """Without plugins/.airflowignore, Airflow imports every plugins/*.py as a top-level
-    module: partner_harvest/http.py would shadow the standard library's http."""
+    module: each library module would load a second time under its bare file name."""
     import sys
 
     from airflow._shared.plugins_manager.plugins_manager import _load_plugins_from_plugin_directory

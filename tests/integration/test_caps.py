@@ -14,7 +14,7 @@ from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import pipeline
 from partner_harvest.errors import PartnerCapExceeded
 from partner_harvest.factory import Endpoint, build_adapter
-from partner_harvest.registry import Partner, PartnerEntry
+from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef
 
 FAST = {"http": {"backoff_factor": 0.01, "retries": 1}}
@@ -22,8 +22,8 @@ FAST = {"http": {"backoff_factor": 0.01, "retries": 1}}
 
 def partner(limits: dict | None = None) -> Partner:
     options = {**FAST, **({"limits": limits} if limits else {})}
-    return PartnerEntry.model_validate({"id": "museum", "protocol": "oai-pmh", "conn_id": "-",
-                                        "metadata_prefix": "oai_dc", "options": options}).to_partner()
+    return Partner.model_validate({"id": "museum", "protocol": "oai-pmh", "conn_id": "-",
+                                   "metadata_prefix": "oai_dc", "options": options})
 
 
 def harvest(sim: OaiSimulator, conn: psycopg.Connection, who: Partner, run_id: str = "r1"):

@@ -297,7 +297,7 @@ def test_auto_prefix_prefers_lido(conn) -> None:
         with OaiSimulator(repo) as sim:
             harness = Harness(sim, conn, partner(id=f"p_{expected}", metadata_prefix="auto"))
             window, _, _ = harness.run()
-            assert window.protocol["metadata_prefix"] == expected
+            assert window.protocol.metadata_prefix == expected
             prefixes = {r[0] for r in conn.execute(
                 "SELECT DISTINCT metadata_prefix FROM records WHERE partner_id = %s", (harness.partner.id,))}
             assert prefixes == {expected}
@@ -348,7 +348,7 @@ def test_a_high_water_ahead_of_the_clock_marks_the_run_and_names_a_future_dated_
     with caplog.at_level("WARNING", logger="partner_harvest.pipeline"):
         window = pipeline.freeze_window(harness.adapter(), harness.partner.lag, None,
                                         pipeline.RunRequest("incremental"), None, ahead)
-    assert window.protocol["clock_regressed"] is True
+    assert window.protocol.clock_regressed is True
     (warning,) = [r.getMessage() for r in caplog.records if "ordered by when we observed them" in r.getMessage()]
     assert "museum" in warning and "record datestamp" in warning and "stamped in the future" in warning
 

@@ -149,13 +149,13 @@ def test_a_chain_never_has_two_requests_in_flight_at_the_partner(sim, conn) -> N
 
     sim.set_response_delay(20)  # requests last long enough to overlap, if the client let them
     observed = Observed(sim)
-    observed.adapter.partner = replace(observed.adapter.partner,
-                                       options={**FAST, "completeness": {"list_identifiers": True}})
+    observed.adapter.partner = observed.adapter.partner.evolve(
+        options={**FAST, "completeness": {"list_identifiers": True}})
     stats = observed.harvest(StagingWriter(conn, RunRef("museum", "run-1")))
     for _ in range(2):  # plan_slices' probes: the prefetch in flight is awaited at close
         assert slicing.list_size(observed.adapter.client, "oai_dc", None, "YYYY-MM-DDThh:mm:ssZ", None,
                                  observed.window.until) == PAGES * 100
-    assert stats.fetched == PAGES * 100 and [c[3] for c in stats.extra["checks"]] == [True, True]
+    assert stats.fetched == PAGES * 100 and [c[3] for c in stats.checks] == [True, True]
     assert sim.wait_idle(timeout=10) and sim.max_in_flight == 1
 
 

@@ -109,7 +109,8 @@ def test_vanished_candidates_beyond_the_verify_limit_are_kept_for_the_next_recon
         partner = oai_partner()
         full_harvest(sim, conn, partner)
         gone = set(repo.delete(30))
-        budget = replace(partner, options={**partner.options, "reconcile": {"verify_limit": 12}})  # the registry key
+        budget = partner.evolve(options={**partner.options.model_dump(exclude_unset=True),
+                                         "reconcile": {"verify_limit": 12}})  # the registry key
         first = reconcile(build_adapter(budget, Endpoint(sim.base_url)), conn, budget, "rec-1")
         assert first.purged == 12 and deletions(conn, "rec-1") <= gone
         assert first.verified == {"gone": 12, "deleted": 0, "live": 0, "unverified": 18}

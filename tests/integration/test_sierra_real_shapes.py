@@ -53,7 +53,7 @@ def test_id_slices_cut_a_catalogue_with_8_digit_ids(conn) -> None:
         p = partner(slicing=settings)
         adapter = build_adapter(p, Endpoint(sim.base_url, KEY, SECRET))
         window = pipeline.freeze_window(adapter, p.lag, None, pipeline.RunRequest("full"))
-        pieces = adapter.plan_slices(window, settings)
+        pieces = [p.model_dump() for p in adapter.plan_slices(window, settings)]
     assert len(pieces) == 5, pieces  # 700 ids / 150 a slice
     assert pieces[0]["lo"] == 0 and pieces[-1]["hi"] is None
     for a, b in zip(pieces, pieces[1:]):

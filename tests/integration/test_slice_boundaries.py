@@ -59,7 +59,7 @@ def test_records_stored_just_after_each_slice_boundary_are_harvested(conn) -> No
             return build_adapter(partner, Endpoint(sim.base_url))
 
         window = pipeline.freeze_window(make(), partner.lag, None, pipeline.RunRequest("incremental"))
-        pieces = pipeline.plan_slices(make(), conn, partner.id, "run-1", window, partner.slicing)
+        pieces = pipeline.pieces(pipeline.plan_slices(make(), conn, partner.id, "run-1", window, partner.slicing))
         assert len(pieces) >= 3, pieces
         boundaries = [parse_instant(p["until"]) for p in pieces[:-1]]
         victims = sorted(repo.live_identifiers())[:len(boundaries)]

@@ -52,7 +52,8 @@ class Run:
                  mode: str = "incremental"):
         self.conn, self.partner, self.make, self.run_id = conn, partner, adapter_factory, run_id
         self.window = pipeline.freeze_window(self.make(), partner.lag, None, pipeline.RunRequest(mode))
-        self.pieces = pipeline.plan_slices(self.make(), conn, partner.id, run_id, self.window, partner.slicing)
+        self.pieces = pipeline.pieces(pipeline.plan_slices(self.make(), conn, partner.id, run_id, self.window,
+                                                           partner.slicing))
 
     def harvest(self, channel: str):
         return pipeline.harvest_piece(self.make(), self.conn, self.partner.id, self.run_id, self.window, channel)
@@ -157,7 +158,7 @@ def test_oai_full_harvest_sliced_by_the_registry_sets_equals_the_live_set(conn, 
     """slicing.sets: one slice per set, each listing its set over the whole window; the
     sets' counts were checked against the whole list's before the plan trusted them."""
     sim, repo = oai
-    partner = oai_partner(slicing=replace(SLICES, sets=TYPE_SETS, target_records=400))  # no set above the target
+    partner = oai_partner(slicing=SLICES.model_copy(update=dict(sets=TYPE_SETS, threshold_records=400, target_records=400)))  # no set above the target
     run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
     assert [(p["channel"], p["set"]) for p in run.pieces] == [
         ("changes/001", "type:painting"), ("changes/002", "type:print"), ("changes/003", "type:sculpture")]
@@ -178,7 +179,7 @@ def test_sets_above_the_target_are_harvested_as_time_slices_of_each_set(conn, oa
     otherwise be one slice, expensive to redo): every slice lists its set over its own range,
     each set's ranges cover the window, and together they hold the live set exactly once."""
     sim, repo = oai
-    partner = oai_partner(slicing=replace(SLICES, sets=TYPE_SETS))  # about 300 a set; target 150, at most 6
+    partner = oai_partner(slicing=SLICES.model_copy(update=dict(sets=TYPE_SETS)))  # about 300 a set; target 150, at most 6
     run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
     assert len(run.pieces) == SLICES.max_slices and {p["set"] for p in run.pieces} == set(TYPE_SETS)
     rows = run.rows()
@@ -203,7 +204,7 @@ def test_a_wrong_earliest_datestamp_neither_loses_records_nor_stops_the_cut(conn
     when nothing usable is announced, empty halves not counted against max_slices."""
     repo = SimulatedRepository(records=900, page_size=50, seed=9, deleted_fraction=0.05, earliest_datestamp=earliest)
     with OaiSimulator(repo) as sim:
-        partner = oai_partner(slicing=replace(SLICES, sets=TYPE_SETS) if by == "sets" else SLICES)
+        partner = oai_partner(slicing=SLICES.model_copy(update=dict(sets=TYPE_SETS)) if by == "sets" else SLICES)
         run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
         assert len(run.pieces) >= SLICES.max_slices - 1, run.pieces  # about 900 / 150 records a slice
         assert run.rows()[run.pieces[0]["channel"]]["window_from"] is None  # the open start, never earliest
@@ -218,7 +219,7 @@ def test_a_repository_that_announces_no_list_size_is_cut_into_equal_time_ranges(
     checked against the whole list), and the slices still hold the live set, every item once."""
     repo = SimulatedRepository(records=900, page_size=50, seed=9, deleted_fraction=0.05)
     with OaiSimulator(repo, list_size="omitted") as sim:
-        partner = oai_partner(slicing=replace(SLICES, without_count=4, sets=sets))
+        partner = oai_partner(slicing=SLICES.model_copy(update=dict(without_count=4, sets=sets)))
         with caplog.at_level("WARNING", logger="partner_harvest.oai.slicing"):
             run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
         assert len(run.pieces) == 4 and all(p["set"] is None and p["estimate"] is None for p in run.pieces)
@@ -244,7 +245,7 @@ def test_sets_that_do_not_partition_the_list_are_not_trusted(conn, oai, caplog, 
     repo.advance_clock(3600)
     sets = TYPE_SETS[:2] if case == "a set missing from the list" else TYPE_SETS
     repo.deleted_in_sets = case != "deleted records outside their sets"
-    partner = oai_partner(slicing=replace(SLICES, sets=sets))
+    partner = oai_partner(slicing=SLICES.model_copy(update=dict(sets=sets)))
     with caplog.at_level("WARNING", logger="partner_harvest.oai.slicing"):
         run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)), run_id="run-2", mode="full")
     run.harvest_all()
@@ -310,7 +311,7 @@ def test_lost_staging_of_one_slice_is_harvested_again_alone(conn, oai, by) -> No
     """The apply harvests again exactly the slice whose staging was lost, from the bounds in
     its row: its datestamp range, or its set (read back from harvest_runs.slice_set)."""
     sim, repo = oai
-    partner = oai_partner(slicing=replace(SLICES, sets=TYPE_SETS) if by == "set" else SLICES)
+    partner = oai_partner(slicing=SLICES.model_copy(update=dict(sets=TYPE_SETS)) if by == "set" else SLICES)
     run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
     run.harvest_all()
     lost = run.pieces[1]["channel"]
@@ -508,7 +509,7 @@ def test_a_long_sierra_change_poll_is_sliced_by_updated_date(conn, sierra) -> No
     catalogue.advance_clock(86400 * 5)
     edited = catalogue.edit(30)
     window = pipeline.freeze_window(adapter(), partner.lag, cursor, pipeline.RunRequest("incremental"))
-    pieces = pipeline.plan_slices(adapter(), conn, partner.id, "run-3", window, partner.slicing)
+    pieces = pipeline.pieces(pipeline.plan_slices(adapter(), conn, partner.id, "run-3", window, partner.slicing))
     assert len(pieces) == 3  # five days and ten minutes in pieces of two days
     rows = {r["channel"]: r for r in slice_rows(conn, partner.id, "run-3")}
     assert rows["changes/001"]["window_from"] == window.from_ and rows["changes/003"]["window_until"] == window.until

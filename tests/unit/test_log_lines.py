@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from partner_harvest.http import HttpPolicy, build_session
+from partner_harvest.transport import HttpPolicy, build_session
 from partner_harvest.window import Window
 
 

@@ -158,36 +158,29 @@ partners:
       validation: {marc.no_001: reject, marc.no_title: warn}
 """)
     lib, museum = load_partners(path)
-    assert museum.options == {"http": {"read_timeout": 30}, "sierra": {}, "export": {},
-                              "limits": {"max_record_bytes": 8 * 1024 * 1024, "max_token_bytes": 64 * 1024,
-                                         "chain_pages_slack": 3.0, "max_chain_pages": 200_000,
-                                         "max_run_bytes": 64 * 1024 ** 3},
-                              "completeness": {"list_identifiers": False},
-                              "reconcile": {"verify_limit": 1000, "bulk_missing_threshold": 500},
-                              "validation": {},
-                              "oai": {"max_window_splits": 12}}
-    assert lib.options["export"] == {"limit": 5000, "params": {"mapping": "marc21", "locations": 3}}
-    assert lib.options["http"]["retry_statuses"] == frozenset({429, 503})
-    assert lib.options["sierra"] == {"refresh_margin": 30}
-    assert lib.options["limits"]["max_record_bytes"] == 1024 and lib.options["completeness"]["list_identifiers"]
+    from partner_harvest.registry import Options
+    from partner_harvest.transport import HttpPolicy
+
+    assert museum.options == Options(http=HttpPolicy(read_timeout=30))  # every other key its default
+    assert museum.options.limits.max_record_bytes == 8 * 1024 * 1024 and museum.options.reconcile.verify_limit == 1000
+    assert museum.options.oai.max_window_splits == 12 and not museum.options.completeness.list_identifiers
+    assert lib.options.export.limit == 5000 and lib.options.export.params == {"mapping": "marc21", "locations": 3}
+    assert lib.options.http.retry_statuses == frozenset({429, 503})
+    assert lib.options.sierra.model_dump(exclude_unset=True) == {"refresh_margin": 30}
+    assert lib.options.limits.max_record_bytes == 1024 and lib.options.completeness.list_identifiers
     assert lib.run_deadline == timedelta(hours=20)
-    assert lib.options["validation"] == {"marc.no_001": "reject", "marc.no_title": "warn"}
+    assert lib.options.validation == {"marc.no_001": "reject", "marc.no_title": "warn"}
 
 
 def test_every_http_policy_field_is_an_allowed_option(tmp_path: Path) -> None:
-    """options.http mirrors HttpPolicy, so a field added there is accepted here."""
-    import dataclasses
-    import json
-
-    from partner_harvest.http import HttpPolicy
+    """options.http is HttpPolicy itself, so a field added there is accepted here."""
+    from partner_harvest.transport import HttpPolicy
 
     policy = HttpPolicy()
-    values = {f.name: getattr(policy, f.name) for f in dataclasses.fields(HttpPolicy)}
-    values = {k: sorted(v) if isinstance(v, frozenset) else v for k, v in values.items()}
     path = write(tmp_path, "partners:\n  - {id: m, protocol: oai-pmh, conn_id: c, options: {http: %s}}\n"
-                 % json.dumps(values))
+                 % policy.model_dump_json())
     (partner,) = load_partners(path)
-    assert HttpPolicy(**partner.options["http"]) == policy
+    assert partner.options.http == policy and partner.options.http.model_fields_set == set(HttpPolicy.model_fields)
 
 
 def test_sierra_only_options_on_an_oai_partner(tmp_path: Path) -> None:
@@ -282,8 +275,47 @@ def test_reconcile_budget_is_per_partner_and_oai_only(tmp_path: Path) -> None:
                            "  - {id: library, protocol: sierra, conn_id: c, options: {reconcile: {verify_limit: 10}}}\n"
                            "  - {id: none, protocol: oai-pmh, conn_id: c, options: {reconcile: {verify_limit: 0}}}\n")
     registry = load_registry(path)
-    assert get_partner("museum", path).options["reconcile"] == {"verify_limit": 5000, "bulk_missing_threshold": 500}
-    assert get_partner("plain", path).options["reconcile"] == {"verify_limit": 1000, "bulk_missing_threshold": 500}
+    assert get_partner("museum", path).options.reconcile.model_dump() == {"verify_limit": 5000, "bulk_missing_threshold": 500}
+    assert get_partner("plain", path).options.reconcile.model_dump() == {"verify_limit": 1000, "bulk_missing_threshold": 500}
     problems = {e.partner: str(e) for e in registry.errors}
     assert "options.reconcile applies to protocol oai-pmh only" in problems["library"]
     assert "greater than or equal to 1" in problems["none"]
+
+
+# -- cron schedules are checked by croniter -----------------------------------------------
+
+@pytest.mark.parametrize("key,cron", [("schedule", "61 * * * *"), ("schedule", "0 25 * * *"),
+                                      ("reconcile_schedule", "0 4 * * 8"), ("schedule", "*/0 * * * *")])
+def test_an_impossible_cron_is_one_line_naming_the_partner(tmp_path: Path, key: str, cron: str) -> None:
+    path = write(tmp_path, f"partners:\n  - {{id: clock, protocol: oai-pmh, conn_id: c, {key}: '{cron}'}}\n")
+    (error,) = load_registry(path).errors
+    message = str(error)
+    assert "\n" not in message and error.partner == "clock" and error.field == key
+    assert f"partner 'clock', field '{key}'" in message and cron in message
+
+
+def test_a_valid_cron_passes(tmp_path: Path) -> None:
+    path = write(tmp_path, "partners:\n  - {id: clock, protocol: oai-pmh, conn_id: c, schedule: '*/15 1-5 * * mon-fri'}\n")
+    assert load_partners(path)[0].schedule == "*/15 1-5 * * mon-fri"
+
+
+def test_every_registry_field_is_described_in_the_schema() -> None:
+    """The registry reference is generated from the schema: a field without a description
+    would be a blank line there."""
+    from partner_harvest.registry import registry_schema
+
+    schema = registry_schema()
+    models = {"registry": schema, **schema["$defs"]}
+    blank = [f"{model}.{name}" for model, definition in models.items()
+             for name, prop in definition.get("properties", {}).items() if not prop.get("description")]
+    assert blank == []
+
+
+def test_a_registry_shaped_mapping_parses_like_the_file() -> None:
+    from partner_harvest.registry import Partner, parse_registry
+
+    registry = parse_registry({"partners": [{"id": "m", "protocol": "oai-pmh", "conn_id": "c", "set": "s"},
+                                            {"id": "bad", "protocol": "oai-pmh", "conn_id": "c", "lag": "soon"}]})
+    assert [p.id for p in registry.partners] == ["m"] and registry.partners[0].set_spec == "s"
+    assert [(e.partner, e.field) for e in registry.errors] == [("bad", "lag")]
+    assert Partner(id="m", protocol="oai-pmh", conn_id="c", set="s") == registry.partners[0]

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 from partner_harvest.oai.slicing import plan, plan_by_sets
 from partner_harvest.registry import SliceSettings
-from partner_harvest.window import Window, format_instant
+from partner_harvest.window import Slice, Window, format_instant
 
 T0 = datetime(2020, 1, 1, tzinfo=timezone.utc)
 UNTIL = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -39,11 +39,11 @@ class Counter:
 
 
 def covers(pieces: list[dict], window: Window, step: timedelta) -> None:
-    assert pieces[0]["from_"] == window.from_ and pieces[-1]["until"] == window.until
+    assert pieces[0].from_ == window.from_ and pieces[-1].until == window.until
     for a, b in zip(pieces, pieces[1:]):
         # no gap: each starts where the one before ends, the boundary granule in both (issue 23:
         # a partner comparing sub-second stamps raw returns a record at until + 0.5 s only there)
-        assert b["from_"] == a["until"] and b["until"] >= b["from_"] + step
+        assert b.from_ == a.until and b.until >= b.from_ + step
 
 
 def test_similar_slices_cover_the_window_with_few_probes() -> None:
@@ -52,7 +52,7 @@ def test_similar_slices_cover_the_window_with_few_probes() -> None:
     counter = Counter(stamps)
     pieces = plan(full_window(), SliceSettings(threshold_records=2_000, target_records=1_500, max_slices=16), counter)
     covers(pieces, full_window(), timedelta(seconds=1))
-    sizes = [counter.inside(p["from_"], p["until"]) for p in pieces]
+    sizes = [counter.inside(p.from_, p.until) for p in pieces]
     assert sum(sizes) == 10_000 and max(sizes) <= 1_500 and len(pieces) <= 16
     assert counter.calls <= 2 * len(pieces) + 1
 
@@ -64,9 +64,9 @@ def test_a_burst_on_one_day_stays_one_slice_at_day_granularity() -> None:
     window = full_window("YYYY-MM-DD")
     pieces = plan(window, SliceSettings(threshold_records=1_000, target_records=500, max_slices=32), counter)
     covers(pieces, window, timedelta(days=1))
-    twice = sum(counter.inside(p["from_"], p["from_"]) for p in pieces[1:])  # each boundary day is in two slices
-    assert sum(counter.inside(p["from_"], p["until"]) for p in pieces) - twice == 6_000
-    assert max(counter.inside(p["from_"], p["until"]) for p in pieces) >= 5_000  # cannot cut below a day
+    twice = sum(counter.inside(p.from_, p.from_) for p in pieces[1:])  # each boundary day is in two slices
+    assert sum(counter.inside(p.from_, p.until) for p in pieces) - twice == 6_000
+    assert max(counter.inside(p.from_, p.until) for p in pieces) >= 5_000  # cannot cut below a day
 
 
 def test_without_a_count_a_full_harvest_uses_equal_time_ranges_only_when_asked() -> None:
@@ -103,14 +103,14 @@ class SetCounter:
 
 def test_sets_that_add_up_to_the_whole_list_are_the_slices() -> None:
     counter = SetCounter({"a": 3_000, "b": 0, "c": 5_000}, whole=8_000)
-    pieces = plan_by_sets(full_window(), SliceSettings(threshold_records=2_000, sets=SETS), counter)
-    assert pieces == [{"from_": None, "until": UNTIL, "estimate": 3_000, "set_spec": "a"},
-                      {"from_": None, "until": UNTIL, "estimate": 5_000, "set_spec": "c"}]  # an empty set: no slice
+    pieces = plan_by_sets(full_window(), SliceSettings(threshold_records=6_000, target_records=6_000, sets=SETS), counter)
+    assert pieces == [Slice(until=UNTIL, estimate=3_000, set_spec="a"),
+                      Slice(until=UNTIL, estimate=5_000, set_spec="c")]  # an empty set: no slice
     assert counter.asked == [None, "a", "b", "c"]
 
 
 def test_sets_are_not_trusted_unless_their_counts_make_the_whole_list() -> None:
-    settings = SliceSettings(threshold_records=2_000, sets=SETS)
+    settings = SliceSettings(threshold_records=6_000, target_records=6_000, sets=SETS)
     for per_set, whole in [({"a": 3_000, "b": 1_000, "c": 3_000}, 8_000),   # a record in no set
                            ({"a": 3_000, "b": 2_000, "c": 4_000}, 8_000),   # a record in two
                            ({"a": 3_000, "b": None, "c": 5_000}, 8_000),    # a set without a count
@@ -121,7 +121,7 @@ def test_sets_are_not_trusted_unless_their_counts_make_the_whole_list() -> None:
 
 def test_a_small_list_or_a_short_window_stays_whole_whatever_the_sets() -> None:
     counter = SetCounter({"a": 500, "b": 500, "c": 500}, whole=1_500)
-    assert plan_by_sets(full_window(), SliceSettings(threshold_records=2_000, sets=SETS), counter) == []
+    assert plan_by_sets(full_window(), SliceSettings(threshold_records=6_000, target_records=6_000, sets=SETS), counter) == []
     assert counter.asked == [None]  # the sets are not even counted
     short = Window("incremental", UNTIL - timedelta(days=1), UNTIL, "seconds", True,
                    {"oai_granularity": "YYYY-MM-DDThh:mm:ssZ"})
@@ -152,13 +152,13 @@ def test_a_set_bigger_than_the_target_is_cut_in_time_within_its_set() -> None:
     counter = SetStamps({"a": spread(6_000, 1), "b": spread(1_000, 2), "c": []})
     settings = SliceSettings(threshold_records=2_000, target_records=1_500, max_slices=16, sets=SETS)
     pieces = plan_by_sets(full_window(), settings, counter)
-    by_set = {spec: [p for p in pieces if p["set_spec"] == spec] for spec in SETS}
+    by_set = {spec: [p for p in pieces if p.set_spec == spec] for spec in SETS}
     assert len(by_set["a"]) >= 4 and len(by_set["b"]) == 1 and by_set["c"] == []
     for spec in ("a", "b"):
         covers(by_set[spec], full_window(), timedelta(seconds=1))  # disjoint in time, no gap, within the set
-        sizes = [counter(p["from_"], p["until"], spec) for p in by_set[spec]]
+        sizes = [counter(p.from_, p.until, spec) for p in by_set[spec]]
         assert sum(sizes) == counter(None, UNTIL, spec) and max(sizes) <= 1_500
-        assert [p["estimate"] for p in by_set[spec]] == sizes  # the estimates are the set's own counts
+        assert [p.estimate for p in by_set[spec]] == sizes  # the estimates are the set's own counts
 
 
 NO_EARLIEST = Window("full", None, UNTIL, "seconds", False, {"oai_granularity": "YYYY-MM-DDThh:mm:ssZ"})
@@ -169,11 +169,11 @@ def test_cutting_sets_stops_at_max_slices_with_or_without_an_earliest_datestamp(
     settings = SliceSettings(threshold_records=2_000, target_records=1_000, max_slices=4, sets=SETS)
     for window in (full_window(), NO_EARLIEST):  # without one, bisected from 1970: the empty halves cost no slice
         pieces = plan_by_sets(window, settings, counter)
-        assert [p["set_spec"] for p in pieces] == ["a", "a", "b", "b"]  # the biggest range is halved first
+        assert [p.set_spec for p in pieces] == ["a", "a", "b", "b"]  # the biggest range is halved first
         for spec, size in (("a", 6_000), ("b", 5_000)):
-            own = [p for p in pieces if p["set_spec"] == spec]
+            own = [p for p in pieces if p.set_spec == spec]
             covers(own, window, timedelta(seconds=1))
-            assert sum(counter(p["from_"], p["until"], spec) for p in own) == size
+            assert sum(counter(p.from_, p.until, spec) for p in own) == size
 
 
 def test_without_an_earliest_datestamp_the_cut_starts_at_the_epoch() -> None:
@@ -183,6 +183,6 @@ def test_without_an_earliest_datestamp_the_cut_starts_at_the_epoch() -> None:
     settings = SliceSettings(threshold_records=2_000, target_records=1_500, max_slices=16)
     pieces = plan(NO_EARLIEST, settings, counter)
     covers(pieces, NO_EARLIEST, timedelta(seconds=1))
-    sizes = [counter.inside(p["from_"], p["until"]) for p in pieces]
+    sizes = [counter.inside(p.from_, p.until) for p in pieces]
     assert sum(sizes) == 10_000 and max(sizes) <= 1_500 and 7 <= len(pieces) <= 16  # 7: 10,000 / 1,500
     assert counter.calls <= 64 + 1  # the probe cap, whatever the counts

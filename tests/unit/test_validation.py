@@ -152,7 +152,7 @@ def test_unknown_or_fixed_checks_are_refused_with_a_clear_message() -> None:
         Policy({"store.unstorable": "warn"})
     with pytest.raises(UnknownCheck, match="must be reject or warn"):
         Policy({"marc.no_001": "ignore"})
-    assert policy_of({}) is DEFAULT_POLICY and policy_of({"validation": {"marc.no_001": "reject"}}).action("marc.no_001") == "reject"
+    assert policy_of({}) is DEFAULT_POLICY and policy_of({"marc.no_001": "reject"}).action("marc.no_001") == "reject"
 
 
 def test_every_check_has_a_stable_dotted_name_and_a_reason() -> None:

@@ -16,10 +16,10 @@ import re
 import threading
 import time
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from array import array
 from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
@@ -119,7 +119,7 @@ def _hostile(xml: str, kind: str) -> str:
     """Add an entity-expansion or external-entity DTD and reference it in content."""
     if kind == "billion_laughs":
         entities = ['<!ENTITY lol0 "lol">'] + [
-            f'<!ENTITY lol{i} "{("&lol%d;" % (i - 1)) * 10}">' for i in range(1, 10)]
+            f'<!ENTITY lol{i} "{("&lol" + str(i - 1) + ";") * 10}">' for i in range(1, 10)]
         ref = "&lol9;"
     else:
         entities = ['<!ENTITY xxe SYSTEM "file:///etc/hostname">']
@@ -505,6 +505,8 @@ class OaiSimulator(ControlledServer):
             self.requests.append(query_log_form(pairs))
             self.requests_served += 1
             attack = self._take_attack(pairs)
+            mode: str
+            detail: Any
             mode, detail = self._take_misbehaviour() if attack is None else ("", None)
         if attack is not None:
             return self._attack_response(attack, pairs)
@@ -646,7 +648,7 @@ class OaiSimulator(ControlledServer):
         return self._list("ListIdentifiers", args)
 
     # ------------------------------------------------------ lists and tokens
-    def _new_chain(self, verb: str, prefix: str, numbers: list[int], args: dict[str, str]) -> _Chain:
+    def _new_chain(self, verb: str, prefix: str, numbers: Sequence[int], args: dict[str, str]) -> _Chain:
         query = (args.get("from"), args.get("until"), args.get("set")) if self._requery else None
         mutate = self._mutate_pending
         if mutate is not None and mutate[1]["verb"] not in (None, verb):

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from email.utils import formatdate
-from typing import Any, cast
+from typing import Any, Protocol, cast
 from urllib.parse import SplitResult, parse_qsl, unquote
 
 from .. import loopback
@@ -67,6 +67,12 @@ _BIB_PATH_RE = re.compile(r"/bibs/(\d+)(/marc)?")
 _FILE_PATH_RE = re.compile(r"/bibs/marc/files/([A-Za-z0-9._-]+)")
 _VAR_TAGS = {"001": "o", "020": "i", "100": "a", "245": "t", "260": "p", "264": "p", "650": "d"}
 _NORM_RE = re.compile(r"[^\w ]+")
+
+
+class Headers(Protocol):
+    """What the simulator reads of a request's headers (http.server's message, or a dict)."""
+
+    def get(self, name: str, /) -> str | None: ...
 
 
 class ApiError(Exception):
@@ -466,7 +472,7 @@ class SierraSimulator(ControlledServer):
                                    "name": ERROR_NAMES[111] if code else status_phrase(fail.status)}, headers)
 
     # --------------------------------------------------------------- request
-    def handle(self, method: str, path: str, query: str, headers: Mapping[str, str],
+    def handle(self, method: str, path: str, query: str, headers: Headers,
                body: bytes) -> Response | tuple[str, Any]:
         """Answer one API request; a ("empty"|"hang", detail) tuple means do not answer."""
         pairs = parse_qsl(query, keep_blank_values=True)
@@ -490,7 +496,7 @@ class SierraSimulator(ControlledServer):
         entry["status"] = response.status
         return response
 
-    def _route(self, method: str, path: str, params: dict[str, str], headers: Mapping[str, str],
+    def _route(self, method: str, path: str, params: dict[str, str], headers: Headers,
                body: bytes) -> Response:
         for prefix in _API_PATHS:
             if path.startswith(prefix + "/"):
@@ -541,7 +547,7 @@ class SierraSimulator(ControlledServer):
             raise ApiError(400, 106, f"Parameter not recognized: {unknown[0]}")
 
     # ----------------------------------------------------------------- auth
-    def _issue_token(self, headers: Mapping[str, str], body: bytes) -> Response:
+    def _issue_token(self, headers: Headers, body: bytes) -> Response:
         scheme, _, credentials = (headers.get("Authorization") or "").partition(" ")
         try:
             key, _, secret = base64.b64decode(credentials.strip(), validate=True).decode().partition(":")
@@ -560,7 +566,7 @@ class SierraSimulator(ControlledServer):
             self._tokens[token] = _Token(serial, now)
         return _json(200, {"access_token": token, "token_type": "bearer", "expires_in": self.token_lifetime})
 
-    def _authorize(self, headers: Mapping[str, str]) -> _Token:
+    def _authorize(self, headers: Headers) -> _Token:
         scheme, _, token = (headers.get("Authorization") or "").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
@@ -606,7 +612,7 @@ class SierraSimulator(ControlledServer):
         offset = _int_param(params, "offset", 0, 0)
         names = parse_fields(params.get("fields"))
         query = self._bib_query(params)
-        if names == "all":
+        if isinstance(names, str):  # "all": the fields=, form
             if query.deleted:
                 raise ApiError(500, 111)  # production answers fields=,&deleted=true with a bare 500
             names = tuple(n for n in ALL_FIELDS if n != "deletedDate")
@@ -666,11 +672,11 @@ class SierraSimulator(ControlledServer):
         bib = self.catalogue.get(bib_id)
         if bib is None:
             raise ApiError(404, 107)
-        if names == "all":
+        if isinstance(names, str):  # "all": the fields=, form
             names = tuple(n for n in ALL_FIELDS if n != "deletedDate")
         return _json(200, render_entry(bib, names))
 
-    def _bib_marc(self, bib_id: str, params: Mapping[str, str], headers: Mapping[str, str]) -> Response:
+    def _bib_marc(self, bib_id: str, params: Mapping[str, str], headers: Headers) -> Response:
         self._check_params(params, frozenset())
         accepted = [part.split(";")[0].strip().lower() for part in (headers.get("Accept") or "").split(",")]
         kind = next((a for a in accepted if a in MARC_TYPES), None)
@@ -869,6 +875,14 @@ _OPS: dict[str, Callable[[str, list[str]], bool]] = {
 }
 
 
+def _both(left: Callable[[Bib], bool], right: Callable[[Bib], bool]) -> Callable[[Bib], bool]:
+    return lambda b: left(b) and right(b)
+
+
+def _either(left: Callable[[Bib], bool], right: Callable[[Bib], bool]) -> Callable[[Bib], bool]:
+    return lambda b: left(b) or right(b)
+
+
 def _compile_query(node: Any) -> Callable[[Bib], bool]:
     """A Create-Lists JSON query over a few fixed fields (84 updated, 83 created,
     31 BCODE3, 24 lang, 26 location, 30 mat type); dates compare as YYYY-MM-DD."""
@@ -878,9 +892,9 @@ def _compile_query(node: Any) -> Callable[[Bib], bool]:
         for joiner, part in zip(parts[1::2], parts[2::2]):
             left, right = result, _compile_query(part)
             if joiner == "and":
-                result = lambda b, left=left, right=right: left(b) and right(b)  # noqa: E731
+                result = _both(left, right)
             elif joiner == "or":
-                result = lambda b, left=left, right=right: left(b) or right(b)  # noqa: E731
+                result = _either(left, right)
             else:
                 raise ValueError(f"unknown joiner {joiner!r}")
         return result
@@ -902,9 +916,9 @@ class _Handler(LoopbackHandler):
         return cast(SierraSimulator, self.server.sim)
 
     def setup(self) -> None:
-        self.timeout = self.sim.keep_alive_timeout  # idle keep-alive connections get closed
         self.served_on_connection = 0
         super().setup()
+        self.connection.settimeout(self.sim.keep_alive_timeout)  # idle keep-alive connections get closed
 
     def version_string(self) -> str:
         return self.server_version

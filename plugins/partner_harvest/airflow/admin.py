@@ -61,11 +61,10 @@ def unfinished_dag_runs(dag_ids: list[str]) -> list[dict[str, Any]]:
     """The DAG runs of ``dag_ids`` that are queued or running: their state, whether their
     window was frozen (``freeze_window`` succeeded: planned at the epoch before a command's
     bump) and their unfinished tasks with states (what ``forget``/``reset-cursor`` report)."""
-    from sqlalchemy import select
-
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     found: list[dict[str, Any]] = []
     with create_session() as session:

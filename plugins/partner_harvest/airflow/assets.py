@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from airflow.sdk import Asset
+from airflow.sdk import Asset, Context
 
 from partner_harvest.store.feed import run_changes
 
@@ -38,7 +38,7 @@ def event_extra(conn: psycopg.Connection, partner_id: str, run_key: str, dag_run
     return {**run_changes(conn, partner_id, run_key).as_extra(), "dag_run_id": dag_run_id}
 
 
-def emit(context: dict[str, Any], partner_id: str, extra: dict[str, Any]) -> None:
+def emit(context: Context, partner_id: str, extra: dict[str, Any]) -> None:
     """Attach ``extra`` to the event Airflow emits on the partner's Asset when the task succeeds."""
     events = context.get("outlet_events")
     if events is not None:  # absent only when a task body is called outside Airflow

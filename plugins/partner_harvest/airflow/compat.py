@@ -48,7 +48,8 @@ def tolerate_encoded_deadline_alerts() -> bool:
         if isinstance(deadline_alert_id, dict):  # only dag.test's in-memory DAG passes these
             data = deadline_alert_id.get("__var", deadline_alert_id)
             reference = SimpleNamespace(reference=data["reference"])
-            return SimpleNamespace(reference_class=DeadlineAlertModel.reference_class.fget(reference))
+            reference_class = DeadlineAlertModel.__dict__["reference_class"]  # the property itself
+            return SimpleNamespace(reference_class=reference_class.__get__(reference))
         return original(deadline_alert_id, *args, **kwargs)
 
     get_by_id._partner_harvest_compat = True  # type: ignore[attr-defined]
@@ -66,10 +67,9 @@ def recognise_psycopg3_lock_errors() -> bool:
     wraps it), so a release that reads ``sqlstate`` itself is left alone. Modules that
     imported the function by name (the scheduler, the dag processor, backfills) are rebound.
     """
+    import airflow.utils.sqlalchemy as airflow_sqlalchemy
     import psycopg
     from sqlalchemy.exc import OperationalError
-
-    import airflow.utils.sqlalchemy as airflow_sqlalchemy
 
     current = airflow_sqlalchemy.is_lock_not_available_error
     if getattr(current, "_partner_harvest_compat", False):

@@ -43,10 +43,11 @@ def advance_cursor(partner_id: str, window: Window, run_id: str, channel: str | 
                  format_instant(current) if current else "unset")
         return {"key": key, "moved": False, "cursor": format_instant(current) if current else None,
                 "reason": f"{window.mode} runs never move the cursor"}
-    if target == current:
+    if target is None or target == current:
+        shown = format_instant(current) if current else None
         log.info("%s: %s already at %s; not moving it backwards to %s", partner_id, key,
-                 format_instant(current), format_instant(window.until))
-        return {"key": key, "moved": False, "cursor": format_instant(current), "reason": "never backwards"}
+                 shown or "unset", format_instant(window.until))
+        return {"key": key, "moved": False, "cursor": shown, "reason": "never backwards"}
     value = {
         "until": format_instant(target),
         "granularity": window.granularity,

@@ -13,16 +13,10 @@ from functools import partial
 from typing import Any
 
 import pendulum
-from airflow.sdk import (
-    DAG,
-    CronTriggerTimetable,
-    DeadlineAlert,
-    DeadlineReference,
-    Param,
-    SyncCallback,
-    get_current_context,
-    task,
-)
+from airflow.sdk import DAG, CronTriggerTimetable, Param, get_current_context, task
+from airflow.sdk.definitions.callback import SyncCallback  # airflow.sdk exports them lazily
+from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
+from airflow.sdk.definitions.mappedoperator import MappedOperator
 
 from partner_harvest import durations
 from partner_harvest.airflow import compat, tasks
@@ -80,7 +74,8 @@ def _doc(partner: Partner) -> str:
     sierra = partner.protocol == "sierra"
     tasks_line = (
         "`freeze_window` fixes the window from the partner's clock; `plan_slices` keeps it whole or "
-        "cuts a big one into slices; `harvest_changes` (mapped, one per slice) streams it into staging" + (" and `poll_deletions` the deleted bibs, on their own day cursor" if sierra else "")
+        "cuts a big one into slices; `harvest_changes` (mapped, one per slice) streams it into staging"
+        + (" and `poll_deletions` the deleted bibs, on their own day cursor" if sierra else "")
         + "; `apply_changes` merges it in one transaction; `advance_cursor` moves the cursor"
         + ("s" if sierra else "") + " (incremental runs only); `check_quality` alerts on "
         "data-quality findings without failing the run. Each task's own docs say more."
@@ -170,7 +165,7 @@ WINDOW_TEMPLATE = (
 def _describe_tasks(dag: DAG, show_window: bool = True) -> None:
     """Per-task docs, and the frozen window in every later task's rendered fields."""
     for task_ in dag.tasks:
-        if getattr(task_, "is_mapped", False):
+        if isinstance(task_, MappedOperator):
             continue  # docs and templates given to the decorator (a mapped task's are read-only)
         task_.doc_md = TASK_DOCS.get(task_.task_id)
         if show_window and task_.task_id != "freeze_window" and hasattr(task_, "templates_dict"):
@@ -185,7 +180,7 @@ def default_args(partner: Partner) -> dict[str, Any]:
         **DEFAULT_ARGS,
         "retries": partner.retries,
         **registry_args,  # the registry's keys; unset ones keep DEFAULT_ARGS
-        "on_failure_callback": [PartnerAlertNotifier(), partial(tasks.record_run_event, partner_id=partner.id),
+        "on_failure_callback": [PartnerAlertNotifier(partner.id), partial(tasks.record_run_event, partner_id=partner.id),
                                 partial(tasks.release_lease_after_final_failure, partner_id=partner.id)],
         # A failed try waiting for the next: the health page and `status` say "retrying" with its error.
         "on_retry_callback": [partial(tasks.record_run_event, partner_id=partner.id, kind="retry")],
@@ -238,7 +233,7 @@ def harvest_deadlines(partner: Partner) -> list[DeadlineAlert]:
 
 def build_harvest_dag(partner: Partner) -> DAG:
     pid = partner.id
-    pool = {"pool": partner.pool}  # tasks that send requests to the partner
+    pool = partner.pool  # tasks that send requests to the partner
     with DAG(
         dag_id=partner.dag_id,
         deadline=harvest_deadlines(partner),
@@ -253,29 +248,29 @@ def build_harvest_dag(partner: Partner) -> DAG:
         doc_md=_doc(partner),
     ) as dag:
 
-        @task(task_id="freeze_window", **pool)
+        @task(task_id="freeze_window", pool=pool)
         def freeze_window() -> dict[str, Any]:
             return tasks.freeze_window(pid, get_current_context())
 
-        @task(task_id="plan_slices", **pool)
+        @task(task_id="plan_slices", pool=pool)
         def plan_slices(window: dict[str, Any]) -> list[dict[str, Any]]:
             return tasks.plan_slices(pid, window, get_current_context())
 
         # Mapped over the plan: one piece (the whole window) or one per slice, each retried
         # on its own; the partner's pool bounds how many reach the partner at once.
         @task(task_id="harvest_changes", map_index_template="{{ harvest_channel }}",
-              doc_md=TASK_DOCS["harvest_changes"], templates_dict={"harvested_window": WINDOW_TEMPLATE}, **pool)
+              doc_md=TASK_DOCS["harvest_changes"], templates_dict={"harvested_window": WINDOW_TEMPLATE}, pool=pool)
         def harvest_changes(window: dict[str, Any], piece: dict[str, Any]) -> dict[str, Any]:
             context = get_current_context()
             context["harvest_channel"] = piece.get("channel", "changes")  # type: ignore[typeddict-unknown-key]
             return tasks.harvest_changes(pid, window, context, piece)
 
-        @task(task_id="poll_deletions", **pool)
+        @task(task_id="poll_deletions", pool=pool)
         def poll_deletions(window: dict[str, Any]) -> dict[str, Any]:
             return tasks.poll_deletions(pid, window, get_current_context())
 
         # In the pool too: a channel whose staging the database lost is harvested again here.
-        @task(task_id="apply_changes", outlets=[partner_asset(pid)], **pool)  # the event: airflow/assets.py
+        @task(task_id="apply_changes", outlets=[partner_asset(pid)], pool=pool)  # the event: airflow/assets.py
         def apply_changes(window: dict[str, Any], *staged: dict[str, Any]) -> dict[str, int]:
             return tasks.apply_changes(pid, window, get_current_context())
 
@@ -386,7 +381,7 @@ def build_error_dag(kind: str, dag_id: str, error: RegistryError) -> DAG:
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
-        default_args={**DEFAULT_ARGS, "retries": 0, "on_failure_callback": [PartnerAlertNotifier()]},
+        default_args={**DEFAULT_ARGS, "retries": 0, "on_failure_callback": [PartnerAlertNotifier(error.partner or dag_id)]},
         tags=[kind, "registry-error", f"partner:{error.partner}"[:100]],
         doc_md=(
             f"### Invalid registry entry\n\n`{message}`\n\nThis partner is not {kind}ed until "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,7 @@ from partner_harvest.airflow.dag_factory import START_DATE
 from partner_harvest.airflow.tasks import aggregation
 from partner_harvest.feed import export_jsonl
 from partner_harvest.registry import RegistryError, load_registry
-from partner_harvest.store import ensure_schema
-from partner_harvest.store import feed
+from partner_harvest.store import ensure_schema, feed
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def export_dir(params: dict[str, Any]) -> Path:
     return Path(home) / "exports" / "jsonl"
 
 
-def triggering_ranges(context: dict[str, Any]) -> dict[str, int]:
+def triggering_ranges(context: Mapping[str, Any]) -> dict[str, int]:
     """Per partner, the greatest ``change_seq_until`` among the events that triggered the run."""
     ranges: dict[str, int] = {}
     events = context.get("triggering_asset_events") or {}
@@ -57,7 +57,7 @@ def triggering_ranges(context: dict[str, Any]) -> dict[str, int]:
     return ranges
 
 
-def export_changes(partner_ids: list[str], context: dict[str, Any]) -> list[dict[str, Any]]:
+def export_changes(partner_ids: list[str], context: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Export the triggering partners' new changes; fail if one is behind its own event."""
     wanted = triggering_ranges(context)
     partners = sorted(wanted) if wanted else sorted(partner_ids)

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import html
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
 import requests
-from airflow.sdk import BaseHook, BaseNotifier
+from airflow.sdk import BaseHook, BaseNotifier, Connection, Context
 
 log = logging.getLogger(__name__)
 
@@ -35,19 +35,12 @@ WEBHOOK_CONN_ID = "harvest_alerts_webhook"
 APPRISE_CONN_ID = "harvest_alerts_apprise"
 
 
-def partner_of(dag_id: str) -> str:
-    for prefix in ("harvest_", "reconcile_"):
-        if dag_id.startswith(prefix):
-            return dag_id.removeprefix(prefix)
-    return dag_id
-
-
 def one_line(value: object, limit: int = 400) -> str:
     text = " ".join(str(value).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def failure_fields(context: dict[str, Any]) -> dict[str, Any]:
+def failure_fields(context: Mapping[str, Any], partner_id: str) -> dict[str, Any]:
     """What an operator needs to act: partner, DAG, task, try, window, cause, log link."""
     ti = context.get("ti") or context.get("task_instance")
     dag_id = getattr(ti, "dag_id", None) or getattr(context.get("dag"), "dag_id", "?")
@@ -62,7 +55,7 @@ def failure_fields(context: dict[str, Any]) -> dict[str, Any]:
         window_text = "not frozen yet"
     exception = context.get("exception")
     return {
-        "partner": partner_of(dag_id),
+        "partner": partner_id,
         "dag_id": dag_id,
         "task_id": getattr(ti, "task_id", "?"),
         "try_number": getattr(ti, "try_number", None),
@@ -74,15 +67,17 @@ def failure_fields(context: dict[str, Any]) -> dict[str, Any]:
 
 
 class PartnerAlertNotifier(BaseNotifier):
-    """Task-failure alert naming the partner; sent through the deployment's channels."""
+    """Task-failure alert naming the partner (given by the DAG factory, which built the DAG
+    for it); sent through the deployment's channels."""
 
-    def __init__(self, smtp_conn_id: str = SMTP_CONN_ID, webhook_conn_id: str = WEBHOOK_CONN_ID):
+    def __init__(self, partner_id: str, smtp_conn_id: str = SMTP_CONN_ID, webhook_conn_id: str = WEBHOOK_CONN_ID):
         super().__init__()
+        self.partner_id = partner_id
         self.smtp_conn_id = smtp_conn_id
         self.webhook_conn_id = webhook_conn_id
 
-    def notify(self, context: dict[str, Any]) -> None:
-        fields = failure_fields(context)
+    def notify(self, context: Context) -> None:
+        fields = failure_fields(context, self.partner_id)
         subject = (f"[partner harvest] {fields['partner']}: {fields['dag_id']}.{fields['task_id']} "
                    f"failed (try {fields['try_number']})")
         lines = [
@@ -198,7 +193,7 @@ def send_alert(
     return sent
 
 
-def _connection(conn_id: str):
+def _connection(conn_id: str) -> Connection | None:
     try:
         return BaseHook.get_connection(conn_id)
     except Exception:

@@ -14,23 +14,23 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, NoReturn, TypeVar
 
 import psycopg
+from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
-from partner_harvest import pipeline
+from partner_harvest import pipeline, quality
+from partner_harvest.adapters import Adapter
 from partner_harvest.airflow import assets
 from partner_harvest.airflow.connections import aggregation_conninfo, partner_endpoint
 from partner_harvest.airflow.cursor import advance_cursor, read_cursor
+from partner_harvest.airflow.notifiers import failure_fields, send_alert
 from partner_harvest.errors import HarvestError, PartnerAsksToWait
 from partner_harvest.factory import build_adapter
-from partner_harvest.registry import Partner, RegistryError, get_partner
-from partner_harvest import quality
-from partner_harvest.airflow.notifiers import failure_fields, send_alert
 from partner_harvest.reconcile import reconcile
-from partner_harvest.store import RunRef, connect, ensure_schema
-from partner_harvest.store import events, fences, leases, runs
+from partner_harvest.registry import Partner, RegistryError, get_partner
+from partner_harvest.store import RunRef, connect, ensure_schema, events, fences, leases, runs
 from partner_harvest.store.quality import run_figures
 from partner_harvest.store.runs import abandon_stale_runs, clock_high_water, last_applied_until
-from partner_harvest.window import Window, WindowError, channel_window, parse_instant
+from partner_harvest.window import ClockBehind, Window, WindowError, channel_windows, format_instant, parse_instant
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -74,7 +74,7 @@ def aggregation(fence: fences.Fence | None = None) -> Iterator[psycopg.Connectio
         conn.close()
 
 
-def run_request(context: dict[str, Any]) -> pipeline.RunRequest:
+def run_request(context: Context) -> pipeline.RunRequest:
     """Params and run type decide the mode; a backfill harvests its data interval."""
     params = context.get("params") or {}
     dag_run = context["dag_run"]
@@ -95,7 +95,7 @@ def _partner(partner_id: str) -> Partner:
     return get_partner(partner_id)
 
 
-def run_key(context: dict[str, Any]) -> str:
+def run_key(context: Context) -> str:
     """The run's key in the aggregation (staging, audit, leases): DAG and run together.
 
     A harvest and a reconcile scheduled at the same instant share Airflow's run id
@@ -105,7 +105,7 @@ def run_key(context: dict[str, Any]) -> str:
     return f"{dag_run.dag_id}/{dag_run.run_id}"
 
 
-def hold_lease(partner_id: str, context: dict[str, Any], kind: str = leases.HARVEST,
+def hold_lease(partner_id: str, context: Context, kind: str = leases.HARVEST,
                window_data: dict[str, Any] | None = None) -> leases.LeaseKeeper:
     """Every task that reads or writes the partner's data holds the run's lease while it runs.
 
@@ -116,9 +116,8 @@ def hold_lease(partner_id: str, context: dict[str, Any], kind: str = leases.HARV
     conninfo = aggregation_conninfo()
     with connect(conninfo) as conn:
         ensure_schema(conn)
-    epoch = ((window_data or {}).get("protocol") or {}).get("epoch")
-    return leases.LeaseKeeper(conninfo, partner_id, run_key(context), kind, ttl=LEASE_TTL,
-                              epoch=None if epoch is None else int(epoch))
+    epoch = Window.from_dict(window_data).protocol.epoch if window_data else None
+    return leases.LeaseKeeper(conninfo, partner_id, run_key(context), kind, ttl=LEASE_TTL, epoch=epoch)
 
 
 def release_lease(partner_id: str, holder: str) -> None:
@@ -126,7 +125,7 @@ def release_lease(partner_id: str, holder: str) -> None:
         leases.release(conn, partner_id, holder)
 
 
-def release_lease_after_final_failure(context: dict[str, Any], partner_id: str) -> None:
+def release_lease_after_final_failure(context: Context, partner_id: str) -> None:
     """on_failure_callback: a failed run lets a reconcile in at once, not after the TTL.
 
     Not while a sibling slice of the run is still planned or harvesting: it holds the same
@@ -145,15 +144,15 @@ def release_lease_after_final_failure(context: dict[str, Any], partner_id: str) 
         log.warning("could not release the lease of %s: %s", partner_id, exc)
 
 
-def record_run_event(context: dict[str, Any], partner_id: str, kind: str = events.FAILED) -> None:
+def record_run_event(context: Context, partner_id: str, kind: str = events.FAILED) -> None:
     """on_failure_callback / on_retry_callback: the try's error, as the alert names it, in
     ``run_events`` for the health page and ``partner-harvest status`` (a run that fails before
     it writes harvest_runs, e.g. an unreachable endpoint, is otherwise only in the task's log)."""
-    fields = failure_fields(context)
+    fields = failure_fields(context, partner_id)
     _record_event(context, partner_id, kind, f"{fields['task_id']}: {fields['cause']}")
 
 
-def _record_event(context: dict[str, Any], partner_id: str, kind: str, message: str) -> None:
+def _record_event(context: Context, partner_id: str, kind: str, message: str) -> None:
     ti = context.get("ti") or context.get("task_instance")
     try:
         with aggregation() as conn:
@@ -164,7 +163,7 @@ def _record_event(context: dict[str, Any], partner_id: str, kind: str, message: 
         log.warning("%s: could not record the run's %s event: %s", partner_id, kind, exc)
 
 
-def _skip(partner_id: str, context: dict[str, Any], kind: str, reason: str) -> NoReturn:
+def _skip(partner_id: str, context: Context, kind: str, reason: str) -> NoReturn:
     """Skip the run saying why: first in the task's log (not at its end, in a folded group),
     then in ``run_events`` for the health page."""
     log.warning("SKIPPED: %s", reason)
@@ -172,12 +171,12 @@ def _skip(partner_id: str, context: dict[str, Any], kind: str, reason: str) -> N
     raise AirflowSkipException(reason)
 
 
-def is_scheduled(context: dict[str, Any]) -> bool:
+def is_scheduled(context: Context) -> bool:
     run_type = getattr(context["dag_run"], "run_type", None)
     return getattr(run_type, "value", run_type) == "scheduled"
 
 
-def first_harvest_waits(partner: Partner, context: dict[str, Any], request: pipeline.RunRequest) -> None:
+def first_harvest_waits(partner: Partner, context: Context, request: pipeline.RunRequest) -> None:
     """A partner's first full harvest is a deliberate act, never a side effect of the schedule.
 
     Unpausing a new partner's DAG (the UI's "unpause on trigger" does it) creates a
@@ -201,7 +200,7 @@ def first_harvest_waits(partner: Partner, context: dict[str, Any], request: pipe
 
 
 @_fail_fast
-def freeze_window(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
+def freeze_window(partner_id: str, context: Context) -> dict[str, Any]:
     partner = _partner(partner_id)
     request = run_request(context)
     first_harvest_waits(partner, context, request)
@@ -219,10 +218,11 @@ def freeze_window(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
                         for name in extra_channels(adapter)}
             high_water = clock_high_water(conn, partner_id)
         window = pipeline.freeze_window(adapter, partner.lag, cursor, request, channels, high_water)
-        window.protocol["epoch"] = keeper.fence.epoch  # every later write of the run is fenced by it
+        fence = keeper.fence  # set once the lease is held
+        window = window.with_facts(epoch=fence.epoch if fence else None)  # every later write of the run is fenced by it
         empty = _empty_window(partner_id, window, request)
         if empty is None:
-            behind = window.protocol.get("clock_behind_cursor")
+            behind = window.protocol.clock_behind_cursor
             if behind:
                 _alert_clock_behind(partner, context, behind)
             return window.to_dict()
@@ -237,27 +237,27 @@ def _empty_window(partner_id: str, window: Window, request: pipeline.RunRequest)
         return None
     kind = "backfill" if not request.may_advance_cursor else "window"
     return (f"{partner_id}: nothing to harvest: this {kind} run's window {window.describe()} starts after the "
-            f"partner's clock ({window.protocol['partner_clock']}): the partner has stamped no change there. "
+            f"partner's clock ({format_instant(clock)}): the partner has stamped no change there. "
             "This run is skipped.")
 
 
-def _alert_clock_behind(partner: Partner, context: dict[str, Any], behind: dict[str, Any]) -> None:
+def _alert_clock_behind(partner: Partner, context: Context, behind: ClockBehind) -> None:
     lines = [
         f"Partner: {partner.id}", f"DAG: {partner.dag_id}   run: {context['dag_run'].run_id}",
-        f"The partner's clock ({behind['clock']}) is behind our cursor ({behind['cursor']}) by more than the lag "
+        f"The partner's clock ({behind.clock}) is behind our cursor ({behind.cursor}) by more than the lag "
         f"({partner.lag}). The window was harvested up to the cursor again; nothing was skipped, but check the "
         "partner's clock (a reset, a failover to a server with another clock).",
     ]
     send_alert(f"[partner harvest] {partner.id}: partner clock moved backwards", lines,
-               {"kind": "clock_behind", "partner": partner.id, "dag_id": partner.dag_id, **behind})
+               {"kind": "clock_behind", "partner": partner.id, "dag_id": partner.dag_id, **behind.model_dump()})
 
 
-def extra_channels(adapter: object) -> tuple[str, ...]:
+def extra_channels(adapter: Adapter) -> tuple[str, ...]:
     """Channels with cursors of their own (Sierra's deletion poll)."""
-    return ("deletions",) if hasattr(adapter, "poll_deletions") else ()
+    return adapter.extra_channels
 
 
-def _stage_channel(partner_id: str, window_data: dict[str, Any], context: dict[str, Any], channel: str) -> dict[str, Any]:
+def _stage_channel(partner_id: str, window_data: dict[str, Any], context: Context, channel: str) -> dict[str, Any]:
     """Stream one channel of the frozen window into staging (retries reuse the window)."""
     with hold_lease(partner_id, context, window_data=window_data) as keeper:
         stats = _stage(partner_id, window_data, context, channel, keeper.fence)
@@ -268,7 +268,7 @@ def _stage_channel(partner_id: str, window_data: dict[str, Any], context: dict[s
     }
 
 
-def _stage(partner_id: str, window_data: dict[str, Any], context: dict[str, Any], channel: str,
+def _stage(partner_id: str, window_data: dict[str, Any], context: Context, channel: str,
            fence: fences.Fence | None) -> Any:
     partner = _partner(partner_id)
     window = Window.from_dict(window_data)
@@ -281,18 +281,19 @@ def _stage(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]
 
 
 @_fail_fast
-def plan_slices(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> list[dict[str, Any]]:
+def plan_slices(partner_id: str, window_data: dict[str, Any], context: Context) -> list[dict[str, Any]]:
     """The pieces the mapped harvest runs over: the whole window, or its slices."""
     partner = _partner(partner_id)
     window = Window.from_dict(window_data)
     with hold_lease(partner_id, context, window_data=window_data) as keeper:
         adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
         with aggregation(keeper.fence) as conn:
-            return pipeline.plan_slices(adapter, conn, partner_id, run_key(context), window, partner.slicing)
+            planned = pipeline.plan_slices(adapter, conn, partner_id, run_key(context), window, partner.slicing)
+    return pipeline.pieces(planned)  # JSON here, at the XCom boundary
 
 
 @_fail_fast
-def harvest_changes(partner_id: str, window_data: dict[str, Any], context: dict[str, Any],
+def harvest_changes(partner_id: str, window_data: dict[str, Any], context: Context,
                     piece: dict[str, Any] | None = None) -> dict[str, Any]:
     """One piece of the plan (mapped): the whole window, or one slice retried on its own."""
     channel = (piece or {}).get("channel") or "changes"
@@ -300,12 +301,12 @@ def harvest_changes(partner_id: str, window_data: dict[str, Any], context: dict[
 
 
 @_fail_fast
-def poll_deletions(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+def poll_deletions(partner_id: str, window_data: dict[str, Any], context: Context) -> dict[str, Any]:
     return _stage_channel(partner_id, window_data, context, "deletions")
 
 
 @_fail_fast
-def apply_changes(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, int]:
+def apply_changes(partner_id: str, window_data: dict[str, Any], context: Context) -> dict[str, int]:
     """Apply the run; channels whose staging the database lost are harvested again first."""
     with hold_lease(partner_id, context, window_data=window_data) as keeper, aggregation(keeper.fence) as conn:
 
@@ -321,7 +322,7 @@ def apply_changes(partner_id: str, window_data: dict[str, Any], context: dict[st
 
 
 @_fail_fast
-def move_cursor(partner_id: str, window_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+def move_cursor(partner_id: str, window_data: dict[str, Any], context: Context) -> dict[str, Any]:
     """The main cursor, then each channel's own (day-granular) cursor.
 
     Fenced like every other write, though the cursor is an Airflow Variable: the Variables
@@ -335,14 +336,14 @@ def move_cursor(partner_id: str, window_data: dict[str, Any], context: dict[str,
     with hold_lease(partner_id, context, window_data=window_data) as keeper, aggregation(keeper.fence) as conn:
         with fences.fenced(conn, f"cursor move of run {run_id}"):
             moved = {"changes": advance_cursor(partner_id, window, run_id)}
-            for channel in window.protocol.get("channels") or {}:
-                moved[channel] = advance_cursor(partner_id, channel_window(window, channel), run_id, channel)
+            for channel, own in channel_windows(window).items():
+                moved[channel] = advance_cursor(partner_id, own, run_id, channel)
     release_lease(partner_id, run_key(context))
     return moved
 
 
 @_fail_fast
-def check_quality(partner_id: str, context: dict[str, Any]) -> list[str]:
+def check_quality(partner_id: str, context: Context) -> list[str]:
     """Alert (without failing) when a successful run crossed a data-quality threshold."""
     partner = _partner(partner_id)
     run_id = context["dag_run"].run_id
@@ -361,7 +362,7 @@ def check_quality(partner_id: str, context: dict[str, Any]) -> list[str]:
 
 
 @_fail_fast
-def reconcile_partner(partner_id: str, context: dict[str, Any]) -> dict[str, Any]:
+def reconcile_partner(partner_id: str, context: Context) -> dict[str, Any]:
     """The weekly full reconcile; never moves a harvest cursor, never overlaps a harvest."""
     partner = _partner(partner_id)
     allow = bool((context.get("params") or {}).get("allow_mass_purge"))

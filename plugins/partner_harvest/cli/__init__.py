@@ -29,6 +29,7 @@ from psycopg import sql
 from partner_harvest.registry import PARTNERS_FILE_ENV, Partner, Registry, RegistryError, cursor_key, load_registry
 from partner_harvest.store import connect
 from partner_harvest.store.admin import _PARTNER_TABLES, FEED_DELETIONS, forget_partner, unfinished_runs
+from partner_harvest.store.db import scalar
 from partner_harvest.store.fences import bump_epoch
 from partner_harvest.store.runs import last_applied_until
 from partner_harvest.store.schema import apply_migrations, migration_files, pending_migrations
@@ -240,7 +241,7 @@ def cmd_sync_pools(args: argparse.Namespace) -> int:
 
 def cmd_reset_cursor(args: argparse.Namespace) -> int:
     partner = _partner(_registry(args), args.partner)
-    channels = [None, "deletions"] if partner.protocol == "sierra" else [None]
+    channels: list[str | None] = [None, "deletions"] if partner.protocol == "sierra" else [None]
     if args.channel != "all":
         if CURSOR_CHANNELS[args.channel] not in channels:
             raise CliError(f"partner {partner.id} ({partner.protocol}) has no {args.channel} cursor")
@@ -303,7 +304,7 @@ def _row_counts(conn: psycopg.Connection, partner_id: str) -> dict[str, int]:
     counts = {}
     for table in _PARTNER_TABLES:
         statement = sql.SQL("SELECT count(*) FROM {} WHERE partner_id = %s").format(sql.Identifier(table))
-        counts[table] = conn.execute(statement, (partner_id,)).fetchone()[0]
+        counts[table] = scalar(conn.execute(statement, (partner_id,)))
     conn.commit()
     return counts
 
@@ -324,7 +325,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
         print(f"aggregation rows of {partner_id} to remove: " + ", ".join(f"{t} {n}" for t, n in counts.items()))
         print(f"each of its {counts['records']} record(s) is written to the change feed as a deletion first")
         variables = [key for key in keys if admin.read_variable(key) is not None] if admin else []
-        drop_pool = bool(admin) and not in_registry and admin.pool_exists(pool)
+        drop_pool = admin is not None and not in_registry and admin.pool_exists(pool)
         if admin:
             print(f"Variables to delete: {', '.join(variables) or 'none'}")
             if in_registry:
@@ -335,15 +336,16 @@ def cmd_forget(args: argparse.Namespace) -> int:
             return 1
         audit, dag_runs = _runs_to_fence(conn, admin, partner_id)
         removed = forget_partner(conn, partner_id)
-        epoch = conn.execute("SELECT epoch FROM partner_fences WHERE partner_id = %s", (partner_id,)).fetchone()[0]
+        epoch = scalar(conn.execute("SELECT epoch FROM partner_fences WHERE partner_id = %s", (partner_id,)))
         conn.commit()
     written = removed.pop(FEED_DELETIONS)
     print(f"removed {sum(removed.values())} row(s): " + ", ".join(f"{t} {n}" for t, n in removed.items() if n))
     print(f"{FEED_DELETIONS}: {written} (reason 'forgotten'), so downstream consumers drop them too")
     for key in variables:
-        admin.delete_variable(key)
-        print(f"Variable {key}: deleted")
-    if drop_pool:
+        if admin is not None:  # variables are listed only with Airflow at hand
+            admin.delete_variable(key)
+            print(f"Variable {key}: deleted")
+    if drop_pool and admin is not None:
         admin.delete_pool(pool)
         print(f"pool {pool}: deleted")
     _report_fenced("forget", epoch, audit, dag_runs)

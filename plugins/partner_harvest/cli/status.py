@@ -17,7 +17,7 @@ from partner_harvest.store.health import SchedulerRun, partner_health
 def partner_overview(
     conn: psycopg.Connection, partners: list[Partner], now: datetime,
     scheduler_runs: Mapping[str, SchedulerRun] | None = None, registry_errors: Iterable[RegistryError] = (),
-) -> tuple[list[dict[str, Any]], list[tuple[str, str, str]]]:
+) -> tuple[list[dict[str, Any]], list[tuple[str, str, str | None]]]:
     """The health page's rows (``store.health.partner_health``), one flat line per partner,
     and the causes of their states (partner, state, cause) to print in full under the table.
 
@@ -25,7 +25,8 @@ def partner_overview(
     apply's counters, no count(*)), the newest run, the cursor and how far it trails the
     partner's clock, that clock when it is not ours, and the cause or the first open alert.
     """
-    overview, causes = [], []
+    overview: list[dict[str, Any]] = []
+    causes: list[tuple[str, str, str | None]] = []
     for health in partner_health(conn, partners, now, scheduler_runs, registry_errors):
         last = health.last_run
         first_line = (health.cause or "").splitlines()[0] if health.cause else None
@@ -83,7 +84,7 @@ def _cell(value: Any) -> str:
 def _as_mapping(row: Any) -> Mapping[str, Any]:
     if isinstance(row, Mapping):
         return row
-    if dataclasses.is_dataclass(row):
+    if dataclasses.is_dataclass(row) and not isinstance(row, type):
         return dataclasses.asdict(row)
     if hasattr(row, "_asdict"):
         return row._asdict()

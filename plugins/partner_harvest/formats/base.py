@@ -20,8 +20,11 @@ class MetadataFormat(Protocol):
     findings reject and which only warn (``validate`` is the default policy's verdict).
     """
 
-    prefix: str
-    namespace: str | None
+    @property
+    def prefix(self) -> str: ...
+
+    @property
+    def namespace(self) -> str | None: ...
 
     def validate(self, element: etree._Element) -> str | None: ...
 
@@ -49,7 +52,7 @@ def first_text(elements: object) -> str | None:
 
 def describe_tag(element: etree._Element) -> str:
     """``<{ns}local>`` for reasons, so a wrong namespace is visible at a glance."""
-    return f"<{element.tag}>"
+    return f"<{element.tag!s}>"
 
 
 def default_verdict(checked: Checked) -> str | None:

@@ -15,7 +15,7 @@ The table in ``docs/operator/validation.md`` is generated from :data:`CHECKS`
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 Action = Literal["reject", "warn"]
@@ -141,10 +141,10 @@ def check_overrides(overrides: Mapping[str, str]) -> None:
 class Policy:
     """The action of every check for one partner: the defaults, with its registry overrides."""
 
-    overrides: Mapping[str, Action] = None  # type: ignore[assignment]
+    overrides: Mapping[str, Action] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "overrides", dict(self.overrides or {}))
+        object.__setattr__(self, "overrides", dict(self.overrides))
         check_overrides(self.overrides)
 
     def action(self, name: str) -> Action:
@@ -164,10 +164,9 @@ class Policy:
 DEFAULT_POLICY = Policy()
 
 
-def policy_of(options: Mapping[str, object] | None) -> Policy:
-    """The partner's policy from its registry options (``options.validation``)."""
-    overrides = (options or {}).get("validation") or {}
-    return Policy(overrides) if overrides else DEFAULT_POLICY  # type: ignore[arg-type]
+def policy_of(overrides: Mapping[str, Action]) -> Policy:
+    """The partner's policy from its registry overrides (``options.validation``)."""
+    return Policy(overrides) if overrides else DEFAULT_POLICY
 
 
 def warnings_json(warnings: tuple[Finding, ...]) -> dict[str, str] | None:

@@ -14,9 +14,13 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any
 
-from partner_harvest.registry import DEFAULT_CHAIN_PAGES_SLACK, DEFAULT_MAX_CHAIN_PAGES, DEFAULT_MAX_TOKEN_BYTES
+from partner_harvest.registry import (
+    DEFAULT_CHAIN_PAGES_SLACK,
+    DEFAULT_MAX_CHAIN_PAGES,
+    DEFAULT_MAX_TOKEN_BYTES,
+    LimitsOptions,
+)
 
 
 @dataclass(frozen=True)
@@ -28,11 +32,8 @@ class ChainCaps:
     max_pages: int = DEFAULT_MAX_CHAIN_PAGES
 
     @classmethod
-    def from_limits(cls, limits: dict[str, Any] | None) -> "ChainCaps":
-        limits = limits or {}
-        return cls(int(limits.get("max_token_bytes") or DEFAULT_MAX_TOKEN_BYTES),
-                   float(limits.get("chain_pages_slack") or DEFAULT_CHAIN_PAGES_SLACK),
-                   int(limits.get("max_chain_pages") or DEFAULT_MAX_CHAIN_PAGES))
+    def from_limits(cls, limits: LimitsOptions) -> ChainCaps:
+        return cls(limits.max_token_bytes, limits.chain_pages_slack, limits.max_chain_pages)
 
     def token_problem(self, token: str) -> str | None:
         """Why ``token`` may not be followed (too long), else None; never copies it whole."""

@@ -21,7 +21,7 @@ import logging
 import re
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -38,10 +38,10 @@ from partner_harvest.errors import (
     PartnerProtocolError,
 )
 from partner_harvest.formats.checks import DEFAULT_POLICY, Policy
-from partner_harvest.http import ServerAsksToWait
 from partner_harvest.oai import parse
 from partner_harvest.oai.chain_caps import ChainCaps, short_params, token_digest
 from partner_harvest.oai.errors import BadArgument, BadResumptionToken, OaiProtocolError, OaiResponseError
+from partner_harvest.transport import ServerAsksToWait
 from partner_harvest.xmlsafe import XmlInputError, XmlLimits, xml_limits
 
 log = logging.getLogger(__name__)
@@ -198,7 +198,7 @@ class OaiClient:
         set_spec: str | None,
         from_: str | None,
         until: str | None,
-    ) -> Iterator[parse.ListPage]:
+    ) -> Generator[parse.ListPage, None, None]:
         """Yield each page of a ListRecords/ListIdentifiers chain until the token runs out.
 
         Raises BadResumptionToken unchanged: the caller restarts the window. Pipelined,
@@ -231,6 +231,7 @@ class OaiClient:
             pending = pool.submit(self.fetch, params)
             chain = _Chain(self)
             while True:
+                assert pending is not None  # every path that comes round again sent the next request
                 content = pending.result()  # a fetch error surfaces here with its own type
                 pending = None
                 asked = params

@@ -11,23 +11,22 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from contextlib import closing
 from datetime import datetime, timedelta
-from typing import Any
+from typing import cast
 
 from partner_harvest import durations
-from partner_harvest.adapters import ItemSink, PartnerClock
+from partner_harvest.adapters import Adapter, IdSink, ItemSink, PartnerClock
 from partner_harvest.errors import HarvestError, PartnerProtocolError
 from partner_harvest.formats.checks import policy_of
 from partner_harvest.oai import parse, slicing
 from partner_harvest.oai.client import OaiClient, WindowTooLarge
-from partner_harvest.oai.errors import IdDoesNotExist
+from partner_harvest.oai.errors import BadResumptionToken, IdDoesNotExist
 from partner_harvest.oai.parse import DAY_GRANULARITY, format_datestamp
-from partner_harvest.records import HarvestItem
-from partner_harvest.oai.errors import BadResumptionToken
-from partner_harvest.records import HarvestStats
-from partner_harvest.registry import Partner, ReconcileOptions
-from partner_harvest.window import DAY, SECONDS, Window, format_instant, parse_instant
+from partner_harvest.records import Check, HarvestItem, HarvestStats
+from partner_harvest.registry import Partner, SliceSettings
+from partner_harvest.window import DAY, SECONDS, Slice, Window
 
 log = logging.getLogger(__name__)
 
@@ -36,23 +35,22 @@ class TokenRestartsExhausted(HarvestError):
     """The repository kept expiring tokens; the window never completed."""
 
 
-class OaiAdapter:
+class OaiAdapter(Adapter):
     """Harvests one OAI-PMH partner through an :class:`OaiClient`."""
 
     fetch_chunk = 100  # GetRecord is one request per id; the chunk only bounds memory
-    # Halvings of a refused window before the run fails: 12 levels cut a year into ~2 h pieces.
-    max_window_splits = 12
 
     def __init__(self, partner: Partner, client: OaiClient):
-        self.partner = partner
-        self.partner_id = partner.id
+        super().__init__(partner)
         self.client = client
-        client.validation = policy_of(partner.options)  # registry options.validation; the client parses
-        budget = (partner.options or {}).get("reconcile") or {}  # registry options.reconcile
-        self.verify_limit = int(budget.get("verify_limit", type(self).verify_limit))
-        self.bulk_missing_threshold = int(budget.get("bulk_missing_threshold", type(self).bulk_missing_threshold))
-        oai_options = (partner.options or {}).get("oai") or {}
-        self.max_window_splits = int(oai_options.get("max_window_splits", type(self).max_window_splits))
+        client.validation = policy_of(partner.options.validation)  # the client parses
+        # Halvings of a refused window before the run fails (registry options.oai).
+        self.max_window_splits = partner.options.oai.max_window_splits
+        # The reconcile's budget (registry options.reconcile): vanished candidates verified by
+        # GetRecord per reconcile (the rest wait for the next), and the number of missing
+        # records above which one ListRecords stream fetches them instead of GetRecord each.
+        self.verify_limit: int | None = partner.options.reconcile.verify_limit
+        self.bulk_missing_threshold: int | None = partner.options.reconcile.bulk_missing_threshold
 
     def clock(self) -> PartnerClock:
         identify = self.client.identify()
@@ -71,17 +69,16 @@ class OaiAdapter:
                 "oai_granularity": identify.granularity,
                 "deleted_record": identify.deleted_record,
                 "set": self.partner.set_spec,
-                "earliest_datestamp": (format_instant(identify.earliest_datestamp)
-                                       if identify.earliest_datestamp else None),
+                "earliest_datestamp": identify.earliest_datestamp,
             },
         )
 
-    def plan_slices(self, window: Window, settings: Any) -> list[dict[str, Any]]:
+    def plan_slices(self, window: Window, settings: SliceSettings) -> list[Slice]:
         """Set slices where the registry lists sets that partition the list, else datestamp
         slices of a big window (oai/slicing.py); [] keeps it whole."""
-        prefix = window.protocol["metadata_prefix"]
-        oai_granularity = window.protocol.get("oai_granularity", DAY_GRANULARITY)
-        asked: dict[tuple, int | None] = {}  # the whole list's count serves both planners
+        prefix = _prefix(window)
+        oai_granularity = window.protocol.oai_granularity or DAY_GRANULARITY
+        asked: dict[tuple[datetime | None, datetime, str | None], int | None] = {}  # the whole list's count serves both planners
 
         def probe(from_: datetime | None, until: datetime, set_spec: str | None = None) -> int | None:
             key = (from_, until, set_spec or self.partner.set_spec)
@@ -96,12 +93,12 @@ class OaiAdapter:
 
     def _set_spec(self, window: Window) -> str | None:
         """The set a window lists: its slice's own (slicing.sets), else the partner's."""
-        piece = window.protocol.get("slice") or {}
-        return piece.get("set") or self.partner.set_spec
+        piece = window.protocol.slice
+        return (piece.set_spec if piece is not None else None) or self.partner.set_spec
 
     def harvest(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
-        prefix = window.protocol["metadata_prefix"]
-        oai_granularity = window.protocol.get("oai_granularity", DAY_GRANULARITY)
+        prefix = _prefix(window)
+        oai_granularity = window.protocol.oai_granularity or DAY_GRANULARITY
         from_ = format_datestamp(window.from_, oai_granularity) if window.from_ else None
         until = format_datestamp(window.until, oai_granularity)
         set_spec = self._set_spec(window)
@@ -110,9 +107,9 @@ class OaiAdapter:
             try:
                 self._stream_refusable(prefix, window, set_spec, sink, stats)
                 # a full harvest, or one slice of it (its own range), never the reconcile's bulk fetch
-                piece = window.protocol.get("slice")
-                if (piece.get("of_full") if piece else window.is_full) and window.mode != "reconcile":
-                    stats.extra["checks"] = self._completeness(prefix, until, stats, from_, set_spec)
+                piece = window.protocol.slice
+                if (piece.of_full if piece is not None else window.is_full) and window.mode != "reconcile":
+                    stats.checks = self._completeness(prefix, until, stats, from_, set_spec)
                 return
             except BadResumptionToken as exc:
                 restarts += 1
@@ -136,7 +133,7 @@ class OaiAdapter:
     def _stream_refusable(self, prefix: str, window: Window, set_spec: str | None, sink: ItemSink,
                           stats: HarvestStats) -> None:
         """The window's stream; bisected while the repository refuses it as too large."""
-        oai_granularity = window.protocol.get("oai_granularity", DAY_GRANULARITY)
+        oai_granularity = window.protocol.oai_granularity or DAY_GRANULARITY
         sizes: list[int | None] = []
         self._stream_piece(prefix, window.from_, window.until, oai_granularity, set_spec, sink, stats,
                            _lower_guess(window), 0, sizes)
@@ -186,11 +183,13 @@ class OaiAdapter:
         with closing(pages):  # a failing sink stops the fetcher thread now (pipelining)
             self._stream_pages(pages, sink, stats, started)
 
-    def _stream_pages(self, pages, sink: ItemSink, stats: HarvestStats, started: float) -> None:
+    def _stream_pages(self, pages: Iterable[parse.ListPage], sink: ItemSink, stats: HarvestStats,
+                      started: float) -> None:
         cleaned = 0
         for page in pages:
             stats.pages += 1
-            for item in page.items:
+            items = cast(list[HarvestItem], page.items)  # a ListRecords page holds records only (parse_list_records)
+            for item in items:
                 stats.add(item)
             if page.complete_list_size is not None:
                 stats.complete_list_size = page.complete_list_size
@@ -198,7 +197,7 @@ class OaiAdapter:
                 cleaned += 1
                 log.warning("%s: page %d contained invalid XML characters; they were stripped",
                             self.partner_id, stats.pages)
-            sink.write_page(page.items)
+            sink.write_page(items)
             rate = stats.fetched / max(time.monotonic() - started, 1e-6)
             of = left = ""
             if stats.complete_list_size is not None:
@@ -210,13 +209,13 @@ class OaiAdapter:
                 self.partner_id, stats.pages, len(page.items), stats.fetched, of,
                 stats.records, stats.tombstones, stats.rejected, rate, left,
             )
-        stats.extra["cleaned_pages"] = cleaned
+        stats.cleaned_pages = cleaned
 
 
     # -- completeness (I12) --------------------------------------------------------------
 
     def _completeness(self, prefix: str, until: str, stats: HarvestStats, from_: str | None = None,
-                      set_spec: str | None = None) -> list[tuple]:
+                      set_spec: str | None = None) -> list[Check]:
         """Second witnesses of a full harvest, as record_check arguments, failures last
         (the audit row keeps the last one recorded).
 
@@ -226,7 +225,7 @@ class OaiAdapter:
         fetched (records + tombstones + rejects). Either differing means the list stopped
         short, repeated itself, or changed while it was read.
         """
-        checks: list[tuple] = []
+        checks: list[Check] = []
         if stats.complete_list_size is not None:
             expected = stats.complete_list_size
             checks.append((
@@ -234,13 +233,13 @@ class OaiAdapter:
                 f"completeListSize={expected} on the last page; fetched {stats.fetched} "
                 f"({stats.records} records, {stats.tombstones} deleted, {stats.rejected} rejected)",
             ))
-        if (self.partner.options.get("completeness") or {}).get("list_identifiers"):
+        if self.partner.options.completeness.list_identifiers:
             checks.append(self._list_identifiers_check(prefix, until, stats, from_, set_spec))
         checks.sort(key=lambda check: check[3], reverse=True)
         return checks
 
     def _list_identifiers_check(self, prefix: str, until: str, stats: HarvestStats, from_: str | None = None,
-                                set_spec: str | None = None) -> tuple:
+                                set_spec: str | None = None) -> Check:
         request = f"ListIdentifiers metadataPrefix={prefix} set={set_spec} until={until}"
         if from_:
             request += f" from={from_}"
@@ -273,19 +272,13 @@ class OaiAdapter:
 
     # -- reconcile -------------------------------------------------------------------
 
-    # The registry's options.reconcile defaults (registry.ReconcileOptions): vanished candidates
-    # verified by GetRecord per reconcile (the rest wait for the next), and the number of missing
-    # records above which one ListRecords stream fetches them instead of GetRecord each.
-    verify_limit: int = ReconcileOptions.model_fields["verify_limit"].default
-    bulk_missing_threshold: int = ReconcileOptions.model_fields["bulk_missing_threshold"].default
-
-    def sweep_ids(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
+    def sweep_ids(self, window: Window, sink: IdSink, stats: HarvestStats) -> None:
         """Every header the partner lists now (ListIdentifiers: cheap, headers only).
 
         No ``until``: a record edited while the sweep runs gets a datestamp later than the
         reconcile's clock, and a sweep bounded by that clock would not list it at all.
         """
-        prefix = window.protocol["metadata_prefix"]
+        prefix = _prefix(window)
         restarts = 0
         while True:
             try:
@@ -294,7 +287,8 @@ class OaiAdapter:
                                                     until=None)) as pages:
                     for page in pages:
                         stats.pages += 1
-                        rows = [(h.identifier, _stamp(h), h.deleted) for h in page.items if h.identifier]
+                        rows = [(h.identifier, _stamp(h), h.deleted) for h in page.items
+                                if isinstance(h, parse.OaiHeader) and h.identifier]
                         stats.fetched += len(rows)
                         sink.write_page(rows)
                         if stats.pages % 20 == 0 or not page.token:
@@ -329,7 +323,7 @@ class OaiAdapter:
         return [(identifier, self._get_record(window, identifier)) for identifier in identifiers]
 
     def _get_record(self, window: Window, identifier: str) -> HarvestItem | None:
-        prefix = window.protocol["metadata_prefix"]
+        prefix = _prefix(window)
         params = {"verb": "GetRecord", "identifier": identifier, "metadataPrefix": prefix}
         try:
             return self.client.call(params, lambda c: parse.parse_get_record(c, prefix, self.client.validation))  # type: ignore[return-value]
@@ -342,12 +336,19 @@ class OaiAdapter:
 def _lower_guess(window: Window) -> datetime:
     """Where to cut an open-started window: its start is kept open (a wrong earliestDatestamp
     loses nothing, I13); the announced earliestDatestamp, else 30 years back, only places the cut."""
-    text = window.protocol.get("earliest_datestamp")
-    earliest = parse_instant(text) if text else None
+    earliest = window.protocol.earliest_datestamp
     return earliest if earliest is not None and earliest < window.until else window.until - timedelta(days=365 * 30)
 
 
-def _stamp(header: parse.OaiHeader):
+def _prefix(window: Window) -> str:
+    """The metadataPrefix the window was frozen with (the clock resolved ``auto``)."""
+    prefix = window.protocol.metadata_prefix
+    if prefix is None:
+        raise ValueError(f"the {window.describe()} was frozen without a metadataPrefix")
+    return prefix
+
+
+def _stamp(header: parse.OaiHeader) -> datetime | None:
     try:
         return header.datestamp
     except ValueError:

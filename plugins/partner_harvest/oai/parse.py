@@ -12,7 +12,6 @@ import html
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Union
 
 from lxml import etree
 
@@ -162,7 +161,7 @@ class OaiHeader:
             return None
 
 
-ListItem = Union[HarvestItem, OaiHeader, OaiSet]
+ListItem = HarvestItem | OaiHeader | OaiSet
 
 
 @dataclass(slots=True)
@@ -347,7 +346,7 @@ def _open(content: bytes, *, no_records_ok: bool = False) -> tuple[etree._Elemen
     root = parsed.root
     if root.tag != _ROOT:
         raise OaiResponseError(
-            f"not an OAI-PMH response: root element is <{root.tag}>, expected <{_ROOT}>"
+            f"not an OAI-PMH response: root element is <{root.tag!s}>, expected <{_ROOT}>"
         )
     errors = root.findall(_ERROR)
     if not errors:
@@ -401,7 +400,8 @@ def _header(node: etree._Element) -> OaiHeader:
 def _header_parts(node: etree._Element) -> tuple[str | None, str | None, tuple[str, ...]]:
     """(identifier, datestamp text, set specs) in one pass over the header's children; no
     OaiHeader is built on the harvest's hot path."""
-    identifier = datestamp = _ABSENT
+    identifier: str | None = _ABSENT
+    datestamp: str | None = _ABSENT
     specs: list[str] = []
     for child in node:  # every child, comments too: a tag filter costs more than comparing tags
         tag = child.tag

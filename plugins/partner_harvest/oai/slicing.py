@@ -30,12 +30,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 from partner_harvest.oai.client import OaiClient
 from partner_harvest.oai.errors import BadResumptionToken
 from partner_harvest.oai.parse import DAY_GRANULARITY, format_datestamp
-from partner_harvest.window import Window, floor_to, parse_instant
+from partner_harvest.registry import SliceSettings
+from partner_harvest.window import Slice, Window, floor_to
 
 log = logging.getLogger(__name__)
 
@@ -65,19 +65,19 @@ def list_size(client: OaiClient, prefix: str, set_spec: str | None, oai_granular
     except BadResumptionToken:  # cannot happen on a first page; counted as unknown
         return None
     finally:
-        pages.close()  # type: ignore[attr-defined]
+        pages.close()
     if page.token is None:
         return len(page.items)
     return page.complete_list_size
 
 
-def _considered(window: Window, settings: Any) -> bool:
+def _considered(window: Window, settings: SliceSettings) -> bool:
     """A full harvest, or a window longer than ``long_window``, with slicing on."""
     long = window.until - window.from_ > settings.long_window if window.from_ else False
     return settings.max_slices >= 2 and (window.is_full or long)
 
 
-def plan_by_sets(window: Window, settings: Any, probe: Probe, partner_id: str = "") -> list[dict[str, Any]] | None:
+def plan_by_sets(window: Window, settings: SliceSettings, probe: Probe, partner_id: str = "") -> list[Slice] | None:
     """One slice per listed set, each over the whole window (from_, until, estimate, set_spec);
     [] when the window stays whole; None when no sets are listed or they cannot be trusted
     to partition this window's list (then it is planned by datestamp, and the log says why)."""
@@ -88,9 +88,10 @@ def plan_by_sets(window: Window, settings: Any, probe: Probe, partner_id: str = 
     total = probe(window.from_, window.until)
     if total is not None and total <= settings.threshold_records:
         return []
-    counts = {spec: probe(window.from_, window.until, spec) for spec in settings.sets}
-    described = ", ".join(f"{spec}: {'unknown' if n is None else n}" for spec, n in counts.items())
-    if total is None or None in counts.values():
+    asked = {spec: probe(window.from_, window.until, spec) for spec in settings.sets}
+    described = ", ".join(f"{spec}: {'unknown' if n is None else n}" for spec, n in asked.items())
+    counts = {spec: n for spec, n in asked.items() if n is not None}
+    if total is None or len(counts) < len(asked):
         log.warning("%s: slicing.sets cannot be checked (the repository announces no completeListSize for %s); "
                     "slicing by datestamp instead", partner_id,
                     "the whole list" if total is None else "some sets")
@@ -110,13 +111,13 @@ def plan_by_sets(window: Window, settings: Any, probe: Probe, partner_id: str = 
     pieces = [piece for spec in kept for piece in _pieces([r for r in ranges if r.set_spec == spec], window)]
     log.info("%s: %d records announced, in %d sets: %s; %d slices after %d count probes: %s", partner_id, total,
              len(kept), described, len(pieces), probes,
-             ", ".join(f"{p['set_spec']} {p['estimate']}" for p in pieces))
+             ", ".join(f"{p.set_spec} {p.estimate}" for p in pieces))
     return pieces
 
 
-def plan(window: Window, settings: Any, probe: Probe, partner_id: str = "") -> list[dict[str, Any]]:
-    """The slices of ``window`` as dicts (from_, until, estimate); [] when it stays whole."""
-    oai_granularity = window.protocol.get("oai_granularity", DAY_GRANULARITY)
+def plan(window: Window, settings: SliceSettings, probe: Probe, partner_id: str = "") -> list[Slice]:
+    """The slices of ``window`` (from_, until, estimate); [] when it stays whole."""
+    oai_granularity = window.protocol.oai_granularity or DAY_GRANULARITY
     step = granule(oai_granularity)
     if not _considered(window, settings):
         return []
@@ -136,7 +137,7 @@ def plan(window: Window, settings: Any, probe: Probe, partner_id: str = "") -> l
     probes = 1 + _bisect(ranges, window, start, settings, probe)
     pieces = _pieces(ranges, window)
     log.info("%s: %d records announced; %d slices after %d count probes: %s", partner_id,
-             total, len(pieces), probes, ", ".join(str(p["estimate"]) for p in pieces))
+             total, len(pieces), probes, ", ".join(str(p.estimate) for p in pieces))
     if len(pieces) < 2:
         return []
     return pieces
@@ -153,18 +154,19 @@ class _Range:
     splittable: bool = True
 
 
-def _bisect(ranges: list[_Range], window: Window, start: datetime | None, settings: Any, probe: Probe) -> int:
+def _bisect(ranges: list[_Range], window: Window, start: datetime | None, settings: SliceSettings, probe: Probe) -> int:
     """Halve the biggest range in time, in place, until every range holds about
     ``target_records`` or there are ``max_slices`` that hold records; returns the count
     probes it made. Empty halves (before the first record of a repository whose
     earliestDatestamp is the epoch or missing, a quiet decade) do not use up the slices."""
-    step = granule(window.protocol.get("oai_granularity", DAY_GRANULARITY))
+    step = granule(window.protocol.oai_granularity or DAY_GRANULARITY)
     probes = 0
     while sum(1 for r in ranges if r.count != 0) < settings.max_slices and probes < _MAX_PROBES:
-        candidates = [r for r in ranges if r.splittable and r.count is not None and r.count > settings.target_records]
+        candidates = [(r.count, r) for r in ranges
+                      if r.splittable and r.count is not None and r.count > settings.target_records]
         if not candidates:
             break
-        biggest = max(candidates, key=lambda r: r.count)
+        count, biggest = max(candidates, key=lambda pair: pair[0])
         mid = floor_to(biggest.lo + (biggest.hi - biggest.lo) / 2, "day" if step == timedelta(days=1) else "seconds")
         if mid < biggest.lo or mid + step > biggest.hi:
             biggest.splittable = False  # one granule: cannot be cut
@@ -177,36 +179,28 @@ def _bisect(ranges: list[_Range], window: Window, start: datetime | None, settin
             continue
         index = ranges.index(biggest)
         ranges[index:index + 1] = [_Range(biggest.lo, mid, left, biggest.set_spec),
-                                   _Range(mid + step, biggest.hi, max(biggest.count - left, 0), biggest.set_spec)]
+                                   _Range(mid + step, biggest.hi, max(count - left, 0), biggest.set_spec)]
     return probes
 
 
-def _pieces(ranges: list[_Range], window: Window) -> list[dict[str, Any]]:
+def _pieces(ranges: list[_Range], window: Window) -> list[Slice]:
     """One list's (or one set's) ranges as slices that cover the window: empty ranges
     dropped, each kept one starting where the one before ends (the boundary granule in
     both: see the module's docstring), the first at the window's own (perhaps open) start."""
     kept = [r for r in ranges if r.count != 0] or ranges[:1]
-    pieces: list[dict[str, Any]] = []
+    pieces: list[Slice] = []
     for i, r in enumerate(kept):
-        piece = {"from_": window.from_ if i == 0 else pieces[-1]["until"],
-                 "until": window.until if i == len(kept) - 1 else r.hi, "estimate": r.count}
-        if r.set_spec is not None:
-            piece["set_spec"] = r.set_spec
+        piece = Slice(from_=window.from_ if i == 0 else pieces[-1].until,
+                      until=window.until if i == len(kept) - 1 else r.hi, estimate=r.count, set_spec=r.set_spec)
         pieces.append(piece)
     return pieces
 
 
 def _earliest(window: Window) -> datetime | None:
-    text = window.protocol.get("earliest_datestamp")
-    if not text:
-        return None
-    try:
-        return parse_instant(text)
-    except ValueError:
-        return None
+    return window.protocol.earliest_datestamp
 
 
-def _equal_ranges(window: Window, start: datetime, step: timedelta, count: int) -> list[dict[str, Any]]:
+def _equal_ranges(window: Window, start: datetime, step: timedelta, count: int) -> list[Slice]:
     """``count`` equal time ranges from ``start`` to until, on granule boundaries, each
     starting where the one before ends (overlapping by that granule, as ``_pieces``)."""
     if count < 2:
@@ -216,10 +210,10 @@ def _equal_ranges(window: Window, start: datetime, step: timedelta, count: int) 
     if count < 2:
         return []
     size = math.ceil(granules / count)
-    pieces: list[dict[str, Any]] = []
+    pieces: list[Slice] = []
     lo = start
     while lo <= window.until:
         hi = min(lo + step * (size - 1), window.until)
-        pieces.append({"from_": window.from_ if not pieces else pieces[-1]["until"], "until": hi, "estimate": None})
+        pieces.append(Slice(from_=window.from_ if not pieces else pieces[-1].until, until=hi))
         lo = hi + step
     return pieces

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import requests
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from partner_harvest.errors import (
     ConfigurationError,
@@ -33,7 +33,7 @@ from partner_harvest.errors import (
     PartnerHttpError,
     PartnerProtocolError,
 )
-from partner_harvest.http import ServerAsksToWait
+from partner_harvest.transport import RETRY_STATUSES, ServerAsksToWait
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,12 @@ NOT_FOUND = 107
 EXPORT_FAILED = 135  # "External Process Failed : bib2Marc process failed twice..."
 RATE_LIMITED = 138
 MAX_LIMIT = 2000
+# One retry layer per failure kind. A 500 carries Sierra's error code (135 export failed,
+# 138 rate limited) that only this client can read, and a 429 names a wait the harvester
+# weighs (a long one frees the worker slot): the transport hands both over at once and
+# this client retries the 500s (``server_error_tries``). The gateway answers (502, 503,
+# 504) and broken connections are the transport's alone (``options.http.retries``).
+TRANSPORT_RETRY_STATUSES = RETRY_STATUSES - {500, 429}
 _FILE_ID = re.compile(r"[A-Za-z0-9._-]+")
 
 
@@ -49,12 +55,15 @@ class SierraServerError(PartnerHttpError):
     """A 5xx that may pass; retried a few times before it fails the task.
 
     ``code`` is Sierra's error code from the body (135 "External Process Failed" for an
-    export the server cannot build), None when the body carries none.
+    export the server cannot build), None when the body carries none. ``status`` is the
+    HTTP status: one the transport already retried is not retried again here.
     """
 
-    def __init__(self, partner_id: str, request: str, cause: str, code: int | None = None):
+    def __init__(self, partner_id: str, request: str, cause: str, code: int | None = None,
+                 status: int = 500):
         super().__init__(partner_id, request, cause)
         self.code = code
+        self.status = status
 
 
 class RateLimited(PartnerProtocolError):
@@ -158,8 +167,11 @@ class SierraClient:
         refresh_margin: float = 60.0,
         server_error_tries: int = 3,
         server_error_backoff: float = 2.0,
+        transport_retries: frozenset[int] = TRANSPORT_RETRY_STATUSES,
         monotonic: Callable[[], float] = time.monotonic,
     ):
+        """``transport_retries``: the statuses the session's own retries already cover
+        (its policy's ``retry_statuses``); a server error with one of them is not retried again."""
         if not client_key or not client_secret:
             raise ConfigurationError(partner_id, base_url, "the Connection needs the client key as login and the secret as password")
         self.partner_id = partner_id
@@ -172,6 +184,7 @@ class SierraClient:
         self.refresh_margin = refresh_margin
         self.server_error_tries = server_error_tries
         self.server_error_backoff = server_error_backoff
+        self.transport_retries = frozenset(transport_retries)
         self.monotonic = monotonic
         self.tokens_fetched = 0
 
@@ -245,13 +258,17 @@ class SierraClient:
         retrying = Retrying(
             stop=stop_after_attempt(max(1, self.server_error_tries if tries is None else tries)),
             wait=wait_exponential(multiplier=self.server_error_backoff, max=60),
-            retry=retry_if_exception_type(SierraServerError),
+            retry=retry_if_exception(self._ours_to_retry),
             reraise=True,
         )
         for attempt in retrying:
             with attempt:
                 return self._request_once(method, url, what, params, accept, empty_ok)
         raise AssertionError("unreachable")
+
+    def _ours_to_retry(self, exc: BaseException) -> bool:
+        """A server error the transport did not already retry (one layer per failure kind)."""
+        return isinstance(exc, SierraServerError) and exc.status not in self.transport_retries
 
     def _request_once(
         self, method: str, url: str, what: str, params: dict[str, Any] | None, accept: str | None, empty_ok: bool
@@ -280,7 +297,8 @@ class SierraClient:
                               retry_after_seconds(response))
         if response.status_code >= 500:
             log.warning("%s: %s answered HTTP %d: %s", self.partner_id, what, response.status_code, _body_snippet(response))
-            raise SierraServerError(self.partner_id, what, f"HTTP {response.status_code}: {_body_snippet(response)}", code)
+            raise SierraServerError(self.partner_id, what, f"HTTP {response.status_code}: {_body_snippet(response)}",
+                                    code, response.status_code)
         if response.status_code >= 400:
             raise PartnerProtocolError(self.partner_id, what, f"HTTP {response.status_code} (code {code}): {_body_snippet(response)}")
         return response

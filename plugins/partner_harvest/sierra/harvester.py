@@ -14,20 +14,21 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 import re
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from collections.abc import Callable, Iterator, Mapping
-from datetime import date, datetime, time as dtime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
+from datetime import time as dtime
 from typing import Any, NamedTuple, TypeVar
 
 from partner_harvest import durations
-from partner_harvest.adapters import ItemSink, PartnerClock, StagingSink
+from partner_harvest.adapters import Adapter, IdSink, ItemSink, PartnerClock, StagingSink, SweptId
 from partner_harvest.errors import ConfigurationError, HarvestError, HarvestLoopError, PartnerAsksToWait
 from partner_harvest.formats.checks import policy_of
 from partner_harvest.records import HarvestItem, HarvestStats, Rejected, Tombstone
-from partner_harvest.registry import Partner
+from partner_harvest.registry import Partner, SliceSettings
 from partner_harvest.sierra import marc, resume
 from partner_harvest.sierra.client import (
     EXPORT_FAILED,
@@ -39,7 +40,7 @@ from partner_harvest.sierra.client import (
     _id_range,
 )
 from partner_harvest.store import completeness, record_check
-from partner_harvest.window import SECONDS, Window, format_instant
+from partner_harvest.window import SECONDS, ChannelPlan, Slice, SliceFacts, Window, format_instant
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -52,18 +53,9 @@ TRUNCATION_SUSPECT = 0.95  # records this close to the ceiling may have lost the
 # Record numbers have no fixed width: 7 digits on most catalogues, 8 on large ones
 # (907 $a ".b116512684"). Nothing here assumes a highest id: the export ends on 404/107
 # or an empty block, and the slice plan probes upwards for the highest id.
-RESERVED_EXPORT_PARAMS = frozenset({"id", "limit", "offset"})  # the keyset owns these
 CHECK_KIND = "sierra-id-enumeration"
 MISSING_BATCH = 500  # missing ids read back from PostgreSQL at a time (fetched 25 per request)
 _RAW_907 = re.compile(rb"\x1fa\.b(\d+)[\dx]", re.IGNORECASE)
-
-
-def _option(container: Any, key: str, default: Any = None) -> Any:
-    """A registry option from a mapping or a typed (pydantic) model alike."""
-    if container is None:
-        return default
-    value = container.get(key) if isinstance(container, Mapping) else getattr(container, key, None)
-    return default if value is None else value
 
 
 def sierra_timestamp(value: datetime) -> str:
@@ -75,46 +67,44 @@ def parse_sierra_timestamp(text: str) -> datetime:
     return datetime.strptime(text.strip().replace("Z", ""), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
 
 
+def _midnight(day: date) -> datetime:
+    """A day as the instant a day-granular channel window carries."""
+    return datetime.combine(day, dtime(0), tzinfo=timezone.utc)
+
+
 def end_of_day(day: date) -> datetime:
     """A deletion on `day` sorts after every whole-second version of that day, before D+1."""
     return datetime.combine(day, dtime(23, 59, 59, 999_999), tzinfo=timezone.utc)
 
 
-class SierraAdapter:
+class SierraAdapter(Adapter):
     """Harvests one Sierra catalogue through a :class:`SierraClient`."""
+
+    extra_channels = ("deletions",)  # the deletion poll, on its own day cursor
 
     fetch_chunk = 25  # ids per bibs?id=a,b,c request: long id lists fail on real servers
     fast_marc = True  # False: every export record through pymarc (the benchmark's baseline)
     isolated_bibs = 0  # bibs the export could not build (code 135), fetched or quarantined one by one
 
     def __init__(self, partner: Partner, client: SierraClient, *, sleep: Callable[[float], None] = time.sleep):
-        self.partner = partner
-        self.partner_id = partner.id
+        super().__init__(partner)
         self.client = client
         self.sleep = sleep
-        self.validation = policy_of(partner.options)  # registry options.validation
+        self.validation = policy_of(partner.options.validation)
         self.fields = tuple(partner.fields) or DEFAULT_FIELDS
         missing = [f for f in REQUIRED_FIELDS if f not in self.fields]
         if missing:
             raise ConfigurationError(partner.id, "registry", f"'fields' must include {', '.join(missing)}")
-        export = _option(partner.options, "export")
+        export = partner.options.export
         # Above Sierra's 2000 the client pages at 2000: the loop never compares with the limit.
-        self.export_limit = int(_option(export, "limit", partner.page_size))
-        if self.export_limit < 1:
-            raise ConfigurationError(partner.id, "registry", "options.export.limit must be >= 1")
-        self.rate_limit_wait = float(_option(export, "rate_limit_wait", 300))
-        self.max_rate_limit_waits = int(_option(export, "max_rate_limit_waits", 12))
-        self.max_sleep_seconds = float(_option(export, "max_sleep_seconds", 30))
+        self.export_limit = export.limit or partner.page_size
+        self.rate_limit_wait = export.rate_limit_wait
+        self.max_rate_limit_waits = export.max_rate_limit_waits
+        self.max_sleep_seconds = export.max_sleep_seconds
         self.now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
-        # Extra export query parameters (mapping, locations...) come ONLY from options.export.params.
-        params = _option(export, "params", {})
-        if not isinstance(params, Mapping):
-            raise ConfigurationError(partner.id, "registry", "options.export.params must be a mapping")
-        reserved = sorted(RESERVED_EXPORT_PARAMS & set(params))
-        if reserved:
-            raise ConfigurationError(partner.id, "registry",
-                                     f"options.export.params must not set {', '.join(reserved)} (the export keyset owns them)")
-        self.export_params = {str(k): str(v) for k, v in params.items()}
+        # Extra export query parameters (mapping, locations...) come ONLY from options.export.params
+        # (the registry refuses the keyset's own: registry.RESERVED_EXPORT_PARAMS).
+        self.export_params = {str(k): str(v) for k, v in export.params.items()}
 
     # -- window ----------------------------------------------------------------------
 
@@ -123,7 +113,7 @@ class SierraAdapter:
         log.info("%s: Sierra server clock %s", self.partner_id, format_instant(now))
         return PartnerClock(now=now, granularity=SECONDS, protocol={"fields": ",".join(self.fields)})
 
-    def plan_channels(self, window: Window, cursors: dict[str, datetime | None]) -> dict[str, Any]:
+    def plan_channels(self, window: Window, cursors: dict[str, datetime | None]) -> dict[str, ChannelPlan]:
         """The deletion poll's own day window: from its day cursor minus the overlap."""
         overlap = timedelta(days=self.partner.deletion_overlap_days)
         until_day = window.until.date()
@@ -136,13 +126,13 @@ class SierraAdapter:
             start = window.from_.date() - overlap
         else:
             # A full load from scratch: the export is the live set; deletions start tomorrow.
-            return {"deletions": {"from": None, "until": until_day.isoformat(), "skip": True}}
+            return {"deletions": ChannelPlan(until=_midnight(until_day), skip=True)}
         start = min(start, until_day)
-        return {"deletions": {"from": start.isoformat(), "until": until_day.isoformat(), "skip": False}}
+        return {"deletions": ChannelPlan(from_=_midnight(start), until=_midnight(until_day))}
 
     # -- slices ----------------------------------------------------------------------
 
-    def plan_slices(self, window: Window, settings: Any) -> list[dict[str, Any]]:
+    def plan_slices(self, window: Window, settings: SliceSettings) -> list[Slice]:
         """A full load: export id ranges over the span of bib ids; a long change poll:
         updatedDate ranges of ``long_window`` each. [] keeps the run whole."""
         if settings.max_slices < 2:
@@ -161,7 +151,7 @@ class SierraAdapter:
         except (KeyError, TypeError, ValueError):
             return None
 
-    def _id_slices(self, window: Window, settings: Any) -> list[dict[str, Any]]:
+    def _id_slices(self, window: Window, settings: SliceSettings) -> list[Slice]:
         """Equal id ranges: Sierra record numbers are handed out in sequence, so an id range
         holds about as many bibs as it is wide. The span comes from ``fields=id&limit=1``
         probes: the lowest id, then the highest: doubling steps up until no id lies above
@@ -178,11 +168,11 @@ class SierraAdapter:
         if span <= settings.threshold_records or count < 2:
             return []
         size = math.ceil(span / count)
-        pieces = []
+        pieces: list[Slice] = []
         for index in range(count):
             lo = 0 if index == 0 else low + index * size
             hi = None if index == count - 1 else low + (index + 1) * size - 1  # the last one is open-ended
-            pieces.append({"from_": None, "until": window.until, "lo": lo, "hi": hi, "estimate": size})
+            pieces.append(Slice(until=window.until, lo=lo, hi=hi, estimate=size))
         return pieces
 
     def _highest_id(self, high: int, step: int) -> tuple[int, int]:
@@ -227,27 +217,26 @@ class SierraAdapter:
                                     self.now() + timedelta(seconds=wait)) from exc
 
     def harvest(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
-        piece = window.protocol.get("slice") or {}
+        piece = window.protocol.slice
         with self._rate_limit_frees_the_slot():
             if window.is_full:
                 self._export_full_load(window, sink, stats, piece)
             else:
                 self._change_poll(window, sink, stats, piece)
 
-    def _change_poll(self, window: Window, sink: ItemSink, stats: HarvestStats, piece: Mapping[str, Any] | None = None) -> None:
+    def _change_poll(self, window: Window, sink: ItemSink, stats: HarvestStats, piece: SliceFacts | None = None) -> None:
         assert window.from_ is not None
-        piece = piece or {}
         params = {
             "deleted": "false",
             "updatedDate": f"[{sierra_timestamp(window.from_)},{sierra_timestamp(window.until)}]",
             "fields": ",".join(self.fields),
         }
-        start = int(piece.get("resume_at") or 0)
-        if start:
-            log.info("%s: slice %s resumes its change poll at id %d", self.partner_id, piece.get("channel"), start)
-        for entries in self.client.bib_pages(params, self.partner.page_size, **({"start_id": start} if start else {})):
+        start = (piece.resume_at or 0) if piece is not None else 0
+        if piece is not None and start:
+            log.info("%s: slice %s resumes its change poll at id %d", self.partner_id, piece.channel, start)
+        for entries in self.client.bib_pages(params, self.partner.page_size, start_id=start):
             items = [self._entry_to_item(entry, window.until) for entry in entries]
-            self._write(items, sink, stats, "changes", checkpoint=_after_last(entries) if piece else None)
+            self._write(items, sink, stats, "changes", checkpoint=_after_last(entries) if piece is not None else None)
 
     def _entry_to_item(self, entry: dict[str, Any], fallback: datetime | None = None) -> HarvestItem:
         """One ``GET bibs`` entry as a record, deletion or reject.
@@ -288,11 +277,12 @@ class SierraAdapter:
             self._poll_deletions(window, sink, stats)
 
     def _poll_deletions(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
-        plan = (window.protocol.get("channels") or {}).get("deletions")
-        if not plan or plan.get("skip"):
+        plan = window.protocol.channels.get("deletions")
+        if plan is None or plan.skip or plan.from_ is None:
             log.info("%s: no deletion poll for this window (full load from scratch)", self.partner_id)
             return
-        params = {"deleted": "true", "deletedDate": f"[{plan['from']},{plan['until']}]", "fields": DELETION_FIELDS}
+        days = f"[{plan.from_.date().isoformat()},{plan.until.date().isoformat()}]"
+        params = {"deleted": "true", "deletedDate": days, "fields": DELETION_FIELDS}
         for entries in self.client.bib_pages(params, self.partner.page_size):
             items = [self._tombstone(entry, str(entry.get("id", "")).strip() or "(missing id)") for entry in entries]
             self._write(items, sink, stats, "deletions")
@@ -300,23 +290,22 @@ class SierraAdapter:
     # -- full load -------------------------------------------------------------------
 
     def _export_full_load(self, window: Window, sink: ItemSink, stats: HarvestStats,
-                          piece: Mapping[str, Any] | None = None) -> None:
+                          piece: SliceFacts | None = None) -> None:
         """The export, then the proof that it delivered every live bib (of the slice's ids).
 
         A slice resumes at its checkpoint (``resume_at``, pipeline.harvest_piece). An unsliced
         try that follows a rescheduled (rate-limited) or killed one finds that try's staging
         kept (pipeline ``resumes_staging``) and resumes after its highest staged id.
         """
-        piece = piece or {}
-        if piece:
-            start = int(piece.get("resume_at") or piece.get("lo") or 0)
-            if piece.get("resume_at"):
-                log.info("%s: slice %s resumes its export at id %d", self.partner_id, piece.get("channel"), start)
+        if piece is not None:
+            start = piece.resume_at or piece.lo or 0
+            if piece.resume_at:
+                log.info("%s: slice %s resumes its export at id %d", self.partner_id, piece.channel, start)
         else:
             start = self._resume_point(sink, stats)
             stats.expected = self._expected_bibs()
-        if piece.get("estimate") is not None:
-            stats.expected = int(piece["estimate"])  # the plan's id span, already in harvest_runs
+        if piece is not None and piece.estimate is not None:
+            stats.expected = piece.estimate  # the plan's id span, already in harvest_runs
         self._progress_since = (time.monotonic(), stats.fetched)  # the time left counts this try's rate
         self._export(window, sink, stats, start, piece)
         self._prove_complete(window, sink, stats, piece)
@@ -349,7 +338,7 @@ class SierraAdapter:
         """Whether a new try of this channel keeps what an unfinished try staged (pipeline).
 
         Only the unsliced full load: a slice resumes from its own checkpoint."""
-        return channel == "changes" and window.is_full and not window.protocol.get("slice")
+        return channel == "changes" and window.is_full and window.protocol.slice is None
 
     def _resume_point(self, sink: ItemSink, stats: HarvestStats) -> int:
         conn, run = getattr(sink, "conn", None), getattr(sink, "run", None)
@@ -370,7 +359,7 @@ class SierraAdapter:
         return start
 
     def _export(self, window: Window, sink: ItemSink, stats: HarvestStats, start: int = 0,
-                piece: Mapping[str, Any] | None = None) -> None:
+                piece: SliceFacts | None = None) -> None:
         """Keyset over id blocks through the two-phase export (up to a slice's ``hi``); one block fetched ahead.
 
         A block is the lowest ids from the cursor, deleted ones included: ``inputRecords``
@@ -388,9 +377,8 @@ class SierraAdapter:
         in order, one at a time, each in its own transaction, so what is staged is always
         a prefix of the export (a rescheduled try resumes after it).
         """
-        piece = piece or {}
-        end_id = piece.get("hi")  # an id slice: [lo, hi]; else open-ended
-        last = None if end_id is None else int(end_id)
+        end_id = piece.hi if piece is not None else None  # an id slice: [lo, hi]; else open-ended
+        last = end_id
         cursor = start
         waits = 0
         blocks = 0
@@ -430,11 +418,11 @@ class SierraAdapter:
                         log.info("%s: export ends at id %d (no ids left after a failing block)", self.partner_id, cursor)
                         return
                     if writing is not None:
-                        writing, done = None, writing
+                        done, writing = writing, None
                         done.result()
-                    if items or piece:
+                    if items or piece is not None:
                         writing = copier.submit(self._write, items, sink, stats, "isolated bib",
-                                                checkpoint=after if piece else None)
+                                                checkpoint=after if piece is not None else None)
                     self.isolated_bibs += 1
                     cursor, limit, failing = after, self.export_limit, None
                     continue
@@ -464,11 +452,11 @@ class SierraAdapter:
                                            end_id=end_id)
                 items = self._items(decoded, block, window, cursor)
                 if writing is not None:
-                    writing, done = None, writing
+                    done, writing = writing, None
                     done.result()  # a failed COPY fails the export here
-                if items or piece:  # a slice stores its checkpoint with every block, even an empty one
+                if items or piece is not None:  # a slice stores its checkpoint with every block, even an empty one
                     writing = copier.submit(self._write, items, sink, stats, "export",
-                                            checkpoint=next_cursor if piece else None)
+                                            checkpoint=next_cursor if piece is not None else None)
                 if block.output_records < covered:
                     log.info("%s: export block from id %d: %d ids in, %d records out (%s deleted)", self.partner_id,
                              cursor, covered, block.output_records, block.deleted_records)
@@ -580,7 +568,7 @@ class SierraAdapter:
         return items
 
     def _prove_complete(self, window: Window, sink: ItemSink, stats: HarvestStats,
-                        piece: Mapping[str, Any] | None = None) -> None:
+                        piece: SliceFacts | None = None) -> None:
         """I12: list the live ids through the JSON API, compare in SQL, fetch what is missing.
 
         The enumeration (``deleted=false``, suppressed included) is staged with COPY and
@@ -593,10 +581,9 @@ class SierraAdapter:
         staging: StagingSink = sink  # type: ignore[assignment]
         listed = completeness.listed_ids_writer(conn, run)
         pages = 0
-        piece = piece or {}
-        within = {"start_id": int(piece.get("lo") or 0), "end_id": piece.get("hi")} if piece else {}
+        start_id, end_id = (piece.lo or 0, piece.hi) if piece is not None else (0, None)
         # One page fetched ahead: the server lists the next ids while this page is copied.
-        for entries in one_ahead(self.client.bib_pages({"deleted": "false", "fields": "id"}, MAX_LIMIT, **within),
+        for entries in one_ahead(self.client.bib_pages({"deleted": "false", "fields": "id"}, MAX_LIMIT, start_id, end_id),
                                  f"ids-{self.partner_id}"):
             listed.write_page([(str(e["id"]), None, False) for e in entries if e.get("id")])
             pages += 1
@@ -632,7 +619,7 @@ class SierraAdapter:
                                                "passed" if left == 0 else "FAILED", detail)
 
     def _stage_vanished(self, conn: Any, run: Any, staging: StagingSink, stats: HarvestStats,
-                        piece: Mapping[str, Any]) -> str:
+                        piece: SliceFacts | None) -> str:
         """A full load leaves the mirror equal to the live set, whatever it held before.
 
         The export and the enumeration list only live bibs, and a load from the beginning
@@ -643,9 +630,8 @@ class SierraAdapter:
         than the partner's ``max_purge_fraction`` of what is held is not staged (the
         weekly reconcile, with its guard and override, decides): returns what was done.
         """
-        sliced = bool(piece)
-        bounds = {"lo": piece.get("lo"), "hi": piece.get("hi"), "sliced": sliced}
-        gone, held = completeness.held_not_listed(conn, run, **bounds)
+        lo, hi, sliced = (piece.lo, piece.hi, True) if piece is not None else (None, None, False)
+        gone, held = completeness.held_not_listed(conn, run, lo=lo, hi=hi, sliced=sliced)
         if not gone:
             return ""
         if gone > self.partner.max_purge_fraction * held:
@@ -654,7 +640,7 @@ class SierraAdapter:
                       100 * self.partner.max_purge_fraction)
             return f"{gone} held bibs not listed live left alone (above the mass-purge limit)"
         staged = 0
-        for batch in completeness.held_not_listed_batches(conn, run, MISSING_BATCH, **bounds):
+        for batch in completeness.held_not_listed_batches(conn, run, MISSING_BATCH, lo=lo, hi=hi, sliced=sliced):
             items: list[HarvestItem] = [Tombstone(identifier, datestamp) for identifier, datestamp in batch]
             self._write(items, staging, stats, "deleted since held")
             staged += len(items)
@@ -674,12 +660,12 @@ class SierraAdapter:
 
     # -- reconcile -------------------------------------------------------------------
 
-    def sweep_ids(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
+    def sweep_ids(self, window: Window, sink: IdSink, stats: HarvestStats) -> None:
         """Every live bib id (keyset, ``fields=id``): the upstream set for a reconcile."""
         with self._rate_limit_frees_the_slot():
             for entries in self.client.bib_pages({"deleted": "false", "fields": "id"}, self.partner.page_size):
                 stats.pages += 1
-                rows = [(str(e["id"]), None, False) for e in entries if e.get("id")]
+                rows: list[SweptId] = [(str(e["id"]), None, False) for e in entries if e.get("id")]
                 stats.fetched += len(rows)
                 sink.write_page(rows)
         log.info("%s: reconcile sweep: %d live ids in %d pages", self.partner_id, stats.fetched, stats.pages)
@@ -792,7 +778,7 @@ def _raw_bib_id(raw: bytes) -> str | None:
     return match.group(1).decode("ascii") if match else None
 
 
-def _time_slices(window: Window, settings: Any) -> list[dict[str, Any]]:
+def _time_slices(window: Window, settings: SliceSettings) -> list[Slice]:
     """Equal updatedDate ranges (whole seconds, inclusive, disjoint) covering the window."""
     assert window.from_ is not None
     seconds = int((window.until - window.from_).total_seconds()) + 1
@@ -800,11 +786,11 @@ def _time_slices(window: Window, settings: Any) -> list[dict[str, Any]]:
     if count < 2:
         return []
     size = math.ceil(seconds / count)
-    pieces = []
+    pieces: list[Slice] = []
     start = window.from_
     while start <= window.until:
         end = min(start + timedelta(seconds=size - 1), window.until)
-        pieces.append({"from_": start, "until": end, "estimate": None})
+        pieces.append(Slice(from_=start, until=end))
         start = end + timedelta(seconds=1)
     return pieces
 

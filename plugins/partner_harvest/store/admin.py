@@ -76,7 +76,7 @@ def run_summary(conn: psycopg.Connection, partner_id: str | None = None, limit: 
         """,
         {"pid": partner_id, "limit": limit},
     )
-    names = [d.name for d in cur.description]
+    names = [d.name for d in cur.description or ()]
     return [dict(zip(names, row)) for row in cur.fetchall()]
 
 

@@ -32,6 +32,7 @@ from psycopg.types.json import Jsonb
 
 from partner_harvest.errors import HarvestError
 from partner_harvest.store import feed, fences
+from partner_harvest.store.db import one, scalar
 from partner_harvest.store.partner_stats import update_partner_stats
 
 log = logging.getLogger(__name__)
@@ -288,7 +289,7 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         # purge over the whole batch for every stored record (minutes instead of seconds).
         conn.execute("CREATE INDEX ON apply_batch (identifier)")
         conn.execute("ANALYZE apply_batch (kind, identifier)")  # the joins' columns, not the payloads
-        holds_records, holds_tombstones, records_held = conn.execute(_HOLDS, params).fetchone()
+        holds_records, holds_tombstones, records_held = one(conn.execute(_HOLDS, params))
         one_channel = len(fetched) == 1
         tally_params = {**params, "channel": next(iter(fetched), None)}
         updated: dict[str, int] = {}
@@ -299,7 +300,7 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
             if holds_records:
                 _know_partner_rows(conn, "records", partner_id, records_held)
                 updated = dict(conn.execute(_UPDATE.format(tally=tally), tally_params).fetchall())
-            inserted = dict(conn.execute(_INSERT.format(tally=tally), tally_params).fetchall())
+            inserted: dict[str, int] = dict(conn.execute(_INSERT.format(tally=tally), tally_params).fetchall())
         else:
             tally = _TALLY_ONE_CHANNEL if one_channel else _TALLY_BATCH_BY_CHANNEL
             inserted = dict(conn.execute(_INSERT_ALL.format(tally=tally), tally_params).fetchall())
@@ -312,7 +313,7 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
                 purged = dict(conn.execute(_PURGE, params).fetchall())
             else:
                 conn.execute(_REMEMBER_ONLY, params)
-        quarantined = dict(conn.execute(_QUARANTINE, params).fetchall()) if staged.rejects else {}
+        quarantined: dict[str, int] = dict(conn.execute(_QUARANTINE, params).fetchall()) if staged.rejects else {}
         warnings: dict[str, dict[str, int]] = {}
         if staged.warned:
             for channel, check_name, n in conn.execute(_WARNINGS, params).fetchall():
@@ -337,7 +338,7 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
     total = ApplyResult(*(sum(getattr(r, f) for r in per_channel.values()) for f in ApplyResult.__dataclass_fields__))
     log.info("%s: applied run %s: %s", partner_id, run_id, total.as_dict())
     if warnings:
-        landed_with = Counter()
+        landed_with: Counter[str] = Counter()
         for per_check in warnings.values():
             landed_with.update(per_check)
         log.info("%s: run %s: records with warnings, per check: %s", partner_id, run_id, dict(sorted(landed_with.items())))
@@ -350,7 +351,7 @@ def _work_mem(conn: psycopg.Connection, size: str) -> Iterator[None]:
     statement of the apply is planned under the bigger budget. Not restored when a statement
     fails: the setting is local to the transaction, which is then rolled back anyway (and a
     statement on the aborted transaction would hide the real error)."""
-    prior = conn.execute("SELECT current_setting('work_mem')").fetchone()[0]
+    prior = scalar(conn.execute("SELECT current_setting('work_mem')"))
     conn.execute("SELECT set_config('work_mem', %s, true)", (size,))
     yield
     conn.execute("SELECT set_config('work_mem', %s, true)", (prior,))
@@ -373,14 +374,14 @@ def _know_partner_rows(conn: psycopg.Connection, table: str, partner_id: str, he
     analyzed by then; a 200,000-item first load spent 1.0-1.3 s on it).
     """
     table_name = sql.Identifier(table)
-    plan = conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE partner_id = %s").format(table_name),
-                        (partner_id,)).fetchone()[0]
+    plan = scalar(conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE partner_id = %s").format(table_name),
+                        (partner_id,)))
     believed = int(plan[0]["Plan"]["Plan Rows"])
     limit = 10 * believed + 1000
     counted = held is None  # counted up to the limit: the partner holds at least that many
-    if counted:
-        held = conn.execute(sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} WHERE partner_id = %s LIMIT %s) held")
-                            .format(table_name), (partner_id, limit)).fetchone()[0]
+    if held is None:
+        held = scalar(conn.execute(sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} WHERE partner_id = %s LIMIT %s) held")
+                            .format(table_name), (partner_id, limit)))
     if held < limit:
         return
     log.info("%s: the statistics of %s believe the partner holds %d rows, it holds %s%d: analyzing",

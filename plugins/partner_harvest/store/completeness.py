@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 
+from partner_harvest.store.db import one, scalar
 from partner_harvest.store.reconcile import IdSweepWriter
 from partner_harvest.store.runs import RunRef
 
@@ -64,7 +65,7 @@ def measure_gap(conn: psycopg.Connection, run: RunRef) -> Gap:
             """,
             params,
         )
-        expected, missing, extra = conn.execute(
+        expected, missing, extra = one(conn.execute(
             """
             SELECT
                 (SELECT count(DISTINCT identifier) FROM reconcile_ids
@@ -76,7 +77,7 @@ def measure_gap(conn: psycopg.Connection, run: RunRef) -> Gap:
                                    AND l.run_id = %(listed)s AND l.identifier = s.identifier))
             """,
             params,
-        ).fetchone()
+        ))
     return Gap(expected=expected, found=expected - missing, missing=missing, extra=extra)
 
 
@@ -160,11 +161,11 @@ def held_not_listed(conn: psycopg.Connection, run: RunRef, *, lo: int | None = N
     conn.commit()
     with conn.transaction():
         _no_nested_loops(conn)
-        gone = conn.execute("SELECT count(*) " + _HELD_NOT_LISTED, params).fetchone()[0]
-        held = conn.execute(
+        gone = scalar(conn.execute("SELECT count(*) " + _HELD_NOT_LISTED, params))
+        held = scalar(conn.execute(
             """SELECT count(*) FROM records r WHERE r.partner_id = %(pid)s
                AND (NOT %(sliced)s OR (CASE WHEN r.identifier ~ '^[0-9]{1,18}$' THEN r.identifier::bigint END)
-                                      BETWEEN %(lo)s AND %(hi)s)""", params).fetchone()[0]
+                                      BETWEEN %(lo)s AND %(hi)s)""", params))
     return gone, held
 
 

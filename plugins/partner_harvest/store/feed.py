@@ -30,6 +30,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from partner_harvest.errors import HarvestError
+from partner_harvest.store.db import one
 
 
 class FeedPositionLost(HarvestError):
@@ -43,14 +44,14 @@ def mark_applied(conn: psycopg.Connection, partner_id: str, run_id: str) -> tupl
     ``after < change_seq <= until`` (empty when ``after == until``); they are recorded on
     the run's ``harvest_runs`` rows too. Must run under the partner's apply lock.
     """
-    row = conn.execute(
+    row = one(conn.execute(
         """
         SELECT (SELECT high_water FROM partner_feed WHERE partner_id = %(pid)s FOR UPDATE),
                GREATEST((SELECT max(change_seq) FROM records WHERE partner_id = %(pid)s),
                         (SELECT max(change_seq) FROM deletions WHERE partner_id = %(pid)s))
         """,
         {"pid": partner_id},
-    ).fetchone()
+    ))
     after = row[0] or 0
     until = max(after, row[1] or 0)
     conn.execute(
@@ -172,10 +173,10 @@ def begin_export(conn: psycopg.Connection, consumer: str, partner_id: str) -> Ex
             "INSERT INTO feed_positions (consumer, partner_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
             (consumer, partner_id),
         )
-        position, pending = conn.execute(
+        position, pending = one(conn.execute(
             "SELECT position, pending_until FROM feed_positions WHERE consumer = %s AND partner_id = %s FOR UPDATE",
             (consumer, partner_id),
-        ).fetchone()
+        ))
         if pending is not None:
             return ExportRange(consumer, partner_id, position, pending, resumed=True)
         until = high_water(conn, partner_id)

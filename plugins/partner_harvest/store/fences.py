@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from partner_harvest.errors import HarvestError
+from partner_harvest.store.db import scalar
 
 
 class LeaseLost(HarvestError):
@@ -69,7 +70,7 @@ class Fence:
         self.lost.set()
 
 
-_BOUND: "weakref.WeakKeyDictionary[psycopg.Connection, Fence]" = weakref.WeakKeyDictionary()
+_BOUND: weakref.WeakKeyDictionary[psycopg.Connection, Fence] = weakref.WeakKeyDictionary()
 
 
 def bind(conn: psycopg.Connection, fence: Fence | None) -> psycopg.Connection:
@@ -141,8 +142,8 @@ def current_epoch(conn: psycopg.Connection, partner_id: str) -> int:
 def next_token(conn: psycopg.Connection, partner_id: str) -> int:
     """A new lease token of the partner (inside the caller's transaction): it only grows."""
     conn.execute("INSERT INTO partner_fences (partner_id) VALUES (%s) ON CONFLICT DO NOTHING", (partner_id,))
-    return conn.execute("UPDATE partner_fences SET last_token = last_token + 1 WHERE partner_id = %s"
-                        " RETURNING last_token", (partner_id,)).fetchone()[0]
+    return scalar(conn.execute("UPDATE partner_fences SET last_token = last_token + 1 WHERE partner_id = %s"
+                        " RETURNING last_token", (partner_id,)))
 
 
 def bump_epoch(conn: psycopg.Connection, partner_id: str, command: str) -> int:
@@ -153,7 +154,7 @@ def bump_epoch(conn: psycopg.Connection, partner_id: str, command: str) -> int:
     """
     conn.execute("INSERT INTO partner_fences (partner_id) VALUES (%s) ON CONFLICT DO NOTHING", (partner_id,))
     conn.execute("SELECT 1 FROM partner_fences WHERE partner_id = %s FOR UPDATE", (partner_id,))
-    return conn.execute(
+    return scalar(conn.execute(
         "UPDATE partner_fences SET epoch = epoch + 1, epoch_command = %s, epoch_at = now() WHERE partner_id = %s"
         " RETURNING epoch", (command, partner_id),
-    ).fetchone()[0]
+    ))

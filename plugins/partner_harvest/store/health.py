@@ -22,7 +22,15 @@ from croniter import croniter
 
 from partner_harvest import partner_state, quality
 from partner_harvest.partner_state import (  # noqa: F401  (the states, re-exported for the page and tests)
-    BEHIND, FAILING, INVALID, NEVER_RUN, OK, QUIET, RETRYING, RUNNING, WARNING,
+    BEHIND,
+    FAILING,
+    INVALID,
+    NEVER_RUN,
+    OK,
+    QUIET,
+    RETRYING,
+    RUNNING,
+    WARNING,
 )
 from partner_harvest.registry import Partner, RegistryError
 from partner_harvest.store import events

@@ -135,7 +135,7 @@ class LeaseKeeper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "LeaseKeeper":
+    def __enter__(self) -> LeaseKeeper:
         with connect(self.conninfo) as conn:
             token = acquire(conn, self.partner_id, self.holder, self.kind, self.ttl)
             epoch = self.epoch if self.epoch is not None else fences.current_epoch(conn, self.partner_id)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import psycopg
 
+from partner_harvest.store.db import one
+
 _UPDATE = """
 INSERT INTO partner_stats AS s (partner_id, records_held, quarantined_now)
 VALUES (%(pid)s, %(delta)s, (SELECT count(*) FROM quarantine_current WHERE partner_id = %(pid)s))
@@ -24,7 +26,7 @@ RETURNING records_held
 def update_partner_stats(conn: psycopg.Connection, partner_id: str, run_id: str, held_delta: int) -> int:
     """Bring the partner's counters up to date after the apply's writes, and note what is held
     on the run's audit rows (the health chart); call inside the apply transaction."""
-    (held,) = conn.execute(_UPDATE, {"pid": partner_id, "delta": held_delta}).fetchone()
+    (held,) = one(conn.execute(_UPDATE, {"pid": partner_id, "delta": held_delta}))
     conn.execute("UPDATE harvest_runs SET records_held = %s WHERE partner_id = %s AND run_id = %s",
                  (held, partner_id, run_id))
     return held

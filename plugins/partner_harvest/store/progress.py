@@ -18,6 +18,7 @@ import psycopg
 
 from partner_harvest import durations
 from partner_harvest.store import slices
+from partner_harvest.store.db import scalar
 from partner_harvest.window import format_instant
 
 RUNNING = ("harvesting", "waiting")
@@ -40,7 +41,7 @@ def newest_run_id(conn: psycopg.Connection, partner_id: str, *, unfinished: bool
 
 def database_now(conn: psycopg.Connection) -> datetime:
     """The database's clock, which wrote every ``progress_at``."""
-    now = conn.execute("SELECT statement_timestamp()").fetchone()[0]
+    now = scalar(conn.execute("SELECT statement_timestamp()"))
     conn.commit()
     return now
 
@@ -67,8 +68,9 @@ def run_progress(rows: list[dict[str, Any]], run_id: str, now: datetime) -> RunP
     remaining = [_left(c) for c in unfinished]
     per_second = sum(_rate(r) or 0.0 for r in rows if r["status"] == "harvesting")
     time_left = None
-    if None not in remaining and per_second > 0:
-        time_left = timedelta(seconds=round(sum(remaining) / per_second))
+    known = [left for left in remaining if left is not None]
+    if len(known) == len(remaining) and per_second > 0:
+        time_left = timedelta(seconds=round(sum(known) / per_second))
     elif not unfinished:
         time_left = timedelta(0)
     known = [c["fetched"] if c["status"] in DONE else c["expected"] for c in channels]  # a finished one: what came

@@ -7,6 +7,8 @@ from datetime import datetime
 
 import psycopg
 
+from partner_harvest.store.db import one
+
 
 @dataclass(frozen=True)
 class RunFigures:
@@ -27,7 +29,7 @@ def run_figures(conn: psycopg.Connection, partner_id: str, run_id: str) -> RunFi
     """The run's figures. ``held`` is what its apply noted on its rows (store/partner_stats.py):
     what the run left, even when a later run applied before this check, and no count over a
     big partner's records; counted only for a run applied before the rows carried it."""
-    row = conn.execute(
+    row = one(conn.execute(
         """
         SELECT COALESCE(sum(fetched), 0), COALESCE(sum(purged), 0), COALESCE(sum(quarantined), 0),
                COALESCE(max(records_held), (SELECT count(*) FROM records WHERE partner_id = %(pid)s)),
@@ -38,7 +40,7 @@ def run_figures(conn: psycopg.Connection, partner_id: str, run_id: str) -> RunFi
         FROM harvest_runs WHERE partner_id = %(pid)s AND run_id = %(run)s
         """,
         {"pid": partner_id, "run": run_id},
-    ).fetchone()
+    ))
     failed = conn.execute(
         """
         SELECT channel, check_kind, check_expected, check_found, check_detail FROM harvest_runs
@@ -46,14 +48,14 @@ def run_figures(conn: psycopg.Connection, partner_id: str, run_id: str) -> RunFi
         """,
         (partner_id, run_id),
     ).fetchall()
-    warnings = dict(conn.execute(
+    warnings: dict[str, int] = dict(conn.execute(
         """
         SELECT w.key, sum(w.value::bigint)::int FROM harvest_runs h, jsonb_each_text(h.warnings) AS w
         WHERE h.partner_id = %s AND h.run_id = %s GROUP BY w.key
         """,
         (partner_id, run_id),
     ).fetchall())
-    previous = conn.execute(
+    previous = one(conn.execute(
         """
         WITH prev AS (
             SELECT run_id FROM harvest_runs
@@ -66,12 +68,14 @@ def run_figures(conn: psycopg.Connection, partner_id: str, run_id: str) -> RunFi
                      WHERE h.partner_id = %(pid)s)
         """,
         {"pid": partner_id, "run": run_id},
-    ).fetchone()
+    ))
     conn.commit()
     checks = tuple(
         f"{kind} on the {channel} channel: the witness says {expected if expected is not None else 'nothing'}, "
         f"the run holds {found if found is not None else 'unknown'}" + (f" ({detail})" if detail else "")
         for channel, kind, expected, found, detail in failed
     )
-    return RunFigures(*row, failed_checks=checks, warnings=warnings,
+    fetched, purged, quarantined, held, last_fetch_at, first_run_at, announced = row
+    return RunFigures(fetched, purged, quarantined, held, last_fetch_at, first_run_at, announced,
+                      failed_checks=checks, warnings=warnings,
                       previous_warnings=frozenset(previous[1]) if previous[0] is not None else None)

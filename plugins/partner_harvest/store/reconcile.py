@@ -21,6 +21,7 @@ import psycopg
 
 from partner_harvest.records import Tombstone
 from partner_harvest.store import fences
+from partner_harvest.store.db import one
 from partner_harvest.store.runs import RunRef
 
 _COPY_IDS = "COPY reconcile_ids (partner_id, run_id, identifier, datestamp, deleted) FROM STDIN"
@@ -89,7 +90,7 @@ SELECT
 def plan(conn: psycopg.Connection, partner_id: str, run_id: str) -> ReconcilePlan:
     # The sweep just bulk-loaded the table: give the planner statistics before joining.
     conn.execute("ANALYZE reconcile_ids")
-    row = conn.execute(_PLAN, {"pid": partner_id, "run": run_id}).fetchone()
+    row = one(conn.execute(_PLAN, {"pid": partner_id, "run": run_id}))
     conn.commit()
     return ReconcilePlan(*row)
 
@@ -141,7 +142,7 @@ def vanished_identifiers(conn: psycopg.Connection, partner_id: str, run_id: str,
 def missing_span(conn: psycopg.Connection, partner_id: str, run_id: str) -> tuple[int, datetime | None, bool]:
     """How many live upstream ids are missing, their oldest datestamp, and whether any
     has no datestamp (then only the whole list is sure to cover them)."""
-    row = conn.execute(
+    row = one(conn.execute(
         """
         SELECT count(DISTINCT u.identifier), min(u.datestamp), bool_or(u.datestamp IS NULL)
         FROM reconcile_ids u
@@ -151,7 +152,7 @@ def missing_span(conn: psycopg.Connection, partner_id: str, run_id: str) -> tupl
                           AND d.identifier = u.identifier AND d.deleted)
         """,
         {"pid": partner_id, "run": run_id},
-    ).fetchone()
+    ))
     conn.commit()
     return int(row[0]), row[1], bool(row[2])
 

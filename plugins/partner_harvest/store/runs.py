@@ -8,8 +8,9 @@ from datetime import datetime, timedelta
 import psycopg
 
 from partner_harvest.errors import HarvestError
-from partner_harvest.store import fences
 from partner_harvest.records import HarvestStats
+from partner_harvest.store import fences
+from partner_harvest.store.db import scalar
 from partner_harvest.window import Window
 
 
@@ -49,7 +50,7 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
         ).fetchone()
         keep = (keep_staging and previous is not None and previous[0] == window.until
                 and previous[1] == window.mode and previous[2] in ("harvesting", "waiting", "failed"))
-        attempt = conn.execute(
+        attempt = scalar(conn.execute(
             """
             INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until,
                                       granularity, metadata_prefix, status, attempts, partner_clock,
@@ -69,8 +70,8 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
             RETURNING attempts
             """,
             (*run.key(), window.mode, window.from_, window.until, window.granularity, metadata_prefix,
-             window.partner_clock, bool(window.protocol.get("clock_regressed"))),
-        ).fetchone()[0]
+             window.partner_clock, window.protocol.clock_regressed),
+        ))
         if not keep:
             conn.execute(
                 "DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key()
@@ -128,7 +129,7 @@ def finish_harvest(conn: psycopg.Connection, run: RunRef, stats: HarvestStats, a
             """,
             (
                 stats.pages, stats.fetched, stats.complete_list_size, mismatch, stats.restarts,
-                int(stats.extra.get("cleaned_pages", 0)), *run.key(),
+                stats.cleaned_pages, *run.key(),
             ),
         )
 

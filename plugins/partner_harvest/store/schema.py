@@ -17,6 +17,8 @@ from importlib import resources
 
 import psycopg
 
+from partner_harvest.store.db import scalar
+
 log = logging.getLogger(__name__)
 _LOCK_KEY = 0x5048_0001  # arbitrary constant: "PH" schema lock
 SCHEMA_MANAGED_ENV = "HARVEST_SCHEMA_MANAGED"
@@ -33,14 +35,14 @@ def schema_managed_externally() -> bool:
 def pending_migrations(conn: psycopg.Connection) -> list[str]:
     """The migrations of this code not recorded in the database (reads only, no DDL)."""
     with conn.transaction():
-        exists = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()[0]
+        exists = scalar(conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL"))
         done = {row[0] for row in conn.execute("SELECT name FROM schema_migrations")} if exists else set()
     return [name for name, _ in migration_files() if name not in done]
 
 
 def migration_files() -> list[tuple[str, str]]:
     folder = resources.files("partner_harvest.store") / "migrations"
-    files = sorted(p for p in folder.iterdir() if p.name.endswith(".sql"))
+    files = sorted((p for p in folder.iterdir() if p.name.endswith(".sql")), key=lambda p: p.name)
     return [(p.name, p.read_text(encoding="utf-8")) for p in files]
 
 

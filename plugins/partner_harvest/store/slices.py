@@ -10,14 +10,14 @@ and its staged count (0) always matches.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import psycopg
 
 from partner_harvest.store import fences
+from partner_harvest.store.db import one, scalar
 from partner_harvest.store.runs import RunRef
-from partner_harvest.window import Window
+from partner_harvest.window import Slice, Window
 
 PARENT = "changes"
 SLICE_PREFIX = "changes/"
@@ -32,17 +32,7 @@ def is_slice(channel: str) -> bool:
     return channel.startswith(SLICE_PREFIX)
 
 
-@dataclass(frozen=True)
-class SliceBounds:
-    """One slice as planned: a datestamp (or updatedDate) range and/or a Sierra id range."""
-
-    channel: str
-    from_: datetime | None
-    until: datetime
-    lo: int | None = None
-    hi: int | None = None
-    estimate: int | None = None  # records the plan expected (a count or an id span)
-    set_spec: str | None = None  # an OAI slice that is one set of the repository (over the whole window)
+SliceBounds = Slice  # one slice as planned: a datestamp (or updatedDate) range and/or a Sierra id range
 
 
 def write_plan(
@@ -105,7 +95,7 @@ def read_bounds(conn: psycopg.Connection, run: RunRef) -> SliceBounds:
     conn.commit()
     if row is None:
         raise LookupError(f"{run.partner_id}: run {run.run_id} has no slice {run.channel} in harvest_runs")
-    return SliceBounds(run.channel, row[0], row[1], row[2], row[3], set_spec=row[4])
+    return SliceBounds(channel=run.channel, from_=row[0], until=row[1], lo=row[2], hi=row[3], set_spec=row[4])
 
 
 @dataclass(frozen=True)
@@ -136,13 +126,13 @@ def resumable(conn: psycopg.Connection, run: RunRef) -> Resumable | None:
     if row is None or row[0] not in ("harvesting", "waiting", "failed") or row[1] is None:
         conn.commit()
         return None
-    counts = conn.execute(
+    counts = one(conn.execute(
         """
         SELECT count(*), count(*) FILTER (WHERE kind = 'R'), count(*) FILTER (WHERE kind = 'T'),
                count(*) FILTER (WHERE kind = 'Q'), COALESCE(max(seq), 0)
         FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s
         """, run.key(),
-    ).fetchone()
+    ))
     conn.commit()
     if counts[0] != row[3]:
         return None
@@ -154,14 +144,14 @@ def reopen(conn: psycopg.Connection, run: RunRef) -> int:
     returns the new attempt number (the fence of store/runs.check_attempt)."""
     with conn.transaction():
         fences.check(conn, f"resumption of {run.channel} of run {run.run_id}")
-        return conn.execute(
+        return scalar(conn.execute(
             """
             UPDATE harvest_runs SET status = 'harvesting', attempts = attempts + 1, resumed = resumed + 1,
                 error = NULL, harvested_at = NULL, applied_at = NULL, progress_at = now()
             WHERE partner_id = %s AND run_id = %s AND channel = %s
             RETURNING attempts
             """, run.key(),
-        ).fetchone()[0]
+        ))
 
 
 def slice_rows(conn: psycopg.Connection, partner_id: str, run_id: str) -> list[dict[str, Any]]:
@@ -174,7 +164,7 @@ def slice_rows(conn: psycopg.Connection, partner_id: str, run_id: str) -> list[d
             FROM harvest_runs WHERE partner_id = %s AND run_id = %s ORDER BY channel
             """, (partner_id, run_id),
         )
-        names = [d.name for d in cur.description]
+        names = [d.name for d in cur.description or ()]
         rows = [dict(zip(names, row)) for row in cur.fetchall()]
     conn.commit()
     return rows

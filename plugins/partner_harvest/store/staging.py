@@ -9,6 +9,7 @@ never blocks its page, its window or the cursor (I8, I11).
 from __future__ import annotations
 
 import hashlib
+from typing import overload
 
 import psycopg
 
@@ -16,6 +17,7 @@ from partner_harvest.errors import PartnerCapExceeded
 from partner_harvest.formats.checks import warnings_json
 from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
 from partner_harvest.store import fences
+from partner_harvest.store.db import scalar
 from partner_harvest.store.runs import RunRef, check_attempt, record_progress
 
 # Binary: the server reads the datestamp as eight bytes and the set specs as an array of
@@ -102,7 +104,7 @@ class StagingWriter:
         """Add the page's payload bytes to the channel's row; raise (the page's transaction
         then rolls back: nothing of it lands) when the run's sum passes the cap."""
         pid, run_id, channel = self.run.key()
-        total = self.conn.execute(
+        total = scalar(self.conn.execute(
             """
             WITH added AS (
                 UPDATE harvest_runs SET staged_bytes = staged_bytes + %(size)s
@@ -112,7 +114,7 @@ class StagingWriter:
                              WHERE partner_id = %(pid)s AND run_id = %(run)s AND channel <> %(channel)s), 0)
                    + COALESCE((SELECT staged_bytes FROM added), 0)
             """, {"size": size, "pid": pid, "run": run_id, "channel": channel},
-        ).fetchone()[0]
+        ))
         if total > self.max_run_bytes:
             raise PartnerCapExceeded(
                 pid, f"staging of {channel} of run {run_id}",
@@ -174,6 +176,10 @@ def _plainly_storable(record: Record, max_record_bytes: int) -> bool:
     return _text_problem(joined) is None
 
 
+@overload
+def escape(text: str) -> str: ...
+@overload
+def escape(text: None) -> None: ...
 def escape(text: str | None) -> str | None:
     """Text with NUL and lone surrogates written as backslash escapes (always storable)."""
     if text is None:

@@ -9,9 +9,11 @@ Figures come from the aggregation database through the ``aggregation_db`` Connec
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -35,7 +37,7 @@ _templates = Environment(
 )
 
 
-def _require_user() -> object:
+def _require_user() -> Callable[..., Any]:
     """Airflow's own check: an authenticated user allowed to see the website."""
     from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
     from airflow.api_fastapi.core_api.security import requires_access_view

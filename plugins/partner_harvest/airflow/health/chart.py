@@ -52,7 +52,7 @@ def runs_chart(runs: Sequence[RunInfo]) -> str:
     parts += _panel(top, "changes per run (upserts, purges, quarantined)", max(changes, default=0))
     scale = _scale(top, max(changes, default=0))
     for i, run in enumerate(runs):
-        base = top + PANEL
+        base: float = top + PANEL
         for kind in ("upserted", "purged", "quarantined"):
             value = getattr(run, kind)
             if not value:

@@ -43,7 +43,7 @@ def conninfo(conn_id: str = AGGREGATION_CONN_ID) -> str:
     params = {"host": conn.host or None, "port": conn.port or None, "user": conn.login or None,
               "password": conn.password or None, "dbname": conn.schema or None}
     params.update({k: v for k, v in conn.extra_dejson.items() if k in {"sslmode", "options", "connect_timeout"}})
-    return make_conninfo(**{k: v for k, v in params.items() if v is not None})
+    return make_conninfo("", **{k: v for k, v in params.items() if v is not None})
 
 
 def connection() -> psycopg.Connection:

@@ -29,13 +29,16 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from types import TracebackType
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import requests
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_serializer, field_validator
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.connectionpool import ConnectionPool, HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.response import BaseHTTPResponse
 from urllib3.util.retry import Retry
 
 log = logging.getLogger(__name__)
@@ -46,42 +49,58 @@ MiB = 1024 * 1024
 READ_CHUNK = 64 * 1024  # decoded bytes per read: urllib3 >= 2.6 inflates no more than asked
 
 
-@dataclass(frozen=True)
-class HttpPolicy:
-    """How patient, and how trusting, to be with one partner (registry ``options.http``)."""
+_Seconds = Annotated[float, Field(strict=True)]
 
-    connect_timeout: float = 10.0
-    read_timeout: float = 120.0
-    retries: int = 5
-    backoff_factor: float = 2.0
-    backoff_max: float = 120.0
-    retry_after_cap: float = 300.0
-    # A Retry-After up to this many seconds is slept in the task (an OAI-PMH token chain
-    # lives on); a longer one ends the request with ServerAsksToWait, and the task gives
-    # its worker slot back until then (a reschedule) instead of holding it asleep.
-    max_wait_in_task: float = 60.0
-    user_agent: str = USER_AGENT
-    retry_statuses: frozenset[int] = RETRY_STATUSES
-    # The largest honest page we know (2,000 rich MARCXML/LIDO records) is well below this.
-    max_response_bytes: int = 64 * MiB
-    # Seconds one request may spend talking to the server (redirects included, the waits
-    # between urllib3's retries excluded: retries x retry_after_cap bound those).
-    request_deadline: float = 600.0
-    # libxml2 nodes of one XML page, counted before parsing (see xmlsafe.XmlLimits): about
-    # 250 MB of tree; honest pages hold one per ~20 bytes, so raise it with a cap past 40 MiB.
-    max_xml_nodes: int = 2_000_000
 
-    def __post_init__(self) -> None:
-        for name in ("max_response_bytes", "max_xml_nodes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"options.http.{name} must be a positive integer, got {value!r}")
-        wait = self.max_wait_in_task
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
-            raise ValueError(f"options.http.max_wait_in_task must be a number of seconds >= 0, got {wait!r}")
-        deadline = self.request_deadline
-        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or deadline <= 0:
-            raise ValueError(f"options.http.request_deadline must be a positive number of seconds, got {deadline!r}")
+class HttpPolicy(BaseModel):
+    """How patient, and how trusting, to be with one partner (registry ``options.http``).
+
+    A pydantic model: the registry validates ``options.http`` into this very object, so
+    each default and each rule lives here once. Strict: YAML ``'5'`` or ``yes`` is no number.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, title="options.http")
+
+    connect_timeout: Annotated[_Seconds, Field(gt=0, description=(
+        "seconds to wait for the partner's server to accept the connection"))] = 10.0
+    read_timeout: Annotated[_Seconds, Field(gt=0, description=(
+        "seconds to wait for the next bytes of a response"))] = 120.0
+    retries: Annotated[StrictInt, Field(ge=0, description=(
+        "retries of one request by the transport (statuses in retry_statuses, broken connections, "
+        "timeouts), with exponential backoff"))] = 5
+    backoff_factor: Annotated[_Seconds, Field(ge=0, description=(
+        "the first retry's backoff in seconds, doubling after each"))] = 2.0
+    backoff_max: Annotated[_Seconds, Field(ge=0, description="the longest backoff between two retries, in seconds")] = 120.0
+    retry_after_cap: Annotated[_Seconds, Field(ge=0, description=(
+        "a Retry-After longer than this many seconds is cut to it"))] = 300.0
+    max_wait_in_task: Annotated[_Seconds, Field(ge=0, description=(
+        "a Retry-After up to this many seconds is slept in the task (an OAI-PMH token chain lives on); "
+        "a longer one ends the request and the task gives its worker slot back until then (a reschedule) "
+        "instead of holding it asleep"))] = 60.0
+    user_agent: Annotated[StrictStr, Field(min_length=1, description="the User-Agent header sent")] = USER_AGENT
+    retry_statuses: frozenset[StrictInt] = Field(default=RETRY_STATUSES, description=(
+        "HTTP statuses the transport retries; default 429, 500, 502, 503, 504, and for Sierra 502, 503, 504 "
+        "(the Sierra client reads 500 and 429 itself: their bodies and waits carry Sierra's codes)"))
+    max_response_bytes: Annotated[StrictInt, Field(ge=1, description=(
+        "decoded bytes of one response body kept at most (a small gzip can expand to gigabytes); the "
+        "largest honest page known (2,000 rich MARCXML/LIDO records) is well below the default"))] = 64 * MiB
+    request_deadline: Annotated[_Seconds, Field(gt=0, description=(
+        "seconds one request may spend talking to the server, redirects included, the waits between the "
+        "transport's retries excluded (retries x retry_after_cap bound those); a server dripping one byte "
+        "at a time never trips read_timeout but trips this"))] = 600.0
+    max_xml_nodes: Annotated[StrictInt, Field(ge=1, description=(
+        "libxml2 nodes of one XML page, counted before parsing (about 250 MB of tree); honest pages hold "
+        "one per ~20 bytes, so raise it with max_response_bytes past 40 MiB"))] = 2_000_000
+
+    @field_validator("retry_statuses", mode="before")
+    @classmethod
+    def _statuses(cls, value: object) -> object:
+        """A YAML list of statuses is a set here."""
+        return frozenset(value) if isinstance(value, (list, tuple, set)) else value
+
+    @field_serializer("retry_statuses", when_used="json")
+    def _statuses_json(self, value: frozenset[int]) -> list[int]:
+        return sorted(value)
 
 
 # --------------------------------------------------------------------------- errors
@@ -181,7 +200,7 @@ class _DeadlineResponse(http.client.HTTPResponse):
         deadline = _DEADLINE.get()
         if deadline is not None and isinstance(self.fp, io.BufferedReader):
             raw = self.fp.detach()  # detach: the old reader must not close the socket file
-            self.fp = io.BufferedReader(_DeadlineReader(raw, sock, deadline))  # type: ignore[arg-type]
+            self.fp = io.BufferedReader(_DeadlineReader(raw, sock, deadline))
 
 
 class _HTTPConnection(HTTPConnection):
@@ -218,11 +237,11 @@ class CappedRetry(Retry):
         self.max_wait_in_task = max_wait_in_task
         self.label = label
 
-    def new(self, **kw: Any) -> "CappedRetry":
+    def new(self, **kw: Any) -> CappedRetry:
         kw.setdefault("retry_after_cap", self.retry_after_cap)
         kw.setdefault("max_wait_in_task", self.max_wait_in_task)
         kw.setdefault("label", self.label)
-        return super().new(**kw)  # type: ignore[return-value]
+        return super().new(**kw)
 
     def parse_retry_after(self, retry_after: str) -> float:
         return min(super().parse_retry_after(retry_after), self.retry_after_cap)
@@ -252,7 +271,15 @@ class CappedRetry(Retry):
             if deadline is not None:
                 deadline.extend(time.monotonic() - started)
 
-    def increment(self, method=None, url=None, response=None, error=None, _pool=None, _stacktrace=None):  # type: ignore[override]
+    def increment(
+        self,
+        method: str | None = None,
+        url: str | None = None,
+        response: BaseHTTPResponse | None = None,
+        error: Exception | None = None,
+        _pool: ConnectionPool | None = None,
+        _stacktrace: TracebackType | None = None,
+    ) -> CappedRetry:
         new = super().increment(method, url, response, error, _pool, _stacktrace)
         cause = f"HTTP {response.status}" if response is not None else f"{type(error).__name__}: {error}"
         beyond = self._asked_beyond_task(response)
@@ -304,7 +331,7 @@ class Transport:
     proxies: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold proxy credentials
 
     @classmethod
-    def from_extra(cls, extra: Mapping[str, Any] | None) -> "Transport":
+    def from_extra(cls, extra: Mapping[str, Any] | None) -> Transport:
         """Read and check the extras; ValueError names the extra key at fault."""
         extra = extra or {}
         verify = _verify_setting(extra.get("verify", True))
@@ -403,7 +430,7 @@ class PartnerAdapter(HTTPAdapter):
             if size > cap:
                 raise self._too_large(response, f"stopped reading after {size:,} bytes")
             body.write(chunk)
-        response._content = body.getvalue()  # type: ignore[attr-defined]
+        response._content = body.getvalue()
         response._content_consumed = True  # type: ignore[attr-defined]
 
     def _too_large(self, response: requests.Response, detail: str) -> ResponseTooLarge:
@@ -441,8 +468,8 @@ class PartnerSession(requests.Session):
         self.deadline = deadline
         self.transport = transport or Transport()
         self.verify = self.transport.verify
-        self.cert = self.transport.cert  # type: ignore[assignment]
-        self.proxies = dict(self.transport.proxies)  # type: ignore[assignment]
+        self.cert = self.transport.cert
+        self.proxies = dict(self.transport.proxies)
 
     def request(self, method: str, url: str, **kwargs: Any) -> requests.Response:  # type: ignore[override]
         kwargs.setdefault("timeout", self.default_timeout)
@@ -470,7 +497,7 @@ class PartnerSession(requests.Session):
         finally:
             _DEADLINE.reset(token)
 
-    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
         """Every hop passes here: credentials go to the partner's origin and nowhere else."""
         if self.home is not None and "Authorization" in request.headers:
             target = origin(request.url or "")

@@ -40,7 +40,7 @@ def library() -> Partner:
 def full_load(conn, sim: SierraSimulator, run_id: str = "harvest_library/full-1"):
     adapter = build_adapter(library(), Endpoint(sim.base_url, KEY, SECRET))
     window = pipeline.freeze_window(adapter, library().lag, None, pipeline.RunRequest("full"), {"deletions": None})
-    assert not window.protocol.get("slice")  # unsliced: the run's one channel is the whole export
+    assert window.protocol.slice is None  # unsliced: the run's one channel is the whole export
     return pipeline.harvest_window(adapter, conn, RunRef("library", run_id, "changes"), window)
 
 

@@ -5,9 +5,9 @@ database: tests/integration/test_docs_tables.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
+import pydantic
 import pytest
 
 from partner_harvest import docs_gen
@@ -42,8 +42,7 @@ def test_the_cli_reference_has_every_command_and_option() -> None:
 
 
 def test_the_limits_table_follows_the_policy_defaults() -> None:
-    @dataclasses.dataclass(frozen=True)
-    class Policy:
+    class Policy(pydantic.BaseModel):
         read_timeout: float = 7.0
         brand_new_cap: int = 3 * 1024 * 1024
 

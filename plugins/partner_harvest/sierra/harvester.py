@@ -198,7 +198,7 @@ class SierraAdapter(Adapter):
 
     # -- changes ---------------------------------------------------------------------
 
-    # A slice (window.protocol["slice"]) writes its keyset position with every page and,
+    # A slice (window.protocol.slice) writes its keyset position with every page and,
     # retried, resumes from it (``resume_at``) keeping what it staged (pipeline.harvest_piece).
     resumes_slices = True
 

@@ -125,7 +125,10 @@ def ours(args: argparse.Namespace) -> dict:
     partner = Partner(id=args.partner, protocol="oai-pmh", conn_id="-", metadata_prefix=args.prefix,
                       lag=timedelta(minutes=10))
     adapter = build_adapter(partner, Endpoint(args.url))
-    adapter.client.pipelined = not args.sequential
+    if args.sequential:
+        import baselines  # benchmarks/ is this script's own directory
+
+        baselines.sequential(adapter.client)  # the chain one page at a time
     started = time.perf_counter()
     window = pipeline.freeze_window(adapter, partner.lag, None, pipeline.RunRequest("full"))
     with connect(args.db) as conn:

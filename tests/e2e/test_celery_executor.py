@@ -28,9 +28,9 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import MUSEUM, AirflowStack, _write_registry  # pytest (prepend mode) puts tests/e2e on sys.path
+from tests.support.e2e_stack import MUSEUM, AirflowStack, write_registry
 
-from celery_stack import (
+from tests.support.celery_stack import (
     CeleryWorker,
     GatedOaiSimulator,
     celery_env,
@@ -77,9 +77,9 @@ def gated() -> Iterator[GatedOaiSimulator]:
 
 @pytest.fixture(scope="module")
 def sliced_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """conftest's registry, the museum entry sliced (and two pool slots: both slices at once)."""
+    """The e2e registry, the museum entry sliced (and two pool slots: both slices at once)."""
     path = tmp_path_factory.mktemp("registry") / "partners.yaml"
-    _write_registry(path)
+    write_registry(path)
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     entry = next(p for p in data["partners"] if p["id"] == PARTNER)
     entry.update(slicing=SLICING, pool_slots=SLICES)
@@ -89,7 +89,7 @@ def sliced_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def airflow_env_overrides(broker_url: str, gated: GatedOaiSimulator, sliced_registry: Path) -> dict[str, str]:
-    """conftest's stack, on the CeleryExecutor, the museum's Connection at the gated simulator."""
+    """The e2e stack, on the CeleryExecutor, the museum's Connection at the gated simulator."""
     env = celery_env(broker_url, CONCURRENCY)
     env[f"AIRFLOW_CONN_PARTNER_{PARTNER.upper()}"] = json.dumps({"conn_type": "http", "host": gated.base_url})
     env["HARVEST_PARTNERS_FILE"] = str(sliced_registry)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from conftest import AirflowStack
+    from tests.support.e2e_stack import AirflowStack
 
 pytestmark = pytest.mark.e2e
 

@@ -17,25 +17,19 @@ from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import MassPurgeRefused, reconcile
-from partner_harvest.registry import Partner
+from partner_harvest.run import run_partner
 from partner_harvest.store import RunRef
-from partner_harvest.store.admin import live_identifiers
+from tests.support.db import held
+from tests.support.partners import fast_http, oai_partner as support_oai_partner
 
-FAST = {"http": {"backoff_factor": 0.01, "backoff_max": 0.05, "retries": 2}}
-
-
-def oai_partner(**kw: Any) -> Partner:
-    base = dict(id="museum", protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc",
-                lag=timedelta(minutes=10), options=FAST)
-    base.update(kw)
-    return Partner(**base)
+def oai_partner(**kw: Any):
+    return support_oai_partner(options={"http": fast_http(2, read_timeout=120)}, **kw)
 
 
 def harvest(adapter, conn: psycopg.Connection, run_id: str):
-    """One full run the way the DAG's tasks do it: freeze, stage, apply."""
-    window = pipeline.freeze_window(adapter, timedelta(minutes=10), None, pipeline.RunRequest("full"))
-    stats = pipeline.harvest_window(adapter, conn, RunRef(adapter.partner_id, run_id), window)
-    return stats, pipeline.apply_changes(conn, adapter.partner_id, run_id)
+    """One full run the way the DAG's tasks do it (partner_harvest.run)."""
+    result = run_partner(adapter.partner, adapter, conn, run_id, request=pipeline.RunRequest("full"))
+    return result.changes, result.applied
 
 
 def audit_rows(conn: psycopg.Connection, run_id: str) -> list[dict]:
@@ -58,12 +52,6 @@ def assert_audit_adds_up(conn: psycopg.Connection, run_id: str) -> None:
 def quarantined(conn: psycopg.Connection, run_id: str) -> list[str]:
     ids = [r[0] for r in conn.execute(
         "SELECT identifier FROM quarantine WHERE run_id = %s ORDER BY identifier", (run_id,)).fetchall()]
-    conn.commit()
-    return ids
-
-
-def held(conn: psycopg.Connection, partner_id: str = "museum") -> set[str]:
-    ids = live_identifiers(conn, partner_id)
     conn.commit()
     return ids
 

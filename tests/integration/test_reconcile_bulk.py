@@ -16,25 +16,14 @@ from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import reconcile
 from partner_harvest.records import HarvestStats, Tombstone
-from partner_harvest.registry import Partner
+from partner_harvest.run import run_partner
 from partner_harvest.store import RunRef, StagingWriter, begin_run
 from partner_harvest.store.reconcile import MissingOnlySink
-from partner_harvest.store.admin import live_identifiers
+from tests.support.db import held as held_by
+from tests.support.partners import oai_partner
 
-FAST = {"http": {"backoff_factor": 0.01, "retries": 2}}
-
-
-def oai_partner(**kw) -> Partner:
-    base = dict(id="museum", protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc", options=FAST)
-    base.update(kw)
-    return Partner(**base)
-
-
-def full_harvest(sim: OaiSimulator, conn: psycopg.Connection, partner: Partner) -> None:
-    adapter = build_adapter(partner, Endpoint(sim.base_url))
-    window = pipeline.freeze_window(adapter, timedelta(minutes=10), None, pipeline.RunRequest("incremental"))
-    pipeline.harvest_window(adapter, conn, RunRef(partner.id, "full"), window)
-    pipeline.apply_changes(conn, partner.id, "full")
+def full_harvest(sim: OaiSimulator, conn: psycopg.Connection, partner) -> None:
+    run_partner(partner, build_adapter(partner, Endpoint(sim.base_url)), conn, "full")
 
 
 def lose_locally(conn: psycopg.Connection, ids: list[str]) -> None:
@@ -44,9 +33,7 @@ def lose_locally(conn: psycopg.Connection, ids: list[str]) -> None:
 
 
 def held(conn: psycopg.Connection) -> set[str]:
-    ids = live_identifiers(conn, "museum")
-    conn.commit()
-    return ids
+    return held_by(conn, "museum")
 
 
 def verbs(sim: OaiSimulator) -> dict[str, int]:

@@ -7,42 +7,19 @@ two pages of the sweep. Real PostgreSQL, the simulator over loopback.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from datetime import timedelta
-
 import psycopg
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository, identifier_for
-from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import reconcile
 from partner_harvest.records import Record, Tombstone
-from partner_harvest.registry import Partner
-from partner_harvest.store import RunRef
-from partner_harvest.store.admin import live_identifiers
+from partner_harvest.run import run_partner
 from partner_harvest.window import Window
+from tests.support.db import held
+from tests.support.partners import oai_partner
 
-FAST = {"http": {"backoff_factor": 0.01, "retries": 2}}
-
-
-def oai_partner(**kw) -> Partner:
-    base = dict(id="museum", protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc", options=FAST)
-    base.update(kw)
-    return Partner(**base)
-
-
-def full_harvest(sim: OaiSimulator, conn: psycopg.Connection, partner: Partner) -> None:
-    adapter = build_adapter(partner, Endpoint(sim.base_url))
-    window = pipeline.freeze_window(adapter, timedelta(minutes=10), None, pipeline.RunRequest("incremental"))
-    pipeline.harvest_window(adapter, conn, RunRef(partner.id, "full"), window)
-    pipeline.apply_changes(conn, partner.id, "full")
-
-
-def held(conn: psycopg.Connection, partner_id: str) -> set[str]:
-    ids = live_identifiers(conn, partner_id)
-    conn.commit()
-    return ids
+def full_harvest(sim: OaiSimulator, conn: psycopg.Connection, partner) -> None:
+    run_partner(partner, build_adapter(partner, Endpoint(sim.base_url)), conn, "full")
 
 
 def deletions(conn: psycopg.Connection, run_id: str) -> set[str]:
@@ -109,7 +86,7 @@ def test_vanished_candidates_beyond_the_verify_limit_are_kept_for_the_next_recon
         partner = oai_partner()
         full_harvest(sim, conn, partner)
         gone = set(repo.delete(30))
-        budget = replace(partner, options={**partner.options, "reconcile": {"verify_limit": 12}})  # the registry key
+        budget = oai_partner(options={"reconcile": {"verify_limit": 12}})  # the registry key
         first = reconcile(build_adapter(budget, Endpoint(sim.base_url)), conn, budget, "rec-1")
         assert first.purged == 12 and deletions(conn, "rec-1") <= gone
         assert first.verified == {"gone": 12, "deleted": 0, "live": 0, "unverified": 18}

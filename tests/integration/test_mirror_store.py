@@ -77,6 +77,7 @@ def test_a_remembered_purge_yields_to_a_newer_version(conn: psycopg.Connection) 
     assert conn.execute("SELECT count(*) FROM tombstones").fetchone()[0] == 0  # superseded memory is dropped
 
 
+@pytest.mark.slow  # every apply order of several runs
 def test_any_apply_order_gives_the_same_mirror(db: str) -> None:
     """I10 as a property: random versions staged in runs, applied in every order, agree."""
     from partner_harvest.store import connect, ensure_schema

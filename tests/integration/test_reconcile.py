@@ -21,6 +21,7 @@ def full_harvest(adapter, conn, partner_id: str, run_id: str = "full") -> None:
     run_partner(adapter.partner, adapter, conn, run_id)
 
 
+@pytest.mark.slow  # 25,000 records
 def test_reconcile_removes_exactly_what_vanished_without_tombstones(conn) -> None:
     repo = SimulatedRepository(records=25000, page_size=500, deleted_record="no", deleted_fraction=0.0, seed=31)
     with OaiSimulator(repo) as sim:

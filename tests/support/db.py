@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 
-from partner_harvest.store import connect
+from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
 
 
@@ -13,6 +13,7 @@ def held(where: psycopg.Connection | str, partner_id: str = "museum") -> set[str
     so the next read sees later commits) or a conninfo."""
     if isinstance(where, str):
         with connect(where) as conn:
+            ensure_schema(conn)  # a DAG test's database may not have run a task yet
             return live_identifiers(conn, partner_id)
     ids = live_identifiers(where, partner_id)
     where.commit()

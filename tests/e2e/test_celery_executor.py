@@ -28,6 +28,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
+from tests.support.db import held as held_in
 from tests.support.e2e_stack import MUSEUM, AirflowStack, write_registry
 
 from tests.support.celery_stack import (
@@ -40,8 +41,7 @@ from tests.support.celery_stack import (
     worker_logs_on_failure,
 )
 from include.simulators.oai_pmh import SimulatedRepository
-from partner_harvest.store import connect, ensure_schema
-from partner_harvest.store.admin import live_identifiers
+from partner_harvest.store import connect
 from partner_harvest.store.slices import is_slice, slice_channel, slice_rows
 
 pytestmark = pytest.mark.e2e
@@ -105,9 +105,7 @@ def workers(airflow_stack: AirflowStack, broker_url: str,
 
 
 def held(stack: AirflowStack, partner: str) -> set[str]:
-    with connect(stack.aggregation_db) as conn:
-        ensure_schema(conn)
-        return live_identifiers(conn, partner)
+    return held_in(stack.aggregation_db, partner)
 
 
 def slices_of(stack: AirflowStack, run_key: str) -> dict[str, dict[str, Any]]:

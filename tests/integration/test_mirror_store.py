@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import itertools
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import psycopg
 import pytest
 
 from partner_harvest.pipeline import apply_changes
 from partner_harvest.records import HarvestStats, Record, Rejected, Tombstone
-from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, finish_harvest
+from partner_harvest.store import RunRef, apply_run, begin_run
 from partner_harvest.store.apply import RunNotHarvested, StagingIncomplete
 from partner_harvest.store.runs import abandon_stale_runs, fail_apply
 from partner_harvest.window import Window

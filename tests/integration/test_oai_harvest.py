@@ -11,7 +11,6 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
 
-import psycopg
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository

@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 from datetime import timedelta
 
-import psycopg
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository

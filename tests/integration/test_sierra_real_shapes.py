@@ -14,7 +14,6 @@ import pytest
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
 from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
-from partner_harvest.window import Window
 from tests.support.db import check_row
 from tests.support.harness import PieceRun as Run, SIERRA_KEY as KEY, SIERRA_SECRET as SECRET, SierraHarness as Harness
 from tests.support.partners import sierra_partner as partner

@@ -7,7 +7,6 @@ them failing and retried on its own), apply_changes.
 
 from __future__ import annotations
 
-from datetime import timedelta
 
 import psycopg
 import pytest

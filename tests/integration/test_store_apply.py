@@ -8,8 +8,8 @@ import psycopg
 from psycopg.types.json import Jsonb
 import pytest
 
-from partner_harvest.records import HarvestStats, Record, Rejected, Tombstone
-from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, finish_harvest
+from partner_harvest.records import Record, Rejected, Tombstone
+from partner_harvest.store import apply_run
 from partner_harvest.window import Window
 from tests.support.records import rec as support_rec, stage as stage_for
 

@@ -21,7 +21,7 @@ import requests
 from psycopg import sql
 
 from tests.support.airflow_stack import ROOT, three_free_ports, wait_for
-from test_health_page import CHROMIUM, CHROMIUM_ARGS
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.e2e
 DOWN = "down"

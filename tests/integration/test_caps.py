@@ -12,8 +12,7 @@ import pytest
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import pipeline
 from partner_harvest.errors import PartnerCapExceeded
-from partner_harvest.factory import Endpoint, build_adapter
-from partner_harvest.run import run_partner
+from tests.support.harness import run_once
 from tests.support.partners import oai_partner
 
 def partner(limits: dict | None = None):
@@ -21,8 +20,7 @@ def partner(limits: dict | None = None):
 
 
 def harvest(sim: OaiSimulator, conn: psycopg.Connection, who, run_id: str = "r1"):
-    adapter = build_adapter(who, Endpoint(sim.base_url))
-    return run_partner(who, adapter, conn, run_id, request=pipeline.RunRequest("full")).applied
+    return run_once(sim, conn, who, run_id, request=pipeline.RunRequest("full")).applied
 
 
 def one_line(exc: BaseException) -> str:

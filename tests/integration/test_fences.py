@@ -25,9 +25,9 @@ import pytest
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
-from partner_harvest.run import run_partner
 from partner_harvest.store import RunRef, connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
+from tests.support.harness import run_once
 from tests.support.partners import oai_partner
 from partner_harvest.store.leases import HARVEST, LeaseKeeper, release
 
@@ -73,8 +73,7 @@ CHILD = textwrap.dedent("""
 
 
 def harvest_and_apply(sim: OaiSimulator, conn: psycopg.Connection, run_id: str) -> None:
-    run_partner(oai_partner(), build_adapter(oai_partner(), Endpoint(sim.base_url)), conn, run_id,
-                request=pipeline.RunRequest("full"))
+    run_once(sim, conn, oai_partner(), run_id, request=pipeline.RunRequest("full"))
 
 
 def lease_lapsed(db: str, holder: str) -> bool:

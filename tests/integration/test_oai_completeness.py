@@ -12,7 +12,7 @@ import psycopg
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.records import HarvestStats
-from partner_harvest.run import run_partner
+from tests.support.harness import run_once
 from partner_harvest.window import format_instant
 from tests.support.partners import oai_partner as support_oai_partner
 
@@ -25,8 +25,7 @@ def oai_partner(options: dict, **kw):
 
 
 def harvest(sim: OaiSimulator, conn: psycopg.Connection, partner, run_id: str = "full", cursor=None):
-    adapter = build_adapter(partner, Endpoint(sim.base_url))
-    result = run_partner(partner, adapter, conn, run_id, {"changes": cursor})
+    result = run_once(sim, conn, partner, run_id, {"changes": cursor})
     return result.window, result.changes
 
 

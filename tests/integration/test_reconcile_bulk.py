@@ -16,14 +16,13 @@ from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import reconcile
 from partner_harvest.records import HarvestStats, Tombstone
-from partner_harvest.run import run_partner
 from partner_harvest.store import RunRef, StagingWriter, begin_run
 from partner_harvest.store.reconcile import MissingOnlySink
 from tests.support.db import held as held_by
+from tests.support.harness import run_once
 from tests.support.partners import oai_partner
 
-def full_harvest(sim: OaiSimulator, conn: psycopg.Connection, partner) -> None:
-    run_partner(partner, build_adapter(partner, Endpoint(sim.base_url)), conn, "full")
+
 
 
 def lose_locally(conn: psycopg.Connection, ids: list[str]) -> None:
@@ -55,7 +54,7 @@ def test_two_thousand_missing_records_take_a_list_stream_not_two_thousand_reques
     repo = SimulatedRepository(records=5000, page_size=500, deleted_fraction=0.02, seed=51)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         lost = random.Random(5).sample(sorted(repo.live_identifiers()), 2000)
         lose_locally(conn, lost)
         sim.clear_requests()
@@ -78,7 +77,7 @@ def test_the_list_stream_covers_only_the_missing_records_datestamps(conn) -> Non
     repo = SimulatedRepository(records=3000, page_size=200, deleted_fraction=0.0, seed=52)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         newest = sorted(repo.select(), key=lambda r: r.stamp)[-600:]
         lose_locally(conn, [r.identifier for r in newest])
         sim.clear_requests()
@@ -95,7 +94,7 @@ def test_missing_records_edited_during_the_list_stream_are_fetched_by_id(conn) -
     repo = SimulatedRepository(records=2000, page_size=100, deleted_fraction=0.0, seed=53)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         lost = sorted(repo.live_identifiers())[:800]
         lose_locally(conn, lost)
         sim.requery_pages()
@@ -117,7 +116,7 @@ def test_few_missing_records_still_go_by_id(conn) -> None:
     repo = SimulatedRepository(records=1000, page_size=200, deleted_fraction=0.0, seed=54)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         lose_locally(conn, sorted(repo.live_identifiers())[100:140])
         sim.clear_requests()
         result = reconcile(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, "rec")
@@ -130,7 +129,7 @@ def test_an_expired_token_in_the_list_stream_drops_only_what_the_stream_staged(c
     repo = SimulatedRepository(records=1000, page_size=100, deleted_fraction=0.0, seed=55)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         lost = sorted(repo.live_identifiers())[::2]
         lose_locally(conn, lost)
         adapter = build_adapter(partner, Endpoint(sim.base_url))

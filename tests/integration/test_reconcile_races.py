@@ -13,13 +13,12 @@ from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository, identi
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import reconcile
 from partner_harvest.records import Record, Tombstone
-from partner_harvest.run import run_partner
 from partner_harvest.window import Window
 from tests.support.db import held
+from tests.support.harness import run_once
 from tests.support.partners import oai_partner
 
-def full_harvest(sim: OaiSimulator, conn: psycopg.Connection, partner) -> None:
-    run_partner(partner, build_adapter(partner, Endpoint(sim.base_url)), conn, "full")
+
 
 
 def deletions(conn: psycopg.Connection, run_id: str) -> set[str]:
@@ -40,7 +39,7 @@ def test_records_edited_during_the_sweep_are_not_purged(conn) -> None:
     repo = SimulatedRepository(records=2000, page_size=100, deleted_fraction=0.0, seed=41)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         before = held(conn, "museum")
         sim.requery_pages()
         # Staff edit 20 records the sweep has not reached yet: their new datestamps are later
@@ -59,7 +58,7 @@ def test_a_deletion_shifting_the_pages_purges_only_what_is_gone(conn) -> None:
     repo = SimulatedRepository(records=2000, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=42)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         sim.requery_pages()
         # Ten records the sweep has already listed vanish: every later record moves back by
         # ten places, so the ten records at the next page boundary are never listed.
@@ -84,7 +83,7 @@ def test_vanished_candidates_beyond_the_verify_limit_are_kept_for_the_next_recon
     repo = SimulatedRepository(records=1000, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=43)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         gone = set(repo.delete(30))
         budget = oai_partner(options={"reconcile": {"verify_limit": 12}})  # the registry key
         first = reconcile(build_adapter(budget, Endpoint(sim.base_url)), conn, budget, "rec-1")
@@ -99,7 +98,7 @@ def test_an_allowed_mass_purge_verifies_every_candidate_at_once(conn) -> None:
     repo = SimulatedRepository(records=1000, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=46)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         repo.delete(100)  # 10%: over the mass-purge limit
         adapter = build_adapter(partner, Endpoint(sim.base_url))
         adapter.verify_limit = 12
@@ -113,7 +112,7 @@ def test_a_record_deleted_during_the_sweep_never_costs_a_neighbour(conn) -> None
                                seed=44)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         sim.requery_pages()
         # A record on an already-served page becomes a tombstone dated after the reconcile's
         # clock: a sweep bounded by that clock drops it and every later record moves back.

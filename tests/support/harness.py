@@ -158,3 +158,12 @@ class PieceRun:
         from partner_harvest.store.slices import slice_rows
 
         return {row["channel"]: row for row in slice_rows(self.conn, self.partner.id, self.run_id)}
+
+
+def run_once(sim: Any, conn: psycopg.Connection, partner: Partner, run_id: str = "run-1",
+             cursors: dict[str, datetime | None] | None = None, request: pipeline.RunRequest | None = None,
+             **kw: Any) -> RunResult:
+    """One DAG run of an OAI-PMH ``partner`` against the simulator (or replay) ``sim``, with a
+    fresh adapter as each run builds; the cursors are the caller's (none: a first run)."""
+    adapter = build_adapter(partner, Endpoint(sim.base_url))
+    return run_partner(partner, adapter, conn, run_id, cursors, request, **kw)

@@ -19,6 +19,7 @@ from partner_harvest.records import HarvestStats, Tombstone
 from partner_harvest.store import RunRef, StagingWriter, begin_run
 from partner_harvest.store.reconcile import MissingOnlySink
 from tests.support.db import held as held_by
+from tests.support.db import outcomes as audit
 from tests.support.harness import run_once
 from tests.support.partners import oai_partner
 
@@ -42,12 +43,7 @@ def verbs(sim: OaiSimulator) -> dict[str, int]:
     return counts
 
 
-def audit(conn: psycopg.Connection, run_id: str) -> tuple[int, int, int, int, int]:
-    row = conn.execute(
-        "SELECT fetched, upserted, unchanged, purged, quarantined FROM harvest_runs WHERE run_id = %s",
-        (run_id,)).fetchone()
-    conn.commit()
-    return row
+
 
 
 def test_two_thousand_missing_records_take_a_list_stream_not_two_thousand_requests(conn) -> None:

@@ -15,6 +15,7 @@ from partner_harvest.reconcile import reconcile
 from partner_harvest.records import Record, Tombstone
 from partner_harvest.window import Window
 from tests.support.db import held
+from tests.support.db import outcomes as audit
 from tests.support.harness import run_once
 from tests.support.partners import oai_partner
 
@@ -27,12 +28,7 @@ def deletions(conn: psycopg.Connection, run_id: str) -> set[str]:
     return {r[0] for r in rows}
 
 
-def audit(conn: psycopg.Connection, run_id: str) -> tuple[int, int, int, int, int]:
-    row = conn.execute(
-        "SELECT fetched, upserted, unchanged, purged, quarantined FROM harvest_runs WHERE run_id = %s",
-        (run_id,)).fetchone()
-    conn.commit()
-    return row
+
 
 
 def test_records_edited_during_the_sweep_are_not_purged(conn) -> None:

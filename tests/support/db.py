@@ -38,3 +38,12 @@ def check_row(conn: psycopg.Connection, run_id: str = "run-1", partner_id: str =
         " WHERE partner_id = %s AND run_id = %s AND channel = %s", (partner_id, run_id, channel)).fetchone()
     conn.commit()
     return row
+
+
+def outcomes(conn: psycopg.Connection, run_id: str) -> tuple[int, int, int, int, int]:
+    """What a run did to what it fetched (I6): fetched, upserted, unchanged, purged, quarantined."""
+    row = conn.execute(
+        "SELECT fetched, upserted, unchanged, purged, quarantined FROM harvest_runs WHERE run_id = %s",
+        (run_id,)).fetchone()
+    conn.commit()
+    return row

@@ -29,8 +29,6 @@ SMALL_EXPORT = {"limit": 100, "rate_limit_wait": 0}
 # does not expect. The plan step still runs (and records "no slices").
 WHOLE = {"max_slices": 1}
 
-_REGISTRY_DIR = Path(tempfile.mkdtemp(prefix="test-partners-"))
-
 
 def fast_http(retries: int = 2, **overrides: Any) -> dict[str, Any]:
     """``options.http`` of a test partner: ``retries`` quick retries, plus any override."""
@@ -56,12 +54,10 @@ def registry_text(*entries: dict[str, Any]) -> str:
 
 def partner_from_entry(entry: dict[str, Any]) -> Partner:
     """The partner the registry builds from one entry (its errors raised as the registry's)."""
-    path = Path(tempfile.mkstemp(suffix=".yaml", dir=_REGISTRY_DIR)[1])
-    try:
+    with tempfile.TemporaryDirectory(prefix="test-partner-") as folder:
+        path = Path(folder) / "partners.yaml"
         path.write_text(registry_text(entry), encoding="utf-8")
         (partner,) = load_partners(path)
-    finally:
-        path.unlink(missing_ok=True)
     return partner
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from partner_harvest.pipeline import apply_changes
 from partner_harvest.records import HarvestStats, Record, Rejected, Tombstone
-from partner_harvest.store import RunRef, apply_run, begin_run
+from partner_harvest.store import RunRef, apply_run, begin_run, finish_harvest
 from partner_harvest.store.apply import RunNotHarvested, StagingIncomplete
 from partner_harvest.store.runs import abandon_stale_runs, fail_apply
 from partner_harvest.window import Window

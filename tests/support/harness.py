@@ -24,6 +24,19 @@ from tests.support.db import audit_row, held
 SIERRA_KEY, SIERRA_SECRET = "demo-key", "s3cr3t-demo-secret"
 
 
+class _Cursor:
+    """A harness attribute reading and writing one channel's cursor in ``cursors``."""
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+
+    def __get__(self, harness: Any, owner: type | None = None) -> Any:
+        return self if harness is None else harness.cursors.get(self.channel)
+
+    def __set__(self, harness: Any, value: datetime | None) -> None:
+        harness.cursors[self.channel] = value
+
+
 class Harness:
     """Plays the DAG for one partner: each ``run`` is one DAG run, the cursors carried over."""
 
@@ -33,13 +46,7 @@ class Harness:
         self.runs = 0
         self.last: RunResult | None = None
 
-    @property
-    def cursor(self) -> datetime | None:
-        return self.cursors.get(CHANGES)
-
-    @cursor.setter
-    def cursor(self, value: datetime | None) -> None:
-        self.cursors[CHANGES] = value
+    cursor = _Cursor(CHANGES)
 
     def endpoint(self) -> Endpoint:
         return Endpoint(self.sim.base_url)
@@ -92,13 +99,7 @@ class SierraHarness(Harness):
         self.sleeps: list[float] = []
         self.on_sleep: Callable[[], None] = lambda: None
 
-    @property
-    def deletions_cursor(self) -> datetime | None:
-        return self.cursors.get(DELETIONS)
-
-    @deletions_cursor.setter
-    def deletions_cursor(self, value: datetime | None) -> None:
-        self.cursors[DELETIONS] = value
+    deletions_cursor = _Cursor(DELETIONS)
 
     def endpoint(self) -> Endpoint:
         return Endpoint(self.sim.base_url, self.key, self.secret)

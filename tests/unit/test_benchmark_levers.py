@@ -20,10 +20,8 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def levers(source: str) -> list[tuple[str, str, int]]:
-    """(module, attribute, line) of each ``alias.attr = ...`` or ``setattr(alias, "attr", ...)``
-    whose alias was imported from ``partner_harvest``, anywhere in the file."""
-    tree = ast.parse(source)
+def imported_from_library(tree: ast.AST) -> dict[str, str]:
+    """Local name -> dotted name of everything the file imports from ``partner_harvest``."""
     modules: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("partner_harvest"):
@@ -33,6 +31,14 @@ def levers(source: str) -> list[tuple[str, str, int]]:
             for name in node.names:
                 if name.name.startswith("partner_harvest") and name.asname:
                     modules[name.asname] = name.name
+    return modules
+
+
+def levers(source: str) -> list[tuple[str, str, int]]:
+    """(module, attribute, line) of each ``alias.attr = ...`` or ``setattr(alias, "attr", ...)``
+    whose alias was imported from ``partner_harvest``, anywhere in the file."""
+    tree = ast.parse(source)
+    modules = imported_from_library(tree)
     found = []
     for node in ast.walk(tree):
         targets: list[tuple[ast.expr, str]] = []
@@ -51,11 +57,7 @@ def overrides(source: str) -> list[tuple[str, str, int]]:
     """(base class, method, line) of each method a class defines whose base was imported
     from ``partner_harvest``: a renamed base method would leave the override unused."""
     tree = ast.parse(source)
-    imported: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("partner_harvest"):
-            for name in node.names:
-                imported[name.asname or name.name] = f"{node.module}.{name.name}"
+    imported = imported_from_library(tree)
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.ClassDef):
@@ -90,6 +92,9 @@ def test_the_scan_finds_the_levers_it_guards() -> None:
     # the baselines: the sequential OAI-PMH chain, pymarc for every Sierra record
     assert ("baselines.py", "partner_harvest.sierra.marc", "decode_fast") in {c[:3] for c in CASES}
     assert ("baselines.py", "partner_harvest.oai.client.OaiClient", "_pipelined_pages") in {c[:3] for c in OVERRIDES}
+    gone = "from partner_harvest.oai.client import OaiClient\nclass Old(OaiClient):\n    def _sequential_pages(self): ...\n"
+    assert overrides(gone) == [("partner_harvest.oai.client.OaiClient", "_sequential_pages", 3)]
+    assert not hasattr(owner_of("partner_harvest.oai.client.OaiClient"), "_sequential_pages")  # moved to baselines
     renamed = "from partner_harvest.store import apply\napply._refresh_statistics_if_outgrown = None\n"
     assert levers(renamed) == [("partner_harvest.store.apply", "_refresh_statistics_if_outgrown", 2)]
     assert not hasattr(owner_of("partner_harvest.store.apply"), "_refresh_statistics_if_outgrown")

@@ -17,7 +17,7 @@ from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import MassPurgeRefused, reconcile
-from partner_harvest.run import run_partner
+from partner_harvest import run
 from partner_harvest.store import RunRef
 from tests.support.db import held
 from tests.support.partners import fast_http, oai_partner as support_oai_partner
@@ -27,9 +27,12 @@ def oai_partner(**kw: Any):
 
 
 def harvest(adapter, conn: psycopg.Connection, run_id: str):
-    """One full run the way the DAG's tasks do it (partner_harvest.run)."""
-    result = run_partner(adapter.partner, adapter, conn, run_id, request=pipeline.RunRequest("full"))
-    return result.changes, result.applied
+    """One full run: frozen and staged as the DAG's tasks do it (partner_harvest.run), then
+    applied without re-staging: the guards here are about what the harvest staged, which the
+    apply's repair of lost staging (``run.apply``) would otherwise harvest again and hide."""
+    window = run.freeze(adapter.partner, adapter, conn, request=pipeline.RunRequest("full"))
+    _, staged = run.stage(adapter.partner, adapter, conn, run_id, window)
+    return staged["changes"], pipeline.apply_changes(conn, adapter.partner_id, run_id)
 
 
 def audit_rows(conn: psycopg.Connection, run_id: str) -> list[dict]:

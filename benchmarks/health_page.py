@@ -135,7 +135,6 @@ def main() -> None:
     parser.add_argument("--rebuild", action="store_true")
     args = parser.parse_args()
 
-    from partner_harvest.registry import Partner
     from partner_harvest.store import connect, ensure_schema
     from partner_harvest.store.health import partner_health, quarantine_today, recent_runs
 
@@ -146,7 +145,7 @@ def main() -> None:
         records = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE relname = 'records'").fetchone()[0]
         runs = conn.execute("SELECT count(*) FROM harvest_runs").fetchone()[0]
         conn.commit()
-        partners = [Partner(id=f"bench{p:03d}", protocol="oai-pmh", conn_id="-") for p in range(1, args.partners + 1)]
+        partners = [support.partner(id=f"bench{p:03d}", protocol="oai-pmh") for p in range(1, args.partners + 1)]
         now = datetime.now(timezone.utc)
         timings = []
         for _ in range(args.repeat):

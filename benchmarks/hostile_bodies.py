@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from datetime import timedelta
 
 import support
 
@@ -36,12 +35,10 @@ def child(args: argparse.Namespace) -> None:
     """The harvesting process: one full window; reports how it ended and its peak RSS."""
     from partner_harvest import pipeline
     from partner_harvest.factory import Endpoint, build_adapter
-    from partner_harvest.registry import Partner
     from partner_harvest.store import RunRef, connect
 
     http = {"backoff_factor": 0.01, **json.loads(args.http)}
-    partner = Partner(id="hostile", protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc",
-                      lag=timedelta(minutes=10), options={"http": http})
+    partner = support.partner(id="hostile", protocol="oai-pmh", metadata_prefix="oai_dc", options={"http": http})
     adapter = build_adapter(partner, Endpoint(args.url))
     started = time.perf_counter()
     outcome: dict = {}

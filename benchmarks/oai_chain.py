@@ -37,7 +37,6 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import timedelta
 from xml.sax.saxutils import unescape
 
 import support
@@ -117,24 +116,22 @@ def ours(args: argparse.Namespace) -> dict:
     """Ours end to end: freeze, harvest into staging (pipelined or not), apply."""
     from partner_harvest import pipeline
     from partner_harvest.factory import Endpoint, build_adapter
-    from partner_harvest.registry import Partner
-    from partner_harvest.store import RunRef, connect
+    from partner_harvest.run import run_partner
+    from partner_harvest.store import connect
 
     phases = _phase_meter()
 
-    partner = Partner(id=args.partner, protocol="oai-pmh", conn_id="-", metadata_prefix=args.prefix,
-                      lag=timedelta(minutes=10))
+    partner = support.partner(id=args.partner, protocol="oai-pmh", metadata_prefix=args.prefix)
     adapter = build_adapter(partner, Endpoint(args.url))
-    adapter.client.pipelined = not args.sequential
-    started = time.perf_counter()
-    window = pipeline.freeze_window(adapter, partner.lag, None, pipeline.RunRequest("full"))
-    with connect(args.db) as conn:
-        stats = pipeline.harvest_window(adapter, conn, RunRef(args.partner, args.run_id), window)
-        harvested = time.perf_counter()
-        result = pipeline.apply_changes(conn, args.partner, args.run_id)
-    applied = time.perf_counter()
+    if args.sequential:
+        import baselines  # benchmarks/ is this script's own directory
+
+        baselines.sequential(adapter.client)  # the chain one page at a time
+    with connect(args.db) as conn:  # the DAG's steps (partner_harvest.run), each one timed
+        run = run_partner(partner, adapter, conn, args.run_id, request=pipeline.RunRequest("full"))
+    stats, result = run.changes, run.applied
     return {"records": stats.fetched, "pages": stats.pages, "upserted": result.upserted,
-            "harvest_seconds": harvested - started, "seconds": applied - started,
+            "harvest_seconds": run.seconds["freeze"] + run.seconds["stage"], "seconds": sum(run.seconds.values()),
             "peak_rss_mib": support.peak_rss_mib(), "phases": phases}
 
 

@@ -18,37 +18,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
-from datetime import timedelta
 
 import support
 
 
 def child(args: argparse.Namespace) -> None:
     """The harvesting process: one window, then report its own figures as JSON."""
-    from partner_harvest import pipeline
     from partner_harvest.factory import Endpoint, build_adapter
-    from partner_harvest.registry import Partner
-    from partner_harvest.store import RunRef, connect
+    from partner_harvest.run import run_partner
+    from partner_harvest.store import connect
     from partner_harvest.window import parse_instant
 
-    partner = Partner(id="bench", protocol="oai-pmh", conn_id="-", metadata_prefix=args.prefix,
-                      lag=timedelta(minutes=10))
+    partner = support.partner(id="bench", protocol="oai-pmh", metadata_prefix=args.prefix)
     adapter = build_adapter(partner, Endpoint(args.url))
     cursor = parse_instant(args.cursor) if args.cursor else None
-    started = time.perf_counter()
-    window = pipeline.freeze_window(adapter, partner.lag, cursor, pipeline.RunRequest("incremental"))
-    with connect(args.db) as conn:
-        stats = pipeline.harvest_window(adapter, conn, RunRef("bench", args.run_id), window)
-        harvested = time.perf_counter()
-        result = pipeline.apply_changes(conn, "bench", args.run_id)
-    applied = time.perf_counter()
+    with connect(args.db) as conn:  # the DAG's steps (partner_harvest.run), each one timed
+        run = run_partner(partner, adapter, conn, args.run_id, {"changes": cursor})
+    stats, result = run.changes, run.applied
     print(json.dumps({
-        "until": window.to_dict()["until"],
+        "until": run.window.to_dict()["until"],
         "fetched": stats.fetched, "pages": stats.pages,
         "upserted": result.upserted, "purged": result.purged, "unchanged": result.unchanged,
         "quarantined": result.quarantined,
-        "harvest_seconds": harvested - started, "total_seconds": applied - started,
+        "harvest_seconds": run.seconds["freeze"] + run.seconds["stage"], "total_seconds": sum(run.seconds.values()),
         "peak_rss_mib": support.peak_rss_mib(),
     }))
 

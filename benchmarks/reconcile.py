@@ -14,32 +14,26 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from datetime import timedelta
 
 import support
 
 
 def partner():
-    from partner_harvest.registry import Partner
-
-    return Partner(id="bench_reconcile", protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc",
-                   lag=timedelta(minutes=10))
+    return support.partner(id="bench_reconcile", protocol="oai-pmh", metadata_prefix="oai_dc")
 
 
 def child(args: argparse.Namespace) -> None:
-    from partner_harvest import pipeline
     from partner_harvest.factory import Endpoint, build_adapter
     from partner_harvest.reconcile import MassPurgeRefused, reconcile
-    from partner_harvest.store import RunRef, connect
+    from partner_harvest.run import run_partner
+    from partner_harvest.store import connect
 
     p = partner()
     adapter = build_adapter(p, Endpoint(args.url))
     started = time.perf_counter()
     with connect(args.db) as conn:
         if args.what == "load":
-            window = pipeline.freeze_window(adapter, p.lag, None, pipeline.RunRequest("incremental"))
-            pipeline.harvest_window(adapter, conn, RunRef(p.id, args.run_id), window)
-            out = pipeline.apply_changes(conn, p.id, args.run_id).as_dict()
+            out = run_partner(p, adapter, conn, args.run_id).applied.as_dict()
         else:
             try:
                 out = reconcile(adapter, conn, p, args.run_id).as_dict()

@@ -10,7 +10,7 @@ apply), checks ``records`` against the simulator's live set, then lets the catal
 poll on its day cursor).
 
 Unless ``--no-baseline``, the same full load first runs through the old decoding path
-(pymarc and lxml for every record; ``SierraAdapter.fast_marc = False``) (its rows dropped
+(pymarc and lxml for every record; ``baselines.pymarc_for_every_record``) (its rows dropped
 afterwards), so the ratio new/old is measured against the same simulator in the same run.
 The 1-minute load average is printed with each figure (the machine may be shared).
 Before both full loads the simulator pre-encodes its export records (``warm_export``), so
@@ -41,16 +41,18 @@ KEY, SECRET = "bench-key", "bench-secret"
 
 def child(args: argparse.Namespace) -> None:
     """The harvesting process: freeze, both channels, apply; report its own figures."""
-    from partner_harvest import pipeline
     from partner_harvest.factory import Endpoint, build_adapter
-    from partner_harvest.registry import Partner
-    from partner_harvest.store import RunRef, connect
+    from partner_harvest.run import DELETIONS, run_partner
+    from partner_harvest.store import connect
     from partner_harvest.window import parse_instant
 
-    partner = Partner(id="bench_sierra", protocol="sierra", conn_id="-", page_size=2000,
-                      options={"export": {"limit": args.limit}})
+    partner = support.partner(id="bench_sierra", protocol="sierra", page_size=2000,
+                              options={"export": {"limit": args.limit}})
     adapter = build_adapter(partner, Endpoint(args.url, KEY, SECRET))
-    adapter.fast_marc = not args.old_marc  # the baseline: every record through pymarc + lxml
+    if args.old_marc:
+        import baselines  # benchmarks/ is this script's own directory
+
+        baselines.pymarc_for_every_record()  # the baseline: every record through pymarc + lxml
     cursor = parse_instant(args.cursor) if args.cursor else None
     deletions = parse_instant(args.deletions_cursor) if args.deletions_cursor else None
     marks: dict[str, tuple[float, float, float, float | None]] = {}
@@ -74,20 +76,23 @@ def child(args: argparse.Namespace) -> None:
     adapter._prove_complete = timed("enumeration", adapter._prove_complete)
     mark("start")
     started, cpu_started = time.perf_counter(), time.process_time()
-    window = pipeline.freeze_window(adapter, partner.lag, cursor, pipeline.RunRequest("incremental"),
-                                    {"deletions": deletions})
-    with connect(args.db) as conn:
-        changes = pipeline.harvest_window(adapter, conn, RunRef(partner.id, args.run_id, "changes"), window)
-        polled = pipeline.poll_deletions(adapter, conn, RunRef(partner.id, args.run_id, "deletions"), window)
-        harvested, cpu_harvested = time.perf_counter(), time.process_time()
+    harvested: dict[str, float] = {}
+
+    def staged(channel: str) -> None:  # both channels in staging: the apply starts next
+        if channel == DELETIONS:
+            harvested.update(wall=time.perf_counter(), cpu=time.process_time())
+            mark("apply start")
+
+    with connect(args.db) as conn:  # the DAG's steps (partner_harvest.run)
+        run = run_partner(partner, adapter, conn, args.run_id, {"changes": cursor, DELETIONS: deletions},
+                          on_staged=staged)
+        applied = time.perf_counter()
+        mark("apply end")
         check = conn.execute(
             "SELECT check_kind, check_expected, check_found, check_ok, check_detail FROM harvest_runs"
             " WHERE partner_id = %s AND run_id = %s AND channel = 'changes'", (partner.id, args.run_id)).fetchone()
         conn.commit()
-        mark("apply start")
-        result = pipeline.apply_changes(conn, partner.id, args.run_id)
-    applied = time.perf_counter()
-    mark("apply end")
+    window, changes, polled, result = run.window, run.changes, run.deletions, run.applied
     split = {}
     for phase in ("export", "enumeration", "apply"):
         if f"{phase} start" in marks:
@@ -101,8 +106,8 @@ def child(args: argparse.Namespace) -> None:
         "changes_fetched": changes.fetched, "deletions_fetched": polled.fetched, "pages": changes.pages,
         "upserted": result.upserted, "purged": result.purged, "unchanged": result.unchanged,
         "quarantined": result.quarantined,
-        "harvest_seconds": harvested - started, "total_seconds": applied - started,
-        "harvest_cpu_seconds": cpu_harvested - cpu_started,
+        "harvest_seconds": harvested["wall"] - started, "total_seconds": applied - started,
+        "harvest_cpu_seconds": harvested["cpu"] - cpu_started,
         "peak_rss_mib": support.peak_rss_mib(), "split": split,
         "check": dict(zip(("kind", "expected", "found", "ok", "detail"), check)),
     }))

@@ -26,13 +26,11 @@ PARTNER = "bench_sierra_slices"
 
 
 def _partner(args: argparse.Namespace):
-    from partner_harvest.registry import Partner, SliceSettings
-
     per_slice = max(1, args.bibs // args.slices)
-    slicing = SliceSettings(threshold_records=per_slice, target_records=per_slice, max_slices=args.slices) \
-        if args.slices > 1 else SliceSettings(max_slices=1)
-    return Partner(id=PARTNER, protocol="sierra", conn_id="-", page_size=2000,
-                   options={"export": {"limit": args.limit}}, slicing=slicing)
+    slicing = {"threshold_records": per_slice, "target_records": per_slice, "max_slices": args.slices} \
+        if args.slices > 1 else {"max_slices": 1}
+    return support.partner(id=PARTNER, protocol="sierra", page_size=2000, options={"export": {"limit": args.limit}},
+                           slicing=slicing)
 
 
 def child(args: argparse.Namespace) -> None:

@@ -1,7 +1,7 @@
 """Benchmark: the partner's Airflow pool bounds the requests of a sliced run, through Airflow itself.
 
 A real Airflow (api-server, scheduler on the LocalExecutor, dag-processor; started by
-tests/e2e/conftest.py's helpers) runs ``harvest_e2emuseum`` in mode ``full`` against the
+tests/support/e2e_stack.py, the e2e tests' stack) runs ``harvest_e2emuseum`` in mode ``full`` against the
 OAI-PMH simulator in a process of its own (``--records`` records, 500 a page, 5% deleted,
 ``--delay-ms`` per response, so that requests overlap). The registry slices the full
 harvest into ``--slices`` slices (``slicing``) and gives the partner ``pool_slots:
@@ -39,19 +39,17 @@ from typing import Any
 
 import support
 
-sys.path.insert(0, str(support.ROOT / "tests" / "e2e"))  # conftest's stack helpers and smtp_sink
-
 PAGE_SIZE = 500
 SETTINGS_DIR = Path(__file__).resolve().parents[1] / "config"  # the deployment's airflow_local_settings.py
 RUN_TIMEOUT = 1800.0
 
 
 def write_registry(path: Path, partner: str, slices: int, records: int, pool: int) -> None:
-    """conftest's registry (its DAGs are what the stack waits for), the museum sliced and pooled."""
+    """The e2e registry (its DAGs are what the stack waits for), the museum sliced and pooled."""
     import yaml
-    from conftest import _write_registry
+    from tests.support import e2e_stack
 
-    _write_registry(path)
+    e2e_stack.write_registry(path)
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     entry = next(p for p in data["partners"] if p["id"] == partner)
     # A target well under records/slices: the plan bisects until it reaches max_slices.
@@ -136,10 +134,10 @@ def main() -> int:
     parser.add_argument("--delay-ms", type=float, default=200.0)
     args = parser.parse_args()
 
-    import conftest
     from include import embedded_pg
+    from tests.support import e2e_stack
 
-    partner = conftest.MUSEUM
+    partner = e2e_stack.MUSEUM
     parallelism = max(8, args.slices, args.control_pool) + 2  # never what holds the slices back
     print(f"Slices under a pool, through Airflow (LocalExecutor, parallelism {parallelism}): {args.records:,} records, "
           f"{PAGE_SIZE} a page, {args.delay_ms:.0f} ms a response, {args.slices} slices")
@@ -156,7 +154,7 @@ def main() -> int:
                      "PYTHONPATH": os.pathsep.join(str(p) for p in (SETTINGS_DIR, support.ROOT / "plugins", support.ROOT)),
                      f"AIRFLOW_CONN_PARTNER_{partner.upper()}": json.dumps({"conn_type": "http", "host": url})}
         started = time.perf_counter()
-        stack = conftest._start_airflow(embedded_pg.start("bench"), base, cleanup, overrides)
+        stack = e2e_stack.start_airflow(embedded_pg.start("bench"), base, cleanup, overrides)
         print(f"  Airflow started in {time.perf_counter() - started:.0f} s; {pool_line(sync_pools(stack), partner)}")
         live = support.control(url, "live_ids")
         runs = [("pool", args.pool)] + ([("control", args.control_pool)] if args.control_pool else [])

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from datetime import timedelta
 
 import support
 
@@ -26,13 +25,10 @@ PARTNER = "bench_slices"
 
 
 def _partner(args: argparse.Namespace):
-    from partner_harvest.registry import Partner, SliceSettings
-
-    slicing = SliceSettings(threshold_records=max(1, args.records // (2 * args.slices)),
-                            target_records=max(1, args.records // (2 * args.slices)),
-                            max_slices=args.slices) if args.slices > 1 else SliceSettings(max_slices=1)
-    return Partner(id=args.partner, protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc",
-                   lag=timedelta(minutes=10), slicing=slicing)
+    per_slice = max(1, args.records // (2 * args.slices))
+    slicing = {"threshold_records": per_slice, "target_records": per_slice, "max_slices": args.slices} \
+        if args.slices > 1 else {"max_slices": 1}
+    return support.partner(id=args.partner, protocol="oai-pmh", metadata_prefix="oai_dc", slicing=slicing)
 
 
 def child(args: argparse.Namespace) -> None:

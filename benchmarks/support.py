@@ -40,11 +40,17 @@ def run_child(script: str, *args: str) -> dict:
 
 
 def held_ids(db: str, partner_id: str) -> set[str]:
-    from partner_harvest.store import connect
-    from partner_harvest.store.admin import live_identifiers
+    from tests.support.db import held
 
-    with connect(db) as conn:
-        return live_identifiers(conn, partner_id)
+    return held(db, partner_id)
+
+
+def partner(**entry):
+    """A benchmark partner from a registry entry, through the registry (tests/support/partners.py):
+    the production HTTP policy, no ``conn_id`` needed, harvested whole unless ``slicing`` says."""
+    from tests.support.partners import partner_from_entry
+
+    return partner_from_entry({"conn_id": "-", "lag": "10m", "slicing": {"max_slices": 1}, **entry})
 
 
 def fresh_database(partner_id: str) -> str:

@@ -27,7 +27,6 @@ import argparse
 import json
 import time
 import tracemalloc
-from datetime import timedelta
 
 import support
 
@@ -36,11 +35,10 @@ def child(args: argparse.Namespace) -> None:
     """The harvesting process: one full window with the default limits."""
     from partner_harvest import pipeline
     from partner_harvest.factory import Endpoint, build_adapter
-    from partner_harvest.registry import Partner
     from partner_harvest.store import RunRef, connect
 
-    partner = Partner(id="tokens", protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc",
-                      lag=timedelta(minutes=10), options={"http": {"backoff_factor": 0.01, "retries": 0}})
+    partner = support.partner(id="tokens", protocol="oai-pmh", metadata_prefix="oai_dc",
+                              options={"http": {"backoff_factor": 0.01, "retries": 0}})
     adapter = build_adapter(partner, Endpoint(args.url))
     started = time.perf_counter()
     with connect(args.db) as conn:

@@ -3,9 +3,10 @@
 Starts (or reuses) the embedded PostgreSQL (or uses HARVEST_DATABASE_URL) with two
 databases of its own, Airflow's metadata and the aggregation, the two demo partner
 simulators, an alert inbox (alerts.log and a page), and Airflow's api-server, scheduler,
-dag-processor and triggerer (LocalExecutor), all on 127.0.0.1. The settings are those the
-end-to-end tests run with (tests/e2e/conftest.py). Ctrl-C stops everything it started but
-the embedded PostgreSQL (``stop-db`` stops it); the databases, the cursors and the run
+dag-processor and triggerer (LocalExecutor), all on 127.0.0.1, through the stack starter
+the end-to-end tests and the soak share (tests/support/airflow_stack.py), with the settings
+of a UI left running (schedules kept, keys kept, Airflow's own polling pace). Ctrl-C stops
+everything it started but the embedded PostgreSQL (``stop-db`` stops it); the databases, the cursors and the run
 history stay for the next start. Everyone reaching the port is an admin
 (SimpleAuthManager, all admins): keep it on loopback.
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import shlex
 import shutil
 import signal
@@ -33,103 +33,41 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "plugins"), str(ROOT)]
 
-import psycopg  # noqa: E402
-import requests  # noqa: E402
-from psycopg import sql  # noqa: E402
-from psycopg.conninfo import conninfo_to_dict, make_conninfo  # noqa: E402
-
 from include import embedded_pg  # noqa: E402
 from include.alert_inbox import AlertInbox  # noqa: E402
 from include.simulators.process import simulator_process as simulator  # noqa: E402
+# The stack starter the end-to-end tests and the soak share: one set of Airflow settings.
+from tests.support.airflow_stack import (  # noqa: E402
+    RELAXED, SERVICES as CORE_SERVICES, TRIGGERER, AirflowServices, Keys, airflow_settings, clean_environ,
+    code_path, create_database, http_connection, postgres_connection,
+)
 
 # The triggerer runs deferred tasks; the partner DAGs defer nothing (their deadlines run on the
 # executor), but Airflow's Home page checks it, and DAGs of your own may defer.
-SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
+SERVICES = (*CORE_SERVICES, TRIGGERER)
 UI_LABEL = "ui"  # the embedded PostgreSQL's data directory label
 SIERRA_KEY, SIERRA_SECRET = "demo-key", "demo-secret"
 
 
 def database(server_uri: str, name: str) -> str:
     """The conninfo of database ``name`` on the server, created when missing (kept otherwise)."""
-    with psycopg.connect(server_uri, autocommit=True) as admin:
-        if not admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
-            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    params = conninfo_to_dict(server_uri)
-    params["dbname"] = name
-    return make_conninfo(**params)
-
-
-def sqlalchemy_url(conninfo: str) -> str:
-    """psycopg 3 URL for Airflow; a socket directory host goes in the query string."""
-    from sqlalchemy.engine import URL
-
-    p = conninfo_to_dict(conninfo)
-    host = p.get("host") or None
-    socket_dir = host if host and host.startswith("/") else None
-    return URL.create(
-        "postgresql+psycopg", username=p.get("user") or None, password=p.get("password") or None,
-        host=None if socket_dir else host, port=int(p["port"]) if p.get("port") else None,
-        database=p["dbname"], query={"host": socket_dir} if socket_dir else {},
-    ).render_as_string(hide_password=False)
-
-
-def postgres_connection(conninfo: str) -> str:
-    p = conninfo_to_dict(conninfo)
-    return json.dumps({"conn_type": "postgres", "host": p.get("host"), "port": int(p.get("port") or 5432),
-                       "login": p.get("user"), "password": p.get("password") or None, "schema": p["dbname"]})
-
-
-def stable_secrets(home: Path) -> dict[str, str]:
-    """Keys the services share, kept in AIRFLOW_HOME so a restart can read what it wrote."""
-    path = home / "ui-secrets.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    from cryptography.fernet import Fernet
-
-    values = {"fernet": Fernet.generate_key().decode(), "jwt": secrets.token_urlsafe(32),
-              "api": secrets.token_urlsafe(32)}
-    path.write_text(json.dumps(values))
-    path.chmod(0o600)
-    return values
+    return create_database(server_uri, name, keep=True)
 
 
 def airflow_env(home: Path, port: int, meta_db: str, aggregation_db: str, oai_url: str, sierra_url: str,
                 alerts_url: str | None = None) -> dict[str, str]:
-    keys = stable_secrets(home)
-    base_url = f"http://127.0.0.1:{port}"
-    metadata_url = sqlalchemy_url(meta_db)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_"))}
+    """The settings the tests' stacks run with, but for a UI left running: the schedules are
+    kept (a new DAG starts paused), the keys survive a restart (kept in AIRFLOW_HOME), the
+    log servers listen on the next two ports, the services poll at Airflow's own pace."""
+    env = clean_environ(strip=("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_"))  # HARVEST_* are the user's
+    env["PYTHONPATH"] = code_path(ROOT / "config")
+    env.update(airflow_settings(home=home, port=port, metadata_db=meta_db, keys=Keys.kept_in(home),
+                                triggered_only=False, timing=RELAXED, log_ports=(port + 1, port + 2)))
     env.update({
-        "AIRFLOW_HOME": str(home),
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "config"), str(ROOT / "plugins"), str(ROOT)]),
-        "PYTHONUNBUFFERED": "1",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__CORE__PARALLELISM": "4",
-        "AIRFLOW__CORE__FERNET_KEY": keys["fernet"],
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata_url,
-        # Airflow would derive postgresql+asyncpg (not installed); psycopg 3 does async too.
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": metadata_url,
-        "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-        "AIRFLOW__API_AUTH__JWT_SECRET": keys["jwt"],
-        "AIRFLOW__API__SECRET_KEY": keys["api"],
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__API__BASE_URL": base_url,
-        "AIRFLOW__API__WORKERS": "1",
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base_url}/execution/",
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(port + 1),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(port + 2),
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
-        "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
         "HARVEST_PARTNERS_FILE": os.environ.get("HARVEST_PARTNERS_FILE") or str(ROOT / "include" / "partners.yaml"),
         "AIRFLOW_CONN_AGGREGATION_DB": postgres_connection(aggregation_db),
-        "AIRFLOW_CONN_PARTNER_DEMO": json.dumps({"conn_type": "http", "host": oai_url}),
-        "AIRFLOW_CONN_PARTNER_DEMO_LIBRARY": json.dumps(
-            {"conn_type": "http", "host": sierra_url, "login": SIERRA_KEY, "password": SIERRA_SECRET}),
+        "AIRFLOW_CONN_PARTNER_DEMO": http_connection(oai_url),
+        "AIRFLOW_CONN_PARTNER_DEMO_LIBRARY": http_connection(sierra_url, SIERRA_KEY, SIERRA_SECRET),
     })
     if alerts_url:  # the alert inbox: alerts.log and its page
         env["AIRFLOW_CONN_HARVEST_ALERTS_WEBHOOK"] = json.dumps({"conn_type": "http", "host": f"{alerts_url}/alerts"})
@@ -169,31 +107,12 @@ def drop_stray_egg_info() -> None:
         print(f"==> removed {stray.relative_to(ROOT)} (a second copy of the package's metadata on Airflow's sys.path)")
 
 
-def stop(processes: dict[str, subprocess.Popen], wait: float = 20.0) -> None:
-    """SIGTERM each service's own process group (its workers too), SIGKILL what outlives ``wait``."""
-    for proc in processes.values():
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + wait
-    for proc in processes.values():
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    for proc in processes.values():
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def healthy(base_url: str) -> bool:
+def _healthy(services: AirflowServices) -> bool:
+    """Every service healthy; False (not an exception) while one is down, the loop says which."""
     try:
-        health = requests.get(f"{base_url}/api/v2/monitor/health", timeout=5).json()
-    except (requests.RequestException, ValueError):
+        return services.healthy() is not None
+    except (RuntimeError, ValueError, OSError):
         return False
-    return all((health.get(part) or {}).get("status") == "healthy"
-               for part in ("metadatabase", "scheduler", "dag_processor", "triggerer"))
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -223,7 +142,6 @@ def main() -> int:
     pg_uri = embedded_pg.start(UI_LABEL, keep_running=True)
     meta_db = database(pg_uri, f"{args.db_prefix}_meta")
     aggregation_db = database(pg_uri, f"{args.db_prefix}_aggregation")
-    processes: dict[str, subprocess.Popen] = {}
     signal.signal(signal.SIGTERM, _interrupt)  # kill <pid> stops it as Ctrl-C does
     with ExitStack() as stack:
         n = str(args.records)
@@ -236,23 +154,18 @@ def main() -> int:
         except OSError:  # the port is taken: any free one (the ready lines name it)
             inbox = stack.enter_context(AlertInbox(args.home / "alerts.log"))
         env = airflow_env(args.home, args.port, meta_db, aggregation_db, oai_url, sierra_url, inbox.url)
-        airflow = [sys.executable, "-m", "airflow"]
+        services = AirflowServices(env, args.home, args.port, SERVICES, cwd=ROOT, append_logs=True)
         print(f"==> Airflow metadata DB and aggregation DB on {'HARVEST_DATABASE_URL' if os.environ.get(embedded_pg.DATABASE_URL_ENV) else 'the embedded PostgreSQL'}", flush=True)
-        with (args.home / "db-migrate.log").open("wb") as out:
-            subprocess.run([*airflow, "db", "migrate"], env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, check=True)
+        services.migrate(timeout=600)
         subprocess.run([sys.executable, "-m", "partner_harvest.airflow.pools"], env=env, cwd=ROOT, check=True,
                        stdout=subprocess.DEVNULL)
-        stack.callback(stop, processes)
-        for name in SERVICES:
-            command = [*airflow, name, *(["--host", "127.0.0.1", "--port", str(args.port)] if name == "api-server" else [])]
-            with (args.home / f"{name}.log").open("ab") as out:
-                processes[name] = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        stack.callback(services.stop)
+        services.start()
         base_url = f"http://127.0.0.1:{args.port}"
         try:
             deadline = time.monotonic() + 180
-            while not healthy(base_url):
-                dead = [name for name, proc in processes.items() if proc.poll() is not None]
+            while not _healthy(services):
+                dead = services.dead()
                 if dead or time.monotonic() > deadline:
                     print(f"Airflow did not come up ({', '.join(dead) or 'timeout'}); see {args.home}/*.log", flush=True)
                     return 1
@@ -263,9 +176,9 @@ def main() -> int:
             print(f"    alerts: {inbox.url}/ and {args.home}/alerts.log", flush=True)
             print('    command line: eval "$(bash scripts/airflow_ui.sh env)"; partner-harvest status', flush=True)
             print(f"    logs: {args.home}/<service>.log; Ctrl-C stops everything but the PostgreSQL", flush=True)
-            while all(proc.poll() is None for proc in processes.values()):
+            while not services.dead():
                 time.sleep(1)
-            dead = [name for name, proc in processes.items() if proc.poll() is not None]
+            dead = services.dead()
             print(f"airflow {', '.join(dead)} exited; stopping (see {args.home}/*.log)", flush=True)
             return 1
         except KeyboardInterrupt:

@@ -4,13 +4,14 @@ tests/conftest.py)."""
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import os
 from pathlib import Path
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict
+
+from tests.support.dags import set_cursor
+from tests.support.webhook import WebhookSink
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,34 +61,6 @@ def no_task_execution_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(dag_factory.DEFAULT_ARGS, "execution_timeout", None)
 
 
-class WebhookSink:
-    """A loopback HTTP server that keeps every JSON body POSTed to it."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict] = []
-        sink = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", 0))
-                sink.bodies.append(json.loads(self.rfile.read(length)))
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/alerts"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def webhook():
     sink = WebhookSink()
@@ -123,3 +96,28 @@ def after_task():
 
     yield add
     manager.clear()
+
+
+@pytest.fixture
+def repo():
+    """The collection of partner 'dagmuseum' (test_harvest_dag_run, test_cursor_monotonic)."""
+    from include.simulators.oai_pmh import SimulatedRepository
+
+    return SimulatedRepository(records=400, page_size=100, seed=11)
+
+
+@pytest.fixture
+def partner_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo, airflow_db):
+    """Registry, Connections and a clean cursor for partner 'dagmuseum'."""
+    from include.simulators.oai_pmh import OaiSimulator
+
+    registry(
+        "partners:\n"
+        "  - {id: dagmuseum, protocol: oai-pmh, conn_id: partner_dagmuseum, metadata_prefix: auto,\n"
+        "     lag: 5m, options: {http: {backoff_factor: 0.01, retries: 2}}}\n"
+    )
+    with OaiSimulator(repo) as sim:
+        monkeypatch.setenv("AIRFLOW_CONN_PARTNER_DAGMUSEUM", json.dumps({"conn_type": "http", "host": sim.base_url}))
+        set_cursor("dagmuseum", None)
+        yield sim
+        set_cursor("dagmuseum", None)

@@ -4,22 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 
 import pytest
-from test_run_deadline import Sink  # pytest (prepend mode) puts tests/dags on sys.path
+from tests.support.airflow_stack import free_loopback_port as closed_port  # nothing listens there
+from tests.support.webhook import TOKEN, Sink
 
 from partner_harvest.airflow.notifiers import send_alert
 
 pytestmark = pytest.mark.airflow
-TOKEN = "s3cr3t-token"
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 
 @pytest.mark.parametrize("case", ["http 404", "connection refused"])

@@ -7,6 +7,8 @@ import socket
 
 import pytest
 
+from tests.support.dags import task_states
+
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
@@ -47,8 +49,7 @@ def dag_for(kind: str, partner_id: str):
     return build_harvest_dag(partner) if kind == "harvest" else build_reconcile_dag(partner)
 
 
-def states(run) -> dict[str, str]:
-    return {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
+states = task_states
 
 
 def test_a_failing_partner_alerts_with_partner_dag_task_try_and_cause(env, webhook) -> None:

@@ -9,8 +9,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from test_alert_secrets import TOKEN, closed_port  # pytest (prepend mode) puts tests/dags on sys.path
-from test_run_deadline import Sink
+from tests.support.airflow_stack import free_loopback_port as closed_port  # nothing listens there
+from tests.support.webhook import TOKEN, Sink
 
 from partner_harvest.airflow.notifiers import _instant, run_late_alert, send_alert
 from partner_harvest.registry import get_partner, load_registry

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -20,6 +22,7 @@ def cli(home: Path, *argv: str, **extra: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=180)
 
 
+@pytest.mark.slow  # runs the airflow command line
 def test_a_fresh_airflow_home_is_named_in_one_line_and_left_without_a_database(tmp_path: Path) -> None:
     done = cli(tmp_path, "sync-pools", "--check", "--registry", str(ROOT / "include" / "partners.yaml"))
     lines = done.stderr.strip().splitlines()
@@ -29,6 +32,7 @@ def test_a_fresh_airflow_home_is_named_in_one_line_and_left_without_a_database(t
     assert not (tmp_path / "airflow.db").exists()
 
 
+@pytest.mark.slow  # runs the airflow command line
 def test_a_psycopg_metadata_url_without_its_async_twin_says_so(tmp_path: Path) -> None:
     done = cli(tmp_path, "sync-pools", "--check", "--registry", str(ROOT / "include" / "partners.yaml"),
                AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="postgresql+psycopg://nobody@127.0.0.1:9/none")

@@ -9,12 +9,18 @@ never holds an older until: it cannot see a rewind.)
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 
 from partner_harvest.window import format_instant
 
-from tests.dags.test_harvest_dag_run import build_dag, get_cursor, partner_env, repo, set_cursor, task_states  # noqa: F401
+from tests.support import dags
+from tests.support.dags import task_states
+
+set_cursor = partial(dags.set_cursor, "dagmuseum")  # partner_env, repo: tests/dags/conftest.py
+get_cursor = partial(dags.get_cursor, "dagmuseum")
+build_dag = partial(dags.build_dag, "dagmuseum")
 
 pytestmark = pytest.mark.airflow
 

@@ -136,7 +136,7 @@ def test_error_dag_fails_and_alerts_with_the_entrys_message(registry, airflow_db
     import json
 
     from airflow.utils.state import DagRunState
-    from test_run_deadline import Sink  # pytest (prepend mode) puts tests/dags on sys.path
+    from tests.support.webhook import Sink
 
     from partner_harvest.airflow.dag_factory import build_dags
 

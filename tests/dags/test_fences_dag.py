@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from datetime import timedelta
 
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
-from partner_harvest.registry import get_partner
-from partner_harvest.store import connect, ensure_schema
-from partner_harvest.store.admin import live_identifiers
+from partner_harvest.store import connect
+from tests.support import dags
+from tests.support.dags import task_states
+from tests.support.db import held as support_held
 
 pytestmark = pytest.mark.airflow
 
 PID = "fencemuseum"
-KEY = f"harvest_cursor__{PID}"
 TTL = timedelta(seconds=1)
 
 
@@ -101,39 +102,13 @@ def partner_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str
         set_cursor(None)
 
 
-def set_cursor(value: dict | None) -> None:
-    from airflow.models import Variable
-
-    if value is None:
-        Variable.delete(KEY)
-    else:
-        Variable.set(KEY, value, serialize_json=True)
-
-
-def get_cursor() -> dict | None:
-    from airflow.models import Variable
-
-    return Variable.get(KEY, default_var=None, deserialize_json=True)
+set_cursor = partial(dags.set_cursor, PID)
+get_cursor = partial(dags.get_cursor, PID)
+held = partial(support_held, partner_id=PID)
 
 
 def build_dag(harvest_retries: int = 0):
-    from partner_harvest.airflow.dag_factory import build_harvest_dag
-
-    dag = build_harvest_dag(get_partner(PID))
-    for task in dag.tasks:
-        task.retries = harvest_retries if task.task_id == "harvest_changes" else 0
-        task.retry_delay = timedelta(0)
-    return dag
-
-
-def task_states(dag_run) -> dict[str, str]:
-    return {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in dag_run.get_task_instances()}
-
-
-def held(db: str) -> set[str]:
-    with connect(db) as conn:
-        ensure_schema(conn)
-        return live_identifiers(conn, PID)
+    return dags.build_dag(PID, 0, harvest_retries=harvest_retries, retry_delay=timedelta(0))
 
 
 def wait_until_the_lease_lapsed(db: str) -> None:

@@ -4,15 +4,15 @@ backfill form says what it ignores, the run shows its window, the docs read well
 from __future__ import annotations
 
 import json
+from functools import partial
 from datetime import datetime, timezone
 
 import pytest
-from test_run_deadline import Sink  # pytest (prepend mode) puts tests/dags on sys.path
+from tests.support.webhook import Sink
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
-from partner_harvest.registry import get_partner
-from partner_harvest.store import connect, ensure_schema
-from partner_harvest.store.admin import live_identifiers
+from tests.support import dags
+from tests.support.db import held as support_held
 
 pytestmark = pytest.mark.airflow
 PARTNER = "firstmuseum"
@@ -39,14 +39,9 @@ def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, air
     sink.close()
 
 
-def build_dag():
-    from partner_harvest.airflow.dag_factory import build_harvest_dag
-
-    return build_harvest_dag(get_partner(PARTNER))
-
-
-def states(run) -> dict[str, str]:
-    return {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
+build_dag = partial(dags.build_dag, PARTNER, None)  # the registry's retries
+states = dags.task_states
+held = partial(support_held, partner_id=PARTNER)
 
 
 def succeeded(run) -> bool:
@@ -76,12 +71,6 @@ def scheduled_test(dag, when: datetime):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(dagrun_module, "get_or_create_dagrun", scheduled_run)
         return dag.test(logical_date=when, run_after=when)
-
-
-def held(db: str) -> set[str]:
-    with connect(db) as conn:
-        ensure_schema(conn)
-        return live_identifiers(conn, PARTNER)
 
 
 def cursor() -> dict | None:

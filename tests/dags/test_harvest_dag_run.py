@@ -2,71 +2,22 @@
 
 from __future__ import annotations
 
-import json
+from functools import partial
 
 import psycopg
 import pytest
 
-from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
-from partner_harvest.registry import get_partner
-from partner_harvest.store import connect, ensure_schema
-from partner_harvest.store.admin import live_identifiers
+from partner_harvest.store import connect
+from tests.support import dags
+from tests.support.dags import task_states
+from tests.support.db import held as support_held
 
 pytestmark = pytest.mark.airflow
-
-
-@pytest.fixture
-def repo() -> SimulatedRepository:
-    return SimulatedRepository(records=400, page_size=100, seed=11)
-
-
-@pytest.fixture
-def partner_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo, airflow_db):
-    """Registry, Connections and a clean cursor for partner 'dagmuseum'."""
-    registry(
-        "partners:\n"
-        "  - {id: dagmuseum, protocol: oai-pmh, conn_id: partner_dagmuseum, metadata_prefix: auto,\n"
-        "     lag: 5m, options: {http: {backoff_factor: 0.01, retries: 2}}}\n"
-    )
-    with OaiSimulator(repo) as sim:
-        monkeypatch.setenv("AIRFLOW_CONN_PARTNER_DAGMUSEUM", json.dumps({"conn_type": "http", "host": sim.base_url}))
-        set_cursor(None)
-        yield sim
-        set_cursor(None)
-
-
-def set_cursor(value: dict | None) -> None:
-    from airflow.models import Variable
-
-    if value is None:
-        Variable.delete("harvest_cursor__dagmuseum")
-    else:
-        Variable.set("harvest_cursor__dagmuseum", value, serialize_json=True)
-
-
-def get_cursor() -> dict | None:
-    from airflow.models import Variable
-
-    return Variable.get("harvest_cursor__dagmuseum", default_var=None, deserialize_json=True)
-
-
-def build_dag():
-    from partner_harvest.airflow.dag_factory import build_harvest_dag
-
-    dag = build_harvest_dag(get_partner("dagmuseum"))
-    for task in dag.tasks:
-        task.retries = 0  # dag.test() would otherwise wait out the retry delay
-    return dag
-
-
-def task_states(dag_run) -> dict[str, str]:
-    return {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in dag_run.get_task_instances()}
-
-
-def held(db: str) -> set[str]:
-    with connect(db) as conn:
-        ensure_schema(conn)
-        return live_identifiers(conn, "dagmuseum")
+DAGMUSEUM = "dagmuseum"  # its registry, Connection and simulator: tests/dags/conftest.py (partner_env)
+set_cursor = partial(dags.set_cursor, DAGMUSEUM)
+get_cursor = partial(dags.get_cursor, DAGMUSEUM)
+build_dag = partial(dags.build_dag, DAGMUSEUM)
+held = partial(support_held, partner_id=DAGMUSEUM)
 
 
 def test_incremental_runs_move_the_cursor_and_match_the_partner(partner_env, repo, db) -> None:

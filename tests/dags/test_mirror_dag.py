@@ -13,6 +13,8 @@ from datetime import datetime, timezone
 
 import pytest
 
+from tests.support.dags import task_states
+
 from include import embedded_pg
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.registry import get_partner
@@ -65,8 +67,7 @@ def reconcile_dag():
     return dag
 
 
-def states(run) -> dict[str, str]:
-    return {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
+states = task_states
 
 
 def cursor() -> dict | None:

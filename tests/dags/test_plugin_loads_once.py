@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
 import json
@@ -24,6 +26,7 @@ print(json.dumps({"plugins": [p.name for p in plugins], "errors": errors}))
 """
 
 
+@pytest.mark.slow  # starts Airflow processes
 def test_the_plugin_registers_once_without_an_import_error(tmp_path: Path) -> None:
     stray = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "plugins").glob("*.egg-info"))
     assert stray == [], f"{stray} on Airflow's sys.path: run scripts/bootstrap.sh (it removes them)"

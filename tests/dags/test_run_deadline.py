@@ -12,12 +12,12 @@ callback, and the executor's callback runner sends the alert through the alert w
 from __future__ import annotations
 
 import json
-import threading
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from tests.support.webhook import Sink
 
 pytestmark = pytest.mark.airflow
 
@@ -28,32 +28,6 @@ def utcnow() -> datetime:
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = "test-run-deadline"
-
-
-class Sink:
-    """Loopback webhook keeping each JSON body; answers ``status``."""
-
-    def __init__(self, status: int = 200) -> None:
-        self.bodies: list[dict] = []
-        sink = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                sink.bodies.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/T0/B0/s3cr3t-token"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import json
 import logging
 
 import pytest
 
+from tests.support import dags
+
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
-from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
 
@@ -55,13 +58,7 @@ def variable(key: str):
     return Variable.get(key, default_var=None, deserialize_json=True)
 
 
-def build_dag():
-    from partner_harvest.airflow.dag_factory import build_harvest_dag
-
-    dag = build_harvest_dag(get_partner("daglibrary"))
-    for task in dag.tasks:
-        task.retries = 0
-    return dag
+build_dag = partial(dags.build_dag, "daglibrary")
 
 
 def xcom_text(dag_id: str) -> str:

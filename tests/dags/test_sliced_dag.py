@@ -8,11 +8,12 @@ from datetime import timedelta
 
 import pytest
 
+from tests.support.db import held
+
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
 from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
-from partner_harvest.store.admin import live_identifiers
 from partner_harvest.store.slices import slice_rows
 
 pytestmark = pytest.mark.airflow
@@ -47,9 +48,7 @@ def rows(db: str, partner_id: str, run) -> dict[str, dict]:
         return {r["channel"]: r for r in slice_rows(conn, partner_id, f"{run.dag_id}/{run.run_id}")}
 
 
-def held(db: str, partner_id: str) -> set[str]:
-    with connect(db) as conn:
-        return live_identifiers(conn, partner_id)
+
 
 
 @pytest.fixture

@@ -21,13 +21,14 @@ import pytest
 import requests
 
 from partner_harvest.store import connect, ensure_schema
-from partner_harvest.store.admin import live_identifiers
 
-if TYPE_CHECKING:  # the fixture's type; its module is pytest's conftest, not importable by name
-    from conftest import AirflowStack
-    from smtp_sink import ReceivedMail
+if TYPE_CHECKING:
+    from tests.support.e2e_stack import AirflowStack
+    from tests.support.smtp_sink import ReceivedMail
 
 # The stack starts in the first test's setup and runs wait up to 180 s each: above pytest.ini's 120 s.
+from tests.support.db import held as held_in
+
 pytestmark = pytest.mark.e2e
 
 OAI_SECONDS = "%Y-%m-%dT%H:%M:%SZ"
@@ -85,9 +86,7 @@ def poolless_run(airflow_stack: AirflowStack) -> Iterator[dict]:
 
 
 def held(stack: AirflowStack) -> set[str]:
-    with connect(stack.aggregation_db) as conn:
-        ensure_schema(conn)
-        return live_identifiers(conn, stack.museum)
+    return held_in(stack.aggregation_db, stack.museum)
 
 
 def instant(text: str) -> datetime:
@@ -231,7 +230,7 @@ def test_a_task_killed_with_sigkill_frees_its_partner_within_the_lease_ttl(airfl
     import signal
     import time
 
-    from conftest import LEASE_TTL_SECONDS
+    from tests.support.e2e_stack import LEASE_TTL_SECONDS
 
     stack = airflow_stack
     dag_id = f"harvest_{stack.museum}"

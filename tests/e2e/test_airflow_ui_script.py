@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -16,38 +14,9 @@ import pytest
 import requests
 from psycopg import sql
 
+from tests.support.airflow_stack import ROOT, three_free_ports, wait_for
+
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def three_free_ports() -> int:
-    """A port p with p, p+1 and p+2 free on 127.0.0.1 (api-server and the two log servers)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port + 2 > 65535:
-            continue
-        try:
-            for offset in (1, 2):
-                with socket.socket() as other:
-                    other.bind(("127.0.0.1", port + offset))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no three consecutive free loopback ports")
-
-
-def wait_for(probe, timeout: float, what: str, proc: subprocess.Popen, log: Path):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the script exited ({proc.returncode}) before {what}:\n{log.read_text()[-3000:]}")
-        result = probe()
-        if result:
-            return result
-        time.sleep(0.25)  # polls an observable condition (a log line, an API answer)
-    raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
 
 
 def listed_dags(base_url: str) -> set[str] | None:

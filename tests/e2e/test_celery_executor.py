@@ -28,9 +28,10 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import MUSEUM, AirflowStack, _write_registry  # pytest (prepend mode) puts tests/e2e on sys.path
+from tests.support.db import held as held_in
+from tests.support.e2e_stack import MUSEUM, AirflowStack, write_registry
 
-from celery_stack import (
+from tests.support.celery_stack import (
     CeleryWorker,
     GatedOaiSimulator,
     celery_env,
@@ -40,8 +41,7 @@ from celery_stack import (
     worker_logs_on_failure,
 )
 from include.simulators.oai_pmh import SimulatedRepository
-from partner_harvest.store import connect, ensure_schema
-from partner_harvest.store.admin import live_identifiers
+from partner_harvest.store import connect
 from partner_harvest.store.slices import is_slice, slice_channel, slice_rows
 
 pytestmark = pytest.mark.e2e
@@ -77,9 +77,9 @@ def gated() -> Iterator[GatedOaiSimulator]:
 
 @pytest.fixture(scope="module")
 def sliced_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """conftest's registry, the museum entry sliced (and two pool slots: both slices at once)."""
+    """The e2e registry, the museum entry sliced (and two pool slots: both slices at once)."""
     path = tmp_path_factory.mktemp("registry") / "partners.yaml"
-    _write_registry(path)
+    write_registry(path)
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     entry = next(p for p in data["partners"] if p["id"] == PARTNER)
     entry.update(slicing=SLICING, pool_slots=SLICES)
@@ -89,7 +89,7 @@ def sliced_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def airflow_env_overrides(broker_url: str, gated: GatedOaiSimulator, sliced_registry: Path) -> dict[str, str]:
-    """conftest's stack, on the CeleryExecutor, the museum's Connection at the gated simulator."""
+    """The e2e stack, on the CeleryExecutor, the museum's Connection at the gated simulator."""
     env = celery_env(broker_url, CONCURRENCY)
     env[f"AIRFLOW_CONN_PARTNER_{PARTNER.upper()}"] = json.dumps({"conn_type": "http", "host": gated.base_url})
     env["HARVEST_PARTNERS_FILE"] = str(sliced_registry)
@@ -105,9 +105,7 @@ def workers(airflow_stack: AirflowStack, broker_url: str,
 
 
 def held(stack: AirflowStack, partner: str) -> set[str]:
-    with connect(stack.aggregation_db) as conn:
-        ensure_schema(conn)
-        return live_identifiers(conn, partner)
+    return held_in(stack.aggregation_db, partner)
 
 
 def slices_of(stack: AirflowStack, run_key: str) -> dict[str, dict[str, Any]]:

@@ -16,7 +16,7 @@ import pytest
 from partner_harvest.store import connect, ensure_schema, feed
 
 if TYPE_CHECKING:
-    from conftest import AirflowStack
+    from tests.support.e2e_stack import AirflowStack
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,6 @@ in a temporary directory the test prints.
 from __future__ import annotations
 
 import json
-import os
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -19,13 +18,12 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from conftest import AirflowStack
+    from tests.support.e2e_stack import AirflowStack
+
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.e2e
 
-CHROMIUM = os.environ.get("HARVEST_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
 OPERATOR, PASSWORD = "operator", "harvest-e2e-operator-pw"

@@ -20,8 +20,8 @@ import pytest
 import requests
 from psycopg import sql
 
-from test_airflow_ui_script import ROOT, three_free_ports, wait_for  # tests/e2e is on sys.path (conftest)
-from test_health_page import CHROMIUM, CHROMIUM_ARGS
+from tests.support.airflow_stack import ROOT, three_free_ports, wait_for
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.e2e
 DOWN = "down"

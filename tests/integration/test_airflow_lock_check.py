@@ -86,6 +86,7 @@ def test_an_airflow_that_reads_sqlstate_itself_is_left_alone(unpatched, monkeypa
     assert airflow_sqlalchemy.is_lock_not_available_error is fixed_upstream
 
 
+@pytest.mark.slow  # starts each Airflow process once
 def test_every_airflow_process_installs_it_from_airflow_home_config(tmp_path: Path) -> None:
     """The deployment route: the shipped file in $AIRFLOW_HOME/config, imported by Airflow at start."""
     (tmp_path / "config").mkdir()

@@ -5,7 +5,6 @@ the run is applied. Real PostgreSQL, the OAI simulator over loopback."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 
 import psycopg
 import pytest
@@ -13,24 +12,15 @@ import pytest
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import pipeline
 from partner_harvest.errors import PartnerCapExceeded
-from partner_harvest.factory import Endpoint, build_adapter
-from partner_harvest.registry import Partner
-from partner_harvest.store import RunRef
+from tests.support.harness import run_once
+from tests.support.partners import oai_partner
 
-FAST = {"http": {"backoff_factor": 0.01, "retries": 1}}
-
-
-def partner(limits: dict | None = None) -> Partner:
-    options = {**FAST, **({"limits": limits} if limits else {})}
-    return Partner.model_validate({"id": "museum", "protocol": "oai-pmh", "conn_id": "-",
-                                   "metadata_prefix": "oai_dc", "options": options})
+def partner(limits: dict | None = None):
+    return oai_partner(retries=1, options={"limits": limits} if limits else {})
 
 
-def harvest(sim: OaiSimulator, conn: psycopg.Connection, who: Partner, run_id: str = "r1"):
-    adapter = build_adapter(who, Endpoint(sim.base_url))
-    window = pipeline.freeze_window(adapter, timedelta(minutes=10), None, pipeline.RunRequest("full"))
-    pipeline.harvest_window(adapter, conn, RunRef("museum", run_id), window)
-    return pipeline.apply_changes(conn, "museum", run_id)
+def harvest(sim: OaiSimulator, conn: psycopg.Connection, who, run_id: str = "r1"):
+    return run_once(sim, conn, who, run_id, request=pipeline.RunRequest("full")).applied
 
 
 def one_line(exc: BaseException) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import psycopg
@@ -14,7 +14,18 @@ from partner_harvest.feed import export_jsonl, write_range
 from partner_harvest.records import Tombstone
 from partner_harvest.store import apply_run, connect
 from partner_harvest.store import feed
-from tests.integration.test_store_apply import T0, rec, stage
+from tests.support.records import rec as support_rec, stage as stage_for, window
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)  # as tests/integration/test_store_apply.py
+WINDOW = window(T0 + timedelta(days=10))
+
+
+def rec(ident: str, at: datetime, title: str = "t"):
+    return support_rec(ident, at, title, ("s",))
+
+
+def stage(conn: psycopg.Connection, partner: str, run_id: str, items: list, channel: str = "changes") -> None:
+    stage_for(conn, partner, run_id, items, channel, WINDOW)
 
 CONSUMER = "test-consumer"
 

@@ -16,6 +16,7 @@ import pytest
 from partner_harvest.cli import main
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.schema import SchemaNotReady, migration_files
+from tests.support.records import seed_sliced_run
 
 GOOD = """
   - id: museum
@@ -217,26 +218,6 @@ def test_forget_rejects_an_id_that_is_not_a_slug(capsys, db) -> None:
 
 
 # -- progress -----------------------------------------------------------------------------
-
-def seed_sliced_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> None:
-    """A run cut into three slices, seen mid-way: one harvested, one 100 s into its try with
-    2,000 of 10,000 records (its last page 3 s ago), one waiting for a pool slot."""
-    rows = [  # channel, status, window_from, slice_set, pages, fetched, expected, since (s ago), last page (s ago)
-        ("changes", "harvested", None, None, 0, 0, None, None, None),  # the parent of a sliced run
-        ("changes/001", "harvested", None, "dept:prints", 20, 10_000, 10_000, 300, 200),
-        ("changes/002", "harvesting", "2021-01-01T00:00:01Z", "dept:prints", 4, 2_000, 10_000, 100, 3),
-        ("changes/003", "planned", None, "dept:paintings", 0, 0, 6_000, None, None),
-    ]
-    with conn.transaction():
-        for channel, status, window_from, set_spec, pages, fetched, expected, since, last in rows:
-            conn.execute(
-                "INSERT INTO harvest_runs (partner_id, run_id, channel, mode, status, window_from, window_until,"
-                " slice_set, pages, fetched, expected, attempts, started_at, harvesting_since, progress_at)"
-                " VALUES (%s, %s, %s, 'full', %s, %s, '2026-01-01T00:00:00Z', %s, %s, %s, %s, 1, now() - interval '1 hour',"
-                " now() - make_interval(secs => %s), now() - make_interval(secs => %s))",
-                (partner_id, run_id, channel, status, window_from, set_spec, pages, fetched, expected, since, last),
-            )
-
 
 def test_progress_shows_each_slice_with_its_rate_and_the_time_left(capsys, conn, db, registry_file) -> None:
     registry_file("partners:" + GOOD)

@@ -4,15 +4,12 @@ records an empty database never held are not 'lost' in `unchanged`."""
 from __future__ import annotations
 
 import importlib.util
-from datetime import timedelta
 from pathlib import Path
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
-from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
-from partner_harvest.registry import Partner
-from partner_harvest.store import RunRef
-from partner_harvest.window import next_cursor
+from partner_harvest.run import run_partner
+from tests.support.partners import oai_partner
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,18 +23,14 @@ def demo_module():
 
 def test_first_run_is_labelled_full_and_absent_deletions_are_named(conn) -> None:
     demo = demo_module()
-    partner = Partner(id="museum", protocol="oai-pmh", conn_id="unused", metadata_prefix="oai_dc",
-                      lag=timedelta(minutes=10), options={"http": {"backoff_factor": 0.01, "retries": 1}})
+    partner = oai_partner(retries=1)
     repo = SimulatedRepository(records=200, page_size=50, deleted_fraction=0.05, seed=3)
     tombstones = len(repo.deleted_identifiers())
-    cursor = None
+    cursors: dict = {}
     with OaiSimulator(repo) as sim:
         adapter = build_adapter(partner, Endpoint(sim.base_url))
         for number in (1, 2):
-            window = pipeline.freeze_window(adapter, partner.lag, cursor, pipeline.RunRequest("incremental"))
-            pipeline.harvest_window(adapter, conn, RunRef("museum", f"harvest_museum/run{number}"), window)
-            pipeline.apply_changes(conn, "museum", f"harvest_museum/run{number}")
-            cursor = next_cursor(cursor, window)
+            cursors = run_partner(partner, adapter, conn, f"harvest_museum/run{number}", cursors).cursors
             if number == 1:
                 repo.edit(2)
     lines = demo.summary_lines(conn, "museum")

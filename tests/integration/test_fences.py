@@ -25,14 +25,14 @@ import pytest
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
-from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef, connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
+from tests.support.harness import run_once
+from tests.support.partners import oai_partner
 from partner_harvest.store.leases import HARVEST, LeaseKeeper, release
 
 ROOT = Path(__file__).resolve().parents[2]
 TTL = 1.5
-FAST = {"http": {"backoff_factor": 0.01, "retries": 2}}
 RECONCILER = "reconcile_museum/scheduled__1"
 
 # The reconcile task's body, as tasks.reconcile_partner runs it (lease, fenced connection),
@@ -42,7 +42,7 @@ CHILD = textwrap.dedent("""
     from datetime import timedelta
     from partner_harvest import reconcile as task
     from partner_harvest.factory import Endpoint, build_adapter
-    from partner_harvest.registry import Partner
+    from tests.support.partners import oai_partner
     from partner_harvest.store import connect
     from partner_harvest.store.leases import RECONCILE, LeaseKeeper
     try:
@@ -59,8 +59,7 @@ CHILD = textwrap.dedent("""
         return stage_removals(*args, **kwargs)
 
     task.sql.stage_removals = pause_then_stage
-    partner = Partner(id="museum", protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc",
-                      options={"http": {"backoff_factor": 0.01, "retries": 2}})
+    partner = oai_partner()
     keeper = LeaseKeeper(db, "museum", holder, RECONCILE, ttl=timedelta(seconds=ttl), release_on_exit=True)
     with keeper, connect(db) as conn:
         if fences is not None:
@@ -73,15 +72,8 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def oai_partner() -> Partner:
-    return Partner(id="museum", protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc", options=FAST)
-
-
 def harvest_and_apply(sim: OaiSimulator, conn: psycopg.Connection, run_id: str) -> None:
-    adapter = build_adapter(oai_partner(), Endpoint(sim.base_url))
-    window = pipeline.freeze_window(adapter, timedelta(minutes=10), None, pipeline.RunRequest("full"))
-    pipeline.harvest_window(adapter, conn, RunRef("museum", run_id), window)
-    pipeline.apply_changes(conn, "museum", run_id)
+    run_once(sim, conn, oai_partner(), run_id, request=pipeline.RunRequest("full"))
 
 
 def lease_lapsed(db: str, holder: str) -> bool:
@@ -142,7 +134,7 @@ HARVEST_CHILD = textwrap.dedent("""
     from datetime import timedelta
     from partner_harvest import pipeline
     from partner_harvest.factory import Endpoint, build_adapter
-    from partner_harvest.registry import Partner
+    from tests.support.partners import oai_partner
     from partner_harvest.store import RunRef, connect, staging
     from partner_harvest.store.leases import HARVEST, LeaseKeeper
     try:
@@ -162,8 +154,7 @@ HARVEST_CHILD = textwrap.dedent("""
         return write_page(self, items, *args, **kwargs)
 
     staging.StagingWriter.write_page = pause_at_the_second_page
-    partner = Partner(id="museum", protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc",
-                      options={"http": {"backoff_factor": 0.01, "retries": 2}})
+    partner = oai_partner()
     keeper = LeaseKeeper(db, "museum", holder, HARVEST, ttl=timedelta(seconds=ttl))
     with keeper, connect(db) as conn:
         if fences is not None:

@@ -17,25 +17,22 @@ from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import MassPurgeRefused, reconcile
-from partner_harvest.registry import Partner
+from partner_harvest import run
 from partner_harvest.store import RunRef
-from partner_harvest.store.admin import live_identifiers
+from tests.support.db import held
+from tests.support.partners import fast_http, oai_partner as support_oai_partner
 
-FAST = {"http": {"backoff_factor": 0.01, "backoff_max": 0.05, "retries": 2}}
-
-
-def oai_partner(**kw: Any) -> Partner:
-    base = dict(id="museum", protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc",
-                lag=timedelta(minutes=10), options=FAST)
-    base.update(kw)
-    return Partner(**base)
+def oai_partner(**kw: Any):
+    return support_oai_partner(options={"http": fast_http(2, read_timeout=120)}, **kw)
 
 
 def harvest(adapter, conn: psycopg.Connection, run_id: str):
-    """One full run the way the DAG's tasks do it: freeze, stage, apply."""
-    window = pipeline.freeze_window(adapter, timedelta(minutes=10), None, pipeline.RunRequest("full"))
-    stats = pipeline.harvest_window(adapter, conn, RunRef(adapter.partner_id, run_id), window)
-    return stats, pipeline.apply_changes(conn, adapter.partner_id, run_id)
+    """One full run: frozen and staged as the DAG's tasks do it (partner_harvest.run), then
+    applied without re-staging: the guards here are about what the harvest staged, which the
+    apply's repair of lost staging (``run.apply``) would otherwise harvest again and hide."""
+    window = run.freeze(adapter.partner, adapter, conn, request=pipeline.RunRequest("full"))
+    _, staged = run.stage(adapter.partner, adapter, conn, run_id, window)
+    return staged["changes"], pipeline.apply_changes(conn, adapter.partner_id, run_id)
 
 
 def audit_rows(conn: psycopg.Connection, run_id: str) -> list[dict]:
@@ -58,12 +55,6 @@ def assert_audit_adds_up(conn: psycopg.Connection, run_id: str) -> None:
 def quarantined(conn: psycopg.Connection, run_id: str) -> list[str]:
     ids = [r[0] for r in conn.execute(
         "SELECT identifier FROM quarantine WHERE run_id = %s ORDER BY identifier", (run_id,)).fetchall()]
-    conn.commit()
-    return ids
-
-
-def held(conn: psycopg.Connection, partner_id: str = "museum") -> set[str]:
-    ids = live_identifiers(conn, partner_id)
     conn.commit()
     return ids
 

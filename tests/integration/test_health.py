@@ -7,7 +7,6 @@ from datetime import datetime, timedelta
 import psycopg
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
-from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import reconcile
 from partner_harvest.records import HarvestStats, Record, Rejected, Tombstone
@@ -18,9 +17,10 @@ from partner_harvest.store.health import (
     BEHIND, FAILING, HEALTHY, NEW, WARNING, partner_health, quarantine_today, recent_runs,
 )
 from partner_harvest.window import Window
-from tests.integration.test_cli import seed_sliced_run
+from partner_harvest.run import run_partner
+from tests.support.partners import oai_partner, partner_from_entry
+from tests.support.records import seed_sliced_run
 
-FAST = {"http": {"backoff_factor": 0.01, "retries": 2}}
 
 
 def counter_and_count(conn: psycopg.Connection, partner_id: str) -> tuple[int, int]:
@@ -37,20 +37,18 @@ def counter_and_count(conn: psycopg.Connection, partner_id: str) -> tuple[int, i
 
 def test_records_held_counter_equals_count_after_applies_purges_and_reconciles(conn) -> None:
     repo = SimulatedRepository(records=600, page_size=100, deleted_fraction=0.05, seed=41, invalid_every=37)
-    partner = Partner(id="museum", protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc", options=FAST)
+    partner = oai_partner()
     with OaiSimulator(repo) as sim:
         adapter = build_adapter(partner, Endpoint(sim.base_url))
-        cursor = None
+        cursors: dict = {}
         for step in range(3):  # a full harvest, then incrementals with edits, purges and additions
             if step:
                 repo.edit(25)
                 repo.delete(30)
                 repo.add(12)
                 repo.advance_clock(timedelta(hours=1))
-            window = pipeline.freeze_window(adapter, timedelta(minutes=10), cursor, pipeline.RunRequest("incremental"))
-            pipeline.harvest_window(adapter, conn, RunRef("museum", f"h{step}"), window)
-            result = pipeline.apply_changes(conn, "museum", f"h{step}")
-            cursor = window.until
+            run = run_partner(partner, adapter, conn, f"h{step}", cursors)
+            result, cursors = run.applied, run.cursors
             assert step == 0 or result.purged > 0
             held, count = counter_and_count(conn, "museum")
             assert held == count == len(_held_ids(conn, "museum"))
@@ -120,7 +118,7 @@ def stage(conn: psycopg.Connection, partner: str, run_id: str, items: list, *, u
 
 
 def partners(*ids: str) -> list[Partner]:
-    return [Partner(id=i, protocol="oai-pmh", conn_id=f"partner_{i}") for i in ids]
+    return [partner_from_entry({"id": i, "protocol": "oai-pmh", "conn_id": f"partner_{i}"}) for i in ids]
 
 
 def test_health_tells_healthy_failing_behind_warning_and_new_partners_apart(conn) -> None:

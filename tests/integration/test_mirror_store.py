@@ -9,40 +9,24 @@ from __future__ import annotations
 
 import itertools
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import psycopg
 import pytest
 
 from partner_harvest.pipeline import apply_changes
 from partner_harvest.records import HarvestStats, Record, Rejected, Tombstone
-from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, finish_harvest
+from partner_harvest.store import RunRef, apply_run, begin_run, finish_harvest
 from partner_harvest.store.apply import RunNotHarvested, StagingIncomplete
 from partner_harvest.store.runs import abandon_stale_runs, fail_apply
 from partner_harvest.window import Window
+from tests.support.records import T0, WINDOW, live_titles as live, rec, stage as stage_for
 
-T0 = datetime(2026, 3, 1, tzinfo=timezone.utc)
-WINDOW = Window("incremental", None, T0 + timedelta(days=10), "day", True, {"metadata_prefix": "oai_dc"})
-
-
-def rec(ident: str, at: datetime, title: str = "t") -> Record:
-    return Record(ident, at, "oai_dc", f'<dc xmlns="urn:x"><title>{title}</title></dc>', (), title)
 
 
 def stage(conn: psycopg.Connection, run_id: str, items: list, channel: str = "changes", partner: str = "p",
           window: Window = WINDOW, **writer_options) -> HarvestStats:
-    run = RunRef(partner, run_id, channel)
-    begin_run(conn, run, window, "oai_dc")
-    stats = HarvestStats(pages=1)
-    for item in items:
-        stats.add(item)
-    StagingWriter(conn, run, **writer_options).write_page(items)
-    finish_harvest(conn, run, stats)
-    return stats
-
-
-def live(conn: psycopg.Connection, partner: str = "p") -> dict[str, str]:
-    return dict(conn.execute("SELECT identifier, title FROM records WHERE partner_id = %s", (partner,)).fetchall())
+    return stage_for(conn, partner, run_id, items, channel, window, **writer_options)
 
 
 def status(conn: psycopg.Connection, run_id: str) -> tuple:
@@ -93,6 +77,7 @@ def test_a_remembered_purge_yields_to_a_newer_version(conn: psycopg.Connection) 
     assert conn.execute("SELECT count(*) FROM tombstones").fetchone()[0] == 0  # superseded memory is dropped
 
 
+@pytest.mark.slow  # every apply order of several runs
 def test_any_apply_order_gives_the_same_mirror(db: str) -> None:
     """I10 as a property: random versions staged in runs, applied in every order, agree."""
     from partner_harvest.store import connect, ensure_schema

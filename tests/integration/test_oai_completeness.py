@@ -6,35 +6,27 @@ The simulator over loopback and real PostgreSQL: the check lands on the run's
 
 from __future__ import annotations
 
-from datetime import timedelta
 
 import psycopg
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
-from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.records import HarvestStats
-from partner_harvest.registry import Partner
-from partner_harvest.store import RunRef
+from tests.support.harness import run_once
 from partner_harvest.window import format_instant
+from tests.support.partners import oai_partner as support_oai_partner
 
-FAST = {"http": {"backoff_factor": 0.01, "retries": 2}}
-WITNESS = {**FAST, "completeness": {"list_identifiers": True}}
-
-
-def oai_partner(options: dict, **kw) -> Partner:
-    base = dict(id="museum", protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc", options=options)
-    base.update(kw)
-    return Partner(**base)
+FAST: dict = {}  # the test partner's own quick HTTP retries (tests/support/partners.py)
+WITNESS = {"completeness": {"list_identifiers": True}}
 
 
-def harvest(sim: OaiSimulator, conn: psycopg.Connection, partner: Partner, run_id: str = "full",
-            cursor=None):
-    adapter = build_adapter(partner, Endpoint(sim.base_url))
-    window = pipeline.freeze_window(adapter, timedelta(minutes=10), cursor, pipeline.RunRequest("incremental"))
-    stats = pipeline.harvest_window(adapter, conn, RunRef(partner.id, run_id), window)
-    pipeline.apply_changes(conn, partner.id, run_id)
-    return window, stats
+def oai_partner(options: dict, **kw):
+    return support_oai_partner(options=options, **kw)
+
+
+def harvest(sim: OaiSimulator, conn: psycopg.Connection, partner, run_id: str = "full", cursor=None):
+    result = run_once(sim, conn, partner, run_id, {"changes": cursor})
+    return result.window, result.changes
 
 
 def check(conn: psycopg.Connection, run_id: str) -> tuple:
@@ -97,7 +89,7 @@ def test_incremental_windows_are_not_checked(conn) -> None:
 def test_the_witness_counts_the_same_set(conn) -> None:
     repo = SimulatedRepository(records=900, page_size=100, deleted_fraction=0.0, seed=65)
     with OaiSimulator(repo) as sim:
-        _, stats = harvest(sim, conn, oai_partner(WITNESS, set_spec="type:print"))
+        _, stats = harvest(sim, conn, oai_partner(WITNESS, set="type:print"))
         in_set = len(repo.select(set_spec="type:print"))
         assert check(conn, "full")[:4] == ("oai-list-identifiers", in_set, in_set, True)
         witness = [r for r in sim.requests if r.get("verb") == "ListIdentifiers" and "resumptionToken" not in r]

@@ -1,6 +1,6 @@
 """OAI-PMH harvests end to end without Airflow: the simulator over loopback, real PostgreSQL.
 
-Each test drives the same pipeline functions the DAG tasks call (freeze, harvest, apply)
+Each test runs the partner as the DAG does (partner_harvest.run: freeze, plan, harvest, apply)
 and compares ``records`` with the simulator's live set, identifier for identifier.
 """
 
@@ -11,7 +11,6 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
 
-import psycopg
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
@@ -19,62 +18,15 @@ from partner_harvest import pipeline
 from partner_harvest.errors import (
     HarvestLoopError, PartnerAsksToWait, PartnerDataError, PartnerHttpError, PartnerProtocolError,
 )
-from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.oai.harvester import TokenRestartsExhausted
-from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef
-from partner_harvest.store.runs import clock_high_water
-from partner_harvest.store.admin import live_identifiers
-from partner_harvest.window import Window, next_cursor
-
-FAST_HTTP = {"http": {"backoff_factor": 0.01, "backoff_max": 0.05, "retries": 3, "read_timeout": 30}}
+from tests.support.harness import OaiHarness as Harness
+from tests.support.partners import fast_http, oai_partner
 
 
-def partner(**kw) -> Partner:
-    base = dict(id="museum", protocol="oai-pmh", conn_id="unused", metadata_prefix="oai_dc",
-                lag=timedelta(minutes=10), options=FAST_HTTP)
-    base.update(kw)
-    return Partner(**base)
-
-
-class Harness:
-    """Plays the DAG's part: freezes, harvests, applies and keeps the cursor."""
-
-    def __init__(self, sim: OaiSimulator, conn: psycopg.Connection, p: Partner):
-        self.sim, self.conn, self.partner = sim, conn, p
-        self.cursor: datetime | None = None
-        self.runs = 0
-
-    def adapter(self):
-        return build_adapter(self.partner, Endpoint(self.sim.base_url))
-
-    def freeze(self, mode: str = "incremental", **kw) -> Window:
-        request = pipeline.RunRequest(mode, kw.get("from_"), kw.get("until"))
-        cursor = pipeline.resume_point(self.conn, self.partner.id, self.cursor) if mode == "incremental" else None
-        high_water = clock_high_water(self.conn, self.partner.id)
-        return pipeline.freeze_window(self.adapter(), self.partner.lag, cursor, request, None, high_water)
-
-    def run(self, mode: str = "incremental", window: Window | None = None, **kw):
-        self.runs += 1
-        run_id = f"run-{self.runs}"
-        window = window or self.freeze(mode, **kw)
-        stats = pipeline.harvest_window(self.adapter(), self.conn, RunRef(self.partner.id, run_id), window)
-        result = pipeline.apply_changes(self.conn, self.partner.id, run_id)
-        self.cursor = next_cursor(self.cursor, window)
-        return window, stats, result
-
-    def held(self) -> set[str]:
-        ids = live_identifiers(self.conn, self.partner.id)
-        self.conn.commit()
-        return ids
-
-    def audit(self, run_id: str) -> dict:
-        cur = self.conn.execute("SELECT * FROM harvest_runs WHERE partner_id = %s AND run_id = %s",
-                                (self.partner.id, run_id))
-        names = [d.name for d in cur.description]
-        row = dict(zip(names, cur.fetchone()))
-        self.conn.commit()
-        return row
+def partner(**kw):
+    """The module's museum: three quick HTTP retries."""
+    return oai_partner(retries=3, **kw)
 
 
 @pytest.fixture
@@ -215,7 +167,7 @@ def test_a_long_retry_after_frees_the_task_and_the_next_try_starts_the_window_ag
     """A 503 asking for more than the task may sleep (here 20 s > 2 s) is not slept in the
     worker slot: PartnerAsksToWait (a reschedule) at the asked time, the run 'waiting';
     the next try harvests the frozen window from its start and lands it exactly."""
-    p = partner(options={"http": {**FAST_HTTP["http"], "max_wait_in_task": 2}})
+    p = partner(options={"http": fast_http(3, max_wait_in_task=2)})
     harness = Harness(sim, conn, p)
     window = harness.freeze("full")
     run = RunRef(p.id, "run-waits")
@@ -307,7 +259,7 @@ def test_auto_prefix_prefers_lido(conn) -> None:
 def test_set_restricts_the_harvest(conn) -> None:
     repo = SimulatedRepository(records=300, page_size=50, seed=9)
     with OaiSimulator(repo) as sim:
-        harness = Harness(sim, conn, partner(set_spec="type:print"))
+        harness = Harness(sim, conn, partner(set="type:print"))
         harness.run()
         expected = {r.identifier for r in repo.select(None, None, "type:print") if not r.deleted}
         assert expected and harness.held() == expected

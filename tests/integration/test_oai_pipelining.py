@@ -8,21 +8,20 @@ from __future__ import annotations
 
 import sys
 import threading
-from dataclasses import replace
 from datetime import timedelta
 
 import psycopg
 import pytest
 
+from benchmarks import baselines
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import pipeline
 from partner_harvest.errors import PartnerHttpError
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.records import HarvestStats
-from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef, StagingWriter
+from tests.support.partners import oai_partner
 
-FAST = {"http": {"backoff_factor": 0.01, "backoff_max": 0.05, "retries": 2, "read_timeout": 30}}
 PAGES = 6
 
 
@@ -33,12 +32,11 @@ def _fetchers() -> list[threading.Thread]:
 class Observed:
     """Records, per list request, when it started; and per staged page, what was asked."""
 
-    def __init__(self, sim: OaiSimulator, *, pipelined: bool = True, fail_request: int | None = None):
+    def __init__(self, sim: OaiSimulator, *, sequential: bool = False, fail_request: int | None = None):
         self.sim = sim
-        self.adapter = build_adapter(Partner(id="museum", protocol="oai-pmh", conn_id="-",
-                                             metadata_prefix="oai_dc", lag=timedelta(minutes=10),
-                                             options=FAST), Endpoint(sim.base_url))
-        self.adapter.client.pipelined = pipelined
+        self.adapter = build_adapter(oai_partner(), Endpoint(sim.base_url))
+        if sequential:  # the benchmarks' baseline (benchmarks/baselines.py)
+            baselines.sequential(self.adapter.client)
         self.window = pipeline.freeze_window(self.adapter, timedelta(minutes=10), None, pipeline.RunRequest("full"))
         self.started = [threading.Event() for _ in range(PAGES + 2)]
         self.requests = 0
@@ -94,8 +92,8 @@ def test_next_page_is_fetched_while_this_one_is_staged_never_two_ahead(sim, conn
     assert observed.requests == PAGES and _fetchers() == []
 
 
-def test_sequential_switch_requests_each_page_after_the_last_is_staged(sim, conn) -> None:
-    observed = Observed(sim, pipelined=False)
+def test_the_sequential_baseline_requests_each_page_after_the_last_is_staged(sim, conn) -> None:
+    observed = Observed(sim, sequential=True)
     asked: list[int] = []
 
     class Sink(StagingWriter):
@@ -149,8 +147,7 @@ def test_a_chain_never_has_two_requests_in_flight_at_the_partner(sim, conn) -> N
 
     sim.set_response_delay(20)  # requests last long enough to overlap, if the client let them
     observed = Observed(sim)
-    observed.adapter.partner = observed.adapter.partner.evolve(
-        options={**FAST, "completeness": {"list_identifiers": True}})
+    observed.adapter.partner = oai_partner(options={"completeness": {"list_identifiers": True}})
     stats = observed.harvest(StagingWriter(conn, RunRef("museum", "run-1")))
     for _ in range(2):  # plan_slices' probes: the prefetch in flight is awaited at close
         assert slicing.list_size(observed.adapter.client, "oai_dc", None, "YYYY-MM-DDThh:mm:ssZ", None,

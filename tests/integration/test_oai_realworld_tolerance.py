@@ -7,48 +7,16 @@ or an OAI badArgument saying so). Harvests run the pipeline into real PostgreSQL
 
 from __future__ import annotations
 
-from datetime import timedelta
 
-import psycopg
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
-from partner_harvest import pipeline
 from partner_harvest.errors import HarvestError
-from partner_harvest.factory import Endpoint, build_adapter
-from partner_harvest.registry import Partner
-from partner_harvest.store import RunRef
-from partner_harvest.store.admin import live_identifiers
-from partner_harvest.store.runs import clock_high_water
-from partner_harvest.window import next_cursor
+from tests.support.harness import OaiHarness as Runs
+from tests.support.partners import oai_partner
 
-FAST_HTTP = {"http": {"backoff_factor": 0.01, "backoff_max": 0.05, "retries": 3, "read_timeout": 30}}
-
-
-def partner(**options) -> Partner:
-    return Partner(id="refuser", protocol="oai-pmh", conn_id="unused", metadata_prefix="oai_dc",
-                   lag=timedelta(minutes=10), options={**FAST_HTTP, **options})
-
-
-class Runs:
-    def __init__(self, sim: OaiSimulator, conn: psycopg.Connection, p: Partner):
-        self.sim, self.conn, self.partner, self.cursor, self.n = sim, conn, p, None, 0
-
-    def run(self, mode: str = "incremental"):
-        self.n += 1
-        adapter = build_adapter(self.partner, Endpoint(self.sim.base_url))
-        cursor = pipeline.resume_point(self.conn, self.partner.id, self.cursor) if mode == "incremental" else None
-        window = pipeline.freeze_window(adapter, self.partner.lag, cursor, pipeline.RunRequest(mode, None, None),
-                                        None, clock_high_water(self.conn, self.partner.id))
-        stats = pipeline.harvest_window(adapter, self.conn, RunRef(self.partner.id, f"run-{self.n}"), window)
-        result = pipeline.apply_changes(self.conn, self.partner.id, f"run-{self.n}")
-        self.cursor = next_cursor(self.cursor, window)
-        return window, stats, result
-
-    def held(self) -> set[str]:
-        ids = live_identifiers(self.conn, self.partner.id)
-        self.conn.commit()
-        return ids
+def partner(**options):
+    return oai_partner("refuser", retries=3, options=options)
 
 
 @pytest.fixture

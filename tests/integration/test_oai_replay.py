@@ -2,7 +2,7 @@
 
 Each recording (tests/fixtures/realworld/oai, sources in its SOURCES.md) is served by the
 replay server on loopback and harvested the way the DAG's tasks do it (the OaiAdapter
-built by the factory, ``pipeline.harvest_window`` into staging, ``apply_changes``). The
+built by the factory, ``partner_harvest.run`` over the recording's window: staging, apply). The
 window is the one the recorder asked for, so the harvest's first request is the recorded
 one.
 
@@ -19,24 +19,21 @@ recorded) is marked ``cut``: the replay ends it with ``noRecordsMatch``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from include.simulators.replay import ReplayServer, load_recording
-from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.oai.parse import DAY_GRANULARITY, SECOND_GRANULARITY
-from partner_harvest.registry import Partner
-from partner_harvest.store import RunRef
+from partner_harvest.run import run_partner
 from partner_harvest.window import DAY, SECONDS, Window, parse_instant
+from tests.support.partners import fast_http, oai_partner
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "realworld" / "oai"
 # arXiv's recorded 503 asks for 10 s (Retry-After); the replay honours it, capped to keep the test fast.
-FAST_HTTP = {"http": {"backoff_factor": 0.01, "backoff_max": 0.05, "retries": 3, "read_timeout": 30,
-                      "retry_after_cap": 0.2}}
+FAST_HTTP = {"http": fast_http(3, retry_after_cap=0.2)}
 
 
 @dataclass(frozen=True)
@@ -109,16 +106,14 @@ def _window(row: Expected) -> Window:
 def replay(conn: psycopg.Connection, row: Expected, partner_id: str = "replayed"):
     """Harvest and apply one recording; returns (stats, apply result, server)."""
     exchanges = load_recording(CORPUS / row.path)
-    partner = Partner(id=partner_id, protocol="oai-pmh", conn_id="unused", metadata_prefix=row.prefix,
-                      set_spec=row.set_spec, lag=timedelta(minutes=10), options=FAST_HTTP)
+    partner = oai_partner(partner_id, metadata_prefix=row.prefix, set=row.set_spec, options=FAST_HTTP)
     with ReplayServer(exchanges, end_open_chains=row.cut) as server:
         adapter = build_adapter(partner, Endpoint(server.base_url))
-        stats = pipeline.harvest_window(adapter, conn, RunRef(partner_id, "replay-1"), _window(row))
-        result = pipeline.apply_changes(conn, partner_id, "replay-1")
-    return stats, result, server
+        run = run_partner(partner, adapter, conn, "replay-1", window=_window(row))  # the recording's window
+    return run.changes, run.applied, server
 
 
-def held(conn: psycopg.Connection, partner_id: str) -> tuple[int, int]:
+def held_counts(conn: psycopg.Connection, partner_id: str) -> tuple[int, int]:
     records = conn.execute("SELECT count(*) FROM records WHERE partner_id = %s", (partner_id,)).fetchone()[0]
     quarantined = conn.execute("SELECT count(*) FROM quarantine WHERE partner_id = %s", (partner_id,)).fetchone()[0]
     conn.commit()
@@ -130,7 +125,7 @@ def test_a_recorded_chain_lands_as_the_standard_says(conn: psycopg.Connection, r
     stats, result, server = replay(conn, row)
     assert server.unmatched == [], f"requests no recording answers: {server.unmatched}"
     assert (stats.records, stats.tombstones, stats.rejected) == (row.live, row.deleted, row.rejected)
-    assert held(conn, "replayed") == (row.live, row.rejected)
+    assert held_counts(conn, "replayed") == (row.live, row.rejected)
     assert result.fetched == row.live + row.deleted + row.rejected
     assert result.quarantined == row.rejected
 

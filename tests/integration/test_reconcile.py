@@ -5,40 +5,22 @@ from __future__ import annotations
 import random
 from datetime import timedelta
 
-import psycopg
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
-from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import MassPurgeRefused, reconcile
-from partner_harvest.registry import Partner
-from partner_harvest.store import RunRef
-from partner_harvest.store.admin import live_identifiers
+from partner_harvest.run import run_partner
+from tests.support.db import held
+from tests.support.partners import oai_partner, sierra_partner
 from partner_harvest.store.leases import HARVEST, RECONCILE, PartnerBusy, acquire, release
 
-FAST = {"http": {"backoff_factor": 0.01, "retries": 2}}
-
-
-def oai_partner(**kw) -> Partner:
-    base = dict(id="museum", protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc", options=FAST)
-    base.update(kw)
-    return Partner(**base)
-
-
 def full_harvest(adapter, conn, partner_id: str, run_id: str = "full") -> None:
-    window = pipeline.freeze_window(adapter, timedelta(minutes=10), None, pipeline.RunRequest("incremental"))
-    pipeline.harvest_window(adapter, conn, RunRef(partner_id, run_id), window)
-    pipeline.apply_changes(conn, partner_id, run_id)
+    run_partner(adapter.partner, adapter, conn, run_id)
 
 
-def held(conn: psycopg.Connection, partner_id: str) -> set[str]:
-    ids = live_identifiers(conn, partner_id)
-    conn.commit()
-    return ids
-
-
+@pytest.mark.slow  # 25,000 records
 def test_reconcile_removes_exactly_what_vanished_without_tombstones(conn) -> None:
     repo = SimulatedRepository(records=25000, page_size=500, deleted_record="no", deleted_fraction=0.0, seed=31)
     with OaiSimulator(repo) as sim:
@@ -110,8 +92,7 @@ def test_deleted_headers_seen_by_the_sweep_purge_too(conn) -> None:
 def test_sierra_reconcile_sweeps_live_ids(conn) -> None:
     catalogue = SimulatedCatalogue(bibs=400, deleted_fraction=0.0, seed=35)
     with SierraSimulator(catalogue, client_key="k", client_secret="s") as sim:
-        partner = Partner(id="library", protocol="sierra", conn_id="-", page_size=100,
-                          options={**FAST, "export": {"limit": 100, "rate_limit_wait": 0}})
+        partner = sierra_partner(page_size=100)
         endpoint = Endpoint(sim.base_url, "k", "s")
         full_harvest(build_adapter(partner, endpoint), conn, "library")
         rng = random.Random(1)

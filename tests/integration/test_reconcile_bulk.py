@@ -16,25 +16,14 @@ from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import reconcile
 from partner_harvest.records import HarvestStats, Tombstone
-from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef, StagingWriter, begin_run
 from partner_harvest.store.reconcile import MissingOnlySink
-from partner_harvest.store.admin import live_identifiers
-
-FAST = {"http": {"backoff_factor": 0.01, "retries": 2}}
-
-
-def oai_partner(**kw) -> Partner:
-    base = dict(id="museum", protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc", options=FAST)
-    base.update(kw)
-    return Partner(**base)
+from tests.support.db import held as held_by
+from tests.support.db import outcomes as audit
+from tests.support.harness import run_once
+from tests.support.partners import oai_partner
 
 
-def full_harvest(sim: OaiSimulator, conn: psycopg.Connection, partner: Partner) -> None:
-    adapter = build_adapter(partner, Endpoint(sim.base_url))
-    window = pipeline.freeze_window(adapter, timedelta(minutes=10), None, pipeline.RunRequest("incremental"))
-    pipeline.harvest_window(adapter, conn, RunRef(partner.id, "full"), window)
-    pipeline.apply_changes(conn, partner.id, "full")
 
 
 def lose_locally(conn: psycopg.Connection, ids: list[str]) -> None:
@@ -44,9 +33,7 @@ def lose_locally(conn: psycopg.Connection, ids: list[str]) -> None:
 
 
 def held(conn: psycopg.Connection) -> set[str]:
-    ids = live_identifiers(conn, "museum")
-    conn.commit()
-    return ids
+    return held_by(conn, "museum")
 
 
 def verbs(sim: OaiSimulator) -> dict[str, int]:
@@ -56,19 +43,14 @@ def verbs(sim: OaiSimulator) -> dict[str, int]:
     return counts
 
 
-def audit(conn: psycopg.Connection, run_id: str) -> tuple[int, int, int, int, int]:
-    row = conn.execute(
-        "SELECT fetched, upserted, unchanged, purged, quarantined FROM harvest_runs WHERE run_id = %s",
-        (run_id,)).fetchone()
-    conn.commit()
-    return row
+
 
 
 def test_two_thousand_missing_records_take_a_list_stream_not_two_thousand_requests(conn) -> None:
     repo = SimulatedRepository(records=5000, page_size=500, deleted_fraction=0.02, seed=51)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         lost = random.Random(5).sample(sorted(repo.live_identifiers()), 2000)
         lose_locally(conn, lost)
         sim.clear_requests()
@@ -91,7 +73,7 @@ def test_the_list_stream_covers_only_the_missing_records_datestamps(conn) -> Non
     repo = SimulatedRepository(records=3000, page_size=200, deleted_fraction=0.0, seed=52)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         newest = sorted(repo.select(), key=lambda r: r.stamp)[-600:]
         lose_locally(conn, [r.identifier for r in newest])
         sim.clear_requests()
@@ -108,7 +90,7 @@ def test_missing_records_edited_during_the_list_stream_are_fetched_by_id(conn) -
     repo = SimulatedRepository(records=2000, page_size=100, deleted_fraction=0.0, seed=53)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         lost = sorted(repo.live_identifiers())[:800]
         lose_locally(conn, lost)
         sim.requery_pages()
@@ -130,7 +112,7 @@ def test_few_missing_records_still_go_by_id(conn) -> None:
     repo = SimulatedRepository(records=1000, page_size=200, deleted_fraction=0.0, seed=54)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         lose_locally(conn, sorted(repo.live_identifiers())[100:140])
         sim.clear_requests()
         result = reconcile(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, "rec")
@@ -143,7 +125,7 @@ def test_an_expired_token_in_the_list_stream_drops_only_what_the_stream_staged(c
     repo = SimulatedRepository(records=1000, page_size=100, deleted_fraction=0.0, seed=55)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         lost = sorted(repo.live_identifiers())[::2]
         lose_locally(conn, lost)
         adapter = build_adapter(partner, Endpoint(sim.base_url))

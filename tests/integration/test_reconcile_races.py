@@ -7,42 +7,19 @@ two pages of the sweep. Real PostgreSQL, the simulator over loopback.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from datetime import timedelta
-
 import psycopg
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository, identifier_for
-from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import reconcile
 from partner_harvest.records import Record, Tombstone
-from partner_harvest.registry import Partner
-from partner_harvest.store import RunRef
-from partner_harvest.store.admin import live_identifiers
 from partner_harvest.window import Window
-
-FAST = {"http": {"backoff_factor": 0.01, "retries": 2}}
-
-
-def oai_partner(**kw) -> Partner:
-    base = dict(id="museum", protocol="oai-pmh", conn_id="-", metadata_prefix="oai_dc", options=FAST)
-    base.update(kw)
-    return Partner(**base)
+from tests.support.db import held
+from tests.support.db import outcomes as audit
+from tests.support.harness import run_once
+from tests.support.partners import oai_partner
 
 
-def full_harvest(sim: OaiSimulator, conn: psycopg.Connection, partner: Partner) -> None:
-    adapter = build_adapter(partner, Endpoint(sim.base_url))
-    window = pipeline.freeze_window(adapter, timedelta(minutes=10), None, pipeline.RunRequest("incremental"))
-    pipeline.harvest_window(adapter, conn, RunRef(partner.id, "full"), window)
-    pipeline.apply_changes(conn, partner.id, "full")
-
-
-def held(conn: psycopg.Connection, partner_id: str) -> set[str]:
-    ids = live_identifiers(conn, partner_id)
-    conn.commit()
-    return ids
 
 
 def deletions(conn: psycopg.Connection, run_id: str) -> set[str]:
@@ -51,19 +28,14 @@ def deletions(conn: psycopg.Connection, run_id: str) -> set[str]:
     return {r[0] for r in rows}
 
 
-def audit(conn: psycopg.Connection, run_id: str) -> tuple[int, int, int, int, int]:
-    row = conn.execute(
-        "SELECT fetched, upserted, unchanged, purged, quarantined FROM harvest_runs WHERE run_id = %s",
-        (run_id,)).fetchone()
-    conn.commit()
-    return row
+
 
 
 def test_records_edited_during_the_sweep_are_not_purged(conn) -> None:
     repo = SimulatedRepository(records=2000, page_size=100, deleted_fraction=0.0, seed=41)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         before = held(conn, "museum")
         sim.requery_pages()
         # Staff edit 20 records the sweep has not reached yet: their new datestamps are later
@@ -82,7 +54,7 @@ def test_a_deletion_shifting_the_pages_purges_only_what_is_gone(conn) -> None:
     repo = SimulatedRepository(records=2000, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=42)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         sim.requery_pages()
         # Ten records the sweep has already listed vanish: every later record moves back by
         # ten places, so the ten records at the next page boundary are never listed.
@@ -107,10 +79,9 @@ def test_vanished_candidates_beyond_the_verify_limit_are_kept_for_the_next_recon
     repo = SimulatedRepository(records=1000, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=43)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         gone = set(repo.delete(30))
-        budget = partner.evolve(options={**partner.options.model_dump(exclude_unset=True),
-                                         "reconcile": {"verify_limit": 12}})  # the registry key
+        budget = oai_partner(options={"reconcile": {"verify_limit": 12}})  # the registry key
         first = reconcile(build_adapter(budget, Endpoint(sim.base_url)), conn, budget, "rec-1")
         assert first.purged == 12 and deletions(conn, "rec-1") <= gone
         assert first.verified == {"gone": 12, "deleted": 0, "live": 0, "unverified": 18}
@@ -123,7 +94,7 @@ def test_an_allowed_mass_purge_verifies_every_candidate_at_once(conn) -> None:
     repo = SimulatedRepository(records=1000, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=46)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         repo.delete(100)  # 10%: over the mass-purge limit
         adapter = build_adapter(partner, Endpoint(sim.base_url))
         adapter.verify_limit = 12
@@ -137,7 +108,7 @@ def test_a_record_deleted_during_the_sweep_never_costs_a_neighbour(conn) -> None
                                seed=44)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
-        full_harvest(sim, conn, partner)
+        run_once(sim, conn, partner, "full")
         sim.requery_pages()
         # A record on an already-served page becomes a tombstone dated after the reconcile's
         # clock: a sweep bounded by that clock drops it and every later record moves back.

@@ -8,76 +8,17 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-import psycopg
 import pytest
 
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
 from partner_harvest import pipeline
 from partner_harvest.errors import ConfigurationError, PartnerAsksToWait, PartnerHttpError
-from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.records import Tombstone
-from partner_harvest.registry import Partner
+from partner_harvest.registry import RegistryError
 from partner_harvest.store import RunRef
-from partner_harvest.store.runs import clock_high_water
-from partner_harvest.store.admin import live_identifiers
-from partner_harvest.window import Window, channel_window, next_cursor
-
-KEY, SECRET = "demo-key", "s3cr3t-demo-secret"
-
-
-def partner(**kw) -> Partner:
-    options = {
-        "http": {"backoff_factor": 0.01, "backoff_max": 0.05, "retries": 2, "read_timeout": 30},
-        "sierra": {"server_error_backoff": 0.01, "server_error_tries": 3},
-        "export": {"limit": 100, "rate_limit_wait": 0},
-    }
-    options.update(kw.pop("options", {}))
-    base = dict(id="library", protocol="sierra", conn_id="unused", page_size=50, options=options)
-    base.update(kw)
-    return Partner(**base)
-
-
-class Harness:
-    def __init__(self, sim: SierraSimulator, conn: psycopg.Connection, p: Partner, secret: str = SECRET):
-        self.sim, self.conn, self.partner, self.secret = sim, conn, p, secret
-        self.cursor: datetime | None = None
-        self.deletions_cursor: datetime | None = None
-        self.runs = 0
-        self.sleeps: list[float] = []
-        self.on_sleep = lambda: None
-
-    def adapter(self):
-        adapter = build_adapter(self.partner, Endpoint(self.sim.base_url, KEY, self.secret))
-
-        def sleep(seconds: float) -> None:
-            self.sleeps.append(seconds)
-            self.on_sleep()
-
-        adapter.sleep = sleep
-        return adapter
-
-    def run(self, mode: str = "incremental", between=None):
-        self.runs += 1
-        run_id = f"run-{self.runs}"
-        adapter = self.adapter()
-        pid = self.partner.id
-        cursor = pipeline.resume_point(self.conn, pid, self.cursor) if mode == "incremental" else None
-        deletions_from = pipeline.resume_point(self.conn, pid, self.deletions_cursor, "deletions")
-        window = pipeline.freeze_window(adapter, self.partner.lag, cursor, pipeline.RunRequest(mode),
-                                        {"deletions": deletions_from}, clock_high_water(self.conn, pid))
-        changes = pipeline.harvest_window(adapter, self.conn, RunRef(self.partner.id, run_id, "changes"), window)
-        if between:
-            between()
-        deletions = pipeline.poll_deletions(adapter, self.conn, RunRef(self.partner.id, run_id, "deletions"), window)
-        result = pipeline.apply_changes(self.conn, self.partner.id, run_id)
-        self.cursor = next_cursor(self.cursor, window)
-        self.deletions_cursor = next_cursor(self.deletions_cursor, channel_window(window, "deletions"))
-        return window, changes, deletions, result
-
-    def held(self) -> set[str]:
-        ids = live_identifiers(self.conn, self.partner.id)
-        self.conn.commit()
-        return ids
+from partner_harvest.window import Window
+from tests.support.harness import SIERRA_KEY as KEY, SIERRA_SECRET as SECRET, SierraHarness as Harness
+from tests.support.partners import sierra_partner as partner
 
 
 @pytest.fixture
@@ -288,6 +229,8 @@ def test_a_version_stamped_after_the_deletion_day_wins(harness: Harness, catalog
 
 
 def test_page_size_is_never_above_the_2000_cap(conn, sim) -> None:
+    with pytest.raises(RegistryError, match="page_size"):  # the registry refuses a page above the cap
+        partner(page_size=5000)
     harness = Harness(sim, conn, partner(page_size=2000, options={"export": {"limit": 5000, "rate_limit_wait": 0}}))
     harness.run()
     harness.run()
@@ -600,15 +543,15 @@ def test_an_export_file_on_another_origin_never_gets_our_token_or_a_delete(conn)
 def test_export_query_parameters_come_only_from_options_export_params(conn, sim, catalogue) -> None:
     options = {"export": {"limit": 200, "rate_limit_wait": 0, "max_rate_limit_waits": 1,
                           "params": {"mapping": "toc"}}}
+    with pytest.raises(RegistryError, match="options.export.locations"):  # a query key outside params
+        partner(options={"export": {**options["export"], "locations": "main"}})
     harness = Harness(sim, conn, partner(options=options))
     harness.run()
     exports = [r["query"] for r in sim.requests if r["path"].endswith("/bibs/marc")]
     assert exports and all(q.get("mapping") == "toc" and "locations" not in q and "params" not in q for q in exports)
     assert harness.held() == catalogue.live_ids()
-    with pytest.raises(ValueError, match="options.export.locations"):  # the registry's model refuses the partner
-        partner(options={"export": {"locations": "main"}})
-    with pytest.raises(ValueError, match="options.export.params"):
-        partner(options={"export": {"params": {"id": "[1,2]"}}})
+    with pytest.raises(RegistryError, match="id are set by the harvester"):  # the registry refuses it first
+        Harness(sim, conn, partner(options={"export": {"params": {"id": "[1,2]"}}})).adapter()
 
 
 def test_a_bib_deleted_between_the_listing_and_the_fetch_is_staged_as_a_deletion(conn) -> None:

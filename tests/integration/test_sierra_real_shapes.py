@@ -14,9 +14,9 @@ import pytest
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
 from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
-from partner_harvest.registry import SliceSettings
-from partner_harvest.window import Window
-from tests.integration.test_sierra_harvest import KEY, SECRET, Harness, check_row, partner
+from tests.support.db import check_row
+from tests.support.harness import PieceRun as Run, SIERRA_KEY as KEY, SIERRA_SECRET as SECRET, SierraHarness as Harness
+from tests.support.partners import sierra_partner as partner
 
 
 def quarantined(conn) -> dict[str, str]:
@@ -48,17 +48,18 @@ def test_a_catalogue_with_8_digit_ids_is_exported_to_its_end(conn, first_id) -> 
 
 def test_id_slices_cut_a_catalogue_with_8_digit_ids(conn) -> None:
     catalogue = SimulatedCatalogue(bibs=700, deleted_fraction=0.02, seed=9, first_id=11_651_200)
-    settings = SliceSettings(threshold_records=300, target_records=150, max_slices=6)
+    settings = {"threshold_records": 300, "target_records": 150, "max_slices": 6}
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
         p = partner(slicing=settings)
         adapter = build_adapter(p, Endpoint(sim.base_url, KEY, SECRET))
         window = pipeline.freeze_window(adapter, p.lag, None, pipeline.RunRequest("full"))
-        pieces = [p.model_dump() for p in adapter.plan_slices(window, settings)]
+        pieces = adapter.plan_slices(window, p.slicing)
     assert len(pieces) == 5, pieces  # 700 ids / 150 a slice
-    assert pieces[0]["lo"] == 0 and pieces[-1]["hi"] is None
+    assert pieces[0].lo == 0 and pieces[-1].hi is None
     for a, b in zip(pieces, pieces[1:]):
-        assert b["lo"] == a["hi"] + 1
-    assert pieces[-1]["lo"] <= catalogue.last_id and pieces[0]["hi"] >= catalogue.first_id
+        assert a.hi is not None and b.lo == a.hi + 1
+    assert pieces[-1].lo is not None and pieces[-1].lo <= catalogue.last_id
+    assert pieces[0].hi is not None and pieces[0].hi >= catalogue.first_id
 
 
 # -- a block bib2Marc cannot build: 500 code 135 on every try ------------------------------
@@ -110,10 +111,8 @@ def test_poison_bibs_that_get_bibs_cannot_serve_either_are_quarantined_by_id_wit
 
 
 def test_a_sliced_full_load_isolates_poison_bibs_within_each_slice(conn) -> None:
-    from tests.integration.test_slices import Run
-
     catalogue, server = poisoned(first_id=9_999_800)
-    settings = SliceSettings(threshold_records=300, target_records=300, max_slices=4)
+    settings = {"threshold_records": 300, "target_records": 300, "max_slices": 4}
     with server as sim:
         p = partner(slicing=settings, options={"export": {"limit": 100, "rate_limit_wait": 0}})
         run = Run(conn, p, lambda: build_adapter(p, Endpoint(sim.base_url, KEY, SECRET)), mode="full")
@@ -168,10 +167,8 @@ def test_a_full_load_leaves_a_mass_disappearance_to_the_reconcile(conn) -> None:
 
 
 def test_a_sliced_full_load_onto_a_mirror_purges_only_within_each_slice_and_all_of_them(conn) -> None:
-    from tests.integration.test_slices import Run
-
     catalogue = SimulatedCatalogue(bibs=700, deleted_fraction=0.02, seed=19, first_id=9_999_700)
-    settings = SliceSettings(threshold_records=300, target_records=150, max_slices=6)
+    settings = {"threshold_records": 300, "target_records": 150, "max_slices": 6}
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
         p = partner(slicing=settings)
         make = lambda: build_adapter(p, Endpoint(sim.base_url, KEY, SECRET))  # noqa: E731

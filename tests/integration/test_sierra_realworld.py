@@ -25,9 +25,10 @@ from partner_harvest import pipeline
 from partner_harvest.errors import HarvestError
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.sierra.harvester import end_of_day
-from partner_harvest.store import RunRef
+from partner_harvest.run import run_partner
 from tests.integration.sierra_replay import Replay, ReplayServer, export_records, recorded, wiremock_body
-from tests.integration.test_sierra_harvest import KEY, SECRET, partner
+from tests.support.harness import SIERRA_KEY as KEY, SIERRA_SECRET as SECRET
+from tests.support.partners import sierra_partner as partner
 
 SINCE = datetime(2025, 11, 1, tzinfo=timezone.utc)  # a cursor before the replay's Date
 
@@ -55,7 +56,8 @@ def _read(conn: psycopg.Connection, error: str | None, requests: list) -> Outcom
 
 
 def change_poll(conn: psycopg.Connection, replay: Replay, run_id: str = "run-1") -> Outcome:
-    """One incremental run (change poll, deletion poll, apply) against the replay."""
+    """One incremental run (change poll, deletion poll, apply) against the replay. The window
+    is frozen from SINCE by hand: a fresh database would not trust a cursor (resume_point)."""
     p = partner()
     error = None
     with ReplayServer(replay) as server:
@@ -63,9 +65,7 @@ def change_poll(conn: psycopg.Connection, replay: Replay, run_id: str = "run-1")
         window = pipeline.freeze_window(adapter, p.lag, SINCE, pipeline.RunRequest("incremental"),
                                         {"deletions": SINCE})
         try:
-            pipeline.harvest_window(adapter, conn, RunRef(p.id, run_id, "changes"), window)
-            pipeline.poll_deletions(adapter, conn, RunRef(p.id, run_id, "deletions"), window)
-            pipeline.apply_changes(conn, p.id, run_id)
+            run_partner(p, adapter, conn, run_id, window=window)
         except HarvestError as exc:
             conn.rollback()
             error = str(exc)
@@ -79,9 +79,7 @@ def full_load(conn: psycopg.Connection, replay: Replay, limit: int = 100) -> Out
         adapter = build_adapter(p, Endpoint(server.base_url, KEY, SECRET))
         window = pipeline.freeze_window(adapter, p.lag, None, pipeline.RunRequest("full"))
         try:
-            pipeline.harvest_window(adapter, conn, RunRef(p.id, "run-1", "changes"), window)
-            pipeline.poll_deletions(adapter, conn, RunRef(p.id, "run-1", "deletions"), window)
-            pipeline.apply_changes(conn, p.id, "run-1")
+            run_partner(p, adapter, conn, "run-1", window=window)
         except HarvestError as exc:
             conn.rollback()
             error = str(exc)

@@ -14,25 +14,17 @@ from datetime import timedelta
 import psycopg
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
-from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
-from partner_harvest.registry import Partner, SliceSettings
-from partner_harvest.store.admin import live_identifiers
 from partner_harvest.window import format_instant, parse_instant
+from tests.support.db import held as held_by
+from tests.support.harness import PieceRun
+from tests.support.partners import oai_partner
 
-FAST_HTTP = {"backoff_factor": 0.01, "backoff_max": 0.05, "retries": 2, "read_timeout": 30}
-SLICES = SliceSettings(threshold_records=300, target_records=150, max_slices=6)
-
-
-def oai_partner() -> Partner:
-    return Partner(id="museum", protocol="oai-pmh", conn_id="unused", metadata_prefix="oai_dc",
-                   options={"http": FAST_HTTP}, slicing=SLICES)
+SLICES = {"threshold_records": 300, "target_records": 150, "max_slices": 6}
 
 
 def held(conn: psycopg.Connection) -> set[str]:
-    ids = live_identifiers(conn, "museum")
-    conn.commit()
-    return ids
+    return held_by(conn, "museum")
 
 
 def test_the_simulator_compares_sub_second_stamps_raw() -> None:
@@ -53,13 +45,13 @@ def test_the_simulator_compares_sub_second_stamps_raw() -> None:
 def test_records_stored_just_after_each_slice_boundary_are_harvested(conn) -> None:
     repo = SimulatedRepository(records=900, page_size=50, seed=9, deleted_fraction=0.0, stamps="raw")
     with OaiSimulator(repo) as sim:
-        partner = oai_partner()
+        partner = oai_partner(slicing=SLICES)
 
         def make():
             return build_adapter(partner, Endpoint(sim.base_url))
 
-        window = pipeline.freeze_window(make(), partner.lag, None, pipeline.RunRequest("incremental"))
-        pieces = pipeline.pieces(pipeline.plan_slices(make(), conn, partner.id, "run-1", window, partner.slicing))
+        run = PieceRun(conn, partner, make)  # frozen and planned
+        pieces = run.pieces
         assert len(pieces) >= 3, pieces
         boundaries = [parse_instant(p["until"]) for p in pieces[:-1]]
         victims = sorted(repo.live_identifiers())[:len(boundaries)]
@@ -67,9 +59,8 @@ def test_records_stored_just_after_each_slice_boundary_are_harvested(conn) -> No
             repo.restamp([identifier], m + timedelta(milliseconds=500))
         on_a_boundary = sorted(repo.live_identifiers())[-1]
         repo.restamp([on_a_boundary], boundaries[0])  # stamped the boundary itself: in both slices
-        for piece in pieces:
-            pipeline.harvest_piece(make(), conn, partner.id, "run-1", window, piece["channel"])
-        result = pipeline.apply_changes(conn, partner.id, "run-1")
+        run.harvest_all()
+        result = run.apply()
         lost = set(victims) - held(conn)
         assert not lost, f"{len(lost)} record(s) stored just after a slice boundary were harvested by no slice"
         assert held(conn) == repo.live_identifiers()

@@ -7,8 +7,6 @@ them failing and retried on its own), apply_changes.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from datetime import timedelta
 
 import psycopg
 import pytest
@@ -19,68 +17,25 @@ from partner_harvest import pipeline
 from partner_harvest.errors import HarvestError
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.oai.parse import format_datestamp
-from partner_harvest.registry import Partner, SliceSettings
 from partner_harvest.store import connect
-from partner_harvest.store.admin import live_identifiers
 from partner_harvest.store.apply import RunNotHarvested, apply_run
 from partner_harvest.store.slices import slice_rows
+from tests.support.db import held
+from tests.support.harness import PieceRun as Run
+from tests.support.partners import oai_partner as _oai_partner, sierra_partner as _sierra_partner
 
-FAST_HTTP = {"backoff_factor": 0.01, "backoff_max": 0.05, "retries": 2, "read_timeout": 30}
-SLICES = SliceSettings(threshold_records=300, target_records=150, max_slices=6)
+SLICES = {"threshold_records": 300, "target_records": 150, "max_slices": 6}
 KEY, SECRET = "slice-key", "slice-secret"
 
 
-def oai_partner(**kw) -> Partner:
-    base = dict(id="museum", protocol="oai-pmh", conn_id="unused", metadata_prefix="oai_dc",
-                options={"http": FAST_HTTP}, slicing=SLICES)
-    base.update(kw)
-    return Partner(**base)
+def oai_partner(**kw):
+    return _oai_partner(**{"slicing": SLICES, **kw})
 
 
-def sierra_partner(**kw) -> Partner:
-    options = {"http": FAST_HTTP, "sierra": {"server_error_backoff": 0.01, "server_error_tries": 2},
+def sierra_partner(**kw):
+    options = {"sierra": {"server_error_backoff": 0.01, "server_error_tries": 2},
                "export": {"limit": 50, "rate_limit_wait": 0}}
-    base = dict(id="library", protocol="sierra", conn_id="unused", page_size=50, options=options, slicing=SLICES)
-    base.update(kw)
-    return Partner(**base)
-
-
-class Run:
-    """One run of the DAG's tasks, piece by piece."""
-
-    def __init__(self, conn: psycopg.Connection, partner: Partner, adapter_factory, run_id: str = "run-1",
-                 mode: str = "incremental"):
-        self.conn, self.partner, self.make, self.run_id = conn, partner, adapter_factory, run_id
-        self.window = pipeline.freeze_window(self.make(), partner.lag, None, pipeline.RunRequest(mode))
-        self.pieces = pipeline.pieces(pipeline.plan_slices(self.make(), conn, partner.id, run_id, self.window,
-                                                           partner.slicing))
-
-    def harvest(self, channel: str):
-        return pipeline.harvest_piece(self.make(), self.conn, self.partner.id, self.run_id, self.window, channel)
-
-    def harvest_all(self, but: str | None = None) -> None:
-        """Harvest every piece of the plan (``but`` one, already harvested by the test)."""
-        for piece in self.pieces:
-            if piece["channel"] != but:
-                self.harvest(piece["channel"])
-
-    def apply(self, reharvested: list[str] | None = None):
-        def reharvest(channels: list[str]) -> None:
-            if reharvested is not None:
-                reharvested.extend(channels)
-            for channel in channels:
-                self.harvest(channel)
-
-        return pipeline.apply_changes(self.conn, self.partner.id, self.run_id, reharvest)
-
-    def rows(self) -> dict[str, dict]:
-        return {row["channel"]: row for row in slice_rows(self.conn, self.partner.id, self.run_id)}
-
-
-def held(conn: psycopg.Connection, partner_id: str) -> set[str]:
-    ids = live_identifiers(conn, partner_id)
-    conn.commit()
-    return ids
+    return _sierra_partner(**{"slicing": SLICES, "options": options, **kw})
 
 
 def applied_exactly_once(conn: psycopg.Connection, run: Run, repo: SimulatedRepository) -> None:
@@ -121,7 +76,7 @@ def test_oai_full_harvest_as_slices_equals_the_live_set(conn, oai) -> None:
     partner = oai_partner()
     run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
     channels = [p["channel"] for p in run.pieces]
-    assert 4 <= len(channels) <= SLICES.max_slices and channels[0] == "changes/001"
+    assert 4 <= len(channels) <= SLICES["max_slices"] and channels[0] == "changes/001"
     rows = run.rows()
     assert rows["changes"]["status"] == "harvested" and rows["changes"]["fetched"] == 0  # the parent
     assert {rows[c]["status"] for c in channels} == {"planned"}
@@ -158,7 +113,8 @@ def test_oai_full_harvest_sliced_by_the_registry_sets_equals_the_live_set(conn, 
     """slicing.sets: one slice per set, each listing its set over the whole window; the
     sets' counts were checked against the whole list's before the plan trusted them."""
     sim, repo = oai
-    partner = oai_partner(slicing=SLICES.model_copy(update=dict(sets=TYPE_SETS, threshold_records=400, target_records=400)))  # no set above the target
+    partner = oai_partner(slicing={**SLICES, "sets": TYPE_SETS, "threshold_records": 400,  # no set above the target
+                                   "target_records": 400})  # (the registry wants target <= threshold)
     run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
     assert [(p["channel"], p["set"]) for p in run.pieces] == [
         ("changes/001", "type:painting"), ("changes/002", "type:print"), ("changes/003", "type:sculpture")]
@@ -179,9 +135,9 @@ def test_sets_above_the_target_are_harvested_as_time_slices_of_each_set(conn, oa
     otherwise be one slice, expensive to redo): every slice lists its set over its own range,
     each set's ranges cover the window, and together they hold the live set exactly once."""
     sim, repo = oai
-    partner = oai_partner(slicing=SLICES.model_copy(update=dict(sets=TYPE_SETS)))  # about 300 a set; target 150, at most 6
+    partner = oai_partner(slicing={**SLICES, "sets": TYPE_SETS})  # about 300 a set; target 150, at most 6
     run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
-    assert len(run.pieces) == SLICES.max_slices and {p["set"] for p in run.pieces} == set(TYPE_SETS)
+    assert len(run.pieces) == SLICES["max_slices"] and {p["set"] for p in run.pieces} == set(TYPE_SETS)
     rows = run.rows()
     for spec in TYPE_SETS:
         ranges = [(rows[p["channel"]]["window_from"], rows[p["channel"]]["window_until"])
@@ -204,9 +160,9 @@ def test_a_wrong_earliest_datestamp_neither_loses_records_nor_stops_the_cut(conn
     when nothing usable is announced, empty halves not counted against max_slices."""
     repo = SimulatedRepository(records=900, page_size=50, seed=9, deleted_fraction=0.05, earliest_datestamp=earliest)
     with OaiSimulator(repo) as sim:
-        partner = oai_partner(slicing=SLICES.model_copy(update=dict(sets=TYPE_SETS)) if by == "sets" else SLICES)
+        partner = oai_partner(slicing={**SLICES, "sets": TYPE_SETS} if by == "sets" else SLICES)
         run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
-        assert len(run.pieces) >= SLICES.max_slices - 1, run.pieces  # about 900 / 150 records a slice
+        assert len(run.pieces) >= SLICES["max_slices"] - 1, run.pieces  # about 900 / 150 records a slice
         assert run.rows()[run.pieces[0]["channel"]]["window_from"] is None  # the open start, never earliest
         run.harvest_all()
     applied_exactly_once(conn, run, repo)
@@ -219,7 +175,7 @@ def test_a_repository_that_announces_no_list_size_is_cut_into_equal_time_ranges(
     checked against the whole list), and the slices still hold the live set, every item once."""
     repo = SimulatedRepository(records=900, page_size=50, seed=9, deleted_fraction=0.05)
     with OaiSimulator(repo, list_size="omitted") as sim:
-        partner = oai_partner(slicing=SLICES.model_copy(update=dict(without_count=4, sets=sets)))
+        partner = oai_partner(slicing={**SLICES, "without_count": 4, "sets": sets})
         with caplog.at_level("WARNING", logger="partner_harvest.oai.slicing"):
             run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
         assert len(run.pieces) == 4 and all(p["set"] is None and p["estimate"] is None for p in run.pieces)
@@ -237,7 +193,7 @@ def test_sets_that_do_not_partition_the_list_are_not_trusted(conn, oai, caplog, 
     here), would lose records or tombstones. A full reharvest after deletions shows it:
     the plan falls back to datestamp slices, and the deleted records are purged."""
     sim, repo = oai
-    first = Run(conn, oai_partner(slicing=SliceSettings(max_slices=1)), lambda: build_adapter(
+    first = Run(conn, oai_partner(slicing={"max_slices": 1}), lambda: build_adapter(
         oai_partner(), Endpoint(sim.base_url)))
     first.harvest_all()
     first.apply()
@@ -245,7 +201,7 @@ def test_sets_that_do_not_partition_the_list_are_not_trusted(conn, oai, caplog, 
     repo.advance_clock(3600)
     sets = TYPE_SETS[:2] if case == "a set missing from the list" else TYPE_SETS
     repo.deleted_in_sets = case != "deleted records outside their sets"
-    partner = oai_partner(slicing=SLICES.model_copy(update=dict(sets=sets)))
+    partner = oai_partner(slicing={**SLICES, "sets": sets})
     with caplog.at_level("WARNING", logger="partner_harvest.oai.slicing"):
         run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)), run_id="run-2", mode="full")
     run.harvest_all()
@@ -258,7 +214,7 @@ def test_sets_that_do_not_partition_the_list_are_not_trusted(conn, oai, caplog, 
 
 def test_a_short_window_stays_whole(conn, oai) -> None:
     sim, repo = oai
-    partner = oai_partner(slicing=SliceSettings(threshold_records=10_000, target_records=150))
+    partner = oai_partner(slicing={"threshold_records": 10_000, "target_records": 150})
     run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
     assert run.pieces == [{"channel": "changes"}]
     run.harvest_all()
@@ -311,7 +267,7 @@ def test_lost_staging_of_one_slice_is_harvested_again_alone(conn, oai, by) -> No
     """The apply harvests again exactly the slice whose staging was lost, from the bounds in
     its row: its datestamp range, or its set (read back from harvest_runs.slice_set)."""
     sim, repo = oai
-    partner = oai_partner(slicing=SLICES.model_copy(update=dict(sets=TYPE_SETS)) if by == "set" else SLICES)
+    partner = oai_partner(slicing={**SLICES, "sets": TYPE_SETS} if by == "set" else SLICES)
     run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
     run.harvest_all()
     lost = run.pieces[1]["channel"]
@@ -499,8 +455,8 @@ def test_a_sierra_slice_whose_staging_was_lost_starts_over(conn, sierra) -> None
 
 def test_a_long_sierra_change_poll_is_sliced_by_updated_date(conn, sierra) -> None:
     sim, catalogue = sierra
-    partner = sierra_partner(slicing=SliceSettings(threshold_records=300, target_records=150, max_slices=4,
-                                                   long_window=timedelta(days=2)))
+    partner = sierra_partner(slicing={"threshold_records": 300, "target_records": 150, "max_slices": 4,
+                                         "long_window": "2d"})
     adapter = lambda: build_adapter(partner, Endpoint(sim.base_url, KEY, SECRET))  # noqa: E731
     first = sierra_run(conn, sim, partner)
     first.harvest_all()

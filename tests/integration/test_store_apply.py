@@ -8,29 +8,21 @@ import psycopg
 from psycopg.types.json import Jsonb
 import pytest
 
-from partner_harvest.records import HarvestStats, Record, Rejected, Tombstone
-from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, finish_harvest
+from partner_harvest.records import Record, Rejected, Tombstone
+from partner_harvest.store import apply_run
 from partner_harvest.window import Window
+from tests.support.records import rec as support_rec, stage as stage_for
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 WINDOW = Window("incremental", None, T0 + timedelta(days=10), "seconds", True, {"metadata_prefix": "oai_dc"})
 
 
 def rec(ident: str, at: datetime, title: str = "t") -> Record:
-    xml = f'<dc xmlns="urn:x"><title>{title}</title></dc>'
-    return Record(ident, at, "oai_dc", xml, ("s",), title)
+    return support_rec(ident, at, title, ("s",))
 
 
 def stage(conn: psycopg.Connection, partner: str, run_id: str, items: list, channel: str = "changes") -> None:
-    run = RunRef(partner, run_id, channel)
-    begin_run(conn, run, WINDOW, "oai_dc")
-    stats = HarvestStats()
-    writer = StagingWriter(conn, run)
-    for item in items:
-        stats.add(item)
-    writer.write_page(items)
-    stats.pages = 1
-    finish_harvest(conn, run, stats)
+    stage_for(conn, partner, run_id, items, channel, WINDOW)
 
 
 def live(conn: psycopg.Connection, partner: str) -> dict[str, tuple[datetime, str]]:

@@ -23,8 +23,8 @@ from partner_harvest.records import HarvestStats
 from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, connect, finish_harvest
 from partner_harvest.store.admin import live_identifiers
 from partner_harvest.store.runs import AttemptSuperseded, fail_run
-from tests.integration.test_mirror_store import WINDOW, live, rec, T0
-from tests.integration.test_oai_harvest import partner
+from tests.support.partners import oai_partner
+from tests.support.records import T0, WINDOW, live_titles as live, rec
 
 
 def test_a_superseded_try_can_no_longer_write_fail_or_finish_its_channel(conn: psycopg.Connection) -> None:
@@ -62,7 +62,7 @@ def test_an_orphaned_harvest_stops_at_its_next_page_and_the_retry_applies_exactl
             return original(pairs)
 
         sim.handle_oai = gated
-        p = partner()
+        p = oai_partner(retries=3)
         adapter = build_adapter(p, Endpoint(sim.base_url))
         window = pipeline.freeze_window(adapter, p.lag, None, pipeline.RunRequest("incremental"))
         run = RunRef(p.id, "harvest_museum/r1")

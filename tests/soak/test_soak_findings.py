@@ -17,14 +17,14 @@ from datetime import timedelta
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository, title
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
-from tests.integration import test_sierra_harvest as sierra
-from tests.integration.test_oai_harvest import Harness, partner
+from tests.support.harness import OaiHarness as Harness, SIERRA_KEY, SIERRA_SECRET, SierraHarness
+from tests.support.partners import oai_partner, sierra_partner
 
 
 def test_edits_made_while_the_partner_clock_is_behind_the_cursor_reach_the_mirror(conn) -> None:
     repo = SimulatedRepository(records=120, page_size=50, seed=11)
     with OaiSimulator(repo) as sim:
-        harness = Harness(sim, conn, partner())
+        harness = Harness(sim, conn, oai_partner(retries=3))
         harness.run()
         repo.rewind_clock(timedelta(hours=26))  # a failover to a server a day behind
         harness.run()  # alerts (clock behind the cursor); skips nothing yet
@@ -38,7 +38,7 @@ def test_edits_made_while_the_partner_clock_is_behind_the_cursor_reach_the_mirro
 def test_edits_made_between_the_clock_jump_and_the_run_that_sees_it_reach_the_mirror(conn) -> None:
     repo = SimulatedRepository(records=120, page_size=50, seed=11)
     with OaiSimulator(repo) as sim:
-        harness = Harness(sim, conn, partner())
+        harness = Harness(sim, conn, oai_partner(retries=3))
         harness.run()
         repo.rewind_clock(timedelta(hours=26))
         edited = repo.edit(3)  # before the run that will notice the clock behind our cursor
@@ -62,7 +62,7 @@ def test_versions_stamped_before_the_held_ones_after_a_clock_jump_reach_the_mirr
     """
     repo = SimulatedRepository(records=120, page_size=50, seed=11)
     with OaiSimulator(repo) as sim:
-        harness = Harness(sim, conn, partner())
+        harness = Harness(sim, conn, oai_partner(retries=3))
         harness.run()
         repo.advance_clock(timedelta(hours=2))
         recent = repo.edit(6)  # held with stamps of the old clock
@@ -89,8 +89,8 @@ def test_a_clock_behind_stamps_a_full_export_already_held_is_a_regression_too(co
     seen as behind, yet behind those stamps: its newer versions, stamped earlier, lost. The
     yardstick is now the latest clock or applied stamp (store/runs.clock_high_water)."""
     catalogue = SimulatedCatalogue(bibs=300, deleted_fraction=0.03, seed=5)
-    with SierraSimulator(catalogue, client_key=sierra.KEY, client_secret=sierra.SECRET) as sim:
-        harness = sierra.Harness(sim, conn, sierra.partner())
+    with SierraSimulator(catalogue, client_key=SIERRA_KEY, client_secret=SIERRA_SECRET) as sim:
+        harness = SierraHarness(sim, conn, sierra_partner())
         harness.run("incremental")  # the full load (no cursor)
         harness.cursor = harness.deletions_cursor = catalogue.clock
         catalogue.advance_clock(timedelta(hours=20))
@@ -119,8 +119,8 @@ def test_a_version_stamped_while_the_clock_was_behind_beats_one_stamped_before_t
     regressed run and the new one carries a stamp after that run's clock: the later
     observation is what the partner holds (store/migrations: harvest_version_newer)."""
     catalogue = SimulatedCatalogue(bibs=300, deleted_fraction=0.03, seed=5)
-    with SierraSimulator(catalogue, client_key=sierra.KEY, client_secret=sierra.SECRET) as sim:
-        harness = sierra.Harness(sim, conn, sierra.partner())
+    with SierraSimulator(catalogue, client_key=SIERRA_KEY, client_secret=SIERRA_SECRET) as sim:
+        harness = SierraHarness(sim, conn, sierra_partner())
         harness.run("incremental")  # the full load (no cursor)
         harness.cursor = harness.deletions_cursor = catalogue.clock
         catalogue.advance_clock(timedelta(hours=20))

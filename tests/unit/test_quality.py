@@ -5,12 +5,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from partner_harvest.quality import findings
-from partner_harvest.registry import Partner
 from partner_harvest.store.quality import RunFigures
+from tests.support.partners import oai_partner
 
 NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
-PARTNER = Partner(id="p", protocol="oai-pmh", conn_id="c", quarantine_alert_rate=0.05,
-                  purge_alert_fraction=0.05, quiet_period=timedelta(days=7))
+PARTNER = oai_partner("p", quarantine_alert_rate=0.05, purge_alert_fraction=0.05, quiet_period=timedelta(days=7))
 
 
 def figures(**kw) -> RunFigures:

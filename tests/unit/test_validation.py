@@ -216,7 +216,7 @@ def test_the_registry_policy_reaches_both_adapters() -> None:
     """options.validation is what the adapters judge by: the OAI client parses pages with it,
     the Sierra adapter converts bibs with it."""
     from partner_harvest.oai.harvester import OaiAdapter
-    from partner_harvest.registry import Partner
+    from tests.support.partners import oai_partner, sierra_partner
     from partner_harvest.sierra.harvester import SierraAdapter
 
     options = {"validation": {"marc.no_001": "reject"}}
@@ -224,11 +224,11 @@ def test_the_registry_policy_reaches_both_adapters() -> None:
     class Client:
         validation = DEFAULT_POLICY
 
-    oai = OaiAdapter(Partner(id="m", protocol="oai-pmh", conn_id="c", options=options), Client())  # type: ignore[arg-type]
+    oai = OaiAdapter(oai_partner("m", options=options), Client())  # type: ignore[arg-type]
     assert oai.client.validation.action("marc.no_001") == "reject"
-    sierra = SierraAdapter(Partner(id="s", protocol="sierra", conn_id="c", options=options), Client())  # type: ignore[arg-type]
+    sierra = SierraAdapter(sierra_partner("s", options=options), Client())  # type: ignore[arg-type]
     assert sierra.validation.action("marc.no_001") == "reject"
-    assert SierraAdapter(Partner(id="s", protocol="sierra", conn_id="c"), Client()).validation is DEFAULT_POLICY  # type: ignore[arg-type]
+    assert SierraAdapter(sierra_partner("s"), Client()).validation is DEFAULT_POLICY  # type: ignore[arg-type]
 
 
 def test_the_committed_schema_refuses_an_unknown_check() -> None:

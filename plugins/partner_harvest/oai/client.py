@@ -104,7 +104,6 @@ class OaiClient:
         *,
         max_empty_pages: int = 3,
         xml_limits: XmlLimits | None = None,
-        pipelined: bool = True,
         validation: Policy = DEFAULT_POLICY,
         caps: ChainCaps | None = None,
     ):
@@ -113,7 +112,6 @@ class OaiClient:
         self.session = session
         self.max_empty_pages = max_empty_pages
         self.xml_limits = xml_limits or XmlLimits()
-        self.pipelined = pipelined  # fetch page N+1 while the caller works on page N
         self.validation = validation  # the partner's checks (registry options.validation): pages are parsed here
         self.caps = caps or ChainCaps()  # a token's size, a chain's pages (issue 23)
 
@@ -214,9 +212,6 @@ class OaiClient:
         if until:
             params["until"] = until
         prefix = metadata_prefix if verb == "ListRecords" else None
-        if not self.pipelined:
-            yield from self._sequential_pages(verb, prefix, params)
-            return
         with _prompt_thread_switches():
             yield from self._pipelined_pages(verb, prefix, params)
 
@@ -262,20 +257,6 @@ class OaiClient:
             if pending is not None:
                 pending.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
-
-    def _sequential_pages(self, verb: str, prefix: str | None, params: dict[str, str]) -> Iterator[parse.ListPage]:
-        chain = _Chain(self)
-        while True:
-            content = self.fetch(params)
-            with self._named_errors(params):
-                page = parse.parse_list_page(content, verb, prefix, self.validation)
-            yield page
-            loop = chain.check(params, page.token, page)
-            if loop is not None:
-                raise loop
-            if not page.token:
-                return
-            params = _continuation(params, page.token)
 
 
 def _drop(request: Future[bytes]) -> None:

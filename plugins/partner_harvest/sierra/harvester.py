@@ -83,7 +83,6 @@ class SierraAdapter(Adapter):
     extra_channels = ("deletions",)  # the deletion poll, on its own day cursor
 
     fetch_chunk = 25  # ids per bibs?id=a,b,c request: long id lists fail on real servers
-    fast_marc = True  # False: every export record through pymarc (the benchmark's baseline)
     isolated_bibs = 0  # bibs the export could not build (code 135), fetched or quarantined one by one
 
     def __init__(self, partner: Partner, client: SierraClient, *, sleep: Callable[[float], None] = time.sleep):
@@ -529,7 +528,7 @@ class SierraAdapter(Adapter):
         for raw, problem in marc.split_iso2709(block.marc):
             fast = record = None
             if problem is None:
-                fast = marc.decode_fast(raw) if self.fast_marc else None
+                fast = marc.decode_fast(raw)
                 if fast is None:
                     record, problem = marc.decode_record(raw)
             if fast is not None:

@@ -7,7 +7,6 @@ sent by a real Airflow task process can be read back and asserted on. Plain SMTP
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -17,12 +16,7 @@ from typing import Any
 
 from aiosmtpd.controller import Controller
 
-
-def free_loopback_port() -> int:
-    """A port free on 127.0.0.1 right now (the OS picks it; a tiny reuse race is accepted)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.support.airflow_stack import free_loopback_port
 
 
 @dataclass(frozen=True)

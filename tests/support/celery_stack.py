@@ -1,6 +1,6 @@
 """Celery pieces of an e2e stack: a Redis broker, a gated OAI simulator and Celery workers.
 
-Used by tests/e2e/test_celery_executor.py on top of conftest's ``airflow_stack`` (which
+Used by tests/e2e/test_celery_executor.py on top of the e2e ``airflow_stack`` (tests/support/e2e_stack.py) (which
 then runs the CeleryExecutor: see ``celery_env``). Each worker stands for a machine of
 its own: its own AIRFLOW_HOME (logs, pid file), its own hostname in the task instances,
 and ``kill`` SIGKILLs it with every process under it (the loss of that machine), or only
@@ -28,11 +28,10 @@ import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 
-from conftest import poll, signal_group, stop_groups  # tests/e2e is on sys.path (pytest prepend mode)
-from smtp_sink import free_loopback_port
+from tests.support.airflow_stack import free_loopback_port, log_event, poll, signal_group, stop_groups
 
 ROOT = Path(__file__).resolve().parents[2]
-SETTINGS_DIR = Path(__file__).resolve().parent / "celery_settings"  # airflow_local_settings, hostname callable
+SETTINGS_DIR = ROOT / "tests" / "e2e" / "celery_settings"  # airflow_local_settings, hostname callable
 REDIS_SERVER = os.environ.get("HARVEST_REDIS_SERVER") or shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_START_TIMEOUT = 20.0
 WORKER_READY_TIMEOUT = 120.0  # both workers answer a Celery ping
@@ -180,7 +179,7 @@ class GatedOaiSimulator(OaiSimulator):
 
 # ---------------------------------------------------------------------- Airflow
 def celery_env(broker_url: str, concurrency: int) -> dict[str, str]:
-    """What turns conftest's stack into a CeleryExecutor stack (for ``airflow_env_overrides``).
+    """What turns the e2e stack into a CeleryExecutor stack (for ``airflow_env_overrides``).
 
     The result backend is left unset: Airflow then uses its metadata database (PostgreSQL
     here, ``db+postgresql+psycopg://``), as in a production deployment.
@@ -298,16 +297,14 @@ def celery_workers(env: dict[str, str], base: Path, hostnames: tuple[str, ...], 
 @contextmanager
 def worker_logs_on_failure(workers: list[CeleryWorker]) -> Iterator[None]:
     """On a failure, print the workers' logs and latest task logs (pytest shows them with
-    the failure; conftest's report only knows the services and their AIRFLOW_HOME)."""
+    the failure; the e2e report only knows the services and their AIRFLOW_HOME)."""
     try:
         yield
     except BaseException:
-        from conftest import _log_event
-
         for worker in workers:
             print(worker.log_tail())
             logs = sorted((worker.home / "logs").rglob("attempt=*.log"), key=lambda p: p.stat().st_mtime)
             for path in logs[-4:]:
                 lines = path.read_text(errors="replace").splitlines()[-25:]
-                print(f"--- {path}:\n" + "\n".join(_log_event(line) for line in lines))
+                print(f"--- {path}:\n" + "\n".join(log_event(line) for line in lines))
         raise

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
+from tests.support.dags import dag_test_as
 
 pytestmark = pytest.mark.airflow
 PARTNER = "backfilled"
@@ -50,29 +51,6 @@ def states(run) -> dict[str, str]:
     return {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
 
 
-def backfill_test(dag, when: datetime):
-    """``dag.test()`` creates a manual run; make it a backfill run of ``when`` instead."""
-    import airflow.models.dagrun as dagrun_module
-    from airflow.utils.state import DagRunState
-    from airflow.utils.types import DagRunType
-
-    def backfill_run(*, dag, run_id, logical_date, data_interval, run_after, conf, triggered_by,
-                     triggering_user_name, start_date, session):
-        from airflow.models import DagRun
-
-        for old in session.query(DagRun).filter(DagRun.dag_id == dag.dag_id, DagRun.logical_date == logical_date):
-            session.delete(old)  # an earlier session's run of the same day
-        session.commit()
-        return dag.create_dagrun(
-            run_id=f"backfill__{when.isoformat()}", logical_date=logical_date, data_interval=data_interval,
-            run_after=run_after, conf=conf, run_type=DagRunType.BACKFILL_JOB, state=DagRunState.RUNNING,
-            triggered_by=triggered_by, triggering_user_name=triggering_user_name, start_date=start_date,
-            session=session,
-        )
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(dagrun_module, "get_or_create_dagrun", backfill_run)
-        return dag.test(logical_date=when, run_after=when)
 
 
 def test_a_backfill_after_the_partners_clock_skips_saying_why(museum, db, caplog, monkeypatch) -> None:
@@ -82,7 +60,7 @@ def test_a_backfill_after_the_partners_clock_skips_saying_why(museum, db, caplog
 
     day = repo.clock.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=40)
     with caplog.at_level(logging.INFO, logger="partner_harvest"):
-        run = backfill_test(build_dag(), day)
+        run = dag_test_as(build_dag(), day, "backfill")
     assert str(getattr(run.state, "value", run.state)) == "success", states(run)  # no failure, no alert
     assert set(states(run).values()) == {"skipped"}, states(run)
 

@@ -48,29 +48,6 @@ def succeeded(run) -> bool:
     return str(getattr(run.state, "value", run.state)) == "success"
 
 
-def scheduled_test(dag, when: datetime):
-    """``dag.test()`` creates a manual run; make it the scheduler's run of ``when`` instead."""
-    import airflow.models.dagrun as dagrun_module
-    from airflow.utils.state import DagRunState
-    from airflow.utils.types import DagRunType
-
-    def scheduled_run(*, dag, run_id, logical_date, data_interval, run_after, conf, triggered_by,
-                      triggering_user_name, start_date, session):
-        from airflow.models import DagRun
-
-        for old in session.query(DagRun).filter(DagRun.dag_id == dag.dag_id, DagRun.logical_date == logical_date):
-            session.delete(old)  # an earlier session's run of the same day (as dag.test does)
-        session.commit()
-        return dag.create_dagrun(
-            run_id=f"scheduled__{when.isoformat()}", logical_date=logical_date, data_interval=data_interval,
-            run_after=run_after, conf=conf, run_type=DagRunType.SCHEDULED, state=DagRunState.RUNNING,
-            triggered_by=triggered_by, triggering_user_name=triggering_user_name, start_date=start_date,
-            session=session,
-        )
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(dagrun_module, "get_or_create_dagrun", scheduled_run)
-        return dag.test(logical_date=when, run_after=when)
 
 
 def cursor() -> dict | None:
@@ -82,7 +59,7 @@ def cursor() -> dict | None:
 def test_a_scheduled_run_never_starts_the_first_full_harvest(museum, db) -> None:
     repo, sink = museum
     when = datetime(2026, 3, 1, 2, tzinfo=timezone.utc)
-    run = scheduled_test(build_dag(), when)
+    run = dags.dag_test_as(build_dag(), when, "scheduled")
     assert succeeded(run), states(run)  # no failure, so no alert
     assert set(states(run).values()) == {"skipped"}, states(run)
     assert held(db) == set() and cursor() is None
@@ -95,7 +72,7 @@ def test_a_scheduled_run_never_starts_the_first_full_harvest(museum, db) -> None
 
     # ... and from then on the scheduled runs harvest from it.
     repo.edit(3)
-    later = scheduled_test(build_dag(), datetime(2026, 3, 2, 2, tzinfo=timezone.utc))
+    later = dags.dag_test_as(build_dag(), datetime(2026, 3, 2, 2, tzinfo=timezone.utc), "scheduled")
     assert succeeded(later) and states(later)["advance_cursor"] == "success", states(later)
     assert held(db) == repo.live_identifiers()
 

@@ -3,7 +3,7 @@ its task states, its cursor Variables."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from partner_harvest.registry import cursor_key
@@ -46,3 +46,33 @@ def get_cursor(partner_id: str, channel: str | None = None) -> dict | None:
     from airflow.models import Variable
 
     return Variable.get(cursor_key(partner_id, channel), default_var=None, deserialize_json=True)
+
+
+def dag_test_as(dag: Any, when: datetime, run_type: str) -> Any:
+    """``dag.test()`` creates a manual run; make it a run of ``when`` of another type instead
+    (``"scheduled"``: the scheduler's; ``"backfill"``: a backfill's), as the scheduler or
+    ``airflow backfill`` would create it."""
+    import airflow.models.dagrun as dagrun_module
+    import pytest
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunType
+
+    kind = {"scheduled": DagRunType.SCHEDULED, "backfill": DagRunType.BACKFILL_JOB}[run_type]
+
+    def typed_run(*, dag: Any, run_id: str, logical_date: datetime, data_interval: Any, run_after: datetime,
+                  conf: Any, triggered_by: Any, triggering_user_name: Any, start_date: Any, session: Any) -> Any:
+        from airflow.models import DagRun
+
+        for old in session.query(DagRun).filter(DagRun.dag_id == dag.dag_id, DagRun.logical_date == logical_date):
+            session.delete(old)  # an earlier session's run of the same day (as dag.test does)
+        session.commit()
+        return dag.create_dagrun(
+            run_id=f"{kind.value}__{when.isoformat()}", logical_date=logical_date, data_interval=data_interval,
+            run_after=run_after, conf=conf, run_type=kind, state=DagRunState.RUNNING,
+            triggered_by=triggered_by, triggering_user_name=triggering_user_name, start_date=start_date,
+            session=session,
+        )
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dagrun_module, "get_or_create_dagrun", typed_run)
+        return dag.test(logical_date=when, run_after=when)

@@ -9,9 +9,9 @@ import psycopg
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import reconcile
-from partner_harvest.records import HarvestStats, Record, Rejected, Tombstone
+from partner_harvest.records import Record, Rejected, Tombstone
 from partner_harvest.registry import Partner
-from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, fail_run, finish_harvest
+from partner_harvest.store import RunRef, apply_run, begin_run, fail_run
 from partner_harvest.store.admin import forget_partner
 from partner_harvest.store.health import (
     BEHIND, FAILING, HEALTHY, NEW, WARNING, partner_health, quarantine_today, recent_runs,
@@ -20,6 +20,7 @@ from partner_harvest.window import Window
 from partner_harvest.run import run_partner
 from tests.support.partners import oai_partner, partner_from_entry
 from tests.support.records import seed_sliced_run
+from tests.support.records import stage as support_stage
 
 
 
@@ -107,14 +108,7 @@ def rec(ident: str, at: datetime | None = None, title: str = "t") -> Record:
 def stage(conn: psycopg.Connection, partner: str, run_id: str, items: list, *, until: datetime,
           channel: str = "changes", mode: str = "incremental") -> None:
     window = Window(mode, None, until, "seconds", True, {"metadata_prefix": "oai_dc"})
-    run = RunRef(partner, run_id, channel)
-    begin_run(conn, run, window, "oai_dc")
-    stats = HarvestStats()
-    for item in items:
-        stats.add(item)
-    StagingWriter(conn, run).write_page(items)
-    stats.pages = 1
-    finish_harvest(conn, run, stats)
+    support_stage(conn, partner, run_id, items, channel, window)
 
 
 def partners(*ids: str) -> list[Partner]:

@@ -8,10 +8,11 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 
 from partner_harvest.formats.checks import Finding
-from partner_harvest.records import HarvestStats, Record, Rejected
-from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, finish_harvest
+from partner_harvest.records import Record, Rejected
+from partner_harvest.store import apply_run
 from partner_harvest.store.health import warnings_today
 from partner_harvest.window import Window
+from tests.support.records import stage as support_stage
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 WINDOW = Window("incremental", None, T0 + timedelta(days=10), "seconds", True, {"metadata_prefix": "marc21"})
@@ -24,14 +25,7 @@ def rec(ident: str, at: datetime, *warnings: Finding) -> Record:
 
 
 def stage(conn: psycopg.Connection, run_id: str, items: list) -> None:
-    run = RunRef("p", run_id, "changes")
-    begin_run(conn, run, WINDOW, "marc21")
-    stats = HarvestStats()
-    for item in items:
-        stats.add(item)
-    StagingWriter(conn, run).write_page(items)
-    stats.pages = 1
-    finish_harvest(conn, run, stats)
+    support_stage(conn, "p", run_id, items, window=WINDOW)
 
 
 def test_warnings_are_stored_with_the_record_and_counted_per_check(conn: psycopg.Connection) -> None:

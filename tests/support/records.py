@@ -28,9 +28,10 @@ def rec(ident: str, at: datetime, title: str = "t", sets: tuple[str, ...] = ()) 
 
 def stage(conn: psycopg.Connection, partner: str, run_id: str, items: list, channel: str = "changes",
           window: Window = WINDOW, **writer_options) -> HarvestStats:
-    """``items`` as one harvested page of the run's channel, as the harvest would leave it."""
+    """``items`` as one harvested page of the run's channel, as the harvest would leave it
+    (in the window's metadata prefix, oai_dc unless it names another)."""
     run = RunRef(partner, run_id, channel)
-    begin_run(conn, run, window, "oai_dc")
+    begin_run(conn, run, window, window.protocol.metadata_prefix or "oai_dc")
     stats = HarvestStats(pages=1)
     for item in items:
         stats.add(item)

@@ -38,7 +38,6 @@ def airflow_env(pg_uri: str, oai_url: str, sierra_url: str) -> dict[str, str]:
     env.update({
         "AIRFLOW_HOME": str(ROOT / ".airflow-demo"),
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "PYTHONPATH": os.pathsep.join([str(ROOT / "config"), str(ROOT / "plugins"), str(ROOT)]),
         "HARVEST_PARTNERS_FILE": str(ROOT / "include" / "partners.yaml"),

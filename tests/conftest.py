@@ -31,7 +31,6 @@ if WORKER:  # the controller set the shared home before it started this worker
     os.environ["AIRFLOW_HOME"] = os.path.join(os.environ["AIRFLOW_HOME"], WORKER)
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(ROOT / "dags"))
-os.environ.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(ROOT / "plugins"))
 
 logging.getLogger("pgserver").setLevel(logging.WARNING)  # its exit-time INFO lines hit closed streams
 

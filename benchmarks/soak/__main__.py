@@ -54,7 +54,6 @@ def main() -> int:
     os.environ.setdefault("AIRFLOW_HOME", str(home))
     os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
     os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(ROOT / "dags"))
-    os.environ.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(ROOT / "plugins"))
     import subprocess
 
     if not args.scheduler:  # dag.test() nights use this home's metadata DB; the scheduler has its own

@@ -172,20 +172,19 @@ def test_error_dag_names_never_clash_with_a_valid_partner(registry) -> None:
     assert ids == ["harvest_a_b", "harvest_a_b__invalid1", "harvest_entry3"]
 
 
-def test_airflow_plugin_loader_leaves_the_library_alone() -> None:
-    """Without plugins/.airflowignore, Airflow imports every plugins/*.py as a top-level
-    module: each library module would load a second time under its bare file name."""
-    import sys
-
-    from airflow._shared.plugins_manager.plugins_manager import _load_plugins_from_plugin_directory
+def test_the_plugin_refuses_a_plugins_folder_holding_its_sources(tmp_path: Path) -> None:
+    """No .airflowignore hides the sources: Airflow's plugins folder must not hold them (its
+    loader would import every library file again as a top-level module). A deployment that
+    copies plugins/ there gets one import error saying so, not a library loaded twice."""
+    from partner_harvest.airflow.plugin import PluginsFolderHoldsSources, refuse_plugins_folder_with_sources
 
     root = Path(__file__).resolve().parents[2]
-    plugins, errors = _load_plugins_from_plugin_directory(str(root / "plugins"))
-    assert errors == {}
-    import http
-
-    assert "partner_harvest" not in (http.__file__ or "")
-    assert not {"records", "registry", "window", "errors"} & set(sys.modules)
+    for holding in (root / "plugins", root):
+        with pytest.raises(PluginsFolderHoldsSources, match=r"plugins_folder .* holds the library's sources"):
+            refuse_plugins_folder_with_sources(str(holding))
+    refuse_plugins_folder_with_sources(str(tmp_path))  # Airflow's default, $AIRFLOW_HOME/plugins: fine
+    refuse_plugins_folder_with_sources(None)
+    assert [p for p in (root / "plugins").rglob(".airflowignore")] == []
 
 
 def test_pools_are_synced_from_the_registry(tmp_path: Path, monkeypatch, airflow_db) -> None:

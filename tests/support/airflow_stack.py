@@ -251,9 +251,16 @@ RELAXED = Timing(dag_refresh=10, min_file_process=None, heartbeat=None, idle_sle
 
 
 def airflow_settings(*, home: Path, port: int, metadata_db: str, keys: Keys, triggered_only: bool,
-                     timing: Timing = QUICK, plugins_folder: Path = ROOT / "plugins",
+                     timing: Timing = QUICK, plugins_folder: Path | None = None,
                      log_ports: tuple[int, int] | None = None) -> dict[str, str]:
-    """The ``AIRFLOW_*`` environment of a stack whose api-server listens on 127.0.0.1:``port``."""
+    """The ``AIRFLOW_*`` environment of a stack whose api-server listens on 127.0.0.1:``port``.
+
+    ``plugins_folder`` defaults to an empty ``home/plugins``: the project's plugin registers
+    through the package's entry point, and Airflow's plugin loader must never walk the sources.
+    """
+    if plugins_folder is None:
+        plugins_folder = home / "plugins"
+        plugins_folder.mkdir(parents=True, exist_ok=True)
     base_url = f"http://127.0.0.1:{port}"
     metadata_url = sqlalchemy_url(metadata_db)
     worker_log, trigger_log = log_ports or (free_loopback_port(), free_loopback_port())

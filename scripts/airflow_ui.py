@@ -100,7 +100,7 @@ def print_env(home: Path, db_prefix: str) -> int:
 
 def drop_stray_egg_info() -> None:
     """``pip install -e .`` leaves plugins/partner_harvest.egg-info; with plugins/ on sys.path
-    (Airflow puts it there) Python then sees the package twice, Airflow loads its plugin entry
+    (the editable install puts it there) Python then sees the package twice, Airflow loads its plugin entry
     point twice, and the UI's Home page shows "Plugin 'partner_harvest' already registered"."""
     for stray in (ROOT / "plugins").glob("*.egg-info"):
         shutil.rmtree(stray)

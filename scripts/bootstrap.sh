@@ -19,8 +19,8 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
-# The editable install writes plugins/partner_harvest.egg-info. With plugins/ on sys.path (Airflow
-# puts its plugins folder there) Python sees the package twice and Airflow loads its plugin entry
+# The editable install writes plugins/partner_harvest.egg-info. With plugins/ on sys.path (the
+# editable install's .pth puts it there) Python sees the package twice and Airflow loads its plugin entry
 # point twice ("Plugin 'partner_harvest' already registered" on the UI's Home page): drop it.
 rm -rf plugins/*.egg-info
 # The health page's browser test drives Debian's Chromium (no browser can be downloaded by

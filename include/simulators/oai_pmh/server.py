@@ -196,6 +196,7 @@ class OaiSimulator(ControlledServer):
         self.set_response_delay(response_delay_ms)
         self.in_flight = 0  # OAI requests being answered right now (over HTTP)
         self.max_in_flight = 0  # the most seen at once since start or reset_in_flight()
+        self.arrivals: list[float] = []  # time.monotonic() of each OAI request's arrival (politeness tests)
         self._chains: OrderedDict[int, _Chain] = OrderedDict()
         self._next_chain = 1
         self._nonce = 0
@@ -266,6 +267,7 @@ class OaiSimulator(ControlledServer):
         The delay is re-read while waiting, so lowering it releases waiting requests."""
         started = time.monotonic()
         with self._changed:
+            self.arrivals.append(started)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             self._changed.notify_all()

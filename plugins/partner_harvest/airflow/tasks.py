@@ -28,6 +28,7 @@ from partner_harvest.factory import build_adapter
 from partner_harvest.reconcile import reconcile
 from partner_harvest.registry import Partner, RegistryError, get_partner
 from partner_harvest.store import RunRef, connect, ensure_schema, events, fences, leases, runs
+from partner_harvest.store.pacing import PgPacingStore
 from partner_harvest.store.quality import run_figures
 from partner_harvest.store.runs import abandon_stale_runs, clock_high_water, last_applied_until
 from partner_harvest.window import ClockBehind, Window, WindowError, channel_windows, format_instant, parse_instant
@@ -72,6 +73,11 @@ def aggregation(fence: fences.Fence | None = None) -> Iterator[psycopg.Connectio
         yield conn
     finally:
         conn.close()
+
+
+def host_pacing() -> PgPacingStore:
+    """The shared pacing state of the partners' hosts, opened when a request first needs it."""
+    return PgPacingStore(aggregation_conninfo())
 
 
 def run_request(context: Context) -> pipeline.RunRequest:
@@ -205,7 +211,7 @@ def freeze_window(partner_id: str, context: Context) -> dict[str, Any]:
     request = run_request(context)
     first_harvest_waits(partner, context, request)
     with hold_lease(partner_id, context) as keeper:
-        adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+        adapter = build_adapter(partner, partner_endpoint(partner.conn_id), pacing=host_pacing)
         with aggregation(keeper.fence) as conn:
             abandoned = abandon_stale_runs(conn, partner_id, ABANDON_AFTER)
             if abandoned:
@@ -272,7 +278,7 @@ def _stage(partner_id: str, window_data: dict[str, Any], context: Context, chann
            fence: fences.Fence | None) -> Any:
     partner = _partner(partner_id)
     window = Window.from_dict(window_data)
-    adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+    adapter = build_adapter(partner, partner_endpoint(partner.conn_id), pacing=host_pacing)
     with aggregation(fence) as conn:
         if channel == "deletions":
             return pipeline.poll_deletions(adapter, conn, RunRef(partner_id, run_key(context), channel), window)
@@ -286,7 +292,7 @@ def plan_slices(partner_id: str, window_data: dict[str, Any], context: Context) 
     partner = _partner(partner_id)
     window = Window.from_dict(window_data)
     with hold_lease(partner_id, context, window_data=window_data) as keeper:
-        adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+        adapter = build_adapter(partner, partner_endpoint(partner.conn_id), pacing=host_pacing)
         with aggregation(keeper.fence) as conn:
             planned = pipeline.plan_slices(adapter, conn, partner_id, run_key(context), window, partner.slicing)
     return pipeline.pieces(planned)  # JSON here, at the XCom boundary
@@ -369,7 +375,7 @@ def reconcile_partner(partner_id: str, context: Context) -> dict[str, Any]:
     keeper = hold_lease(partner_id, context, leases.RECONCILE)
     keeper.release_on_exit = True
     with keeper:
-        adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+        adapter = build_adapter(partner, partner_endpoint(partner.conn_id), pacing=host_pacing)
         with aggregation(keeper.fence) as conn:
             outcome = reconcile(adapter, conn, partner, run_key(context), allow_mass_purge=allow).as_dict()
             assets.emit(context, partner_id,

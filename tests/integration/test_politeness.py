@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.factory import Endpoint, build_adapter
-from partner_harvest.politeness import Pacer, PolitenessOptions
+from partner_harvest.politeness import Pacer
 from partner_harvest.store import ensure_schema
 from partner_harvest.store.pacing import PgPacingStore, partner_rate
 from tests.support.partners import fast_http, oai_partner
-from tests.support.politeness import most_in_any_second, run_in_processes, slices
+from tests.support.politeness import harvest_slice, most_in_any_second, run_in_processes, slices
 
 
 @pytest.fixture
@@ -132,3 +133,37 @@ def test_the_delay_holds_at_the_simulator_across_four_slices_and_two_partners_on
     assert len(arrivals) >= 40 and arrivals[-1] - arrivals[0] >= (len(arrivals) - 1) * delay_ms / 1000 * 0.98
     rate = partner_rate(pacing_db, "museum_b")
     assert rate is not None and rate.limit_per_s == pytest.approx(10.0) and rate.recent_per_s is not None
+
+
+@pytest.mark.slow
+def test_a_slow_host_is_backed_off_and_recovered_slowly(pacing_db: psycopg.Connection) -> None:
+    """4 slices against a host whose responses turn slow (300 ms against slow_response 0.2 s):
+    the gap between requests grows to max_backoff; once the host is fast again each healthy
+    response halves it (recovery 0.5), step by step, until pacing stops."""
+    options = {"politeness": {"slow_response": 0.2, "backoff_step": 250, "max_backoff": 1000, "recovery": 0.5}}
+    entry = {"id": "museum", "protocol": "oai-pmh", "conn_id": "unused", "metadata_prefix": "oai_dc",
+             "options": {"http": fast_http(), **options}}
+    slow_phase = 9
+    with OaiSimulator(SimulatedRepository(records=320, page_size=10), response_delay_ms=300) as sim:
+        jobs = slices(entry, sim.base_url, 4)
+        conninfo = _conninfo(pacing_db)
+        with ThreadPoolExecutor(4) as pool:
+            running = [pool.submit(harvest_slice, job, conninfo) for job in jobs]
+            assert sim.wait_arrivals(slow_phase)
+            penalty_then = pacing_db.execute("SELECT penalty_ms FROM host_pacing").fetchone()[0]
+            pacing_db.commit()
+            sim.set_response_delay(0)  # the host recovers
+            results = [r.result() for r in running]
+        arrivals = sorted(sim.arrivals)
+    gaps = [y - x for x, y in zip(arrivals, arrivals[1:])]
+    print(f"penalty at the switch {penalty_then} ms; gaps {[round(g, 3) for g in gaps]}")
+    assert sum(r["records"] for r in results) == 320
+    assert penalty_then >= 500  # doubled twice at least by then, never past max_backoff
+    assert max(gaps[:slow_phase]) >= 0.45  # the slow phase: requests spread out
+    after = gaps[slow_phase - 1:]
+    # Recovery is gradual: the first healthy gaps are still long, shrinking, before full speed.
+    assert after[0] >= 0.2 and after[1] >= 0.1
+    fast = next(i for i, gap in enumerate(after) if gap < 0.015)
+    assert fast >= 3
+    rate = partner_rate(pacing_db, "museum")
+    assert rate is not None and rate.penalty_ms == 0 and rate.strains >= 3

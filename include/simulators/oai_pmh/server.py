@@ -246,6 +246,11 @@ class OaiSimulator(ControlledServer):
                 self._changed.wait(remaining)
             return True
 
+    def wait_arrivals(self, count: int, timeout: float = 30.0) -> bool:
+        """Block until `count` OAI requests have arrived since start (tests); False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: len(self.arrivals) >= count, timeout)
+
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """Block until no OAI request is in flight (tests); False on timeout.
 

@@ -32,7 +32,6 @@ def test_a_harvest_run_keeps_the_request_delay_at_the_simulator(partner_env, rep
     assert held(db, "dagmuseum") == repo.live_identifiers()
     arrivals = sorted(partner_env.arrivals)
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    print(f"{len(arrivals)} requests over {arrivals[-1] - arrivals[0]:.1f} s")
     assert len(arrivals) >= 5  # Identify, ListMetadataFormats, the plan's probe, the pages
     assert min(gaps) >= DELAY_MS / 1000 * 0.8, gaps  # unpaced, the tasks' requests follow in ms
     with connect(db) as conn:

@@ -117,20 +117,19 @@ def test_the_delay_holds_at_the_simulator_across_four_slices_and_two_partners_on
                     "request_delay": delay_ms, "options": {"http": fast_http()}} for pid in ("museum_a", "museum_b")]
         jobs_a = slices(entries[0], a.base_url, 4)
         jobs_b = slices(entries[1], b.base_url, 4)
-        started = time.monotonic()
         results = run_in_processes([[ja, jb] for ja, jb in zip(jobs_a, jobs_b)], conninfo)
-        wall = time.monotonic() - started
         arrivals = sorted(a.arrivals + b.arrivals)
-    print(f"wall {wall:.2f}s, {len(arrivals)} requests, most in a second {most_in_any_second(arrivals)}, "
-          f"slices {[round(r['seconds'], 2) for r in results]}, gaps {sorted(y - x for x, y in zip(arrivals, arrivals[1:]))[:8]}")
     assert sum(r["records"] for r in results) == 400 and len(results) == 8
     gaps = sorted(y - x for x, y in zip(arrivals, arrivals[1:]))
-    # Slots start 100 ms apart at the database; on a loaded machine a request may reach the
-    # server's thread some ms late (never early), so single gaps jitter, the rate does not.
-    assert most_in_any_second(arrivals) <= 1000 // delay_ms + 1  # ≤ 10 a second (11 touching both ends)
-    assert most_in_any_second([t / 2 for t in arrivals]) <= 2 * 1000 // delay_ms + 1  # ≤ 20 in any 2 s
-    assert gaps[len(gaps) // 2] >= 0.095 and gaps[0] > 0.03, gaps[:5]  # unpaced, 8 chains send ~at once
-    assert len(arrivals) >= 40 and arrivals[-1] - arrivals[0] >= (len(arrivals) - 1) * delay_ms / 1000 * 0.98
+    span = arrivals[-1] - arrivals[0]
+    # Slots start 100 ms apart at the database's clock. The server stamps a request when its
+    # thread gets to it: on a loaded machine some ms late (never early), so one stamp may
+    # slip next to the following one; the rate over the run cannot drift.
+    assert (len(arrivals) - 1) / span <= 1000 / delay_ms * 1.02  # the mean: 10 a second
+    assert most_in_any_second(arrivals) <= 1000 // delay_ms + 2  # 10, 11 touching both ends, 1 of jitter
+    assert most_in_any_second([t / 3 for t in arrivals]) <= 3 * 1000 // delay_ms + 2  # any 3 s: 30
+    assert gaps[len(gaps) // 2] >= 0.095, gaps[:5]  # unpaced, 8 chains send within ms of each other
+    assert len(arrivals) >= 40
     rate = partner_rate(pacing_db, "museum_b")
     assert rate is not None and rate.limit_per_s == pytest.approx(10.0) and rate.recent_per_s is not None
 

@@ -434,15 +434,16 @@ class Partner(_Strict):
         """``schedule_window`` becomes the partner's schedule: a minute of the window picked by id."""
         if not isinstance(data, dict) or data.get("schedule_window") is None:
             return data
-        if data.get("schedule") is not None:
-            raise ValueError("give schedule or schedule_window, not both")
         window, pid = data["schedule_window"], data.get("id")
-        if isinstance(window, str) and isinstance(pid, str):
-            try:
-                return {**data, "schedule": spread_schedule(pid, window)}
-            except ValueError as exc:
-                raise ValueError(f"schedule_window: {exc}") from None
-        return data
+        if not (isinstance(window, str) and isinstance(pid, str)):
+            return data  # the fields' own checks name what is wrong
+        try:
+            spread = spread_schedule(pid, window)
+        except ValueError as exc:
+            raise ValueError(f"schedule_window: {exc}") from None
+        if data.get("schedule") not in (None, spread):  # the spread one itself: a copy (evolve, a dump)
+            raise ValueError("give schedule or schedule_window, not both")
+        return {**data, "schedule": spread}
 
     @field_validator("conn_id")
     @classmethod

@@ -166,3 +166,41 @@ def test_a_slow_host_is_backed_off_and_recovered_slowly(pacing_db: psycopg.Conne
     assert fast >= 3
     rate = partner_rate(pacing_db, "museum")
     assert rate is not None and rate.penalty_ms == 0 and rate.strains >= 3
+
+
+def test_the_partner_page_shows_the_effective_rate(pacing_db: psycopg.Connection, db: str, monkeypatch) -> None:
+    """The health page's Request rate field: not paced, then the rate in force and the back-off."""
+    from pathlib import Path
+
+    from fastapi.testclient import TestClient
+
+    from partner_harvest.airflow.health import app as health_app
+    from partner_harvest.airflow.health import source
+    from partner_harvest.registry import Registry
+    from partner_harvest.store import connect
+
+    registry = Registry(Path("partners.yaml"), [oai_partner("museum", request_delay=250)], [])
+    monkeypatch.setattr(source, "registry", lambda: registry)
+    monkeypatch.setattr(source, "latest_harvest_runs", lambda partners: {})
+    monkeypatch.setattr(source, "connection", lambda: connect(db))
+    monkeypatch.setattr(health_app, "_require_user", lambda: (lambda: None))  # Airflow's login: test_health.py
+    client = TestClient(health_app.create_app())
+    field = lambda page: page[page.index('id="request-rate"'):].split("</td>")[0]  # noqa: E731
+    assert "not paced" in field(client.get("/partner/museum").text)
+
+    store = PgPacingStore(_conninfo(pacing_db))
+    try:
+        store.register("museum", "repo.example.org", 250)
+        for _ in range(3):
+            store.reserve("repo.example.org", 250, 0, 0.1)
+        assert field(client.get("/partner/museum").text).startswith(
+            'id="request-rate">repo.example.org: at most 4 requests/s (request_delay 250 ms, back-off 0 ms)')
+        pacing_db.execute("UPDATE host_pacing SET strained_at = now() - interval '1 h'")
+        pacing_db.commit()
+        store.strain("repo.example.org", 500, 30_000)
+        store.strain("repo.example.org", 500, 30_000)  # within the gap: still 500
+    finally:
+        store.close()
+    shown = field(client.get("/partner/museum").text)
+    assert "at most 2 requests/s (request_delay 250 ms, back-off 500 ms)" in shown
+    assert "requests/s paced in the last minute" in shown and "last back-off" in shown

@@ -63,6 +63,8 @@ def test_the_registry_schedule_is_the_spread_one() -> None:
     assert partner.schedule_window == "02:00-05:00"
     (plain,) = parse_registry({"partners": [_entry()]}).partners
     assert plain.schedule == "0 2 * * *"  # no window: the default is unchanged
+    copy = partner.evolve(lag="20m")  # a copy carries the spread schedule with its window
+    assert copy.schedule == partner.schedule and copy.lag.total_seconds() == 1200
 
 
 def test_finish_by_counts_from_the_spread_start() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,6 +11,7 @@ from partner_harvest.errors import ConfigurationError
 from partner_harvest.oai.chain_caps import ChainCaps
 from partner_harvest.oai.client import OaiClient
 from partner_harvest.oai.harvester import OaiAdapter
+from partner_harvest.politeness import Pacer, PacingStore, endpoint_host
 from partner_harvest.registry import Partner
 from partner_harvest.transport import HttpPolicy, Transport, build_session
 from partner_harvest.xmlsafe import XmlLimits
@@ -49,9 +51,21 @@ def transport(partner: Partner, endpoint: Endpoint) -> Transport:
         raise ConfigurationError(partner.id, f"Connection '{partner.conn_id}'", str(exc)) from None
 
 
-def build_adapter(partner: Partner, endpoint: Endpoint) -> Adapter:
+def pacer(partner: Partner, endpoint: Endpoint, store: Callable[[], PacingStore] | None) -> Pacer | None:
+    """The partner's politeness at its endpoint host; None without a pacing store, or with
+    nothing to pace (no request_delay and the adaptive back-off off)."""
+    politeness = partner.options.politeness
+    if store is None or (partner.request_delay == 0 and not politeness.adaptive):
+        return None
+    return Pacer(partner.id, endpoint_host(endpoint.base_url), partner.request_delay, politeness, store)
+
+
+def build_adapter(partner: Partner, endpoint: Endpoint, *, pacing: Callable[[], PacingStore] | None = None) -> Adapter:
+    """``pacing`` opens the shared pacing state (``store.pacing.PgPacingStore``), called only
+    when a request first needs it; without it the partner's requests are not paced."""
     policy = http_policy(partner)
-    session = build_session(partner.id, policy, home=endpoint.base_url, transport=transport(partner, endpoint))
+    session = build_session(partner.id, policy, home=endpoint.base_url, transport=transport(partner, endpoint),
+                            pacer=pacer(partner, endpoint, pacing))
     if partner.protocol == "oai-pmh":
         oai = OaiClient(partner.id, endpoint.base_url, session, xml_limits=XmlLimits(policy.max_xml_nodes),
                         caps=ChainCaps.from_limits(partner.options.limits))

@@ -34,6 +34,8 @@ from pydantic import (
 )
 
 from partner_harvest.formats.checks import CHECKS, UnknownCheck, check_overrides
+from partner_harvest.politeness import MAX_DELAY_MS, PolitenessOptions
+from partner_harvest.schedule_spread import WINDOW_PATTERN, spread_schedule
 from partner_harvest.transport import HttpPolicy
 
 PARTNERS_FILE_ENV = "HARVEST_PARTNERS_FILE"
@@ -293,6 +295,8 @@ class Options(_Strict):
     reconcile: ReconcileOptions = Field(default_factory=ReconcileOptions, description=(
         "OAI-PMH only: how much of a reconcile's work one run does"))
     validation: ValidationOverrides = Field(default_factory=dict)
+    politeness: PolitenessOptions = Field(default_factory=PolitenessOptions, description=(
+        "the adaptive back-off at the partner's endpoint host, shared with every partner on that host"))
 
 
 class SliceSettings(_Strict):
@@ -364,7 +368,17 @@ class Partner(_Strict):
     conn_id: Annotated[str, Field(min_length=1, pattern=r"\S", strict=True, description=(
         "Airflow Connection whose host is the endpoint's base URL (Sierra: login the client key, "
         "password the client secret)"))]
-    schedule: Cron = Field(default="0 2 * * *", description="when the harvest runs (cron, UTC)")
+    schedule: Cron = Field(default="0 2 * * *", description=(
+        "when the harvest runs (cron, UTC); with schedule_window and no schedule, a time in the window"))
+    schedule_window: Annotated[str, Field(pattern=WINDOW_PATTERN, strict=True)] | None = Field(
+        default=None, description=(
+            "HH:MM-HH:MM (UTC), e.g. 02:00-05:00: the nightly harvest starts at a minute in this window "
+            "picked from the partner's id (the same minute every parse, partners spread evenly); "
+            "excludes schedule"))
+    request_delay: Annotated[StrictInt, Field(ge=0, le=MAX_DELAY_MS, description=(
+        "milliseconds between the starts of two requests to the partner's endpoint host, kept by every "
+        "slice, task and partner on that host together (0: no delay; the adaptive back-off of "
+        "options.politeness still applies)"))] = 0
     lag: Duration = Field(default=timedelta(minutes=10), description=(
         "overlap of windows: the next window starts at the previous until minus this"))
     metadata_prefix: _Text = Field(default=None, validate_default=True, description=(
@@ -413,6 +427,23 @@ class Partner(_Strict):
         default=None, description="the longest wait between two retries; default 30m")
     slicing: SliceSettings = Field(default_factory=SliceSettings, description=(
         "when a big run is harvested as slices (mapped tasks), and how finely"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spread_schedule(cls, data: Any) -> Any:
+        """``schedule_window`` becomes the partner's schedule: a minute of the window picked by id."""
+        if not isinstance(data, dict) or data.get("schedule_window") is None:
+            return data
+        window, pid = data["schedule_window"], data.get("id")
+        if not (isinstance(window, str) and isinstance(pid, str)):
+            return data  # the fields' own checks name what is wrong
+        try:
+            spread = spread_schedule(pid, window)
+        except ValueError as exc:
+            raise ValueError(f"schedule_window: {exc}") from None
+        if data.get("schedule") not in (None, spread):  # the spread one itself: a copy (evolve, a dump)
+            raise ValueError("give schedule or schedule_window, not both")
+        return {**data, "schedule": spread}
 
     @field_validator("conn_id")
     @classmethod

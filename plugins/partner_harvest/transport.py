@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 from urllib.parse import urlsplit
 
 import requests
@@ -203,11 +203,68 @@ class _DeadlineResponse(http.client.HTTPResponse):
             self.fp = io.BufferedReader(_DeadlineReader(raw, sock, deadline))
 
 
-class _HTTPConnection(HTTPConnection):
+# ------------------------------------------------------------------------- pacing
+
+
+class RequestPacer(Protocol):
+    """Politeness around each request on the wire (``politeness.Pacer``): retries included."""
+
+    def before(self) -> float:
+        """Wait for the request's slot at its host; the seconds waited."""
+        ...
+
+    def after(self, seconds: float, status: int | None) -> None:
+        """The response's headers came after ``seconds`` (``status`` None: the request failed)."""
+        ...
+
+    def close(self) -> None:
+        """The session is done: give back what the pacing holds (a database connection)."""
+        ...
+
+
+_PACER: ContextVar[RequestPacer | None] = ContextVar("partner_http_pacer", default=None)
+
+
+class _Paced:
+    """A connection whose every request waits for its slot and reports how the host answered."""
+
+    _pace_started: float | None = None
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        pacer = _PACER.get()
+        if pacer is not None:
+            waited = pacer.before()
+            deadline = _DEADLINE.get()
+            if deadline is not None and waited:
+                deadline.extend(waited)  # waiting for the slot is politeness, not the server's time
+            self._pace_started = time.monotonic()
+        try:
+            super().request(*args, **kwargs)  # type: ignore[misc]
+        except BaseException:
+            self._report(None)
+            raise
+
+    def getresponse(self) -> Any:
+        try:
+            response = super().getresponse()  # type: ignore[misc]
+        except BaseException:
+            self._report(None)
+            raise
+        self._report(response.status)
+        return response
+
+    def _report(self, status: int | None) -> None:
+        started, self._pace_started = self._pace_started, None
+        pacer = _PACER.get()
+        if started is not None and pacer is not None:
+            pacer.after(time.monotonic() - started, status)
+
+
+class _HTTPConnection(_Paced, HTTPConnection):
     response_class = _DeadlineResponse
 
 
-class _HTTPSConnection(HTTPSConnection):
+class _HTTPSConnection(_Paced, HTTPSConnection):
     response_class = _DeadlineResponse
 
 
@@ -460,8 +517,10 @@ class PartnerSession(requests.Session):
         home: str | None = None,
         deadline: float | None = None,
         transport: Transport | None = None,
+        pacer: RequestPacer | None = None,
     ):
         super().__init__()
+        self.pacer = pacer  # politeness at the partner's host (politeness.Pacer), or none
         self.default_timeout = timeout
         self.label = label
         self.home = origin(home) if home else None
@@ -478,7 +537,7 @@ class PartnerSession(requests.Session):
             kwargs.setdefault("verify", self.transport.verify)
         if self.transport.proxies:
             kwargs.setdefault("proxies", dict(self.transport.proxies))
-        with self._deadline() as deadline:
+        with self._deadline() as deadline, self._pacing():
             try:
                 return super().request(method, url, **kwargs)
             except _DeadlinePassed:
@@ -496,6 +555,19 @@ class PartnerSession(requests.Session):
             yield deadline
         finally:
             _DEADLINE.reset(token)
+
+    @contextmanager
+    def _pacing(self) -> Iterator[None]:
+        token = _PACER.set(self.pacer)
+        try:
+            yield
+        finally:
+            _PACER.reset(token)
+
+    def close(self) -> None:
+        super().close()
+        if self.pacer is not None:
+            self.pacer.close()
 
     def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
         """Every hop passes here: credentials go to the partner's origin and nowhere else."""
@@ -525,6 +597,7 @@ def build_session(
     *,
     home: str | None = None,
     transport: Transport | None = None,
+    pacer: RequestPacer | None = None,
 ) -> PartnerSession:
     """A session for one partner's harvest: gzip accepted, retries with backoff, limits."""
     policy = policy or HttpPolicy()
@@ -546,7 +619,7 @@ def build_session(
     )
     session = PartnerSession(
         (policy.connect_timeout, policy.read_timeout), label=label, home=home,
-        deadline=policy.request_deadline, transport=transport,
+        deadline=policy.request_deadline, transport=transport, pacer=pacer,
     )
     adapter = PartnerAdapter(label, policy.max_response_bytes, max_retries=retry, pool_connections=1, pool_maxsize=2)
     session.mount("http://", adapter)

@@ -196,6 +196,7 @@ class OaiSimulator(ControlledServer):
         self.set_response_delay(response_delay_ms)
         self.in_flight = 0  # OAI requests being answered right now (over HTTP)
         self.max_in_flight = 0  # the most seen at once since start or reset_in_flight()
+        self.arrivals: list[float] = []  # time.monotonic() of each OAI request's arrival (politeness tests)
         self._chains: OrderedDict[int, _Chain] = OrderedDict()
         self._next_chain = 1
         self._nonce = 0
@@ -245,6 +246,11 @@ class OaiSimulator(ControlledServer):
                 self._changed.wait(remaining)
             return True
 
+    def wait_arrivals(self, count: int, timeout: float = 30.0) -> bool:
+        """Block until `count` OAI requests have arrived since start (tests); False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: len(self.arrivals) >= count, timeout)
+
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """Block until no OAI request is in flight (tests); False on timeout.
 
@@ -266,6 +272,7 @@ class OaiSimulator(ControlledServer):
         The delay is re-read while waiting, so lowering it releases waiting requests."""
         started = time.monotonic()
         with self._changed:
+            self.arrivals.append(started)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             self._changed.notify_all()

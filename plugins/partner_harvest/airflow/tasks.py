@@ -28,6 +28,7 @@ from partner_harvest.factory import build_adapter
 from partner_harvest.reconcile import reconcile
 from partner_harvest.registry import Partner, RegistryError, get_partner
 from partner_harvest.store import RunRef, connect, ensure_schema, events, fences, leases, runs
+from partner_harvest.store.pacing import PgPacingStore
 from partner_harvest.store.quality import run_figures
 from partner_harvest.store.runs import abandon_stale_runs, clock_high_water, last_applied_until
 from partner_harvest.window import ClockBehind, Window, WindowError, channel_windows, format_instant, parse_instant
@@ -72,6 +73,12 @@ def aggregation(fence: fences.Fence | None = None) -> Iterator[psycopg.Connectio
         yield conn
     finally:
         conn.close()
+
+
+def host_pacing(conninfo: str) -> Callable[[], PgPacingStore]:
+    """The shared pacing state of the partners' hosts, opened when a request first needs it
+    (from whichever thread sends it: the conninfo is read here, in the task's own thread)."""
+    return lambda: PgPacingStore(conninfo)
 
 
 def run_request(context: Context) -> pipeline.RunRequest:
@@ -205,7 +212,7 @@ def freeze_window(partner_id: str, context: Context) -> dict[str, Any]:
     request = run_request(context)
     first_harvest_waits(partner, context, request)
     with hold_lease(partner_id, context) as keeper:
-        adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+        adapter = build_adapter(partner, partner_endpoint(partner.conn_id), pacing=host_pacing(keeper.conninfo))
         with aggregation(keeper.fence) as conn:
             abandoned = abandon_stale_runs(conn, partner_id, ABANDON_AFTER)
             if abandoned:
@@ -260,7 +267,7 @@ def extra_channels(adapter: Adapter) -> tuple[str, ...]:
 def _stage_channel(partner_id: str, window_data: dict[str, Any], context: Context, channel: str) -> dict[str, Any]:
     """Stream one channel of the frozen window into staging (retries reuse the window)."""
     with hold_lease(partner_id, context, window_data=window_data) as keeper:
-        stats = _stage(partner_id, window_data, context, channel, keeper.fence)
+        stats = _stage(partner_id, window_data, context, channel, keeper.fence, keeper.conninfo)
     return {
         "pages": stats.pages, "fetched": stats.fetched, "records": stats.records,
         "tombstones": stats.tombstones, "rejected": stats.rejected,
@@ -269,10 +276,10 @@ def _stage_channel(partner_id: str, window_data: dict[str, Any], context: Contex
 
 
 def _stage(partner_id: str, window_data: dict[str, Any], context: Context, channel: str,
-           fence: fences.Fence | None) -> Any:
+           fence: fences.Fence | None, conninfo: str) -> Any:
     partner = _partner(partner_id)
     window = Window.from_dict(window_data)
-    adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+    adapter = build_adapter(partner, partner_endpoint(partner.conn_id), pacing=host_pacing(conninfo))
     with aggregation(fence) as conn:
         if channel == "deletions":
             return pipeline.poll_deletions(adapter, conn, RunRef(partner_id, run_key(context), channel), window)
@@ -286,7 +293,7 @@ def plan_slices(partner_id: str, window_data: dict[str, Any], context: Context) 
     partner = _partner(partner_id)
     window = Window.from_dict(window_data)
     with hold_lease(partner_id, context, window_data=window_data) as keeper:
-        adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+        adapter = build_adapter(partner, partner_endpoint(partner.conn_id), pacing=host_pacing(keeper.conninfo))
         with aggregation(keeper.fence) as conn:
             planned = pipeline.plan_slices(adapter, conn, partner_id, run_key(context), window, partner.slicing)
     return pipeline.pieces(planned)  # JSON here, at the XCom boundary
@@ -312,7 +319,7 @@ def apply_changes(partner_id: str, window_data: dict[str, Any], context: Context
 
         def reharvest(channels: list[str]) -> None:
             for channel in channels:
-                _stage(partner_id, window_data, context, channel, keeper.fence)
+                _stage(partner_id, window_data, context, channel, keeper.fence, keeper.conninfo)
 
         applied = pipeline.apply_changes(conn, partner_id, run_key(context), reharvest).as_dict()
         # The event Airflow emits on the partner's Asset when this task succeeds (airflow/assets.py).
@@ -369,7 +376,7 @@ def reconcile_partner(partner_id: str, context: Context) -> dict[str, Any]:
     keeper = hold_lease(partner_id, context, leases.RECONCILE)
     keeper.release_on_exit = True
     with keeper:
-        adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+        adapter = build_adapter(partner, partner_endpoint(partner.conn_id), pacing=host_pacing(keeper.conninfo))
         with aggregation(keeper.fence) as conn:
             outcome = reconcile(adapter, conn, partner, run_key(context), allow_mass_purge=allow).as_dict()
             assets.emit(context, partner_id,

@@ -26,6 +26,7 @@ from partner_harvest.airflow.health import source
 from partner_harvest.airflow.health.chart import runs_chart
 from partner_harvest.partner_state import slug
 from partner_harvest.store.health import STATES, partner_health, quarantine_today, recent_runs, warnings_today
+from partner_harvest.store.pacing import partner_rate
 from partner_harvest.store.progress import current_progress, summary_line
 
 log = logging.getLogger(__name__)
@@ -82,8 +83,9 @@ def create_app() -> FastAPI:
             reasons, entries = quarantine_today(conn, partner_id, now)
             warned = warnings_today(conn, partner_id, now)
             progress = current_progress(conn, partner_id, unfinished=True)  # a run going on now, slice by slice
+            rate = partner_rate(conn, partner_id)  # politeness at its endpoint host
         return _render("partner.html", request, h=health, runs=runs, chart=Markup(runs_chart(runs)),
-                       reasons=reasons, entries=entries, warned=warned, now=now, progress=progress,
+                       reasons=reasons, entries=entries, warned=warned, now=now, progress=progress, rate=rate,
                        progress_line=summary_line(progress) if progress else None,
                        progress_run=_audit_run(progress.run_id) if progress else None)
 

@@ -24,6 +24,7 @@ from partner_harvest.oai import parse, slicing
 from partner_harvest.oai.client import OaiClient, WindowTooLarge
 from partner_harvest.oai.errors import BadResumptionToken, IdDoesNotExist
 from partner_harvest.oai.parse import DAY_GRANULARITY, format_datestamp
+from partner_harvest.oai.sampled_cut import PageSample
 from partner_harvest.records import Check, HarvestItem, HarvestStats
 from partner_harvest.registry import Partner, SliceSettings
 from partner_harvest.window import DAY, SECONDS, Slice, Window
@@ -78,18 +79,25 @@ class OaiAdapter(Adapter):
         slices of a big window (oai/slicing.py); [] keeps it whole."""
         prefix = _prefix(window)
         oai_granularity = window.protocol.oai_granularity or DAY_GRANULARITY
-        asked: dict[tuple[datetime | None, datetime, str | None], int | None] = {}  # the whole list's count serves both planners
+        # the whole list's first page serves both planners and the count-less cut
+        asked: dict[tuple[datetime | None, datetime, str | None], tuple[int | None, PageSample | None]] = {}
 
-        def probe(from_: datetime | None, until: datetime, set_spec: str | None = None) -> int | None:
+        def page(from_: datetime | None, until: datetime, set_spec: str | None = None) -> tuple[int | None, PageSample | None]:
             key = (from_, until, set_spec or self.partner.set_spec)
             if key not in asked:
-                asked[key] = slicing.list_size(self.client, prefix, key[2], oai_granularity, from_, until)
+                asked[key] = slicing.first_page(self.client, prefix, key[2], oai_granularity, from_, until)
             return asked[key]
+
+        def probe(from_: datetime | None, until: datetime, set_spec: str | None = None) -> int | None:
+            return page(from_, until, set_spec)[0]
+
+        def sample(from_: datetime | None, until: datetime) -> PageSample | None:
+            return page(from_, until)[1]
 
         by_sets = slicing.plan_by_sets(window, settings, probe, self.partner_id)
         if by_sets is not None:
             return by_sets
-        return slicing.plan(window, settings, probe, self.partner_id)
+        return slicing.plan(window, settings, probe, self.partner_id, sample)
 
     def _set_spec(self, window: Window) -> str | None:
         """The set a window lists: its slice's own (slicing.sets), else the partner's."""

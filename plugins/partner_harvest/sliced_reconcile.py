@@ -25,8 +25,8 @@ from typing import Any
 import psycopg
 
 from partner_harvest.adapters import Adapter
-from partner_harvest.records import HarvestStats
 from partner_harvest.reconcile import CHANNEL, ReconcileResult, reconcile_window, settle
+from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef, begin_run, ensure_schema, fail_run, fences
 from partner_harvest.store import reconcile as sql

@@ -116,16 +116,12 @@ def _clustered_stamps(rng: random.Random, start: int, count: int) -> list[int]:
     filled = int(_YEAR * rng.uniform(0.3, 0.7))  # the trickle's part of the year
     bursts = [(start - 1 - int(rng.random() * _YEAR), int(rng.uniform(3600, 4 * 86400)), rng.uniform(0.5, 2.0))
               for _ in range(rng.randint(2, 6))]
-    shares = sum(weight for _, _, weight in bursts)
+    weights = [weight for _, _, weight in bursts]
     in_bursts = rng.uniform(0.5, 0.85)
     stamps = []
     for _ in range(count):
         if rng.random() < in_bursts:
-            pick, acc = rng.random() * shares, 0.0
-            for centre, width, weight in bursts:
-                acc += weight
-                if pick <= acc:
-                    break
+            centre, width, _ = rng.choices(bursts, weights)[0]
             stamps.append(min(start - 1, max(start - _YEAR, centre + int(rng.gauss(0, width / 2)))))
         else:
             stamps.append(start - 1 - int(rng.random() * filled))

@@ -38,7 +38,7 @@ def changed_upstream(repo: SimulatedRepository) -> tuple[set[str], set[str]]:
 
 @pytest.fixture
 def museum():
-    repo = SimulatedRepository(records=1_500, page_size=100, seed=41, deleted_record="no", deleted_fraction=0.0)
+    repo = SimulatedRepository(records=800, page_size=100, seed=41, deleted_record="no", deleted_fraction=0.0)
     with OaiSimulator(repo) as sim:
         yield sim, repo
 
@@ -92,6 +92,7 @@ def test_a_failed_slice_is_retried_alone_and_converges_exactly(conn, museum) -> 
     assert held(conn, partner.id) == repo.live_identifiers()
 
 
+@pytest.mark.slow
 def test_a_slice_whose_ids_the_database_lost_is_swept_again_by_the_apply(conn, museum) -> None:
     sim, repo = museum
     partner = oai_partner(slicing=SLICED)
@@ -104,7 +105,7 @@ def test_a_slice_whose_ids_the_database_lost_is_swept_again_by_the_apply(conn, m
     conn.execute("DELETE FROM reconcile_ids WHERE run_id = %s AND slice = 3", (RUN,))  # as a crash empties it
     conn.commit()
     result = sliced.apply_sweep(make(), conn, partner, RUN, plan)
-    assert result.purged == 30  # not the ~370 records of slice 3: the guard would refuse, or purge them
+    assert result.purged == 30  # not the ~200 records of slice 3: the guard would refuse, or purge them
     assert held(conn, partner.id) == repo.live_identifiers()
 
 
@@ -172,6 +173,7 @@ def test_the_purge_decision_is_one_function() -> None:
     assert "mass-purge limit" in (purge_refusal(partner, ReconcilePlan(100, 80, 0, 15, 5, 0)) or "")
 
 
+@pytest.mark.slow
 def test_a_sierra_reconcile_sweeps_bib_id_ranges(conn) -> None:
     catalogue = SimulatedCatalogue(bibs=800, deleted_fraction=0.0, seed=35)
     with SierraSimulator(catalogue, client_key="k", client_secret="s") as sim:

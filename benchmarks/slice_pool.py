@@ -162,6 +162,8 @@ def main() -> int:
     from include import embedded_pg
     from tests.support import e2e_stack
 
+    e2e_stack.STARTUP_TIMEOUT = max(e2e_stack.STARTUP_TIMEOUT, 600.0)  # a loaded machine starts Airflow slowly
+
     partner = e2e_stack.MUSEUM
     parallelism = max(8, args.slices, args.control_pool) + 2  # never what holds the slices back
     print(f"Slices under a pool, through Airflow (LocalExecutor, parallelism {parallelism}): {args.records:,} records, "

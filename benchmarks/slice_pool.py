@@ -20,6 +20,14 @@ Exit status 1 when a run's ``max_in_flight`` exceeds its pool, when ``records`` 
 from the live set, or when a run fails; 0 otherwise.
 
     .venv/bin/python benchmarks/slice_pool.py [--records 200000] [--slices 8] [--pool 4] [--control-pool 8]
+
+A repository without counts whose records cluster (issue 28 item 5): ``--list-size omitted
+--spread clustered`` (the plan then cuts ``--slices`` ranges without counts: registry
+``without_count``); ``--plugins /work/main/plugins`` runs the services on another checkout's
+library (main's planner: the "before"). Printed besides: the records each slice fetched and
+the harvest phase (the first ``harvest_changes`` start to the last end) in records/s against
+the one-chain floor (one chain bound by latency alone: a page per response, ``page size /
+delay``).
 """
 
 from __future__ import annotations
@@ -55,7 +63,8 @@ def write_registry(path: Path, partner: str, slices: int, records: int, pool: in
     # A target well under records/slices: the plan bisects until it reaches max_slices.
     entry.update(metadata_prefix="oai_dc", pool_slots=pool, execution_timeout="1h",
                  slicing={"threshold_records": max(1, records // (2 * slices)),
-                          "target_records": max(1, records // (2 * slices)), "max_slices": slices})
+                          "target_records": max(1, records // (2 * slices)), "max_slices": slices,
+                          "without_count": slices})
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
 
 
@@ -107,12 +116,20 @@ def measure(stack: Any, url: str, partner: str, pool: int, live: set[str]) -> di
     most, overlapped = overlap([s for s in spans if None not in s])
     pools = {ti["task_id"]: ti["pool"] for ti in tis}
     wall = _instant(run["end_date"]) - _instant(run["start_date"])
+    done = [s for s in spans if None not in s]
+    phase = max(e for _, e in done) - min(s for s, _ in done) if done else float("nan")
     equal = support.held_ids(stack.aggregation_db, partner) == live
+    import psycopg
+
+    with psycopg.connect(stack.aggregation_db) as conn:
+        fetched = [r[0] for r in conn.execute(
+            "SELECT fetched FROM harvest_runs WHERE partner_id = %s AND run_id = %s AND channel LIKE 'changes/%%'"
+            " ORDER BY channel", (partner, f"{dag_id}/{run_id}")).fetchall()]
     apply = next((ti for ti in tis if ti["task_id"] == "apply_changes"), {})
     return {"pool": pool, "state": run["state"], "max_in_flight": report["max_in_flight"],
             "delay_ms": report["response_delay_ms"], "slices": len(slices), "running_at_once": most,
             "overlapped": overlapped, "wall": wall, "apply_seconds": apply.get("duration") or 0.0,
-            "exact": equal, "pooled": sorted(t for t, p in pools.items() if p == f"partner_{partner}"),
+            "exact": equal, "phase": phase, "fetched": fetched, "pooled": sorted(t for t, p in pools.items() if p == f"partner_{partner}"),
             "states": sorted({ti["state"] for ti in tis})}
 
 
@@ -123,6 +140,10 @@ def show(label: str, m: dict[str, Any], records: int) -> None:
           f"wall {m['wall']:.1f} s ({records / max(m['wall'], 1e-9):,.0f} records/s, apply {m['apply_seconds']:.1f} s); "
           f"records == live set: {'yes' if m['exact'] else 'NO'}")
     print(f"    tasks in pool partner_*: {', '.join(m['pooled'])}")
+    floor = PAGE_SIZE / (m["delay_ms"] / 1000) if m["delay_ms"] else float("nan")
+    print(f"    records per slice: {', '.join(f'{n:,}' for n in m['fetched'])}; harvest phase {m['phase']:.1f} s = "
+          f"{records / m['phase']:,.0f} records/s = {records / m['phase'] / floor:.2f}x the one-chain floor "
+          f"({floor:,.0f} records/s); whole run {records / m['wall'] / floor:.2f}x")
 
 
 def main() -> int:
@@ -132,10 +153,16 @@ def main() -> int:
     parser.add_argument("--pool", type=int, default=4)
     parser.add_argument("--control-pool", type=int, default=8, help="slots of the contrast run (0: none)")
     parser.add_argument("--delay-ms", type=float, default=200.0)
+    parser.add_argument("--list-size", choices=["exact", "omitted"], default="exact")
+    parser.add_argument("--spread", choices=["uniform", "clustered"], default="uniform")
+    parser.add_argument("--plugins", type=Path, default=support.ROOT / "plugins",
+                        help="the library the Airflow services load (another checkout's: its planner)")
     args = parser.parse_args()
 
     from include import embedded_pg
     from tests.support import e2e_stack
+
+    e2e_stack.STARTUP_TIMEOUT = max(e2e_stack.STARTUP_TIMEOUT, 600.0)  # a loaded machine starts Airflow slowly
 
     partner = e2e_stack.MUSEUM
     parallelism = max(8, args.slices, args.control_pool) + 2  # never what holds the slices back
@@ -144,14 +171,15 @@ def main() -> int:
     failures = []
     with ExitStack() as cleanup, support.simulator(
             "oai_pmh", "--records", str(args.records), "--page-size", str(PAGE_SIZE), "--formats", "oai_dc",
-            "--seed", "9", "--response-delay-ms", str(args.delay_ms)) as url:
+            "--seed", "9", "--response-delay-ms", str(args.delay_ms), "--list-size", args.list_size,
+            "--spread", args.spread) as url:
         base = Path(tempfile.mkdtemp(prefix="slice-pool-"))  # the services' logs; removed after a clean pass
         print(f"  logs: {base}")
         registry = base / "sliced.yaml"
         write_registry(registry, partner, args.slices, args.records, args.pool)
         overrides = {"AIRFLOW__CORE__PARALLELISM": str(parallelism), "HARVEST_PARTNERS_FILE": str(registry),
                      # config/airflow_local_settings.py: Airflow 3.3.2 + psycopg 3 lock check
-                     "PYTHONPATH": os.pathsep.join(str(p) for p in (SETTINGS_DIR, support.ROOT / "plugins", support.ROOT)),
+                     "PYTHONPATH": os.pathsep.join(str(p) for p in (SETTINGS_DIR, args.plugins, support.ROOT)),
                      f"AIRFLOW_CONN_PARTNER_{partner.upper()}": json.dumps({"conn_type": "http", "host": url})}
         started = time.perf_counter()
         stack = e2e_stack.start_airflow(embedded_pg.start("bench"), base, cleanup, overrides)

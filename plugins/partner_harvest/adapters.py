@@ -136,6 +136,12 @@ class Adapter(ABC):
         """How to cut a big window into slices (registry ``slicing``); default: never (whole)."""
         return []
 
+    def plan_sweep(self, window: Window, slices: int, threshold: int) -> Sequence[Slice]:
+        """How to cut the reconcile's sweep into about ``slices`` ranges when the partner holds
+        more than ``threshold`` records (sliced_reconcile.py); :meth:`sweep_ids` then gets each
+        range's sub-window (``window.protocol.slice``). Default: never (one sweep)."""
+        return []
+
     def resumes_staging(self, channel: str, window: Window) -> bool:
         """Whether a new try of ``channel`` keeps what an unfinished try of the same frozen
         window staged (and resumes after it); default False: each try starts clean."""

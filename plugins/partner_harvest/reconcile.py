@@ -64,8 +64,7 @@ def reconcile(
 ) -> ReconcileResult:
     """Sweep, plan, guard, fetch what is missing, and apply it all in one transaction."""
     ensure_schema(conn)
-    clock = adapter.clock()
-    window = Window("reconcile", None, clock.now, clock.granularity, False, WindowFacts.model_validate(clock.protocol))
+    window = reconcile_window(adapter)
     run = RunRef(partner.id, run_id, CHANNEL)
     begin_run(conn, run, window, window.protocol.metadata_prefix)
     sweep = sql.IdSweepWriter(conn, partner.id, run_id)
@@ -73,7 +72,28 @@ def reconcile(
     stats = HarvestStats()
     try:
         adapter.sweep_ids(window, sweep, stats)
-        plan = sql.plan(conn, partner.id, run_id)
+    except Exception as exc:
+        conn.rollback()
+        fail_run(conn, run, " ".join(str(exc).split()))
+        sql.clear(conn, partner.id, run_id)
+        raise
+    return settle(adapter, conn, partner, run, window, allow_mass_purge=allow_mass_purge)
+
+
+def reconcile_window(adapter: Adapter) -> Window:
+    """The reconcile's frozen facts: the partner's clock now, the whole history."""
+    clock = adapter.clock()
+    return Window("reconcile", None, clock.now, clock.granularity, False, WindowFacts.model_validate(clock.protocol))
+
+
+def settle(adapter: Adapter, conn: psycopg.Connection, partner: Partner, run: RunRef, window: Window, *,
+           allow_mass_purge: bool = False) -> ReconcileResult:
+    """After the sweep (whole, or every slice of it): plan, guard, verify, stage the removals,
+    fetch what is missing, and apply it all in one transaction; the swept ids go either way."""
+    stats = HarvestStats()
+    sweep = sql.IdSweepWriter(conn, partner.id, run.run_id)  # verification answers: slice 0
+    try:
+        plan = sql.plan(conn, partner.id, run.run_id)
         log.info("%s: reconcile plan: %s", partner.id, plan.as_dict())
         _guard(conn, run, partner, plan, allow_mass_purge)
         writer = StagingWriter(conn, run)
@@ -82,14 +102,14 @@ def reconcile(
         fetched, bulk = _fetch_missing(adapter, conn, partner, run, window, writer)
         stats.fetched = writer.seq  # everything staged: the apply's four outcomes add up to it
         finish_harvest(conn, run, stats)
-        result = apply_run(conn, partner.id, run_id)
+        result = apply_run(conn, partner.id, run.run_id)
     except Exception as exc:
         conn.rollback()
         if not isinstance(exc, MassPurgeRefused):
             fail_run(conn, run, " ".join(str(exc).split()))
         raise
     finally:
-        sql.clear(conn, partner.id, run_id)
+        sql.clear(conn, partner.id, run.run_id)
     outcome = ReconcileResult(plan, fetched, result.purged, result.upserted, verified, bulk)
     log.info("%s: reconcile applied: %s", partner.id, outcome.as_dict())
     return outcome
@@ -169,17 +189,26 @@ def _fetch_missing(
     return writer.seq - start, bulk
 
 
-def _guard(conn: psycopg.Connection, run: RunRef, partner: Partner, plan: sql.ReconcilePlan, allowed: bool) -> None:
+def purge_refusal(partner: Partner, plan: sql.ReconcilePlan) -> str | None:
+    """Why the plan would purge more than ``max_purge_fraction`` of the partner's records
+    (the message an operator reads), or None when it stays within. The one place that decides
+    it: the guard below, and anything that asks a human first, call this."""
     limit = partner.max_purge_fraction * plan.local
     if plan.local == 0 or plan.removals <= limit:
-        return
+        return None
     share = plan.removals / plan.local
-    message = (
+    return (
         f"reconcile would remove {plan.removals} of {plan.local} records ({share:.1%}; "
         f"{plan.vanished} absent upstream, {plan.deleted_upstream} listed as deleted), over the "
         f"{partner.max_purge_fraction:.0%} mass-purge limit; nothing was applied. If the partner "
         f"really removed them, trigger {partner.reconcile_dag_id} with the Param allow_mass_purge=true"
     )
+
+
+def _guard(conn: psycopg.Connection, run: RunRef, partner: Partner, plan: sql.ReconcilePlan, allowed: bool) -> None:
+    message = purge_refusal(partner, plan)
+    if message is None:
+        return
     if allowed:
         log.warning("%s: %s — applying anyway: allow_mass_purge was set", partner.id, message.split("; nothing")[0])
         return

@@ -321,6 +321,9 @@ class SliceSettings(_Strict):
     without_count: Annotated[StrictInt, Field(ge=1, le=256, description=(
         "OAI-PMH full harvest of a repository that announces no completeListSize: this many equal time "
         "ranges (1: no slicing)"))] = 1
+    reconcile_slices: Annotated[StrictInt, Field(ge=1, le=256, description=(
+        "the reconcile's sweep as this many mapped slices (OAI-PMH datestamp ranges, Sierra bib id ranges), each "
+        "retried on its own, when the partner holds more than threshold_records; 1: the reconcile stays one task"))] = 1
     sets: tuple[Annotated[str, Field(min_length=1, pattern=r"^\S+$", strict=True)], ...] = Field(
         default=(), description=(
             "OAI-PMH: setSpecs that partition the repository (every record, deleted ones too, in exactly "

@@ -100,6 +100,7 @@ class SliceFacts(_Facts):
     resume_at: int | None = None  # the checkpoint a retried Sierra slice resumes at
     estimate: int | None = None  # what the plan expected of the slice (a count or an id span), for progress only
     of_full: bool = False  # a slice of a full harvest proves its own range (I12)
+    open_end: bool = False  # a reconcile sweep's last slice: no until (records edited meanwhile land in it)
 
 
 class WindowFacts(_Facts):
@@ -196,6 +197,7 @@ class Slice(_Facts):
     hi: int | None = None
     estimate: int | None = None  # records the plan expected (a count or an id span)
     set_spec: str | None = Field(default=None, alias="set")  # an OAI slice that is one set of the repository
+    open_end: bool = False  # a reconcile sweep's last slice: listed without an until
 
     def to_json(self) -> dict[str, Any]:
         """The XCom form of a planned slice."""

@@ -171,7 +171,8 @@ def test_a_wrong_earliest_datestamp_neither_loses_records_nor_stops_the_cut(conn
 @pytest.mark.parametrize("sets", [(), TYPE_SETS], ids=["no sets", "sets"])
 def test_a_repository_that_announces_no_list_size_is_cut_into_equal_time_ranges(conn, caplog, sets) -> None:
     """completeListSize is optional (I13). Without it the plan cannot count: a full harvest is
-    cut into ``without_count`` equal time ranges, registry sets are not trusted (they cannot be
+    cut into ``without_count`` ranges (by the first page: oai/sampled_cut.py; equal time ranges
+    before issue 28), registry sets are not trusted (they cannot be
     checked against the whole list), and the slices still hold the live set, every item once."""
     repo = SimulatedRepository(records=900, page_size=50, seed=9, deleted_fraction=0.05)
     with OaiSimulator(repo, list_size="omitted") as sim:

@@ -11,7 +11,14 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from ..cli import add_listen_arguments, serve_until_signalled, simulator_parser
-from .collection import DELETED_POLICIES, EARLIEST_DATESTAMPS, GRANULARITY_SECONDS, SimulatedRepository
+from .collection import (
+    DELETED_POLICIES,
+    EARLIEST_DATESTAMPS,
+    GRANULARITY_SECONDS,
+    LIST_ORDERS,
+    SPREADS,
+    SimulatedRepository,
+)
 from .server import LIST_SIZES, TOKEN_MARKUPS, OaiSimulator
 
 
@@ -34,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
                              "no element (absent), or the epoch")
     parser.add_argument("--list-size", choices=LIST_SIZES, default="exact",
                         help="completeListSize on resumptionTokens: exact, or omitted (it is optional)")
+    parser.add_argument("--spread", choices=SPREADS, default="uniform",
+                        help="datestamps over the year: uniform, or clustered in a few bursts and a partial trickle")
+    parser.add_argument("--list-order", choices=LIST_ORDERS, default="identifier",
+                        help="the order lists return records in: by identifier, or by datestamp")
     parser.add_argument("--response-delay-ms", type=float, default=0.0,
                         help="every OAI response waits this long first (POST /_control/response_delay changes it)")
     parser.add_argument("--mutation-step", type=float, default=60.0, help="seconds per mutation call")
@@ -49,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         deleted_record=args.deleted_record, page_size=args.page_size, seed=args.seed,
         invalid_every=args.invalid_every, mutation_step=timedelta(seconds=args.mutation_step),
         deleted_in_sets=not args.deleted_outside_sets, earliest_datestamp=args.earliest_datestamp,
+        spread=args.spread, list_order=args.list_order,
     )
     return serve_until_signalled(OaiSimulator(repo, host=args.host, port=args.port,
                                               response_delay_ms=args.response_delay_ms,

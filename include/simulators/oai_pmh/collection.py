@@ -44,6 +44,14 @@ EARLIEST_DATESTAMPS = ("true", "late", "absent", "epoch")
 # stamps (it reports them truncated) and compares them with the argument as given, so
 # until=m excludes a record stored at m + 0.5 s, and from=m + 1 s excludes it too (issue 23).
 STAMP_COMPARISONS = ("granular", "raw")
+# How the records' datestamps spread over the year before the clock (I13, issue 28):
+# "uniform", or "clustered": a few bursts (a migration, a bulk edit) hold most records and
+# a trickle fills only part of the year, so equal time ranges hold very unequal counts;
+# the seed varies the bursts' number, places, widths and shares.
+SPREADS = ("uniform", "clustered")
+# The order a list returns its records in (I13): by identifier (DSpace, EPrints: by item
+# id), or by datestamp (repositories that page with a datestamp index).
+LIST_ORDERS = ("identifier", "datestamp")
 SUPPORTED_FORMATS = ("oai_dc", "lido")
 
 LIVE, TOMBSTONE, GONE = 0, 1, 2
@@ -101,6 +109,25 @@ def parse_oai_date(text: str) -> tuple[int, str]:
     return int(parsed.replace(tzinfo=timezone.utc).timestamp()), granularity
 
 
+def _clustered_stamps(rng: random.Random, start: int, count: int) -> list[int]:
+    """Stamps of a repository whose records cluster: 2-6 bursts (hours to a few days wide)
+    hold 50-85% of them, the rest trickle over the last 30-70% of the year; in a random
+    order, independent of identifiers."""
+    filled = int(_YEAR * rng.uniform(0.3, 0.7))  # the trickle's part of the year
+    bursts = [(start - 1 - int(rng.random() * _YEAR), int(rng.uniform(3600, 4 * 86400)), rng.uniform(0.5, 2.0))
+              for _ in range(rng.randint(2, 6))]
+    weights = [weight for _, _, weight in bursts]
+    in_bursts = rng.uniform(0.5, 0.85)
+    stamps = []
+    for _ in range(count):
+        if rng.random() < in_bursts:
+            centre, width, _ = rng.choices(bursts, weights)[0]
+            stamps.append(min(start - 1, max(start - _YEAR, centre + int(rng.gauss(0, width / 2)))))
+        else:
+            stamps.append(start - 1 - int(rng.random() * filled))
+    return stamps
+
+
 class Record(NamedTuple):
     """Immutable snapshot of one record; cheap to create in bulk."""
 
@@ -156,6 +183,8 @@ class SimulatedRepository(SimulatedModel[str]):
         deleted_in_sets: bool = True,
         earliest_datestamp: str = "true",
         stamps: str = "granular",
+        spread: str = "uniform",
+        list_order: str = "identifier",
     ) -> None:
         if granularity not in GRANULARITY_SECONDS:
             raise ValueError(f"granularity must be one of {sorted(GRANULARITY_SECONDS)}")
@@ -166,6 +195,8 @@ class SimulatedRepository(SimulatedModel[str]):
             raise ValueError(f"unsupported formats {unknown}; supported: {SUPPORTED_FORMATS}")
         if stamps not in STAMP_COMPARISONS:
             raise ValueError(f"stamps must be one of {STAMP_COMPARISONS}")
+        if spread not in SPREADS or list_order not in LIST_ORDERS:
+            raise ValueError(f"spread must be one of {SPREADS}, list_order one of {LIST_ORDERS}")
         if earliest_datestamp not in EARLIEST_DATESTAMPS:
             raise ValueError(f"earliest_datestamp must be one of {EARLIEST_DATESTAMPS}")
         if records < 0 or page_size < 1 or invalid_every < 0 or not 0 <= deleted_fraction <= 1:
@@ -182,6 +213,8 @@ class SimulatedRepository(SimulatedModel[str]):
         self.deleted_in_sets = deleted_in_sets
         self.earliest_datestamp = earliest_datestamp
         self.stamps = stamps
+        self.spread = spread
+        self.list_order = list_order
         self._fraction: dict[int, int] = {}  # index -> milliseconds past the stored second (restamp)
         super().__init__(start_clock, mutation_step, mutation_seed=seed * 1_000_003 + 17)
         self._unit = GRANULARITY_SECONDS[granularity]
@@ -192,7 +225,10 @@ class SimulatedRepository(SimulatedModel[str]):
         start = int(self._clock)
         rand = rng.random
         # Spread over [start - 365 days, start - 1 s], independent of identifier order.
-        self._stamp = array("q", [start - 1 - int(rand() * _YEAR) for _ in range(count)])
+        if self.spread == "clustered":
+            self._stamp = array("q", _clustered_stamps(rng, start, count))
+        else:
+            self._stamp = array("q", [start - 1 - int(rand() * _YEAR) for _ in range(count)])
         self._version = array("I", [1]) * count
         self._kind = bytearray(_kind_for(n, self.seed) for n in range(1, count + 1))
         self._state = bytearray(count)
@@ -393,10 +429,19 @@ class SimulatedRepository(SimulatedModel[str]):
         self, from_: datetime | str | None = None, until: datetime | str | None = None,
         set_spec: str | None = None,
     ) -> list[int]:
-        """Numbers of visible records in the window, ascending (= identifier order).
+        """Numbers of visible records in the window, in the list's order (``list_order``:
+        ascending = identifier order, or by datestamp).
 
         Strings are OAI dates: a day-only `until` covers the whole day.
         """
+        numbers = self._select(from_, until, set_spec)
+        if self.list_order == "datestamp":
+            with self.lock:
+                numbers.sort(key=lambda n: (self._stamp[n - 1], n))
+        return numbers
+
+    def _select(self, from_: datetime | str | None, until: datetime | str | None,
+                set_spec: str | None) -> list[int]:
         if self.stamps == "raw":
             return self._select_raw(from_, until, set_spec)
         low, high = self._bounds(from_, until)

@@ -150,6 +150,23 @@ TASK_DOCS = {
         "check the partner, then trigger with `allow_mass_purge=true`), a harvest holding "
         "the partner (retried), or the partner's errors; nothing is half-applied."
     ),
+    "plan_sweep": (
+        "A big partner's reconcile (registry `slicing.reconcile_slices`): freezes the partner's clock, "
+        "takes the reconcile lease the run's tasks share and cuts the id sweep into slices (OAI-PMH "
+        "datestamp ranges, Sierra bib id ranges; table `reconcile_slices`). **Fails:** the partner is "
+        "unreachable (retried), a harvest holds the partner (waits). Clearing it plans the sweep anew."
+    ),
+    "sweep_ids": (
+        "Mapped, one per slice: lists the slice's identifiers into `reconcile_ids`, each slice retried "
+        "on its own from its own start. **Fails:** the partner's errors (retried); refuses for good "
+        "when another run applied since the plan (the sweep would be stale) or an operator command "
+        "changed the partner: the next reconcile sweeps anew."
+    ),
+    "apply_reconcile": (
+        "Once every slice is swept: the mass-purge guard, the verification of vanished records, the "
+        "removals and the missing records, in one transaction, as the unsliced reconcile. A slice whose "
+        "ids the database lost is swept again here. **Fails:** as `reconcile`."
+    ),
 }
 
 # The frozen window, shown under each later task's "Rendered Template" (templates_dict): a DAG
@@ -324,13 +341,41 @@ def build_reconcile_dag(partner: Partner) -> DAG:
         ),
     ) as dag:
 
-        @task(task_id="reconcile", pool=partner.pool, outlets=[partner_asset(pid)])
-        def reconcile() -> dict[str, Any]:
-            return tasks.reconcile_partner(pid, get_current_context())
+        if partner.slicing.reconcile_slices > 1:
+            _sliced_reconcile_tasks(partner)
+        else:
+            @task(task_id="reconcile", pool=partner.pool, outlets=[partner_asset(pid)])
+            def reconcile() -> dict[str, Any]:
+                return tasks.reconcile_partner(pid, get_current_context())
 
-        reconcile()
+            reconcile()
     _describe_tasks(dag, show_window=False)
     return dag
+
+
+def _sliced_reconcile_tasks(partner: Partner) -> None:
+    """plan_sweep >> sweep_ids (mapped, one per slice, each retried alone) >> apply_reconcile."""
+    pid = partner.id
+
+    # The plan's XCom is its list of pieces, each carrying the frozen plan (a mapped task maps
+    # over a task's return value only): the apply reads the plan from the first.
+    @task(task_id="plan_sweep", pool=partner.pool)
+    def plan_sweep() -> list[dict[str, Any]]:
+        return tasks.plan_reconcile_sweep(pid, get_current_context())
+
+    @task(task_id="sweep_ids", pool=partner.pool, map_index_template="slice {{ sweep_slice }}",
+          doc_md=TASK_DOCS["sweep_ids"])
+    def sweep_ids(piece: dict[str, Any]) -> dict[str, Any]:
+        context = get_current_context()
+        context["sweep_slice"] = piece["slice"]  # type: ignore[typeddict-unknown-key]
+        return tasks.sweep_reconcile_slice(pid, piece["plan"], piece, context)
+
+    @task(task_id="apply_reconcile", pool=partner.pool, outlets=[partner_asset(pid)])
+    def apply_reconcile(pieces: list[dict[str, Any]], swept: list[dict[str, Any]]) -> dict[str, Any]:
+        return tasks.apply_reconcile(pid, pieces[0]["plan"], get_current_context())
+
+    pieces = plan_sweep()
+    apply_reconcile(pieces, sweep_ids.expand(piece=pieces))
 
 
 # -- the registry, partner by partner ------------------------------------------------------

@@ -17,7 +17,7 @@ import psycopg
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
-from partner_harvest import pipeline, quality
+from partner_harvest import pipeline, quality, sliced_reconcile
 from partner_harvest.adapters import Adapter
 from partner_harvest.airflow import assets
 from partner_harvest.airflow.connections import aggregation_conninfo, partner_endpoint
@@ -383,3 +383,50 @@ def reconcile_partner(partner_id: str, context: Context) -> dict[str, Any]:
                         assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id))
             return outcome
 
+
+
+# -- a sliced reconcile (registry slicing.reconcile_slices; sliced_reconcile.py) -----------
+
+@_fail_fast
+def plan_reconcile_sweep(partner_id: str, context: Context) -> list[dict[str, Any]]:
+    """Freeze the reconcile's window and plan its sweep's slices, under the reconcile lease
+    the run's later tasks join (fenced by the epoch it is taken at): one piece per slice,
+    each with the plan (XCom)."""
+    partner = _partner(partner_id)
+    with hold_lease(partner_id, context, leases.RECONCILE) as keeper:
+        adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+        with aggregation(keeper.fence) as conn:
+            epoch = keeper.fence.epoch if keeper.fence else None
+            plan = sliced_reconcile.plan_sweep(adapter, conn, partner, run_key(context), epoch).to_dict()
+    return [{**piece, "plan": plan} for piece in plan["pieces"]]
+
+
+@_fail_fast
+def sweep_reconcile_slice(partner_id: str, plan: dict[str, Any], piece: dict[str, Any],
+                          context: Context) -> dict[str, Any]:
+    """One slice of the sweep (mapped), retried on its own; refuses once the plan is stale."""
+    partner = _partner(partner_id)
+    with hold_lease(partner_id, context, leases.RECONCILE, window_data=plan["window"]) as keeper:
+        adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+        with aggregation(keeper.fence) as conn:
+            stats = sliced_reconcile.sweep_slice(adapter, conn, partner_id, run_key(context),
+                                                 sliced_reconcile.SweepPlan.from_dict(plan), int(piece["slice"]))
+    return {"slice": piece["slice"], "pages": stats.pages, "ids": stats.fetched}
+
+
+@_fail_fast
+def apply_reconcile(partner_id: str, plan: dict[str, Any], context: Context) -> dict[str, Any]:
+    """Guard, verify, removals, missing records, one-transaction apply; releases the lease."""
+    partner = _partner(partner_id)
+    allow = bool((context.get("params") or {}).get("allow_mass_purge"))
+    keeper = hold_lease(partner_id, context, leases.RECONCILE, window_data=plan["window"])
+    keeper.release_on_exit = True
+    with keeper:
+        adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+        with aggregation(keeper.fence) as conn:
+            outcome = sliced_reconcile.apply_sweep(adapter, conn, partner, run_key(context),
+                                                   sliced_reconcile.SweepPlan.from_dict(plan),
+                                                   allow_mass_purge=allow).as_dict()
+            assets.emit(context, partner_id,
+                        assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id))
+            return outcome

@@ -24,6 +24,7 @@ from partner_harvest.oai import parse, slicing
 from partner_harvest.oai.client import OaiClient, WindowTooLarge
 from partner_harvest.oai.errors import BadResumptionToken, IdDoesNotExist
 from partner_harvest.oai.parse import DAY_GRANULARITY, format_datestamp
+from partner_harvest.oai.sampled_cut import PageSample
 from partner_harvest.records import Check, HarvestItem, HarvestStats
 from partner_harvest.registry import Partner, SliceSettings
 from partner_harvest.window import DAY, SECONDS, Slice, Window
@@ -78,18 +79,25 @@ class OaiAdapter(Adapter):
         slices of a big window (oai/slicing.py); [] keeps it whole."""
         prefix = _prefix(window)
         oai_granularity = window.protocol.oai_granularity or DAY_GRANULARITY
-        asked: dict[tuple[datetime | None, datetime, str | None], int | None] = {}  # the whole list's count serves both planners
+        # the whole list's first page serves both planners and the count-less cut
+        asked: dict[tuple[datetime | None, datetime, str | None], tuple[int | None, PageSample | None]] = {}
 
-        def probe(from_: datetime | None, until: datetime, set_spec: str | None = None) -> int | None:
+        def page(from_: datetime | None, until: datetime, set_spec: str | None = None) -> tuple[int | None, PageSample | None]:
             key = (from_, until, set_spec or self.partner.set_spec)
             if key not in asked:
-                asked[key] = slicing.list_size(self.client, prefix, key[2], oai_granularity, from_, until)
+                asked[key] = slicing.first_page(self.client, prefix, key[2], oai_granularity, from_, until)
             return asked[key]
+
+        def probe(from_: datetime | None, until: datetime, set_spec: str | None = None) -> int | None:
+            return page(from_, until, set_spec)[0]
+
+        def sample(from_: datetime | None, until: datetime) -> PageSample | None:
+            return page(from_, until)[1]
 
         by_sets = slicing.plan_by_sets(window, settings, probe, self.partner_id)
         if by_sets is not None:
             return by_sets
-        return slicing.plan(window, settings, probe, self.partner_id)
+        return slicing.plan(window, settings, probe, self.partner_id, sample)
 
     def _set_spec(self, window: Window) -> str | None:
         """The set a window lists: its slice's own (slicing.sets), else the partner's."""
@@ -272,19 +280,35 @@ class OaiAdapter(Adapter):
 
     # -- reconcile -------------------------------------------------------------------
 
-    def sweep_ids(self, window: Window, sink: IdSink, stats: HarvestStats) -> None:
-        """Every header the partner lists now (ListIdentifiers: cheap, headers only).
+    def plan_sweep(self, window: Window, slices: int, threshold: int) -> list[Slice]:
+        """Datestamp ranges of the sweep, cut like a full harvest's slices (by counts, else by
+        what the first pages show); the last one open-ended (see :meth:`sweep_ids`)."""
+        settings = SliceSettings(threshold_records=threshold, target_records=1, max_slices=slices,
+                                 without_count=slices)
+        pieces = self.plan_slices(window, settings)
+        return [*pieces[:-1], pieces[-1].model_copy(update={"open_end": True})] if len(pieces) > 1 else []
 
-        No ``until``: a record edited while the sweep runs gets a datestamp later than the
-        reconcile's clock, and a sweep bounded by that clock would not list it at all.
+    def sweep_ids(self, window: Window, sink: IdSink, stats: HarvestStats) -> None:
+        """Every header the partner lists now (ListIdentifiers: cheap, headers only), or one
+        slice's datestamp range of them.
+
+        No ``until`` (the last slice has none either): a record edited while the sweep runs
+        gets a datestamp later than the reconcile's clock, and a sweep bounded by that clock
+        would not list it at all. (Edited while a sliced sweep runs, a record may leave a
+        range not yet swept for the last one, already swept: the GetRecord verification of
+        vanished candidates finds it live.)
         """
         prefix = _prefix(window)
+        oai_granularity = window.protocol.oai_granularity or DAY_GRANULARITY
+        piece = window.protocol.slice
+        from_ = format_datestamp(window.from_, oai_granularity) if piece is not None and window.from_ else None
+        until = None if piece is None or piece.open_end else format_datestamp(window.until, oai_granularity)
         restarts = 0
         while True:
             try:
                 with closing(self.client.list_pages("ListIdentifiers", metadata_prefix=prefix,
-                                                    set_spec=self.partner.set_spec, from_=None,
-                                                    until=None)) as pages:
+                                                    set_spec=self.partner.set_spec, from_=from_,
+                                                    until=until)) as pages:
                     for page in pages:
                         stats.pages += 1
                         rows = [(h.identifier, _stamp(h), h.deleted) for h in page.items

@@ -31,9 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
+from partner_harvest.oai import sampled_cut
 from partner_harvest.oai.client import OaiClient
 from partner_harvest.oai.errors import BadResumptionToken
-from partner_harvest.oai.parse import DAY_GRANULARITY, format_datestamp
+from partner_harvest.oai.parse import DAY_GRANULARITY, OaiHeader, format_datestamp
 from partner_harvest.registry import SliceSettings
 from partner_harvest.window import Slice, Window, floor_to
 
@@ -55,6 +56,13 @@ def granule(oai_granularity: str) -> timedelta:
 def list_size(client: OaiClient, prefix: str, set_spec: str | None, oai_granularity: str,
               from_: datetime | None, until: datetime) -> int | None:
     """How many headers ListIdentifiers lists for the range, from its first page alone."""
+    return first_page(client, prefix, set_spec, oai_granularity, from_, until)[0]
+
+
+def first_page(client: OaiClient, prefix: str, set_spec: str | None, oai_granularity: str,
+               from_: datetime | None, until: datetime) -> tuple[int | None, sampled_cut.PageSample | None]:
+    """The range's size from its first ListIdentifiers page alone (None: not announced),
+    and what the page shows of its datestamps (sampled_cut.py); one request."""
     pages = client.list_pages(
         "ListIdentifiers", metadata_prefix=prefix, set_spec=set_spec,
         from_=format_datestamp(from_, oai_granularity) if from_ else None,
@@ -63,12 +71,21 @@ def list_size(client: OaiClient, prefix: str, set_spec: str | None, oai_granular
     try:
         page = next(iter(pages))
     except BadResumptionToken:  # cannot happen on a first page; counted as unknown
-        return None
+        return None, None
     finally:
         pages.close()
+    stamps = tuple(stamp for h in page.items if isinstance(h, OaiHeader) and (stamp := _stamp(h)) is not None)
+    sample = sampled_cut.PageSample(stamps, page.token is not None)
     if page.token is None:
-        return len(page.items)
-    return page.complete_list_size
+        return len(page.items), sample
+    return page.complete_list_size, sample
+
+
+def _stamp(header: OaiHeader) -> datetime | None:
+    try:
+        return header.datestamp
+    except ValueError:
+        return None
 
 
 def _considered(window: Window, settings: SliceSettings) -> bool:
@@ -115,8 +132,13 @@ def plan_by_sets(window: Window, settings: SliceSettings, probe: Probe, partner_
     return pieces
 
 
-def plan(window: Window, settings: SliceSettings, probe: Probe, partner_id: str = "") -> list[Slice]:
-    """The slices of ``window`` (from_, until, estimate); [] when it stays whole."""
+def plan(window: Window, settings: SliceSettings, probe: Probe, partner_id: str = "",
+         sample: sampled_cut.Sampler | None = None) -> list[Slice]:
+    """The slices of ``window`` (from_, until, estimate); [] when it stays whole.
+
+    ``sample``: a range's first page (the probe's, cached); with it, a full harvest of a
+    repository without counts is cut by what its first pages show (sampled_cut.py), else
+    into equal time ranges."""
     oai_granularity = window.protocol.oai_granularity or DAY_GRANULARITY
     step = granule(oai_granularity)
     if not _considered(window, settings):
@@ -126,10 +148,15 @@ def plan(window: Window, settings: SliceSettings, probe: Probe, partner_id: str 
         return []
     total = probe(window.from_, window.until)
     if total is None:
+        count = min(settings.without_count if window.is_full else 1, settings.max_slices)
+        if sample is not None and count >= 2:
+            pieces = sampled_cut.plan(window, announced, step, count, sample)
+            log.info("%s: no completeListSize; %d slices cut by what the first pages show: %s", partner_id,
+                     len(pieces), ", ".join(f"..{p.until:%Y-%m-%dT%H:%M:%S} ~{p.estimate}" for p in pieces))
+            return pieces if len(pieces) >= 2 else []
         if announced is None:  # neither a count nor a start: nothing to cut by
             return []
-        count = settings.without_count if window.is_full else 1
-        return _equal_ranges(window, announced, step, min(count, settings.max_slices))
+        return _equal_ranges(window, announced, step, count)
     if total <= settings.threshold_records:
         return []
     start = announced or EPOCH

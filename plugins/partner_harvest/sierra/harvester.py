@@ -659,10 +659,19 @@ class SierraAdapter(Adapter):
 
     # -- reconcile -------------------------------------------------------------------
 
+    def plan_sweep(self, window: Window, slices: int, threshold: int) -> list[Slice]:
+        """Equal bib id ranges of the sweep (as a full load's slices; the last open-ended)."""
+        settings = SliceSettings(threshold_records=threshold, target_records=1, max_slices=slices)
+        return self._id_slices(window, settings) if slices >= 2 else []
+
     def sweep_ids(self, window: Window, sink: IdSink, stats: HarvestStats) -> None:
-        """Every live bib id (keyset, ``fields=id``): the upstream set for a reconcile."""
+        """Every live bib id (keyset, ``fields=id``): the upstream set for a reconcile, or the
+        ids of one slice's range."""
+        piece = window.protocol.slice
+        start, end = (piece.lo or 0, piece.hi) if piece is not None else (0, None)
         with self._rate_limit_frees_the_slot():
-            for entries in self.client.bib_pages({"deleted": "false", "fields": "id"}, self.partner.page_size):
+            for entries in self.client.bib_pages({"deleted": "false", "fields": "id"}, self.partner.page_size,
+                                                 start_id=start, end_id=end):
                 stats.pages += 1
                 rows: list[SweptId] = [(str(e["id"]), None, False) for e in entries if e.get("id")]
                 stats.fetched += len(rows)

@@ -24,7 +24,7 @@ from partner_harvest.store import fences
 from partner_harvest.store.db import one
 from partner_harvest.store.runs import RunRef
 
-_COPY_IDS = "COPY reconcile_ids (partner_id, run_id, identifier, datestamp, deleted) FROM STDIN"
+_COPY_IDS = "COPY reconcile_ids (partner_id, run_id, identifier, datestamp, deleted, slice) FROM STDIN"
 
 
 @dataclass(frozen=True)
@@ -47,16 +47,28 @@ class ReconcilePlan:
 
 
 class IdSweepWriter:
-    """Stages the upstream id set page by page (memory bounded by a page)."""
+    """Stages the upstream id set page by page (memory bounded by a page).
 
-    def __init__(self, conn: psycopg.Connection, partner_id: str, run_id: str):
-        self.conn, self.partner_id, self.run_id = conn, partner_id, run_id
+    ``slice``: one slice of a sliced sweep (store/reconcile_slices.py): its reset drops only
+    its own rows, and each page's transaction also counts the page on the slice's row, so
+    the row says what reconcile_ids holds of it.
+    """
+
+    def __init__(self, conn: psycopg.Connection, partner_id: str, run_id: str, slice: int = 0):
+        self.conn, self.partner_id, self.run_id, self.slice = conn, partner_id, run_id, slice
 
     def reset(self) -> None:
         with self.conn.transaction():
             fences.check(self.conn, f"reconcile sweep of run {self.run_id}")
-            self.conn.execute("DELETE FROM reconcile_ids WHERE partner_id = %s AND run_id = %s",
-                              (self.partner_id, self.run_id))
+            if not self.slice:
+                self.conn.execute("DELETE FROM reconcile_ids WHERE partner_id = %s AND run_id = %s",
+                                  (self.partner_id, self.run_id))
+                return
+            self.conn.execute("DELETE FROM reconcile_ids WHERE partner_id = %s AND run_id = %s AND slice = %s",
+                              (self.partner_id, self.run_id, self.slice))
+            self.conn.execute("UPDATE reconcile_slices SET pages = 0, swept = 0, progress_at = now()"
+                              " WHERE partner_id = %s AND run_id = %s AND slice = %s",
+                              (self.partner_id, self.run_id, self.slice))
 
     def write_page(self, headers: list[tuple[str, datetime | None, bool]]) -> None:
         if not headers:
@@ -65,7 +77,11 @@ class IdSweepWriter:
             fences.check(self.conn, f"reconcile sweep of run {self.run_id}")
             with cur.copy(_COPY_IDS) as copy:
                 for identifier, datestamp, deleted in headers:
-                    copy.write_row((self.partner_id, self.run_id, identifier, datestamp, deleted))
+                    copy.write_row((self.partner_id, self.run_id, identifier, datestamp, deleted, self.slice))
+            if self.slice:
+                cur.execute("UPDATE reconcile_slices SET pages = pages + 1, swept = swept + %s, progress_at = now()"
+                            " WHERE partner_id = %s AND run_id = %s AND slice = %s",
+                            (len(headers), self.partner_id, self.run_id, self.slice))
 
 
 _PLAN = """
@@ -250,3 +266,4 @@ def stage_removals(conn: psycopg.Connection, run: RunRef, first_seq: int) -> int
 def clear(conn: psycopg.Connection, partner_id: str, run_id: str) -> None:
     with conn.transaction():
         conn.execute("DELETE FROM reconcile_ids WHERE partner_id = %s AND run_id = %s", (partner_id, run_id))
+        conn.execute("DELETE FROM reconcile_slices WHERE partner_id = %s AND run_id = %s", (partner_id, run_id))

@@ -1,0 +1,200 @@
+"""Benchmark: a big partner's reconcile in slices, one slice killed and resumed, against one chain.
+
+The OAI-PMH simulator runs in a process of its own with ``--records`` records (2,000,000 by
+default; deletedRecord ``no``, so vanished records leave no tombstone), ``--page-size``
+headers a page (1,000) and ``--delay-ms`` per response (200). The aggregation holds the
+same identifiers, loaded by SQL (the reconcile compares identifiers; a full harvest of two
+million records is benchmarks/sliced_harvest.py's). Then, twice, ``--vanish`` records vanish
+upstream and ``--add`` new ones appear, and the partner is reconciled:
+
+- **in slices**: a planning process (sliced_reconcile.plan_sweep: ``--slices`` datestamp
+  ranges by the repository's counts), then one process per slice, ``--pool`` at once (as
+  the partner's Airflow pool runs the mapped ``sweep_ids``); slice ``--kill`` is killed with
+  SIGKILL once it has staged a third of its estimate and run again (its retry), then the
+  apply process (sliced_reconcile.apply_sweep);
+- **as one chain**: one process running reconcile.reconcile (the unsliced DAG's one task).
+
+Each ends with ``records`` compared with the simulator's live set, id for id. Printed: wall
+time of each and of the sweep, headers/s, the killed slice's pages before the kill, the
+ratio of the two.
+
+    .venv/bin/python benchmarks/sliced_reconcile.py [--records 2000000] [--slices 8] [--pool 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import support
+
+PARTNER = "bench_sliced_reconcile"
+
+
+def _partner(slices: int):
+    return support.partner(id=PARTNER, protocol="oai-pmh", metadata_prefix="oai_dc",
+                           slicing={"threshold_records": 1000, "target_records": 1000, "reconcile_slices": slices})
+
+
+def child(args: argparse.Namespace) -> None:
+    from partner_harvest import sliced_reconcile as sliced
+    from partner_harvest.factory import Endpoint, build_adapter
+    from partner_harvest.reconcile import reconcile
+    from partner_harvest.store import connect
+
+    partner = _partner(args.slices)
+    adapter = build_adapter(partner, Endpoint(args.url))
+    started = time.perf_counter()
+    with connect(args.db) as conn:
+        if args.step == "plan":
+            out = sliced.plan_sweep(adapter, conn, partner, args.run_id).to_dict()
+        elif args.step == "slice":
+            plan = sliced.SweepPlan.from_dict(json.loads(args.plan))
+            stats = sliced.sweep_slice(adapter, conn, PARTNER, args.run_id, plan, args.index)
+            out = {"pages": stats.pages, "ids": stats.fetched}
+        elif args.step == "apply":
+            plan = sliced.SweepPlan.from_dict(json.loads(args.plan))
+            out = sliced.apply_sweep(adapter, conn, partner, args.run_id, plan).as_dict()
+        else:
+            out = reconcile(adapter, conn, partner, args.run_id).as_dict()
+    out["seconds"] = time.perf_counter() - started
+    print(json.dumps(out, default=str))
+
+
+def _cmd(args: argparse.Namespace, url: str, db: str, run_id: str, step: str, *extra: str) -> list[str]:
+    return [sys.executable, __file__, "--child", "--url", url, "--db", db, "--run-id", run_id, "--step", step,
+            "--slices", str(args.slices), *extra]
+
+
+def _run(cmd: list[str]) -> dict:
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[2:8])} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def load(db: str, records: int) -> float:
+    """The aggregation holds what the partner holds: every identifier, by SQL."""
+    import psycopg
+
+    started = time.perf_counter()
+    support.forget(db, PARTNER)
+    with psycopg.connect(db) as conn:
+        conn.execute(
+            "INSERT INTO records (partner_id, identifier, datestamp, metadata_prefix, metadata, content_hash, run_id)"
+            " SELECT %s, 'oai:sim.example:rec-' || lpad(n::text, 7, '0'), timestamptz '2025-06-01', 'oai_dc',"
+            " '<metadata/>', 'loaded', 'load' FROM generate_series(1, %s) AS n", (PARTNER, records))
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("VACUUM (ANALYZE) records")
+    return time.perf_counter() - started
+
+
+def sliced_run(args: argparse.Namespace, url: str, db: str) -> dict:
+    import psycopg
+
+    run_id = "reconcile_bench/sliced"
+    started = time.perf_counter()
+    plan = _run(_cmd(args, url, db, run_id, "plan"))
+    planned = time.perf_counter()
+    text = json.dumps({k: v for k, v in plan.items() if k != "seconds"})
+    killed: dict = {}
+
+    def sweep(index: int) -> dict:
+        cmd = _cmd(args, url, db, run_id, "slice", "--plan", text, "--index", str(index))
+        if index != args.kill:
+            return _run(cmd)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with psycopg.connect(db, autocommit=True) as conn:
+            while proc.poll() is None:  # a benchmark's watch, not a test's synchronisation
+                pages, estimate = conn.execute(
+                    "SELECT pages, estimate FROM reconcile_slices WHERE run_id = %s AND slice = %s",
+                    (run_id, index)).fetchone()
+                if pages * args.page_size >= (estimate or 0) / 3:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    killed.update(pages=pages, estimate=estimate)
+                    break
+                time.sleep(0.2)
+        if not killed:
+            raise SystemExit(f"slice {index} finished before it could be killed")
+        return _run(cmd)  # the retry: from the slice's own start, the others untouched
+
+    with ThreadPoolExecutor(args.pool) as pool:
+        swept = list(pool.map(sweep, range(1, len(plan["pieces"]) + 1)))
+    harvested = time.perf_counter()
+    with psycopg.connect(db) as conn:  # the apply clears the slices' rows
+        attempts = dict(conn.execute("SELECT slice, attempts FROM reconcile_slices WHERE run_id = %s",
+                                     (run_id,)).fetchall())
+    applied = _run(_cmd(args, url, db, run_id, "apply", "--plan", text))
+    return {"wall": time.perf_counter() - started, "plan": planned - started, "sweep": harvested - planned,
+            "apply": applied["seconds"], "slices": len(plan["pieces"]), "ids": sum(s["ids"] for s in swept),
+            "pages": sum(s["pages"] for s in swept), "killed": killed, "result": applied, "attempts": attempts}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=2_000_000)
+    parser.add_argument("--page-size", type=int, default=1000)
+    parser.add_argument("--delay-ms", type=float, default=200.0)
+    parser.add_argument("--slices", type=int, default=8)
+    parser.add_argument("--pool", type=int, default=4)
+    parser.add_argument("--kill", type=int, default=3, help="the slice killed once (0: none)")
+    parser.add_argument("--vanish", type=int, default=100)
+    parser.add_argument("--add", type=int, default=20)
+    parser.add_argument("--no-chain", action="store_true", help="only the sliced reconcile")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    for name in ("--url", "--db", "--run-id", "--step", "--plan"):
+        parser.add_argument(name, help=argparse.SUPPRESS)
+    parser.add_argument("--index", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return 0
+
+    db = support.fresh_database(PARTNER)
+    sim_args = ("--records", str(args.records), "--deleted-fraction", "0", "--deleted-record", "no",
+                "--page-size", str(args.page_size), "--formats", "oai_dc", "--response-delay-ms", str(args.delay_ms))
+    print(f"Sliced reconcile benchmark: {args.records:,} identifiers, {args.page_size} headers a page, "
+          f"{args.delay_ms:.0f} ms a response; {args.slices} slices, {args.pool} at once, slice {args.kill} killed "
+          f"once and resumed; against one chain")
+    ok = True
+    figures = {}
+    with support.simulator("oai_pmh", *sim_args) as url:
+        print(f"  loaded {args.records:,} records by SQL in {load(db, args.records):.1f} s")
+        runs = [("sliced", sliced_run)] + ([] if args.no_chain else [("one chain", None)])
+        for label, how in runs:
+            changed = support.control(url, "mutate", {"delete": args.vanish, "add": args.add})
+            if how is not None:
+                m = how(args, url, db)
+                result = m["result"]
+                line = (f"{m['slices']} slices: {m['wall']:.1f} s wall (plan {m['plan']:.1f} s, sweep {m['sweep']:.1f} s "
+                        f"for {m['pages']:,} pages of the slices' final attempts, apply {m['apply']:.1f} s); "
+                        f"slice {args.kill} killed after {m['killed'].get('pages')} of "
+                        f"~{(m['killed'].get('estimate') or 0) // args.page_size} pages and swept again alone (attempts per slice {m['attempts']})")
+            else:
+                started = time.perf_counter()
+                result = _run(_cmd(args, url, db, "reconcile_bench/chain", "chain"))
+                m = {"wall": time.perf_counter() - started}
+                line = f"one chain: {m['wall']:.1f} s wall"
+            live = set(support.control(url, "live_ids"))
+            exact = support.held_ids(db, PARTNER) == live
+            purged_ok = result["purged"] == len(changed["deleted"]) and result["fetched_missing"] == len(changed["added"])
+            ok = ok and exact and purged_ok
+            figures[label] = m
+            print(f"  {line}; {args.records / m['wall']:,.0f} ids/s end to end; purged {result['purged']} "
+                  f"(vanished {len(changed['deleted'])}), fetched {result['fetched_missing']} (added "
+                  f"{len(changed['added'])}); records == live set: {'yes' if exact else 'NO'}")
+    if "one chain" in figures:
+        print(f"  speed-up of the sliced reconcile (with its killed slice) over one chain: "
+              f"{figures['one chain']['wall'] / figures['sliced']['wall']:.2f}x")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,198 @@
+"""A big partner's reconcile as slices (issue 28 item 6), without Airflow: the OAI-PMH and
+Sierra simulators on loopback, real PostgreSQL. The harness plays the DAG: plan_sweep, one
+sweep_ids per slice (in any order, one failing and retried alone), apply_reconcile; the
+fenced tests bind a real lease's fence to the connection, as the tasks do."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import pytest
+
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
+from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
+from partner_harvest import sliced_reconcile as sliced
+from partner_harvest.factory import Endpoint, build_adapter
+from partner_harvest.oai.errors import BadResumptionToken
+from partner_harvest.reconcile import purge_refusal
+from partner_harvest.store import fences, leases
+from partner_harvest.store.fences import PartnerChanged
+from partner_harvest.store.reconcile_slices import SweepIncomplete, SweepStale, rows
+from tests.support.db import held
+from tests.support.harness import run_once
+from tests.support.partners import oai_partner, sierra_partner
+
+SLICED = {"threshold_records": 300, "target_records": 150, "reconcile_slices": 4}
+RUN = "reconcile_museum/manual__1"
+
+
+def harvested(sim, conn, partner) -> None:
+    run_once(sim, conn, partner, run_id="first")
+
+
+def changed_upstream(repo: SimulatedRepository) -> tuple[set[str], set[str]]:
+    """Records vanished without a tombstone, and new ones the nightly run has not seen."""
+    return set(repo.delete(30)), set(repo.add(9))
+
+
+@pytest.fixture
+def museum():
+    repo = SimulatedRepository(records=800, page_size=100, seed=41, deleted_record="no", deleted_fraction=0.0)
+    with OaiSimulator(repo) as sim:
+        yield sim, repo
+
+
+def test_a_sliced_reconcile_sweeps_datestamp_ranges_and_converges_exactly(conn, museum) -> None:
+    sim, repo = museum
+    partner = oai_partner(slicing=SLICED)
+    harvested(sim, conn, partner)
+    vanished, added = changed_upstream(repo)
+    make = lambda: build_adapter(partner, Endpoint(sim.base_url))  # noqa: E731
+    sim.clear_requests()
+    plan = sliced.plan_sweep(make(), conn, partner, RUN)
+    assert plan.slices == 4
+    for index in (3, 1, 4, 2):  # any order
+        sliced.sweep_slice(make(), conn, partner.id, RUN, plan, index)
+    result = sliced.apply_sweep(make(), conn, partner, RUN, plan)
+    assert result.plan.vanished == 30 and result.purged == 30 and result.fetched_missing == 9
+    assert held(conn, partner.id) == repo.live_identifiers()
+    sweeps = [r for r in sim.requests if r.get("verb") == "ListIdentifiers" and "resumptionToken" not in r]
+    last = [r for r in sweeps if "from" in r and "until" not in r]
+    assert len(last) == 1  # the last slice is open-ended: records edited meanwhile land in it
+    assert conn.execute("SELECT count(*) FROM reconcile_ids").fetchone() == (0,)
+
+
+def test_a_failed_slice_is_retried_alone_and_converges_exactly(conn, museum) -> None:
+    """One slice fails mid-way (its token expires after its first page was staged, and the
+    partner allows no restart); its retry sweeps only its own range again, from its own
+    start, the others keep theirs, and the apply is exact."""
+    sim, repo = museum
+    partner = oai_partner(slicing=SLICED, max_token_restarts=0)
+    harvested(sim, conn, partner)
+    changed_upstream(repo)
+    make = lambda: build_adapter(partner, Endpoint(sim.base_url))  # noqa: E731
+    plan = sliced.plan_sweep(make(), conn, partner, RUN)
+    for index in (1, 3, 4):
+        sliced.sweep_slice(make(), conn, partner.id, RUN, plan, index)
+    sim.expire_tokens_after(1)  # the slice's chain breaks after its first page
+    with pytest.raises(BadResumptionToken):
+        sliced.sweep_slice(make(), conn, partner.id, RUN, plan, 2)
+    assert conn.execute("SELECT pages, swept > 0 FROM reconcile_slices WHERE slice = 2").fetchone() == (1, True)
+    with pytest.raises(SweepIncomplete, match="slice.*2 \\(failed\\)"):
+        sliced.apply_sweep(make(), conn, partner, RUN, plan)
+    sim.clear_requests()
+    sliced.sweep_slice(make(), conn, partner.id, RUN, plan, 2)
+    assert {r.slice: r.status for r in rows(conn, partner.id, RUN)} == dict.fromkeys((1, 2, 3, 4), "swept")
+    attempts = dict(conn.execute("SELECT slice, attempts FROM reconcile_slices WHERE run_id = %s", (RUN,)).fetchall())
+    assert attempts == {1: 1, 2: 2, 3: 1, 4: 1}  # the refused apply marked nothing; slice 2 alone again
+    firsts = [r for r in sim.requests if r.get("verb") == "ListIdentifiers" and "resumptionToken" not in r]
+    assert len(firsts) == 1  # the retry listed its own range only
+    sliced.apply_sweep(make(), conn, partner, RUN, plan)
+    assert held(conn, partner.id) == repo.live_identifiers()
+
+
+@pytest.mark.slow
+def test_a_slice_whose_ids_the_database_lost_is_swept_again_by_the_apply(conn, museum) -> None:
+    sim, repo = museum
+    partner = oai_partner(slicing=SLICED)
+    harvested(sim, conn, partner)
+    changed_upstream(repo)
+    make = lambda: build_adapter(partner, Endpoint(sim.base_url))  # noqa: E731
+    plan = sliced.plan_sweep(make(), conn, partner, RUN)
+    for index in range(1, 5):
+        sliced.sweep_slice(make(), conn, partner.id, RUN, plan, index)
+    conn.execute("DELETE FROM reconcile_ids WHERE run_id = %s AND slice = 3", (RUN,))  # as a crash empties it
+    conn.commit()
+    result = sliced.apply_sweep(make(), conn, partner, RUN, plan)
+    assert result.purged == 30  # not the ~200 records of slice 3: the guard would refuse, or purge them
+    assert held(conn, partner.id) == repo.live_identifiers()
+
+
+def _fenced(conn, partner_id: str, holder: str = RUN, epoch: int | None = None) -> fences.Fence:
+    token = leases.acquire(conn, partner_id, holder, leases.RECONCILE, timedelta(minutes=5))
+    fence = fences.Fence(partner_id, holder, token, epoch if epoch is not None else fences.current_epoch(conn, partner_id))
+    conn.commit()
+    fences.bind(conn, fence)
+    return fence
+
+
+def test_a_slice_refuses_after_an_operator_command_changed_the_partner(conn, museum) -> None:
+    sim, repo = museum
+    partner = oai_partner(slicing=SLICED)
+    harvested(sim, conn, partner)
+    make = lambda: build_adapter(partner, Endpoint(sim.base_url))  # noqa: E731
+    fence = _fenced(conn, partner.id)
+    plan = sliced.plan_sweep(make(), conn, partner, RUN, fence.epoch)
+    sliced.sweep_slice(make(), conn, partner.id, RUN, plan, 1)
+    with conn.transaction():
+        fences.bump_epoch(conn, partner.id, "forget")  # in its own transaction, as the command
+    before = conn.execute("SELECT count(*) FROM reconcile_ids WHERE slice = 2").fetchone()
+    with pytest.raises(PartnerChanged, match="forget"):
+        sliced.sweep_slice(make(), conn, partner.id, RUN, plan, 2)
+    assert conn.execute("SELECT count(*) FROM reconcile_ids WHERE slice = 2").fetchone() == before == (0,)
+    assert {r.slice: r.status for r in rows(conn, partner.id, RUN)}[2] == "planned"
+    fences.bind(conn, None)
+
+
+def test_a_slice_refuses_when_its_lease_lapsed_and_a_harvest_applied_meanwhile(conn, museum) -> None:
+    """The reconcile's lease lapsed between its tasks, a harvest took the partner and applied:
+    a slice's retry takes a new tenure but refuses to write (its sweep would be stale), in
+    the transaction of its start, and so does the apply; nothing is purged."""
+    sim, repo = museum
+    partner = oai_partner(slicing=SLICED)
+    harvested(sim, conn, partner)
+    make = lambda: build_adapter(partner, Endpoint(sim.base_url))  # noqa: E731
+    fence = _fenced(conn, partner.id)
+    plan = sliced.plan_sweep(make(), conn, partner, RUN, fence.epoch)
+    sliced.sweep_slice(make(), conn, partner.id, RUN, plan, 1)
+    fences.bind(conn, None)
+    conn.execute("UPDATE partner_leases SET expires_at = now() - interval '1 second' WHERE holder = %s", (RUN,))
+    conn.commit()
+    fresh = set(repo.add(5))
+    leases.acquire(conn, partner.id, "harvest-meanwhile", leases.HARVEST, timedelta(minutes=5))  # takes the partner
+    run_once(sim, conn, partner, run_id="harvest-meanwhile")  # and applies
+    leases.release(conn, partner.id, "harvest-meanwhile")
+    with pytest.raises(fences.LeaseLost):  # the old tenure is gone: its fence says so
+        fences.bind(conn, fence)
+        sliced.sweep_slice(make(), conn, partner.id, RUN, plan, 2)
+    _fenced(conn, partner.id, epoch=fence.epoch)  # the retry's new tenure
+    with pytest.raises(SweepStale, match="harvest-meanwhile"):
+        sliced.sweep_slice(make(), conn, partner.id, RUN, plan, 2)
+    with pytest.raises((SweepStale, SweepIncomplete)):
+        sliced.apply_sweep(make(), conn, partner, RUN, plan)
+    fences.bind(conn, None)
+    assert fresh <= held(conn, partner.id)  # never purged by the stale sweep
+
+
+def test_the_purge_decision_is_one_function() -> None:
+    from partner_harvest.store.reconcile import ReconcilePlan
+
+    partner = oai_partner(max_purge_fraction=0.1)
+    assert purge_refusal(partner, ReconcilePlan(100, 90, 0, 10, 0, 0)) is None
+    assert "mass-purge limit" in (purge_refusal(partner, ReconcilePlan(100, 80, 0, 15, 5, 0)) or "")
+
+
+@pytest.mark.slow
+def test_a_sierra_reconcile_sweeps_bib_id_ranges(conn) -> None:
+    catalogue = SimulatedCatalogue(bibs=800, deleted_fraction=0.0, seed=35)
+    with SierraSimulator(catalogue, client_key="k", client_secret="s") as sim:
+        partner = sierra_partner(page_size=100, slicing=SLICED)
+        endpoint = Endpoint(sim.base_url, "k", "s")
+        from partner_harvest.run import run_partner
+
+        run_partner(partner, build_adapter(partner, endpoint), conn, "full")
+        lost = set(random.Random(1).sample(sorted(catalogue.live_ids()), 5))
+        conn.execute("DELETE FROM records WHERE identifier = ANY(%s)", (list(lost),))
+        conn.commit()
+        gone = set(catalogue.delete(8))
+        plan = sliced.plan_sweep(build_adapter(partner, endpoint), conn, partner, "reconcile_library/1")
+        assert plan.slices == 4
+        sim.clear_requests()
+        for index in range(1, 5):
+            sliced.sweep_slice(build_adapter(partner, endpoint), conn, partner.id, "reconcile_library/1", plan, index)
+        result = sliced.apply_sweep(build_adapter(partner, endpoint), conn, partner, "reconcile_library/1", plan)
+        assert result.fetched_missing == 5 and result.purged == len(gone - lost)
+        assert held(conn, "library") == catalogue.live_ids()
+        ranges = {r["query"]["id"] for r in sim.requests if r["query"].get("fields") == "id"}
+        assert any(not q.startswith("[0,") for q in ranges)  # id ranges, not one keyset from 0

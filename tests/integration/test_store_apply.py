@@ -159,7 +159,7 @@ def test_schema_migrations_are_idempotent(db: str) -> None:
     from partner_harvest.store import connect, ensure_schema
 
     folder = Path(partner_harvest.store.__file__).parent / "migrations"
-    newer_migrations = sorted(p.name for p in folder.glob("*.sql") if p.name > "0019")
+    newer_migrations = sorted(p.name for p in folder.glob("*.sql") if int(p.name[:4]) > 19)
     assert "0024_host_pacing.sql" in newer_migrations
     with connect(db) as first:
         assert ensure_schema(first) == ["0001_initial.sql", "0002_reconcile_and_leases.sql", "0003_quarantine_current.sql",

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import requests
 
 from partner_harvest.adapters import Adapter
 from partner_harvest.errors import ConfigurationError
@@ -49,9 +52,14 @@ def transport(partner: Partner, endpoint: Endpoint) -> Transport:
         raise ConfigurationError(partner.id, f"Connection '{partner.conn_id}'", str(exc)) from None
 
 
-def build_adapter(partner: Partner, endpoint: Endpoint) -> Adapter:
+def build_adapter(partner: Partner, endpoint: Endpoint, *,
+                  on_response: Callable[[requests.Response], Any] | None = None) -> Adapter:
+    """``on_response``: called with every response the partner's session receives (the
+    Airflow layer counts requests and bytes with it)."""
     policy = http_policy(partner)
     session = build_session(partner.id, policy, home=endpoint.base_url, transport=transport(partner, endpoint))
+    if on_response is not None:
+        session.hooks["response"].append(lambda response, *args, **kwargs: on_response(response))
     if partner.protocol == "oai-pmh":
         oai = OaiClient(partner.id, endpoint.base_url, session, xml_limits=XmlLimits(policy.max_xml_nodes),
                         caps=ChainCaps.from_limits(partner.options.limits))

@@ -17,6 +17,7 @@ The hooks also report the endpoint to Airflow's hook-level lineage (``lineage.py
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar
 
 from airflow.sdk import BaseHook
@@ -68,7 +69,7 @@ class PartnerEndpointHook(BaseHook):
         conn_type = (conn.conn_type or LEGACY).strip().lower()
         if conn_type not in self.accepted:
             raise ValueError(f"Connection '{self.conn_id}' is of type {conn_type!r}; a {self.hook_name} "
-                             f"partner takes one of type {', '.join(sorted(self.accepted))}")
+                             f"takes one of type {', '.join(sorted(self.accepted))}")
         host = (conn.host or "").strip()
         if "://" in host:
             base_url = host
@@ -96,8 +97,10 @@ class SierraHook(PartnerEndpointHook):
     accepted = frozenset({LEGACY, SIERRA})
 
 
+@functools.cache
 def hook_for(protocol: str, conn_id: str) -> PartnerEndpointHook:
-    """The hook of the partner's protocol (the registry's ``protocol``)."""
+    """The hook of the partner's protocol (the registry's ``protocol``); one per process, so
+    the lineage a task reports through it is one input however often it builds an adapter."""
     cls = {"oai-pmh": OaiPmhHook, "sierra": SierraHook}.get(protocol, PartnerEndpointHook)
     return cls(conn_id=conn_id)
 
@@ -117,3 +120,6 @@ class AggregationHook(BaseHook):
 
     def get_conn(self) -> Any:
         return self.get_connection(self.conn_id)
+
+
+AGGREGATION = AggregationHook()  # the context of every table the lineage reports

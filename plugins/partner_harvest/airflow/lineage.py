@@ -79,9 +79,14 @@ def read_endpoint(hook: Any, protocol: str, base_url: str) -> None:
 
 
 def tables(conn: Any, names: tuple[str, ...]) -> list[str]:
-    """Asset URIs of aggregation tables, located by the connection itself."""
-    database, schema = conn.execute("SELECT current_database(), current_schema()").fetchone()
-    conn.commit()
+    """Asset URIs of aggregation tables, located by the connection itself ([] if it cannot say)."""
+    try:
+        database, schema = conn.execute("SELECT current_database(), current_schema()").fetchone()
+        conn.commit()
+    except Exception as exc:  # lineage never fails a harvest
+        conn.rollback()
+        log.warning("lineage: the aggregation's tables not reported: %s", exc)
+        return []
     return [table_uri(conn.info.host, conn.info.port, database, schema, name) for name in names]
 
 

@@ -22,7 +22,7 @@ from partner_harvest.adapters import Adapter
 from partner_harvest.airflow import assets, lineage, metrics
 from partner_harvest.airflow.connections import aggregation_conninfo
 from partner_harvest.airflow.cursor import advance_cursor, read_cursor
-from partner_harvest.airflow.hooks import AggregationHook, hook_for
+from partner_harvest.airflow.hooks import AGGREGATION, hook_for
 from partner_harvest.airflow.notifiers import failure_fields, send_alert
 from partner_harvest.errors import ConfigurationError, HarvestError, PartnerAsksToWait
 from partner_harvest.factory import build_adapter
@@ -290,7 +290,7 @@ def _stage(partner_id: str, window_data: dict[str, Any], context: Context, chann
     window = Window.from_dict(window_data)
     adapter = _adapter(partner)
     with aggregation(fence) as conn:
-        lineage.wrote(AggregationHook(), lineage.tables(conn, lineage.STAGING))
+        lineage.wrote(AGGREGATION, lineage.tables(conn, lineage.STAGING))
         if channel == "deletions":
             return pipeline.poll_deletions(adapter, conn, RunRef(partner_id, run_key(context), channel), window)
         # 'changes' (the whole window) or one of its slices 'changes/00N'
@@ -340,12 +340,17 @@ def apply_changes(partner_id: str, window_data: dict[str, Any], context: Context
 
 
 def _report_apply(conn: psycopg.Connection, partner_id: str, context: Context, applied: dict[str, int]) -> None:
-    """The applied run's metrics and lineage (staging read, the live tables written)."""
-    aggregation_hook = AggregationHook()
-    lineage.read(aggregation_hook, lineage.tables(conn, lineage.STAGING))
-    lineage.wrote(aggregation_hook, lineage.tables(conn, lineage.APPLIED))
-    metrics.send_apply(partner_id, applied, run_figures(conn, partner_id, run_key(context)).warnings,
-                       getattr(context["dag_run"], "start_date", None))
+    """The applied run's metrics and lineage (staging read, the live tables written); the
+    run is applied already, so nothing here may fail the task."""
+    lineage.read(AGGREGATION, lineage.tables(conn, lineage.STAGING))
+    lineage.wrote(AGGREGATION, lineage.tables(conn, lineage.APPLIED))
+    try:
+        warnings = run_figures(conn, partner_id, run_key(context)).warnings
+    except Exception as exc:
+        conn.rollback()
+        log.warning("%s: the run's warnings are not in its metrics: %s", partner_id, exc)
+        warnings = {}
+    metrics.send_apply(partner_id, applied, warnings, getattr(context["dag_run"], "start_date", None))
 
 
 @_fail_fast
@@ -400,7 +405,7 @@ def reconcile_partner(partner_id: str, context: Context) -> dict[str, Any]:
         adapter = _adapter(partner)
         with aggregation(keeper.fence) as conn:
             outcome = reconcile(adapter, conn, partner, run_key(context), allow_mass_purge=allow).as_dict()
-            lineage.wrote(AggregationHook(), lineage.tables(conn, lineage.APPLIED[:2]))
+            lineage.wrote(AGGREGATION, lineage.tables(conn, lineage.APPLIED[:2]))
             metrics.count("purged", partner_id, int(outcome.get("purged", 0)))
             metrics.count("runs_applied", partner_id, 1)
             assets.emit(context, partner_id,

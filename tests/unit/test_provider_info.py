@@ -86,14 +86,14 @@ def test_an_oai_pmh_partner_reads_http_and_oai_pmh_connections_alike(monkeypatch
 
 
 def test_the_form_fields_reach_the_session_and_empty_ones_mean_unset(monkeypatch, tmp_path) -> None:
-    """The Connections form saves a field left empty as "": a CA bundle of "" would read as
-    "verification off" (refused); it means the system's CAs."""
+    """The Connections form saves a field left empty as null (tests/e2e/test_connections_page.py):
+    a CA bundle of null (or "") read as "verification off" and was refused; it means the system's CAs."""
     cert, key = tmp_path / "client.pem", tmp_path / "client.key"
     cert.write_text("x")
     key.write_text("x")
     _conn(monkeypatch, "partner_lib", conn_type="sierra", host="https://lib.example/iii/sierra-api",
           login="key", password="secret",
-          extra={"verify": "", "cert": str(cert), "client_key": str(key), "proxy": "http://proxy.example:3128"})
+          extra={"verify": None, "cert": str(cert), "client_key": str(key), "proxy": "http://proxy.example:3128"})
     endpoint = hooks.hook_for("sierra", "partner_lib").endpoint()
     assert (endpoint.login, endpoint.password) == ("key", "secret")
     session = build_adapter(sierra_partner("lib", conn_id="partner_lib"), endpoint).client.session
@@ -107,3 +107,20 @@ def test_a_connection_of_the_other_protocols_type_is_refused(monkeypatch) -> Non
     with pytest.raises(ValueError, match="type 'oai_pmh'; a Sierra ILS partner takes one of type http, sierra"):
         hooks.hook_for("sierra", "partner_lib").endpoint()
     assert hooks.hook_for("oai-pmh", "partner_lib").endpoint().base_url == "https://lib.example/iii/sierra-api"
+
+
+@pytest.mark.parametrize("empty", [None, ""])
+def test_an_empty_form_field_is_unset(empty: object) -> None:
+    assert hooks.transport_extra({"verify": empty, "cert": empty, "client_key": empty, "proxy": empty}) == {}
+
+
+def test_a_connection_saved_by_the_form_with_the_ca_bundle_left_empty_verifies_with_the_system_cas(
+        monkeypatch) -> None:
+    """Regression: the Connections form saves the fields left empty as null; read whole, the
+    extras' ``"verify": null`` was taken for "verification off" and the partner refused."""
+    from partner_harvest.airflow.connections import partner_endpoint
+
+    _conn(monkeypatch, "partner_museum", conn_type="http", host="https://museum.example/oai",
+          extra={"verify": None, "cert": None, "proxy": None})
+    session = build_adapter(oai_partner("museum"), partner_endpoint("partner_museum")).client.session
+    assert session.verify is True and session.cert is None and session.proxies == {}

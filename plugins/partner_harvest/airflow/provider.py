@@ -29,18 +29,17 @@ def _text(label: str, description: str) -> dict[str, Any]:
 # The extras the partner's session reads (transport.Transport, via hooks.transport_extra).
 TLS_AND_PROXY_FIELDS: dict[str, dict[str, Any]] = {
     "verify": _text("CA bundle", "Path, on every worker, of the partner's CA bundle (PEM) when its certificate is "
-                    "not signed by a public CA. Empty: the system's CAs. Verification cannot be switched off."),
+                    "not signed by a public CA, e.g. /etc/ssl/partners/museum-ca.pem. Empty: the system's CAs. "
+                    "Verification cannot be switched off."),
     "cert": _text("Client certificate", "Path, on every worker, of the client certificate (PEM; with its key in "
-                  "the same file, or the key below) when the partner requires mutual TLS. Empty: none."),
+                  "the same file, or the key below) when the partner requires mutual TLS, e.g. "
+                  "/etc/ssl/harvester/client.pem. Empty: none."),
     "client_key": _text("Client key file", "Path of the client certificate's private key, when it is not in the "
-                        "certificate's file. Empty: none."),
+                        "certificate's file, e.g. /etc/ssl/harvester/client.key. Empty: none."),
     "proxy": _text("Proxy", "Proxy URL for both http and https, e.g. http://proxy.example:3128 (user:password@ "
                    "inside it is kept secret). Empty: no proxy. For one proxy per scheme put "
-                   "\"proxies\": {\"https\": ...} in Extra instead."),
+                   "{\"proxies\": {\"https\": \"http://proxy.example:3128\"}} in Extra Fields JSON instead."),
 }
-
-_TLS_PLACEHOLDERS = {"verify": "/etc/ssl/partners/museum-ca.pem", "cert": "/etc/ssl/harvester/client.pem",
-                     "client_key": "/etc/ssl/harvester/client.key", "proxy": "http://proxy.example:3128"}
 
 
 def connection_types() -> list[dict[str, Any]]:
@@ -53,9 +52,7 @@ def connection_types() -> list[dict[str, Any]]:
             "ui-field-behaviour": {
                 "hidden-fields": ["schema", "port", "login", "password"],
                 "relabeling": {"host": "Base URL"},
-                "placeholders": {"host": "https://museum.example/oai (the URL before ?verb=)",
-                                 "extra": '{"proxies": {"https": "http://proxy.example:3128"}}',
-                                 **_TLS_PLACEHOLDERS},
+                "placeholders": {"host": "https://museum.example/oai (the URL before ?verb=)"},
             },
         },
         {
@@ -68,9 +65,7 @@ def connection_types() -> list[dict[str, Any]]:
                 "relabeling": {"host": "API base URL", "login": "Client key", "password": "Client secret"},
                 "placeholders": {"host": "https://catalogue.example/iii/sierra-api (before /v6/...)",
                                  "login": "the API client key (Sierra Admin App, API Keys)",
-                                 "password": "the client secret",
-                                 "extra": '{"proxies": {"https": "http://proxy.example:3128"}}',
-                                 **_TLS_PLACEHOLDERS},
+                                 "password": "the client secret"},
             },
         },
     ]

@@ -83,9 +83,8 @@ def get_provider_info() -> dict[str, Any]:
     return {
         "package-name": PACKAGE,
         "name": "Partner harvest",
-        "description": "Harvests OAI-PMH and Sierra ILS partners into a PostgreSQL aggregation: partner "
-                       "connection types, hook-level lineage for OpenLineage, StatsD metrics; the partner "
-                       "health pages come as an Airflow plugin.",
+        "description": "OAI-PMH and Sierra ILS partners harvested into a PostgreSQL aggregation: "
+                       "partner connection types, lineage, metrics",
         "versions": [_version()],
         "connection-types": connection_types(),
         "asset-uris": [{

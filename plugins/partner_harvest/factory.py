@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import requests
+
 from partner_harvest.adapters import Adapter
 from partner_harvest.errors import ConfigurationError
 from partner_harvest.oai.chain_caps import ChainCaps
@@ -60,12 +62,17 @@ def pacer(partner: Partner, endpoint: Endpoint, store: Callable[[], PacingStore]
     return Pacer(partner.id, endpoint_host(endpoint.base_url), partner.request_delay, politeness, store)
 
 
-def build_adapter(partner: Partner, endpoint: Endpoint, *, pacing: Callable[[], PacingStore] | None = None) -> Adapter:
+def build_adapter(partner: Partner, endpoint: Endpoint, *, pacing: Callable[[], PacingStore] | None = None,
+                  on_response: Callable[[requests.Response], Any] | None = None) -> Adapter:
     """``pacing`` opens the shared pacing state (``store.pacing.PgPacingStore``), called only
-    when a request first needs it; without it the partner's requests are not paced."""
+    when a request first needs it; without it the partner's requests are not paced.
+    ``on_response``: called with every response the partner's session receives (the Airflow
+    layer counts requests and bytes with it)."""
     policy = http_policy(partner)
     session = build_session(partner.id, policy, home=endpoint.base_url, transport=transport(partner, endpoint),
                             pacer=pacer(partner, endpoint, pacing))
+    if on_response is not None:
+        session.hooks["response"].append(lambda response, *args, **kwargs: on_response(response))
     if partner.protocol == "oai-pmh":
         oai = OaiClient(partner.id, endpoint.base_url, session, xml_limits=XmlLimits(policy.max_xml_nodes),
                         caps=ChainCaps.from_limits(partner.options.limits))

@@ -13,7 +13,7 @@ import pytest
 from partner_harvest import docs_gen
 from partner_harvest.cli import build_parser
 
-PAGES = [docs_gen.REGISTRY_PAGE, docs_gen.CLI_PAGE, docs_gen.LIMITS_PAGE, docs_gen.STATES_PAGE]
+PAGES = [docs_gen.REGISTRY_PAGE, docs_gen.CLI_PAGE, docs_gen.LIMITS_PAGE, docs_gen.STATES_PAGE, docs_gen.METRICS_PAGE]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
@@ -56,3 +56,11 @@ def test_a_page_without_its_block_is_refused() -> None:
         docs_gen.replace_block("no markers here", "http-limits", "x")
     assert docs_gen.replace_block("a\n<!-- b:begin -->\nold\n<!-- b:end -->\nz", "b", "new") == (
         "a\n<!-- b:begin -->\nnew\n<!-- b:end -->\nz")
+
+
+def test_the_metrics_page_names_every_metric_the_code_defines() -> None:
+    from partner_harvest import metrics
+
+    page = docs_gen.METRICS_PAGE.read_text(encoding="utf-8")
+    for m in metrics.METRICS:
+        assert f"| `partner_harvest.{m.key}.<partner_id>` | {m.kind} |" in page

@@ -19,18 +19,14 @@ AGGREGATION_CONN_ID = "aggregation_db"
 def partner_endpoint(conn_id: str) -> Endpoint:
     """The Connection's host is the endpoint's base URL (a bare host gets schema/port).
 
-    Its extras travel along whole: ``verify`` (a CA bundle), ``cert`` and ``proxies``
-    configure the partner's session (``factory.transport``); ``verify: false`` is refused.
+    Read by the partner hooks (``hooks.py``, any of the types ``http``, ``oai_pmh``,
+    ``sierra``): the extras ``verify`` (a CA bundle), ``cert`` and ``proxies`` (or the form's
+    ``proxy`` and ``client_key``) configure the partner's session (``factory.transport``);
+    ``verify: false`` is refused.
     """
-    conn = BaseHook.get_connection(conn_id)
-    host = (conn.host or "").strip()
-    if "://" in host:
-        base_url = host
-    else:
-        scheme = conn.schema or "https"
-        port = f":{conn.port}" if conn.port else ""
-        base_url = f"{scheme}://{host}{port}"
-    return Endpoint(base_url=base_url, login=conn.login, password=conn.password, extra=conn.extra_dejson)
+    from partner_harvest.airflow.hooks import PartnerEndpointHook
+
+    return PartnerEndpointHook(conn_id=conn_id).endpoint()
 
 
 def aggregation_conninfo(conn_id: str = AGGREGATION_CONN_ID) -> str:

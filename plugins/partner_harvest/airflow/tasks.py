@@ -19,11 +19,12 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleExcept
 
 from partner_harvest import pipeline, quality, sliced_reconcile
 from partner_harvest.adapters import Adapter
-from partner_harvest.airflow import assets
-from partner_harvest.airflow.connections import aggregation_conninfo, partner_endpoint
+from partner_harvest.airflow import assets, lineage, metrics
+from partner_harvest.airflow.connections import aggregation_conninfo
 from partner_harvest.airflow.cursor import advance_cursor, read_cursor
+from partner_harvest.airflow.hooks import AGGREGATION, hook_for
 from partner_harvest.airflow.notifiers import failure_fields, send_alert
-from partner_harvest.errors import HarvestError, PartnerAsksToWait
+from partner_harvest.errors import ConfigurationError, HarvestError, PartnerAsksToWait
 from partner_harvest.factory import build_adapter
 from partner_harvest.reconcile import reconcile
 from partner_harvest.registry import Partner, RegistryError, get_partner
@@ -59,6 +60,8 @@ def _fail_fast(func: Callable[..., T]) -> Callable[..., T]:
             if not exc.retryable:
                 raise AirflowFailException(str(exc)) from exc
             raise
+        finally:
+            metrics.TRAFFIC.send(args[0] if args else kwargs.get("partner_id", "unknown"))
 
     wrapper.__name__ = func.__name__
     wrapper.__doc__ = func.__doc__
@@ -100,6 +103,20 @@ def run_request(context: Context) -> pipeline.RunRequest:
 
 def _partner(partner_id: str) -> Partner:
     return get_partner(partner_id)
+
+
+def _adapter(partner: Partner, conninfo: str) -> Adapter:
+    """The partner's adapter, its endpoint read through its connection type's hook: the
+    task's requests and bytes are counted (metrics), the endpoint reported as its input
+    (hook-level lineage), and its requests paced per host through the aggregation at
+    ``conninfo`` (read in the task's own thread)."""
+    hook = hook_for(partner.protocol, partner.conn_id)
+    try:
+        endpoint = hook.endpoint()
+    except ValueError as exc:
+        raise ConfigurationError(partner.id, f"Connection '{partner.conn_id}'", str(exc)) from None
+    lineage.read_endpoint(hook, partner.protocol, endpoint.base_url)
+    return build_adapter(partner, endpoint, on_response=metrics.TRAFFIC.observe, pacing=host_pacing(conninfo))
 
 
 def run_key(context: Context) -> str:
@@ -212,7 +229,7 @@ def freeze_window(partner_id: str, context: Context) -> dict[str, Any]:
     request = run_request(context)
     first_harvest_waits(partner, context, request)
     with hold_lease(partner_id, context) as keeper:
-        adapter = build_adapter(partner, partner_endpoint(partner.conn_id), pacing=host_pacing(keeper.conninfo))
+        adapter = _adapter(partner, keeper.conninfo)
         with aggregation(keeper.fence) as conn:
             abandoned = abandon_stale_runs(conn, partner_id, ABANDON_AFTER)
             if abandoned:
@@ -279,8 +296,9 @@ def _stage(partner_id: str, window_data: dict[str, Any], context: Context, chann
            fence: fences.Fence | None, conninfo: str) -> Any:
     partner = _partner(partner_id)
     window = Window.from_dict(window_data)
-    adapter = build_adapter(partner, partner_endpoint(partner.conn_id), pacing=host_pacing(conninfo))
+    adapter = _adapter(partner, conninfo)
     with aggregation(fence) as conn:
+        lineage.wrote(AGGREGATION, lineage.tables(conn, lineage.STAGING))
         if channel == "deletions":
             return pipeline.poll_deletions(adapter, conn, RunRef(partner_id, run_key(context), channel), window)
         # 'changes' (the whole window) or one of its slices 'changes/00N'
@@ -293,7 +311,7 @@ def plan_slices(partner_id: str, window_data: dict[str, Any], context: Context) 
     partner = _partner(partner_id)
     window = Window.from_dict(window_data)
     with hold_lease(partner_id, context, window_data=window_data) as keeper:
-        adapter = build_adapter(partner, partner_endpoint(partner.conn_id), pacing=host_pacing(keeper.conninfo))
+        adapter = _adapter(partner, keeper.conninfo)
         with aggregation(keeper.fence) as conn:
             planned = pipeline.plan_slices(adapter, conn, partner_id, run_key(context), window, partner.slicing)
     return pipeline.pieces(planned)  # JSON here, at the XCom boundary
@@ -322,10 +340,25 @@ def apply_changes(partner_id: str, window_data: dict[str, Any], context: Context
                 _stage(partner_id, window_data, context, channel, keeper.fence, keeper.conninfo)
 
         applied = pipeline.apply_changes(conn, partner_id, run_key(context), reharvest).as_dict()
+        _report_apply(conn, partner_id, context, applied)
         # The event Airflow emits on the partner's Asset when this task succeeds (airflow/assets.py).
         extra = assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id)
         assets.emit(context, partner_id, extra)
         return applied
+
+
+def _report_apply(conn: psycopg.Connection, partner_id: str, context: Context, applied: dict[str, int]) -> None:
+    """The applied run's metrics and lineage (staging read, the live tables written); the
+    run is applied already, so nothing here may fail the task."""
+    lineage.read(AGGREGATION, lineage.tables(conn, lineage.STAGING))
+    lineage.wrote(AGGREGATION, lineage.tables(conn, lineage.APPLIED))
+    try:
+        warnings = run_figures(conn, partner_id, run_key(context)).warnings
+    except Exception as exc:
+        conn.rollback()
+        log.warning("%s: the run's warnings are not in its metrics: %s", partner_id, exc)
+        warnings = {}
+    metrics.send_apply(partner_id, applied, warnings, getattr(context["dag_run"], "start_date", None))
 
 
 @_fail_fast
@@ -346,6 +379,7 @@ def move_cursor(partner_id: str, window_data: dict[str, Any], context: Context) 
             for channel, own in channel_windows(window).items():
                 moved[channel] = advance_cursor(partner_id, own, run_id, channel)
     release_lease(partner_id, run_key(context))
+    metrics.send_cursor_lag(partner_id, read_cursor(partner_id))
     return moved
 
 
@@ -376,9 +410,12 @@ def reconcile_partner(partner_id: str, context: Context) -> dict[str, Any]:
     keeper = hold_lease(partner_id, context, leases.RECONCILE)
     keeper.release_on_exit = True
     with keeper:
-        adapter = build_adapter(partner, partner_endpoint(partner.conn_id), pacing=host_pacing(keeper.conninfo))
+        adapter = _adapter(partner, keeper.conninfo)
         with aggregation(keeper.fence) as conn:
             outcome = reconcile(adapter, conn, partner, run_key(context), allow_mass_purge=allow).as_dict()
+            lineage.wrote(AGGREGATION, lineage.tables(conn, lineage.APPLIED[:2]))
+            metrics.count("purged", partner_id, int(outcome.get("purged", 0)))
+            metrics.count("runs_applied", partner_id, 1)
             assets.emit(context, partner_id,
                         assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id))
             return outcome
@@ -394,7 +431,7 @@ def plan_reconcile_sweep(partner_id: str, context: Context) -> list[dict[str, An
     each with the plan (XCom)."""
     partner = _partner(partner_id)
     with hold_lease(partner_id, context, leases.RECONCILE) as keeper:
-        adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+        adapter = _adapter(partner, keeper.conninfo)
         with aggregation(keeper.fence) as conn:
             epoch = keeper.fence.epoch if keeper.fence else None
             plan = sliced_reconcile.plan_sweep(adapter, conn, partner, run_key(context), epoch).to_dict()
@@ -407,7 +444,7 @@ def sweep_reconcile_slice(partner_id: str, plan: dict[str, Any], piece: dict[str
     """One slice of the sweep (mapped), retried on its own; refuses once the plan is stale."""
     partner = _partner(partner_id)
     with hold_lease(partner_id, context, leases.RECONCILE, window_data=plan["window"]) as keeper:
-        adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+        adapter = _adapter(partner, keeper.conninfo)
         with aggregation(keeper.fence) as conn:
             stats = sliced_reconcile.sweep_slice(adapter, conn, partner_id, run_key(context),
                                                  sliced_reconcile.SweepPlan.from_dict(plan), int(piece["slice"]))
@@ -422,7 +459,7 @@ def apply_reconcile(partner_id: str, plan: dict[str, Any], context: Context) -> 
     keeper = hold_lease(partner_id, context, leases.RECONCILE, window_data=plan["window"])
     keeper.release_on_exit = True
     with keeper:
-        adapter = build_adapter(partner, partner_endpoint(partner.conn_id))
+        adapter = _adapter(partner, keeper.conninfo)
         with aggregation(keeper.fence) as conn:
             outcome = sliced_reconcile.apply_sweep(adapter, conn, partner, run_key(context),
                                                    sliced_reconcile.SweepPlan.from_dict(plan),

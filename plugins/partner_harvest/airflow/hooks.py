@@ -1,0 +1,125 @@
+"""The partner connection types: ``oai_pmh`` and ``sierra`` (and the older ``http``).
+
+A partner's Connection says where it lives and how to log in; these hooks are the one
+place that reads it (``connections.partner_endpoint`` goes through them), so a Connection
+made from the Connections page (the form fields declared in ``provider.py``) and one of
+type ``http`` written as JSON before the connection types existed are read alike:
+
+- host: the endpoint's base URL (a bare host gets ``schema`` as scheme and ``port``);
+- login/password: Sierra's client key and secret (an OAI-PMH partner needs none);
+- extras ``verify`` (true, or the path of the partner's CA bundle), ``cert`` (a PEM with
+  certificate and key, or ``[cert, key]``), ``proxies`` (``{"https": "http://proxy:3128"}``),
+  or, from the form, ``proxy`` (one proxy URL for both schemes) and ``client_key`` (the key
+  file beside ``cert``). Empty form fields mean "not set".
+
+The hooks also report the endpoint to Airflow's hook-level lineage (``lineage.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, ClassVar
+
+from airflow.sdk import BaseHook
+
+from partner_harvest.factory import Endpoint
+
+OAI_PMH = "oai_pmh"
+SIERRA = "sierra"
+LEGACY = "http"  # every partner Connection before the connection types; still accepted
+PROTOCOL_CONN_TYPES = {"oai-pmh": OAI_PMH, "sierra": SIERRA}
+
+
+def transport_extra(extra: dict[str, Any]) -> dict[str, Any]:
+    """The extras ``transport.Transport`` reads, from either way of writing them.
+
+    A form leaves an unset field as ``""`` (or null): dropped here, since ``verify: ""``
+    would read as "verification off", which the transport refuses.
+    """
+    out = {k: v for k, v in extra.items() if v not in ("", None)}
+    proxy = out.pop("proxy", None)
+    if proxy is not None and "proxies" not in out:
+        out["proxies"] = {"http": proxy, "https": proxy}
+    key = out.pop("client_key", None)
+    if key is not None and isinstance(out.get("cert"), str):
+        out["cert"] = [out["cert"], key]
+    elif key is not None:
+        raise ValueError("extra 'client_key' needs 'cert' (the client certificate) beside it")
+    return out
+
+
+class PartnerEndpointHook(BaseHook):
+    """Reads a partner's Connection into an :class:`~partner_harvest.factory.Endpoint`."""
+
+    conn_name_attr = "conn_id"
+    default_conn_name = "partner_default"
+    conn_type = LEGACY
+    hook_name = "Partner endpoint"
+    accepted: ClassVar[frozenset[str]] = frozenset({LEGACY, OAI_PMH, SIERRA})
+
+    def __init__(self, conn_id: str = default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.conn_id = conn_id
+
+    def get_conn(self) -> Endpoint:
+        return self.endpoint()
+
+    def endpoint(self) -> Endpoint:
+        conn = self.get_connection(self.conn_id)
+        conn_type = (conn.conn_type or LEGACY).strip().lower()
+        if conn_type not in self.accepted:
+            raise ValueError(f"Connection '{self.conn_id}' is of type {conn_type!r}; a {self.hook_name} "
+                             f"takes one of type {', '.join(sorted(self.accepted))}")
+        host = (conn.host or "").strip()
+        if "://" in host:
+            base_url = host
+        else:
+            scheme = conn.schema or "https"
+            port = f":{conn.port}" if conn.port else ""
+            base_url = f"{scheme}://{host}{port}"
+        return Endpoint(base_url=base_url, login=conn.login, password=conn.password,
+                        extra=transport_extra(conn.extra_dejson))
+
+
+class OaiPmhHook(PartnerEndpointHook):
+    """An OAI-PMH repository: host = the base URL (``https://museum.example/oai``)."""
+
+    conn_type = OAI_PMH
+    hook_name = "OAI-PMH partner"
+    accepted = frozenset({LEGACY, OAI_PMH})
+
+
+class SierraHook(PartnerEndpointHook):
+    """A Sierra ILS REST API: host = the API's base URL, login/password = client key/secret."""
+
+    conn_type = SIERRA
+    hook_name = "Sierra ILS partner"
+    accepted = frozenset({LEGACY, SIERRA})
+
+
+@functools.cache
+def hook_for(protocol: str, conn_id: str) -> PartnerEndpointHook:
+    """The hook of the partner's protocol (the registry's ``protocol``); one per process, so
+    the lineage a task reports through it is one input however often it builds an adapter."""
+    cls = {"oai-pmh": OaiPmhHook, "sierra": SierraHook}.get(protocol, PartnerEndpointHook)
+    return cls(conn_id=conn_id)
+
+
+class AggregationHook(BaseHook):
+    """The aggregation database (Connection ``aggregation_db``): the context the hook-level
+    lineage reports its tables under (``connections.aggregation_conninfo`` reads it)."""
+
+    conn_name_attr = "conn_id"
+    default_conn_name = "aggregation_db"
+    conn_type = "postgres"
+    hook_name = "Partner harvest aggregation"
+
+    def __init__(self, conn_id: str = default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.conn_id = conn_id
+
+    def get_conn(self) -> Any:
+        return self.get_connection(self.conn_id)
+
+
+AGGREGATION = AggregationHook()  # the context of every table the lineage reports

@@ -1,0 +1,95 @@
+"""The package as an Airflow provider: ``get_provider_info`` (the ``apache_airflow_provider``
+entry point of pyproject.toml), read by Airflow's ProvidersManager.
+
+It declares the partner connection types with their form fields (declaratively, the way
+Airflow 3.2+ reads them without importing the hooks; the hooks' ``get_connection_form_widgets``
+is deprecated there) and the asset URI schemes of the hook-level lineage with their
+OpenLineage converters. The health pages stay an Airflow plugin (the ``airflow.plugins``
+entry point): declaring it here too would load it twice.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any
+
+from partner_harvest.airflow import lineage  # light: no Airflow, no protocol stack
+
+PACKAGE = "partner-harvest"
+# Every Airflow process reads this on start: it names the hooks (airflow/hooks.py) without
+# importing them, so the protocol stack loads only where a partner is harvested.
+OAI_PMH, OAI_PMH_HOOK = "oai_pmh", "partner_harvest.airflow.hooks.OaiPmhHook"
+SIERRA, SIERRA_HOOK = "sierra", "partner_harvest.airflow.hooks.SierraHook"
+
+
+def _text(label: str, description: str) -> dict[str, Any]:
+    return {"label": label, "description": description, "schema": {"type": ["string", "null"]}}
+
+
+# The extras the partner's session reads (transport.Transport, via hooks.transport_extra).
+TLS_AND_PROXY_FIELDS: dict[str, dict[str, Any]] = {
+    "verify": _text("CA bundle", "Path, on every worker, of the partner's CA bundle (PEM) when its certificate is "
+                    "not signed by a public CA, e.g. /etc/ssl/partners/museum-ca.pem. Empty: the system's CAs. "
+                    "Verification cannot be switched off."),
+    "cert": _text("Client certificate", "Path, on every worker, of the client certificate (PEM; with its key in "
+                  "the same file, or the key below) when the partner requires mutual TLS, e.g. "
+                  "/etc/ssl/harvester/client.pem. Empty: none."),
+    "client_key": _text("Client key file", "Path of the client certificate's private key, when it is not in the "
+                        "certificate's file, e.g. /etc/ssl/harvester/client.key. Empty: none."),
+    "proxy": _text("Proxy", "Proxy URL for both http and https, e.g. http://proxy.example:3128 (user:password@ "
+                   "inside it is kept secret). Empty: no proxy. For one proxy per scheme put "
+                   "{\"proxies\": {\"https\": \"http://proxy.example:3128\"}} in Extra Fields JSON instead."),
+}
+
+
+def connection_types() -> list[dict[str, Any]]:
+    return [
+        {
+            "connection-type": OAI_PMH,
+            "hook-class-name": OAI_PMH_HOOK,
+            "hook-name": "OAI-PMH partner",
+            "conn-fields": TLS_AND_PROXY_FIELDS,
+            "ui-field-behaviour": {
+                "hidden-fields": ["schema", "port", "login", "password"],
+                "relabeling": {"host": "Base URL"},
+                "placeholders": {"host": "https://museum.example/oai (the URL before ?verb=)"},
+            },
+        },
+        {
+            "connection-type": SIERRA,
+            "hook-class-name": SIERRA_HOOK,
+            "hook-name": "Sierra ILS partner",
+            "conn-fields": TLS_AND_PROXY_FIELDS,
+            "ui-field-behaviour": {
+                "hidden-fields": ["schema", "port"],
+                "relabeling": {"host": "API base URL", "login": "Client key", "password": "Client secret"},
+                "placeholders": {"host": "https://catalogue.example/iii/sierra-api (before /v6/...)",
+                                 "login": "the API client key (Sierra Admin App, API Keys)",
+                                 "password": "the client secret"},
+            },
+        },
+    ]
+
+
+def _version() -> str:
+    try:
+        return metadata.version(PACKAGE)
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "0.0.0"
+
+
+def get_provider_info() -> dict[str, Any]:
+    """What ProvidersManager reads (airflow/provider_info.schema.json)."""
+    return {
+        "package-name": PACKAGE,
+        "name": "Partner harvest",
+        "description": "OAI-PMH and Sierra ILS partners harvested into a PostgreSQL aggregation: "
+                       "partner connection types, lineage, metrics",
+        "versions": [_version()],
+        "connection-types": connection_types(),
+        "asset-uris": [{
+            "schemes": [*lineage.ENDPOINT_SCHEMES, lineage.TABLE_SCHEME],
+            "handler": "partner_harvest.airflow.lineage.normalize",
+            "to_openlineage_converter": "partner_harvest.airflow.lineage.to_openlineage",
+        }],
+    }

@@ -249,8 +249,8 @@ MUTATIONS: tuple[Mutation, ...] = (
       "the first slice (of the list, or of each set) starts at earliestDatestamp instead of the window's open "
       "start: records a repository stamps before the earliestDatestamp it announces are never harvested"),
     M("I13-a-plan-without-counts-still-slices", "oai/slicing.py",
-      "        return _equal_ranges(window, announced, step, min(count, settings.max_slices))\n",
-      "        return []\n",
+      "            return pieces if len(pieces) >= 2 else []\n",
+      "            return []\n",
       (SLICES + "test_a_repository_that_announces_no_list_size_is_cut_into_equal_time_ranges",),
       "a repository that announces no completeListSize (it is optional) is never sliced, whatever without_count "
       "says: its full harvest is one chain of hours"),

@@ -113,3 +113,17 @@ def test_the_shard_command_writes_thin_files_and_undoes_them(tmp_path: Path) -> 
     assert len(shards.write_shards(dags, 2)) == 4 and not (dags / "partner_harvest_shard_02.py").exists()
     assert shards.write_shards(dags, 1) == []
     assert (dags / ".airflowignore").read_text() == "scratch/\n"
+
+
+def test_touch_marks_the_partner_dag_files_changed(tmp_path: Path) -> None:
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    for name in ("partner_harvest.py", "partner_registry_check.py", "example_downstream_jsonl.py"):
+        (dags / name).write_text("# dag\n", encoding="utf-8")
+        os.utime(dags / name, (1_000_000, 1_000_000))
+    shards.write_shards(dags, 2)
+    touched = {p.name for p in shards.touch_dag_files(dags)}
+    assert touched == {"partner_harvest.py", "partner_registry_check.py", "partner_harvest_shard_00.py",
+                       "partner_harvest_shard_01.py", "partner_reconcile_shard_00.py", "partner_reconcile_shard_01.py"}
+    assert (dags / "partner_harvest.py").stat().st_mtime > 1_000_000
+    assert (dags / "example_downstream_jsonl.py").stat().st_mtime == 1_000_000

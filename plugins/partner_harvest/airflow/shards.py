@@ -8,6 +8,12 @@ lists ``partner_harvest.py`` / ``partner_reconcile.py`` in the folder's ``.airfl
 (they would build every partner again). ``--shards 1`` undoes it. Every file is rewritten,
 so the dag-processor parses them all at once (modified_time order): a DAG never sits in two
 files for longer than one pass. docs/operator/many-partners.md says how many to choose.
+
+    python -m partner_harvest.airflow.shards --touch dags/
+
+after an edit of the registry: with a long ``min_file_process_interval`` the dag-processor
+parses a file again only when its mtime is newer than its last parse, and the registry is
+not a DAG file; this sets the partner DAG files' mtime to now.
 """
 
 from __future__ import annotations
@@ -63,11 +69,27 @@ def _ignore_unsharded(ignore: Path, on: bool) -> None:
         ignore.unlink()
 
 
+def touch_dag_files(dags_folder: Path) -> list[Path]:
+    """Mark every partner DAG file changed now, so the dag-processor parses it at its next loop."""
+    touched = []
+    for path in sorted(dags_folder.iterdir()):
+        if SHARD_FILE.match(path.name) or path.name in (*UNSHARDED, "partner_registry_check.py"):
+            path.touch()
+            touched.append(path)
+    return touched
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shards", type=int, required=True, help="how many files per DAG kind (1: no shards)")
+    parser.add_argument("--shards", type=int, help="how many files per DAG kind (1: no shards)")
+    parser.add_argument("--touch", action="store_true", help="after a registry edit: have every partner DAG file parsed")
     parser.add_argument("dags_folder", type=Path)
     args = parser.parse_args(argv)
+    if args.touch:
+        print(f"{len(touch_dag_files(args.dags_folder))} partner DAG files marked changed in {args.dags_folder}")
+        return
+    if args.shards is None:
+        parser.error("--shards N or --touch")
     written = write_shards(args.dags_folder, args.shards)
     print(f"{len(written)} shard files in {args.dags_folder}"
           + ("; partner_harvest.py and partner_reconcile.py listed in .airflowignore" if written else ""))

@@ -159,6 +159,8 @@ def _record_event(context: Context, partner_id: str, kind: str, message: str) ->
             ensure_schema(conn)
             events.record(conn, partner_id, context["dag_run"].dag_id, run_key(context),
                           getattr(ti, "task_id", "?"), getattr(ti, "try_number", None), kind, message)
+            if kind in (events.FAILED, events.RETRY):  # a remembered `auto` prefix may be the cause: ask again next run
+                prefix_choices.forget(conn, partner_id)
     except Exception as exc:  # never mask the task's own failure or skip
         log.warning("%s: could not record the run's %s event: %s", partner_id, kind, exc)
 

@@ -33,3 +33,10 @@ def remember(conn: psycopg.Connection, partner_id: str, prefix: str) -> None:
             "ON CONFLICT (partner_id) DO UPDATE SET metadata_prefix = EXCLUDED.metadata_prefix, checked_at = now()",
             (partner_id, prefix),
         )
+
+
+def forget(conn: psycopg.Connection, partner_id: str) -> None:
+    """A failed try: the next run asks again (the partner may have stopped offering the prefix)."""
+    conn.commit()
+    with conn.transaction():
+        conn.execute("DELETE FROM metadata_prefix_choices WHERE partner_id = %s", (partner_id,))

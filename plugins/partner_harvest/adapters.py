@@ -113,6 +113,11 @@ class Adapter(ABC):
     def harvest(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
         """Stream the window's changes page by page into ``sink`` (a slice's window too)."""
 
+    def window_is_empty(self, window: Window) -> bool:
+        """Whether one cheap request shows the window holds no change (a quiet night); the
+        adapter then harvests that window without asking again. Default: cannot tell."""
+        return False
+
     @abstractmethod
     def sweep_ids(self, window: Window, sink: IdSink, stats: HarvestStats) -> None:
         """The reconcile's sweep: every identifier the partner holds now, as

@@ -8,6 +8,7 @@ the operator sees that partner's problem while every valid partner keeps running
 from __future__ import annotations
 
 import re
+import zlib
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -22,7 +23,8 @@ from partner_harvest import durations
 from partner_harvest.airflow import compat, tasks
 from partner_harvest.airflow.assets import partner_asset
 from partner_harvest.airflow.notifiers import PartnerAlertNotifier, run_late_alert, run_overdue_alert
-from partner_harvest.registry import Partner, RegistryError, load_registry
+from partner_harvest.airflow.quiet import quiet_alias
+from partner_harvest.registry import Partner, RegistryError, get_partner, load_registry
 
 START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
 
@@ -100,7 +102,10 @@ TASK_DOCS = {
         "Asks the partner for its clock and fixes the run's window (`until` = that clock, "
         "`from` = cursor − lag; no cursor or `mode=full`: from the beginning). Every later "
         "task, retry or clear reuses it (XCom; each task's Rendered Template shows it). A "
-        "scheduled run of a partner without a cursor skips here. **Fails:** the partner is "
+        "scheduled run of a partner without a cursor skips here. **Quiet night** (OAI-PMH, the newest "
+        "applied run fetched nothing): one ListRecords of the window; when empty, this task applies it, "
+        "moves the cursor and runs the quality checks itself, and the later tasks show *skipped* "
+        "(docs/operator/many-partners.md). **Fails:** the partner is "
         "unreachable or answers nonsense; retried with backoff. Clear it to start over."
     ),
     "plan_slices": (
@@ -265,7 +270,8 @@ def build_harvest_dag(partner: Partner) -> DAG:
         doc_md=_doc(partner),
     ) as dag:
 
-        @task(task_id="freeze_window", pool=pool)
+        # Its alias carries the Asset event of a quiet night, which freeze applies itself (airflow/quiet.py).
+        @task(task_id="freeze_window", pool=pool, outlets=[quiet_alias(pid)])
         def freeze_window() -> dict[str, Any]:
             return tasks.freeze_window(pid, get_current_context())
 
@@ -383,23 +389,43 @@ def _sliced_reconcile_tasks(partner: Partner) -> None:
 KINDS = {"harvest": build_harvest_dag, "reconcile": build_reconcile_dag}
 
 
-def build_dags(kind: str, wanted: str | None = None) -> list[DAG]:
+def build_dags(kind: str, wanted: str | None = None, shard: tuple[int, int] | None = None) -> list[DAG]:
     """Every ``<kind>_<id>`` DAG of the registry (only ``wanted`` when the parsing context
-    names one): the real DAG for a valid entry, an error DAG for an invalid one. A file
-    that is unusable as a whole raises, which Airflow shows as the DAG file's import error."""
-    registry = load_registry()
+    names one; only the ``shard=(index, count)`` share by :func:`shard_of` for a shard file
+    of partner_harvest.airflow.shards): the real DAG for a valid entry, an error DAG for an
+    invalid one. A file that is unusable as a whole raises, which Airflow shows as the DAG
+    file's import error."""
     builder = KINDS[kind]
+    if wanted is not None and wanted.startswith(f"{kind}_"):
+        # A task process: build its one DAG from its one entry, not the whole registry.
+        try:
+            partner = get_partner(wanted[len(kind) + 1:])
+        except RegistryError:
+            partner = None  # an error DAG, or the file unusable: the full path below says which
+        if partner is not None:
+            return [builder(partner)]
+    registry = load_registry()
     built: list[DAG] = []
     used = {f"{kind}_{p.id}" for p in registry.partners}
     for partner in registry.partners:
-        if wanted is None or wanted == f"{kind}_{partner.id}":
+        if (wanted is None or wanted == f"{kind}_{partner.id}") and in_shard(partner.id, shard):
             built.append(builder(partner))
     for index, error in enumerate(registry.errors):
         dag_id = error_dag_id(kind, error, used, index)
         used.add(dag_id)
-        if wanted is None or wanted == dag_id:
+        if (wanted is None or wanted == dag_id) and in_shard(error.partner or dag_id, shard):
             built.append(build_error_dag(kind, dag_id, error))
     return built
+
+
+def shard_of(partner_id: str, count: int) -> int:
+    """The shard file a partner's DAGs live in: a stable hash of its id (not Python's hash(),
+    which changes per process), so both of its DAGs stay in place while others come and go."""
+    return zlib.crc32(partner_id.encode("utf-8")) % count
+
+
+def in_shard(partner_id: str, shard: tuple[int, int] | None) -> bool:
+    return shard is None or shard_of(partner_id, shard[1]) == shard[0]
 
 
 def error_dag_id(kind: str, error: RegistryError, used: set[str], index: int) -> str:

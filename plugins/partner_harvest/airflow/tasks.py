@@ -19,7 +19,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleExcept
 
 from partner_harvest import pipeline, quality, sliced_reconcile
 from partner_harvest.adapters import Adapter
-from partner_harvest.airflow import assets, lineage, metrics
+from partner_harvest.airflow import assets, lineage, metrics, quiet
 from partner_harvest.airflow.connections import aggregation_conninfo
 from partner_harvest.airflow.cursor import advance_cursor, read_cursor
 from partner_harvest.airflow.hooks import AGGREGATION, hook_for
@@ -28,7 +28,7 @@ from partner_harvest.errors import ConfigurationError, HarvestError, PartnerAsks
 from partner_harvest.factory import build_adapter
 from partner_harvest.reconcile import reconcile
 from partner_harvest.registry import Partner, RegistryError, get_partner
-from partner_harvest.store import RunRef, connect, ensure_schema, events, fences, leases, runs
+from partner_harvest.store import RunRef, connect, ensure_schema, events, fences, leases, prefix_choices, runs
 from partner_harvest.store.pacing import PgPacingStore
 from partner_harvest.store.quality import run_figures
 from partner_harvest.store.runs import abandon_stale_runs, clock_high_water, last_applied_until
@@ -183,6 +183,8 @@ def _record_event(context: Context, partner_id: str, kind: str, message: str) ->
             ensure_schema(conn)
             events.record(conn, partner_id, context["dag_run"].dag_id, run_key(context),
                           getattr(ti, "task_id", "?"), getattr(ti, "try_number", None), kind, message)
+            if kind in (events.FAILED, events.RETRY):  # a remembered `auto` prefix may be the cause: ask again next run
+                prefix_choices.forget(conn, partner_id)
     except Exception as exc:  # never mask the task's own failure or skip
         log.warning("%s: could not record the run's %s event: %s", partner_id, kind, exc)
 
@@ -229,6 +231,14 @@ def freeze_window(partner_id: str, context: Context) -> dict[str, Any]:
     request = run_request(context)
     first_harvest_waits(partner, context, request)
     with hold_lease(partner_id, context) as keeper:
+        asked = partner.metadata_prefix == "auto" and request.mode != "full"
+        if asked:  # a fresh remembered choice spares the ListMetadataFormats (issue 28)
+            with aggregation() as conn:
+                chosen = prefix_choices.remembered(conn, partner_id)
+            if chosen is not None:
+                partner, asked = partner.evolve(metadata_prefix=chosen), False
+        else:
+            asked = partner.metadata_prefix == "auto"
         adapter = _adapter(partner, keeper.conninfo)
         with aggregation(keeper.fence) as conn:
             abandoned = abandon_stale_runs(conn, partner_id, ABANDON_AFTER)
@@ -244,14 +254,41 @@ def freeze_window(partner_id: str, context: Context) -> dict[str, Any]:
         window = pipeline.freeze_window(adapter, partner.lag, cursor, request, channels, high_water)
         fence = keeper.fence  # set once the lease is held
         window = window.with_facts(epoch=fence.epoch if fence else None)  # every later write of the run is fenced by it
+        if asked and window.protocol.metadata_prefix:
+            with aggregation() as conn:
+                prefix_choices.remember(conn, partner_id, window.protocol.metadata_prefix)
         empty = _empty_window(partner_id, window, request)
         if empty is None:
             behind = window.protocol.clock_behind_cursor
             if behind:
                 _alert_clock_behind(partner, context, behind)
+            if quiet.may_be_quiet(partner, window, request) and adapter.window_is_empty(window):
+                _finish_quiet_run(partner, adapter, window, context, keeper)  # raises: the rest is skipped
             return window.to_dict()
     release_lease(partner_id, run_key(context))  # nothing follows: let a reconcile in now
     _skip(partner_id, context, events.EMPTY, empty)
+
+
+def _finish_quiet_run(partner: Partner, adapter: Adapter, window: Window, context: Context,
+                      keeper: leases.LeaseKeeper) -> NoReturn:
+    """A quiet night in this one task process: the window (shown empty by the request
+    window_is_empty just made) staged and applied, the cursor moved after the apply
+    committed, the quality checks run, the Asset event emitted: the statements the later
+    tasks run, under the same lease and fences. Those tasks are then skipped (no process)."""
+    partner_id, window_data = partner.id, window.to_dict()
+    with aggregation(keeper.fence) as conn:
+        pipeline.harvest_piece(adapter, conn, partner_id, run_key(context), window, "changes")
+        applied = pipeline.apply_changes(conn, partner_id, run_key(context)).as_dict()
+        extra = assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id)
+    log.info("%s: quiet night: the window %s holds no change; applied (%s) here, so the later tasks are skipped",
+             partner_id, window.describe(), applied)
+    run_id = context["dag_run"].run_id
+    with aggregation(keeper.fence) as conn, fences.fenced(conn, f"cursor move of run {run_id}"):
+        advance_cursor(partner_id, window, run_id)
+    check_quality(partner_id, context)
+    quiet.emit_event(context, partner_id, extra)
+    keeper.release_on_exit = True  # nothing follows: let a reconcile in now
+    quiet.skip_the_rest(context, window_data)
 
 
 def _empty_window(partner_id: str, window: Window, request: pipeline.RunRequest) -> str | None:

@@ -52,6 +52,8 @@ class OaiAdapter(Adapter):
         # records above which one ListRecords stream fetches them instead of GetRecord each.
         self.verify_limit: int | None = partner.options.reconcile.verify_limit
         self.bulk_missing_threshold: int | None = partner.options.reconcile.bulk_missing_threshold
+        # Lists one request showed to be empty (window_is_empty); harvested without asking again.
+        self._known_empty: set[tuple[str, str | None, str, str | None]] = set()
 
     def clock(self) -> PartnerClock:
         identify = self.client.identify()
@@ -182,8 +184,30 @@ class OaiAdapter(Adapter):
         self._stream_piece(prefix, middle + step, high, oai_granularity, set_spec, sink, stats, guess,
                            depth + 1, sizes)
 
+    def window_is_empty(self, window: Window) -> bool:
+        """One ListRecords of the frozen window: empty (noRecordsMatch, or one page without
+        items or token) means a quiet night; that list is then harvested from this answer."""
+        if window.protocol.slice is not None:
+            return False
+        prefix = _prefix(window)
+        oai_granularity = window.protocol.oai_granularity or DAY_GRANULARITY
+        key = (prefix, format_datestamp(window.from_, oai_granularity) if window.from_ else None,
+               format_datestamp(window.until, oai_granularity), self._set_spec(window))
+        pages = self.client.list_pages("ListRecords", metadata_prefix=key[0], set_spec=key[3], from_=key[1],
+                                       until=key[2])
+        with closing(pages):
+            first = next(pages, None)
+        if first is None or (not first.items and first.token is None):
+            self._known_empty.add(key)
+            return True
+        return False
+
     def _stream(self, prefix: str, from_: str | None, until: str, set_spec: str | None, sink: ItemSink,
                 stats: HarvestStats) -> None:
+        if (prefix, from_, until, set_spec) in self._known_empty:
+            stats.pages += 1  # the empty answer window_is_empty read, as a harvest would count it
+            sink.write_page([])
+            return
         started = time.monotonic()
         pages = self.client.list_pages(
             "ListRecords", metadata_prefix=prefix, set_spec=set_spec, from_=from_, until=until

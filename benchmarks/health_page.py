@@ -23,6 +23,13 @@ import support  # noqa: F401  (puts plugins/ on sys.path)
 
 DB_NAME = "bench_health"
 TARGET_MS = 300.0
+# The partner ids, the same on both sides: at least 3 digits, never cut (``lpad`` to a fixed
+# width truncates: '1000' became '100').
+PID = "'bench' || lpad(p::text, greatest(3, length(p::text)), '0')"
+
+
+def partner_id(p: int) -> str:
+    return f"bench{p:03d}"
 
 
 def database(rebuild: bool) -> str:
@@ -44,8 +51,9 @@ def database(rebuild: bool) -> str:
     return make_conninfo(**params)
 
 
-def build(conn, partners: int, per_partner: int) -> None:
-    """The data, unless a build of this size is already there."""
+def build(conn, partners: int, per_partner: int, days: int = 365, weeks: int = 52, quarantined: int = 200) -> None:
+    """The data, unless a build of this size is already there (``days`` of nightly runs,
+    ``weeks`` of reconciles, ``quarantined`` rows per partner)."""
     held = conn.execute("SELECT count(*), COALESCE(sum(records_held), 0) FROM partner_stats").fetchone()
     if tuple(held) == (partners, partners * per_partner):
         print(f"reusing the data: {partners} partners, {held[1]:,} records")
@@ -58,13 +66,13 @@ def build(conn, partners: int, per_partner: int) -> None:
     for first in range(1, partners + 1, chunk):
         last = min(partners, first + chunk - 1)
         conn.execute(
-            """
+            f"""
             INSERT INTO records (partner_id, identifier, datestamp, metadata_prefix, metadata, title,
                                  content_hash, run_id, observed_at)
-            SELECT 'bench' || lpad(p::text, 3, '0'), 'oai:bench' || p || ':' || i,
+            SELECT {PID}, 'oai:bench' || p || ':' || i,
                    timestamptz '2026-01-01' + (i %% 300) * interval '1 day', 'oai_dc',
                    '<dc><title>Record ' || i || '</title></dc>', 'Record ' || i, md5(p || ':' || i),
-                   'harvest_bench' || lpad(p::text, 3, '0') || '/load', timestamptz '2026-01-01'
+                   'harvest_' || {PID} || '/load', timestamptz '2026-01-01'
             FROM generate_series(%s::int, %s::int) p, generate_series(1, %s::int) i
             """,
             (first, last, per_partner),
@@ -73,7 +81,7 @@ def build(conn, partners: int, per_partner: int) -> None:
         print(f"  records of partners {first}..{last} loaded ({time.perf_counter() - started:.0f} s)", flush=True)
     now = datetime.now(timezone.utc).replace(microsecond=0)
     conn.execute(
-        """
+        f"""
         INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until, status,
                                   pages, fetched, upserted, unchanged, purged, quarantined, error,
                                   started_at, harvested_at, applied_at, records_held)
@@ -86,33 +94,33 @@ def build(conn, partners: int, per_partner: int) -> None:
                %(now)s - d * interval '1 day' - interval '110 minutes',
                CASE WHEN d = 0 AND p %% 10 = 0 THEN NULL ELSE %(now)s - d * interval '1 day' - interval '100 minutes' END,
                %(held)s
-        FROM generate_series(1, %(partners)s) p, LATERAL (SELECT 'bench' || lpad(p::text, 3, '0') AS pid) n,
-             generate_series(0, 364) d
+        FROM generate_series(1, %(partners)s) p, LATERAL (SELECT {PID} AS pid) n,
+             generate_series(0, %(days)s - 1) d
         """,
-        {"now": now, "partners": partners, "held": per_partner},
+        {"now": now, "partners": partners, "held": per_partner, "days": days},
     )
     conn.execute(
-        """
+        f"""
         INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_until, status, fetched,
                                   upserted, purged, started_at, harvested_at, applied_at, records_held)
         SELECT pid, 'reconcile_' || pid || '/scheduled__' || w, 'reconcile', 'reconcile',
                %(now)s - w * interval '7 days', 'applied', 12, 2, 10,
                %(now)s - w * interval '7 days' - interval '1 hour', %(now)s - w * interval '7 days' - interval '50 minutes',
                %(now)s - w * interval '7 days' - interval '45 minutes', %(held)s
-        FROM generate_series(1, %(partners)s) p, LATERAL (SELECT 'bench' || lpad(p::text, 3, '0') AS pid) n,
-             generate_series(0, 51) w
+        FROM generate_series(1, %(partners)s) p, LATERAL (SELECT {PID} AS pid) n,
+             generate_series(0, %(weeks)s - 1) w
         """,
-        {"now": now, "partners": partners, "held": per_partner},
+        {"now": now, "partners": partners, "held": per_partner, "weeks": weeks},
     )
     conn.execute(
-        """
+        f"""
         INSERT INTO quarantine (partner_id, identifier, reason, raw_payload, run_id, quarantined_at, observed_at)
-        SELECT 'bench' || lpad(p::text, 3, '0'), 'oai:bench' || p || ':q' || q,
+        SELECT {PID}, 'oai:bench' || p || ':q' || q,
                'no title (' || (q %% 4) || ')', '<x/>', 'harvest_bench/scheduled__0',
                %(now)s - (q %% 30) * interval '1 day', %(now)s - (q %% 30) * interval '1 day'
-        FROM generate_series(1, %(partners)s) p, generate_series(1, 200) q
+        FROM generate_series(1, %(partners)s) p, generate_series(1, %(quarantined)s) q
         """,
-        {"now": now, "partners": partners},
+        {"now": now, "partners": partners, "quarantined": quarantined},
     )
     conn.execute(  # once, as migration 0006 does; apply_run keeps them in step from then on
         """
@@ -132,6 +140,7 @@ def main() -> None:
     parser.add_argument("--partners", type=int, default=500)
     parser.add_argument("--records-per-partner", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--days", type=int, default=365, help="nightly runs per partner")
     parser.add_argument("--rebuild", action="store_true")
     args = parser.parse_args()
 
@@ -141,11 +150,11 @@ def main() -> None:
     db = database(args.rebuild)
     with connect(db) as conn:
         ensure_schema(conn)
-        build(conn, args.partners, args.records_per_partner)
+        build(conn, args.partners, args.records_per_partner, days=args.days)
         records = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE relname = 'records'").fetchone()[0]
         runs = conn.execute("SELECT count(*) FROM harvest_runs").fetchone()[0]
         conn.commit()
-        partners = [support.partner(id=f"bench{p:03d}", protocol="oai-pmh") for p in range(1, args.partners + 1)]
+        partners = [support.partner(id=partner_id(p), protocol="oai-pmh") for p in range(1, args.partners + 1)]
         now = datetime.now(timezone.utc)
         timings = []
         for _ in range(args.repeat):

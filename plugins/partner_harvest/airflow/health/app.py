@@ -24,6 +24,7 @@ from markupsafe import Markup
 from partner_harvest import durations
 from partner_harvest.airflow.health import source
 from partner_harvest.airflow.health.chart import runs_chart
+from partner_harvest.health_index import IndexQuery, partners_to_read, select_page
 from partner_harvest.partner_state import slug
 from partner_harvest.store.health import STATES, partner_health, quarantine_today, recent_runs, warnings_today
 from partner_harvest.store.progress import current_progress, summary_line
@@ -60,13 +61,18 @@ def create_app() -> FastAPI:
 
     @app.get("/", response_class=HTMLResponse, dependencies=guard)
     def index(request: Request) -> HTMLResponse:
+        """One page of the partners, filtered and sorted as the URL asks (health_index.py)."""
         now = datetime.now(timezone.utc)
+        query = IndexQuery.from_params(request.query_params)
         registry = source.registry()
-        scheduled = source.latest_harvest_runs(registry.partners)
+        partners = partners_to_read(registry.partners, query)
+        scheduled = source.latest_harvest_runs(partners)
         with source.connection() as conn:
-            rows = partner_health(conn, registry.partners, now, scheduled, registry.errors)
-        counts = {state: sum(1 for r in rows if r.state == state) for state in STATES}
-        return _render("index.html", request, rows=rows, counts=counts, now=now)
+            rows = partner_health(conn, partners, now, scheduled, registry.errors if query.protocol is None else ())
+        page = select_page(rows, query, total=len(registry.partners) + len(registry.errors))
+        protocols = sorted({p.protocol for p in registry.partners})
+        return _render("index.html", request, rows=page.rows, index=page, counts=page.counts, now=now,
+                       states=STATES, protocols=protocols)
 
     @app.get("/partner/{partner_id}", response_class=HTMLResponse, dependencies=guard)
     def partner(request: Request, partner_id: str) -> HTMLResponse:

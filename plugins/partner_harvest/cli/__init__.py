@@ -7,6 +7,7 @@
     partner-harvest reset-cursor ID [--to WHEN]  delete or set the partner's cursor Variables (asks first)
     partner-harvest forget ID                    drop a partner's rows, pool and Variables (asks first)
     partner-harvest migrate [--check]            apply the aggregation schema (for HARVEST_SCHEMA_MANAGED=external)
+    partner-harvest report ID [--format json|csv] a report for the partner's own staff: runs, quarantine, warnings, proofs
 
 The aggregation database is ``--database-url``, else ``$HARVEST_DATABASE_URL``, else the
 Airflow Connection ``aggregation_db``. Variables, pools and that Connection go through
@@ -369,6 +370,32 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from partner_harvest.cli.airflow_side import configured
+    from partner_harvest.report import build_report, report_csv
+
+    partner = _partner(_registry(args), args.partner)
+    endpoint = args.endpoint
+    if endpoint is None and configured():  # the partner's own endpoint, from its Connection when Airflow is here
+        endpoint = _airflow("report (reading the partner's Connection; --endpoint skips it)").connection_base_url(
+            partner.conn_id)
+    with _connect(args) as conn:
+        report = build_report(conn, partner, datetime.now(timezone.utc), endpoint=endpoint, days=args.days)
+    if args.format == "csv":
+        text = report_csv(report)
+    else:
+        import json
+
+        text = json.dumps(report, indent=2, ensure_ascii=False) + "\n"
+    if args.output:
+        with open(args.output, "w", encoding="utf-8", newline="") as out:
+            out.write(text)
+        print(f"report of {partner.id} ({args.format}, {args.days} days): {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 # -- parser -----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -411,6 +438,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("migrate", parents=[common], help="apply pending schema migrations to the aggregation database")
     p.add_argument("--check", action="store_true", help="only list pending migrations (exit 1 if any)")
     p.set_defaults(func=cmd_migrate)
+    p = sub.add_parser("report", parents=[common],
+                       help="a report for the partner's own staff (JSON or CSV): its runs, quarantine and warnings "
+                            "by reason with samples, its completeness proofs")
+    p.add_argument("partner", metavar="PARTNER")
+    p.add_argument("--format", choices=["json", "csv"], default="json")
+    p.add_argument("--days", type=int, default=90, help="how far back (default 90 days)")
+    p.add_argument("--endpoint", metavar="URL",
+                   help="the partner's endpoint to name (default: its Connection's host, when Airflow is configured)")
+    p.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of standard output")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
@@ -26,6 +26,7 @@ from partner_harvest.airflow.health import source
 from partner_harvest.airflow.health.chart import runs_chart
 from partner_harvest.health_index import IndexQuery, partners_to_read, select_page
 from partner_harvest.partner_state import slug
+from partner_harvest.report import build_report, report_csv
 from partner_harvest.store.health import STATES, partner_health, quarantine_today, recent_runs, warnings_today
 from partner_harvest.store.progress import current_progress, summary_line
 
@@ -92,6 +93,24 @@ def create_app() -> FastAPI:
                        reasons=reasons, entries=entries, warned=warned, now=now, progress=progress,
                        progress_line=summary_line(progress) if progress else None,
                        progress_run=_audit_run(progress.run_id) if progress else None)
+
+    @app.get("/partner/{partner_id}/report.{fmt}", dependencies=guard)
+    def report(partner_id: str, fmt: str) -> Response:
+        """The partner-facing report (report.py) as a download, JSON or CSV."""
+        if fmt not in ("json", "csv"):
+            raise HTTPException(404, f"no report format {fmt!r} (json or csv)")
+        registry = source.registry()
+        entry = next((p for p in registry.partners if p.id == partner_id), None)
+        if entry is None:
+            raise HTTPException(404, f"partner {partner_id!r} is not in the registry {registry.path}")
+        now = datetime.now(timezone.utc)
+        with source.connection() as conn:
+            built = build_report(conn, entry, now, endpoint=source.partner_base_url(entry.conn_id))
+        name = f"partner-report-{partner_id}-{now:%Y%m%d}.{fmt}"
+        headers = {"Content-Disposition": f'attachment; filename="{name}"'}
+        if fmt == "csv":
+            return Response(report_csv(built), media_type="text/csv; charset=utf-8", headers=headers)
+        return JSONResponse(built, headers=headers)
 
     return app
 

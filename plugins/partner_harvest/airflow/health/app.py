@@ -9,6 +9,7 @@ Figures come from the aggregation database through the ``aggregation_db`` Connec
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -27,7 +28,8 @@ from partner_harvest.airflow.health.chart import runs_chart
 from partner_harvest.health_index import IndexQuery, partners_to_read, select_page
 from partner_harvest.partner_state import slug
 from partner_harvest.report import build_report, report_csv
-from partner_harvest.store.health import STATES, partner_health, quarantine_today, recent_runs, warnings_today
+from partner_harvest.registry import Registry
+from partner_harvest.store.health import STATES, PartnerHealth, partner_health, quarantine_today, recent_runs, warnings_today
 from partner_harvest.store.progress import current_progress, summary_line
 
 log = logging.getLogger(__name__)
@@ -63,13 +65,9 @@ def create_app() -> FastAPI:
     @app.get("/", response_class=HTMLResponse, dependencies=guard)
     def index(request: Request) -> HTMLResponse:
         """One page of the partners, filtered and sorted as the URL asks (health_index.py)."""
-        now = datetime.now(timezone.utc)
         query = IndexQuery.from_params(request.query_params)
         registry = source.registry()
-        partners = partners_to_read(registry.partners, query)
-        scheduled = source.latest_harvest_runs(partners)
-        with source.connection() as conn:
-            rows = partner_health(conn, partners, now, scheduled, registry.errors if query.protocol is None else ())
+        now, rows = _index_rows(registry, query)
         page = select_page(rows, query, total=len(registry.partners) + len(registry.errors))
         protocols = sorted({p.protocol for p in registry.partners})
         return _render("index.html", request, rows=page.rows, index=page, counts=page.counts, now=now,
@@ -113,6 +111,37 @@ def create_app() -> FastAPI:
         return JSONResponse(built, headers=headers)
 
     return app
+
+
+# The figures of every partner behind one index request, kept a few seconds: at thousands of
+# partners reading them is what a page costs, and an operator turning pages, sorting and
+# filtering asks for the same figures again and again. "as of" on the page says how old.
+# A small registry is read fresh on every request (it costs milliseconds).
+INDEX_ROWS_FOR = timedelta(seconds=30)
+CACHE_FROM_PARTNERS = 1000
+_index_cache: dict[tuple[int, str | None], tuple[datetime, list[PartnerHealth]]] = {}
+_index_lock = threading.Lock()
+
+
+def _index_rows(registry: Registry, query: IndexQuery) -> tuple[datetime, list[PartnerHealth]]:
+    key = (id(registry), query.protocol)  # a changed registry file is a new Registry object (source.registry)
+    now = datetime.now(timezone.utc)
+    with _index_lock:
+        cached = _index_cache.get(key)
+        if cached is not None and now - cached[0] < INDEX_ROWS_FOR:
+            return cached
+    cache = len(registry.partners) >= CACHE_FROM_PARTNERS
+    partners = partners_to_read(registry.partners, query)
+    scheduled = source.latest_harvest_runs(partners)
+    with source.connection() as conn:
+        rows = partner_health(conn, partners, now, scheduled, registry.errors if query.protocol is None else ())
+    if not cache:
+        return now, rows
+    with _index_lock:
+        for stale in [k for k, (at, _) in _index_cache.items() if now - at >= INDEX_ROWS_FOR or k[0] != key[0]]:
+            del _index_cache[stale]
+        _index_cache[key] = (now, rows)
+    return now, rows
 
 
 def _render(template: str, request: Request, **context: object) -> HTMLResponse:

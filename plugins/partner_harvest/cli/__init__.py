@@ -7,7 +7,7 @@
     partner-harvest reset-cursor ID [--to WHEN]  delete or set the partner's cursor Variables (asks first)
     partner-harvest forget ID                    drop a partner's rows, pool and Variables (asks first)
     partner-harvest migrate [--check]            apply the aggregation schema (for HARVEST_SCHEMA_MANAGED=external)
-    partner-harvest onboard [--connections F]    pools, Connections, unpaused DAGs, first harvests: Airflow in line with the registry (--dry-run)
+    partner-harvest onboard [--connections F]    pools, Connections, unpaused DAGs, first harvests (--dry-run)
     partner-harvest report ID [--format json|csv] a report for the partner's own staff: runs, quarantine, warnings, proofs
 
 The aggregation database is ``--database-url``, else ``$HARVEST_DATABASE_URL``, else the

@@ -27,8 +27,8 @@ from partner_harvest.airflow.health import source
 from partner_harvest.airflow.health.chart import runs_chart
 from partner_harvest.health_index import IndexQuery, partners_to_read, select_page
 from partner_harvest.partner_state import slug
-from partner_harvest.report import build_report, report_csv
 from partner_harvest.registry import Registry
+from partner_harvest.report import build_report, report_csv
 from partner_harvest.store.health import STATES, PartnerHealth, partner_health, quarantine_today, recent_runs, warnings_today
 from partner_harvest.store.progress import current_progress, summary_line
 

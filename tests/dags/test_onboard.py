@@ -97,7 +97,7 @@ def test_onboard_brings_airflow_in_line_once_and_a_second_pass_changes_nothing(f
     assert "s3cret-pw" not in out
     assert _state(dag_ids) == before  # a dry run writes nothing
 
-    assert main(["onboard", "--connections", str(file), "-v"]) == 0
+    assert main(["onboard", "--connections", str(file), "--verbose"]) == 0
     out = capsys.readouterr().out
     assert f"connection partner_{b}: ok (in a secrets backend)" in out
     assert "s3cret-pw" not in out

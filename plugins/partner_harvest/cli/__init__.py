@@ -483,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON or YAML {conn_id: {conn_type, host, login, password, schema, port, extra}} (the "
                         "shape `airflow connections export` writes); without it, Connections are only checked")
     p.add_argument("--dry-run", action="store_true", help="say what would change; change nothing")
-    p.add_argument("--verbose", "-v", action="store_true", help="also list what is already in line")
+    p.add_argument("--verbose", action="store_true", help="also list what is already in line")
     p.set_defaults(func=cmd_onboard)
     p = sub.add_parser("report", parents=[common],
                        help="a report for the partner's own staff (JSON or CSV): its runs, quarantine and warnings "
@@ -493,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--days", type=int, default=90, help="how far back (default 90 days)")
     p.add_argument("--endpoint", metavar="URL",
                    help="the partner's endpoint to name (default: its Connection's host, when Airflow is configured)")
-    p.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of standard output")
+    p.add_argument("--output", metavar="FILE", help="write to FILE instead of standard output")
     p.set_defaults(func=cmd_report)
     return parser
 

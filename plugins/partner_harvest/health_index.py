@@ -71,8 +71,8 @@ class IndexQuery:
             state=state if state in partner_state.NAMES else None,
             protocol=params.get("protocol") or None,
             text=(params.get("q") or "").strip()[:200],
-            sort=params.get("sort") if params.get("sort") in SORTS else "state",
-            order=params.get("order") if params.get("order") in ORDERS else "asc",
+            sort=str(params.get("sort")) if params.get("sort") in SORTS else "state",
+            order=str(params.get("order")) if params.get("order") in ORDERS else "asc",
             page=max(1, number("page", 1)),
             per_page=min(MAX_PER_PAGE, max(10, number("per_page", PER_PAGE))),
         )

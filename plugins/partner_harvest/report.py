@@ -127,7 +127,7 @@ def build_report(conn: psycopg.Connection, partner: Partner, now: datetime, *, e
         FROM quarantine WHERE partner_id = %s AND quarantined_at >= %s
         GROUP BY reason ORDER BY count(*) DESC, reason LIMIT %s
         """, (pid, since, MAX_REASONS)).fetchall()
-    open_now = dict(conn.execute(
+    open_now: dict[str, int] = dict(conn.execute(
         "SELECT reason, count(*) FROM quarantine_current WHERE partner_id = %s GROUP BY reason", (pid,)).fetchall())
     quarantine = []
     for reason, rejects, records, first, last in reasons:

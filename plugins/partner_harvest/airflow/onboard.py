@@ -161,7 +161,7 @@ def plan_connections(needed: Iterable[str], from_file: dict[str, dict[str, Any]]
 def _existing_pools() -> dict[str, tuple[int, str]]:
     from airflow.models.pool import Pool
 
-    return {p.pool: (p.slots, p.description or "") for p in Pool.get_pools()}
+    return {str(p.pool): (p.slots, p.description or "") for p in Pool.get_pools()}
 
 
 def _metastore_connection(conn_id: str) -> dict[str, Any] | None:

@@ -80,3 +80,19 @@ def unfinished_dag_runs(dag_ids: list[str]) -> list[dict[str, Any]]:
             found.append({"dag_id": run.dag_id, "run_id": run.run_id, "state": str(getattr(run.state, "value", run.state)),
                           "frozen": states.get("freeze_window") == "success", "tasks": waiting})
     return found
+
+
+def connection_base_url(conn_id: str) -> str | None:
+    """The partner Connection's base URL as ``connections.partner_endpoint`` builds it (core
+    models: the CLI and the api-server are not tasks); None when it cannot be read. Only
+    the URL: the login, password and extras stay in the Connection."""
+    try:
+        conn = Connection.get_connection_from_secrets(conn_id)
+    except Exception:  # AirflowNotFoundException, a secrets backend down: the report goes without it
+        return None
+    host = (conn.host or "").strip()
+    if not host:
+        return None
+    if "://" in host:
+        return host
+    return f"{conn.schema or 'https'}://{host}{':' + str(conn.port) if conn.port else ''}"

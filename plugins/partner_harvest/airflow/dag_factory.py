@@ -202,7 +202,8 @@ def default_args(partner: Partner) -> dict[str, Any]:
         **DEFAULT_ARGS,
         "retries": partner.retries,
         **registry_args,  # the registry's keys; unset ones keep DEFAULT_ARGS
-        "on_failure_callback": [PartnerAlertNotifier(partner.id), partial(tasks.record_run_event, partner_id=partner.id),
+        "on_failure_callback": [PartnerAlertNotifier(partner.id, conn_id=partner.conn_id),
+                                partial(tasks.record_run_event, partner_id=partner.id),
                                 partial(tasks.release_lease_after_final_failure, partner_id=partner.id)],
         # A failed try waiting for the next: the health page and `status` say "retrying" with its error.
         "on_retry_callback": [partial(tasks.record_run_event, partner_id=partner.id, kind="retry")],

@@ -70,11 +70,13 @@ class PartnerAlertNotifier(BaseNotifier):
     """Task-failure alert naming the partner (given by the DAG factory, which built the DAG
     for it); sent through the deployment's channels."""
 
-    def __init__(self, partner_id: str, smtp_conn_id: str = SMTP_CONN_ID, webhook_conn_id: str = WEBHOOK_CONN_ID):
+    def __init__(self, partner_id: str, smtp_conn_id: str = SMTP_CONN_ID, webhook_conn_id: str = WEBHOOK_CONN_ID,
+                 conn_id: str | None = None):
         super().__init__()
         self.partner_id = partner_id
         self.smtp_conn_id = smtp_conn_id
         self.webhook_conn_id = webhook_conn_id
+        self.conn_id = conn_id  # the partner's Connection: its host groups a shared outage (alert_digest.py)
 
     def notify(self, context: Context) -> None:
         fields = failure_fields(context, self.partner_id)
@@ -88,7 +90,13 @@ class PartnerAlertNotifier(BaseNotifier):
             f"Cause: {fields['cause']}",
             f"Log: {fields['log_url']}",
         ]
-        send_alert(subject, lines, {"kind": "failure", **fields}, self.smtp_conn_id, self.webhook_conn_id)
+        from partner_harvest.airflow.alert_digest import alert_failure, partner_host
+
+        exception = context.get("exception")
+        alert_failure({"kind": "failure", **fields}, subject, lines, host=partner_host(self.conn_id),
+                      error_type=type(exception).__name__ if exception is not None else "unknown",
+                      send=lambda subject, lines, fields: send_alert(subject, lines, fields, self.smtp_conn_id,
+                                                                     self.webhook_conn_id))
 
 
 def run_overdue_alert(

@@ -7,6 +7,8 @@
     partner-harvest reset-cursor ID [--to WHEN]  delete or set the partner's cursor Variables (asks first)
     partner-harvest forget ID                    drop a partner's rows, pool and Variables (asks first)
     partner-harvest migrate [--check]            apply the aggregation schema (for HARVEST_SCHEMA_MANAGED=external)
+    partner-harvest onboard [--connections F]    pools, Connections, unpaused DAGs, first harvests (--dry-run)
+    partner-harvest report ID [--format json|csv] a report for the partner's own staff: runs, quarantine, warnings, proofs
 
 The aggregation database is ``--database-url``, else ``$HARVEST_DATABASE_URL``, else the
 Airflow Connection ``aggregation_db``. Variables, pools and that Connection go through
@@ -369,6 +371,69 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_onboard(args: argparse.Namespace) -> int:
+    _airflow("onboard")
+    from pathlib import Path
+
+    from partner_harvest.airflow.onboard import ConnectionFileError, onboard, read_connections_file
+
+    registry = _registry(args)
+    status = 0
+    for error in registry.errors:
+        print(f"invalid registry entry (no pool, no DAG, not onboarded): {error}", file=sys.stderr)
+        status = 1
+    try:
+        connections = read_connections_file(Path(args.connections)) if args.connections else {}
+    except ConnectionFileError as exc:
+        raise CliError(str(exc)) from None
+    ids = [p.id for p in registry.partners]
+    with _connect(args) as conn:
+        with_runs = {row[0] for row in conn.execute(
+            "SELECT DISTINCT partner_id FROM harvest_runs WHERE partner_id = ANY(%s)", (ids,))}
+        conn.commit()
+    plan = onboard(registry.partners, connections, with_runs, dry_run=args.dry_run)
+    for step in plan.steps:
+        if step.changes or args.verbose or step.action in ("missing", "wait"):
+            print(step.line(args.dry_run))
+    counts: dict[str, int] = {}
+    for step in plan.changes:
+        counts[step.kind] = counts.get(step.kind, 0) + 1
+    done = ", ".join(f"{n} {kind}" for kind, n in counts.items()) or "nothing to change"
+    waiting = sum(1 for s in plan.steps if s.action == "wait")
+    print(f"{len(registry.partners)} partner(s): {'would change' if args.dry_run and counts else ''}"
+          f"{' ' if args.dry_run and counts else ''}{done}"
+          f"{f'; {waiting} waiting (see above)' if waiting else ''}{'; dry run: nothing written' if args.dry_run else ''}")
+    for problem in plan.problems:
+        print(problem, file=sys.stderr)
+    return 1 if plan.problems else status
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from partner_harvest.cli.airflow_side import configured
+    from partner_harvest.report import build_report, report_csv
+
+    partner = _partner(_registry(args), args.partner)
+    endpoint = args.endpoint
+    if endpoint is None and configured():  # the partner's own endpoint, from its Connection when Airflow is here
+        endpoint = _airflow("report (reading the partner's Connection; --endpoint skips it)").connection_base_url(
+            partner.conn_id)
+    with _connect(args) as conn:
+        report = build_report(conn, partner, datetime.now(timezone.utc), endpoint=endpoint, days=args.days)
+    if args.format == "csv":
+        text = report_csv(report)
+    else:
+        import json
+
+        text = json.dumps(report, indent=2, ensure_ascii=False) + "\n"
+    if args.output:
+        with open(args.output, "w", encoding="utf-8", newline="") as out:
+            out.write(text)
+        print(f"report of {partner.id} ({args.format}, {args.days} days): {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 # -- parser -----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -411,6 +476,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("migrate", parents=[common], help="apply pending schema migrations to the aggregation database")
     p.add_argument("--check", action="store_true", help="only list pending migrations (exit 1 if any)")
     p.set_defaults(func=cmd_migrate)
+    p = sub.add_parser("onboard", parents=[common],
+                       help="bring Airflow in line with the registry: pools, Connections (from a file or a secrets "
+                            "backend), unpaused DAGs, first harvests; idempotent")
+    p.add_argument("--connections", metavar="FILE",
+                   help="JSON or YAML {conn_id: {conn_type, host, login, password, schema, port, extra}} (the "
+                        "shape `airflow connections export` writes); without it, Connections are only checked")
+    p.add_argument("--dry-run", action="store_true", help="say what would change; change nothing")
+    p.add_argument("--verbose", action="store_true", help="also list what is already in line")
+    p.set_defaults(func=cmd_onboard)
+    p = sub.add_parser("report", parents=[common],
+                       help="a report for the partner's own staff (JSON or CSV): its runs, quarantine and warnings "
+                            "by reason with samples, its completeness proofs")
+    p.add_argument("partner", metavar="PARTNER")
+    p.add_argument("--format", choices=["json", "csv"], default="json")
+    p.add_argument("--days", type=int, default=90, help="how far back (default 90 days)")
+    p.add_argument("--endpoint", metavar="URL",
+                   help="the partner's endpoint to name (default: its Connection's host, when Airflow is configured)")
+    p.add_argument("--output", metavar="FILE", help="write to FILE instead of standard output")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

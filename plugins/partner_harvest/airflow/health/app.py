@@ -9,6 +9,7 @@ Figures come from the aggregation database through the ``aggregation_db`` Connec
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -17,15 +18,18 @@ from typing import Any
 from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
 from partner_harvest import durations
 from partner_harvest.airflow.health import source
 from partner_harvest.airflow.health.chart import runs_chart
+from partner_harvest.health_index import IndexQuery, partners_to_read, select_page
 from partner_harvest.partner_state import slug
-from partner_harvest.store.health import STATES, partner_health, quarantine_today, recent_runs, warnings_today
+from partner_harvest.registry import Registry
+from partner_harvest.report import build_report, report_csv
+from partner_harvest.store.health import STATES, PartnerHealth, partner_health, quarantine_today, recent_runs, warnings_today
 from partner_harvest.store.pacing import partner_rate
 from partner_harvest.store.progress import current_progress, summary_line
 
@@ -61,13 +65,14 @@ def create_app() -> FastAPI:
 
     @app.get("/", response_class=HTMLResponse, dependencies=guard)
     def index(request: Request) -> HTMLResponse:
-        now = datetime.now(timezone.utc)
+        """One page of the partners, filtered and sorted as the URL asks (health_index.py)."""
+        query = IndexQuery.from_params(request.query_params)
         registry = source.registry()
-        scheduled = source.latest_harvest_runs(registry.partners)
-        with source.connection() as conn:
-            rows = partner_health(conn, registry.partners, now, scheduled, registry.errors)
-        counts = {state: sum(1 for r in rows if r.state == state) for state in STATES}
-        return _render("index.html", request, rows=rows, counts=counts, now=now)
+        now, rows = _index_rows(registry, query)
+        page = select_page(rows, query, total=len(registry.partners) + len(registry.errors))
+        protocols = sorted({p.protocol for p in registry.partners})
+        return _render("index.html", request, rows=page.rows, index=page, counts=page.counts, now=now,
+                       states=STATES, protocols=protocols)
 
     @app.get("/partner/{partner_id}", response_class=HTMLResponse, dependencies=guard)
     def partner(request: Request, partner_id: str) -> HTMLResponse:
@@ -89,7 +94,56 @@ def create_app() -> FastAPI:
                        progress_line=summary_line(progress) if progress else None,
                        progress_run=_audit_run(progress.run_id) if progress else None)
 
+    @app.get("/partner/{partner_id}/report.{fmt}", dependencies=guard)
+    def report(partner_id: str, fmt: str) -> Response:
+        """The partner-facing report (report.py) as a download, JSON or CSV."""
+        if fmt not in ("json", "csv"):
+            raise HTTPException(404, f"no report format {fmt!r} (json or csv)")
+        registry = source.registry()
+        entry = next((p for p in registry.partners if p.id == partner_id), None)
+        if entry is None:
+            raise HTTPException(404, f"partner {partner_id!r} is not in the registry {registry.path}")
+        now = datetime.now(timezone.utc)
+        with source.connection() as conn:
+            built = build_report(conn, entry, now, endpoint=source.partner_base_url(entry.conn_id))
+        name = f"partner-report-{partner_id}-{now:%Y%m%d}.{fmt}"
+        headers = {"Content-Disposition": f'attachment; filename="{name}"'}
+        if fmt == "csv":
+            return Response(report_csv(built), media_type="text/csv; charset=utf-8", headers=headers)
+        return JSONResponse(built, headers=headers)
+
     return app
+
+
+# The figures of every partner behind one index request, kept a few seconds: at thousands of
+# partners reading them is what a page costs, and an operator turning pages, sorting and
+# filtering asks for the same figures again and again. "as of" on the page says how old.
+# A small registry is read fresh on every request (it costs milliseconds).
+INDEX_ROWS_FOR = timedelta(seconds=30)
+CACHE_FROM_PARTNERS = 1000
+_index_cache: dict[tuple[int, str | None], tuple[datetime, list[PartnerHealth]]] = {}
+_index_lock = threading.Lock()
+
+
+def _index_rows(registry: Registry, query: IndexQuery) -> tuple[datetime, list[PartnerHealth]]:
+    key = (id(registry), query.protocol)  # a changed registry file is a new Registry object (source.registry)
+    now = datetime.now(timezone.utc)
+    with _index_lock:
+        cached = _index_cache.get(key)
+        if cached is not None and now - cached[0] < INDEX_ROWS_FOR:
+            return cached
+    cache = len(registry.partners) >= CACHE_FROM_PARTNERS
+    partners = partners_to_read(registry.partners, query)
+    scheduled = source.latest_harvest_runs(partners)
+    with source.connection() as conn:
+        rows = partner_health(conn, partners, now, scheduled, registry.errors if query.protocol is None else ())
+    if not cache:
+        return now, rows
+    with _index_lock:
+        for stale in [k for k, (at, _) in _index_cache.items() if now - at >= INDEX_ROWS_FOR or k[0] != key[0]]:
+            del _index_cache[stale]
+        _index_cache[key] = (now, rows)
+    return now, rows
 
 
 def _render(template: str, request: Request, **context: object) -> HTMLResponse:

@@ -46,6 +46,13 @@ def conninfo(conn_id: str = AGGREGATION_CONN_ID) -> str:
     return make_conninfo("", **{k: v for k, v in params.items() if v is not None})
 
 
+def partner_base_url(conn_id: str) -> str | None:
+    """The partner's endpoint for its report (its Connection's host only; None when unreadable)."""
+    from partner_harvest.airflow.admin import connection_base_url
+
+    return connection_base_url(conn_id)
+
+
 def connection() -> psycopg.Connection:
     """A short-lived read connection (used in a ``with`` block, closed after the page)."""
     target = conninfo()

@@ -160,7 +160,7 @@ def test_schema_migrations_are_idempotent(db: str) -> None:
                                       "0010_clock_regression.sql", "0011_drop_records_harvested_at_index.sql",
                                       "0012_slice_set.sql", "0013_record_warnings.sql", "0014_fences.sql",
                                       "0017_run_events.sql", "0018_comments.sql",
-                                      "0019_version_order_after_a_clock_jump.sql"]
+                                      "0019_version_order_after_a_clock_jump.sql", "0022_approval_requests.sql"]
         assert ensure_schema(first) == []
         tables = {r[0] for r in first.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}

@@ -21,6 +21,7 @@ from airflow.sdk.definitions.mappedoperator import MappedOperator
 from partner_harvest import durations
 from partner_harvest.airflow import compat, tasks
 from partner_harvest.airflow.assets import partner_asset
+from partner_harvest.airflow.gates import PartnerApprovalGate
 from partner_harvest.airflow.notifiers import PartnerAlertNotifier, run_late_alert, run_overdue_alert
 from partner_harvest.registry import Partner, RegistryError, load_registry
 
@@ -76,6 +77,8 @@ def _doc(partner: Partner) -> str:
         "`freeze_window` fixes the window from the partner's clock; `plan_slices` keeps it whole or "
         "cuts a big one into slices; `harvest_changes` (mapped, one per slice) streams it into staging"
         + (" and `poll_deletions` the deleted bibs, on their own day cursor" if sierra else "")
+        + "; `approval_gate` skips unless the run would shrink the live set by more than "
+        f"{partner.max_shrink_fraction:.0%} (then it waits for a person in Required Actions)"
         + "; `apply_changes` merges it in one transaction; `advance_cursor` moves the cursor"
         + ("s" if sierra else "") + " (incremental runs only); `check_quality` alerts on "
         "data-quality findings without failing the run. Each task's own docs say more."
@@ -146,9 +149,23 @@ TASK_DOCS = {
     "reconcile": (
         "Lists every identifier the partner holds, purges the local records it no longer "
         "has (after asking the partner about each), fetches the missing ones, in one "
-        "transaction; never moves a cursor. **Fails:** a mass-purge refusal (no retries: "
-        "check the partner, then trigger with `allow_mass_purge=true`), a harvest holding "
-        "the partner (retried), or the partner's errors; nothing is half-applied."
+        "transaction; never moves a cursor. Over `max_purge_fraction` it stages all of it "
+        "and `approval_gate` asks a person (Browse > Required Actions) before "
+        "`apply_reconcile` applies it; `allow_mass_purge=true` applies at once. **Fails:** "
+        "a harvest holding the partner (retried), or the partner's errors; nothing is half-applied."
+    ),
+    "approval_gate": (
+        "Skips at once when nothing crosses a limit. Otherwise (a reconcile over "
+        "`max_purge_fraction`, a harvest shrinking the live set by more than `max_shrink_fraction`) "
+        "it waits in Browse > Required Actions, holding no worker slot and no lease: **Approve** "
+        "applies exactly the staged run (refused if the partner changed meanwhile), **Reject** "
+        "abandons it (staging dropped, cursor untouched). After `approval_timeout` it alerts and "
+        "waits on or abandons (`approval_timeout_action`). docs/operator/approvals.md."
+    ),
+    "apply_reconcile": (
+        "After an approval only: applies exactly what the reconcile staged, in one transaction. "
+        "**Fails** without writing when an operator command or another run changed the partner "
+        "during the wait (run the reconcile again)."
     ),
 }
 
@@ -270,7 +287,9 @@ def build_harvest_dag(partner: Partner) -> DAG:
             return tasks.poll_deletions(pid, window, get_current_context())
 
         # In the pool too: a channel whose staging the database lost is harvested again here.
-        @task(task_id="apply_changes", outlets=[partner_asset(pid)], pool=pool)  # the event: airflow/assets.py
+        # After the gate: runs when it skipped (nothing over a limit) or approved; a Reject skips it.
+        @task(task_id="apply_changes", outlets=[partner_asset(pid)], pool=pool,  # the event: airflow/assets.py
+              trigger_rule="none_failed_min_one_success")
         def apply_changes(window: dict[str, Any], *staged: dict[str, Any]) -> dict[str, int]:
             return tasks.apply_changes(pid, window, get_current_context())
 
@@ -286,7 +305,10 @@ def build_harvest_dag(partner: Partner) -> DAG:
         staged = [harvest_changes.partial(window=window).expand(piece=plan_slices(window))]
         if partner.protocol == "sierra":
             staged.append(poll_deletions(window))
+        gate = PartnerApprovalGate(partner=partner, kind="shrink")  # airflow/gates.py
+        staged >> gate
         applied = apply_changes(window, *staged)
+        gate >> applied
         advance_cursor(window, applied)
         check_quality(applied)
     _describe_tasks(dag)
@@ -318,9 +340,10 @@ def build_reconcile_dag(partner: Partner) -> DAG:
         doc_md=(
             f"### Full reconcile of partner `{pid}`\n\nLists every identifier the partner holds "
             "(OAI-PMH ListIdentifiers, Sierra `fields=id`), purges local records that vanished "
-            "(reason `reconcile`), fetches the ones missing locally, in one transaction. Refuses "
-            f"to remove more than {partner.max_purge_fraction:.0%} of the records unless "
-            "`allow_mass_purge` is set. Never moves a harvest cursor; never overlaps a harvest."
+            "(reason `reconcile`), fetches the ones missing locally, in one transaction. Removing more "
+            f"than {partner.max_purge_fraction:.0%} of the records waits for a person's approval "
+            "(`approval_gate`, Browse > Required Actions) unless `allow_mass_purge` is set. Never moves "
+            "a harvest cursor; never overlaps a harvest."
         ),
     ) as dag:
 
@@ -328,7 +351,14 @@ def build_reconcile_dag(partner: Partner) -> DAG:
         def reconcile() -> dict[str, Any]:
             return tasks.reconcile_partner(pid, get_current_context())
 
-        reconcile()
+        @task(task_id="apply_reconcile", outlets=[partner_asset(pid)])
+        def apply_reconcile(outcome: dict[str, Any]) -> dict[str, Any]:
+            return tasks.apply_reconcile(pid, outcome, get_current_context())
+
+        outcome = reconcile()
+        gate = PartnerApprovalGate(partner=partner, kind="purge")  # airflow/gates.py
+        outcome >> gate
+        gate >> apply_reconcile(outcome)
     _describe_tasks(dag, show_window=False)
     return dag
 

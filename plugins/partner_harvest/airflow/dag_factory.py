@@ -77,7 +77,7 @@ def _doc(partner: Partner) -> str:
         "`freeze_window` fixes the window from the partner's clock; `plan_slices` keeps it whole or "
         "cuts a big one into slices; `harvest_changes` (mapped, one per slice) streams it into staging"
         + (" and `poll_deletions` the deleted bibs, on their own day cursor" if sierra else "")
-        + "; `approval_gate` skips unless the run would shrink the live set by more than "
+        + "; `approval_gate` passes unless the run would shrink the live set by more than "
         f"{partner.max_shrink_fraction:.0%} (then it waits for a person in Required Actions)"
         + "; `apply_changes` merges it in one transaction; `advance_cursor` moves the cursor"
         + ("s" if sierra else "") + " (incremental runs only); `check_quality` alerts on "
@@ -155,7 +155,7 @@ TASK_DOCS = {
         "a harvest holding the partner (retried), or the partner's errors; nothing is half-applied."
     ),
     "approval_gate": (
-        "Skips at once when nothing crosses a limit. Otherwise (a reconcile over "
+        "Passes at once when nothing crosses a limit. Otherwise (a reconcile over "
         "`max_purge_fraction`, a harvest shrinking the live set by more than `max_shrink_fraction`) "
         "it waits in Browse > Required Actions, holding no worker slot and no lease: **Approve** "
         "applies exactly the staged run (refused if the partner changed meanwhile), **Reject** "
@@ -163,7 +163,8 @@ TASK_DOCS = {
         "waits on or abandons (`approval_timeout_action`). docs/operator/approvals.md."
     ),
     "apply_reconcile": (
-        "After an approval only: applies exactly what the reconcile staged, in one transaction. "
+        "After an approval: applies exactly what the reconcile staged, in one transaction (a "
+        "reconcile within its limit applied already: nothing to do). "
         "**Fails** without writing when an operator command or another run changed the partner "
         "during the wait (run the reconcile again)."
     ),
@@ -287,9 +288,8 @@ def build_harvest_dag(partner: Partner) -> DAG:
             return tasks.poll_deletions(pid, window, get_current_context())
 
         # In the pool too: a channel whose staging the database lost is harvested again here.
-        # After the gate: runs when it skipped (nothing over a limit) or approved; a Reject skips it.
-        @task(task_id="apply_changes", outlets=[partner_asset(pid)], pool=pool,  # the event: airflow/assets.py
-              trigger_rule="none_failed_min_one_success")
+        # After the gate: runs when it passed (nothing over a limit) or approved; a Reject skips it.
+        @task(task_id="apply_changes", outlets=[partner_asset(pid)], pool=pool)  # the event: airflow/assets.py
         def apply_changes(window: dict[str, Any], *staged: dict[str, Any]) -> dict[str, int]:
             return tasks.apply_changes(pid, window, get_current_context())
 

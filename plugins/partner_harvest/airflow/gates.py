@@ -2,7 +2,7 @@
 
 ``approval_gate`` sits between the staging tasks and the apply (harvest_<id>: after the
 harvest, before ``apply_changes``; reconcile_<id>: after ``reconcile``, before
-``apply_reconcile``). Nothing over a limit: it skips at once (no query on a quiet night,
+``apply_reconcile``). Nothing over a limit: it passes at once (no query on a quiet night,
 partner_harvest/gates.py) and the apply runs as before. Over a limit: it records the request
 (``approval_requests``), gives the run's lease back, alerts, and parks in Airflow's
 ``awaiting_input`` state (Browse > Required Actions): no worker slot, no pool slot, no
@@ -25,7 +25,7 @@ from urllib.parse import quote
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import Context, conf
-from airflow.sdk.exceptions import AirflowSkipException, TaskAwaitingInput
+from airflow.sdk.exceptions import TaskAwaitingInput
 
 from partner_harvest import gates
 from partner_harvest.airflow import tasks
@@ -61,8 +61,9 @@ class PartnerApprovalGate(ApprovalOperator):
         partner = get_partner(self.partner_id)
         key = tasks.run_key(context)
         request = self._request(partner, key, context)
-        if request is None:
-            raise AirflowSkipException(f"{partner.id}: nothing crosses a limit; the apply runs without approval")
+        if request is None:  # passes at once (success, not skipped: a quiet night stays all green)
+            log.info("%s: nothing crosses a limit; the apply runs without approval", partner.id)
+            return None
         self.subject = gates.subject(request)
         self.body = gates.body(request, partner, self._links(context, partner), gates.timeout_note(partner))
         tasks.release_lease(partner.id, key)  # the wait holds nothing: other work on the partner may run

@@ -391,7 +391,10 @@ def reconcile_partner(partner_id: str, context: Context) -> dict[str, Any]:
 @_fail_fast
 def apply_reconcile(partner_id: str, outcome: dict[str, Any], context: Context) -> dict[str, Any]:
     """After the gate's Approve: apply exactly what the reconcile staged, at the epoch it was
-    planned at, only if no other run of the partner applied during the wait."""
+    planned at, only if no other run of the partner applied during the wait. A reconcile
+    within its limit applied in its own task: nothing to do."""
+    if not outcome.get("awaiting_approval"):
+        return outcome
     keeper = leases.LeaseKeeper(aggregation_conninfo(), partner_id, run_key(context), leases.RECONCILE,
                                 ttl=LEASE_TTL, epoch=outcome.get("epoch"), release_on_exit=True)
     with keeper, aggregation(keeper.fence) as conn:

@@ -7,6 +7,7 @@ the operator sees that partner's problem while every valid partner keeps running
 
 from __future__ import annotations
 
+import copy
 import re
 from datetime import timedelta
 from functools import partial
@@ -260,7 +261,7 @@ def build_harvest_dag(partner: Partner) -> DAG:
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
-        params=RUN_PARAMS,
+        params=copy.deepcopy(RUN_PARAMS),  # Param objects of its own: a run's conf ends up in them
         default_args=default_args(partner),
         tags=["harvest", partner.protocol, f"partner:{pid}"],
         doc_md=_doc(partner),
@@ -334,7 +335,7 @@ def build_reconcile_dag(partner: Partner) -> DAG:
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
-        params=RECONCILE_PARAMS,
+        params=copy.deepcopy(RECONCILE_PARAMS),  # as above (tests/dags/test_dag_params_isolation.py)
         default_args=default_args(partner),
         tags=["reconcile", partner.protocol, f"partner:{pid}"],
         doc_md=(

@@ -48,10 +48,14 @@ class ReconcileResult:
     # live (the sweep missed it: kept and refreshed), unverified (over budget: kept).
     verified: dict[str, int] = field(default_factory=dict)
     bulk_fetch: bool = False  # missing records came through one list stream
+    # Over the purge limit with a gate: staged (status harvested), not applied; a person decides.
+    awaiting_approval: bool = False
+    staged_removals: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.plan.as_dict(), "fetched_missing": self.fetched_missing, "purged": self.purged,
-                "upserted": self.upserted, "verified": dict(self.verified), "bulk_fetch": self.bulk_fetch}
+                "upserted": self.upserted, "verified": dict(self.verified), "bulk_fetch": self.bulk_fetch,
+                "awaiting_approval": self.awaiting_approval, "staged_removals": self.staged_removals}
 
 
 def reconcile(
@@ -61,8 +65,13 @@ def reconcile(
     run_id: str,
     *,
     allow_mass_purge: bool = False,
+    gate: bool = False,
 ) -> ReconcileResult:
-    """Sweep, plan, guard, fetch what is missing, and apply it all in one transaction."""
+    """Sweep, plan, guard, fetch what is missing, and apply it all in one transaction.
+
+    ``gate``: a reconcile over the purge limit is staged whole and left unapplied
+    (``awaiting_approval``) for a person to approve (the DAG's approval gate, which applies
+    it with :func:`apply_staged`) instead of refused; scripts keep ``allow_mass_purge``."""
     ensure_schema(conn)
     window = reconcile_window(adapter)
     run = RunRef(partner.id, run_id, CHANNEL)
@@ -77,7 +86,7 @@ def reconcile(
         fail_run(conn, run, " ".join(str(exc).split()))
         sql.clear(conn, partner.id, run_id)
         raise
-    return settle(adapter, conn, partner, run, window, allow_mass_purge=allow_mass_purge)
+    return settle(adapter, conn, partner, run, window, allow_mass_purge=allow_mass_purge, gate=gate)
 
 
 def reconcile_window(adapter: Adapter) -> Window:
@@ -87,7 +96,7 @@ def reconcile_window(adapter: Adapter) -> Window:
 
 
 def settle(adapter: Adapter, conn: psycopg.Connection, partner: Partner, run: RunRef, window: Window, *,
-           allow_mass_purge: bool = False) -> ReconcileResult:
+           allow_mass_purge: bool = False, gate: bool = False) -> ReconcileResult:
     """After the sweep (whole, or every slice of it): plan, guard, verify, stage the removals,
     fetch what is missing, and apply it all in one transaction; the swept ids go either way."""
     stats = HarvestStats()
@@ -95,13 +104,18 @@ def settle(adapter: Adapter, conn: psycopg.Connection, partner: Partner, run: Ru
     try:
         plan = sql.plan(conn, partner.id, run.run_id)
         log.info("%s: reconcile plan: %s", partner.id, plan.as_dict())
-        _guard(conn, run, partner, plan, allow_mass_purge)
+        held_back = _guard(conn, run, partner, plan, allow_mass_purge, gate)
         writer = StagingWriter(conn, run)
         verified = _verify_vanished(adapter, conn, partner, run, window, sweep, writer, allow_mass_purge)
-        writer.seq += sql.stage_removals(conn, run, first_seq=writer.seq)
+        removals = sql.stage_removals(conn, run, first_seq=writer.seq)
+        writer.seq += removals
         fetched, bulk = _fetch_missing(adapter, conn, partner, run, window, writer)
         stats.fetched = writer.seq  # everything staged: the apply's four outcomes add up to it
         finish_harvest(conn, run, stats)
+        if held_back:
+            log.warning("%s: reconcile staged %d removals and waits for approval before its apply", partner.id, removals)
+            return ReconcileResult(plan, fetched, 0, 0, verified, bulk, awaiting_approval=True,
+                                   staged_removals=removals)
         result = apply_run(conn, partner.id, run.run_id)
     except Exception as exc:
         conn.rollback()
@@ -189,6 +203,20 @@ def _fetch_missing(
     return writer.seq - start, bulk
 
 
+def apply_staged(conn: psycopg.Connection, partner_id: str, run_id: str) -> dict[str, int]:
+    """Apply a reconcile a person approved: exactly what it staged (the fence of the
+    connection refuses when the partner changed during the wait, store/fences.py)."""
+    ensure_schema(conn)
+    try:
+        result = apply_run(conn, partner_id, run_id)
+    except Exception as exc:
+        conn.rollback()
+        fail_run(conn, RunRef(partner_id, run_id, CHANNEL), " ".join(f"apply failed: {exc}".split()))
+        raise
+    log.info("%s: approved reconcile applied: %s", partner_id, result.as_dict())
+    return result.as_dict()
+
+
 def purge_refusal(partner: Partner, plan: sql.ReconcilePlan) -> str | None:
     """Why the plan would purge more than ``max_purge_fraction`` of the partner's records
     (the message an operator reads), or None when it stays within. The one place that decides
@@ -205,12 +233,17 @@ def purge_refusal(partner: Partner, plan: sql.ReconcilePlan) -> str | None:
     )
 
 
-def _guard(conn: psycopg.Connection, run: RunRef, partner: Partner, plan: sql.ReconcilePlan, allowed: bool) -> None:
+def _guard(conn: psycopg.Connection, run: RunRef, partner: Partner, plan: sql.ReconcilePlan, allowed: bool,
+           gate: bool = False) -> bool:
+    """True when the plan is over the limit and a gate will ask a person; raises without a gate."""
     message = purge_refusal(partner, plan)
     if message is None:
-        return
+        return False
     if allowed:
         log.warning("%s: %s — applying anyway: allow_mass_purge was set", partner.id, message.split("; nothing")[0])
-        return
+        return False
+    if gate:
+        log.warning("%s: %s — staging it for a person's approval at the gate", partner.id, message.split("; nothing")[0])
+        return True
     fail_run(conn, run, message)
     raise MassPurgeRefused(partner.id, "reconcile", message)

@@ -405,7 +405,18 @@ class Partner(_Strict):
         default=3, description="Airflow retries of each task (0..20), exponential backoff from retry_delay")
     reconcile_schedule: Cron = Field(default="0 4 * * 0", description="when the full reconcile runs (cron, UTC)")
     max_purge_fraction: Fraction = Field(default=0.05, description=(
-        "a reconcile that would remove more than this share of the partner's records applies nothing"))
+        "a reconcile that would remove more than this share of the partner's records applies nothing "
+        "until a person approves it at its approval gate (scripts: allow_mass_purge)"))
+    max_shrink_fraction: Fraction = Field(default=0.25, description=(
+        "a harvest that would shrink the partner's live set by more than this share (records its "
+        "tombstones purge, plus, for a full harvest, held records it did not return) waits for a "
+        "person's approval before its apply (docs/operator/approvals.md)"))
+    approval_timeout: Duration = Field(default=timedelta(days=2), description=(
+        "how long a run waiting at its approval gate (shrink or purge limit) waits for an answer "
+        "before the alert; at least 1s"))
+    approval_timeout_action: Literal["wait", "abandon"] = Field(default="wait", description=(
+        "after approval_timeout without an answer: wait (alert, keep waiting) or abandon "
+        "(alert, reject the run: staging dropped, cursor untouched)"))
     quarantine_alert_rate: Fraction = Field(default=0.05, description=(
         "alert when a run quarantines more than this share of the records it fetched"))
     purge_alert_fraction: Fraction = Field(default=0.05, description=(
@@ -505,6 +516,13 @@ class Partner(_Strict):
     def _deadline_floor(cls, value: timedelta) -> timedelta:
         if value < timedelta(minutes=1):
             raise ValueError("must be at least 1m")
+        return value
+
+    @field_validator("approval_timeout")
+    @classmethod
+    def _approval_timeout_floor(cls, value: timedelta) -> timedelta:
+        if value < timedelta(seconds=1):
+            raise ValueError("must be at least 1s")
         return value
 
     @field_validator("options")

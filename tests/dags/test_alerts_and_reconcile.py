@@ -65,7 +65,11 @@ def test_a_failing_partner_alerts_with_partner_dag_task_try_and_cause(env, webho
     assert "harvest_deadmuseum.freeze_window failed" in webhook.bodies[0]["text"]
 
 
-def test_reconcile_refuses_a_mass_purge_alerts_and_leaves_records(env, webhook, db) -> None:
+def test_reconcile_over_its_purge_limit_waits_at_the_gate_and_a_reject_leaves_records(env, webhook, db) -> None:
+    """Issue 26: the refusal became a request in Required Actions; Reject leaves everything as it
+    was, and allow_mass_purge (scripts) still applies at once."""
+    from tests.support.hitl import Responder
+
     repo = SimulatedRepository(records=500, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=41)
     with OaiSimulator(repo) as sim:
         env.setenv("AIRFLOW_CONN_PARTNER_ALERTMUSEUM", json.dumps({"conn_type": "http", "host": sim.base_url}))
@@ -77,14 +81,19 @@ def test_reconcile_refuses_a_mass_purge_alerts_and_leaves_records(env, webhook, 
             before = conn.execute("SELECT identifier, content_hash FROM records ORDER BY 1").fetchall()
         repo.delete(100)  # 20% vanish without tombstones
         webhook.bodies.clear()
-        refused = dag_for("reconcile", "alertmuseum").test()
-        assert states(refused) == {"reconcile": "failed"}
-        alert = next(b["harvest"] for b in webhook.bodies if b["harvest"]["kind"] == "failure")
-        assert alert["dag_id"] == "reconcile_alertmuseum" and "mass-purge" in alert["cause"]
+        with Responder("approval_gate", "Reject") as answer:
+            rejected = dag_for("reconcile", "alertmuseum").test()
+        assert states(rejected) == {"reconcile": "success", "approval_gate": "success", "apply_reconcile": "skipped"}
+        assert "100 of 500 records (20.0%, limit 5%)" in answer.seen["subject"]
+        assert "alertmuseum" in answer.seen["body"] and "Required action" in answer.seen["body"]
+        asked = next(b["harvest"] for b in webhook.bodies if b["harvest"]["kind"] == "approval_requested")
+        assert asked["dag_id"] == "reconcile_alertmuseum" and asked["removals"] == 100
         with connect(db) as conn:
             assert conn.execute("SELECT identifier, content_hash FROM records ORDER BY 1").fetchall() == before
+            assert conn.execute("SELECT state, decided_by FROM approval_requests").fetchall() == [("rejected", "ada")]
+            assert conn.execute("SELECT count(*) FROM staging").fetchone() == (0,)
         allowed = dag_for("reconcile", "alertmuseum").test(run_conf={"allow_mass_purge": True})
-        assert states(allowed) == {"reconcile": "success"}
+        assert states(allowed) == {"reconcile": "success", "approval_gate": "success", "apply_reconcile": "success"}
         with connect(db) as conn:
             ensure_schema(conn)
             assert live_identifiers(conn, "alertmuseum") == repo.live_identifiers()

@@ -19,8 +19,11 @@ def test_no_import_errors(dagbag) -> None:
 @pytest.mark.parametrize("partner", load_partners(), ids=lambda p: p.id)
 def test_reconcile_dag_shape(dagbag, partner) -> None:
     dag = dagbag.get_dag(f"reconcile_{partner.id}")
-    assert dag.task_ids == ["reconcile"] and dag.max_active_runs == 1
+    assert sorted(dag.task_ids) == ["apply_reconcile", "approval_gate", "reconcile"] and dag.max_active_runs == 1
     assert dag.get_task("reconcile").pool == f"partner_{partner.id}"
+    # the approval gate (docs/operator/approvals.md) between the staged reconcile and its apply
+    assert dag.get_task("approval_gate").upstream_task_ids == {"reconcile"}
+    assert dag.get_task("apply_reconcile").upstream_task_ids == {"reconcile", "approval_gate"}
     assert dag.params.get_param("allow_mass_purge").value is False
 
 
@@ -31,7 +34,9 @@ def test_harvest_dag_shape(dagbag, partner) -> None:
     assert {"freeze_window", "harvest_changes", "apply_changes", "advance_cursor"} <= set(dag.task_ids)
     assert dag.get_task("advance_cursor").upstream_task_ids >= {"apply_changes", "freeze_window"}
     channels = {"harvest_changes", "poll_deletions"} if partner.protocol == "sierra" else {"harvest_changes"}
-    assert dag.get_task("apply_changes").upstream_task_ids == channels | {"freeze_window"}  # the frozen window, to harvest again a channel whose staging was lost
+    # the frozen window (to harvest again a channel whose staging was lost), and the approval gate
+    assert dag.get_task("apply_changes").upstream_task_ids == channels | {"freeze_window", "approval_gate"}
+    assert dag.get_task("approval_gate").upstream_task_ids == channels
     assert dag.max_active_runs == 1 and dag.catchup is False
     # the mapped harvest (one instance per slice) and the slice planning ask the partner: its pool bounds them
     assert {t.task_id for t in dag.tasks if t.pool == partner.pool} >= {"freeze_window", "plan_slices", "harvest_changes"}

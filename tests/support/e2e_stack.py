@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -107,11 +108,15 @@ def migrate_metadata_template(server_uri: str, base: Path) -> str:
 
 
 def start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
-                  overrides: dict[str, str] | None = None, metadata_template: str | None = None) -> AirflowStack:
+                  overrides: dict[str, str] | None = None, metadata_template: str | None = None, *,
+                  registry_writer: Callable[[Path], None] = write_registry,
+                  dag_ids: Iterable[str] = DAG_IDS, startup_timeout: float = STARTUP_TIMEOUT) -> AirflowStack:
     """Start everything, registering each piece's undo on ``cleanup`` as soon as it exists.
 
     With ``metadata_template`` (an already migrated metadata database) the stack's metadata
-    database is a copy of it; otherwise ``airflow db migrate`` runs on a new one."""
+    database is a copy of it; otherwise ``airflow db migrate`` runs on a new one. A module
+    with partners of its own passes ``registry_writer`` (their Connections in ``overrides``)
+    and the ``dag_ids`` to wait for; ``startup_timeout`` bounds the wait for healthy services."""
     home = base / "airflow_home"
     home.mkdir()
     suffix = uuid.uuid4().hex[:8]
@@ -120,7 +125,7 @@ def start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
     aggregation_db = create_database(pg_server, f"e2e_agg_{suffix}")
     cleanup.callback(drop_database, pg_server, f"e2e_agg_{suffix}")
     registry = base / "partners.yaml"
-    write_registry(registry)
+    registry_writer(registry)
 
     # The simulator's clock sits just before now, so the backfill's past days hold records.
     now = datetime.now(timezone.utc).replace(microsecond=0)
@@ -156,10 +161,11 @@ def start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
     if metadata_template is None:
         stack.migrate()
     stack.start()
-    stack.wait_healthy(STARTUP_TIMEOUT)
+    stack.wait_healthy(startup_timeout)
     log_in(stack)
-    stack.wait_for_dags(DAG_IDS, PARSE_TIMEOUT)
-    stack.ensure_pools(stack.pools_named_by(DAG_IDS), description="e2e")
+    dag_ids = tuple(dag_ids)
+    stack.wait_for_dags(dag_ids, PARSE_TIMEOUT)
+    stack.ensure_pools(stack.pools_named_by(dag_ids), description="e2e")
     return stack
 
 

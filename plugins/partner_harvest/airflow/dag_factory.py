@@ -7,6 +7,7 @@ the operator sees that partner's problem while every valid partner keeps running
 
 from __future__ import annotations
 
+import copy
 import re
 import zlib
 from datetime import timedelta
@@ -22,6 +23,7 @@ from airflow.sdk.definitions.mappedoperator import MappedOperator
 from partner_harvest import durations
 from partner_harvest.airflow import compat, tasks
 from partner_harvest.airflow.assets import partner_asset
+from partner_harvest.airflow.gates import PartnerApprovalGate
 from partner_harvest.airflow.notifiers import PartnerAlertNotifier, run_late_alert, run_overdue_alert
 from partner_harvest.airflow.quiet import quiet_alias
 from partner_harvest.registry import Partner, RegistryError, get_partner, load_registry
@@ -78,6 +80,8 @@ def _doc(partner: Partner) -> str:
         "`freeze_window` fixes the window from the partner's clock; `plan_slices` keeps it whole or "
         "cuts a big one into slices; `harvest_changes` (mapped, one per slice) streams it into staging"
         + (" and `poll_deletions` the deleted bibs, on their own day cursor" if sierra else "")
+        + "; `approval_gate` passes unless the run would shrink the live set by more than "
+        f"{partner.max_shrink_fraction:.0%} (then it waits for a person in Required Actions)"
         + "; `apply_changes` merges it in one transaction; `advance_cursor` moves the cursor"
         + ("s" if sierra else "") + " (incremental runs only); `check_quality` alerts on "
         "data-quality findings without failing the run. Each task's own docs say more."
@@ -151,9 +155,26 @@ TASK_DOCS = {
     "reconcile": (
         "Lists every identifier the partner holds, purges the local records it no longer "
         "has (after asking the partner about each), fetches the missing ones, in one "
-        "transaction; never moves a cursor. **Fails:** a mass-purge refusal (no retries: "
-        "check the partner, then trigger with `allow_mass_purge=true`), a harvest holding "
-        "the partner (retried), or the partner's errors; nothing is half-applied."
+        "transaction; never moves a cursor. Over `max_purge_fraction` it stages all of it "
+        "and `approval_gate` asks a person (Browse > Required Actions) before "
+        "`apply_reconcile` applies it; `allow_mass_purge=true` applies at once. **Fails:** "
+        "a harvest holding the partner (retried), or the partner's errors; nothing is half-applied."
+    ),
+    "approval_gate": (
+        "Passes at once when nothing crosses a limit. Otherwise (a reconcile over "
+        "`max_purge_fraction`, a harvest shrinking the live set by more than `max_shrink_fraction`) "
+        "it waits in Browse > Required Actions, holding no worker slot and no lease: **Approve** "
+        "applies exactly the staged run (refused if the partner changed meanwhile), **Reject** "
+        "abandons it (staging dropped, cursor untouched). After `approval_timeout` it alerts and "
+        "waits on or abandons (`approval_timeout_action`). docs/operator/approvals.md."
+    ),
+    "apply_reconcile": (
+        "After `approval_gate`'s Approve: applies exactly what the reconcile staged, in one transaction "
+        "(a reconcile within its limit applied already: nothing to do); **fails** without writing when "
+        "an operator command or another run changed the partner during the wait (run the reconcile "
+        "again). In a sliced reconcile (after `sweep_ids`): once every slice is swept, the mass-purge "
+        "guard, the verification of vanished records, the removals and the missing records, in one "
+        "transaction; a slice whose ids the database lost is swept again here; fails as `reconcile`."
     ),
     "plan_sweep": (
         "A big partner's reconcile (registry `slicing.reconcile_slices`): freezes the partner's clock, "
@@ -166,11 +187,6 @@ TASK_DOCS = {
         "on its own from its own start. **Fails:** the partner's errors (retried); refuses for good "
         "when another run applied since the plan (the sweep would be stale) or an operator command "
         "changed the partner: the next reconcile sweeps anew."
-    ),
-    "apply_reconcile": (
-        "Once every slice is swept: the mass-purge guard, the verification of vanished records, the "
-        "removals and the missing records, in one transaction, as the unsliced reconcile. A slice whose "
-        "ids the database lost is swept again here. **Fails:** as `reconcile`."
     ),
 }
 
@@ -265,7 +281,7 @@ def build_harvest_dag(partner: Partner) -> DAG:
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
-        params=RUN_PARAMS,
+        params=copy.deepcopy(RUN_PARAMS),  # Param objects of its own: a run's conf ends up in them
         default_args=default_args(partner),
         tags=["harvest", partner.protocol, f"partner:{pid}"],
         doc_md=_doc(partner),
@@ -294,6 +310,7 @@ def build_harvest_dag(partner: Partner) -> DAG:
             return tasks.poll_deletions(pid, window, get_current_context())
 
         # In the pool too: a channel whose staging the database lost is harvested again here.
+        # After the gate: runs when it passed (nothing over a limit) or approved; a Reject skips it.
         @task(task_id="apply_changes", outlets=[partner_asset(pid)], pool=pool)  # the event: airflow/assets.py
         def apply_changes(window: dict[str, Any], *staged: dict[str, Any]) -> dict[str, int]:
             return tasks.apply_changes(pid, window, get_current_context())
@@ -310,7 +327,10 @@ def build_harvest_dag(partner: Partner) -> DAG:
         staged = [harvest_changes.partial(window=window).expand(piece=plan_slices(window))]
         if partner.protocol == "sierra":
             staged.append(poll_deletions(window))
+        gate = PartnerApprovalGate(partner=partner, kind="shrink")  # airflow/gates.py
+        staged >> gate
         applied = apply_changes(window, *staged)
+        gate >> applied
         advance_cursor(window, applied)
         check_quality(applied)
     _describe_tasks(dag)
@@ -336,15 +356,16 @@ def build_reconcile_dag(partner: Partner) -> DAG:
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
-        params=RECONCILE_PARAMS,
+        params=copy.deepcopy(RECONCILE_PARAMS),  # as above (tests/dags/test_dag_params_isolation.py)
         default_args=default_args(partner),
         tags=["reconcile", partner.protocol, f"partner:{pid}"],
         doc_md=(
             f"### Full reconcile of partner `{pid}`\n\nLists every identifier the partner holds "
             "(OAI-PMH ListIdentifiers, Sierra `fields=id`), purges local records that vanished "
-            "(reason `reconcile`), fetches the ones missing locally, in one transaction. Refuses "
-            f"to remove more than {partner.max_purge_fraction:.0%} of the records unless "
-            "`allow_mass_purge` is set. Never moves a harvest cursor; never overlaps a harvest."
+            "(reason `reconcile`), fetches the ones missing locally, in one transaction. Removing more "
+            f"than {partner.max_purge_fraction:.0%} of the records waits for a person's approval "
+            "(`approval_gate`, Browse > Required Actions) unless `allow_mass_purge` is set. Never moves "
+            "a harvest cursor; never overlaps a harvest."
         ),
     ) as dag:
 
@@ -355,7 +376,14 @@ def build_reconcile_dag(partner: Partner) -> DAG:
             def reconcile() -> dict[str, Any]:
                 return tasks.reconcile_partner(pid, get_current_context())
 
-            reconcile()
+            @task(task_id="apply_reconcile", outlets=[partner_asset(pid)])
+            def apply_reconcile(outcome: dict[str, Any]) -> dict[str, Any]:
+                return tasks.apply_approved_reconcile(pid, outcome, get_current_context())
+
+            outcome = reconcile()
+            gate = PartnerApprovalGate(partner=partner, kind="purge")  # airflow/gates.py
+            outcome >> gate
+            gate >> apply_reconcile(outcome)
     _describe_tasks(dag, show_window=False)
     return dag
 
@@ -379,7 +407,7 @@ def _sliced_reconcile_tasks(partner: Partner) -> None:
 
     @task(task_id="apply_reconcile", pool=partner.pool, outlets=[partner_asset(pid)])
     def apply_reconcile(pieces: list[dict[str, Any]], swept: list[dict[str, Any]]) -> dict[str, Any]:
-        return tasks.apply_reconcile(pid, pieces[0]["plan"], get_current_context())
+        return tasks.apply_sliced_reconcile(pid, pieces[0]["plan"], get_current_context())
 
     pieces = plan_sweep()
     apply_reconcile(pieces, sweep_ids.expand(piece=pieces))

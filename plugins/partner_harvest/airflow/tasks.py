@@ -26,9 +26,10 @@ from partner_harvest.airflow.hooks import AGGREGATION, hook_for
 from partner_harvest.airflow.notifiers import failure_fields, send_alert
 from partner_harvest.errors import ConfigurationError, HarvestError, PartnerAsksToWait
 from partner_harvest.factory import build_adapter
+from partner_harvest.reconcile import apply_staged as reconcile_apply_staged
 from partner_harvest.reconcile import reconcile
 from partner_harvest.registry import Partner, RegistryError, get_partner
-from partner_harvest.store import RunRef, connect, ensure_schema, events, fences, leases, prefix_choices, runs
+from partner_harvest.store import RunRef, connect, ensure_schema, events, fences, gates, leases, prefix_choices, runs
 from partner_harvest.store.pacing import PgPacingStore
 from partner_harvest.store.quality import run_figures
 from partner_harvest.store.runs import abandon_stale_runs, clock_high_water, last_applied_until
@@ -376,7 +377,10 @@ def apply_changes(partner_id: str, window_data: dict[str, Any], context: Context
             for channel in channels:
                 _stage(partner_id, window_data, context, channel, keeper.fence, keeper.conninfo)
 
-        applied = pipeline.apply_changes(conn, partner_id, run_key(context), reharvest).as_dict()
+        with approved_apply(conn, partner_id, run_key(context), keeper.fence) as approved:
+            # An approved run applies exactly what was staged: lost staging fails, never re-harvests.
+            applied = pipeline.apply_changes(conn, partner_id, run_key(context),
+                                             None if approved else reharvest).as_dict()
         _report_apply(conn, partner_id, context, applied)
         # The event Airflow emits on the partner's Asset when this task succeeds (airflow/assets.py).
         extra = assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id)
@@ -441,7 +445,10 @@ def check_quality(partner_id: str, context: Context) -> list[str]:
 
 @_fail_fast
 def reconcile_partner(partner_id: str, context: Context) -> dict[str, Any]:
-    """The weekly full reconcile; never moves a harvest cursor, never overlaps a harvest."""
+    """The weekly full reconcile; never moves a harvest cursor, never overlaps a harvest.
+
+    Over the purge limit (and without ``allow_mass_purge``) it stages everything and returns
+    ``awaiting_approval``: the DAG's approval gate asks a person, ``apply_approved_reconcile`` applies."""
     partner = _partner(partner_id)
     allow = bool((context.get("params") or {}).get("allow_mass_purge"))
     keeper = hold_lease(partner_id, context, leases.RECONCILE)
@@ -449,7 +456,11 @@ def reconcile_partner(partner_id: str, context: Context) -> dict[str, Any]:
     with keeper:
         adapter = _adapter(partner, keeper.conninfo)
         with aggregation(keeper.fence) as conn:
-            outcome = reconcile(adapter, conn, partner, run_key(context), allow_mass_purge=allow).as_dict()
+            outcome = reconcile(adapter, conn, partner, run_key(context), allow_mass_purge=allow, gate=True).as_dict()
+            if outcome["awaiting_approval"]:  # the task's Asset event says so: nothing applied yet
+                assets.emit(context, partner_id, {"partner_id": partner_id, "run_id": run_key(context),
+                                                  "changed": False, "awaiting_approval": True})
+                return {**outcome, "epoch": keeper.fence.epoch if keeper.fence else None}
             lineage.wrote(AGGREGATION, lineage.tables(conn, lineage.APPLIED[:2]))
             metrics.count("purged", partner_id, int(outcome.get("purged", 0)))
             metrics.count("runs_applied", partner_id, 1)
@@ -489,7 +500,7 @@ def sweep_reconcile_slice(partner_id: str, plan: dict[str, Any], piece: dict[str
 
 
 @_fail_fast
-def apply_reconcile(partner_id: str, plan: dict[str, Any], context: Context) -> dict[str, Any]:
+def apply_sliced_reconcile(partner_id: str, plan: dict[str, Any], context: Context) -> dict[str, Any]:
     """Guard, verify, removals, missing records, one-transaction apply; releases the lease."""
     partner = _partner(partner_id)
     allow = bool((context.get("params") or {}).get("allow_mass_purge"))
@@ -504,3 +515,51 @@ def apply_reconcile(partner_id: str, plan: dict[str, Any], context: Context) -> 
             assets.emit(context, partner_id,
                         assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id))
             return outcome
+
+
+@_fail_fast
+def apply_approved_reconcile(partner_id: str, outcome: dict[str, Any], context: Context) -> dict[str, Any]:
+    """After the gate's Approve: apply exactly what the reconcile staged, at the epoch it was
+    planned at, only if no other run of the partner applied during the wait. A reconcile
+    within its limit applied in its own task: nothing to do."""
+    if not outcome.get("awaiting_approval"):
+        return outcome
+    keeper = leases.LeaseKeeper(aggregation_conninfo(), partner_id, run_key(context), leases.RECONCILE,
+                                ttl=LEASE_TTL, epoch=outcome.get("epoch"), release_on_exit=True)
+    with keeper, aggregation(keeper.fence) as conn:
+        with approved_apply(conn, partner_id, run_key(context), keeper.fence, required=True):
+            applied = reconcile_apply_staged(conn, partner_id, run_key(context))
+        assets.emit(context, partner_id, assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id))
+        return applied
+
+
+@contextmanager
+def approved_apply(conn: psycopg.Connection, partner_id: str, run_id: str, fence: fences.Fence | None,
+                   required: bool = False) -> Iterator[gates.Request | None]:
+    """An apply behind an approval gate (airflow/gates.py) writes only what a person approved.
+
+    No request for the run (the gate skipped: nothing crossed a limit): the apply is as
+    always. An approved one: the fence also refuses if another run of the partner applied
+    since the request (Fence.applied_before), and a refusal abandons the run. A request
+    still pending, rejected or abandoned (the gate marked success by hand): nothing applies.
+    """
+    request = gates.get_request(conn, partner_id, run_id)
+    if request is None:
+        if required:
+            raise AirflowFailException(f"{partner_id}: run {run_id} has no approval request; nothing applied")
+        yield None
+        return
+    if request.state not in (gates.APPROVED, gates.APPLIED):
+        raise AirflowFailException(
+            f"{partner_id}: the approval request of run {run_id} is {request.state}, not approved; nothing applied "
+            "(answer it in Required Actions; docs/operator/approvals.md)")
+    if fence is not None:
+        fence.applied_before = request.requested_at
+    try:
+        yield request
+    except (fences.NewerRunApplied, fences.PartnerChanged) as exc:
+        conn.rollback()
+        gates.abandon(conn, partner_id, run_id, gates.REFUSED, f"approved, then refused: {exc.cause}")
+        raise
+    gates.decide(conn, partner_id, run_id, gates.APPLIED)
+

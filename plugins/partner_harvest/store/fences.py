@@ -30,6 +30,7 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import psycopg
 
@@ -49,6 +50,13 @@ class PartnerChanged(HarvestError):
     retryable = False
 
 
+class NewerRunApplied(HarvestError):
+    """Another run of the partner applied while this one waited at its approval gate: what the
+    person approved was measured against a state that is gone. Not retried (docs/operator/approvals.md)."""
+
+    retryable = False
+
+
 @dataclass
 class Fence:
     """What one task may write: its lease's tenure (``token``) and its plan's ``epoch``.
@@ -64,6 +72,9 @@ class Fence:
     epoch: int | None = None
     lost: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     lost_reason: str = ""
+    # Set after an approval gate's wait (store/gates.py): no other run of the partner may have
+    # applied since this instant (the request's), or the approved write refuses.
+    applied_before: datetime | None = None
 
     def lose(self, reason: str) -> None:
         self.lost_reason = self.lost_reason or reason
@@ -114,6 +125,19 @@ def check_fence(conn: psycopg.Connection, fence: Fence, request: str) -> None:
             f"this run was planned (epoch {fence.epoch}); nothing of this run is applied and no cursor moves — "
             "the partner's next run plans from its new state",
         )
+    if fence.applied_before is not None:
+        newer = conn.execute(
+            "SELECT run_id, applied_at FROM harvest_runs WHERE partner_id = %s AND run_id <> %s"
+            " AND status = 'applied' AND applied_at > %s ORDER BY applied_at LIMIT 1",
+            (fence.partner_id, fence.holder, fence.applied_before),
+        ).fetchone()
+        if newer is not None:
+            raise NewerRunApplied(
+                fence.partner_id, request,
+                f"run {newer[0]} applied at {newer[1]:%Y-%m-%d %H:%M:%S}Z, after this run asked for approval "
+                f"({fence.applied_before:%Y-%m-%d %H:%M:%S}Z): what was approved was measured against a state "
+                "that is gone, so nothing of this run is applied and no cursor moves — run it again",
+            )
     held = conn.execute(
         "SELECT 1 FROM partner_leases WHERE partner_id = %s AND holder = %s AND token = %s FOR KEY SHARE",
         (fence.partner_id, fence.holder, fence.token),

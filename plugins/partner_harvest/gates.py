@@ -1,0 +1,108 @@
+"""Approval gates, without Airflow: when a staged run must wait for a person, and what to show.
+
+Two limits stop a run before its apply (docs/operator/approvals.md):
+
+- a reconcile that would remove more than ``max_purge_fraction`` of the partner's records
+  (reconcile.py's guard; with a gate it stages and waits instead of failing);
+- a harvest whose apply would shrink the partner's live set by more than
+  ``max_shrink_fraction``: the held records its tombstones purge, plus, for a run that
+  covers the whole collection (a full harvest), the held records it did not return.
+
+A quiet night must not pay for the gate: a run that staged no tombstone and does not cover
+the whole collection cannot shrink anything, and is waved through without a query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import psycopg
+
+from partner_harvest.registry import Partner
+from partner_harvest.store import gates as sql
+from partner_harvest.store.gates import Request, Shrink
+from partner_harvest.window import Window
+
+PURGE, SHRINK = "purge", "shrink"
+
+
+def covers_whole_collection(window: Window) -> bool:
+    """A full harvest (or a first one): everything the partner holds should have come."""
+    return window.is_full and window.mode != "window"
+
+
+def staged_tombstones(staged: Iterable[Mapping[str, Any] | None]) -> int:
+    """Tombstones the run's harvest tasks staged, from their XCom results."""
+    return sum(int((piece or {}).get("tombstones") or 0) for piece in staged)
+
+
+def harvest_shrink(conn: psycopg.Connection, partner: Partner, run_id: str, window: Window,
+                   tombstones: int) -> Shrink | None:
+    """The run's shrink when it crosses ``max_shrink_fraction``, else None.
+
+    No query at all when nothing can shrink (no tombstone staged, not a full harvest)."""
+    whole = covers_whole_collection(window)
+    if tombstones == 0 and not whole:
+        return None
+    shrink = sql.measure_shrink(conn, partner.id, run_id, whole_collection=whole)
+    return shrink if shrink.fraction > partner.max_shrink_fraction else None
+
+
+def reconcile_shrink(conn: psycopg.Connection, partner: Partner, run_id: str, outcome: Mapping[str, Any],
+                     channel: str = "reconcile") -> Shrink:
+    """A gated reconcile's request figures: what its plan held and what it staged to purge."""
+    return Shrink(int(outcome["local"]), int(outcome["staged_removals"]), 0,
+                  sql.reconcile_sample(conn, partner.id, run_id, channel))
+
+
+def subject(request: Request) -> str:
+    what = "reconcile purge" if request.kind == PURGE else "shrinking harvest"
+    share = (request.removals + request.absent) / request.held if request.held else 0.0
+    return (f"{request.partner_id}: approve a {what}? {request.removals + request.absent} of {request.held} "
+            f"records ({share:.1%}, limit {request.limit_fraction:.0%})")
+
+
+def body(request: Request, partner: Partner, links: Mapping[str, str], timeout_note: str) -> str:
+    """The request's Markdown: partner, counts, a sample of what would go, links, what each answer does."""
+    share = (request.removals + request.absent) / request.held if request.held else 0.0
+    if request.kind == PURGE:
+        why = (f"The weekly reconcile would remove **{request.removals}** of the **{request.held}** records it holds "
+               f"for `{partner.id}` ({share:.1%}), over `max_purge_fraction` ({request.limit_fraction:.0%}): "
+               "these records are absent from the partner's identifier list or listed there as deleted.")
+    else:
+        why = (f"This harvest would shrink `{partner.id}`'s live set by **{request.removals + request.absent}** of "
+               f"**{request.held}** records ({share:.1%}), over `max_shrink_fraction` ({request.limit_fraction:.0%}).")
+    lines = [
+        f"### {partner.id} ({partner.protocol}): {request.kind} over its limit",
+        "",
+        partner.description or "",
+        "",
+        why,
+        "",
+        "| | records |",
+        "|---|---:|",
+        f"| held now | {request.held} |",
+        f"| purged by the apply (tombstones) | {request.removals} |",
+    ]
+    if request.kind == SHRINK:
+        lines.append(f"| not returned by this full harvest (kept by the apply; a reconcile decides) | {request.absent} |")
+    lines += ["", f"**A sample of what would go** (first {len(request.sample)} by identifier):", ""]
+    lines += [f"- `{item['identifier']}` {item.get('title') or '(no title)'}: {item['why']}" for item in request.sample]
+    lines += [
+        "",
+        "**Approve** applies exactly this staged run (nothing harvested again). It refuses, and applies "
+        "nothing, if the partner changed while it waited (`forget`, `reset-cursor`, or another run applied).",
+        "**Reject** abandons the run: its staging is dropped, no record changes, no cursor moves; "
+        "`harvest_runs` and `approval_requests` record it.",
+        timeout_note,
+        "",
+        " · ".join(f"[{label}]({url})" for label, url in links.items()),
+    ]
+    return "\n".join(lines)
+
+
+def timeout_note(partner: Partner) -> str:
+    action = ("then it alerts and keeps waiting" if partner.approval_timeout_action == "wait"
+              else "then it alerts and the run is abandoned as if rejected")
+    return f"No answer within `approval_timeout` ({partner.approval_timeout}): {action}."

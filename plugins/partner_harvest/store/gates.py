@@ -1,0 +1,204 @@
+"""SQL of the approval gates: what a staged run would remove, the request, its outcome.
+
+A run stopped at its gate (docs/operator/approvals.md) keeps its staging and its
+``harvest_runs`` rows (status ``harvested``) while a person decides; ``approval_requests``
+(migration 0022) holds what the request showed and what became of it. Rejecting drops the
+run's staging and closes its channels as ``abandoned``: nothing reaches ``records``,
+``deletions`` or the change feed, and no cursor moves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from partner_harvest.store.db import one
+
+SAMPLE_SIZE = 10
+PENDING, APPROVED, APPLIED, REJECTED, ABANDONED, REFUSED = (
+    "pending", "approved", "applied", "rejected", "abandoned", "refused")
+
+
+@dataclass(frozen=True)
+class Shrink:
+    """How much a staged run would take from the partner's live set.
+
+    ``removals``: held records whose newest staged version is a tombstone (the apply purges
+    them). ``absent``: for a run that covers the whole collection (a full harvest), held
+    records it did not return at all; the apply keeps them, but the partner's own live set
+    shrank by them (a reconcile would purge them)."""
+
+    held: int
+    removals: int
+    absent: int = 0
+    sample: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def fraction(self) -> float:
+        return (self.removals + self.absent) / self.held if self.held else 0.0
+
+
+_HELD = "SELECT count(*) FROM records WHERE partner_id = %(pid)s"
+
+# The run's newest staged version per identifier, as the apply's batch picks it.
+_NEWEST = """
+SELECT DISTINCT ON (s.identifier) s.identifier, s.kind FROM staging s
+WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.kind IN ('R', 'T')
+ORDER BY s.identifier, s.datestamp DESC, s.observed_at DESC, s.seq DESC
+"""
+
+_REMOVALS = f"""
+WITH newest AS ({_NEWEST})
+SELECT count(*) FROM newest n JOIN records r ON r.partner_id = %(pid)s AND r.identifier = n.identifier
+WHERE n.kind = 'T'
+"""
+
+_ABSENT = """
+SELECT count(*) FROM records r WHERE r.partner_id = %(pid)s
+  AND NOT EXISTS (SELECT 1 FROM staging s WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s
+                  AND s.identifier = r.identifier)
+"""
+
+_SAMPLE_REMOVALS = f"""
+WITH newest AS ({_NEWEST})
+SELECT r.identifier, r.title FROM newest n JOIN records r ON r.partner_id = %(pid)s AND r.identifier = n.identifier
+WHERE n.kind = 'T' ORDER BY r.identifier LIMIT %(n)s
+"""
+
+_SAMPLE_ABSENT = """
+SELECT r.identifier, r.title FROM records r WHERE r.partner_id = %(pid)s
+  AND NOT EXISTS (SELECT 1 FROM staging s WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s
+                  AND s.identifier = r.identifier)
+ORDER BY r.identifier LIMIT %(n)s
+"""
+
+
+def measure_shrink(conn: psycopg.Connection, partner_id: str, run_id: str, *, whole_collection: bool,
+                   sample_size: int = SAMPLE_SIZE) -> Shrink:
+    """What applying the staged run would take away (reads only)."""
+    params = {"pid": partner_id, "run": run_id, "n": sample_size}
+    held = int(one(conn.execute(_HELD, params))[0])
+    removals = int(one(conn.execute(_REMOVALS, params))[0]) if held else 0
+    absent = int(one(conn.execute(_ABSENT, params))[0]) if held and whole_collection else 0
+    sample = [{"identifier": i, "title": t, "why": "purged (tombstone)"}
+              for i, t in conn.execute(_SAMPLE_REMOVALS, params).fetchall()] if removals else []
+    if absent and len(sample) < sample_size:
+        params["n"] = sample_size - len(sample)
+        sample += [{"identifier": i, "title": t, "why": "not returned by the full harvest (kept)"}
+                   for i, t in conn.execute(_SAMPLE_ABSENT, params).fetchall()]
+    conn.commit()
+    return Shrink(held, removals, absent, sample)
+
+
+def reconcile_sample(conn: psycopg.Connection, partner_id: str, run_id: str, channel: str,
+                     sample_size: int = SAMPLE_SIZE) -> list[dict[str, Any]]:
+    """The reconcile's staged removals (its tombstones), a few with their titles."""
+    rows = conn.execute(
+        """
+        SELECT s.identifier, r.title FROM staging s
+        LEFT JOIN records r ON r.partner_id = s.partner_id AND r.identifier = s.identifier
+        WHERE s.partner_id = %s AND s.run_id = %s AND s.channel = %s AND s.kind = 'T'
+        ORDER BY s.identifier LIMIT %s
+        """,
+        (partner_id, run_id, channel, sample_size),
+    ).fetchall()
+    conn.commit()
+    return [{"identifier": i, "title": t, "why": "absent upstream or listed as deleted (purged)"} for i, t in rows]
+
+
+@dataclass(frozen=True)
+class Request:
+    partner_id: str
+    run_id: str
+    dag_id: str
+    kind: str
+    held: int
+    removals: int
+    absent: int
+    limit_fraction: float
+    sample: list[dict[str, Any]]
+    epoch: int | None
+    requested_at: datetime
+    state: str
+    decided_by: str | None = None
+    decided_at: datetime | None = None
+    note: str | None = None
+
+
+_COLUMNS = ("partner_id, run_id, dag_id, kind, held, removals, absent, limit_fraction, sample, epoch, "
+            "requested_at, state, decided_by, decided_at, note")
+
+
+def open_request(conn: psycopg.Connection, partner_id: str, run_id: str, dag_id: str, kind: str, shrink: Shrink,
+                 limit_fraction: float, epoch: int | None) -> Request:
+    """Record the request (again, for a cleared gate: a new request time, pending again)."""
+    with conn.transaction():
+        row = one(conn.execute(
+            f"""
+            INSERT INTO approval_requests (partner_id, run_id, dag_id, kind, held, removals, absent,
+                                           limit_fraction, sample, epoch)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            ON CONFLICT (partner_id, run_id) DO UPDATE SET
+                kind = EXCLUDED.kind, held = EXCLUDED.held, removals = EXCLUDED.removals, absent = EXCLUDED.absent,
+                limit_fraction = EXCLUDED.limit_fraction, sample = EXCLUDED.sample, epoch = EXCLUDED.epoch,
+                requested_at = now(), state = 'pending', decided_by = NULL, decided_at = NULL, note = NULL
+            RETURNING {_COLUMNS}
+            """,
+            (partner_id, run_id, dag_id, kind, shrink.held, shrink.removals, shrink.absent, limit_fraction,
+             Jsonb(shrink.sample), epoch),
+        ))
+    return Request(*row)
+
+
+def get_request(conn: psycopg.Connection, partner_id: str, run_id: str) -> Request | None:
+    row = conn.execute(f"SELECT {_COLUMNS} FROM approval_requests WHERE partner_id = %s AND run_id = %s",
+                       (partner_id, run_id)).fetchone()
+    conn.commit()
+    return Request(*row) if row else None
+
+
+def decide(conn: psycopg.Connection, partner_id: str, run_id: str, state: str, by: str | None = None,
+           note: str | None = None) -> None:
+    with conn.transaction():
+        conn.execute(
+            "UPDATE approval_requests SET state = %s, decided_by = COALESCE(%s, decided_by),"
+            " decided_at = COALESCE(decided_at, now()), note = COALESCE(%s, note)"
+            " WHERE partner_id = %s AND run_id = %s",
+            (state, by, note, partner_id, run_id),
+        )
+
+
+def abandon(conn: psycopg.Connection, partner_id: str, run_id: str, state: str, reason: str,
+            by: str | None = None) -> int:
+    """Close a gated run without applying it, in one transaction: its staging is dropped,
+    its channels become ``abandoned`` with the reason, the request records the outcome.
+    Touches only this run's rows (no lease needed); returns the staged rows dropped."""
+    with conn.transaction():
+        dropped = conn.execute("DELETE FROM staging WHERE partner_id = %s AND run_id = %s",
+                               (partner_id, run_id)).rowcount
+        conn.execute(
+            "UPDATE harvest_runs SET status = 'abandoned', error = %s"
+            " WHERE partner_id = %s AND run_id = %s AND status <> 'applied'",
+            (reason[:4000], partner_id, run_id),
+        )
+        conn.execute(
+            "UPDATE approval_requests SET state = %s, decided_by = %s, decided_at = now(), note = %s"
+            " WHERE partner_id = %s AND run_id = %s",
+            (state, by, reason[:4000], partner_id, run_id),
+        )
+    return dropped
+
+
+def pending(conn: psycopg.Connection, partner_id: str | None = None) -> list[Request]:
+    """Requests still waiting for an answer (newest first)."""
+    rows = conn.execute(
+        f"SELECT {_COLUMNS} FROM approval_requests WHERE state = 'pending'"
+        " AND (%(pid)s::text IS NULL OR partner_id = %(pid)s) ORDER BY requested_at DESC",
+        {"pid": partner_id},
+    ).fetchall()
+    conn.commit()
+    return [Request(*row) for row in rows]

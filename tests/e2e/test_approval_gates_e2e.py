@@ -1,0 +1,275 @@
+"""Issue 26, "what it must show": the approval gates in a real Airflow (scheduler, api-server,
+dag-processor; no triggerer), answered through the REST API v2 like an operator's client.
+
+- a reconcile over its purge limit waits in Required Actions (task ``awaiting_input``, no
+  pool slot held) while another partner's harvest runs; Approve applies exactly what it staged;
+- a shrinking full harvest waits; Reject leaves records, cursor, ``harvest_runs`` as they were;
+- a wait past ``approval_timeout`` alerts (the scheduler's timeout sweep): ``wait`` keeps
+  waiting, ``abandon`` abandons the run cleanly.
+
+One stack for the module, its own partners (one simulator each), alerts read back from a
+loopback webhook.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
+from partner_harvest.store import connect, ensure_schema
+from partner_harvest.store.admin import live_identifiers
+from tests.support.airflow_stack import http_connection
+from tests.support.e2e_stack import AirflowStack, start_airflow
+from tests.support.webhook import WebhookSink
+
+pytestmark = pytest.mark.e2e
+
+PURGE, OTHER, SHRINK, WAIT, ABANDON = "gpurge", "gother", "gshrink", "gwait", "gabandon"
+PARTNERS = (PURGE, OTHER, SHRINK, WAIT, ABANDON)
+GATE = "approval_gate"
+TIMEOUT = "2s"  # approval_timeout of the two deadline partners
+
+
+def repository(partner: str) -> SimulatedRepository:
+    """The purge partner's records vanish without a trace (a reconcile finds them); the others
+    keep tombstones (a harvest stages them)."""
+    deleted = "no" if partner == PURGE else "persistent"
+    return SimulatedRepository(records=100, page_size=50, deleted_record=deleted, deleted_fraction=0.0,
+                               seed=300 + PARTNERS.index(partner))
+
+
+def registry_writer(path: Path) -> None:
+    lines = ["partners:"]
+    for pid in PARTNERS:
+        extra = ""
+        if pid in (WAIT, ABANDON):
+            action = "wait" if pid == WAIT else "abandon"
+            extra = f", approval_timeout: {TIMEOUT}, approval_timeout_action: {action}"
+        lines.append(f"  - {{id: {pid}, protocol: oai-pmh, conn_id: partner_{pid}, metadata_prefix: oai_dc, lag: 0s,"
+                     f" retries: 0, max_shrink_fraction: 0.1{extra},"
+                     " options: {http: {backoff_factor: 0.01, retries: 1}}}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def repos() -> Iterator[dict[str, tuple[SimulatedRepository, OaiSimulator]]]:
+    with ExitStack() as stack:
+        out = {}
+        for pid in PARTNERS:
+            repo = repository(pid)
+            out[pid] = (repo, stack.enter_context(OaiSimulator(repo)))
+        yield out
+
+
+@pytest.fixture(scope="module")
+def alerts() -> Iterator[WebhookSink]:
+    sink = WebhookSink()
+    yield sink
+    sink.close()
+
+
+@pytest.fixture(scope="module")
+def airflow_stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory, airflow_metadata_template: str,
+                  repos, alerts: WebhookSink) -> Iterator[AirflowStack]:
+    """The shared e2e stack with this module's partners; the timeout sweep every second."""
+    overrides = {f"AIRFLOW_CONN_PARTNER_{pid.upper()}": http_connection(sim.base_url)
+                 for pid, (_, sim) in repos.items()}
+    overrides["AIRFLOW_CONN_HARVEST_ALERTS_WEBHOOK"] = json.dumps({"conn_type": "http", "host": alerts.url})
+    overrides["AIRFLOW__SCHEDULER__TRIGGER_TIMEOUT_CHECK_INTERVAL"] = "1"
+    # Five runs start at once on a shared 2-core machine: the task runners' Execution API
+    # calls to the single api-server worker may take longer than the 5 s default.
+    overrides["AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT"] = "60"
+    dag_ids = [f"harvest_{pid}" for pid in PARTNERS] + [f"reconcile_{PURGE}"]
+    with ExitStack() as cleanup:
+        stack = start_airflow(pg_server, tmp_path_factory.mktemp("airflow_gates"), cleanup, overrides,
+                              metadata_template=airflow_metadata_template, registry_writer=registry_writer,
+                              dag_ids=dag_ids, startup_timeout=300)
+        # Every partner's first harvest (all at once): nothing held yet, so every gate passes.
+        runs = {pid: stack.trigger(f"harvest_{pid}", {"mode": "incremental"})["dag_run_id"] for pid in PARTNERS}
+        for pid, run_id in runs.items():
+            assert_success(stack, f"harvest_{pid}", run_id)
+        yield stack
+
+
+# ---------------------------------------------------------------------- helpers
+def get(stack: AirflowStack, path: str, **kwargs: Any) -> Any:
+    """A GET of the REST API that a busy api-server may answer late (its single worker also
+    serves the task runners' Execution API): a read timeout is asked again."""
+    for _ in range(3):
+        try:
+            return stack.api("GET", path, timeout=60, **kwargs)
+        except requests.Timeout:
+            continue
+    return stack.api("GET", path, timeout=60, **kwargs)
+
+
+def assert_success(stack: AirflowStack, dag_id: str, run_id: str) -> dict[str, str | None]:
+    def finished() -> dict[str, Any] | None:
+        run = get(stack, f"/dags/{dag_id}/dagRuns/{run_id}")
+        return run if run["state"] in ("success", "failed") else None
+
+    done = stack.poll(finished, 300, f"run {dag_id}/{run_id} to finish")
+    states = {ti["task_id"]: ti["state"]
+              for ti in get(stack, f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]}
+    assert done["state"] == "success", states
+    return states
+
+
+def gate_path(dag_id: str, run_id: str) -> str:
+    return f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{GATE}/-1"
+
+
+def wait_awaiting_input(stack: AirflowStack, dag_id: str, run_id: str) -> dict[str, Any]:
+    """The gate's task instance once it is parked in Required Actions."""
+
+    def parked() -> dict[str, Any] | None:
+        ti = get(stack, gate_path(dag_id, run_id))
+        if ti["state"] in ("success", "failed", "skipped", "upstream_failed"):
+            raise AssertionError(f"the gate finished without waiting: {stack.task_summary(dag_id, run_id)}")
+        return ti if ti["state"] == "awaiting_input" else None
+
+    return stack.poll(parked, 300, f"{dag_id}/{run_id} to wait at {GATE}")
+
+
+def answer(stack: AirflowStack, dag_id: str, run_id: str, option: str) -> dict[str, Any]:
+    """What an operator's client does: PATCH the HITL detail of the parked gate."""
+    return stack.api("PATCH", f"{gate_path(dag_id, run_id)}/hitlDetails",
+                     json={"chosen_options": [option], "params_input": {}}, timeout=120)
+
+
+def records(stack: AirflowStack, partner: str) -> list[tuple]:
+    with connect(stack.aggregation_db) as conn:
+        return conn.execute("SELECT identifier, content_hash, datestamp, run_id FROM records WHERE partner_id = %s ORDER BY 1",
+                            (partner,)).fetchall()
+
+
+def held(stack: AirflowStack, partner: str) -> set[str]:
+    with connect(stack.aggregation_db) as conn:
+        ensure_schema(conn)
+        return live_identifiers(conn, partner)
+
+
+def request_row(stack: AirflowStack, dag_id: str, run_id: str) -> tuple:
+    with connect(stack.aggregation_db) as conn:
+        return conn.execute("SELECT state, decided_by, held, removals, absent FROM approval_requests "
+                            "WHERE run_id = %s", (f"{dag_id}/{run_id}",)).fetchone()
+
+
+def run_statuses(stack: AirflowStack, dag_id: str, run_id: str) -> set[str]:
+    with connect(stack.aggregation_db) as conn:
+        return {row[0] for row in conn.execute("SELECT status FROM harvest_runs WHERE run_id = %s",
+                                               (f"{dag_id}/{run_id}",))}
+
+
+def staged_rows(stack: AirflowStack, partner: str) -> int:
+    with connect(stack.aggregation_db) as conn:
+        return conn.execute("SELECT count(*) FROM staging WHERE partner_id = %s", (partner,)).fetchone()[0]
+
+
+def alerts_of(sink: WebhookSink, kind: str, partner: str) -> list[dict[str, Any]]:
+    return [b["harvest"] for b in list(sink.bodies) if b["harvest"].get("kind") == kind
+            and b["harvest"].get("partner") == partner]
+
+
+# ---------------------------------------------------------------------- the tests
+def test_a_reconcile_over_its_limit_waits_holding_no_slot_and_approve_applies_exactly(
+        airflow_stack: AirflowStack, repos, alerts: WebhookSink) -> None:
+    stack = airflow_stack
+    repo, _ = repos[PURGE]
+    gone = set(repo.delete(20))  # 20% vanish: over the 5% max_purge_fraction
+    before = held(stack, PURGE)
+    dag_id = f"reconcile_{PURGE}"
+    run_id = stack.trigger(dag_id, {})["dag_run_id"]
+    wait_awaiting_input(stack, dag_id, run_id)
+
+    detail = get(stack, f"{gate_path(dag_id, run_id)}/hitlDetails")
+    assert "20 of 100 records (20.0%, limit 5%)" in detail["subject"]
+    assert PURGE in detail["body"] and "Required action" in detail["body"]
+    assert detail["options"] == ["Approve", "Reject"] and not detail["response_received"]
+    assert alerts_of(alerts, "approval_requested", PURGE)
+    # Waiting holds no slot: neither the partner's pool nor the default pool (the gate's) counts it.
+    for pool in (f"partner_{PURGE}", "default_pool"):
+        slots = get(stack, f"/pools/{pool}")
+        assert (slots["running_slots"], slots["occupied_slots"], slots["queued_slots"]) == (0, 0, 0), slots
+    assert held(stack, PURGE) == before  # nothing applied yet
+
+    # Another partner's night proceeds meanwhile.
+    repos[OTHER][0].edit(5)
+    other = stack.trigger(f"harvest_{OTHER}", {"mode": "incremental"})["dag_run_id"]
+    assert set(assert_success(stack, f"harvest_{OTHER}", other).values()) == {"success"}
+    assert get(stack, gate_path(dag_id, run_id))["state"] == "awaiting_input"
+
+    answered = answer(stack, dag_id, run_id, "Approve")
+    assert answered["chosen_options"] == ["Approve"]
+    states = assert_success(stack, dag_id, run_id)
+    assert states == {"reconcile": "success", GATE: "success", "apply_reconcile": "success"}
+    assert held(stack, PURGE) == before - gone == repo.live_identifiers()
+    state, decided_by, held_n, removals, _ = request_row(stack, dag_id, run_id)
+    assert (state, held_n, removals) == ("applied", 100, 20) and decided_by
+    assert staged_rows(stack, PURGE) == 0
+
+
+def test_a_shrinking_full_harvest_waits_and_reject_leaves_mirror_and_cursor(airflow_stack: AirflowStack,
+                                                                            repos) -> None:
+    stack = airflow_stack
+    repo, _ = repos[SHRINK]
+    repo.delete(30)  # tombstones for 30%: over the 10% max_shrink_fraction
+    dag_id = f"harvest_{SHRINK}"
+    mirror, cursor = records(stack, SHRINK), stack.variable(f"harvest_cursor__{SHRINK}")
+    assert cursor is not None
+    run_id = stack.trigger(dag_id, {"mode": "full"})["dag_run_id"]
+    wait_awaiting_input(stack, dag_id, run_id)
+    assert "30 of 100 records (30.0%, limit 10%)" in get(stack, f"{gate_path(dag_id, run_id)}/hitlDetails")[
+        "subject"]
+
+    answer(stack, dag_id, run_id, "Reject")
+    states = assert_success(stack, dag_id, run_id)  # a rejected run ends with its apply skipped, not failed
+    assert states[GATE] == "success" and states["apply_changes"] == "skipped"
+    assert states["advance_cursor"] == "skipped"
+    assert records(stack, SHRINK) == mirror
+    assert stack.variable(f"harvest_cursor__{SHRINK}") == cursor
+    assert run_statuses(stack, dag_id, run_id) == {"abandoned"}
+    state, decided_by, *_ = request_row(stack, dag_id, run_id)
+    assert state == "rejected" and decided_by
+    assert staged_rows(stack, SHRINK) == 0
+
+
+def test_a_wait_past_its_deadline_alerts_and_keeps_waiting_or_abandons(airflow_stack: AirflowStack, repos,
+                                                                       alerts: WebhookSink) -> None:
+    stack = airflow_stack
+    runs = {}
+    mirrors = {}
+    for pid in (WAIT, ABANDON):
+        repos[pid][0].delete(30)
+        mirrors[pid] = records(stack, pid)
+        runs[pid] = stack.trigger(f"harvest_{pid}", {"mode": "incremental"})["dag_run_id"]
+
+    # abandon: the scheduler answers Reject at the deadline; the run is abandoned cleanly.
+    dag_id = f"harvest_{ABANDON}"
+    states = assert_success(stack, dag_id, runs[ABANDON])
+    assert states[GATE] == "success" and states["apply_changes"] == "skipped"
+    overdue = alerts_of(alerts, "approval_overdue", ABANDON)
+    assert len(overdue) == 1 and overdue[0]["action"] == "abandon"
+    assert records(stack, ABANDON) == mirrors[ABANDON]
+    assert run_statuses(stack, dag_id, runs[ABANDON]) == {"abandoned"}
+    assert request_row(stack, dag_id, runs[ABANDON])[:2] == ("abandoned", None)
+
+    # wait: the alert, then the request is still open and the task parked again.
+    dag_id = f"harvest_{WAIT}"
+    stack.poll(lambda: alerts_of(alerts, "approval_overdue", WAIT), 120, "the overdue alert of the waiting partner")
+    wait_awaiting_input(stack, dag_id, runs[WAIT])
+    detail = get(stack, f"{gate_path(dag_id, runs[WAIT])}/hitlDetails")
+    assert not detail["response_received"]
+    assert request_row(stack, dag_id, runs[WAIT])[0] == "pending"
+    assert len(alerts_of(alerts, "approval_overdue", WAIT)) == 1  # once, not every sweep
+    answer(stack, dag_id, runs[WAIT], "Reject")  # still answerable after the deadline
+    assert_success(stack, dag_id, runs[WAIT])
+    assert records(stack, WAIT) == mirrors[WAIT]
+    assert request_row(stack, dag_id, runs[WAIT])[0] == "rejected"

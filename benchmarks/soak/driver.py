@@ -97,7 +97,10 @@ PARTNERS: dict[str, PartnerSpec] = {p.id: p for p in (
 
 def registry_yaml(partners: list[PartnerSpec], waits: Waits = Waits()) -> str:
     lines = ["partners:"]
-    http = f"http: {{backoff_factor: 0.01, retries: {HTTP_RETRIES}, retry_after_cap: 2}}"
+    # The soak's clock runs fast: HTTP back-offs, Retry-After and the politeness back-off
+    # (options.politeness, shared by every soak partner on 127.0.0.1) are shrunk alike.
+    http = (f"http: {{backoff_factor: 0.01, retries: {HTTP_RETRIES}, retry_after_cap: 2}},"
+            " politeness: {backoff_step: 20, max_backoff: 200}")
     airflow = (f"retries: {RETRIES}, retry_delay: {waits.retry_delay}, max_retry_delay: {waits.max_retry_delay},"
                f" execution_timeout: {EXECUTION_TIMEOUT}")
     sierra = ("" if waits.sierra_server_error_backoff is None

@@ -136,7 +136,7 @@ def test_a_reconcile_sharing_the_harvest_run_id_neither_takes_its_lease_nor_its_
         watcher.join()
     assert harvested.run_id == waited.run_id  # the collision this guards against
     assert reschedules() > before  # the harvest held the partner: the reconcile waited (rescheduled) for it
-    assert states(waited) == {"reconcile": "success"}  # then ran once the harvest's lease ended
+    assert states(waited) == {"reconcile": "success", "approval_gate": "success", "apply_reconcile": "skipped"}  # then ran once the harvest's lease ended
 
     later = LOGICAL.replace(day=2)
     harvested = harvest_dag().test(run_after=later, logical_date=later, mark_success_pattern=skip_apply)
@@ -144,7 +144,7 @@ def test_a_reconcile_sharing_the_harvest_run_id_neither_takes_its_lease_nor_its_
         conn.execute("UPDATE partner_leases SET expires_at = now() - interval '1 second'")
         conn.commit()
     reconciled = reconcile_dag().test(run_after=later, logical_date=later)
-    assert states(reconciled) == {"reconcile": "success"}
+    assert states(reconciled) == {"reconcile": "success", "approval_gate": "success", "apply_reconcile": "skipped"}
     with connect(db) as conn:
         ensure_schema(conn)
         rows = dict(conn.execute("SELECT run_id || ' ' || channel, status FROM harvest_runs WHERE partner_id = %s",

@@ -82,9 +82,10 @@ def rendered_fields_text(dag_id: str) -> str:
 def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env, catalogue, db, capfd, caplog) -> None:
     caplog.set_level(logging.DEBUG)
     dag = build_dag()
-    assert {"freeze_window", "plan_slices", "harvest_changes", "poll_deletions", "apply_changes", "advance_cursor",
-            "check_quality"} == set(dag.task_ids)
-    assert dag.get_task("apply_changes").upstream_task_ids == {"freeze_window", "harvest_changes", "poll_deletions"}
+    assert {"freeze_window", "plan_slices", "harvest_changes", "poll_deletions", "approval_gate", "apply_changes",
+            "advance_cursor", "check_quality"} == set(dag.task_ids)
+    assert dag.get_task("apply_changes").upstream_task_ids == {"freeze_window", "harvest_changes", "poll_deletions",
+                                                               "approval_gate"}
 
     first = dag.test()
     states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in first.get_task_instances()}

@@ -38,30 +38,42 @@ def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, air
 def test_a_small_partners_reconcile_stays_one_task(museum) -> None:
     from partner_harvest.airflow.dag_factory import build_reconcile_dag
 
-    assert [t.task_id for t in build_reconcile_dag(get_partner("smallmuseum")).tasks] == ["reconcile"]
+    # one task's sweep and apply, behind the approval gate (airflow/gates.py) that passes unless over the limit
+    assert [t.task_id for t in build_reconcile_dag(get_partner("smallmuseum")).tasks] == [
+        "reconcile", "approval_gate", "apply_reconcile"]
     big = build_reconcile_dag(get_partner("bigmuseum"))
     assert [t.task_id for t in big.tasks] == ["plan_sweep", "sweep_ids", "apply_reconcile"]
 
 
 @pytest.mark.slow  # a dag.test() of 6 tasks, 800 records
-def test_a_sliced_reconcile_retries_only_the_slice_that_failed_and_converges(museum, db) -> None:
+def test_a_sliced_reconcile_retries_only_the_slice_that_failed_and_converges(museum, db, monkeypatch) -> None:
     sim, repo = museum
     partner = get_partner("bigmuseum")
     with connect(db) as conn:
         ensure_schema(conn)
         run_partner(partner, build_adapter(partner, Endpoint(sim.base_url)), conn, "first")
     vanished, added = set(repo.delete(12)), set(repo.add(5))
-    original, lists = sim.handle_oai, {"n": 0}
+    original, lists = sim.handle_oai, {"n": 0, "sweeping": False}
 
-    def fail_once(pairs):  # a list page inside a slice's sweep answers 503 once
-        if any(k == "verb" and v == "ListIdentifiers" for k, v in pairs) and any(k == "resumptionToken" for k, _ in pairs):
+    def fail_once(pairs):  # a list page inside a slice's sweep (not the plan's probes) answers 503 once
+        if (lists["sweeping"] and any(k == "verb" and v == "ListIdentifiers" for k, v in pairs)
+                and any(k == "resumptionToken" for k, _ in pairs)):
             lists["n"] += 1
             if lists["n"] == 3:
                 sim.fail_next(1, status=503)
         return original(pairs)
 
     sim.handle_oai = fail_once
+    from partner_harvest.airflow import tasks as task_bodies
     from partner_harvest.airflow.dag_factory import build_reconcile_dag
+
+    sweep_slice = task_bodies.sweep_reconcile_slice
+
+    def sweeping(*args, **kwargs):  # the plan's probes are done once the first slice starts
+        lists["sweeping"] = True
+        return sweep_slice(*args, **kwargs)
+
+    monkeypatch.setattr(task_bodies, "sweep_reconcile_slice", sweeping)
 
     dag = build_reconcile_dag(partner)
     for task in dag.tasks:

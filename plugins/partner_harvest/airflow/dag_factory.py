@@ -166,11 +166,12 @@ TASK_DOCS = {
         "it waits in Browse > Required Actions, holding no worker slot and no lease: **Approve** "
         "applies exactly the staged run (refused if the partner changed meanwhile), **Reject** "
         "abandons it (staging dropped, cursor untouched). After `approval_timeout` it alerts and "
-        "waits on or abandons (`approval_timeout_action`). docs/operator/approvals.md."
+        "waits on or abandons (`approval_timeout_action`). **Fails:** only when the database is "
+        "unreachable while it computes what would go (retried). docs/operator/approvals.md."
     ),
     "apply_reconcile": (
         "After `approval_gate`'s Approve: applies exactly what the reconcile staged, in one transaction "
-        "(a reconcile within its limit applied already: nothing to do); **fails** without writing when "
+        "(a reconcile within its limit applied already: skipped); **fails** without writing when "
         "an operator command or another run changed the partner during the wait (run the reconcile "
         "again). In a sliced reconcile (after `sweep_ids`): once every slice is swept, the mass-purge "
         "guard, the verification of vanished records, the removals and the missing records, in one "

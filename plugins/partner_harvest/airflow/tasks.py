@@ -521,9 +521,9 @@ def apply_sliced_reconcile(partner_id: str, plan: dict[str, Any], context: Conte
 def apply_approved_reconcile(partner_id: str, outcome: dict[str, Any], context: Context) -> dict[str, Any]:
     """After the gate's Approve: apply exactly what the reconcile staged, at the epoch it was
     planned at, only if no other run of the partner applied during the wait. A reconcile
-    within its limit applied in its own task: nothing to do."""
-    if not outcome.get("awaiting_approval"):
-        return outcome
+    within its limit applied in its own task: skipped, so the run has one Asset event."""
+    if not outcome.get("awaiting_approval"):  # skipped: the reconcile task's Asset event is the run's only one
+        raise AirflowSkipException(f"{partner_id}: the reconcile applied within its purge limit; nothing waits")
     keeper = leases.LeaseKeeper(aggregation_conninfo(), partner_id, run_key(context), leases.RECONCILE,
                                 ttl=LEASE_TTL, epoch=outcome.get("epoch"), release_on_exit=True)
     with keeper, aggregation(keeper.fence) as conn:

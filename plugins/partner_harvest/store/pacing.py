@@ -17,8 +17,12 @@ from partner_harvest.politeness import Reservation
 from partner_harvest.store.db import connect
 
 WINDOW = "interval '60 seconds'"  # the counting window of the effective rate
-_PENALTY = ("(CASE WHEN h.penalty_ms * power(1 - %(recovery)s, %(healthy)s) < 20 THEN 0"
-            " ELSE h.penalty_ms * power(1 - %(recovery)s, %(healthy)s) END)")
+# The back-off wears off with healthy responses and with time: it halves for every minute
+# since the row last changed, so a host that recovered between nights is not crawled at the
+# last outage's pace by the next night (the decay compounds once per write: memoryless).
+_DECAYED = ("h.penalty_ms * power(1 - %(recovery)s, %(healthy)s)"
+            " * power(0.5, greatest(0, extract(epoch FROM c.now - h.updated_at)) / 60.0)")
+_PENALTY = f"(CASE WHEN {_DECAYED} < 20 THEN 0 ELSE {_DECAYED} END)"
 _GAP = f"greatest(%(delay)s::double precision, {_PENALTY})"
 _ROLL = f"c.now - h.window_start >= {WINDOW}"
 _RESERVE = f"""

@@ -57,7 +57,7 @@ class Museum:
         return self.now
 
     def create(self, count: int = 1, *, same_time: bool = False) -> list[str]:
-        made = []
+        made: list[str] = []
         with self.lock:
             for _ in range(count):
                 self._counter += 1

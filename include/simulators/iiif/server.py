@@ -28,6 +28,7 @@ class IiifServer(LoopbackServer):
         self.museum = museum or Museum()
         self.throttle: dict[str, list[tuple[int, int]]] = {}  # path -> [(status, retry_after)], consumed in order
         self.on_request: Callable[[str], None] | None = None
+        self.delay = 0.0  # seconds before every answer (a distant or slow partner)
 
     @property
     def collection_url(self) -> str:
@@ -49,6 +50,8 @@ class _Handler(LoopbackHandler):
             sim.requests.append({"path": url.path, "accept": self.headers.get("Accept")})
         if sim.on_request is not None:
             sim.on_request(url.path)
+        if sim.delay and sim._stopping.wait(sim.delay):
+            return None
         faults = sim.throttle.get(url.path)
         if faults:
             status, wait = faults.pop(0)

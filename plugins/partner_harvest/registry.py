@@ -311,6 +311,10 @@ class IiifOptions(_Strict):
         "stream pages one run may walk; a longer walk fails naming the cap"))] = 100_000
     object_types: tuple[StrictStr, ...] = Field(default=(), description=(
         "object types harvested (e.g. HumanMadeObject, Manifest); empty: every type"))
+    object_itself: StrictStr | None = Field(default=None, description=(
+        "when no seeAlso matches (or none is given), fetch the object's own id as this format "
+        "(e.g. linked_art: the Getty's stream links each object's Linked Art record by its id alone); "
+        "null: such an object is quarantined naming what was offered"))
 
 
 class Options(_Strict):

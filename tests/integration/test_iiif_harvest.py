@@ -259,3 +259,35 @@ def test_static_files_stream(conn, tmp_path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_getty_style_stream_created_stamps_and_objects_without_see_also(conn) -> None:
+    """The shape of the Getty's real stream (tests/fixtures/iiif/getty-page.json): no seeAlso
+    (the object's id is its Linked Art record) and `created` instead of endTime. With
+    options.iiif.object_itself the objects land; the `created` stamps stop a quiet night
+    after the two clock requests (they used to be None: every night walked the whole stream)."""
+    museum = Museum(page_sizes=(5,), see_also_style="none", stamp="created")
+    museum.create(23)
+    with IiifServer(museum) as sim:
+        harness = IiifHarness(sim, conn, iiif_partner(iiif={"object_itself": "linked_art"}))
+        first = harness.run()
+        assert first.applied.quarantined == 0 and harness.held() == harness.live()
+        assert sim.count("/objects/") == 23
+        quiet = night(harness)
+        assert len(sim.requests) <= 2, sim.requests
+        assert quiet.applied.upserted == 0
+        museum.update("o4")
+        museum.delete("o9")
+        night(harness)
+        assert sim.count("/objects/") == 1 and harness.held() == harness.live()
+
+
+def test_objects_without_a_matching_see_also_are_quarantined_naming_the_offers(conn) -> None:
+    museum = Museum(page_sizes=(10,), see_also_style="none")
+    museum.create(3)
+    with IiifServer(museum) as sim:
+        harness = IiifHarness(sim, conn, iiif_partner())
+        result = harness.run()
+        assert result.applied.quarantined == 3 and harness.held() == set()
+        reasons = [r for (r,) in conn.execute("SELECT reason FROM quarantine WHERE partner_id = 'rijks'")]
+        assert all("no seeAlso matches options.iiif.descriptions; offered: none" in r for r in reasons), reasons

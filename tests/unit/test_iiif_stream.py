@@ -94,3 +94,34 @@ def test_linked_art_title_and_checks() -> None:
         deep = [deep]
     with pytest.raises(NotAJsonRecord, match="deeper"):
         load(json.dumps({"a": deep}).encode())
+
+
+# -- real streams (tests/fixtures/iiif/SOURCE.md) ------------------------------------------
+
+def test_getty_collection_uses_the_as2_context_and_its_total_is_only_a_witness() -> None:
+    collection = parse_collection(fixture("getty-collection.json"), "https://data.getty.edu/x")
+    assert collection.last == "https://data.getty.edu/museum/collection/activity-stream/page/8"
+    assert collection.first == "https://data.getty.edu/museum/collection/activity-stream/page/1"
+    assert collection.total_items == 232916  # far more than 8 pages of 100 hold: a witness, never a rule
+
+
+def test_getty_page_without_end_time_reads_created_as_the_activitys_time() -> None:
+    """Regression (real data): the Getty's page carries `created` (no zone) and no endTime.
+    Before, every activity's time was None, so an incremental night could never stop early
+    and would walk the whole stream back to its first page."""
+    page = parse_page(fixture("getty-page.json"), "https://data.getty.edu/museum/collection/activity-stream/page/1")
+    assert page.prev is None and page.unusable == 0  # the first page; partOf and next are not needed
+    assert [a.kind for a in page.items] == ["Create"] * 5
+    assert [a.object_type for a in page.items] == ["Group", "Person", "HumanMadeObject", "LinguisticObject",
+                                                   "PropositionalObject"]
+    assert page.items[0].when == datetime(2020, 5, 11, 21, 56, 48, tzinfo=timezone.utc)
+    assert all(a.when is not None for a in page.items)
+    assert page.items[2].see_also == ()  # the record is the object id itself (no seeAlso)
+
+
+def test_oclc_contentdm_collection_with_a_presentation_context_list() -> None:
+    body = fixture("oclc-contentdm-collection.json")
+    assert isinstance(body["@context"], list) and "discovery" not in json.dumps(body["@context"])
+    collection = parse_collection(body, "http://52.204.112.237:3051/activity-streams/15878/")
+    assert collection.last == "http://52.204.112.237:3051/activity-streams/15878/13"
+    assert collection.total_items == 61670

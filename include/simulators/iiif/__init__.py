@@ -1,1 +1,6 @@
-"""A loopback IIIF Change Discovery 1.0 stream (Activity Streams 2.0) over a simulated museum."""
+"""A museum publishing an IIIF Change Discovery stream: the model and its loopback server."""
+
+from .museum import Museum
+from .server import IiifServer
+
+__all__ = ["IiifServer", "Museum"]

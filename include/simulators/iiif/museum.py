@@ -37,12 +37,15 @@ class Museum:
     fractions: bool = False  # endTimes with microseconds
     offsets: bool = False  # endTimes written with a +02:00 offset
     tick: timedelta = timedelta(seconds=1)
-    see_also_style: str = "list"  # list | object | bare
+    see_also_style: str = "list"  # list | object | bare | none (the object's id is its Linked Art, as the Getty's)
+    stamp: str = "endTime"  # the activity's time property: endTime, or created (the Getty's stream of 2020)
     lido_too: bool = False  # offer a LIDO seeAlso besides Linked Art
     live: dict[str, int] = field(default_factory=dict)  # slug -> version
     events: list[Event] = field(default_factory=list)
     missing: set[str] = field(default_factory=set)  # descriptions answering 404
     invalid: set[str] = field(default_factory=set)  # descriptions that are not Linked Art JSON
+    invalid_every: int = 0  # also every object whose number is a multiple of this (0: none)
+    gone: set[str] = field(default_factory=set)  # slugs deleted or moved away (some re-created since)
     now: datetime = START
     _counter: int = 0
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -67,6 +70,24 @@ class Museum:
                 made.append(slug)
         return made
 
+    @property
+    def clock(self) -> datetime:
+        """The museum's now: the next activity is stamped after it."""
+        return self.now
+
+    def advance_clock(self, by: timedelta) -> datetime:
+        with self.lock:
+            self.now += by
+            return self.now
+
+    def is_invalid(self, slug: str) -> bool:
+        return slug in self.invalid or bool(self.invalid_every and int(slug[1:]) % self.invalid_every == 0)
+
+    @staticmethod
+    def title(slug: str, version: int) -> str:
+        """The Linked Art primary name of an object's version (what the mirror's title holds)."""
+        return f"Object {slug}, version {version}"
+
     def update(self, slug: str, *, same_time: bool = False) -> None:
         with self.lock:
             self.live[slug] += 1
@@ -75,6 +96,7 @@ class Museum:
     def delete(self, slug: str, *, same_time: bool = False) -> None:
         with self.lock:
             del self.live[slug]
+            self.gone.add(slug)
             self.events.append(Event("Delete", slug, self._advance(same_time)))
 
     def recreate(self, slug: str) -> None:
@@ -87,6 +109,7 @@ class Museum:
             self._counter += 1
             target = f"o{self._counter}"
             self.live[target] = self.live.pop(slug)
+            self.gone.add(slug)
             self.events.append(Event("Move", slug, self._advance(False), target))
             return target
 
@@ -100,6 +123,21 @@ class Museum:
             for slug in sorted(self.live, key=lambda s: int(s[1:])):
                 kept.append(Event("Update", slug, self._advance(False)))
             self.events = kept
+
+    def mutate(self, edit: int = 0, delete: int = 0, add: int = 0, move: int = 0) -> dict[str, list[str]]:
+        """A night's changes, spread over the live set (every k-th object): slugs per kind."""
+        with self.lock:
+            live = sorted(self.live, key=lambda s: int(s[1:]))
+            step = max(1, len(live) // max(1, edit + delete + move))
+            picked = live[::step]
+            edited, deleted, moved = picked[:edit], picked[edit:edit + delete], picked[edit + delete:edit + delete + move]
+            for slug in edited:
+                self.update(slug)
+            for slug in deleted:
+                self.delete(slug)
+            targets = [self.move(slug) for slug in moved]
+            return {"edited": edited, "deleted": deleted, "moved": moved, "targets": targets,
+                    "added": self.create(add)}
 
     # -- rendering -------------------------------------------------------------------
 
@@ -161,6 +199,8 @@ class Museum:
         ref: dict[str, Any] = {"id": f"{base}/objects/{slug}", "type": "HumanMadeObject"}
         if self.see_also_style == "object":
             ref["seeAlso"] = offers[0]
+        elif self.see_also_style == "none":
+            pass
         elif self.see_also_style == "bare":
             ref["seeAlso"] = offers[-1]["id"]
             ref["format"] = "application/ld+json"
@@ -173,7 +213,7 @@ class Museum:
             return {"type": "Refresh", "summary": "stream rebuilt", "startTime": self.time_text(event.when)}
         assert event.slug is not None
         body: dict[str, Any] = {"type": event.kind, "object": self.object_ref(base, event.slug),
-                                "endTime": self.time_text(event.when)}
+                                self.stamp: self.time_text(event.when)}
         if event.kind == "Delete":
             body["object"] = {"id": f"{base}/objects/{event.slug}", "type": "HumanMadeObject"}
         if event.target is not None:
@@ -185,12 +225,12 @@ class Museum:
             version = self.live.get(slug)
         if version is None or slug in self.missing:
             return None
-        if slug in self.invalid:
+        if self.is_invalid(slug):
             return b'{"@context": "' + LINKED_ART_CONTEXT.encode() + b'", "id": truncated'
         return json.dumps({
             "@context": LINKED_ART_CONTEXT, "id": f"{base}/objects/{slug}", "type": "HumanMadeObject",
             "_label": f"Object {slug}",
-            "identified_by": [{"type": "Name", "content": f"Object {slug}, version {version}",
+            "identified_by": [{"type": "Name", "content": self.title(slug, version),
                                "classified_as": [{"id": "http://vocab.getty.edu/aat/300404670", "type": "Type",
                                                   "_label": "Primary Name"}]}],
         }).encode()

@@ -17,7 +17,7 @@ from .museum import Museum
 
 JSON_LD = 'application/ld+json;profile="http://iiif.io/api/discovery/1/context.json"'
 _PAGE = re.compile(r"/stream/page-(\d+)\.json")
-_OBJECT = re.compile(r"/objects/(o\d+)/(linked-art\.json|lido\.xml)")
+_OBJECT = re.compile(r"/objects/(o\d+)(?:/(linked-art\.json|lido\.xml))?")
 
 
 class IiifServer(LoopbackServer):
@@ -29,10 +29,35 @@ class IiifServer(LoopbackServer):
         self.throttle: dict[str, list[tuple[int, int]]] = {}  # path -> [(status, retry_after)], consumed in order
         self.on_request: Callable[[str], None] | None = None
         self.delay = 0.0  # seconds before every answer (a distant or slow partner)
+        self._fail_any: list[tuple[int, int | None]] = []  # the next requests of any path fail so
+
+    def fail_next(self, count: int, status: int = 500, retry_after: int | None = None) -> None:
+        """The next ``count`` requests (stream or description) answer ``status`` (0: stop failing)."""
+        with self._lock:
+            self._fail_any = [(status, retry_after)] * count
 
     @property
     def collection_url(self) -> str:
         return f"{self.base_url}/stream/collection.json"
+
+    def control(self, method: str, action: str, body: bytes | None) -> Response:
+        """Out of process (the demo, the soak): POST mutate {edit, delete, add, move} or
+        clear_requests; GET live_ids (one identifier a line) or requests."""
+        museum = self.museum
+        if method == "GET" and action == "live_ids":
+            text = "\n".join(sorted(museum.identifier(self.base_url, slug) for slug in list(museum.live)))
+            return Response(200, text.encode(), "text/plain")
+        if method == "GET" and action == "requests":
+            with self._lock:
+                return _json({"requests": list(self.requests)})
+        data = json.loads(body or b"{}") if method == "POST" else {}
+        if action == "mutate":
+            done = museum.mutate(**{k: int(data.get(k, 0)) for k in ("edit", "delete", "add", "move")})
+            return _json({kind: [museum.identifier(self.base_url, s) for s in slugs] for kind, slugs in done.items()})
+        if action == "clear_requests":
+            self.clear_requests()
+            return _json({"ok": True})
+        return Response(404, f"unknown control action {action}\n".encode(), "text/plain")
 
     def count(self, part: str) -> int:
         """Requests so far whose path contains ``part`` (``/stream/``, ``/objects/``)."""
@@ -52,6 +77,14 @@ class _Handler(LoopbackHandler):
             sim.on_request(url.path)
         if sim.delay and sim._stopping.wait(sim.delay):
             return None
+        if "/_control/" in url.path:
+            return sim.control(self.command, url.path.split("/_control/", 1)[1], body)
+        with sim._lock:
+            failure = sim._fail_any.pop(0) if sim._fail_any else None
+        if failure is not None:
+            status, wait = failure
+            headers = {"Retry-After": str(wait)} if wait is not None else {}
+            return Response(status, b"simulated failure\n", "text/plain", headers)
         faults = sim.throttle.get(url.path)
         if faults:
             status, wait = faults.pop(0)

@@ -72,6 +72,7 @@ class IiifAdapter(Adapter):
         options = partner.options.iiif
         self.concurrency = max(1, min(options.description_concurrency, partner.pool_slots))
         self.object_types = frozenset(options.object_types)
+        self.object_itself = options.object_itself
         self.validation = policy_of(partner.options.validation)
         prefix = partner.metadata_prefix
         if prefix == "auto":
@@ -202,7 +203,7 @@ class IiifAdapter(Adapter):
         if only_delete:
             return True
         if kind in INCLUSIONS:
-            wanted.append(Wanted(identifier, when, choose(activity.see_also, self.choices), activity.see_also))
+            wanted.append(Wanted(identifier, when, self._choose(identifier, activity.see_also), activity.see_also))
             processed.add(identifier)
             return True
         if kind == "Move" and activity.target_id is not None:
@@ -212,12 +213,19 @@ class IiifAdapter(Adapter):
             target = activity.target_id
             if target not in processed:
                 offers = activity.target_see_also or activity.see_also
-                wanted.append(Wanted(target, when, choose(offers, self.choices), offers))
+                wanted.append(Wanted(target, when, self._choose(target, offers), offers))
                 processed.add(target)
             return True
         return False
 
     # -- descriptions ----------------------------------------------------------------
+
+    def _choose(self, identifier: str, offers: tuple[SeeAlso, ...]) -> Description | None:
+        """The preferred seeAlso; else the object's own id when options.iiif.object_itself names a format."""
+        chosen = choose(offers, self.choices)
+        if chosen is None and self.object_itself is not None:
+            return Description(identifier, self.object_itself)
+        return chosen
 
     def _describe(self, pool: ThreadPoolExecutor, wanted: list[Wanted], sink: ItemSink) -> list[HarvestItem]:
         """The wanted descriptions, fetched ``concurrency`` at a time; versions already held skipped."""

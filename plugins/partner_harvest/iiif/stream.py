@@ -19,6 +19,11 @@ from partner_harvest.registry import SeeAlsoChoice
 
 REMOVALS = ("Delete", "Remove")
 INCLUSIONS = ("Create", "Update", "Add")
+# Where an activity's time is read, in order. endTime is the specification's (a SHOULD);
+# the AS2 published/updated, and `created` (the Getty's stream of 2020, which had no endTime;
+# tests/fixtures/iiif/getty-page.json), stand in for it, so such a stream still stops an
+# incremental walk instead of being read to its first page every night.
+_STAMPS = ("endTime", "startTime", "published", "updated", "created")
 _DATETIME = re.compile(
     r"(-?\d{4,})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(Z|z|[+-]\d{2}:?\d{2})?")
 
@@ -81,7 +86,7 @@ class Description:
 @dataclass(frozen=True)
 class Activity:
     kind: str
-    when: datetime | None  # endTime; startTime for a Refresh (or when endTime is absent)
+    when: datetime | None  # endTime; startTime for a Refresh; else the first of _STAMPS present
     object_id: str | None
     object_type: str | None = None
     see_also: tuple[SeeAlso, ...] = ()
@@ -150,7 +155,8 @@ def parse_activity(entry: Any) -> Activity | None:
     if not isinstance(kind, str):
         return None
     when = parse_time(entry.get("startTime")) if kind == "Refresh" else None
-    when = when or parse_time(entry.get("endTime")) or parse_time(entry.get("startTime"))
+    for stamp in _STAMPS:
+        when = when or parse_time(entry.get(stamp))
     if kind == "Refresh":
         return Activity(kind, when, None)
     obj = entry.get("object")

@@ -291,3 +291,18 @@ def test_objects_without_a_matching_see_also_are_quarantined_naming_the_offers(c
         assert result.applied.quarantined == 3 and harness.held() == set()
         reasons = [r for (r,) in conn.execute("SELECT reason FROM quarantine WHERE partner_id = 'rijks'")]
         assert all("no seeAlso matches options.iiif.descriptions; offered: none" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("refresh", [False, True])
+def test_a_day_of_deletions_and_moves_before_a_refresh_that_keeps_the_history(conn, refresh) -> None:
+    museum = Museum(page_sizes=(10, 7, 13), fractions=True)
+    museum.create(80)
+    with IiifServer(museum) as sim:
+        harness = IiifHarness(sim, conn, iiif_partner())
+        harness.run()
+        museum.mutate(edit=5, delete=3, add=2, move=2)
+        if refresh:
+            museum.refresh(truncate=False)
+            museum.update(sorted(museum.live)[0])
+        night(harness)
+        assert harness.held() == harness.live()

@@ -200,7 +200,10 @@ class IiifAdapter(Adapter):
             items.append(Tombstone(identifier, when))
             processed.add(identifier)
             return True
-        if only_delete:
+        if only_delete:  # behind a Refresh: a Move removed its old id too (its target is re-issued after it)
+            if kind == "Move" and identifier not in processed:
+                items.append(Tombstone(identifier, when))
+                processed.add(identifier)
             return True
         if kind in INCLUSIONS:
             wanted.append(Wanted(identifier, when, self._choose(identifier, activity.see_also), activity.see_also))

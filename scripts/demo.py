@@ -1,7 +1,8 @@
 """The main job, end to end on one machine: harvest the demo partners through Airflow.
 
-Starts an embedded PostgreSQL (or uses HARVEST_DATABASE_URL) and the project's two
-partner simulators (an OAI-PMH museum, a Sierra library catalogue), runs each partner's
+Starts an embedded PostgreSQL (or uses HARVEST_DATABASE_URL) and the project's three
+partner simulators (an OAI-PMH museum, a Sierra library catalogue, a museum publishing an
+IIIF Change Discovery stream), runs each partner's
 DAG once (a full harvest: no cursor yet), lets the partners edit, delete and add
 records, runs each DAG again (incremental, from the cursors), and prints what landed
 from ``harvest_runs`` next to each partner's own live set.
@@ -32,7 +33,7 @@ AIRFLOW = str(ROOT / ".venv" / "bin" / "airflow")
 SIERRA_KEY, SIERRA_SECRET = "demo-key", "demo-secret"
 
 
-def airflow_env(pg_uri: str, oai_url: str, sierra_url: str) -> dict[str, str]:
+def airflow_env(pg_uri: str, oai_url: str, sierra_url: str, iiif_url: str) -> dict[str, str]:
     pg = conninfo_to_dict(pg_uri)
     env = dict(os.environ)
     env.update({
@@ -44,6 +45,7 @@ def airflow_env(pg_uri: str, oai_url: str, sierra_url: str) -> dict[str, str]:
         "AIRFLOW_CONN_PARTNER_DEMO": json.dumps({"conn_type": "http", "host": oai_url}),
         "AIRFLOW_CONN_PARTNER_DEMO_LIBRARY": json.dumps(
             {"conn_type": "http", "host": sierra_url, "login": SIERRA_KEY, "password": SIERRA_SECRET}),
+        "AIRFLOW_CONN_PARTNER_DEMO_STREAM": json.dumps({"conn_type": "http", "host": iiif_url}),
         "AIRFLOW_CONN_AGGREGATION_DB": json.dumps({
             "conn_type": "postgres",
             "host": pg.get("host"),
@@ -118,7 +120,7 @@ def main() -> int:
 
     pg_uri = embedded_pg.start("demo", keep_running=True)
     print(f"==> aggregation database: {'HARVEST_DATABASE_URL' if os.environ.get(embedded_pg.DATABASE_URL_ENV) else 'embedded PostgreSQL (pgserver)'}")
-    partners = {"demo": "harvest_demo", "demo_library": "harvest_demo_library"}
+    partners = {"demo": "harvest_demo", "demo_library": "harvest_demo_library", "demo_stream": "harvest_demo_stream"}
     with connect(pg_uri) as conn:
         ensure_schema(conn)
         for partner_id in partners:
@@ -126,11 +128,15 @@ def main() -> int:
     n = args.records
     oai_args = ("--records", str(n), "--page-size", "200", "--granularity", "seconds", "--formats", "oai_dc,lido")
     sierra_args = ("--bibs", str(n), "--client-key", SIERRA_KEY, "--client-secret", SIERRA_SECRET)
-    with simulator("oai_pmh", *oai_args) as oai_url, simulator("sierra", *sierra_args) as sierra_url:
+    iiif_args = ("--objects", str(n), "--page-sizes", "100", "--fractions")
+    with simulator("oai_pmh", *oai_args) as oai_url, simulator("sierra", *sierra_args) as sierra_url, \
+            simulator("iiif", *iiif_args) as iiif_base:
+        iiif_url = f"{iiif_base}/stream/collection.json"
         print(f"==> partner 'demo': OAI-PMH simulator at {oai_url} ({n} records)")
         print(f"==> partner 'demo_library': Sierra simulator at {sierra_url} ({n} bibs)")
-        urls = {"demo": oai_url, "demo_library": sierra_url}
-        env = airflow_env(pg_uri, oai_url, sierra_url)
+        print(f"==> partner 'demo_stream': IIIF Change Discovery simulator at {iiif_url} ({n} objects)")
+        urls = {"demo": oai_url, "demo_library": sierra_url, "demo_stream": iiif_url}
+        env = airflow_env(pg_uri, oai_url, sierra_url, iiif_url)
         (ROOT / ".airflow-demo").mkdir(exist_ok=True)
         subprocess.run([AIRFLOW, "db", "migrate"], env=env, cwd=ROOT, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -144,9 +150,13 @@ def main() -> int:
         for partner_id, url in urls.items():
             if partner_id == "demo_library":
                 control(url, "advance_clock", {"seconds": 3600})
-            changed = control(url, "mutate", {"edit": n // 100, "delete": n // 200, "add": n // 200})
-            print(f"\n==> partner '{partner_id}' edited {len(changed['edited'])}, deleted {len(changed['deleted'])} "
-                  f"and added {len(changed['added'])} records")
+            changes = {"edit": n // 100, "delete": n // 200, "add": n // 200}
+            if partner_id == "demo_stream":
+                changes["move"] = n // 500
+            changed = control(url, "mutate", changes)
+            moved = f", moved {len(changed['moved'])}" if "moved" in changed else ""
+            print(f"\n==> partner '{partner_id}' edited {len(changed['edited'])}, deleted {len(changed['deleted'])}"
+                  f"{moved} and added {len(changed['added'])} records")
         for dag_id in partners.values():
             run_dag(env, dag_id, "Second run (incremental from the cursor)")
 
@@ -160,7 +170,8 @@ def main() -> int:
         cursors = {
             key: subprocess.run([AIRFLOW, "variables", "get", key], env=env, cwd=ROOT,
                                 capture_output=True, text=True).stdout.strip()
-            for key in ("harvest_cursor__demo", "harvest_cursor__demo_library", "harvest_cursor__demo_library__deletions")
+            for key in ("harvest_cursor__demo", "harvest_cursor__demo_library", "harvest_cursor__demo_library__deletions",
+                        "harvest_cursor__demo_stream")
         }
     all_same = True
     print()

@@ -38,7 +38,7 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.soak.faults import PAUSES, applicable, fault as fault_of
+from benchmarks.soak.faults import IIIF, PAUSES, applicable, fault as fault_of
 
 ROOT = Path(__file__).resolve().parents[2]
 START = datetime(2026, 6, 1, tzinfo=timezone.utc)
@@ -76,13 +76,14 @@ FAST_WAITS = Waits(retry_delay="1s", max_retry_delay="1s", dag_test_retry_second
 @dataclass(frozen=True)
 class PartnerSpec:
     id: str
-    protocol: str  # "oai-pmh" | "sierra"
+    protocol: str  # "oai-pmh" | "sierra" | "iiif-change-discovery"
     deleted_record: str = "persistent"
     granularity: str = "seconds"
 
     @property
     def reconciled(self) -> bool:
-        """deletedRecord=no: deletions reach the mirror only through the weekly reconcile."""
+        """deletedRecord=no: deletions reach the mirror only through the weekly reconcile (an
+        IIIF stream: its Refresh truncates the history, Deletes before it with it)."""
         return self.deleted_record == "no"
 
 
@@ -92,6 +93,8 @@ PARTNERS: dict[str, PartnerSpec] = {p.id: p for p in (
     PartnerSpec("soak_daily", "oai-pmh", "persistent", "day"),
     PartnerSpec("soak_sierra", "sierra"),
     PartnerSpec("soak_sierra_b", "sierra"),  # a second library: its own full load, so both export faults meet one
+    PartnerSpec("soak_iiif", IIIF),  # a Refresh now and then keeps the stream's history
+    PartnerSpec("soak_iiif_refresh", IIIF, "no"),  # its Refresh truncates the history: the reconcile finds the lost Deletes
 )}
 
 
@@ -110,6 +113,9 @@ def registry_yaml(partners: list[PartnerSpec], waits: Waits = Waits()) -> str:
             lines.append(f"  - {{id: {p.id}, protocol: sierra, conn_id: partner_{p.id}, page_size: 10, lag: 5m,"
                          f" {airflow}, deletion_overlap_days: 1, options: {{{http},{sierra}"
                          " export: {limit: 100, rate_limit_wait: 0}}}")
+        elif p.protocol == IIIF:
+            lines.append(f"  - {{id: {p.id}, protocol: {IIIF}, conn_id: partner_{p.id}, lag: 5m, pool_slots: 2,"
+                         f" {airflow}, max_purge_fraction: 0.5, options: {{{http}, iiif: {{description_concurrency: 2}}}}}}")
         else:
             lines.append(f"  - {{id: {p.id}, protocol: oai-pmh, conn_id: partner_{p.id}, metadata_prefix: oai_dc,"
                          f" lag: 5m, {airflow}, max_purge_fraction: 0.5, options: {{{http}}}}}")
@@ -142,6 +148,19 @@ class Partner:
                 return original(method, path, query, headers, body)
 
             self.sim.handle = handle
+        elif spec.protocol == IIIF:
+            from include.simulators.iiif import IiifServer, Museum
+
+            self.model = Museum(page_sizes=(10, 7, 13), fractions=True, invalid_every=41,
+                                now=START - timedelta(days=1))
+            self.model.create(size)
+            self.sim = IiifServer(self.model)
+
+            def on_request(path: str) -> None:  # a "page" of a stream's harvest: one description
+                if "/objects/" in path:
+                    self._page_request("harvest_changes")
+
+            self.sim.on_request = on_request
         else:
             from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 
@@ -161,6 +180,8 @@ class Partner:
 
     def connection(self) -> dict[str, Any]:
         conn = {"conn_type": "http", "host": self.sim.base_url}
+        if self.spec.protocol == IIIF:
+            conn["host"] = self.sim.collection_url
         if self.spec.protocol == "sierra":
             conn.update(login=SIERRA_KEY, password=SIERRA_SECRET)
         return conn
@@ -180,6 +201,8 @@ class Partner:
     # ---- what partner staff do
     def day_of_changes(self, rng: random.Random, scale: int) -> dict[str, list[str]]:
         m = self.model
+        if self.spec.protocol == IIIF:
+            return self._museum_day(rng, scale)
         with m.lock:
             done = {"edited": m.edit(rng.randint(scale, 2 * scale)),
                     "deleted": m.delete(rng.randint(1, max(1, scale // 3))),
@@ -189,6 +212,27 @@ class Partner:
                 done["moved"] = m.move_sets(rng.randint(0, 3))
             self._stamp(i for ids in done.values() for i in ids)
         return done
+
+    def _museum_day(self, rng: random.Random, scale: int) -> dict[str, list[str]]:
+        """A museum's day: edits, deletions, moves, new objects, re-created ones, now and then
+        a Refresh (truncating the history when the spec says deletions need the reconcile)."""
+        m = self.model
+        base = self.sim.base_url
+        with m.lock:
+            done = m.mutate(edit=rng.randint(scale, 2 * scale), delete=rng.randint(1, max(1, scale // 3)),
+                            add=rng.randint(1, max(1, scale // 2)), move=rng.randint(0, 3))
+            gone = sorted(m.gone - set(m.live), key=lambda s: int(s[1:]))
+            done["recreated"] = []
+            for slug in rng.sample(gone, min(len(gone), rng.randint(0, 2))):
+                m.recreate(slug)
+                done["recreated"].append(slug)
+            if rng.random() < 0.2:
+                m.refresh(truncate=self.spec.reconciled)
+                done["refresh"] = []
+                m.update(rng.choice(sorted(m.live)))  # life goes on after the rebuild
+            ids = {m.identifier(base, slug) for slugs in done.values() for slug in slugs}
+            self._stamp(ids)
+        return {k: [m.identifier(base, s) for s in v] for k, v in done.items()}
 
     def _stamp(self, ids: Any) -> None:
         """Remember the partner's clock at a change (caller holds the model's lock)."""
@@ -207,6 +251,13 @@ class Partner:
         stopped run cannot have seen; the second harvest must bring them in."""
         m = self.model
         m.advance_clock(timedelta(minutes=10))  # stamped after the stopped run's clock
+        if self.spec.protocol == IIIF:
+            with m.lock:
+                done = m.mutate(edit=rng.randint(1, 3), delete=1, add=rng.randint(1, 3), move=rng.randint(0, 1))
+                ids = [m.identifier(self.sim.base_url, s) for slugs in done.values() for s in slugs]
+                self._stamp(ids)
+            m.advance_clock(timedelta(hours=1))
+            return ids
         with m.lock:
             ids = m.add(rng.randint(1, 3)) + m.edit(rng.randint(1, 3)) + m.delete(1)
             if self.spec.protocol == "oai-pmh":
@@ -217,6 +268,13 @@ class Partner:
 
     def changes_during_harvest(self, rng: random.Random) -> None:
         m = self.model
+        if self.spec.protocol == IIIF:  # appended after the run froze its bound: the next night's
+            with m.lock:
+                done = m.mutate(edit=rng.randint(1, 3), delete=1, add=1, move=1)
+                ids = [m.identifier(self.sim.base_url, s) for slugs in done.values() for s in slugs]
+                self._stamp(ids)
+            self.touched.update(ids)
+            return
         with m.lock:
             ids = m.edit(rng.randint(1, 3)) + m.delete(1) + m.add(1)
             if self.spec.protocol == "oai-pmh":
@@ -231,7 +289,15 @@ class Partner:
         expect: dict[str, tuple] = {}
         invalid: set[str] = set()
         with m.lock:
-            if self.spec.protocol == "sierra":
+            if self.spec.protocol == IIIF:
+                base = self.sim.base_url
+                for slug, version in m.live.items():
+                    if m.is_invalid(slug):
+                        invalid.add(m.identifier(base, slug))
+                    else:
+                        expect[m.identifier(base, slug)] = (m.title(slug, version), ())
+                deleted = {m.identifier(base, slug) for slug in m.gone - set(m.live)}
+            elif self.spec.protocol == "sierra":
                 for bib in m.bibs(int(i) for i in m.sorted_live_ids()):
                     expect[bib.id] = (bib.title.strip(), ())
                 deleted = m.deleted_ids()
@@ -652,7 +718,9 @@ class Soak:
         sim = partner.sim
         partner.trip = None
         sim.fail_next(0)
-        if partner.spec.protocol == "oai-pmh":
+        if partner.spec.protocol == IIIF:
+            pass
+        elif partner.spec.protocol == "oai-pmh":
             sim.repeat_token(False)
         else:
             with sim._lock:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Fault:
     kind: str
-    protocols: tuple[str, ...]  # "oai-pmh", "sierra"
+    protocols: tuple[str, ...]  # "oai-pmh", "sierra", "iiif-change-discovery"
     where: str  # "page" | "child" | "partner" | "before"
     moment: str = ""  # child: running:<task> | success:<task> | apply:audit
     action: str = ""  # page/child: kill | pg_restart | drop_conn
@@ -44,21 +44,23 @@ class Fault:
 BOTH = ("oai-pmh", "sierra")
 OAI = ("oai-pmh",)
 SIERRA = ("sierra",)
+IIIF = "iiif-change-discovery"
+ALL = (*BOTH, IIIF)  # a stream has no partner clock of its own to set back: the clock faults are BOTH's
 
 FAULTS: dict[str, Fault] = {f.kind: f for f in (
-    Fault("kill_mid_page", BOTH, "page", action="kill"),
-    Fault("kill_between_harvest_and_apply", BOTH, "child", "success:harvest_changes", "kill",
+    Fault("kill_mid_page", ALL, "page", action="kill"),
+    Fault("kill_between_harvest_and_apply", ALL, "child", "success:harvest_changes", "kill",
           scheduler_moment="running:apply_changes"),
-    Fault("kill_mid_apply", BOTH, "child", "apply:audit", "kill"),
-    Fault("kill_after_apply_before_cursor", BOTH, "child", "success:apply_changes", "kill",
+    Fault("kill_mid_apply", ALL, "child", "apply:audit", "kill"),
+    Fault("kill_after_apply_before_cursor", ALL, "child", "success:apply_changes", "kill",
           scheduler_moment="running:advance_cursor"),
-    Fault("pg_restart_mid_page", BOTH, "page", action="pg_restart"),
-    Fault("pg_restart_before_apply", BOTH, "child", "running:apply_changes", "pg_restart"),
-    Fault("pg_restart_mid_apply", BOTH, "child", "apply:audit", "pg_restart"),
-    Fault("drop_conn_mid_copy", BOTH, "page", action="drop_conn"),
-    Fault("storm_5xx", BOTH, "partner"),
-    Fault("throttle_429_retry_after", OAI, "partner"),
-    Fault("throttle_503_retry_after", OAI, "partner"),
+    Fault("pg_restart_mid_page", ALL, "page", action="pg_restart"),
+    Fault("pg_restart_before_apply", ALL, "child", "running:apply_changes", "pg_restart"),
+    Fault("pg_restart_mid_apply", ALL, "child", "apply:audit", "pg_restart"),
+    Fault("drop_conn_mid_copy", ALL, "page", action="drop_conn"),
+    Fault("storm_5xx", ALL, "partner"),
+    Fault("throttle_429_retry_after", (*OAI, IIIF), "partner"),
+    Fault("throttle_503_retry_after", (*OAI, IIIF), "partner"),
     Fault("token_expired", OAI, "partner"),
     Fault("token_repeated", OAI, "partner"),
     Fault("broken_xml", OAI, "partner"),
@@ -69,23 +71,23 @@ FAULTS: dict[str, Fault] = {f.kind: f for f in (
     Fault("sierra_export_135", SIERRA, "partner", full_load_only=True),
     Fault("sierra_deletion_poll_500", SIERRA, "partner", incremental_only=True),
     # Pauses past the lease's TTL at each boundary of a run, a second harvest in between.
-    Fault("pause_after_freeze", BOTH, "pause", action="pause", dag_test_only=True,
+    Fault("pause_after_freeze", ALL, "pause", action="pause", dag_test_only=True,
           moments=("success:freeze_window", "lease:plan_slices")),
-    Fault("pause_mid_page", BOTH, "page", action="pause", dag_test_only=True),
-    Fault("pause_before_apply", BOTH, "pause", action="pause", dag_test_only=True,
+    Fault("pause_mid_page", ALL, "page", action="pause", dag_test_only=True),
+    Fault("pause_before_apply", ALL, "pause", action="pause", dag_test_only=True,
           moments=("running:apply_changes", "lease:apply_changes")),
-    Fault("pause_before_cursor", BOTH, "pause", action="pause", dag_test_only=True,
+    Fault("pause_before_cursor", ALL, "pause", action="pause", dag_test_only=True,
           moments=("success:apply_changes", "lease:advance_cursor")),
     Fault("pause_reconcile_before_removals", OAI, "pause", action="pause", dag_test_only=True,
           reconcile_only=True, moments=("reconcile:removals", "reconcile:apply")),
     # An operator command while the run waits for its retry (its first try failed).
-    Fault("forget_in_retry_wait", BOTH, "retry_wait", "failed:*", "forget", incremental_only=True,
+    Fault("forget_in_retry_wait", ALL, "retry_wait", "failed:*", "forget", incremental_only=True,
           dag_test_only=True),
-    Fault("reset_cursor_in_retry_wait", BOTH, "retry_wait", "failed:*", "reset-cursor", incremental_only=True,
+    Fault("reset_cursor_in_retry_wait", ALL, "retry_wait", "failed:*", "reset-cursor", incremental_only=True,
           dag_test_only=True),
 )}
 PAUSES = tuple(k for k, f in FAULTS.items() if f.action == "pause" or f.where == "retry_wait")
-NONE = Fault("none", BOTH, "none")  # a settling night: no fault
+NONE = Fault("none", ALL, "none")  # a settling night: no fault
 
 
 def fault(kind: str) -> Fault:

@@ -88,4 +88,14 @@ def build_adapter(partner: Partner, endpoint: Endpoint, *, pacing: Callable[[], 
                               server_error_backoff=options.server_error_backoff,
                               transport_retries=policy.retry_statuses)
         return SierraAdapter(partner, sierra)
+    if partner.protocol == "iiif-change-discovery":
+        from partner_harvest.iiif.client import IiifClient
+        from partner_harvest.iiif.harvester import IiifAdapter
+
+        iiif = partner.options.iiif
+        client = IiifClient(partner.id, endpoint.base_url, session, page_delay=iiif.page_delay,
+                            max_pages=iiif.max_pages,
+                            session_factory=lambda: build_session(partner.id, policy, home=endpoint.base_url,
+                                                                  transport=transport(partner, endpoint)))
+        return IiifAdapter(partner, client)
     raise ConfigurationError(partner.id, "registry", f"protocol {partner.protocol!r} is not supported yet")

@@ -281,6 +281,45 @@ class OaiOptions(_Strict):
         "so) before the run fails; 12 cut a year into pieces of about two hours"))] = 12
 
 
+class SeeAlsoChoice(_Strict):
+    """One entry of options.iiif.descriptions: a seeAlso matched by media type and/or profile."""
+
+    prefix: StrictStr = Field(description=(
+        "the format the description is stored and validated as (linked_art, lido, or another prefix: "
+        "stored unchecked by the generic rules)"))
+    format: StrictStr | None = Field(default=None, description=(
+        "the seeAlso's format (media type) must start with this, parameters ignored (e.g. application/ld+json)"))
+    profile: StrictStr | None = Field(default=None, description=(
+        "the seeAlso's profile must contain this (e.g. linked.art, lido-schema.org)"))
+
+
+DEFAULT_SEE_ALSO = (
+    SeeAlsoChoice(prefix="linked_art", profile="linked.art"),
+    SeeAlsoChoice(prefix="lido", profile="lido-schema.org"),
+    SeeAlsoChoice(prefix="linked_art", format="application/ld+json"),
+)
+
+
+class IiifOptions(_Strict):
+    """options.iiif (IIIF Change Discovery only): which description to fetch, and how politely."""
+
+    descriptions: tuple[SeeAlsoChoice, ...] = Field(default=DEFAULT_SEE_ALSO, min_length=1, description=(
+        "the object's seeAlso to fetch, in order of preference (the first entry any seeAlso matches wins); "
+        "metadata_prefix auto uses the whole list, a named prefix only its entries"))
+    description_concurrency: Annotated[StrictInt, Field(ge=1, le=64, description=(
+        "descriptions fetched at once within one task; never more than the partner's pool_slots"))] = 4
+    page_delay: Annotated[float, Field(ge=0, le=60, strict=True, description=(
+        "seconds between two requests for stream pages (politeness; descriptions are paced by the pool)"))] = 0.0
+    max_pages: Annotated[StrictInt, Field(ge=1, description=(
+        "stream pages one run may walk; a longer walk fails naming the cap"))] = 100_000
+    object_types: tuple[StrictStr, ...] = Field(default=(), description=(
+        "object types harvested (e.g. HumanMadeObject, Manifest); empty: every type"))
+    object_itself: StrictStr | None = Field(default=None, description=(
+        "when no seeAlso matches (or none is given), fetch the object's own id as this format "
+        "(e.g. linked_art: the Getty's stream links each object's Linked Art record by its id alone); "
+        "null: such an object is quarantined naming what was offered"))
+
+
 class Options(_Strict):
     """options: per-partner settings, each typed; an unknown key anywhere is an error naming it."""
 
@@ -295,6 +334,8 @@ class Options(_Strict):
         "OAI-PMH: the completeness proof of a harvest"))
     reconcile: ReconcileOptions = Field(default_factory=ReconcileOptions, description=(
         "OAI-PMH only: how much of a reconcile's work one run does"))
+    iiif: IiifOptions = Field(default_factory=IiifOptions, description=(
+        "IIIF Change Discovery only: descriptions and politeness"))
     validation: ValidationOverrides = Field(default_factory=dict)
     politeness: PolitenessOptions = Field(default_factory=PolitenessOptions, description=(
         "the adaptive back-off at the partner's endpoint host, shared with every partner on that host"))
@@ -368,7 +409,8 @@ class Partner(_Strict):
     id: Annotated[str, Field(pattern=ID_PATTERN, max_length=ID_MAX_LENGTH, strict=True, description=(
         "slug: lowercase letters and digits in words joined by single '_'; DAGs harvest_<id> and "
         "reconcile_<id>, pool partner_<id>, cursor harvest_cursor__<id>"))]
-    protocol: Literal["oai-pmh", "sierra"] = Field(description="oai-pmh or sierra")
+    protocol: Literal["oai-pmh", "sierra", "iiif-change-discovery"] = Field(
+        description="oai-pmh, sierra or iiif-change-discovery")
     conn_id: Annotated[str, Field(min_length=1, pattern=r"\S", strict=True, description=(
         "Airflow Connection whose host is the endpoint's base URL (Sierra: login the client key, "
         "password the client secret)"))]
@@ -536,6 +578,8 @@ class Partner(_Strict):
         for name in ("reconcile", "oai"):
             if protocol is not None and protocol != "oai-pmh" and name in value.model_fields_set:
                 raise ValueError(f"options.{name} applies to protocol oai-pmh only")
+        if protocol is not None and protocol != "iiif-change-discovery" and "iiif" in value.model_fields_set:
+            raise ValueError("options.iiif applies to protocol iiif-change-discovery only")
         return value
 
     @property

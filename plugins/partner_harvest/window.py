@@ -103,6 +103,30 @@ class SliceFacts(_Facts):
     open_end: bool = False  # a reconcile sweep's last slice: no until (records edited meanwhile land in it)
 
 
+class IiifEntry(_Facts):
+    """One activity of the last page an IIIF Change Discovery run froze (iiif/stream.Activity)."""
+
+    kind: str
+    when: str | None = None  # the exact endTime (startTime of a Refresh), microseconds kept
+    object_id: str | None = None
+    object_type: str | None = None
+    see_also: tuple[tuple[str, str | None, str | None], ...] = ()  # (url, format, profile)
+    target_id: str | None = None
+    target_see_also: tuple[tuple[str, str | None, str | None], ...] = ()
+    origin_id: str | None = None
+
+
+class IiifFacts(_Facts):
+    """What an IIIF Change Discovery run froze: the stream as it stood when the window froze."""
+
+    collection: str  # the collection's id
+    last_page: str  # the last page when the window froze: the walk starts here
+    last_prev: str | None = None  # its prev link
+    newest: str | None = None  # the newest activity's exact time: the run's upper bound
+    total_items: int | None = None  # the collection's totalItems then (a second witness)
+    tail: tuple[IiifEntry, ...] | None = None  # the last page's activities then (None: read again)
+
+
 class WindowFacts(_Facts):
     """The facts frozen with a window (the partner's clock, the protocol's answers), read by
     every task of the run: typed here, JSON only at the XCom boundary (:meth:`Window.to_dict`)."""
@@ -122,6 +146,8 @@ class WindowFacts(_Facts):
     earliest_datestamp: Instant | None = None
     # Sierra: the bib fields the change poll asks for
     fields: str | None = None
+    # IIIF Change Discovery: the stream as it stood (upper bound, last page, totalItems)
+    iiif: IiifFacts | None = None
 
     def with_(self, **changes: object) -> WindowFacts:
         """A copy with ``changes`` (validated)."""

@@ -9,10 +9,11 @@ from __future__ import annotations
 from partner_harvest.formats.base import MetadataFormat
 from partner_harvest.formats.generic import GenericFormat
 from partner_harvest.formats.lido import LIDO
+from partner_harvest.formats.linked_art import LINKED_ART
 from partner_harvest.formats.marc21 import MARC21
 from partner_harvest.formats.oai_dc import OAI_DC
 
-__all__ = ["FORMATS", "GenericFormat", "MetadataFormat", "get_format", "register_format"]
+__all__ = ["FORMATS", "JSON_FORMATS", "GenericFormat", "MetadataFormat", "get_format", "register_format"]
 
 FORMATS: dict[str, MetadataFormat] = {
     OAI_DC.prefix: OAI_DC,
@@ -31,3 +32,7 @@ def register_format(fmt: MetadataFormat, *prefixes: str) -> None:
 def get_format(prefix: str) -> MetadataFormat:
     """The registered format for ``prefix``, else a permissive generic one."""
     return FORMATS.get(prefix) or GenericFormat(prefix)
+
+
+# JSON descriptions (an IIIF Change Discovery object's seeAlso): read as documents, not elements.
+JSON_FORMATS = {LINKED_ART.prefix: LINKED_ART}

@@ -96,6 +96,13 @@ _CHECK_LIST = (
     Check("lido.no_work_type", WARN,
           "no objectWorkType term (required by the LIDO schema)",
           "a record without a work type can still be stored and shown by its title"),
+    # -- Linked Art JSON-LD (IIIF Change Discovery descriptions) -----------------------------
+    Check("linked_art.no_title", REJECT,
+          "no name (identified_by Name with content) and no _label",
+          "the aggregation shows records by their title; a partner can turn this into a warning"),
+    Check("linked_art.no_context", WARN,
+          "the @context does not name the Linked Art context (linked.art/ns/v1/linked-art.json)",
+          "the record is still a JSON-LD description the aggregation can store and show"),
     # -- any other format ------------------------------------------------------------------
     Check("generic.no_title", WARN,
           "no element named title (in any namespace) with text, in a format without its own rules",
@@ -108,6 +115,10 @@ _CHECK_LIST = (
     Check("marc.unreadable", REJECT,
           "an ISO 2709 or MARC-in-JSON record that cannot be decoded (structure, character set, no bib id)",
           "there is nothing readable to store; the raw bytes are kept, escaped", overridable=False),
+    Check("json.unreadable", REJECT,
+          "a JSON description (Linked Art) that is not one JSON object: unparseable, another JSON value, "
+          "or nested deeper than 64 levels",
+          "there is nothing readable to store; the raw body is kept", overridable=False),
     Check("format.invalid", REJECT,
           "a metadata format registered without named checks (only validate) rejected the payload",
           "that format's own rule; it names no check a registry could override", overridable=False),

@@ -28,7 +28,7 @@ from tests.support.airflow_stack import (
     drop_database,
     free_loopback_port,
 )
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
+from tests.support.browser import launched_chromium
 from tests.support.e2e_stack import base_env
 from tests.support.provider import package_metadata
 
@@ -60,13 +60,8 @@ def api_server(pg_server: str, airflow_metadata_template: str,
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is pinned in requirements-dev.txt")
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"no Chromium at {CHROMIUM}: scripts/bootstrap.sh installs Debian's chromium (apt-get)")
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+    with launched_chromium() as chromium:
         yield chromium
-        chromium.close()
 
 
 def test_airflow_lists_the_provider(api_server: AirflowServices) -> None:

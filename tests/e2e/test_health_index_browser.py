@@ -30,19 +30,9 @@ N = 10_000
 def served(conn: psycopg.Connection, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     import uvicorn
 
-    from partner_harvest.airflow.health import app as health_app
-    from partner_harvest.airflow.health import source
-    from partner_harvest.store import connect
-
-    registry = fleet.write_registry(tmp_path / "partners.yaml", N)
-    (now,) = conn.execute("SELECT now()").fetchone()
-    fleet.seed(conn, N, now)
-    monkeypatch.setattr(source, "registry", lambda: registry)
-    monkeypatch.setattr(source, "latest_harvest_runs", lambda partners: {})
-    monkeypatch.setattr(source, "connection", lambda: connect(db))
-    monkeypatch.setattr(health_app, "_require_user", lambda: (lambda: None))
+    app = fleet.serve_health_app(conn, db, tmp_path, N, monkeypatch)
     port = free_loopback_port()
-    server = uvicorn.Server(uvicorn.Config(health_app.create_app(), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     started = threading.Event()
@@ -51,6 +41,8 @@ def served(conn: psycopg.Connection, db: str, tmp_path: Path, monkeypatch: pytes
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(timeout=30)
+    from partner_harvest.airflow.health import app as health_app
+
     health_app._index_cache.clear()
 
 

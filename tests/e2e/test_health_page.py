@@ -20,7 +20,7 @@ import pytest
 if TYPE_CHECKING:
     from tests.support.e2e_stack import AirflowStack
 
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
+from tests.support.browser import launched_chromium
 
 pytestmark = pytest.mark.e2e
 
@@ -43,13 +43,8 @@ def airflow_env_overrides(tmp_path_factory: pytest.TempPathFactory) -> dict[str,
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is pinned in requirements-dev.txt")
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"no Chromium at {CHROMIUM}: scripts/bootstrap.sh installs Debian's chromium (apt-get)")
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+    with launched_chromium() as chromium:
         yield chromium
-        chromium.close()
 
 
 @pytest.fixture(scope="module")

@@ -18,18 +18,8 @@ N = 230
 def client(conn: psycopg.Connection, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from fastapi.testclient import TestClient
 
-    from partner_harvest.airflow.health import app as health_app
-    from partner_harvest.airflow.health import source
-    from partner_harvest.store import connect
-
-    registry = fleet.write_registry(tmp_path / "partners.yaml", N)
-    (now,) = conn.execute("SELECT now()").fetchone()
-    fleet.seed(conn, N, now)
-    monkeypatch.setattr(source, "registry", lambda: registry)
-    monkeypatch.setattr(source, "latest_harvest_runs", lambda partners: {})
-    monkeypatch.setattr(source, "connection", lambda: connect(db))
-    monkeypatch.setattr(health_app, "_require_user", lambda: (lambda: None))
-    return TestClient(health_app.create_app())
+    app = fleet.serve_health_app(conn, db, tmp_path, N, monkeypatch)
+    return TestClient(app)
 
 
 def text(page: str) -> str:

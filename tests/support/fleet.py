@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg
+import pytest
 
 from partner_harvest.registry import Registry, load_registry
 from tests.support.partners import registry_text
@@ -58,3 +60,20 @@ def seed(conn: psycopg.Connection, n: int, now: datetime) -> None:
         SELECT partner_id, max(records_held), 0 FROM harvest_runs WHERE status = 'applied' GROUP BY partner_id
         """)
     conn.commit()
+
+
+def serve_health_app(conn: psycopg.Connection, db: str, folder: Path, n: int, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The health pages' app over a seeded fleet of ``n`` partners, Airflow's login and
+    Connections left out (the login is tested in tests/integration/test_health.py)."""
+    from partner_harvest.airflow.health import app as health_app
+    from partner_harvest.airflow.health import source
+    from partner_harvest.store import connect
+
+    registry = write_registry(folder / "partners.yaml", n)
+    (now,) = conn.execute("SELECT now()").fetchone()
+    seed(conn, n, now)
+    monkeypatch.setattr(source, "registry", lambda: registry)
+    monkeypatch.setattr(source, "latest_harvest_runs", lambda partners: {})
+    monkeypatch.setattr(source, "connection", lambda: connect(db))
+    monkeypatch.setattr(health_app, "_require_user", lambda: (lambda: None))
+    return health_app.create_app()

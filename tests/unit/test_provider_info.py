@@ -126,3 +126,15 @@ def test_a_connection_saved_by_the_form_with_the_ca_bundle_left_empty_verifies_w
           extra={"verify": None, "cert": None, "proxy": None})
     session = build_adapter(oai_partner("museum"), partner_endpoint("partner_museum")).client.session
     assert session.verify is True and session.cert is None and session.proxies == {}
+
+
+def test_every_registry_protocol_has_a_lineage_scheme() -> None:
+    """A third protocol (IIIF) failed every task with KeyError 'iiif-change-discovery' once
+    lineage named endpoints by a hand-kept table of the first two."""
+    from typing import get_args
+
+    from partner_harvest.registry import Partner
+
+    for protocol in get_args(Partner.model_fields["protocol"].annotation):
+        assert lineage.endpoint_uri(protocol, "https://museum.example/stream").startswith(f"{protocol}+https://")
+        assert f"{protocol}+https" in provider.get_provider_info()["asset-uris"][0]["schemes"]

@@ -20,12 +20,15 @@ info (``provider.py``: ``asset-uris``), so OpenLineage names them by its own con
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, get_args
 from urllib.parse import quote, unquote, urlsplit
+
+from partner_harvest.registry import Partner
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_SCHEMES = {"oai-pmh": "oai-pmh", "sierra": "sierra"}
+# Every protocol the registry knows (a new adapter needs nothing here): its name is the scheme.
+PROTOCOL_SCHEMES = {p: p for p in get_args(Partner.model_fields["protocol"].annotation)}
 ENDPOINT_SCHEMES = tuple(f"{p}+{s}" for p in PROTOCOL_SCHEMES.values() for s in ("https", "http"))
 TABLE_SCHEME = "partner-harvest+postgres"
 STAGING = ("staging",)

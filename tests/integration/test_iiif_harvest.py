@@ -195,6 +195,26 @@ def test_429_and_503_with_retry_after(harness, sim, museum) -> None:
         night(harness)
 
 
+def test_a_description_failing_with_5xx_fails_the_run_and_lands_on_its_retry(harness, sim, museum, conn) -> None:
+    """A 5xx (or 429) that outlasts the transport's retries is the partner's outage, not the
+    object's: quarantining it lost the object for good (nothing asks for it again until its
+    next activity; found by the soak, seed 27, night 25). The run fails (Airflow retries it)
+    and the retried run lands the description."""
+    from partner_harvest.errors import PartnerHttpError
+
+    harness.run()
+    museum.update("o2")
+    sim.throttle["/objects/o2/linked-art.json"] = [(503, 0)] * 20  # more than the transport retries
+    with pytest.raises(PartnerHttpError, match="HTTP 503"):
+        night(harness)
+    sim.throttle.clear()
+    night(harness)
+    assert harness.held() == harness.live()
+    quarantined = conn.execute("SELECT count(*) FROM quarantine WHERE partner_id = 'rijks'").fetchone()
+    conn.commit()
+    assert quarantined == (0,)
+
+
 @pytest.mark.parametrize("style", ["object", "bare"])
 def test_see_also_as_one_object_or_a_bare_url(conn, style) -> None:
     museum = Museum(see_also_style=style)

@@ -115,13 +115,18 @@ class IiifClient:
     # -- descriptions ------------------------------------------------------------------
 
     def description(self, url: str, prefix: str) -> Fetched:
-        """One description; an HTTP error status is an answer (quarantined by the caller),
-        a transport failure after its retries raises (the run fails and is retried)."""
+        """One description; a 4xx is the object's answer (quarantined by the caller). A 429
+        or 5xx left after the transport's retries, like a transport failure, is the partner's
+        outage: it raises, so the run fails and is retried, and the object is asked again
+        (quarantined, nothing would ask for it until its next activity)."""
         session = self._thread_session()
         response = self._get(session, url, DESCRIPTION_ACCEPT.get(prefix, XML_ACCEPT))
         if response.status_code != 200:
             snippet = " ".join(response.text[:200].split())
-            return Fetched(url, response.status_code, cause=f"HTTP {response.status_code} {response.reason}: {snippet}")
+            cause = f"HTTP {response.status_code} {response.reason}: {snippet}"
+            if response.status_code == 429 or response.status_code >= 500:
+                raise PartnerHttpError(self.partner_id, f"GET {url}", cause)
+            return Fetched(url, response.status_code, cause=cause)
         return Fetched(url, 200, response.content)
 
     def _thread_session(self) -> requests.Session:

@@ -379,7 +379,7 @@ class AirflowServices:
         self.check_alive()
         try:
             response = self.http.get(f"{self.base_url}/api/v2/monitor/health", timeout=5)
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # not up yet, or slow to answer while it starts
             return None
         if response.status_code != 200:
             return None

@@ -23,7 +23,7 @@ from the live set, or when a run fails; 0 otherwise.
 
 A repository without counts whose records cluster (issue 28 item 5): ``--list-size omitted
 --spread clustered`` (the plan then cuts ``--slices`` ranges without counts: registry
-``without_count``); ``--plugins /work/main/plugins`` runs the services on another checkout's
+``without_count``); ``--plugins <checkout>/plugins`` runs the services on another checkout's
 library (main's planner: the "before"). Printed besides: the records each slice fetched and
 the harvest phase (the first ``harvest_changes`` start to the last end) in records/s against
 the one-chain floor (one chain bound by latency alone: a page per response, ``page size /

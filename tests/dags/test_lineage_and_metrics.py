@@ -8,6 +8,9 @@ and Airflow's StatsD metrics switched on by environment variables, as a deployme
 - a StatsD listener on loopback receives the run's metrics by the names
   docs/operator/metrics.md lists, with the values harvest_runs and the simulator hold.
 
+Then, in the same child, the partner's reconcile after deletions at the partner: its
+purge counted by the metrics and its writes to the live tables in its lineage.
+
 A child process: Airflow builds its plugin list, hook lineage collector and providers once
 per process, from the environment it starts with.
 """
@@ -51,7 +54,16 @@ class OwnProcessPerTask:
 get_listener_manager().add_listener(OwnProcessPerTask())
 run = build_dag("dagmuseum").test()
 print("STATES=" + json.dumps(task_states(run)))
-print("RUN_ID=" + run.run_id)
+print("RUN_ID=" + run.run_id, flush=True)
+input()  # the parent deletes records at the partner, then says go
+
+from partner_harvest.airflow.dag_factory import build_reconcile_dag
+from partner_harvest.registry import get_partner
+reconcile = build_reconcile_dag(get_partner("dagmuseum"))
+for task in reconcile.tasks:
+    task.retries = 0
+run = reconcile.test()
+print("RECONCILE_STATES=" + json.dumps(task_states(run)), flush=True)
 """
 
 
@@ -108,16 +120,29 @@ def test_a_harvest_run_emits_its_lineage_and_its_metrics(partner_env, repo, db, 
     })
     served_before = sim.requests_served
     started = time.monotonic()
+    stderr = (tmp_path / "child.stderr").open("w+")
+    child = subprocess.Popen([sys.executable, "-c", RUN], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=stderr, text=True, cwd=Path(__file__).resolve().parents[2])
     try:
-        done = subprocess.run([sys.executable, "-c", RUN], env=env, capture_output=True, text=True, timeout=600,
-                              cwd=Path(__file__).resolve().parents[2])
-        took = time.monotonic() - started
-        assert done.returncode == 0, done.stderr[-4000:]
-        states = json.loads(done.stdout.split("STATES=", 1)[1].splitlines()[0])
+        assert child.stdout is not None and child.stdin is not None
+        out = "".join(iter_lines_until(child.stdout, "RUN_ID="))
+        took, harvest_done_at, clock_at_harvest = time.monotonic() - started, datetime.now(timezone.utc), repo.clock
+        assert "RUN_ID=" in out, tail(stderr)
+        states = json.loads(out.split("STATES=", 1)[1].splitlines()[0])
         assert set(states.values()) == {"success"}, states
-        run_key = f"harvest_{PARTNER}/" + done.stdout.split("RUN_ID=", 1)[1].splitlines()[0]
-        received = parse(statsd.lines(), "airflow.partner_harvest.")
+        run_key = f"harvest_{PARTNER}/" + out.split("RUN_ID=", 1)[1].splitlines()[0]
+        received = parse(statsd.lines(), "airflow.partner_harvest.")  # the harvest's tasks have sent theirs
+        live_at_harvest, served_by_harvest = len(repo.live_identifiers()), sim.requests_served
+        gone = repo.delete(7)  # within the purge limit: the reconcile applies in its own task
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        rest, _ = child.communicate(timeout=600)
+        assert child.returncode == 0, tail(stderr)
+        reconcile_states = json.loads(rest.split("RECONCILE_STATES=", 1)[1].splitlines()[0])
+        reconciled = parse(statsd.lines(), "airflow.partner_harvest.")
     finally:
+        if child.poll() is None:
+            child.kill()
         statsd.close()
 
     # -- metrics: names from partner_harvest.metrics, values from harvest_runs and the simulator
@@ -126,7 +151,7 @@ def test_a_harvest_run_emits_its_lineage_and_its_metrics(partner_env, repo, db, 
             "SELECT sum(fetched), sum(upserted), sum(unchanged), sum(purged), sum(quarantined) FROM harvest_runs "
             "WHERE partner_id = %s AND run_id = %s", (PARTNER, run_key)).fetchone()
     audit = dict(zip(metrics.APPLY_COUNTS, (int(v) for v in row)))
-    assert audit["upserted"] == len(repo.live_identifiers()) > 0
+    assert audit["upserted"] == live_at_harvest > 0
 
     def total(key: str) -> float:
         name = metrics.metric(key).name(PARTNER)[len("partner_harvest."):]
@@ -138,12 +163,12 @@ def test_a_harvest_run_emits_its_lineage_and_its_metrics(partner_env, repo, db, 
         assert {k for _, k in received[f"{key}.{PARTNER}"]} == {"c"}
     assert total("runs_applied") == 1
     assert total("warnings") == 0
-    assert total("requests") == sim.requests_served - served_before  # every response, counted once
+    assert total("requests") == served_by_harvest - served_before  # every response, counted once
     assert total("response_bytes") > 400 * 100  # 400 records' XML, decoded
     (seconds, kind), = received[f"run_seconds.{PARTNER}"]
     assert kind == "ms" and 0 < seconds < took * 1000
     (lag, kind), = received[f"cursor_lag_seconds.{PARTNER}"]
-    expected_lag = (datetime.now(timezone.utc) - repo.clock).total_seconds()
+    expected_lag = (harvest_done_at - clock_at_harvest).total_seconds()
     assert kind == "g" and expected_lag - took - 1 <= lag <= expected_lag + 1
     assert set(received) <= {m.name(PARTNER)[len("partner_harvest."):] for m in metrics.METRICS}
 
@@ -168,3 +193,32 @@ def test_a_harvest_run_emits_its_lineage_and_its_metrics(partner_env, repo, db, 
     freeze = complete[f"harvest_{PARTNER}.freeze_window"]
     assert names(freeze["inputs"]) == [(endpoint["namespace"], endpoint["name"])]  # it asks the partner's clock
     assert "secret" not in events_file.read_text()
+
+    # -- the reconcile: its purge counted, its writes to the live tables named
+    assert reconcile_states["reconcile"] == "success", reconcile_states
+    assert sum(v for v, _ in reconciled[f"purged.{PARTNER}"]) == len(gone) == 7
+    assert sum(v for v, _ in reconciled[f"upserted.{PARTNER}"]) == 0  # nothing was missing
+    assert sum(v for v, _ in reconciled[f"runs_applied.{PARTNER}"]) == 1
+    assert sum(v for v, _ in reconciled[f"requests.{PARTNER}"]) > 0
+    events = [json.loads(line) for line in events_file.read_text().splitlines() if line.strip()]
+    complete = {e["job"]["name"]: e for e in events if e.get("eventType") == "COMPLETE" and "job" in e}
+    swept = complete[f"reconcile_{PARTNER}.reconcile"]
+    assert names(swept["inputs"]) == [(endpoint["namespace"], endpoint["name"])]
+    assert names(swept["outputs"]) == [(namespace, f"{dbname}.public.{t}") for t in ("deletions", "records")]
+    with psycopg.connect(db) as conn:
+        held = {r[0] for r in conn.execute("SELECT identifier FROM records WHERE partner_id = %s", (PARTNER,))}
+    assert held == repo.live_identifiers()
+
+
+def iter_lines_until(stream, marker: str):
+    """The child's output up to and including the line that starts with ``marker``."""
+    for line in stream:
+        yield line
+        if line.startswith(marker):
+            return
+
+
+def tail(stderr) -> str:
+    stderr.flush()
+    stderr.seek(0)
+    return stderr.read()[-4000:]

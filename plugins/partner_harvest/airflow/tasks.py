@@ -461,13 +461,19 @@ def reconcile_partner(partner_id: str, context: Context) -> dict[str, Any]:
                 assets.emit(context, partner_id, {"partner_id": partner_id, "run_id": run_key(context),
                                                   "changed": False, "awaiting_approval": True})
                 return {**outcome, "epoch": keeper.fence.epoch if keeper.fence else None}
-            lineage.wrote(AGGREGATION, lineage.tables(conn, lineage.APPLIED[:2]))
-            metrics.count("purged", partner_id, int(outcome.get("purged", 0)))
-            metrics.count("runs_applied", partner_id, 1)
+            _reconcile_applied(conn, partner_id, outcome)
             assets.emit(context, partner_id,
                         assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id))
             return outcome
 
+
+def _reconcile_applied(conn: psycopg.Connection, partner_id: str, outcome: dict[str, Any]) -> None:
+    """An applied reconcile's lineage (the live tables it wrote) and metrics, whichever task
+    applied it: the reconcile itself, the approved apply, or a sliced reconcile's apply."""
+    lineage.wrote(AGGREGATION, lineage.tables(conn, lineage.APPLIED[:2]))
+    metrics.count("purged", partner_id, int(outcome.get("purged", 0)))
+    metrics.count("upserted", partner_id, int(outcome.get("upserted", 0)))
+    metrics.count("runs_applied", partner_id, 1)
 
 
 # -- a sliced reconcile (registry slicing.reconcile_slices; sliced_reconcile.py) -----------
@@ -512,6 +518,7 @@ def apply_sliced_reconcile(partner_id: str, plan: dict[str, Any], context: Conte
             outcome = sliced_reconcile.apply_sweep(adapter, conn, partner, run_key(context),
                                                    sliced_reconcile.SweepPlan.from_dict(plan),
                                                    allow_mass_purge=allow).as_dict()
+            _reconcile_applied(conn, partner_id, outcome)
             assets.emit(context, partner_id,
                         assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id))
             return outcome
@@ -529,6 +536,7 @@ def apply_approved_reconcile(partner_id: str, outcome: dict[str, Any], context: 
     with keeper, aggregation(keeper.fence) as conn:
         with approved_apply(conn, partner_id, run_key(context), keeper.fence, required=True):
             applied = reconcile_apply_staged(conn, partner_id, run_key(context))
+        _reconcile_applied(conn, partner_id, applied)
         assets.emit(context, partner_id, assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id))
         return applied
 

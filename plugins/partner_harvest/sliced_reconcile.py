@@ -31,7 +31,7 @@ from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef, begin_run, ensure_schema, fail_run, fences
 from partner_harvest.store import reconcile as sql
 from partner_harvest.store import reconcile_slices as store
-from partner_harvest.window import Slice, SliceFacts, Window, format_instant, parse_instant
+from partner_harvest.window import Slice, SliceFacts, Window, as_utc, format_instant, parse_instant
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,8 @@ class SweepPlan:
     slices: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"window": self.window.to_dict(), "planned_at": format_instant(self.planned_at),
+        # to the microsecond: cut to the second, it would precede a run applied earlier in that second
+        return {"window": self.window.to_dict(), "planned_at": as_utc(self.planned_at).isoformat(),
                 "pieces": [{"slice": i} for i in range(1, self.slices + 1)]}
 
     @classmethod

@@ -30,12 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-for _path in (str(ROOT), str(ROOT / "plugins")):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-os.environ.setdefault("XDG_RUNTIME_DIR", f"/tmp/ph-runtime-{os.getuid()}")
-os.makedirs(os.environ["XDG_RUNTIME_DIR"], mode=0o700, exist_ok=True)
+from support import ROOT  # the repository on sys.path, a runtime directory for PostgreSQL
 
 from include import embedded_pg  # noqa: E402
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository  # noqa: E402

@@ -47,11 +47,8 @@ def child(args: argparse.Namespace) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=200000)
-    parser.add_argument("--child", action="store_true")
-    parser.add_argument("--what", choices=["load", "reconcile"])
-    parser.add_argument("--url")
-    parser.add_argument("--db")
-    parser.add_argument("--run-id")
+    support.child_arguments(parser)
+    parser.add_argument("--what", choices=["load", "reconcile"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)

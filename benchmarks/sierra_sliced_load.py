@@ -90,9 +90,7 @@ def main() -> int:
     parser.add_argument("--bibs", type=int, default=100_000)
     parser.add_argument("--slices", type=int, default=2)
     parser.add_argument("--limit", type=int, default=2000, help="options.export.limit")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    for name in ("--url", "--db", "--run-id", "--step", "--window", "--channel"):
-        parser.add_argument(name, help=argparse.SUPPRESS)
+    support.child_arguments(parser, "--step", "--window", "--channel")
     args = parser.parse_args()
     if args.child:
         child(args)

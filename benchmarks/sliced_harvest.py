@@ -83,10 +83,8 @@ def main() -> int:
     parser.add_argument("--baseline-records", type=int, default=0,
                         help="first a sliced harvest of this many records from a second simulator: "
                              "the peak RSS per worker of the big run is printed against it")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    support.child_arguments(parser, "--step", "--window", "--channel")
     parser.add_argument("--partner", default=PARTNER, help=argparse.SUPPRESS)
-    for name in ("--url", "--db", "--run-id", "--step", "--window", "--channel"):
-        parser.add_argument(name, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -37,6 +38,13 @@ def run_child(script: str, *args: str) -> dict:
     if out.returncode != 0:
         raise SystemExit(f"child failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def child_arguments(parser: argparse.ArgumentParser, *extra: str) -> None:
+    """The hidden arguments of a benchmark's ``--child`` mode, which :func:`run_child` passes."""
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    for name in ("--url", "--db", "--run-id", *extra):
+        parser.add_argument(name, help=argparse.SUPPRESS)
 
 
 def held_ids(db: str, partner_id: str) -> set[str]:

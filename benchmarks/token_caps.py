@@ -88,10 +88,7 @@ def main() -> int:
     parser.add_argument("--token-mib", type=float, default=8.0)
     parser.add_argument("--pages", type=int, default=40)
     parser.add_argument("--max-extra-mib", type=float, default=64.0)
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--url")
-    parser.add_argument("--db")
-    parser.add_argument("--run-id")
+    support.child_arguments(parser)
     args = parser.parse_args()
     if args.child:
         child(args)

@@ -395,6 +395,10 @@ SlicingEntry = SliceSettings  # the name the registry model had
 _Text = Annotated[str, Field(min_length=1, pattern=r"\S", strict=True)]
 
 
+# The shortest value a duration field takes (and how its error shows it).
+_DURATION_FLOORS = {"run_deadline": (timedelta(minutes=1), "1m"), "approval_timeout": (timedelta(seconds=1), "1s")}
+
+
 class Partner(_Strict):
     """One partner repository and the knobs its DAGs are built from: one entry of ``partners:``.
 
@@ -553,18 +557,12 @@ class Partner(_Strict):
                 raise ValueError(f"finish_by: {exc}") from None
         return self
 
-    @field_validator("run_deadline")
+    @field_validator("run_deadline", "approval_timeout")
     @classmethod
-    def _deadline_floor(cls, value: timedelta) -> timedelta:
-        if value < timedelta(minutes=1):
-            raise ValueError("must be at least 1m")
-        return value
-
-    @field_validator("approval_timeout")
-    @classmethod
-    def _approval_timeout_floor(cls, value: timedelta) -> timedelta:
-        if value < timedelta(seconds=1):
-            raise ValueError("must be at least 1s")
+    def _duration_floor(cls, value: timedelta, info: ValidationInfo) -> timedelta:
+        floor, shown = _DURATION_FLOORS[info.field_name or ""]
+        if value < floor:
+            raise ValueError(f"must be at least {shown}")
         return value
 
     @field_validator("options")

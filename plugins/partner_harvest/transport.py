@@ -25,10 +25,11 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import Annotated, Any, Protocol
 from urllib.parse import urlsplit
@@ -40,6 +41,8 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import ConnectionPool, HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.response import BaseHTTPResponse
 from urllib3.util.retry import Retry
+
+from partner_harvest.errors import HarvestError, PartnerAsksToWait, PartnerHttpError
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +129,28 @@ class ServerAsksToWait(Exception):
         super().__init__(f"HTTP {status} with Retry-After {seconds:g} s")
         self.seconds = seconds
         self.status = status
+
+
+@contextmanager
+def partner_request(
+    partner_id: str, request: str, asks_to_wait: Callable[[ServerAsksToWait], HarvestError] | None = None,
+) -> Iterator[None]:
+    """Turns what the transport raises into the harvest's errors, naming partner and request.
+
+    A wait longer than a task may sleep becomes :class:`PartnerAsksToWait` (or what
+    ``asks_to_wait`` makes of it), which frees the worker slot; any other failure left after
+    the retries becomes :class:`PartnerHttpError`.
+    """
+    try:
+        yield
+    except ServerAsksToWait as exc:
+        if asks_to_wait is not None:
+            raise asks_to_wait(exc) from None
+        raise PartnerAsksToWait(partner_id, request, f"{exc}, longer than a task may sleep "
+                                "(options.http.max_wait_in_task)",
+                                datetime.now(timezone.utc) + timedelta(seconds=exc.seconds)) from None
+    except requests.RequestException as exc:
+        raise PartnerHttpError(partner_id, request, f"{type(exc).__name__}: {exc}") from exc
 
 
 class _DeadlinePassed(Exception):

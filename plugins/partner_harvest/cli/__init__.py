@@ -54,6 +54,14 @@ def _registry(args: argparse.Namespace) -> Registry:
         raise CliError(f"registry unusable: {exc}") from None
 
 
+def _registry_naming_invalid(args: argparse.Namespace, consequence: str) -> tuple[Registry, int]:
+    """The registry, with each invalid entry printed and what that means for it; status 1 if any."""
+    registry = _registry(args)
+    for error in registry.errors:
+        print(f"invalid registry entry ({consequence}): {error}", file=sys.stderr)
+    return registry, 1 if registry.errors else 0
+
+
 def _airflow(purpose: str) -> ModuleType:
     """The Airflow side (Variables, pools, Connections); only where Airflow is installed and configured."""
     from partner_harvest.cli.airflow_side import AirflowUnreachable, admin
@@ -224,11 +232,7 @@ def cmd_sync_pools(args: argparse.Namespace) -> int:
     _airflow("sync-pools")
     from partner_harvest.airflow import pools
 
-    registry = _registry(args)
-    status = 0
-    for error in registry.errors:
-        print(f"invalid registry entry (no pool, no DAG): {error}", file=sys.stderr)
-        status = 1
+    registry, status = _registry_naming_invalid(args, "no pool, no DAG")
     if args.check:
         missing = pools.missing_pools(registry)
         for pool, partner_id in missing:
@@ -377,11 +381,7 @@ def cmd_onboard(args: argparse.Namespace) -> int:
 
     from partner_harvest.airflow.onboard import ConnectionFileError, onboard, read_connections_file
 
-    registry = _registry(args)
-    status = 0
-    for error in registry.errors:
-        print(f"invalid registry entry (no pool, no DAG, not onboarded): {error}", file=sys.stderr)
-        status = 1
+    registry, status = _registry_naming_invalid(args, "no pool, no DAG, not onboarded")
     try:
         connections = read_connections_file(Path(args.connections)) if args.connections else {}
     except ConnectionFileError as exc:

@@ -13,14 +13,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import requests
 
-from partner_harvest.errors import PartnerAsksToWait, PartnerCapExceeded, PartnerDataError, PartnerHttpError
+from partner_harvest.errors import PartnerCapExceeded, PartnerDataError, PartnerHttpError
 from partner_harvest.iiif.stream import Collection, Page, StreamError, parse_collection, parse_page
-from partner_harvest.transport import ServerAsksToWait
+from partner_harvest.transport import partner_request
 
 log = logging.getLogger(__name__)
 
@@ -103,14 +102,8 @@ class IiifClient:
 
     def _get(self, session: requests.Session, url: str, accept: str) -> requests.Response:
         request = f"GET {url}"
-        try:
+        with partner_request(self.partner_id, request):
             return session.get(url, headers={"Accept": accept})
-        except ServerAsksToWait as exc:
-            raise PartnerAsksToWait(self.partner_id, request, f"{exc}, longer than a task may sleep "
-                                    "(options.http.max_wait_in_task)",
-                                    datetime.now(timezone.utc) + timedelta(seconds=exc.seconds)) from None
-        except requests.RequestException as exc:
-            raise PartnerHttpError(self.partner_id, request, f"{type(exc).__name__}: {exc}") from exc
 
     # -- descriptions ------------------------------------------------------------------
 

@@ -24,14 +24,12 @@ import threading
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
 from urllib.parse import urlencode
 
 import requests
 
 from partner_harvest.errors import (
     HarvestLoopError,
-    PartnerAsksToWait,
     PartnerCapExceeded,
     PartnerDataError,
     PartnerHttpError,
@@ -41,7 +39,7 @@ from partner_harvest.formats.checks import DEFAULT_POLICY, Policy
 from partner_harvest.oai import parse
 from partner_harvest.oai.chain_caps import ChainCaps, short_params, token_digest
 from partner_harvest.oai.errors import BadArgument, BadResumptionToken, OaiProtocolError, OaiResponseError
-from partner_harvest.transport import ServerAsksToWait
+from partner_harvest.transport import partner_request
 from partner_harvest.xmlsafe import XmlInputError, XmlLimits, xml_limits
 
 log = logging.getLogger(__name__)
@@ -128,14 +126,8 @@ class OaiClient:
         again from its frozen bounds: a resumptionToken does not outlive such a wait.
         """
         request = self.describe(params)
-        try:
+        with partner_request(self.partner_id, request):
             response = self.session.get(self.base_url, params=params)
-        except ServerAsksToWait as exc:
-            raise PartnerAsksToWait(self.partner_id, request, f"{exc}, longer than a task may sleep "
-                                    "(options.http.max_wait_in_task)",
-                                    datetime.now(timezone.utc) + timedelta(seconds=exc.seconds)) from None
-        except requests.RequestException as exc:
-            raise PartnerHttpError(self.partner_id, request, f"{type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:
             codes = parse.error_codes(response.content)
             if codes:  # the repository speaking under the wrong status: read the OAI error

@@ -33,7 +33,7 @@ from partner_harvest.errors import (
     PartnerHttpError,
     PartnerProtocolError,
 )
-from partner_harvest.transport import RETRY_STATUSES, ServerAsksToWait
+from partner_harvest.transport import RETRY_STATUSES, ServerAsksToWait, partner_request
 
 log = logging.getLogger(__name__)
 
@@ -195,12 +195,8 @@ class SierraClient:
 
     def _fetch_token(self) -> str:
         url = f"{self.base_url}/token"
-        try:
+        with partner_request(self.partner_id, f"POST {url}", self._rate_limited(f"POST {url}")):
             response = self.session.post(url, auth=(self._key, self._secret), data={"grant_type": "client_credentials"})
-        except ServerAsksToWait as exc:  # the harvester frees the worker slot for the wait
-            raise RateLimited(self.partner_id, f"POST {url}", str(exc), exc.seconds) from None
-        except requests.RequestException as exc:
-            raise PartnerHttpError(self.partner_id, f"POST {url}", f"{type(exc).__name__}: {exc}") from exc
         if response.status_code in (400, 401, 403):
             raise ConfigurationError(
                 self.partner_id, f"POST {url}",
@@ -266,6 +262,10 @@ class SierraClient:
                 return self._request_once(method, url, what, params, accept, empty_ok)
         raise AssertionError("unreachable")
 
+    def _rate_limited(self, what: str) -> Callable[[ServerAsksToWait], RateLimited]:
+        """A long Retry-After is Sierra's rate limit: the harvester frees the worker slot for the wait."""
+        return lambda exc: RateLimited(self.partner_id, what, str(exc), exc.seconds)
+
     def _ours_to_retry(self, exc: BaseException) -> bool:
         """A server error the transport did not already retry (one layer per failure kind)."""
         return isinstance(exc, SierraServerError) and exc.status not in self.transport_retries
@@ -273,7 +273,7 @@ class SierraClient:
     def _request_once(
         self, method: str, url: str, what: str, params: dict[str, Any] | None, accept: str | None, empty_ok: bool
     ) -> requests.Response | None:
-        try:
+        with partner_request(self.partner_id, what, self._rate_limited(what)):
             response = self._send(method, url, params, accept)
             # 120/123 are the documented "token expired" codes; recorded servers also answer an
             # expired token with 113 "Invalid or missing authorization header": any 401 gets
@@ -282,10 +282,6 @@ class SierraClient:
                 log.info("%s: access token rejected (code %s); fetching a new one", self.partner_id, error_code(response))
                 self._token = None
                 response = self._send(method, url, params, accept)
-        except ServerAsksToWait as exc:  # the harvester frees the worker slot for the wait
-            raise RateLimited(self.partner_id, what, str(exc), exc.seconds) from None
-        except requests.RequestException as exc:
-            raise PartnerHttpError(self.partner_id, what, f"{type(exc).__name__}: {exc}") from exc
         code = error_code(response) if response.status_code >= 400 else None
         if response.status_code == 401:
             raise ConfigurationError(self.partner_id, what, f"unauthorized after a fresh token (code {code}): {_body_snippet(response)}")

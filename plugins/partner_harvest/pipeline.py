@@ -33,7 +33,7 @@ from partner_harvest.store import (
     slices,
 )
 from partner_harvest.store.apply import StagingIncomplete
-from partner_harvest.store.runs import last_applied_until
+from partner_harvest.store.runs import last_applied_until, record_failed_try
 from partner_harvest.store.slices import Resumable
 from partner_harvest.window import (
     ClockBehind,
@@ -181,9 +181,9 @@ def _stage(
                            seq=resume.last_seq if resume else 0, attempt=attempt)
     try:
         source(window, writer, stats)
-    except Exception as exc:
-        conn.rollback()
-        fail_run(conn, run, _one_line(exc), attempt, "waiting" if isinstance(exc, PartnerAsksToWait) else "failed")
+    except BaseException as exc:  # Airflow's task timeout is a BaseException: it ends the try too
+        record_failed_try(conn, exc, lambda e: fail_run(conn, run, _one_line(e), attempt,
+                                                    "waiting" if isinstance(e, PartnerAsksToWait) else "failed"))
         raise
     finish_harvest(conn, run, stats, attempt)
     for check in stats.checks:  # second witnesses the adapter ran (I12)
@@ -310,9 +310,8 @@ def apply_changes(
                         partner_id, lost.cause, ", ".join(channels))
             reharvest(channels)
             return apply_run(conn, partner_id, run_id)
-    except Exception as exc:
-        conn.rollback()
-        fail_apply(conn, partner_id, run_id, _one_line(exc))
+    except BaseException as exc:  # Airflow's task timeout is a BaseException: it ends the try too
+        record_failed_try(conn, exc, lambda e: fail_apply(conn, partner_id, run_id, _one_line(e)))
         raise
 
 

@@ -25,6 +25,7 @@ from partner_harvest.records import HarvestStats, Tombstone
 from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, ensure_schema, fail_run, finish_harvest
 from partner_harvest.store import reconcile as sql
+from partner_harvest.store.runs import record_failed_try
 from partner_harvest.window import Window, WindowFacts
 
 log = logging.getLogger(__name__)
@@ -81,10 +82,12 @@ def reconcile(
     stats = HarvestStats()
     try:
         adapter.sweep_ids(window, sweep, stats)
-    except Exception as exc:
-        conn.rollback()
-        fail_run(conn, run, " ".join(str(exc).split()))
-        sql.clear(conn, partner.id, run_id)
+    except BaseException as exc:  # a task timeout too (store.runs.record_failed_try)
+        def record(failure: BaseException) -> None:
+            fail_run(conn, run, " ".join(str(failure).split()))
+            sql.clear(conn, partner.id, run_id)
+
+        record_failed_try(conn, exc, record)
         raise
     return settle(adapter, conn, partner, run, window, allow_mass_purge=allow_mass_purge, gate=gate)
 
@@ -117,10 +120,11 @@ def settle(adapter: Adapter, conn: psycopg.Connection, partner: Partner, run: Ru
             return ReconcileResult(plan, fetched, 0, 0, verified, bulk, awaiting_approval=True,
                                    staged_removals=removals)
         result = apply_run(conn, partner.id, run.run_id)
-    except Exception as exc:
-        conn.rollback()
-        if not isinstance(exc, MassPurgeRefused):
-            fail_run(conn, run, " ".join(str(exc).split()))
+    except BaseException as exc:  # a task timeout too (store.runs.record_failed_try)
+        if isinstance(exc, MassPurgeRefused):
+            conn.rollback()
+        else:
+            record_failed_try(conn, exc, lambda e: fail_run(conn, run, " ".join(str(e).split())))
         raise
     finally:
         sql.clear(conn, partner.id, run.run_id)
@@ -209,9 +213,9 @@ def apply_staged(conn: psycopg.Connection, partner_id: str, run_id: str) -> dict
     ensure_schema(conn)
     try:
         result = apply_run(conn, partner_id, run_id)
-    except Exception as exc:
-        conn.rollback()
-        fail_run(conn, RunRef(partner_id, run_id, CHANNEL), " ".join(f"apply failed: {exc}".split()))
+    except BaseException as exc:  # a task timeout too (store.runs.record_failed_try)
+        record_failed_try(conn, exc, lambda e: fail_run(conn, RunRef(partner_id, run_id, CHANNEL),
+                                                      " ".join(f"apply failed: {e}".split())))
         raise
     log.info("%s: approved reconcile applied: %s", partner_id, result.as_dict())
     return result.as_dict()

@@ -31,6 +31,7 @@ from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef, begin_run, ensure_schema, fail_run, fences
 from partner_harvest.store import reconcile as sql
 from partner_harvest.store import reconcile_slices as store
+from partner_harvest.store.runs import record_failed_try
 from partner_harvest.window import Slice, SliceFacts, Window, as_utc, format_instant, parse_instant
 
 log = logging.getLogger(__name__)
@@ -80,9 +81,8 @@ def sweep_slice(adapter: Adapter, conn: psycopg.Connection, partner_id: str, run
     stats = HarvestStats()
     try:
         adapter.sweep_ids(sub, sql.IdSweepWriter(conn, partner_id, run_id, slice=index), stats)
-    except Exception as exc:
-        conn.rollback()
-        store.fail(conn, partner_id, run_id, index, " ".join(str(exc).split()))
+    except BaseException as exc:  # a task timeout too (store.runs.record_failed_try)
+        record_failed_try(conn, exc, lambda e: store.fail(conn, partner_id, run_id, index, " ".join(str(e).split())))
         raise
     store.finish(conn, partner_id, run_id, index)
     log.info("%s: reconcile sweep slice %d (%s): %d ids in %d pages", partner_id, index, _describe(bounds),

@@ -101,3 +101,31 @@ def test_an_orphaned_tries_completeness_check_never_replaces_the_retrys(conn: ps
     record_check(conn, run, "list_identifiers", 10, 10, True, "complete", attempt=retry)
     record_check(conn, run, "list_identifiers", 10, 3, False, "7 missing", attempt=orphan)
     assert conn.execute("SELECT check_ok, check_found, check_detail FROM harvest_runs").fetchone() == (True, 10, "complete")
+
+
+class _TaskTimeout(BaseException):
+    """Stands in for Airflow's AirflowTaskTimeout, which is a BaseException, not an Exception."""
+
+
+def test_a_try_ended_by_its_task_timeout_marks_its_channel_failed(conn: psycopg.Connection) -> None:
+    """Found by the 50,000-object IIIF soak: a harvest over its execution_timeout left its row
+    'harvesting', so the failure callback took the run for still working, kept the lease to
+    its TTL and the health page showed the run as running."""
+    from partner_harvest.store.runs import channels_still_harvesting
+
+    repo = SimulatedRepository(records=30, page_size=10, seed=5)
+    with OaiSimulator(repo) as sim:
+        p = oai_partner()
+        adapter = build_adapter(p, Endpoint(sim.base_url))
+        window = pipeline.freeze_window(adapter, p.lag, None, pipeline.RunRequest("incremental"))
+
+        def timed_out(*args, **kwargs):
+            raise _TaskTimeout("Timeout, PID: 1")
+
+        adapter.harvest = timed_out
+        run = RunRef(p.id, "harvest_museum/timeout")
+        with pytest.raises(_TaskTimeout):
+            pipeline.harvest_window(adapter, conn, run, window)
+    assert channels_still_harvesting(conn, p.id, run.run_id) == []
+    status, error = conn.execute("SELECT status, error FROM harvest_runs WHERE run_id = %s", (run.run_id,)).fetchone()
+    assert (status, error) == ("failed", "_TaskTimeout: Timeout, PID: 1")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -12,6 +14,25 @@ from partner_harvest.records import HarvestStats
 from partner_harvest.store import fences
 from partner_harvest.store.db import scalar
 from partner_harvest.window import Window
+
+log = logging.getLogger(__name__)
+
+
+def record_failed_try(conn: psycopg.Connection, exc: BaseException, record: Callable[[BaseException], None]) -> None:
+    """Rolls back a failed try's work and writes its failure (``record(exc)``).
+
+    Called for every BaseException: Airflow's task timeout is not an Exception, and a try it
+    ends that stayed 'harvesting' would look alive to the failure callback (which then keeps
+    the run's lease to its TTL) and to the health page. Such a failure may have cut a query
+    short, so what recording it raises is logged, never put in place of the try's own error.
+    """
+    try:
+        conn.rollback()
+        record(exc)
+    except Exception as record_error:
+        if isinstance(exc, Exception):
+            raise
+        log.warning("could not record the failed try (%s: %s): %s", type(exc).__name__, exc, record_error)
 
 
 @dataclass(frozen=True)

@@ -98,14 +98,20 @@ PARTNERS: dict[str, PartnerSpec] = {p.id: p for p in (
 )}
 
 
-def registry_yaml(partners: list[PartnerSpec], waits: Waits = Waits()) -> str:
+def execution_timeout(size: int) -> str:
+    """A task's cap fit for the soak's size: a night crossing a Refresh fetches every object's
+    description again in one task, which 10 minutes cannot hold at 50,000 objects on 2 cores."""
+    return EXECUTION_TIMEOUT if size <= 5000 else f"{max(1, size // 25000)}h"
+
+
+def registry_yaml(partners: list[PartnerSpec], waits: Waits = Waits(), timeout: str = EXECUTION_TIMEOUT) -> str:
     lines = ["partners:"]
     # The soak's clock runs fast: HTTP back-offs, Retry-After and the politeness back-off
     # (options.politeness, shared by every soak partner on 127.0.0.1) are shrunk alike.
     http = (f"http: {{backoff_factor: 0.01, retries: {HTTP_RETRIES}, retry_after_cap: 2}},"
             " politeness: {backoff_step: 20, max_backoff: 200}")
     airflow = (f"retries: {RETRIES}, retry_delay: {waits.retry_delay}, max_retry_delay: {waits.max_retry_delay},"
-               f" execution_timeout: {EXECUTION_TIMEOUT}")
+               f" execution_timeout: {timeout}")
     sierra = ("" if waits.sierra_server_error_backoff is None
               else f" sierra: {{server_error_backoff: {waits.sierra_server_error_backoff}}},")
     for p in partners:
@@ -367,7 +373,7 @@ class Soak:
         pg = conninfo_to_dict(self.conninfo)
         env = dict(os.environ)
         registry = self.workdir / "partners.yaml"
-        registry.write_text(registry_yaml(self.specs, self.waits))
+        registry.write_text(registry_yaml(self.specs, self.waits, execution_timeout(self.size)))
         env.update({
             "HARVEST_PARTNERS_FILE": str(registry),
             "HARVEST_LEASE_TTL_SECONDS": str(LEASE_TTL_SECONDS),

@@ -97,7 +97,7 @@ class SliceFacts(_Facts):
     lo: int | None = None  # a Sierra id range [lo, hi] (hi None: open-ended)
     hi: int | None = None
     set_spec: str | None = Field(default=None, alias="set")  # an OAI slice that is one set
-    resume_at: int | None = None  # the checkpoint a retried Sierra slice resumes at
+    resume_at: int | None = None  # the checkpoint a retried Sierra (or IIIF) slice resumes at
     estimate: int | None = None  # what the plan expected of the slice (a count or an id span), for progress only
     of_full: bool = False  # a slice of a full harvest proves its own range (I12)
     open_end: bool = False  # a reconcile sweep's last slice: no until (records edited meanwhile land in it)

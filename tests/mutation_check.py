@@ -53,6 +53,7 @@ DAG = "tests/dags/test_harvest_dag_run.py::"
 MIRROR = "tests/integration/test_mirror_store.py::"
 SIERRA = "tests/integration/test_sierra_harvest.py::"
 SLICES = "tests/integration/test_slices.py::"
+IIIF_SLICES = "tests/integration/test_iiif_slices.py::"
 FENCES = "tests/integration/test_fences.py::"
 FENCE_DAG = "tests/dags/test_fences_dag.py::"
 CAPS = "tests/integration/test_caps.py::"
@@ -227,13 +228,21 @@ MUTATIONS: tuple[Mutation, ...] = (
       (MIRROR + "test_apply_refuses_when_staging_lost_what_the_harvest_recorded",),
       "an apply over staging the database lost marks the run applied with nothing"),
     M("I4-slices-planned-block-the-apply", "store/slices.py",
-      "'planned', 0, %s, %s, %s, %s, %s, NULL)", "'planned', 0, %s, %s, %s, %s, %s, now())",
+      "'planned', 0, %s, %s, %s, %s, %s, %s, %s, NULL)", "'planned', 0, %s, %s, %s, %s, %s, %s, %s, now())",
       (SLICES + "test_oai_full_harvest_as_slices_equals_the_live_set",),
       "planned slices count as harvested: a sliced run applies before its slices harvested"),
     M("I12-slice-resumes-only-what-is-staged", "store/slices.py",
       "    if counts[0] != row[3]:\n        return None\n", "    if False:\n        return None\n",
       (SLICES + "test_a_sierra_slice_whose_staging_was_lost_starts_over",),
       "a Sierra slice resumes from its checkpoint although a crash emptied its staging"),
+    M("I2-iiif-slices-cut-between-instants", "iiif/slicing.py",
+      "if (a := prefix_min[p]) is None or (b := suffix_max[p + 1]) is None or a > b]", "if True]",
+      (IIIF_SLICES + "test_equal_end_times_across_pages_never_straddle_two_slices",),
+      "an IIIF slice plan cuts between two activities of one instant: the apply orders them by chance"),
+    M("I2-iiif-resumed-slice-keeps-its-decisions", "iiif/harvester.py",
+      "processed = slices.staged_identifiers(sink.conn, sink.run)", "processed = set()",
+      (IIIF_SLICES + "test_a_resumed_slice_keeps_the_newest_activity_it_staged_before_failing",),
+      "a resumed IIIF slice forgets the objects its newer pages decided: an older activity wins a tie"),
     M("I12-slicing-sets-checked-against-the-whole-list", "oai/slicing.py",
       "    if sum(counts.values()) != total:\n", "    if False:\n",
       (SLICES + "test_sets_that_do_not_partition_the_list_are_not_trusted",),

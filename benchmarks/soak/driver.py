@@ -79,6 +79,7 @@ class PartnerSpec:
     protocol: str  # "oai-pmh" | "sierra" | "iiif-change-discovery"
     deleted_record: str = "persistent"
     granularity: str = "seconds"
+    sliced: bool = False  # a full load in slices (IIIF: ranges of the page chain, checkpointed by page)
 
     @property
     def reconciled(self) -> bool:
@@ -93,7 +94,7 @@ PARTNERS: dict[str, PartnerSpec] = {p.id: p for p in (
     PartnerSpec("soak_daily", "oai-pmh", "persistent", "day"),
     PartnerSpec("soak_sierra", "sierra"),
     PartnerSpec("soak_sierra_b", "sierra"),  # a second library: its own full load, so both export faults meet one
-    PartnerSpec("soak_iiif", IIIF),  # a Refresh now and then keeps the stream's history
+    PartnerSpec("soak_iiif", IIIF, sliced=True),  # a Refresh now and then keeps the stream's history; loads in slices
     PartnerSpec("soak_iiif_refresh", IIIF, "no"),  # its Refresh truncates the history: the reconcile finds the lost Deletes
 )}
 
@@ -120,8 +121,11 @@ def registry_yaml(partners: list[PartnerSpec], waits: Waits = Waits(), timeout: 
                          f" {airflow}, deletion_overlap_days: 1, options: {{{http},{sierra}"
                          " export: {limit: 100, rate_limit_wait: 0}}}")
         elif p.protocol == IIIF:
+            # sliced: a full load of more than 100 activities in up to 4 slices (the short soak's 200: 2)
+            slicing = " slicing: {threshold_records: 100, target_records: 100, max_slices: 4}," if p.sliced else ""
             lines.append(f"  - {{id: {p.id}, protocol: {IIIF}, conn_id: partner_{p.id}, lag: 5m, pool_slots: 2,"
-                         f" {airflow}, max_purge_fraction: 0.5, options: {{{http}, iiif: {{description_concurrency: 2}}}}}}")
+                         f" {airflow},{slicing} max_purge_fraction: 0.5,"
+                         f" options: {{{http}, iiif: {{description_concurrency: 2}}}}}}")
         else:
             lines.append(f"  - {{id: {p.id}, protocol: oai-pmh, conn_id: partner_{p.id}, metadata_prefix: oai_dc,"
                          f" lag: 5m, {airflow}, max_purge_fraction: 0.5, options: {{{http}}}}}")

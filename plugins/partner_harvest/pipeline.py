@@ -236,6 +236,8 @@ def pieces(planned: list[Slice]) -> list[dict[str, Any]]:
 
 
 def _describe_slice(bounds: slices.SliceBounds) -> str:
+    if bounds.pages:
+        return f"{bounds.channel} pages {bounds.lo}..{bounds.hi} (~{bounds.estimate} activities)"
     if bounds.lo is not None:
         return f"{bounds.channel} ids {bounds.lo}..{bounds.hi}"
     start = format_instant(bounds.from_) if bounds.from_ else "the beginning"
@@ -248,7 +250,7 @@ def _describe_slice(bounds: slices.SliceBounds) -> str:
 def slice_window(window: Window, bounds: slices.SliceBounds, resume_at: int | None = None) -> Window:
     """The sub-window one slice harvests: its own range, the run's frozen facts."""
     piece = SliceFacts(channel=bounds.channel, lo=bounds.lo, hi=bounds.hi, set_spec=bounds.set_spec,
-                       resume_at=resume_at, estimate=bounds.estimate,
+                       resume_at=resume_at, estimate=bounds.estimate, pages=bounds.pages, page_items=bounds.page_items,
                        of_full=window.is_full)  # a slice of a full harvest proves its own range (I12)
     return replace(window, from_=bounds.from_, until=bounds.until, protocol=window.protocol.with_(slice=piece))
 
@@ -261,8 +263,8 @@ def harvest_piece(
     A slice reads its bounds from harvest_runs (so a reharvest after lost staging needs
     nothing else), clears and re-stages only its own channel, except that a Sierra slice
     interrupted mid-way resumes from its checkpoint when staging still holds what it
-    counted (store/slices.resumable). OAI slices restart from their own start: a token
-    cannot be resumed after its session died.
+    counted (store/slices.resumable), as does an IIIF slice (at its next page). OAI slices
+    restart from their own start: a token cannot be resumed after its session died.
     """
     run = RunRef(partner_id, run_id, channel)
     if not slices.is_slice(channel):

@@ -307,7 +307,8 @@ class IiifOptions(_Strict):
         "the object's seeAlso to fetch, in order of preference (the first entry any seeAlso matches wins); "
         "metadata_prefix auto uses the whole list, a named prefix only its entries"))
     description_concurrency: Annotated[StrictInt, Field(ge=1, le=64, description=(
-        "descriptions fetched at once within one task; never more than the partner's pool_slots"))] = 4
+        "descriptions fetched at once within one task; never more than the partner's pool_slots (a slice of a "
+        "sliced full harvest fetches one at a time: up to pool_slots slices run at once)"))] = 4
     page_delay: Annotated[float, Field(ge=0, le=60, strict=True, description=(
         "seconds between two requests for stream pages (politeness; descriptions are paced by the pool)"))] = 0.0
     max_pages: Annotated[StrictInt, Field(ge=1, description=(
@@ -345,8 +346,9 @@ class SliceSettings(_Strict):
     """slicing: when a run is harvested as slices (mapped tasks), and how finely.
 
     A full harvest, or a window longer than ``long_window``, whose expected size (OAI
-    ``completeListSize``; Sierra the span of bib ids) is above ``threshold_records`` is cut
-    into slices of about ``target_records``, at most ``max_slices``. A Sierra change poll has
+    ``completeListSize``; Sierra the span of bib ids; IIIF the stream's ``totalItems``) is
+    above ``threshold_records`` is cut into slices of about ``target_records``, at most
+    ``max_slices`` (IIIF: ranges of the page chain, full harvests only). A Sierra change poll has
     no count: a window longer than ``long_window`` is cut into pieces of that length. ``sets``
     (OAI-PMH) cut by set first, when their counts add up at planning time
     (oai/slicing.plan_by_sets); otherwise by datestamp.
@@ -362,7 +364,8 @@ class SliceSettings(_Strict):
         "poll (no count) is cut into pieces of this length"))
     without_count: Annotated[StrictInt, Field(ge=1, le=256, description=(
         "OAI-PMH full harvest of a repository that announces no completeListSize: this many equal time "
-        "ranges (1: no slicing)"))] = 1
+        "ranges; IIIF full harvest of a stream that announces no totalItems: this many page ranges "
+        "(1: no slicing)"))] = 1
     reconcile_slices: Annotated[StrictInt, Field(ge=1, le=256, description=(
         "the reconcile's sweep as this many mapped slices (OAI-PMH datestamp ranges, Sierra bib id ranges), each "
         "retried on its own, when the partner holds more than threshold_records; 1: the reconcile stays one task"))] = 1

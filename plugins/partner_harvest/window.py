@@ -97,10 +97,12 @@ class SliceFacts(_Facts):
     lo: int | None = None  # a Sierra id range [lo, hi] (hi None: open-ended)
     hi: int | None = None
     set_spec: str | None = Field(default=None, alias="set")  # an OAI slice that is one set
-    resume_at: int | None = None  # the checkpoint a retried Sierra slice resumes at
+    resume_at: int | None = None  # the checkpoint a retried Sierra (or IIIF) slice resumes at
     estimate: int | None = None  # what the plan expected of the slice (a count or an id span), for progress only
     of_full: bool = False  # a slice of a full harvest proves its own range (I12)
     open_end: bool = False  # a reconcile sweep's last slice: no until (records edited meanwhile land in it)
+    pages: tuple[str, ...] = ()  # an IIIF slice: its page URLs, newest first (positions lo..hi)
+    page_items: tuple[int, ...] = ()  # the activities the plan counted on each of them
 
 
 class IiifEntry(_Facts):
@@ -219,15 +221,19 @@ class Slice(_Facts):
     channel: str = ""  # changes/001, ... once planned
     from_: Instant | None = Field(default=None, alias="from")
     until: Instant
-    lo: int | None = None  # a Sierra id range [lo, hi] (hi None: open-ended)
+    lo: int | None = None  # a Sierra id range [lo, hi] (hi None: open-ended); IIIF: page positions
     hi: int | None = None
     estimate: int | None = None  # records the plan expected (a count or an id span)
     set_spec: str | None = Field(default=None, alias="set")  # an OAI slice that is one set of the repository
     open_end: bool = False  # a reconcile sweep's last slice: listed without an until
+    # An IIIF slice: its stream pages newest first (position lo is pages[0]; 0 is the frozen
+    # last page) and the activities the plan counted on each; kept in harvest_runs, not XCom.
+    pages: tuple[str, ...] = ()
+    page_items: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """The XCom form of a planned slice."""
-        return self.model_dump(mode="json", by_alias=True)
+        """The XCom form of a planned slice (page lists stay in harvest_runs: a slice reads them there)."""
+        return self.model_dump(mode="json", by_alias=True, exclude={"pages", "page_items"})
 
 
 def plan_window(

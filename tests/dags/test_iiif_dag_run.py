@@ -39,6 +39,7 @@ def iiif_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, m
         f"    conn_id: partner_{PARTNER}\n"
         "    lag: 0s\n"
         "    pool_slots: 2\n"
+        "    slicing: {threshold_records: 30, target_records: 20, max_slices: 3}\n"  # a first load in 3 slices
         "    options: {http: {backoff_factor: 0.01, retries: 2}, iiif: {description_concurrency: 4}}\n"
     )
     with IiifServer(museum) as sim:
@@ -83,14 +84,19 @@ def test_iiif_partner_harvests_first_a_quiet_night_and_a_night_of_changes_throug
     assert {"freeze_window", "plan_slices", "harvest_changes", "approval_gate", "apply_changes", "advance_cursor",
             "check_quality"} == set(dag.task_ids)  # the OAI shape: no deletions channel
 
-    first = dag.test()
+    first = dag.test()  # the first load: three slices of the page chain, mapped, one apply
     assert succeeded(first), states(first)
     assert held(db) == live(sim) and len(live(sim)) == 60
     assert dags.get_cursor(PARTNER)["until"] == museum.events[-1].when.strftime("%Y-%m-%dT%H:%M:%SZ")
+    mapped = [ti for ti in first.get_task_instances() if ti.task_id == "harvest_changes"]
+    assert len(mapped) == 3
     with connect(db) as conn:
-        check = conn.execute("SELECT check_kind, check_ok, check_expected, check_found FROM harvest_runs"
-                             " WHERE partner_id = %s AND channel = 'changes'", (PARTNER,)).fetchone()
-    assert check == ("iiif-total-items", True, 60, 60)
+        checks = conn.execute("SELECT channel, check_kind, check_ok, check_expected, check_found, status"
+                              " FROM harvest_runs WHERE partner_id = %s AND channel LIKE 'changes/%%'"
+                              " ORDER BY channel", (PARTNER,)).fetchall()
+    assert [c[0] for c in checks] == ["changes/001", "changes/002", "changes/003"]
+    assert all(c[1:3] == ("iiif-slice-pages", True) and c[3] == c[4] and c[5] == "applied" for c in checks)
+    assert sum(c[3] for c in checks) == 60
 
     sim.clear_requests()
     quiet = dag.test()

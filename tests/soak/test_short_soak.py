@@ -55,6 +55,7 @@ PLAN = {
     ("soak_sierra_b", 4): "kill_mid_page",
     ("soak_sierra_b", 5): "reset_cursor_in_retry_wait",
     ("soak_sierra_b", 6): "pause_before_apply@lease:apply_changes",
+    ("soak_iiif", 1): "throttle_503_retry_after",  # a stream's first load, in slices of its page chain
 }
 
 

@@ -99,10 +99,10 @@ class Museum:
             self.gone.add(slug)
             self.events.append(Event("Delete", slug, self._advance(same_time)))
 
-    def recreate(self, slug: str) -> None:
+    def recreate(self, slug: str, *, same_time: bool = False) -> None:
         with self.lock:
             self.live[slug] = self.live.get(slug, 0) + 1
-            self.events.append(Event("Create", slug, self._advance(False)))
+            self.events.append(Event("Create", slug, self._advance(same_time)))
 
     def move(self, slug: str) -> str:
         with self.lock:

@@ -16,20 +16,24 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from lxml import etree
 
 from partner_harvest.adapters import Adapter, IdSink, ItemSink, PartnerClock, SweptId
-from partner_harvest.errors import ConfigurationError, HarvestLoopError
+from partner_harvest.durations import human
+from partner_harvest.errors import ConfigurationError, HarvestLoopError, PartnerDataError
 from partner_harvest.formats import JSON_FORMATS, get_format
 from partner_harvest.formats.base import checked_by
 from partner_harvest.formats.checks import policy_of
 from partner_harvest.formats.linked_art import NotAJsonRecord, load
 from partner_harvest.iiif.client import Fetched, IiifClient
+from partner_harvest.iiif.slicing import cut, walk_chain
 from partner_harvest.iiif.stream import (
     INCLUSIONS,
     REMOVALS,
@@ -42,14 +46,15 @@ from partner_harvest.iiif.stream import (
     parse_time,
 )
 from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
-from partner_harvest.registry import Partner, SeeAlsoChoice
-from partner_harvest.store import StagingWriter
-from partner_harvest.window import SECONDS, IiifEntry, IiifFacts, Window
+from partner_harvest.registry import Partner, SeeAlsoChoice, SliceSettings
+from partner_harvest.store import StagingWriter, slices
+from partner_harvest.window import SECONDS, IiifEntry, IiifFacts, Slice, SliceFacts, Window
 from partner_harvest.xmlsafe import XmlInputError, parse_document
 
 log = logging.getLogger(__name__)
 
 CHECK_KIND = "iiif-total-items"
+SLICE_CHECK_KIND = "iiif-slice-pages"
 MAX_TAIL = 1000  # a last page this long is read again by the harvest instead of frozen whole
 
 
@@ -106,23 +111,34 @@ class IiifAdapter(Adapter):
         facts = self._facts(window)
         upper = parse_time(facts.newest) if facts.newest else None
         lower = window.from_
+        piece = window.protocol.slice
+        sliced = piece is not None and bool(piece.pages)
         processed: set[str] = set()
+        if sliced and piece is not None and piece.resume_at is not None and isinstance(sink, StagingWriter):
+            processed = slices.staged_identifiers(sink.conn, sink.run)  # its newer pages decided these
+        pages = self._slice_pages(facts, piece) if sliced and piece is not None else enumerate(self._walk(facts))
+        # A slice fetches one description at a time: up to pool_slots slices run at once, so the
+        # partner sees no more descriptions in flight than an unsliced run's pool_slots.
+        concurrency = 1 if sliced else self.concurrency
         only_delete = False
         counted = refreshes = skipped_kinds = 0
         reached_start = stopped_at_refresh = False
+        witness = _SliceWitness() if sliced else None
+        progress = _Progress(self.partner_id, piece) if sliced and piece is not None else None
         stream_ids = {facts.collection, self.client.collection_url}
-        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix=f"iiif-{self.partner_id}") as pool:
-            for page in self._walk(facts):
+        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"iiif-{self.partner_id}") as pool:
+            for position, page in pages:
                 stop = False
                 items: list[HarvestItem] = []
                 wanted: list[Wanted] = []
+                on_page = 0
                 for activity in reversed(page.items):
                     if upper is not None and activity.when is not None and activity.when > upper:
                         continue  # appended after the window froze: the next run's
                     if lower is not None and activity.when is not None and activity.when < lower:
                         stop = True
                         break
-                    counted += 1
+                    on_page += 1
                     if activity.kind == "Refresh":
                         if lower is None:  # a full harvest: everything live is re-issued after it
                             stop = stopped_at_refresh = True
@@ -133,16 +149,25 @@ class IiifAdapter(Adapter):
                     if not self._decide(activity, processed, only_delete, stream_ids, upper or window.until,
                                         items, wanted):
                         skipped_kinds += 1
-                counted += page.unusable
+                on_page += page.unusable
+                counted += on_page
                 items.extend(self._describe(pool, wanted, sink))
                 stats.pages += 1
                 for item in items:
                     stats.add(item)
-                sink.write_page(items)
-                log.info("%s: page %s: %d items (%d descriptions fetched, %d already held); %d fetched so far "
-                         "(%d records, %d deleted, %d rejected)", self.partner_id, page.id, len(items),
-                         self.descriptions_fetched, self.descriptions_skipped, stats.fetched, stats.records,
-                         stats.tombstones, stats.rejected)
+                if sliced and piece is not None and isinstance(sink, StagingWriter):
+                    sink.write_page(items, checkpoint=position + 1)  # a retry resumes at the next page
+                else:
+                    sink.write_page(items)
+                if witness is not None and piece is not None:
+                    witness.saw(position, on_page, piece.page_items[position - (piece.lo or 0)])
+                if progress is not None:
+                    progress.page(position, stats)
+                else:
+                    log.info("%s: page %s: %d items (%d descriptions fetched, %d already held); %d fetched so far "
+                             "(%d records, %d deleted, %d rejected)", self.partner_id, page.id, len(items),
+                             self.descriptions_fetched, self.descriptions_skipped, stats.fetched, stats.records,
+                             stats.tombstones, stats.rejected)
                 if stop:
                     break
                 if page.prev is None:
@@ -153,8 +178,78 @@ class IiifAdapter(Adapter):
                         refreshes, "y" if refreshes == 1 else "ies")
         if skipped_kinds:
             log.info("%s: %d activities of other types or streams skipped", self.partner_id, skipped_kinds)
-        if lower is None:
+        if witness is not None and piece is not None:
+            if piece.of_full:
+                stats.checks.append(witness.check(piece))
+        elif lower is None:
             stats.checks.append(self._witness(facts, counted, reached_start, stopped_at_refresh))
+
+    # -- slices (a big first load) ---------------------------------------------------
+
+    # A retried slice resumes at the page after its checkpoint, keeping what it staged
+    # (pipeline.harvest_piece, store/slices.resumable).
+    resumes_slices = True
+
+    def plan_slices(self, window: Window, settings: SliceSettings) -> list[Slice]:
+        """A full harvest of a big stream as ranges of its page chain (iiif/slicing.py): the
+        plan walks the chain once (one request a page); [] keeps the run whole."""
+        facts = window.protocol.iiif
+        if not window.is_full or facts is None or settings.max_slices < 2:
+            return []
+        total = facts.total_items
+        if total is None and settings.without_count < 2:
+            log.info("%s: the stream announces no totalItems: the full harvest stays one chain "
+                     "(slicing.without_count 1)", self.partner_id)
+            return []
+        if total is not None and total <= settings.threshold_records:
+            return []
+        upper = parse_time(facts.newest) if facts.newest else None
+        chain, at_refresh = walk_chain(self._walk_urls(facts), upper)
+        walked = sum(p.counted for p in chain)
+        wanted = (min(settings.max_slices, math.ceil(walked / settings.target_records)) if total is not None
+                  else min(settings.max_slices, settings.without_count))
+        ranges = cut(chain, wanted)
+        where = "its newest Refresh" if at_refresh else "its first page"
+        if total is not None and not at_refresh and walked != total:
+            log.warning("%s: the slice plan counted %d activities on %d pages back to %s, the stream announces "
+                        "totalItems %d", self.partner_id, walked, len(chain), where, total)
+        if len(ranges) < 2:
+            log.info("%s: %d activities on %d pages back to %s: the full harvest stays one chain (%s)",
+                     self.partner_id, walked, len(chain), where,
+                     "no page boundary with strictly older activities behind it" if wanted >= 2 else "small enough")
+            return []
+        log.info("%s: the full harvest as %d slices of the stream's %d pages (%d activities back to %s)",
+                 self.partner_id, len(ranges), len(chain), walked, where)
+        return [Slice(until=window.until, lo=lo, hi=hi, estimate=sum(p.counted for p in chain[lo:hi + 1]),
+                      pages=tuple(p.url for p in chain[lo:hi + 1]),
+                      page_items=tuple(p.counted for p in chain[lo:hi + 1])) for lo, hi in ranges]
+
+    def _walk_urls(self, facts: IiifFacts) -> Iterator[tuple[str, Page]]:
+        """The chain with the URL each page was asked at (the plan keeps those)."""
+        url = facts.last_page
+        for page in self._walk(facts):
+            yield url, page
+            url = page.prev or ""
+
+    def _slice_pages(self, facts: IiifFacts, piece: SliceFacts) -> Iterator[tuple[int, Page]]:
+        """The slice's pages as planned, from its checkpoint, each checked against the plan's
+        chain: a page whose prev is not the next page planned means the stream was rebuilt."""
+        lo = piece.lo or 0
+        start = piece.resume_at if piece.resume_at is not None else lo
+        if piece.resume_at is not None:
+            log.info("%s: slice %s resumes at page %d of %d..%d", self.partner_id, piece.channel, start, lo, piece.hi)
+        for position in range(start, lo + len(piece.pages)):
+            url = piece.pages[position - lo]
+            if position == 0 and facts.tail is not None:
+                page = Page(id=facts.last_page, prev=facts.last_prev, items=tuple(_activity(e) for e in facts.tail))
+            else:
+                page = self.client.page(url)
+            following = position - lo + 1
+            if following < len(piece.pages) and page.prev != piece.pages[following]:
+                raise PartnerDataError(self.partner_id, f"GET {url}", f"the stream changed since the slice plan: "
+                                       f"the page links back to {page.prev}, the plan walked {piece.pages[following]} "
+                                       "(a rebuilt stream): clear plan_slices to plan the run again")
+            yield position, page
 
     def _facts(self, window: Window) -> IiifFacts:
         facts = window.protocol.iiif
@@ -349,6 +444,57 @@ class IiifAdapter(Adapter):
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             items.extend(pool.map(self._one, wanted))
         return items
+
+
+class _SliceWitness:
+    """A slice's second witness (I12): its pages, read now, hold the activities the plan
+    counted on them when it walked the chain (a resumed try checks the pages it read)."""
+
+    def __init__(self) -> None:
+        self.pages = self.expected = self.found = 0
+        self.first: int | None = None
+        self.differ: list[str] = []
+
+    def saw(self, position: int, found: int, planned: int) -> None:
+        self.first = position if self.first is None else self.first
+        self.pages += 1
+        self.expected += planned
+        self.found += found
+        if found != planned:
+            self.differ.append(f"page {position}: {found} (planned {planned})")
+
+    def check(self, piece: SliceFacts) -> tuple:
+        lo, hi = piece.lo or 0, (piece.lo or 0) + len(piece.pages) - 1
+        resumed = f"; resumed at page {self.first}" if piece.resume_at is not None else ""
+        detail = (f"pages {lo}..{hi}: {self.found} activities on the {self.pages} pages read, {self.expected} "
+                  f"when the plan walked them{resumed}")
+        if self.differ:
+            detail += "; differ: " + ", ".join(self.differ[:5])
+        return (SLICE_CHECK_KIND, self.expected, self.found, not self.differ, detail)
+
+
+class _Progress:
+    """A slice's progress in the log: pages done of its range, items, rate and time left."""
+
+    def __init__(self, partner_id: str, piece: SliceFacts) -> None:
+        self.partner_id, self.piece = partner_id, piece
+        self.lo = piece.lo or 0
+        self.started = time.monotonic()
+        self.start = piece.resume_at if piece.resume_at is not None else self.lo
+        self.total = sum(piece.page_items)
+
+    def page(self, position: int, stats: HarvestStats) -> None:
+        done_pages = position - self.lo + 1
+        done = sum(self.piece.page_items[:done_pages])
+        this_try = sum(self.piece.page_items[self.start - self.lo:done_pages])
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        rate = this_try / elapsed
+        left = (self.total - done) / rate if rate > 0 else 0.0
+        log.info("%s: slice %s: page %d of %d..%d (%d of %d pages, %d of %d activities); %d items staged "
+                 "(%d records, %d deleted, %d rejected); %.0f activities/s, about %s left", self.partner_id,
+                 self.piece.channel, position, self.lo, self.lo + len(self.piece.pages) - 1, done_pages,
+                 len(self.piece.pages), done, self.total, stats.fetched, stats.records, stats.tombstones,
+                 stats.rejected, rate, human(timedelta(seconds=round(left))))
 
 
 def _entry(activity: Activity) -> IiifEntry:

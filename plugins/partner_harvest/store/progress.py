@@ -115,6 +115,8 @@ def _left(channel: dict[str, Any]) -> int | None:
 
 
 def _range(row: dict[str, Any]) -> str:
+    if row.get("slice_paged"):  # an IIIF slice: page positions back from the frozen last page
+        return f"pages {row['slice_lo']}..{row['slice_hi']}"
     if row["slice_lo"] is not None:
         return f"ids {row['slice_lo']}..{row['slice_hi']}"
     start = format_instant(row["window_from"]) if row["window_from"] else "the beginning"

@@ -1,4 +1,4 @@
-"""SQL of a sliced run: the slices' audit rows, their bounds and a Sierra slice's checkpoint.
+"""SQL of a sliced run: the slices' audit rows, their bounds and a slice's checkpoint (Sierra, IIIF).
 
 A sliced run keeps its ``changes`` row as the parent (the frozen window; coverage queries
 read it) and adds one row per slice, channel ``changes/001`` ... Planning writes them all
@@ -78,29 +78,32 @@ def write_plan(
                 """
                 INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until, granularity,
                                           metadata_prefix, status, attempts, partner_clock, slice_lo, slice_hi,
-                                          slice_set, expected, harvested_at)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'planned', 0, %s, %s, %s, %s, %s, NULL)
+                                          slice_set, expected, slice_pages, slice_page_items, harvested_at)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'planned', 0, %s, %s, %s, %s, %s, %s, %s, NULL)
                 """,
                 [(partner_id, run_id, s.channel, window.mode, s.from_, s.until, window.granularity, metadata_prefix,
-                  window.partner_clock, s.lo, s.hi, s.set_spec, s.estimate) for s in slices],
+                  window.partner_clock, s.lo, s.hi, s.set_spec, s.estimate, list(s.pages) or None,
+                  list(s.page_items) or None) for s in slices],
             )
 
 
 def read_bounds(conn: psycopg.Connection, run: RunRef) -> SliceBounds:
-    """A slice's bounds as planned (a reharvest after lost staging reads them here)."""
+    """A slice's bounds as planned (a reharvest after lost staging reads them here), with an
+    IIIF slice's pages."""
     row = conn.execute(
-        "SELECT window_from, window_until, slice_lo, slice_hi, slice_set FROM harvest_runs"
-        " WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key(),
+        "SELECT window_from, window_until, slice_lo, slice_hi, slice_set, slice_pages, slice_page_items"
+        " FROM harvest_runs WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key(),
     ).fetchone()
     conn.commit()
     if row is None:
         raise LookupError(f"{run.partner_id}: run {run.run_id} has no slice {run.channel} in harvest_runs")
-    return SliceBounds(channel=run.channel, from_=row[0], until=row[1], lo=row[2], hi=row[3], set_spec=row[4])
+    return SliceBounds(channel=run.channel, from_=row[0], until=row[1], lo=row[2], hi=row[3], set_spec=row[4],
+                       pages=tuple(row[5] or ()), page_items=tuple(row[6] or ()))
 
 
 @dataclass(frozen=True)
 class Resumable:
-    """Where a failed Sierra slice stands: its checkpoint and what it staged before it."""
+    """Where a failed Sierra or IIIF slice stands: its checkpoint and what it staged before it."""
 
     checkpoint: int
     pages: int
@@ -160,7 +163,8 @@ def slice_rows(conn: psycopg.Connection, partner_id: str, run_id: str) -> list[d
         cur.execute(
             """
             SELECT channel, status, window_from, window_until, slice_lo, slice_hi, slice_set, pages, fetched, expected,
-                   checkpoint, resumed, attempts, started_at, harvesting_since, progress_at, harvested_at
+                   checkpoint, resumed, attempts, started_at, harvesting_since, progress_at, harvested_at,
+                   slice_pages IS NOT NULL AS slice_paged
             FROM harvest_runs WHERE partner_id = %s AND run_id = %s ORDER BY channel
             """, (partner_id, run_id),
         )
@@ -168,3 +172,12 @@ def slice_rows(conn: psycopg.Connection, partner_id: str, run_id: str) -> list[d
         rows = [dict(zip(names, row)) for row in cur.fetchall()]
     conn.commit()
     return rows
+
+
+def staged_identifiers(conn: psycopg.Connection, run: RunRef) -> set[str]:
+    """The identifiers a slice staged so far: a resumed IIIF slice has decided them already
+    (its newer pages came first), so older activities for them must not count again."""
+    rows = conn.execute("SELECT DISTINCT identifier FROM staging WHERE partner_id = %s AND run_id = %s"
+                        " AND channel = %s", run.key()).fetchall()
+    conn.commit()
+    return {row[0] for row in rows}

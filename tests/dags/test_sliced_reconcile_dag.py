@@ -35,7 +35,7 @@ def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, air
         f"     options: {{http: {{backoff_factor: 0.01, retries: 0}}}}, {SLICING}}}\n"
         "  - {id: smallmuseum, protocol: oai-pmh, conn_id: partner_smallmuseum, metadata_prefix: oai_dc}\n"
     )
-    repo = SimulatedRepository(records=800, page_size=50, seed=14, deleted_record="no", deleted_fraction=0.0)
+    repo = SimulatedRepository(records=400, page_size=50, seed=14, deleted_record="no", deleted_fraction=0.0)
     with OaiSimulator(repo) as sim:
         monkeypatch.setenv("AIRFLOW_CONN_PARTNER_BIGMUSEUM", json.dumps({"conn_type": "http", "host": sim.base_url}))
         yield sim, repo

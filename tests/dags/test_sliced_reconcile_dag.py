@@ -51,6 +51,7 @@ def test_a_small_partners_reconcile_stays_one_task(museum) -> None:
     assert [t.task_id for t in big.tasks] == ["plan_sweep", "sweep_ids", "reconcile", "approval_gate",
                                               "apply_reconcile"]
     assert big.get_task("apply_reconcile").upstream_task_ids == {"reconcile", "approval_gate"}
+    assert "every slice of `sweep_ids`" in big.get_task("reconcile").doc_md  # the settle's own doc
 
 
 @pytest.mark.slow  # a dag.test() of 6 tasks, 800 records

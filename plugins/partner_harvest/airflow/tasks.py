@@ -558,8 +558,8 @@ def approved_apply(conn: psycopg.Connection, partner_id: str, run_id: str, fence
     No request for the run (the gate skipped: nothing crossed a limit): the apply is as
     always. An approved one: the fence also refuses if another run of the partner applied
     since the request, or since a sliced reconcile's plan (``outcome``; Fence.applied_before),
-    and a refusal abandons the run. A request
-    still pending, rejected or abandoned (the gate marked success by hand): nothing applies.
+    and a refusal abandons the run. A request still pending, rejected or abandoned (the gate
+    marked success by hand): nothing applies.
     """
     request = gates.get_request(conn, partner_id, run_id)
     if request is None:

@@ -74,6 +74,7 @@ def test_reconcile_over_its_purge_limit_waits_at_the_gate_and_a_reject_leaves_re
     with OaiSimulator(repo) as sim:
         env.setenv("AIRFLOW_CONN_PARTNER_ALERTMUSEUM", json.dumps({"conn_type": "http", "host": sim.base_url}))
         from airflow.models import Variable
+
         from partner_harvest.factory import Endpoint, build_adapter
         from partner_harvest.run import run_partner
 

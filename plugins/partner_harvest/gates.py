@@ -15,6 +15,7 @@ the whole collection cannot shrink anything, and is waved through without a quer
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -22,7 +23,7 @@ import psycopg
 from partner_harvest.registry import Partner
 from partner_harvest.store import gates as sql
 from partner_harvest.store.gates import Request, Shrink
-from partner_harvest.window import Window
+from partner_harvest.window import Window, parse_instant
 
 PURGE, SHRINK = "purge", "shrink"
 
@@ -54,6 +55,16 @@ def reconcile_shrink(conn: psycopg.Connection, partner: Partner, run_id: str, ou
     """A gated reconcile's request figures: what its plan held and what it staged to purge."""
     return Shrink(int(outcome["local"]), int(outcome["staged_removals"]), 0,
                   sql.reconcile_sample(conn, partner.id, run_id, channel))
+
+
+def approval_since(request: Request, outcome: Mapping[str, Any]) -> datetime:
+    """From when no other run of the partner may have applied for the approved apply to write
+    (store/fences.Fence.applied_before): the request's instant, or a sliced reconcile's plan
+    (``planned_at``) when earlier. Its lease ends with its settle task, before the gate asks:
+    a harvest applied in between changed what the sweep compared, as one during the wait."""
+    planned = outcome.get("planned_at")
+    since = parse_instant(planned) if isinstance(planned, str) else planned
+    return min(since, request.requested_at) if isinstance(since, datetime) else request.requested_at
 
 
 def subject(request: Request) -> str:

@@ -6,7 +6,8 @@ the sweep is cut into datestamp ranges (OAI-PMH, as a full harvest's slices: by 
 by what the first pages show) or bib id ranges (Sierra), each swept by a mapped task retried
 on its own: a failure costs one slice, not the sweep. The settle step is the unsliced
 reconcile's own (reconcile.settle): the mass-purge guard, the verification of vanished
-candidates, the removals, the missing records and the one-transaction apply.
+candidates, the removals, the missing records and the one-transaction apply; over the purge
+limit behind the DAG's approval gate, the staged result waits for a person as there.
 
 The three steps hold the run's reconcile lease (one tenure while it lives; every write
 fenced by it and by the epoch the plan was made at) and each checks, in its own write's
@@ -91,9 +92,11 @@ def sweep_slice(adapter: Adapter, conn: psycopg.Connection, partner_id: str, run
 
 
 def apply_sweep(adapter: Adapter, conn: psycopg.Connection, partner: Partner, run_id: str, plan: SweepPlan, *,
-                allow_mass_purge: bool = False) -> ReconcileResult:
+                allow_mass_purge: bool = False, gate: bool = False) -> ReconcileResult:
     """Once every slice is swept: sweep again any slice whose rows a crash lost, then settle
-    (guard, verify, removals, missing, apply) exactly as an unsliced reconcile."""
+    (guard, verify, removals, missing, apply) exactly as an unsliced reconcile; ``gate`` as
+    there: over the purge limit it stages the result, drops the slice state and waits
+    (``awaiting_approval``) for the DAG's approval gate instead of refusing."""
     rows = store.rows(conn, partner.id, run_id)
     waiting = [f"{r.slice} ({r.status})" for r in rows if r.status != "swept"]
     run = RunRef(partner.id, run_id, CHANNEL)
@@ -109,7 +112,7 @@ def apply_sweep(adapter: Adapter, conn: psycopg.Connection, partner: Partner, ru
     with conn.transaction():
         fences.check(conn, f"reconcile apply of run {run_id}")
         store.check_not_stale(conn, partner.id, run_id, plan.planned_at, f"reconcile apply of run {run_id}")
-    return settle(adapter, conn, partner, run, plan.window, allow_mass_purge=allow_mass_purge)
+    return settle(adapter, conn, partner, run, plan.window, allow_mass_purge=allow_mass_purge, gate=gate)
 
 
 def _describe(bounds: Slice) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ import pytest
 
 from partner_harvest import metrics
 from tests.support.provider import package_metadata, python_path
+from tests.support.statsd import StatsdListener, parse
 
 pytestmark = pytest.mark.airflow
 PARTNER = "dagmuseum"  # registry, Connection and simulator: tests/dags/conftest.py (partner_env)
@@ -65,39 +65,6 @@ for task in reconcile.tasks:
 run = reconcile.test()
 print("RECONCILE_STATES=" + json.dumps(task_states(run)), flush=True)
 """
-
-
-class StatsdListener:
-    """A StatsD server on loopback: keeps every datagram (``name:value|type`` lines)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
-        self.port = self.sock.getsockname()[1]
-
-    def lines(self) -> list[str]:
-        """Everything received so far (the sender has exited: loopback datagrams are queued)."""
-        self.sock.setblocking(False)
-        got: list[str] = []
-        while True:
-            try:
-                got.extend(self.sock.recv(65536).decode().splitlines())
-            except BlockingIOError:
-                return got
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def parse(lines: list[str], prefix: str) -> dict[str, list[tuple[float, str]]]:
-    out: dict[str, list[tuple[float, str]]] = {}
-    for line in lines:
-        name, _, rest = line.partition(":")
-        value, _, kind = rest.partition("|")
-        if name.startswith(prefix):
-            out.setdefault(name[len(prefix):], []).append((float(value), kind.split("|")[0]))
-    return out
 
 
 def test_a_harvest_run_emits_its_lineage_and_its_metrics(partner_env, repo, db, tmp_path: Path) -> None:

@@ -12,16 +12,19 @@ import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
+from partner_harvest import gates
 from partner_harvest import sliced_reconcile as sliced
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.oai.errors import BadResumptionToken
-from partner_harvest.reconcile import purge_refusal
-from partner_harvest.store import fences, leases
+from partner_harvest.reconcile import MassPurgeRefused, apply_staged, purge_refusal
+from partner_harvest.store import apply_run, fences, leases
+from partner_harvest.store import gates as store_gates
 from partner_harvest.store.fences import PartnerChanged
 from partner_harvest.store.reconcile_slices import SweepIncomplete, SweepStale, rows
 from tests.support.db import held
 from tests.support.harness import run_once
 from tests.support.partners import oai_partner, sierra_partner
+from tests.support.records import T0, rec, stage
 
 SLICED = {"threshold_records": 300, "target_records": 150, "reconcile_slices": 4}
 RUN = "reconcile_museum/manual__1"
@@ -163,6 +166,99 @@ def test_a_slice_refuses_when_its_lease_lapsed_and_a_harvest_applied_meanwhile(c
         sliced.apply_sweep(make(), conn, partner, RUN, plan)
     fences.bind(conn, None)
     assert fresh <= held(conn, partner.id)  # never purged by the stale sweep
+
+
+# Behind the approval gate: a small partner in two slices (a verification request per vanished record).
+GATED = {"threshold_records": 100, "target_records": 50, "reconcile_slices": 2}
+
+
+@pytest.fixture
+def small():
+    repo = SimulatedRepository(records=200, page_size=50, seed=43, deleted_record="no", deleted_fraction=0.0)
+    with OaiSimulator(repo) as sim:
+        yield sim, repo
+
+
+def _swept(sim, conn, partner) -> sliced.SweepPlan:
+    plan = sliced.plan_sweep(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, RUN)
+    assert plan.slices == 2
+    for index in range(1, plan.slices + 1):
+        sliced.sweep_slice(build_adapter(partner, Endpoint(sim.base_url)), conn, partner.id, RUN, plan, index)
+    return plan
+
+
+def test_a_sliced_reconcile_over_its_purge_limit_waits_for_approval_and_approve_applies_exactly(conn, small) -> None:
+    """Regression (issue 26 item 1): over ``max_purge_fraction`` a sliced reconcile failed with
+    MassPurgeRefused; behind the DAG's gate it stages everything, as the unsliced one, drops its
+    slice state and waits; the approved apply applies exactly what it staged."""
+    sim, repo = small
+    partner = oai_partner(slicing=GATED)  # max_purge_fraction: the registry's 5%
+    harvested(sim, conn, partner)
+    before = held(conn, partner.id)
+    gone, added = set(repo.delete(16)), set(repo.add(4))  # 8% vanished
+    plan = _swept(sim, conn, partner)
+    outcome = sliced.apply_sweep(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, RUN, plan, gate=True)
+    assert outcome.awaiting_approval and outcome.staged_removals == 16 and outcome.purged == 0
+    assert held(conn, partner.id) == before  # nothing applied while it waits
+    assert conn.execute("SELECT status FROM harvest_runs WHERE run_id = %s", (RUN,)).fetchone() == ("harvested",)
+    for table in ("reconcile_slices", "reconcile_ids"):  # the slice state is gone; staging holds the result
+        assert conn.execute(f"SELECT count(*) FROM {table} WHERE run_id = %s", (RUN,)).fetchone() == (0,)
+    shrink = gates.reconcile_shrink(conn, partner, RUN, outcome.as_dict())  # what the request shows
+    assert (shrink.held, shrink.removals) == (200, 16)
+    assert len(shrink.sample) == 10 and {s["identifier"] for s in shrink.sample} <= gone
+    applied = apply_staged(conn, partner.id, RUN)
+    assert (applied["purged"], applied["upserted"]) == (16, 4)
+    assert held(conn, partner.id) == (before - gone) | added == repo.live_identifiers()
+
+
+def test_without_a_gate_a_sliced_reconcile_over_its_limit_still_refuses_and_allow_mass_purge_applies(
+        conn, small) -> None:
+    """Scripts keep the old contract: no gate refuses (nothing staged), allow_mass_purge applies."""
+    sim, repo = small
+    partner = oai_partner(slicing=GATED)
+    harvested(sim, conn, partner)
+    before = held(conn, partner.id)
+    repo.delete(16)
+    plan = _swept(sim, conn, partner)
+    with pytest.raises(MassPurgeRefused, match="mass-purge limit"):
+        sliced.apply_sweep(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, RUN, plan)
+    assert held(conn, partner.id) == before
+    assert conn.execute("SELECT count(*) FROM staging WHERE run_id = %s", (RUN,)).fetchone() == (0,)
+    plan = _swept(sim, conn, partner)
+    result = sliced.apply_sweep(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, RUN, plan,
+                                allow_mass_purge=True, gate=True)
+    assert not result.awaiting_approval and result.purged == 16
+    assert held(conn, partner.id) == repo.live_identifiers()
+
+
+def test_a_harvest_applied_between_the_sweep_and_the_request_makes_the_approval_refuse(conn, small) -> None:
+    """The fence across the wait of a sliced reconcile starts at its plan, not at the request:
+    the reconcile's lease ends with its settle task, and a harvest may apply before the gate
+    opens the request; the approved apply then refuses as stale and nothing is purged."""
+    sim, repo = small
+    partner = oai_partner(slicing=GATED)
+    harvested(sim, conn, partner)
+    repo.delete(16)
+    plan = _swept(sim, conn, partner)
+    assert sliced.apply_sweep(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, RUN, plan,
+                              gate=True).awaiting_approval
+    stage(conn, partner.id, "harvest-meanwhile", [rec("fresh-1", T0, "new upstream")])
+    apply_run(conn, partner.id, "harvest-meanwhile")  # a harvest after the settle, before the gate's request
+    shrink = gates.reconcile_shrink(conn, partner, RUN, {"local": 200, "staged_removals": 16})
+    request = store_gates.open_request(conn, partner.id, RUN, "reconcile_museum", gates.PURGE, shrink, 0.05, 0)
+    store_gates.decide(conn, partner.id, RUN, store_gates.APPROVED, "ada")
+    with conn.transaction():
+        token = leases.acquire(conn, partner.id, RUN, leases.RECONCILE, timedelta(minutes=5))
+    fence = fences.Fence(partner.id, RUN, token, 0)
+    fence.applied_before = gates.approval_since(request, plan.to_dict())
+    assert fence.applied_before == plan.planned_at < request.requested_at
+    before = held(conn, partner.id)
+    fences.bind(conn, fence)
+    with pytest.raises(fences.NewerRunApplied, match="harvest-meanwhile"):
+        apply_run(conn, partner.id, RUN)
+    conn.rollback()
+    fences.bind(conn, None)
+    assert held(conn, partner.id) == before and "fresh-1" in before  # nothing of the reconcile applied
 
 
 def test_the_purge_decision_is_one_function() -> None:

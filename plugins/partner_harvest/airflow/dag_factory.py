@@ -172,10 +172,8 @@ TASK_DOCS = {
     "apply_reconcile": (
         "After `approval_gate`'s Approve: applies exactly what the reconcile staged, in one transaction "
         "(a reconcile within its limit applied already: skipped); **fails** without writing when "
-        "an operator command or another run changed the partner during the wait (run the reconcile "
-        "again). In a sliced reconcile (after `sweep_ids`): once every slice is swept, the mass-purge "
-        "guard, the verification of vanished records, the removals and the missing records, in one "
-        "transaction; a slice whose ids the database lost is swept again here; fails as `reconcile`."
+        "an operator command or another run changed the partner during the wait, or, for a sliced "
+        "reconcile, since its `plan_sweep` (run the reconcile again)."
     ),
     "plan_sweep": (
         "A big partner's reconcile (registry `slicing.reconcile_slices`): freezes the partner's clock, "
@@ -191,6 +189,18 @@ TASK_DOCS = {
     ),
 }
 
+# A sliced reconcile (registry slicing.reconcile_slices): its `reconcile` task settles the swept slices.
+SLICED_RECONCILE_DOCS = {
+    "reconcile": (
+        "Once every slice of `sweep_ids` is swept (a slice whose ids the database lost is swept again "
+        "here): the mass-purge guard, the verification of vanished records, the removals and the "
+        "missing records, applied in one transaction. Over `max_purge_fraction` it stages all of it "
+        "and `approval_gate` asks a person (Browse > Required Actions) before `apply_reconcile` "
+        "applies it; `allow_mass_purge=true` applies at once. **Fails:** a slice not swept, another "
+        "run applied since `plan_sweep` (stale, not retried), or the partner's errors; nothing is half-applied."
+    ),
+}
+
 # The frozen window, shown under each later task's "Rendered Template" (templates_dict): a DAG
 # run note cannot be written from a task in Airflow 3.3 (the Execution API has no such call).
 WINDOW_TEMPLATE = (
@@ -201,12 +211,12 @@ WINDOW_TEMPLATE = (
 )
 
 
-def _describe_tasks(dag: DAG, show_window: bool = True) -> None:
-    """Per-task docs, and the frozen window in every later task's rendered fields."""
+def _describe_tasks(dag: DAG, show_window: bool = True, docs: dict[str, str] | None = None) -> None:
+    """Per-task docs (``docs`` before TASK_DOCS), and the frozen window in every later task's rendered fields."""
     for task_ in dag.tasks:
         if isinstance(task_, MappedOperator):
             continue  # docs and templates given to the decorator (a mapped task's are read-only)
-        task_.doc_md = TASK_DOCS.get(task_.task_id)
+        task_.doc_md = (docs or {}).get(task_.task_id) or TASK_DOCS.get(task_.task_id)
         if show_window and task_.task_id != "freeze_window" and hasattr(task_, "templates_dict"):
             task_.templates_dict = {"harvested_window": WINDOW_TEMPLATE}
 
@@ -370,31 +380,35 @@ def build_reconcile_dag(partner: Partner) -> DAG:
         ),
     ) as dag:
 
-        if partner.slicing.reconcile_slices > 1:
-            _sliced_reconcile_tasks(partner)
+        sliced = partner.slicing.reconcile_slices > 1
+        if sliced:
+            outcome = _sliced_reconcile_tasks(partner)
         else:
             @task(task_id="reconcile", pool=partner.pool, outlets=[partner_asset(pid)])
             def reconcile() -> dict[str, Any]:
                 return tasks.reconcile_partner(pid, get_current_context())
 
-            @task(task_id="apply_reconcile", outlets=[partner_asset(pid)])
-            def apply_reconcile(outcome: dict[str, Any]) -> dict[str, Any]:
-                return tasks.apply_approved_reconcile(pid, outcome, get_current_context())
-
             outcome = reconcile()
-            gate = PartnerApprovalGate(partner=partner, kind="purge")  # airflow/gates.py
-            outcome >> gate
-            gate >> apply_reconcile(outcome)
-    _describe_tasks(dag, show_window=False)
+
+        # Both kinds: over the purge limit the reconcile staged it all; the gate asks a person.
+        @task(task_id="apply_reconcile", outlets=[partner_asset(pid)])
+        def apply_reconcile(outcome: dict[str, Any]) -> dict[str, Any]:
+            return tasks.apply_approved_reconcile(pid, outcome, get_current_context())
+
+        gate = PartnerApprovalGate(partner=partner, kind="purge")  # airflow/gates.py
+        outcome >> gate
+        gate >> apply_reconcile(outcome)
+    _describe_tasks(dag, show_window=False, docs=SLICED_RECONCILE_DOCS if sliced else None)
     return dag
 
 
-def _sliced_reconcile_tasks(partner: Partner) -> None:
-    """plan_sweep >> sweep_ids (mapped, one per slice, each retried alone) >> apply_reconcile."""
+def _sliced_reconcile_tasks(partner: Partner) -> Any:
+    """plan_sweep >> sweep_ids (mapped, one per slice, each retried alone) >> reconcile (the
+    settle: guard, verify, removals, missing, apply); returns the settle's outcome (XCom)."""
     pid = partner.id
 
     # The plan's XCom is its list of pieces, each carrying the frozen plan (a mapped task maps
-    # over a task's return value only): the apply reads the plan from the first.
+    # over a task's return value only): the settle reads the plan from the first.
     @task(task_id="plan_sweep", pool=partner.pool)
     def plan_sweep() -> list[dict[str, Any]]:
         return tasks.plan_reconcile_sweep(pid, get_current_context())
@@ -406,12 +420,12 @@ def _sliced_reconcile_tasks(partner: Partner) -> None:
         context["sweep_slice"] = piece["slice"]  # type: ignore[typeddict-unknown-key]
         return tasks.sweep_reconcile_slice(pid, piece["plan"], piece, context)
 
-    @task(task_id="apply_reconcile", pool=partner.pool, outlets=[partner_asset(pid)])
-    def apply_reconcile(pieces: list[dict[str, Any]], swept: list[dict[str, Any]]) -> dict[str, Any]:
-        return tasks.apply_sliced_reconcile(pid, pieces[0]["plan"], get_current_context())
+    @task(task_id="reconcile", pool=partner.pool, outlets=[partner_asset(pid)])
+    def settle(pieces: list[dict[str, Any]], swept: list[dict[str, Any]]) -> dict[str, Any]:
+        return tasks.settle_sliced_reconcile(pid, pieces[0]["plan"], get_current_context())
 
     pieces = plan_sweep()
-    apply_reconcile(pieces, sweep_ids.expand(piece=pieces))
+    return settle(pieces, sweep_ids.expand(piece=pieces))
 
 
 # -- the registry, partner by partner ------------------------------------------------------

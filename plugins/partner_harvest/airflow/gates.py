@@ -2,7 +2,8 @@
 
 ``approval_gate`` sits between the staging tasks and the apply (harvest_<id>: after the
 harvest, before ``apply_changes``; reconcile_<id>: after ``reconcile``, before
-``apply_reconcile``). Nothing over a limit: it passes at once (no query on a quiet night,
+``apply_reconcile``, in a sliced reconcile too, where ``reconcile`` settles the swept
+slices). Nothing over a limit: it passes at once (no query on a quiet night,
 partner_harvest/gates.py) and the apply runs as before. Over a limit: it records the request
 (``approval_requests``), gives the run's lease back, alerts, and parks in Airflow's
 ``awaiting_input`` state (Browse > Required Actions): no worker slot, no pool slot, no

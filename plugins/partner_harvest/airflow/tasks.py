@@ -26,6 +26,7 @@ from partner_harvest.airflow.hooks import AGGREGATION, hook_for
 from partner_harvest.airflow.notifiers import failure_fields, send_alert
 from partner_harvest.errors import ConfigurationError, HarvestError, PartnerAsksToWait
 from partner_harvest.factory import build_adapter
+from partner_harvest.gates import approval_since
 from partner_harvest.reconcile import apply_staged as reconcile_apply_staged
 from partner_harvest.reconcile import reconcile
 from partner_harvest.registry import Partner, RegistryError, get_partner
@@ -457,14 +458,22 @@ def reconcile_partner(partner_id: str, context: Context) -> dict[str, Any]:
         adapter = _adapter(partner, keeper.conninfo)
         with aggregation(keeper.fence) as conn:
             outcome = reconcile(adapter, conn, partner, run_key(context), allow_mass_purge=allow, gate=True).as_dict()
-            if outcome["awaiting_approval"]:  # the task's Asset event says so: nothing applied yet
-                assets.emit(context, partner_id, {"partner_id": partner_id, "run_id": run_key(context),
-                                                  "changed": False, "awaiting_approval": True})
-                return {**outcome, "epoch": keeper.fence.epoch if keeper.fence else None}
-            _reconcile_applied(conn, partner_id, outcome)
-            assets.emit(context, partner_id,
-                        assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id))
-            return outcome
+            return _reconcile_settled(conn, partner_id, context, outcome, keeper.fence)
+
+
+def _reconcile_settled(conn: psycopg.Connection, partner_id: str, context: Context, outcome: dict[str, Any],
+                       fence: fences.Fence | None, **facts: Any) -> dict[str, Any]:
+    """A reconcile's settle (the one task's, or a sliced one's) as the approval gate reads it:
+    applied within its limit (metrics, lineage, the Asset event), or staged over it and
+    ``awaiting_approval``, with the epoch (and ``facts``: a sliced plan's ``planned_at``) that
+    the approved apply is fenced by (apply_approved_reconcile)."""
+    if outcome["awaiting_approval"]:  # the task's Asset event says so: nothing applied yet
+        assets.emit(context, partner_id, {"partner_id": partner_id, "run_id": run_key(context),
+                                          "changed": False, "awaiting_approval": True})
+        return {**outcome, "epoch": fence.epoch if fence else None, **facts}
+    _reconcile_applied(conn, partner_id, outcome)
+    assets.emit(context, partner_id, assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id))
+    return outcome
 
 
 def _reconcile_applied(conn: psycopg.Connection, partner_id: str, outcome: dict[str, Any]) -> None:
@@ -506,8 +515,10 @@ def sweep_reconcile_slice(partner_id: str, plan: dict[str, Any], piece: dict[str
 
 
 @_fail_fast
-def apply_sliced_reconcile(partner_id: str, plan: dict[str, Any], context: Context) -> dict[str, Any]:
-    """Guard, verify, removals, missing records, one-transaction apply; releases the lease."""
+def settle_sliced_reconcile(partner_id: str, plan: dict[str, Any], context: Context) -> dict[str, Any]:
+    """Guard, verify, removals, missing records, one-transaction apply; releases the lease.
+    Over the purge limit (without ``allow_mass_purge``) it stages all of it and returns
+    ``awaiting_approval``, as ``reconcile_partner``: the same gate and approved apply follow."""
     partner = _partner(partner_id)
     allow = bool((context.get("params") or {}).get("allow_mass_purge"))
     keeper = hold_lease(partner_id, context, leases.RECONCILE, window_data=plan["window"])
@@ -517,24 +528,22 @@ def apply_sliced_reconcile(partner_id: str, plan: dict[str, Any], context: Conte
         with aggregation(keeper.fence) as conn:
             outcome = sliced_reconcile.apply_sweep(adapter, conn, partner, run_key(context),
                                                    sliced_reconcile.SweepPlan.from_dict(plan),
-                                                   allow_mass_purge=allow).as_dict()
-            _reconcile_applied(conn, partner_id, outcome)
-            assets.emit(context, partner_id,
-                        assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id))
-            return outcome
+                                                   allow_mass_purge=allow, gate=True).as_dict()
+            return _reconcile_settled(conn, partner_id, context, outcome, keeper.fence, planned_at=plan["planned_at"])
 
 
 @_fail_fast
 def apply_approved_reconcile(partner_id: str, outcome: dict[str, Any], context: Context) -> dict[str, Any]:
     """After the gate's Approve: apply exactly what the reconcile staged, at the epoch it was
-    planned at, only if no other run of the partner applied during the wait. A reconcile
-    within its limit applied in its own task: skipped, so the run has one Asset event."""
+    planned at, only if no other run of the partner applied during the wait (for a sliced
+    reconcile: since its plan, gates.approval_since). A reconcile within its limit applied
+    in its own task: skipped, so the run has one Asset event."""
     if not outcome.get("awaiting_approval"):  # skipped: the reconcile task's Asset event is the run's only one
         raise AirflowSkipException(f"{partner_id}: the reconcile applied within its purge limit; nothing waits")
     keeper = leases.LeaseKeeper(aggregation_conninfo(), partner_id, run_key(context), leases.RECONCILE,
                                 ttl=LEASE_TTL, epoch=outcome.get("epoch"), release_on_exit=True)
     with keeper, aggregation(keeper.fence) as conn:
-        with approved_apply(conn, partner_id, run_key(context), keeper.fence, required=True):
+        with approved_apply(conn, partner_id, run_key(context), keeper.fence, required=True, outcome=outcome):
             applied = reconcile_apply_staged(conn, partner_id, run_key(context))
         _reconcile_applied(conn, partner_id, applied)
         assets.emit(context, partner_id, assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id))
@@ -543,13 +552,14 @@ def apply_approved_reconcile(partner_id: str, outcome: dict[str, Any], context: 
 
 @contextmanager
 def approved_apply(conn: psycopg.Connection, partner_id: str, run_id: str, fence: fences.Fence | None,
-                   required: bool = False) -> Iterator[gates.Request | None]:
+                   required: bool = False, outcome: dict[str, Any] | None = None) -> Iterator[gates.Request | None]:
     """An apply behind an approval gate (airflow/gates.py) writes only what a person approved.
 
     No request for the run (the gate skipped: nothing crossed a limit): the apply is as
     always. An approved one: the fence also refuses if another run of the partner applied
-    since the request (Fence.applied_before), and a refusal abandons the run. A request
-    still pending, rejected or abandoned (the gate marked success by hand): nothing applies.
+    since the request, or since a sliced reconcile's plan (``outcome``; Fence.applied_before),
+    and a refusal abandons the run. A request still pending, rejected or abandoned (the gate
+    marked success by hand): nothing applies.
     """
     request = gates.get_request(conn, partner_id, run_id)
     if request is None:
@@ -562,7 +572,7 @@ def approved_apply(conn: psycopg.Connection, partner_id: str, run_id: str, fence
             f"{partner_id}: the approval request of run {run_id} is {request.state}, not approved; nothing applied "
             "(answer it in Required Actions; docs/operator/approvals.md)")
     if fence is not None:
-        fence.applied_before = request.requested_at
+        fence.applied_before = approval_since(request, outcome or {})
     try:
         yield request
     except (fences.NewerRunApplied, fences.PartnerChanged) as exc:

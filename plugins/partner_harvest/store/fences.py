@@ -73,7 +73,7 @@ class Fence:
     lost: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     lost_reason: str = ""
     # Set after an approval gate's wait (store/gates.py): no other run of the partner may have
-    # applied since this instant (the request's), or the approved write refuses.
+    # applied since this instant (the request's, or a sliced reconcile's plan), or the approved write refuses.
     applied_before: datetime | None = None
 
     def lose(self, reason: str) -> None:
@@ -135,7 +135,7 @@ def check_fence(conn: psycopg.Connection, fence: Fence, request: str) -> None:
             raise NewerRunApplied(
                 fence.partner_id, request,
                 f"run {newer[0]} applied at {newer[1]:%Y-%m-%d %H:%M:%S}Z, after this run asked for approval "
-                f"({fence.applied_before:%Y-%m-%d %H:%M:%S}Z): what was approved was measured against a state "
+                f"(of what it measured from {fence.applied_before:%Y-%m-%d %H:%M:%S}Z on): what was approved was measured against a state "
                 "that is gone, so nothing of this run is applied and no cursor moves — run it again",
             )
     held = conn.execute(

@@ -14,7 +14,8 @@ ListRecords stream instead of one request each.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -25,8 +26,9 @@ from partner_harvest.records import HarvestStats, Tombstone
 from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, ensure_schema, fail_run, finish_harvest
 from partner_harvest.store import reconcile as sql
+from partner_harvest.store.db import scalar
 from partner_harvest.store.runs import record_failed_try
-from partner_harvest.window import Window, WindowFacts
+from partner_harvest.window import Window, WindowFacts, as_utc
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +54,17 @@ class ReconcileResult:
     # Over the purge limit with a gate: staged (status harvested), not applied; a person decides.
     awaiting_approval: bool = False
     staged_removals: int = 0
+    # When the sweep began (the database's clock): an approved apply refuses if another run of
+    # the partner applied since (gates.approval_since), the lease having ended with the task.
+    planned_at: datetime | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.plan.as_dict(), "fetched_missing": self.fetched_missing, "purged": self.purged,
-                "upserted": self.upserted, "verified": dict(self.verified), "bulk_fetch": self.bulk_fetch,
-                "awaiting_approval": self.awaiting_approval, "staged_removals": self.staged_removals}
+        out = {**self.plan.as_dict(), "fetched_missing": self.fetched_missing, "purged": self.purged,
+               "upserted": self.upserted, "verified": dict(self.verified), "bulk_fetch": self.bulk_fetch,
+               "awaiting_approval": self.awaiting_approval, "staged_removals": self.staged_removals}
+        if self.planned_at is not None:  # to the microsecond, as a sliced plan's (sliced_reconcile.SweepPlan)
+            out["planned_at"] = as_utc(self.planned_at).isoformat()
+        return out
 
 
 def reconcile(
@@ -75,6 +83,7 @@ def reconcile(
     it with :func:`apply_staged`) instead of refused; scripts keep ``allow_mass_purge``."""
     ensure_schema(conn)
     window = reconcile_window(adapter)
+    planned_at = scalar(conn.execute("SELECT clock_timestamp()"))
     run = RunRef(partner.id, run_id, CHANNEL)
     begin_run(conn, run, window, window.protocol.metadata_prefix)
     sweep = sql.IdSweepWriter(conn, partner.id, run_id)
@@ -89,7 +98,8 @@ def reconcile(
 
         record_failed_try(conn, exc, record)
         raise
-    return settle(adapter, conn, partner, run, window, allow_mass_purge=allow_mass_purge, gate=gate)
+    outcome = settle(adapter, conn, partner, run, window, allow_mass_purge=allow_mass_purge, gate=gate)
+    return replace(outcome, planned_at=planned_at)
 
 
 def reconcile_window(adapter: Adapter) -> Window:

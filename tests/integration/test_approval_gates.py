@@ -157,3 +157,33 @@ def test_a_gated_reconcile_stages_everything_and_applies_only_when_approved(conn
         applied = apply_staged(conn, "museum", "rec")
         assert applied["purged"] == 40 and applied["upserted"] == 3
         assert held(conn, "museum") == (before - gone) | added == repo.live_identifiers()
+
+
+def test_a_harvest_applied_between_a_reconciles_settle_and_its_request_makes_the_approval_refuse(conn) -> None:
+    """The reconcile's lease ends with its task, before the gate opens the request: a harvest
+    that applies in between changed what the sweep compared (a record it would purge may be
+    back), so the approved apply's fence starts at the sweep, as a sliced reconcile's does."""
+    repo = SimulatedRepository(records=100, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=62)
+    with OaiSimulator(repo) as sim:
+        partner = oai_partner()
+        run_partner(partner, build_adapter(partner, Endpoint(sim.base_url)), conn, "full")
+        repo.delete(20)
+        outcome = reconcile(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, "rec", gate=True).as_dict()
+    assert outcome["awaiting_approval"]
+    stage(conn, "museum", "harvest-meanwhile", [rec("fresh-1", T0, "new upstream")], window=WINDOW)
+    apply_run(conn, "museum", "harvest-meanwhile")  # after the settle, before the gate's request
+    shrink = gates.reconcile_shrink(conn, partner, "rec", outcome)
+    request = store_gates.open_request(conn, "museum", "rec", "reconcile_museum", gates.PURGE, shrink, 0.05, 0)
+    store_gates.decide(conn, "museum", "rec", store_gates.APPROVED, "ada")
+    with conn.transaction():
+        token = leases.acquire(conn, "museum", "rec", leases.RECONCILE, timedelta(minutes=5))
+    fence = fences.Fence("museum", "rec", token, 0)
+    fence.applied_before = gates.approval_since(request, outcome)
+    assert fence.applied_before < request.requested_at
+    before = held(conn, "museum")
+    fences.bind(conn, fence)
+    with pytest.raises(fences.NewerRunApplied, match="harvest-meanwhile"):
+        apply_staged(conn, "museum", "rec")
+    conn.rollback()
+    fences.bind(conn, None)
+    assert held(conn, "museum") == before

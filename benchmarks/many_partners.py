@@ -35,6 +35,7 @@ from support import ROOT  # the repository on sys.path, a runtime directory for 
 from include import embedded_pg  # noqa: E402
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository  # noqa: E402
 from tests.support.airflow_stack import (  # noqa: E402
+    SERVICES,
     AirflowServices,
     Keys,
     Timing,
@@ -102,7 +103,7 @@ def dag_processor_settings() -> dict[str, str]:
     parser = configparser.ConfigParser(interpolation=None)
     parser.read(ROOT / "airflow.cfg.example")
     env = {}
-    for section in ("dag_processor",):
+    for section in ("dag_processor", "scheduler"):
         if parser.has_section(section):
             for key, value in parser.items(section):
                 env[f"AIRFLOW__{section.upper()}__{key.upper()}"] = value
@@ -120,13 +121,19 @@ class Night:
 
 
 class ManyPartners:
-    def __init__(self, count: int, shards: int, work: Path) -> None:
+    """``settings`` (AIRFLOW__* variables) replace the checkout's ``[dag_processor]`` keys;
+    each stack with its own ``pg_label`` has a PostgreSQL server (and CPU figure) of its own."""
+
+    def __init__(self, count: int, shards: int, work: Path, *, settings: dict[str, str] | None = None,
+                 services: tuple[str, ...] = SERVICES, pg_label: str = PG_LABEL) -> None:
         self.count, self.shards, self.work = count, shards, work
+        self.settings = dag_processor_settings() if settings is None else settings
+        self.services, self.pg_label = services, pg_label
         self.ids = [f"p{i:05d}" for i in range(count)]
 
     def start(self) -> None:
-        server = embedded_pg.start(PG_LABEL)
-        self.postmaster = int((embedded_pg.data_dir(PG_LABEL) / "postmaster.pid").read_text().split()[0])
+        server = embedded_pg.start(self.pg_label)
+        self.postmaster = int((embedded_pg.data_dir(self.pg_label) / "postmaster.pid").read_text().split()[0])
         suffix = uuid.uuid4().hex[:8]
         self.meta_db = create_database(server, f"many_airflow_{suffix}")
         self.agg_db = create_database(server, f"many_agg_{suffix}")
@@ -145,7 +152,7 @@ class ManyPartners:
                                     triggered_only=True, timing=TIMING))
         for key in ("PARSING_PROCESSES", "REFRESH_INTERVAL"):  # the checkout's settings or Airflow's
             env.pop(f"AIRFLOW__DAG_PROCESSOR__{key}", None)
-        env.update(dag_processor_settings())
+        env.update(self.settings)
         env.update({"AIRFLOW__CORE__DAGS_FOLDER": str(dags), "HARVEST_PARTNERS_FILE": str(registry),
                     "AIRFLOW_CONN_AGGREGATION_DB": postgres_connection(self.agg_db)})
         for pid in self.ids:
@@ -153,7 +160,7 @@ class ManyPartners:
         if self.shards > 1:
             subprocess.run([sys.executable, "-m", "partner_harvest.airflow.shards", "--shards", str(self.shards),
                             str(dags)], env=env, check=True)
-        self.stack = AirflowServices(env, self.work, port)
+        self.stack = AirflowServices(env, self.work, port, self.services)
         self.stack.migrate(timeout=900)
         self.stack.start()
         self.stack.wait_healthy(300)

@@ -30,9 +30,10 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from datetime import datetime, timezone
 from pathlib import Path
 
-from many_partners import ManyPartners, cpu_snapshot, delta
+from many_partners import ManyPartners, cpu_snapshot, delta, write_registry
 from support import ROOT
 
 from tests.support.airflow_stack import SERVICES, TRIGGERER
@@ -91,6 +92,26 @@ def top_frames(collapsed: Path, count: int = 25) -> str:
     lines += [f"  incl {n:6d} {n * 100 / max(total, 1):5.1f}%  {f}" for f, n in inclusive.most_common(count)]
     lines += [f"  self {n:6d} {n * 100 / max(total, 1):5.1f}%  {f}" for f, n in own.most_common(count)]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- what must still work
+def reactions(stack: ManyPartners) -> dict[str, float]:
+    """Seconds until a partner added to the registry has its DAG (after ``shards --touch``, the
+    documented step), and the wall time of one partner's first run (six tasks, each handed on
+    by the scheduler's loop)."""
+    added = "pnew01"
+    registry = stack.work / "partners.yaml"
+    write_registry(registry, [*stack.ids, added])
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-m", "partner_harvest.airflow.shards", "--touch", str(stack.work / "dags")],
+                   env=stack.stack.env, check=True, stdout=subprocess.DEVNULL)
+    stack.stack.poll(lambda: stack.stack.dag_parsed(f"harvest_{added}"), 600, "the added partner's DAG")
+    seen = time.monotonic() - started
+    logical = datetime.now(timezone.utc)
+    started = time.monotonic()
+    stack.stack.trigger_run(f"harvest_{stack.ids[0]}", "idle__first", logical, {})
+    run = stack.stack.wait_for_run(f"harvest_{stack.ids[0]}", "idle__first", timeout=900)
+    return {"registry change seen": seen, "first run": time.monotonic() - started, "run ok": run["state"] == "success"}
 
 
 # ---------------------------------------------------------------------------- the measurement
@@ -167,19 +188,24 @@ def main() -> None:
             before = {v: cpu_snapshot(s.sessions, s.postmaster) for v, s in stacks.items()}
             time.sleep(seconds)  # measuring a rate over a span of time, not waiting for a state
             used = {v: delta(cpu_snapshot(s.sessions, s.postmaster), before[v]) for v, s in stacks.items()}
-            for variant, stack in stacks.items():
+            for stack in stacks.values():
                 stack.stack.check_alive()
             for out, spy in spies:
                 if spy is not None:
                     spy.wait(timeout=120)
                     if out.exists():
                         print(f"\n== {out.name}\n{top_frames(out)}")
+            checked = {v: reactions(s) for v, s in stacks.items()} if not args.profile else {}
         finally:
             for stack in stacks.values():
                 stack.stop()
     per_hour = {v: {k: c * 3600 / seconds for k, c in figures.items()} for v, figures in used.items()}
     print(f"\n{args.partners} partners, {args.minutes:g} idle minutes, both stacks in the same minutes")
     report(per_hour, args.partners)
+    for variant, figures in checked.items():
+        print(f"{variant}: a partner added to the registry has its DAG {figures['registry change seen']:.1f} s "
+              f"after `shards --touch`; one partner's first run (6 tasks) {figures['first run']:.1f} s wall, "
+              f"{'success' if figures['run ok'] else 'FAILED'}")
 
 
 if __name__ == "__main__":

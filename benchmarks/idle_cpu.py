@@ -36,6 +36,7 @@ from pathlib import Path
 from many_partners import ManyPartners, cpu_snapshot, delta, write_registry
 from support import ROOT
 
+from include import embedded_pg
 from tests.support.airflow_stack import SERVICES, TRIGGERER
 
 PARSE_KEYS = ("min_file_process_interval", "file_parsing_sort_mode", "dag_file_processor_timeout",
@@ -125,6 +126,8 @@ def start_all(stacks: dict[str, ManyPartners]) -> None:
         except BaseException as exc:  # reported by the caller
             errors.append(exc)
 
+    for stack in stacks.values():  # pgserver's start is not thread-safe: one at a time, here
+        embedded_pg.start(stack.pg_label)
     threads = [threading.Thread(target=run, args=(s,)) for s in stacks.values()]
     for thread in threads:
         thread.start()

@@ -10,9 +10,10 @@ shared. The simulator (the partners' side) is not counted.
     .venv/bin/python benchmarks/many_partners.py --partners 10 100
     .venv/bin/python benchmarks/many_partners.py --partners 100 --shards 4
 
-The dag-processor runs with the ``[dag_processor]`` settings of the checkout's
-``airflow.cfg.example`` (none: Airflow's defaults), so the same script run from a checkout
-of main measures "before".
+The dag-processor and the scheduler run with the ``[dag_processor]`` and ``[scheduler]``
+settings of the checkout's ``airflow.cfg.example`` (none: Airflow's defaults), so the same
+script run from an older checkout measures "before". benchmarks/idle_cpu.py measures the
+idle hour of two settings side by side.
 """
 
 from __future__ import annotations

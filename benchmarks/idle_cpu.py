@@ -13,6 +13,7 @@ CPU-seconds from /proc (user + system, reaped children included) per service, pe
 then the daily fixed cost per partner at 100, 1,000 and 10,000 partners.
 
     .venv/bin/python benchmarks/idle_cpu.py --partners 10 --minutes 20
+    .venv/bin/python benchmarks/idle_cpu.py --partners 1000 --shards 8 --minutes 10
     .venv/bin/python benchmarks/idle_cpu.py --minutes 3 --profile /tmp/idle-profile   # py-spy, top frames
 
 ``--profile`` needs py-spy (``pip install py-spy``; not a project dependency) and ptrace rights.
@@ -160,6 +161,7 @@ def report(per_hour: dict[str, dict[str, float]], count: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--partners", type=int, default=10)
+    parser.add_argument("--shards", type=int, default=0, help="partner DAG files (shards --shards N)")
     parser.add_argument("--minutes", type=float, default=20.0, help="length of the idle measurement")
     parser.add_argument("--settle", type=float, default=120.0,
                         help="seconds after the first parses before measuring (first passes, start-up work)")
@@ -176,7 +178,7 @@ def main() -> None:
         for variant, settings in chosen.items():
             work = Path(tmp) / variant
             work.mkdir()
-            stacks[variant] = ManyPartners(args.partners, 0, work, settings=settings, services=services,
+            stacks[variant] = ManyPartners(args.partners, args.shards, work, settings=settings, services=services,
                                            pg_label=f"bench-idle-{variant}-{int(time.time())}")
         try:
             start_all(stacks)

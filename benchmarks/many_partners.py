@@ -51,7 +51,7 @@ from tests.support.airflow_stack import (  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 PG_LABEL = f"bench-many-{os.getpid()}"  # a server per run: its CPU is this run's alone
-# Near Airflow's defaults (heartbeats, idle sleep), new DAG files found within 5 s.
+# Airflow's defaults but for airflow.cfg.example's [dag_processor] and [scheduler] keys; new DAG files found within 5 s.
 TIMING = Timing(dag_refresh=5, min_file_process=None, heartbeat=None, idle_sleep=None)
 
 

@@ -10,9 +10,10 @@ shared. The simulator (the partners' side) is not counted.
     .venv/bin/python benchmarks/many_partners.py --partners 10 100
     .venv/bin/python benchmarks/many_partners.py --partners 100 --shards 4
 
-The dag-processor runs with the ``[dag_processor]`` settings of the checkout's
-``airflow.cfg.example`` (none: Airflow's defaults), so the same script run from a checkout
-of main measures "before".
+The dag-processor and the scheduler run with the ``[dag_processor]`` and ``[scheduler]``
+settings of the checkout's ``airflow.cfg.example`` (none: Airflow's defaults), so the same
+script run from an older checkout measures "before". benchmarks/idle_cpu.py measures the
+idle hour of two settings side by side.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from support import ROOT  # the repository on sys.path, a runtime directory for 
 from include import embedded_pg  # noqa: E402
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository  # noqa: E402
 from tests.support.airflow_stack import (  # noqa: E402
+    SERVICES,
     AirflowServices,
     Keys,
     Timing,
@@ -49,7 +51,7 @@ from tests.support.airflow_stack import (  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 PG_LABEL = f"bench-many-{os.getpid()}"  # a server per run: its CPU is this run's alone
-# Near Airflow's defaults (heartbeats, idle sleep), new DAG files found within 5 s.
+# Airflow's defaults but for airflow.cfg.example's [dag_processor] and [scheduler] keys; new DAG files found within 5 s.
 TIMING = Timing(dag_refresh=5, min_file_process=None, heartbeat=None, idle_sleep=None)
 
 
@@ -102,7 +104,7 @@ def dag_processor_settings() -> dict[str, str]:
     parser = configparser.ConfigParser(interpolation=None)
     parser.read(ROOT / "airflow.cfg.example")
     env = {}
-    for section in ("dag_processor",):
+    for section in ("dag_processor", "scheduler"):
         if parser.has_section(section):
             for key, value in parser.items(section):
                 env[f"AIRFLOW__{section.upper()}__{key.upper()}"] = value
@@ -120,13 +122,19 @@ class Night:
 
 
 class ManyPartners:
-    def __init__(self, count: int, shards: int, work: Path) -> None:
+    """``settings`` (AIRFLOW__* variables) replace the checkout's ``[dag_processor]`` keys;
+    each stack with its own ``pg_label`` has a PostgreSQL server (and CPU figure) of its own."""
+
+    def __init__(self, count: int, shards: int, work: Path, *, settings: dict[str, str] | None = None,
+                 services: tuple[str, ...] = SERVICES, pg_label: str = PG_LABEL) -> None:
         self.count, self.shards, self.work = count, shards, work
+        self.settings = dag_processor_settings() if settings is None else settings
+        self.services, self.pg_label = services, pg_label
         self.ids = [f"p{i:05d}" for i in range(count)]
 
     def start(self) -> None:
-        server = embedded_pg.start(PG_LABEL)
-        self.postmaster = int((embedded_pg.data_dir(PG_LABEL) / "postmaster.pid").read_text().split()[0])
+        server = embedded_pg.start(self.pg_label)
+        self.postmaster = int((embedded_pg.data_dir(self.pg_label) / "postmaster.pid").read_text().split()[0])
         suffix = uuid.uuid4().hex[:8]
         self.meta_db = create_database(server, f"many_airflow_{suffix}")
         self.agg_db = create_database(server, f"many_agg_{suffix}")
@@ -145,7 +153,7 @@ class ManyPartners:
                                     triggered_only=True, timing=TIMING))
         for key in ("PARSING_PROCESSES", "REFRESH_INTERVAL"):  # the checkout's settings or Airflow's
             env.pop(f"AIRFLOW__DAG_PROCESSOR__{key}", None)
-        env.update(dag_processor_settings())
+        env.update(self.settings)
         env.update({"AIRFLOW__CORE__DAGS_FOLDER": str(dags), "HARVEST_PARTNERS_FILE": str(registry),
                     "AIRFLOW_CONN_AGGREGATION_DB": postgres_connection(self.agg_db)})
         for pid in self.ids:
@@ -153,7 +161,7 @@ class ManyPartners:
         if self.shards > 1:
             subprocess.run([sys.executable, "-m", "partner_harvest.airflow.shards", "--shards", str(self.shards),
                             str(dags)], env=env, check=True)
-        self.stack = AirflowServices(env, self.work, port)
+        self.stack = AirflowServices(env, self.work, port, self.services)
         self.stack.migrate(timeout=900)
         self.stack.start()
         self.stack.wait_healthy(300)

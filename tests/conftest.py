@@ -118,14 +118,16 @@ def airflow_db() -> None:
 # (scripts/test.sh: two workers, whole modules per worker) neither worker is left with a
 # long module at the end. The order is the same in every worker, as xdist requires.
 SLOWEST_FIRST = (
-    "tests/soak/test_short_soak.py",          # ~150
-    "tests/e2e/test_airflow_services.py",     # ~130
-    "tests/e2e/test_celery_executor.py",      # ~75
-    "tests/e2e/test_soak_scheduler.py",       # ~60
-    "tests/dags/test_mirror_dag.py",          # ~60
-    "tests/e2e/test_health_page.py",          # ~50
-    "tests/e2e/test_change_feed_e2e.py",      # ~50
-    "tests/e2e/test_airflow_ui_script.py",    # ~35
+    "tests/soak/test_short_soak.py",          # ~230
+    "tests/e2e/test_airflow_services.py",     # ~120
+    "tests/e2e/test_approval_gates_e2e.py",   # ~110
+    "tests/e2e/test_celery_executor.py",      # ~100
+    "tests/e2e/test_change_feed_e2e.py",      # ~85
+    "tests/e2e/test_local_ui_browser.py",     # ~85
+    "tests/dags/test_mirror_dag.py",          # ~75
+    "tests/e2e/test_health_page.py",          # ~75
+    "tests/e2e/test_soak_scheduler.py",       # ~70
+    "tests/e2e/test_connections_page.py",     # ~40
 )
 
 

@@ -6,14 +6,14 @@ on the shared starter tests/support/airflow_stack.py; this file only hands it to
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from tests.support.airflow_stack import drop_database
-from tests.support.e2e_stack import AirflowStack, migrate_metadata_template, start_airflow
+from tests.support.e2e_stack import AirflowStack, migrate_metadata_template, start_airflow, write_registry
 
 E2E_TIMEOUT = 900  # a module's first test also starts the whole Airflow stack
 
@@ -38,6 +38,13 @@ def airflow_env_overrides() -> dict[str, str]:
     return {}
 
 
+@pytest.fixture(scope="module")
+def airflow_registry_writer() -> Callable[[Path], None]:
+    """What writes the stack's partner registry before the services start; a test module may
+    override it (the partners its DAGs need from the first parse, with no wait for a re-parse)."""
+    return write_registry
+
+
 @pytest.fixture(scope="session")
 def airflow_metadata_template(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A metadata database ``airflow db migrate`` ran on once per session; every module's
@@ -49,11 +56,12 @@ def airflow_metadata_template(pg_server: str, tmp_path_factory: pytest.TempPathF
 
 @pytest.fixture(scope="module")
 def airflow_stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory, airflow_metadata_template: str,
-                  airflow_env_overrides: dict[str, str]) -> Iterator[AirflowStack]:
+                  airflow_env_overrides: dict[str, str],
+                  airflow_registry_writer: Callable[[Path], None]) -> Iterator[AirflowStack]:
     """Airflow's three services on loopback, with the e2e partners' DAGs parsed and unpaused."""
     with ExitStack() as cleanup:  # undoes, in reverse, whatever got started
         yield start_airflow(pg_server, tmp_path_factory.mktemp("airflow_e2e"), cleanup, airflow_env_overrides,
-                            metadata_template=airflow_metadata_template)
+                            metadata_template=airflow_metadata_template, registry_writer=airflow_registry_writer)
 
 
 @pytest.hookimpl(hookwrapper=True)

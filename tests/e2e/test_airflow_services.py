@@ -12,7 +12,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +21,7 @@ import pytest
 import requests
 
 from partner_harvest.store import connect, ensure_schema
+from tests.support.e2e_stack import MUSEUM, write_registry
 
 if TYPE_CHECKING:
     from tests.support.e2e_stack import AirflowStack
@@ -37,18 +38,29 @@ NOTIFIERS = ROOT / "plugins" / "partner_harvest" / "airflow" / "notifiers.py"
 POOLLESS = "e2epoolless"  # a partner added at run time whose pool is never created
 
 
+@pytest.fixture(scope="module")
+def airflow_registry_writer() -> Callable[[Path], None]:
+    """The e2e partners and ``POOLLESS`` (no pool, run_deadline 1m, the museum's endpoint), in
+    the registry from the start: its DAG is parsed with the others (a partner added later waits
+    for the DAG file's next parse, up to 30 s). Its pool is never created: the stack creates
+    the pools of the DAGs it waits for, and this one is not among them."""
+
+    def write(path: Path) -> None:
+        write_registry(path)
+        with path.open("a", encoding="utf-8") as registry:
+            registry.write(f"  - {{id: {POOLLESS}, protocol: oai-pmh, conn_id: partner_{MUSEUM}, run_deadline: 1m}}\n")
+
+    return write
+
+
 @pytest.fixture(scope="module", autouse=True)
 def poolless_run(airflow_stack: AirflowStack) -> Iterator[dict]:
-    """Add partner ``POOLLESS`` (no pool, run_deadline 1m) to the registry when the module
-    starts, and trigger its DAG from a thread once the dag-processor has parsed it, so its
-    one-minute deadline runs out while the other tests run (its test checks the alert last).
-    The thread uses a session of its own: ``requests.Session`` is not shared across threads."""
+    """Trigger partner ``POOLLESS``'s DAG from a thread as soon as the module starts (once the
+    API lists it), so its one-minute deadline runs out while the other tests run (its test
+    checks the alert last). The thread uses a session of its own: ``requests.Session`` is not
+    shared across threads."""
     stack = airflow_stack
     dag_id = f"harvest_{POOLLESS}"
-    original = stack.registry.read_text(encoding="utf-8")
-    stack.registry.write_text(
-        original + f"  - {{id: {POOLLESS}, protocol: oai-pmh, conn_id: partner_{stack.museum}, "
-        "run_deadline: 1m}\n", encoding="utf-8")
     outcome: dict = {"dag_id": dag_id}
     session = requests.Session()
     session.headers.update(stack.http.headers)
@@ -82,7 +94,6 @@ def poolless_run(airflow_stack: AirflowStack) -> Iterator[dict]:
     yield outcome
     thread.join(timeout=30)
     session.close()
-    stack.registry.write_text(original, encoding="utf-8")
 
 
 def held(stack: AirflowStack) -> set[str]:

@@ -14,11 +14,13 @@ loopback webhook.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import requests
 
@@ -34,7 +36,10 @@ pytestmark = pytest.mark.e2e
 PURGE, OTHER, SHRINK, WAIT, ABANDON = "gpurge", "gother", "gshrink", "gwait", "gabandon"
 PARTNERS = (PURGE, OTHER, SHRINK, WAIT, ABANDON)
 GATE = "approval_gate"
-TIMEOUT = "2s"  # approval_timeout of the two deadline partners
+# approval_timeout of the two deadline partners: never reached by itself; the test moves a
+# parked gate's deadline into the past (``pass_deadline``) once the gate is settled.
+TIMEOUT = "1h"
+SCHEDULER_SAW_EXIT = "TaskInstance Finished: dag_id={dag_id}, task_id={task_id}, run_id={run_id},"
 
 
 def repository(partner: str) -> SimulatedRepository:
@@ -126,8 +131,14 @@ def gate_path(dag_id: str, run_id: str) -> str:
     return f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{GATE}/-1"
 
 
-def wait_awaiting_input(stack: AirflowStack, dag_id: str, run_id: str) -> dict[str, Any]:
-    """The gate's task instance once it is parked in Required Actions."""
+def wait_awaiting_input(stack: AirflowStack, dag_id: str, run_id: str, parks: int = 1) -> dict[str, Any]:
+    """The gate's task instance once it is parked in Required Actions (for the ``parks``-th
+    time) and the scheduler has handled the exit of the process that parked it.
+
+    An answer (or a deadline) resumes the gate into a new process of the same try. Had the
+    scheduler not yet seen the parking process's exit, it would take that exit for the new
+    process's and mark the resumed gate failed ("killed externally"): on a slow host a 2 s
+    deadline did just that. The scheduler logs each exit it handled, so the wait is for that line."""
 
     def parked() -> dict[str, Any] | None:
         ti = get(stack, gate_path(dag_id, run_id))
@@ -135,7 +146,22 @@ def wait_awaiting_input(stack: AirflowStack, dag_id: str, run_id: str) -> dict[s
             raise AssertionError(f"the gate finished without waiting: {stack.task_summary(dag_id, run_id)}")
         return ti if ti["state"] == "awaiting_input" else None
 
-    return stack.poll(parked, 300, f"{dag_id}/{run_id} to wait at {GATE}")
+    ti = stack.poll(parked, 300, f"{dag_id}/{run_id} to wait at {GATE}")
+    seen = re.escape(SCHEDULER_SAW_EXIT.format(dag_id=dag_id, task_id=GATE, run_id=run_id))
+    stack.poll(lambda: len(re.findall(seen, stack.logs["scheduler"].read_text(errors="replace"))) >= parks, 120,
+               f"the scheduler to handle the exit of {dag_id}/{run_id} {GATE} parking (park {parks})")
+    return ti
+
+
+def pass_deadline(stack: AirflowStack, dag_id: str, run_id: str) -> None:
+    """Move the parked gate's response deadline (``approval_timeout`` after it parked) into the
+    past: the scheduler's timeout sweep then acts on it as at the real deadline."""
+    with psycopg.connect(stack.metadata_db, autocommit=True) as meta:
+        moved = meta.execute(
+            "UPDATE task_instance SET trigger_timeout = now() - interval '1 second' WHERE dag_id = %s"
+            " AND run_id = %s AND task_id = %s AND state = 'awaiting_input' AND trigger_timeout IS NOT NULL",
+            (dag_id, run_id, GATE)).rowcount
+    assert moved == 1, f"{dag_id}/{run_id}: no parked {GATE} with a deadline"
 
 
 def answer(stack: AirflowStack, dag_id: str, run_id: str, option: str) -> dict[str, Any]:
@@ -250,6 +276,11 @@ def test_a_wait_past_its_deadline_alerts_and_keeps_waiting_or_abandons(airflow_s
         repos[pid][0].delete(30)
         mirrors[pid] = records(stack, pid)
         runs[pid] = stack.trigger(f"harvest_{pid}", {"mode": "incremental"})["dag_run_id"]
+    for pid in (WAIT, ABANDON):
+        dag_id = f"harvest_{pid}"
+        wait_awaiting_input(stack, dag_id, runs[pid])
+        assert not alerts_of(alerts, "approval_overdue", pid)  # before its deadline: no overdue alert
+        pass_deadline(stack, dag_id, runs[pid])
 
     # abandon: the scheduler answers Reject at the deadline; the run is abandoned cleanly.
     dag_id = f"harvest_{ABANDON}"
@@ -264,7 +295,7 @@ def test_a_wait_past_its_deadline_alerts_and_keeps_waiting_or_abandons(airflow_s
     # wait: the alert, then the request is still open and the task parked again.
     dag_id = f"harvest_{WAIT}"
     stack.poll(lambda: alerts_of(alerts, "approval_overdue", WAIT), 120, "the overdue alert of the waiting partner")
-    wait_awaiting_input(stack, dag_id, runs[WAIT])
+    wait_awaiting_input(stack, dag_id, runs[WAIT], parks=2)  # parked again, now without a deadline
     detail = get(stack, f"{gate_path(dag_id, runs[WAIT])}/hitlDetails")
     assert not detail["response_received"]
     assert request_row(stack, dag_id, runs[WAIT])[0] == "pending"

@@ -44,6 +44,7 @@ class AirflowStack(AirflowServices):
     simulator: OaiSimulator
     sink: SmtpSink
     aggregation_db: str
+    metadata_db: str  # conninfo of Airflow's metadata database (a test may move a deadline in it)
     registry: Path
     museum = MUSEUM  # the healthy partner
     broken = BROKEN  # the partner whose endpoint is a closed port
@@ -156,7 +157,7 @@ def start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
 
     stack = AirflowStack(env, base, port)
     stack.repo, stack.simulator, stack.sink = repo, simulator, sink
-    stack.aggregation_db, stack.registry = aggregation_db, registry
+    stack.aggregation_db, stack.registry, stack.metadata_db = aggregation_db, registry, meta_db
     cleanup.callback(stack.stop)  # runs before the rest
     if metadata_template is None:
         stack.migrate()

@@ -131,6 +131,26 @@ SLOWEST_FIRST = (
 )
 
 
+# Modules on one shared Airflow stack (tests/e2e/conftest.py, ``shared_airflow_stack``): one
+# xdist scope, so one worker runs them one after the other (adjacent in SLOWEST_FIRST too) and
+# starts the stack once. Apart, each worker would start a stack of its own: slower, still right.
+SHARED_STACK_MODULES = ("tests/e2e/test_airflow_services.py", "tests/e2e/test_approval_gates_e2e.py")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
+    """``--dist loadscope`` (scripts/test.sh) with ``SHARED_STACK_MODULES`` as one scope."""
+    if config.getoption("dist", None) != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedStackScopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "shared-airflow-stack" if module in SHARED_STACK_MODULES else super()._split_scope(nodeid)
+
+    return SharedStackScopes(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest keep their order

@@ -1,4 +1,5 @@
-"""Fixtures of the end-to-end tests: a real Airflow on loopback, started once per module.
+"""Fixtures of the end-to-end tests: a real Airflow on loopback, started once per module, or
+once for the modules that share one (``shared_airflow_stack``).
 
 The stack itself (services, partners, simulators, SMTP sink) is tests/support/e2e_stack.py
 on the shared starter tests/support/airflow_stack.py; this file only hands it to pytest.
@@ -6,14 +7,14 @@ on the shared starter tests/support/airflow_stack.py; this file only hands it to
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from tests.support.airflow_stack import drop_database
-from tests.support.e2e_stack import AirflowStack, migrate_metadata_template, start_airflow, write_registry
+from tests.support.e2e_stack import AirflowStack, migrate_metadata_template, start_airflow, start_shared_airflow
 
 E2E_TIMEOUT = 900  # a module's first test also starts the whole Airflow stack
 
@@ -38,13 +39,6 @@ def airflow_env_overrides() -> dict[str, str]:
     return {}
 
 
-@pytest.fixture(scope="module")
-def airflow_registry_writer() -> Callable[[Path], None]:
-    """What writes the stack's partner registry before the services start; a test module may
-    override it (the partners its DAGs need from the first parse, with no wait for a re-parse)."""
-    return write_registry
-
-
 @pytest.fixture(scope="session")
 def airflow_metadata_template(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A metadata database ``airflow db migrate`` ran on once per session; every module's
@@ -54,14 +48,65 @@ def airflow_metadata_template(pg_server: str, tmp_path_factory: pytest.TempPathF
     drop_database(pg_server, name)
 
 
+class SharedStack:
+    """The stack of the modules in ``SHARED_STACK_MODULES`` (tests/conftest.py keeps them on one
+    xdist worker, one after the other): started by the first of them, stopped after the last
+    test that uses it (``pytest_runtest_teardown`` below), not at the session's end, so that it
+    does not run on beside the worker's other modules."""
+
+    def __init__(self, pg_server: str, tmp_path_factory: pytest.TempPathFactory, metadata_template: str) -> None:
+        self.pg_server, self.tmp_path_factory, self.metadata_template = pg_server, tmp_path_factory, metadata_template
+        self.cleanup: ExitStack | None = None
+        self.stack: AirflowStack | None = None
+
+    def get(self) -> AirflowStack:
+        if self.stack is None:
+            self.cleanup = ExitStack()
+            try:
+                self.stack = start_shared_airflow(self.pg_server, self.tmp_path_factory.mktemp("airflow_shared"),
+                                                  self.cleanup, metadata_template=self.metadata_template)
+            except BaseException:
+                self.close()
+                raise
+        return self.stack
+
+    def close(self) -> None:
+        cleanup, self.cleanup, self.stack = self.cleanup, None, None
+        if cleanup is not None:
+            cleanup.close()
+
+
+SHARED = pytest.StashKey[SharedStack]()
+
+
+@pytest.fixture(scope="session")
+def shared_airflow_stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory, airflow_metadata_template: str,
+                         request: pytest.FixtureRequest) -> Iterator[SharedStack]:
+    """The shared stack's holder; a module on it defines ``airflow_stack`` as its ``get()``."""
+    holder = SharedStack(pg_server, tmp_path_factory, airflow_metadata_template)
+    request.config.stash[SHARED] = holder
+    yield holder
+    holder.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the module-scoped teardowns: stop the shared stack once no test follows that uses it."""
+    result = yield
+    holder = item.config.stash.get(SHARED, None)
+    if holder is not None and holder.stack is not None and (
+            nextitem is None or "shared_airflow_stack" not in getattr(nextitem, "fixturenames", ())):
+        holder.close()
+    return result
+
+
 @pytest.fixture(scope="module")
 def airflow_stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory, airflow_metadata_template: str,
-                  airflow_env_overrides: dict[str, str],
-                  airflow_registry_writer: Callable[[Path], None]) -> Iterator[AirflowStack]:
+                  airflow_env_overrides: dict[str, str]) -> Iterator[AirflowStack]:
     """Airflow's three services on loopback, with the e2e partners' DAGs parsed and unpaused."""
     with ExitStack() as cleanup:  # undoes, in reverse, whatever got started
         yield start_airflow(pg_server, tmp_path_factory.mktemp("airflow_e2e"), cleanup, airflow_env_overrides,
-                            metadata_template=airflow_metadata_template, registry_writer=airflow_registry_writer)
+                            metadata_template=airflow_metadata_template)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -12,7 +12,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from partner_harvest.store import connect, ensure_schema
-from tests.support.e2e_stack import MUSEUM, write_registry
+from tests.support.e2e_stack import POOLLESS
 
 if TYPE_CHECKING:
     from tests.support.e2e_stack import AirflowStack
@@ -35,22 +35,13 @@ pytestmark = pytest.mark.e2e
 OAI_SECONDS = "%Y-%m-%dT%H:%M:%SZ"
 ROOT = Path(__file__).resolve().parents[2]
 NOTIFIERS = ROOT / "plugins" / "partner_harvest" / "airflow" / "notifiers.py"
-POOLLESS = "e2epoolless"  # a partner added at run time whose pool is never created
 
 
 @pytest.fixture(scope="module")
-def airflow_registry_writer() -> Callable[[Path], None]:
-    """The e2e partners and ``POOLLESS`` (no pool, run_deadline 1m, the museum's endpoint), in
-    the registry from the start: its DAG is parsed with the others (a partner added later waits
-    for the DAG file's next parse, up to 30 s). Its pool is never created: the stack creates
-    the pools of the DAGs it waits for, and this one is not among them."""
-
-    def write(path: Path) -> None:
-        write_registry(path)
-        with path.open("a", encoding="utf-8") as registry:
-            registry.write(f"  - {{id: {POOLLESS}, protocol: oai-pmh, conn_id: partner_{MUSEUM}, run_deadline: 1m}}\n")
-
-    return write
+def airflow_stack(shared_airflow_stack) -> AirflowStack:
+    """The stack this module shares with test_approval_gates_e2e.py (tests/e2e/conftest.py):
+    its partners are this module's, ``POOLLESS`` among them from the first parse."""
+    return shared_airflow_stack.get()
 
 
 @pytest.fixture(scope="module", autouse=True)

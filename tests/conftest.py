@@ -9,6 +9,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -137,7 +138,7 @@ SLOWEST_FIRST = (
 SHARED_STACK_MODULES = ("tests/e2e/test_airflow_services.py", "tests/e2e/test_approval_gates_e2e.py")
 
 
-def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadscope`` (scripts/test.sh) with ``SHARED_STACK_MODULES`` as one scope."""
     if config.getoption("dist", None) != "loadscope":
         return None

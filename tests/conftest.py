@@ -9,6 +9,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -118,15 +119,37 @@ def airflow_db() -> None:
 # (scripts/test.sh: two workers, whole modules per worker) neither worker is left with a
 # long module at the end. The order is the same in every worker, as xdist requires.
 SLOWEST_FIRST = (
-    "tests/soak/test_short_soak.py",          # ~150
-    "tests/e2e/test_airflow_services.py",     # ~130
-    "tests/e2e/test_celery_executor.py",      # ~75
-    "tests/e2e/test_soak_scheduler.py",       # ~60
-    "tests/dags/test_mirror_dag.py",          # ~60
-    "tests/e2e/test_health_page.py",          # ~50
-    "tests/e2e/test_change_feed_e2e.py",      # ~50
-    "tests/e2e/test_airflow_ui_script.py",    # ~35
+    "tests/soak/test_short_soak.py",          # ~230
+    "tests/e2e/test_airflow_services.py",     # ~120
+    "tests/e2e/test_approval_gates_e2e.py",   # ~110
+    "tests/e2e/test_celery_executor.py",      # ~100
+    "tests/e2e/test_change_feed_e2e.py",      # ~85
+    "tests/e2e/test_local_ui_browser.py",     # ~85
+    "tests/dags/test_mirror_dag.py",          # ~75
+    "tests/e2e/test_health_page.py",          # ~75
+    "tests/e2e/test_soak_scheduler.py",       # ~70
+    "tests/e2e/test_connections_page.py",     # ~40
 )
+
+
+# Modules on one shared Airflow stack (tests/e2e/conftest.py, ``shared_airflow_stack``): one
+# xdist scope, so one worker runs them one after the other (adjacent in SLOWEST_FIRST too) and
+# starts the stack once. Apart, each worker would start a stack of its own: slower, still right.
+SHARED_STACK_MODULES = ("tests/e2e/test_airflow_services.py", "tests/e2e/test_approval_gates_e2e.py")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadscope`` (scripts/test.sh) with ``SHARED_STACK_MODULES`` as one scope."""
+    if config.getoption("dist", None) != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedStackScopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "shared-airflow-stack" if module in SHARED_STACK_MODULES else super()._split_scope(nodeid)
+
+    return SharedStackScopes(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

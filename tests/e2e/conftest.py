@@ -1,4 +1,5 @@
-"""Fixtures of the end-to-end tests: a real Airflow on loopback, started once per module.
+"""Fixtures of the end-to-end tests: a real Airflow on loopback, started once per module, or
+once for the modules that share one (``shared_airflow_stack``).
 
 The stack itself (services, partners, simulators, SMTP sink) is tests/support/e2e_stack.py
 on the shared starter tests/support/airflow_stack.py; this file only hands it to pytest.
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.airflow_stack import drop_database
-from tests.support.e2e_stack import AirflowStack, migrate_metadata_template, start_airflow
+from tests.support.e2e_stack import AirflowStack, migrate_metadata_template, start_airflow, start_shared_airflow
 
 E2E_TIMEOUT = 900  # a module's first test also starts the whole Airflow stack
 
@@ -45,6 +46,58 @@ def airflow_metadata_template(pg_server: str, tmp_path_factory: pytest.TempPathF
     name = migrate_metadata_template(pg_server, tmp_path_factory.mktemp("airflow_metadata_template"))
     yield name
     drop_database(pg_server, name)
+
+
+class SharedStack:
+    """The stack of the modules in ``SHARED_STACK_MODULES`` (tests/conftest.py keeps them on one
+    xdist worker, one after the other): started by the first of them, stopped after the last
+    test that uses it (``pytest_runtest_teardown`` below), not at the session's end, so that it
+    does not run on beside the worker's other modules."""
+
+    def __init__(self, pg_server: str, tmp_path_factory: pytest.TempPathFactory, metadata_template: str) -> None:
+        self.pg_server, self.tmp_path_factory, self.metadata_template = pg_server, tmp_path_factory, metadata_template
+        self.cleanup: ExitStack | None = None
+        self.stack: AirflowStack | None = None
+
+    def get(self) -> AirflowStack:
+        if self.stack is None:
+            self.cleanup = ExitStack()
+            try:
+                self.stack = start_shared_airflow(self.pg_server, self.tmp_path_factory.mktemp("airflow_shared"),
+                                                  self.cleanup, metadata_template=self.metadata_template)
+            except BaseException:
+                self.close()
+                raise
+        return self.stack
+
+    def close(self) -> None:
+        cleanup, self.cleanup, self.stack = self.cleanup, None, None
+        if cleanup is not None:
+            cleanup.close()
+
+
+SHARED = pytest.StashKey[SharedStack]()
+
+
+@pytest.fixture(scope="session")
+def shared_airflow_stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory, airflow_metadata_template: str,
+                         request: pytest.FixtureRequest) -> Iterator[SharedStack]:
+    """The shared stack's holder; a module on it defines ``airflow_stack`` as its ``get()``."""
+    holder = SharedStack(pg_server, tmp_path_factory, airflow_metadata_template)
+    request.config.stash[SHARED] = holder
+    yield holder
+    holder.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the module-scoped teardowns: stop the shared stack once no test follows that uses it."""
+    result = yield
+    holder = item.config.stash.get(SHARED, None)
+    if holder is not None and holder.stack is not None and (
+            nextitem is None or "shared_airflow_stack" not in getattr(nextitem, "fixturenames", ())):
+        holder.close()
+    return result
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ import pytest
 import requests
 
 from partner_harvest.store import connect, ensure_schema
+from tests.support.e2e_stack import POOLLESS
 
 if TYPE_CHECKING:
     from tests.support.e2e_stack import AirflowStack
@@ -34,21 +35,23 @@ pytestmark = pytest.mark.e2e
 OAI_SECONDS = "%Y-%m-%dT%H:%M:%SZ"
 ROOT = Path(__file__).resolve().parents[2]
 NOTIFIERS = ROOT / "plugins" / "partner_harvest" / "airflow" / "notifiers.py"
-POOLLESS = "e2epoolless"  # a partner added at run time whose pool is never created
+
+
+@pytest.fixture(scope="module")
+def airflow_stack(shared_airflow_stack) -> AirflowStack:
+    """The stack this module shares with test_approval_gates_e2e.py (tests/e2e/conftest.py):
+    its partners are this module's, ``POOLLESS`` among them from the first parse."""
+    return shared_airflow_stack.get()
 
 
 @pytest.fixture(scope="module", autouse=True)
 def poolless_run(airflow_stack: AirflowStack) -> Iterator[dict]:
-    """Add partner ``POOLLESS`` (no pool, run_deadline 1m) to the registry when the module
-    starts, and trigger its DAG from a thread once the dag-processor has parsed it, so its
-    one-minute deadline runs out while the other tests run (its test checks the alert last).
-    The thread uses a session of its own: ``requests.Session`` is not shared across threads."""
+    """Trigger partner ``POOLLESS``'s DAG from a thread as soon as the module starts (once the
+    API lists it), so its one-minute deadline runs out while the other tests run (its test
+    checks the alert last). The thread uses a session of its own: ``requests.Session`` is not
+    shared across threads."""
     stack = airflow_stack
     dag_id = f"harvest_{POOLLESS}"
-    original = stack.registry.read_text(encoding="utf-8")
-    stack.registry.write_text(
-        original + f"  - {{id: {POOLLESS}, protocol: oai-pmh, conn_id: partner_{stack.museum}, "
-        "run_deadline: 1m}\n", encoding="utf-8")
     outcome: dict = {"dag_id": dag_id}
     session = requests.Session()
     session.headers.update(stack.http.headers)
@@ -82,7 +85,6 @@ def poolless_run(airflow_stack: AirflowStack) -> Iterator[dict]:
     yield outcome
     thread.join(timeout=30)
     session.close()
-    stack.registry.write_text(original, encoding="utf-8")
 
 
 def held(stack: AirflowStack) -> set[str]:

@@ -7,95 +7,53 @@ dag-processor; no triggerer), answered through the REST API v2 like an operator'
 - a wait past ``approval_timeout`` alerts (the scheduler's timeout sweep): ``wait`` keeps
   waiting, ``abandon`` abandons the run cleanly.
 
-One stack for the module, its own partners (one simulator each), alerts read back from a
-loopback webhook.
+Its partners (tests/support/approval_partners.py: one simulator each, alerts read back from
+a loopback webhook) are in the registry of the stack it shares with test_airflow_services.py.
 """
 
 from __future__ import annotations
 
-import json
+import re
 from collections.abc import Iterator
-from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import requests
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
-from tests.support.airflow_stack import http_connection
-from tests.support.e2e_stack import AirflowStack, start_airflow
+from tests.support.approval_partners import ABANDON, OTHER, PARTNERS, PURGE, SHRINK, WAIT
+from tests.support.e2e_stack import AirflowStack
 from tests.support.webhook import WebhookSink
 
 pytestmark = pytest.mark.e2e
 
-PURGE, OTHER, SHRINK, WAIT, ABANDON = "gpurge", "gother", "gshrink", "gwait", "gabandon"
-PARTNERS = (PURGE, OTHER, SHRINK, WAIT, ABANDON)
 GATE = "approval_gate"
-TIMEOUT = "2s"  # approval_timeout of the two deadline partners
-
-
-def repository(partner: str) -> SimulatedRepository:
-    """The purge partner's records vanish without a trace (a reconcile finds them); the others
-    keep tombstones (a harvest stages them)."""
-    deleted = "no" if partner == PURGE else "persistent"
-    return SimulatedRepository(records=100, page_size=50, deleted_record=deleted, deleted_fraction=0.0,
-                               seed=300 + PARTNERS.index(partner))
-
-
-def registry_writer(path: Path) -> None:
-    lines = ["partners:"]
-    for pid in PARTNERS:
-        extra = ""
-        if pid in (WAIT, ABANDON):
-            action = "wait" if pid == WAIT else "abandon"
-            extra = f", approval_timeout: {TIMEOUT}, approval_timeout_action: {action}"
-        lines.append(f"  - {{id: {pid}, protocol: oai-pmh, conn_id: partner_{pid}, metadata_prefix: oai_dc, lag: 0s,"
-                     f" retries: 0, max_shrink_fraction: 0.1{extra},"
-                     " options: {http: {backoff_factor: 0.01, retries: 1}}}")
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+SCHEDULER_SAW_EXIT = "TaskInstance Finished: dag_id={dag_id}, task_id={task_id}, run_id={run_id},"
 
 
 @pytest.fixture(scope="module")
-def repos() -> Iterator[dict[str, tuple[SimulatedRepository, OaiSimulator]]]:
-    with ExitStack() as stack:
-        out = {}
-        for pid in PARTNERS:
-            repo = repository(pid)
-            out[pid] = (repo, stack.enter_context(OaiSimulator(repo)))
-        yield out
+def airflow_stack(shared_airflow_stack) -> Iterator[AirflowStack]:
+    """The stack this module shares with test_airflow_services.py (tests/e2e/conftest.py), whose
+    registry holds this module's partners; their first harvests here."""
+    stack = shared_airflow_stack.get()
+    # Every partner's first harvest (all at once): nothing held yet, so every gate passes.
+    runs = {pid: stack.trigger(f"harvest_{pid}", {"mode": "incremental"})["dag_run_id"] for pid in PARTNERS}
+    for pid, run_id in runs.items():
+        assert_success(stack, f"harvest_{pid}", run_id)
+    yield stack
 
 
 @pytest.fixture(scope="module")
-def alerts() -> Iterator[WebhookSink]:
-    sink = WebhookSink()
-    yield sink
-    sink.close()
+def repos(airflow_stack: AirflowStack) -> dict[str, tuple[SimulatedRepository, OaiSimulator]]:
+    return airflow_stack.approval.repos
 
 
 @pytest.fixture(scope="module")
-def airflow_stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory, airflow_metadata_template: str,
-                  repos, alerts: WebhookSink) -> Iterator[AirflowStack]:
-    """The shared e2e stack with this module's partners; the timeout sweep every second."""
-    overrides = {f"AIRFLOW_CONN_PARTNER_{pid.upper()}": http_connection(sim.base_url)
-                 for pid, (_, sim) in repos.items()}
-    overrides["AIRFLOW_CONN_HARVEST_ALERTS_WEBHOOK"] = json.dumps({"conn_type": "http", "host": alerts.url})
-    overrides["AIRFLOW__SCHEDULER__TRIGGER_TIMEOUT_CHECK_INTERVAL"] = "1"
-    # Five runs start at once on a shared 2-core machine: the task runners' Execution API
-    # calls to the single api-server worker may take longer than the 5 s default.
-    overrides["AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT"] = "60"
-    dag_ids = [f"harvest_{pid}" for pid in PARTNERS] + [f"reconcile_{PURGE}"]
-    with ExitStack() as cleanup:
-        stack = start_airflow(pg_server, tmp_path_factory.mktemp("airflow_gates"), cleanup, overrides,
-                              metadata_template=airflow_metadata_template, registry_writer=registry_writer,
-                              dag_ids=dag_ids, startup_timeout=300)
-        # Every partner's first harvest (all at once): nothing held yet, so every gate passes.
-        runs = {pid: stack.trigger(f"harvest_{pid}", {"mode": "incremental"})["dag_run_id"] for pid in PARTNERS}
-        for pid, run_id in runs.items():
-            assert_success(stack, f"harvest_{pid}", run_id)
-        yield stack
+def alerts(airflow_stack: AirflowStack) -> WebhookSink:
+    return airflow_stack.approval.alerts
 
 
 # ---------------------------------------------------------------------- helpers
@@ -126,8 +84,14 @@ def gate_path(dag_id: str, run_id: str) -> str:
     return f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{GATE}/-1"
 
 
-def wait_awaiting_input(stack: AirflowStack, dag_id: str, run_id: str) -> dict[str, Any]:
-    """The gate's task instance once it is parked in Required Actions."""
+def wait_awaiting_input(stack: AirflowStack, dag_id: str, run_id: str, parks: int = 1) -> dict[str, Any]:
+    """The gate's task instance once it is parked in Required Actions (for the ``parks``-th
+    time) and the scheduler has handled the exit of the process that parked it.
+
+    An answer (or a deadline) resumes the gate into a new process of the same try. Had the
+    scheduler not yet seen the parking process's exit, it would take that exit for the new
+    process's and mark the resumed gate failed ("killed externally"): on a slow host a 2 s
+    deadline did just that. The scheduler logs each exit it handled, so the wait is for that line."""
 
     def parked() -> dict[str, Any] | None:
         ti = get(stack, gate_path(dag_id, run_id))
@@ -135,7 +99,22 @@ def wait_awaiting_input(stack: AirflowStack, dag_id: str, run_id: str) -> dict[s
             raise AssertionError(f"the gate finished without waiting: {stack.task_summary(dag_id, run_id)}")
         return ti if ti["state"] == "awaiting_input" else None
 
-    return stack.poll(parked, 300, f"{dag_id}/{run_id} to wait at {GATE}")
+    ti = stack.poll(parked, 300, f"{dag_id}/{run_id} to wait at {GATE}")
+    seen = re.escape(SCHEDULER_SAW_EXIT.format(dag_id=dag_id, task_id=GATE, run_id=run_id))
+    stack.poll(lambda: len(re.findall(seen, stack.logs["scheduler"].read_text(errors="replace"))) >= parks, 120,
+               f"the scheduler to handle the exit of {dag_id}/{run_id} {GATE} parking (park {parks})")
+    return ti
+
+
+def pass_deadline(stack: AirflowStack, dag_id: str, run_id: str) -> None:
+    """Move the parked gate's response deadline (``approval_timeout`` after it parked) into the
+    past: the scheduler's timeout sweep then acts on it as at the real deadline."""
+    with psycopg.connect(stack.metadata_db, autocommit=True) as meta:
+        moved = meta.execute(
+            "UPDATE task_instance SET trigger_timeout = now() - interval '1 second' WHERE dag_id = %s"
+            " AND run_id = %s AND task_id = %s AND state = 'awaiting_input' AND trigger_timeout IS NOT NULL",
+            (dag_id, run_id, GATE)).rowcount
+    assert moved == 1, f"{dag_id}/{run_id}: no parked {GATE} with a deadline"
 
 
 def answer(stack: AirflowStack, dag_id: str, run_id: str, option: str) -> dict[str, Any]:
@@ -250,6 +229,11 @@ def test_a_wait_past_its_deadline_alerts_and_keeps_waiting_or_abandons(airflow_s
         repos[pid][0].delete(30)
         mirrors[pid] = records(stack, pid)
         runs[pid] = stack.trigger(f"harvest_{pid}", {"mode": "incremental"})["dag_run_id"]
+    for pid in (WAIT, ABANDON):
+        dag_id = f"harvest_{pid}"
+        wait_awaiting_input(stack, dag_id, runs[pid])
+        assert not alerts_of(alerts, "approval_overdue", pid)  # before its deadline: no overdue alert
+        pass_deadline(stack, dag_id, runs[pid])
 
     # abandon: the scheduler answers Reject at the deadline; the run is abandoned cleanly.
     dag_id = f"harvest_{ABANDON}"
@@ -264,7 +248,7 @@ def test_a_wait_past_its_deadline_alerts_and_keeps_waiting_or_abandons(airflow_s
     # wait: the alert, then the request is still open and the task parked again.
     dag_id = f"harvest_{WAIT}"
     stack.poll(lambda: alerts_of(alerts, "approval_overdue", WAIT), 120, "the overdue alert of the waiting partner")
-    wait_awaiting_input(stack, dag_id, runs[WAIT])
+    wait_awaiting_input(stack, dag_id, runs[WAIT], parks=2)  # parked again, now without a deadline
     detail = get(stack, f"{gate_path(dag_id, runs[WAIT])}/hitlDetails")
     assert not detail["response_received"]
     assert request_row(stack, dag_id, runs[WAIT])[0] == "pending"

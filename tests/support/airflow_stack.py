@@ -465,7 +465,10 @@ class AirflowServices:
 
         def finished() -> dict | None:
             self.check_alive()
-            run = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
+            try:
+                run = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
+            except requests.Timeout:  # a loaded api-server (its one worker also serves the task runners): ask again
+                return None
             return run if run["state"] in ("success", "failed") else None
 
         return poll(finished, timeout, f"run {dag_id}/{run_id} to finish", interval=0.5,

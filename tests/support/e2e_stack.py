@@ -20,8 +20,20 @@ from typing import Any
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from tests.support.airflow_stack import (
-    QUICK, ROOT, AirflowServices, Keys, airflow_settings, clean_environ, code_path, create_database,
-    drop_database, free_loopback_port, http_connection, postgres_connection, poll, sqlalchemy_url,
+    QUICK,
+    ROOT,
+    AirflowServices,
+    Keys,
+    airflow_settings,
+    clean_environ,
+    code_path,
+    create_database,
+    drop_database,
+    free_loopback_port,
+    http_connection,
+    poll,
+    postgres_connection,
+    sqlalchemy_url,
 )
 from tests.support.smtp_sink import SmtpSink
 
@@ -34,6 +46,10 @@ STARTUP_TIMEOUT = 120.0  # API healthy, scheduler and dag-processor heartbeating
 PARSE_TIMEOUT = 120.0  # every e2e DAG serialized
 LEASE_TTL_SECONDS = 6  # a killed task's lease ends this soon after it stops renewing
 DAG_IDS = (f"harvest_{MUSEUM}", f"harvest_{BROKEN}", f"reconcile_{MUSEUM}", f"harvest_{LAGGING}", DOWNSTREAM_DAG)
+# The shared stack's partner whose pool is never created (run_deadline 1m, the museum's endpoint):
+# tests/e2e/test_airflow_services.py triggers it; its DAG is not among those the stack waits
+# for, so the stack creates no pool for it.
+POOLLESS = "e2epoolless"
 
 
 class AirflowStack(AirflowServices):
@@ -44,7 +60,9 @@ class AirflowStack(AirflowServices):
     simulator: OaiSimulator
     sink: SmtpSink
     aggregation_db: str
+    metadata_db: str  # conninfo of Airflow's metadata database (a test may move a deadline in it)
     registry: Path
+    approval: Any = None  # the approval partners (tests/support/approval_partners.py) on the shared stack
     museum = MUSEUM  # the healthy partner
     broken = BROKEN  # the partner whose endpoint is a closed port
     lagging = LAGGING
@@ -156,7 +174,7 @@ def start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
 
     stack = AirflowStack(env, base, port)
     stack.repo, stack.simulator, stack.sink = repo, simulator, sink
-    stack.aggregation_db, stack.registry = aggregation_db, registry
+    stack.aggregation_db, stack.registry, stack.metadata_db = aggregation_db, registry, meta_db
     cleanup.callback(stack.stop)  # runs before the rest
     if metadata_template is None:
         stack.migrate()
@@ -166,6 +184,29 @@ def start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
     dag_ids = tuple(dag_ids)
     stack.wait_for_dags(dag_ids, PARSE_TIMEOUT)
     stack.ensure_pools(stack.pools_named_by(dag_ids), description="e2e")
+    return stack
+
+
+def start_shared_airflow(pg_server: str, base: Path, cleanup: ExitStack,
+                         metadata_template: str | None = None) -> AirflowStack:
+    """The stack tests/e2e/test_airflow_services.py and tests/e2e/test_approval_gates_e2e.py
+    share (one start for both): the e2e partners, ``POOLLESS`` and the approval partners
+    (tests/support/approval_partners.py, on ``stack.approval``) in one registry. The two
+    modules' partners are disjoint, and neither counts anything across partners."""
+    from tests.support.approval_partners import DAG_IDS as APPROVAL_DAG_IDS
+    from tests.support.approval_partners import ApprovalPartners, registry_lines
+
+    approval = cleanup.enter_context(ApprovalPartners())
+
+    def registry(path: Path) -> None:
+        write_registry(path)
+        with path.open("a", encoding="utf-8") as out:
+            out.write(f"  - {{id: {POOLLESS}, protocol: oai-pmh, conn_id: partner_{MUSEUM}, run_deadline: 1m}}\n")
+            out.write(registry_lines())
+
+    stack = start_airflow(pg_server, base, cleanup, approval.overrides(), metadata_template,
+                          registry_writer=registry, dag_ids=(*DAG_IDS, *APPROVAL_DAG_IDS), startup_timeout=300)
+    stack.approval = approval
     return stack
 
 
@@ -190,5 +231,6 @@ def log_in(stack: AirflowServices) -> None:
     stack.http.headers["Authorization"] = f"Bearer {response.json()['access_token']}"
 
 
-__all__ = ["AirflowStack", "poll", "start_airflow", "write_registry", "MUSEUM", "BROKEN", "LAGGING",
+__all__ = ["AirflowStack", "poll", "start_airflow", "start_shared_airflow", "write_registry", "MUSEUM", "BROKEN",
+           "LAGGING", "POOLLESS",
            "LEASE_TTL_SECONDS", "ALERTS_CONN_ID", "DOWNSTREAM_DAG", "migrate_metadata_template"]

@@ -270,9 +270,11 @@ def partner_health(
     per_partner = {row[0]: row[1:] for row in conn.execute(_PER_PARTNER, {"ids": ids})}
     newest_events = events.newest(conn, [(p.id, p.dag_id) for p in partners])
     conn.commit()
-    facts = {pid: _Facts(*row, last=runs.get((pid, "last")), success=runs.get((pid, "success")),
+    facts = {pid: _Facts(held, quarantined, cursor, cursor_started, clock, last_fetch_at, first_run_at,
+                         last=runs.get((pid, "last")), success=runs.get((pid, "success")),
                          harvest=runs.get((pid, "harvest")), reconcile=runs.get((pid, "reconcile")))
-             for pid, row in per_partner.items()}
+             for pid, (held, quarantined, cursor, cursor_started, clock, last_fetch_at, first_run_at)
+             in per_partner.items()}
     return _rows(partners, facts, newest_events, scheduler_runs or {}, now, registry_errors)
 
 

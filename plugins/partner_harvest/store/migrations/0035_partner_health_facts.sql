@@ -122,12 +122,16 @@ BEGIN
     FOREACH pid IN ARRAY CASE TG_OP WHEN 'INSERT' THEN ARRAY[NEW.partner_id]
                                     WHEN 'DELETE' THEN ARRAY[OLD.partner_id]
                                     ELSE ARRAY[OLD.partner_id, NEW.partner_id] END LOOP
+        -- The partner this transaction recomputed last (a setting that ends with the
+        -- transaction): a statement that wrote many rows of one partner costs one recompute.
+        CONTINUE WHEN current_setting('partner_harvest.health_facts_of', true) = pid;
         INSERT INTO partner_health_facts (partner_id, refreshed_xact) VALUES (pid, '0')
             ON CONFLICT (partner_id) DO NOTHING;
         SELECT f.refreshed_xact INTO done FROM partner_health_facts f WHERE f.partner_id = pid FOR UPDATE;
         IF done IS DISTINCT FROM pg_current_xact_id() THEN
             PERFORM partner_health_facts_refresh(pid);
         END IF;
+        PERFORM set_config('partner_harvest.health_facts_of', pid, true);
     END LOOP;
     RETURN NULL;
 END

@@ -228,3 +228,104 @@ def test_the_health_page_shows_a_partners_cause_once(conn: psycopg.Connection, d
         page = client.get(f"/partner/{partner}").text
         assert page.count(cause) == 1, (partner, page[:3000])
         assert 'id="cause"' in page
+
+
+# The index's own cases beside the table's: a warning, a run stopped at its approval gate, a run
+# the partner told to come back later, a gate's rejection, a sliced run with a failed slice, a
+# partner with reconciles only, two runs started in the same microsecond.
+MORE = "".join(f"  - id: {pid}\n    protocol: oai-pmh\n    conn_id: partner_{pid}\n"
+               for pid in ("spiked", "checked", "gated", "later", "rejected", "sliced", "swept", "twins"))
+
+
+def seed_more(conn: psycopg.Connection) -> dict[str, str]:
+    hour = timedelta(hours=1)
+    with conn.transaction():
+        for pid in ("spiked", "checked", "gated", "later", "rejected", "sliced", "twins"):
+            run_row(conn, pid, "n1", status="applied", started=NOW - 26 * hour, until=NOW - 26 * hour, fetched=40)
+        conn.execute("UPDATE harvest_runs SET purged = 30 WHERE partner_id = 'spiked'")
+        conn.execute("UPDATE harvest_runs SET check_kind = 'list_size', check_expected = 40, check_found = 39,"
+                     " check_ok = false WHERE partner_id = 'checked'")
+        run_row(conn, "gated", "n2", status="harvested", started=NOW - hour)
+        run_row(conn, "later", "n2", status="waiting", started=NOW - hour, error="429: come back at 09:00")
+        run_row(conn, "rejected", "n2", status="abandoned", started=NOW - hour, error="rejected at the gate")
+        run_row(conn, "sliced", "n2", status="applied", started=NOW - hour, until=NOW - hour)
+        conn.execute(
+            "INSERT INTO harvest_runs (partner_id, run_id, channel, mode, status, error, started_at)"
+            " VALUES ('sliced', 'harvest_sliced/n2', 'changes/002', 'incremental', 'failed', 'slice 2: timeout', %s)",
+            (NOW - hour,))
+        conn.execute(
+            "INSERT INTO harvest_runs (partner_id, run_id, channel, mode, status, fetched, started_at, applied_at)"
+            " VALUES ('swept', 'reconcile_swept/w1', 'reconcile', 'reconcile', 'applied', 3, %s, %s)",
+            (NOW - 2 * hour, NOW - hour))
+        run_row(conn, "twins", "a2", status="failed", started=NOW - hour, error="twin a failed")
+        run_row(conn, "twins", "b2", status="applied", started=NOW - hour, until=NOW - hour)
+    return {"spiked": partner_state.WARNING, "checked": partner_state.WARNING, "gated": partner_state.RUNNING,
+            "later": partner_state.RETRYING, "rejected": partner_state.FAILING, "sliced": partner_state.FAILING,
+            "swept": partner_state.NEVER_RUN, "twins": partner_state.OK}
+
+
+def _view(h) -> tuple:  # noqa: ANN001
+    """What the index filters and sorts a row by."""
+    last = h.last_run
+    return (h.state, h.cause, h.note, h.cursor, h.cursor_lag, h.records_held, h.quarantined_now, h.alerts,
+            None if last is None else (last.run_id, last.started_at))
+
+
+def _assert_index_agrees(conn: psycopg.Connection, registry, scheduled: dict[str, SchedulerRun]) -> dict[str, str]:  # noqa: ANN001
+    from partner_harvest.health_index import SORTS, IndexQuery, select_page
+    from partner_harvest.store.health import index_health
+
+    fast = index_health(conn, registry.partners, NOW, scheduled, registry.errors)
+    each = [one for entry in registry.partners for one in partner_health(conn, [entry], NOW, scheduled)]
+    each += partner_health(conn, [], NOW, scheduled, registry.errors)
+    assert {h.partner_id: _view(h) for h in fast} == {h.partner_id: _view(h) for h in each}
+    for sort in SORTS:  # every sort, both ways, and the state filter: the same partners in the same order
+        for order in ("asc", "desc"):
+            for state in (None, partner_state.FAILING, partner_state.BEHIND):
+                query = IndexQuery(sort=sort, order=order, state=state, per_page=500)
+                page, reference = select_page(fast, query), select_page(each, query)
+                assert [h.partner_id for h in page.rows] == [h.partner_id for h in reference.rows], (sort, order)
+                assert page.counts == reference.counts
+    return {h.partner_id: h.state for h in fast}
+
+
+def test_the_index_decides_every_state_as_the_partner_page_does_and_keeps_up_with_every_write(
+        conn: psycopg.Connection, db: str) -> None:
+    """The index reads one row per partner (partner_health_facts, kept by a trigger on
+    harvest_runs) instead of the audit: every partner's state, cause, lag and sort keys are the
+    ones the partner's own page computes from harvest_runs, for every state of the table, and
+    stay so after inserts, updates, deletes, a rolled-back write, a writer committing under
+    another's open transaction, and forget."""
+    from partner_harvest.store import connect
+    from partner_harvest.store.admin import forget_partner
+
+    registry = load_registry_text(REGISTRY + MORE)
+    cases, scheduled = seed(conn)
+    more = seed_more(conn)
+    states = _assert_index_agrees(conn, registry, scheduled)
+    assert states == {**{c.partner: c.state for c in cases}, **more}
+    assert set(states.values()) == set(partner_state.NAMES)
+
+    hour = timedelta(hours=1)
+    with conn.transaction():  # the gate approved and applied; the waiting run failed its last try
+        conn.execute("UPDATE harvest_runs SET status = 'applied', applied_at = %s, window_until = %s"
+                     " WHERE run_id = 'harvest_gated/n2'", (NOW - 0.5 * hour, NOW - hour))
+        conn.execute("UPDATE harvest_runs SET status = 'failed' WHERE run_id = 'harvest_later/n2'")
+    conn.execute("DELETE FROM harvest_runs WHERE run_id = 'harvest_slow/n1'")  # autocommit-like: its own commit
+    conn.commit()
+    with pytest.raises(RuntimeError), conn.transaction():  # a write that fails (a fence) leaves nothing
+        conn.execute("UPDATE harvest_runs SET status = 'failed' WHERE partner_id = 'okay'")
+        raise RuntimeError("fenced")
+    other = connect(db)
+    try:  # two writers of one partner: the later commit sees the earlier's rows
+        other.execute("UPDATE harvest_runs SET purged = 35 WHERE run_id = 'harvest_spiked/n1'")
+        run_row(conn, "spiked", "n2", status="applied", started=NOW - hour, until=NOW - hour, fetched=40)
+        conn.commit()
+        other.commit()
+    finally:
+        other.close()
+    forget_partner(conn, "silent")
+    conn.commit()
+    states = _assert_index_agrees(conn, registry, scheduled)
+    assert (states["gated"], states["later"], states["slow"], states["okay"], states["silent"]) == (
+        partner_state.OK, partner_state.FAILING, partner_state.NEVER_RUN, partner_state.OK, partner_state.NEVER_RUN)

@@ -29,7 +29,16 @@ from partner_harvest.health_index import IndexQuery, partners_to_read, select_pa
 from partner_harvest.partner_state import slug
 from partner_harvest.registry import Registry
 from partner_harvest.report import build_report, report_csv
-from partner_harvest.store.health import STATES, PartnerHealth, partner_health, quarantine_today, recent_runs, warnings_today
+from partner_harvest.store.health import (
+    INVALID,
+    STATES,
+    PartnerHealth,
+    index_health,
+    partner_health,
+    quarantine_today,
+    recent_runs,
+    warnings_today,
+)
 from partner_harvest.store.pacing import partner_rate
 from partner_harvest.store.progress import current_progress, summary_line
 
@@ -71,8 +80,8 @@ def create_app() -> FastAPI:
         now, rows = _index_rows(registry, query)
         page = select_page(rows, query, total=len(registry.partners) + len(registry.errors))
         protocols = sorted({p.protocol for p in registry.partners})
-        return _render("index.html", request, rows=page.rows, index=page, counts=page.counts, now=now,
-                       states=STATES, protocols=protocols)
+        return _render("index.html", request, rows=_shown(registry, page.rows, now), index=page, counts=page.counts,
+                       now=now, states=STATES, protocols=protocols)
 
     @app.get("/partner/{partner_id}", response_class=HTMLResponse, dependencies=guard)
     def partner(request: Request, partner_id: str) -> HTMLResponse:
@@ -136,7 +145,7 @@ def _index_rows(registry: Registry, query: IndexQuery) -> tuple[datetime, list[P
     partners = partners_to_read(registry.partners, query)
     scheduled = source.latest_harvest_runs(partners)
     with source.connection() as conn:
-        rows = partner_health(conn, partners, now, scheduled, registry.errors if query.protocol is None else ())
+        rows = index_health(conn, partners, now, scheduled, registry.errors if query.protocol is None else ())
     if not cache:
         return now, rows
     with _index_lock:
@@ -144,6 +153,18 @@ def _index_rows(registry: Registry, query: IndexQuery) -> tuple[datetime, list[P
             del _index_cache[stale]
         _index_cache[key] = (now, rows)
     return now, rows
+
+
+def _shown(registry: Registry, rows: list[PartnerHealth], now: datetime) -> list[PartnerHealth]:
+    """The page's rows as the partner's own page shows them (partner_health, read for these
+    partners only), in the index's order; an invalid entry's row as it is."""
+    by_id = {p.id: p for p in registry.partners}
+    partners = [by_id[h.partner_id] for h in rows if h.state != INVALID and h.partner_id in by_id]
+    if not partners:
+        return rows
+    with source.connection() as conn:
+        full = {h.partner_id: h for h in partner_health(conn, partners, now, source.latest_harvest_runs(partners))}
+    return [full.get(h.partner_id, h) if h.state != INVALID else h for h in rows]
 
 
 def _render(template: str, request: Request, **context: object) -> HTMLResponse:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -136,7 +137,10 @@ def test_the_local_ui_shows_a_failing_partner_with_its_cause_and_status_agrees(
             assert page.locator("#state").inner_text() == "failing"
             assert "Connection refused" in page.locator("#cause").inner_text()
             page.screenshot(path=str(shots / "local_ui_partner_failing.png"), full_page=True)
-            inbox = page.goto(f"http://127.0.0.1:{port + 3}/")
+            # port + 3, or any free port when that one was taken: the ready lines name it
+            inbox_url = re.search(r"^    alerts: (http://\S+/) and ", log.read_text(), re.M)
+            assert inbox_url, log.read_text()[-3000:]
+            inbox = page.goto(inbox_url.group(1))
             assert inbox.ok and f"{DOWN}: harvest_{DOWN}.freeze_window failed" in page.inner_text("#alerts")
             page.screenshot(path=str(shots / "local_ui_alert_inbox.png"), full_page=True)
             browser.close()

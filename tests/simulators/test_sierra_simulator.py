@@ -15,7 +15,6 @@ import select
 import signal
 import subprocess
 import sys
-import time
 from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -115,14 +114,12 @@ def test_catalogue_is_deterministic_and_spread_over_the_year() -> None:
     assert SimulatedCatalogue(bibs=600, seed=2).get("1000001") != a.get("1000001")
 
 
-def test_catalogue_of_100k_builds_and_queries_fast() -> None:
-    started = time.perf_counter()
+def test_catalogue_of_100k_answers_keyset_and_window_queries() -> None:
+    """How fast it builds and answers is measured by the benchmarks that use it
+    (benchmarks/sierra_full_load.py), not asserted here against the wall clock."""
     catalogue = SimulatedCatalogue(bibs=100_000)
-    assert time.perf_counter() - started < 2.0
-    started = time.perf_counter()
     page = catalogue.select(BibQuery(id_low=1_050_000, deleted=False), limit=2000)
     window = catalogue.select(BibQuery(updated=(int(START.timestamp()) - 3600, 2**40)), limit=2000)
-    assert time.perf_counter() - started < 0.5
     assert len(page) == 2000 and page == sorted(page) and page[0] >= 1_050_000
     assert window == sorted(window)
 
@@ -217,7 +214,7 @@ def test_invalid_bib_lacks_245(catalogue: SimulatedCatalogue) -> None:
     assert bib_marc(catalogue.get("1000074")).get("245") is not None
 
 
-# ------------------------------------------------------------------ quirk 7: auth
+# ------------------------------------------------------------------ auth
 def test_token_flow_and_expiry_on_the_simulated_clock(sim: SierraSimulator,
                                                       catalogue: SimulatedCatalogue) -> None:
     response = requests.post(f"{sim.base_url}/token", auth=("demo-key", "demo-secret"))  # no body at all
@@ -269,7 +266,7 @@ def test_expired_token_code_120_variant(catalogue: SimulatedCatalogue) -> None:
         assert body["code"] == 120 and body["description"] == "invalid_token"
 
 
-# ------------------------------------------------------- quirk 1: empty results
+# ------------------------------------------------------- empty results
 def test_empty_range_is_404_107_without_description(sim: SierraSimulator, client: requests.Session) -> None:
     response = get(client, sim, "/bibs", deleted="false",
                    updatedDate="[2030-01-01T00:00:00Z,2030-01-02T00:00:00Z]")
@@ -284,7 +281,7 @@ def test_empty_deletion_poll_is_200_without_total(sim: SierraSimulator, client: 
     assert response.status_code == 200 and response.json() == {"start": 0, "entries": []}
 
 
-# ------------------------------------------------- quirk 2: total and the 2000 cap
+# ------------------------------------------------- total and the 2000 cap
 def test_default_limit_and_total_is_page_size(sim: SierraSimulator, client: requests.Session) -> None:
     body = get(client, sim, "/bibs").json()
     assert body["total"] == len(body["entries"]) == 50 and body["start"] == 0
@@ -296,12 +293,10 @@ def test_limit_is_capped_at_2000_silently() -> None:
     with SierraSimulator(SimulatedCatalogue(bibs=2600, deleted_fraction=0)) as sim, login(sim) as client:
         body = get(client, sim, "/bibs", limit=5000, fields="id").json()
         assert body["total"] == 2000 and len(body["entries"]) == 2000
-        started = time.perf_counter()
         assert get(client, sim, "/bibs", limit=2000, id="[1000601,]").json()["total"] == 2000
-        assert time.perf_counter() - started < 1.0
 
 
-# -------------------------------------- quirk 3: ascending ids, keyset paging, AND
+# -------------------------------------- ascending ids, keyset paging, AND
 def test_keyset_paging_is_gap_and_dup_free(sim: SierraSimulator, client: requests.Session,
                                            catalogue: SimulatedCatalogue) -> None:
     seen: list[str] = []
@@ -342,7 +337,7 @@ def test_filters_and_together(sim: SierraSimulator, client: requests.Session,
     assert created and all("2025-06-01" <= e["createdDate"][:10] <= "2025-06-30" for e in created)
 
 
-# ------------------------------------------------------ quirk 4: deletions
+# ------------------------------------------------------ deletions
 def test_deletions_are_date_only_and_hidden_from_updated_windows(
         sim: SierraSimulator, client: requests.Session, catalogue: SimulatedCatalogue) -> None:
     target = "1000200"
@@ -391,7 +386,7 @@ def get_entry(client: requests.Session, sim: SierraSimulator, bib_id: str) -> di
     return client.get(f"{sim.base_url}/bibs/{bib_id}").json()
 
 
-# ------------------------------------------------------ quirk 5: fields
+# ------------------------------------------------------ fields
 def test_fields_projection_and_errors(sim: SierraSimulator, client: requests.Session,
                                       catalogue: SimulatedCatalogue) -> None:
     entry = get(client, sim, "/bibs", fields="title,publishYear", limit=1).json()["entries"][0]
@@ -420,7 +415,7 @@ def test_fields_projection_and_errors(sim: SierraSimulator, client: requests.Ses
     assert bad_param.status_code == 400 and bad_param.json()["code"] == 106
 
 
-# ---------------------------------------------------- quirk 6: dates and brackets
+# ---------------------------------------------------- dates and brackets
 def test_timestamps_need_z_dates_and_open_ranges_work(sim: SierraSimulator, client: requests.Session) -> None:
     no_z = get(client, sim, "/bibs", updatedDate="[2025-06-01T00:00:00,2025-07-01T00:00:00]")
     assert no_z.status_code == 400 and no_z.json()["code"] == 108
@@ -446,7 +441,7 @@ def test_raw_and_encoded_brackets_agree(sim: SierraSimulator, client: requests.S
     assert bodies[0] == bodies[1] and bodies[0]["total"] > 0
 
 
-# --------------------------------------------------- quirk 8: two-phase export
+# --------------------------------------------------- two-phase export
 def test_export_three_phases_with_truncation(sim: SierraSimulator, client: requests.Session,
                                              catalogue: SimulatedCatalogue) -> None:
     summary = get(client, sim, "/bibs/marc", id="[1000050,9999999]", limit=100)
@@ -601,7 +596,7 @@ def test_export_rate_limit_and_injected_failure(catalogue: SimulatedCatalogue) -
         assert len(sim.open_export_files) == 6 == sim.exports_created
 
 
-# ------------------------------------------------- quirk 9: per-record MARC
+# ------------------------------------------------- per-record MARC
 def test_bib_marc_needs_accept(sim: SierraSimulator, client: requests.Session,
                                catalogue: SimulatedCatalogue) -> None:
     url = f"{sim.base_url}/bibs/1000100/marc"
@@ -624,7 +619,7 @@ def test_bib_marc_needs_accept(sim: SierraSimulator, client: requests.Session,
     assert missing.status_code == 404 and missing.json() == NOT_FOUND
 
 
-# ------------------------------------------------------ quirk 10: bibs/query
+# ------------------------------------------------------ bibs/query
 def test_json_query_returns_links_only(sim: SierraSimulator, client: requests.Session,
                                        catalogue: SimulatedCatalogue) -> None:
     edited = catalogue.edit(5)
@@ -645,7 +640,7 @@ def test_json_query_returns_links_only(sim: SierraSimulator, client: requests.Se
     assert wrong_method.status_code == 400 and wrong_method.json()["code"] == 106
 
 
-# ------------------------------------------------------ quirk 11: transport
+# ------------------------------------------------------ transport
 def test_transient_failures_and_path_filter(sim: SierraSimulator, client: requests.Session) -> None:
     sim.fail_next(2)
     for _ in range(2):

@@ -307,7 +307,7 @@ MUTATIONS: tuple[Mutation, ...] = (
       (FENCE_DAG + "test_forget_while_a_run_waits_for_its_retry_is_not_undone_by_the_retry",),
       "forget leaves the epoch: the retry of a run planned before it applies and sets the cursor again"),
     M("I14-keeper-tells-the-task", "store/leases.py",
-      '                    self._lose(f"its tenure (token {self.fence.token}) is gone: it lapsed and was taken, or removed")\n',
+      '                    self._lose(f"its tenure (token {self.fence.token}) is no longer held: it lapsed and was taken, or removed")\n',
       "                    continue\n",
       (FENCES + "test_a_keeper_that_cannot_renew_stops_the_work_at_its_next_page",),
       "a keeper that cannot renew says nothing: the task learns of it only from the database, if at all"),

@@ -164,7 +164,7 @@ class LeaseKeeper:
                     conn = connect(self.conninfo)
                 if not renew(conn, self.partner_id, self.holder, self.ttl, self.fence.token):
                     # Never taken again here: another run may have written meanwhile.
-                    self._lose(f"its tenure (token {self.fence.token}) is gone: it lapsed and was taken, or removed")
+                    self._lose(f"its tenure (token {self.fence.token}) is no longer held: it lapsed and was taken, or removed")
                     break
                 renewed_at = time.monotonic()
             except Exception as exc:  # a database blip must not kill the task; the next beat retries

@@ -326,3 +326,22 @@ def test_a_day_of_deletions_and_moves_before_a_refresh_that_keeps_the_history(co
             museum.update(sorted(museum.live)[0])
         night(harness)
         assert harness.held() == harness.live()
+
+
+def test_a_full_harvest_after_a_full_harvest_stages_every_live_object(harness, sim, museum, conn) -> None:
+    """Found by the 50,000-object soak: a full harvest run again (a rerun after a kill between
+    the apply and the cursor, or an operator's full harvest) skipped the descriptions the mirror
+    already held, so they were absent from its staging; the shrink gate then counted them as
+    not returned by the partner and asked to approve the loss of the whole collection."""
+    from partner_harvest.store import gates as store_gates
+
+    harness.run("full")
+    museum.update("o3")
+    sim.clear_requests()
+    shrinks = []
+    harness.run("full", on_staged=lambda channel: shrinks.append(
+        store_gates.measure_shrink(conn, harness.partner.id, f"run-{harness.runs}", whole_collection=True)))
+    [shrink] = shrinks
+    assert shrink.held == len(harness.live()) and shrink.absent == 0, shrink
+    assert sim.count("/objects/") == len(harness.live())  # a full harvest fetches every description
+    assert harness.held() == harness.live()

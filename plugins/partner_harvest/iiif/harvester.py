@@ -8,8 +8,11 @@ seen for an object wins (a Delete after a Create is a tombstone, a re-Create aft
 Delete lands); a Move is a tombstone for its object and a record for its target; a
 Refresh ends a full harvest and turns an incremental one to Delete activities only.
 
-A version the mirror already holds (same or newer stamp) is not fetched again, so the
-window's overlap costs no descriptions: a night with k changes fetches k descriptions.
+In an incremental window a version the mirror already holds (same or newer stamp) is not
+fetched again, so the window's overlap costs no descriptions: a night with k changes fetches
+k descriptions. A full harvest fetches every description: what it does not stage counts as
+not returned by the partner (the shrink gate), and an edit published without an activity
+is picked up.
 """
 
 from __future__ import annotations
@@ -151,7 +154,7 @@ class IiifAdapter(Adapter):
                         skipped_kinds += 1
                 on_page += page.unusable
                 counted += on_page
-                items.extend(self._describe(pool, wanted, sink))
+                items.extend(self._describe(pool, wanted, sink, every=lower is None))
                 stats.pages += 1
                 for item in items:
                     stats.add(item)
@@ -325,9 +328,11 @@ class IiifAdapter(Adapter):
             return Description(identifier, self.object_itself)
         return chosen
 
-    def _describe(self, pool: ThreadPoolExecutor, wanted: list[Wanted], sink: ItemSink) -> list[HarvestItem]:
-        """The wanted descriptions, fetched ``concurrency`` at a time; versions already held skipped."""
-        held = _held(sink, self.partner_id, [w.identifier for w in wanted])
+    def _describe(self, pool: ThreadPoolExecutor, wanted: list[Wanted], sink: ItemSink, *,
+                  every: bool) -> list[HarvestItem]:
+        """The wanted descriptions, fetched ``concurrency`` at a time; versions already held
+        skipped unless ``every`` (a full harvest)."""
+        held = {} if every else _held(sink, self.partner_id, [w.identifier for w in wanted])
         todo = [w for w in wanted if not (w.identifier in held and held[w.identifier] >= w.when)]
         self.descriptions_skipped += len(wanted) - len(todo)
         return list(pool.map(self._one, todo))

@@ -262,6 +262,8 @@ def main() -> None:
     parser.add_argument("--partners", type=int, nargs="+", default=[10, 100])
     parser.add_argument("--shards", type=int, default=0)
     parser.add_argument("--idle", type=float, default=120.0, help="seconds of the idle measurement")
+    parser.add_argument("--nights", type=int, choices=range(4), default=3,
+                        help="how many of the nights first, quiet1, quiet to run (0: the parse and the idle hour only)")
     args = parser.parse_args()
     for count in args.partners:
         with tempfile.TemporaryDirectory(prefix="many-partners-") as tmp:
@@ -272,7 +274,7 @@ def main() -> None:
                 print(f"idle {args.idle:.0f} s: {idle}", flush=True)
                 # The second night follows one that fetched records; from the third on a quiet
                 # partner's night is what it is every night after (airflow/quiet.py).
-                nights = [stack.night("first"), stack.night("quiet1"), stack.night("quiet")]
+                nights = [stack.night(name) for name in ("first", "quiet1", "quiet")[:args.nights]]
             finally:
                 stack.stop()
             report(count, args.shards, args.idle, stack, nights, idle)

@@ -111,8 +111,10 @@ def registry_yaml(partners: list[PartnerSpec], waits: Waits = Waits(), timeout: 
     # (options.politeness, shared by every soak partner on 127.0.0.1) are shrunk alike.
     http = (f"http: {{backoff_factor: 0.01, retries: {HTTP_RETRIES}, retry_after_cap: 2}},"
             " politeness: {backoff_step: 20, max_backoff: 200}")
+    # A night stopped at an approval gate ends after 10 minutes (the run abandoned, so the
+    # night's check shows what it left) instead of waiting for a person who never comes.
     airflow = (f"retries: {RETRIES}, retry_delay: {waits.retry_delay}, max_retry_delay: {waits.max_retry_delay},"
-               f" execution_timeout: {timeout}")
+               f" execution_timeout: {timeout}, approval_timeout: 10m, approval_timeout_action: abandon")
     sierra = ("" if waits.sierra_server_error_backoff is None
               else f" sierra: {{server_error_backoff: {waits.sierra_server_error_backoff}}},")
     for p in partners:

@@ -66,8 +66,8 @@ def _process(jobs: list[Slice], conninfo: str | None) -> list[dict[str, Any]]:
 def run_in_processes(groups: list[list[Slice]], conninfo: str | None) -> list[dict[str, Any]]:
     """Each group of slices in a process of its own, each opening its own sessions and
     database connections, so nothing is shared but the database. Spawned, not forked: a
-    child forked while the simulators' threads held a lock hung the suite once (under load),
-    and its pool's terminate then waited on it for good."""
+    forked child hung the suite once under load (most likely forked while a simulator thread
+    held a lock), and the pool's terminate then waited on it for good."""
     context = multiprocessing.get_context("spawn")
     with context.Pool(len(groups)) as pool:
         results = pool.starmap(_process, [(group, conninfo) for group in groups])

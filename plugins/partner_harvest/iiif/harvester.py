@@ -154,7 +154,7 @@ class IiifAdapter(Adapter):
                         skipped_kinds += 1
                 on_page += page.unusable
                 counted += on_page
-                items.extend(self._describe(pool, wanted, sink, every=lower is None))
+                items.extend(self._describe(pool, wanted, sink, every=window.is_full))
                 stats.pages += 1
                 for item in items:
                     stats.add(item)

@@ -322,6 +322,8 @@ class AirflowServices:
     """The services of one stack as subprocesses, each leading its own process group, and the
     REST API v2 calls every user of a stack makes. ``error`` is what a refused call raises."""
 
+    probe_timeout = 10.0  # seconds one readiness probe waits for an answer before it reads "not yet"
+
     def __init__(self, env: dict[str, str], workdir: Path, port: int, services: tuple[str, ...] = SERVICES, *,
                  cwd: Path | None = None, log_prefix: str = "", append_logs: bool = False,
                  error: type[Exception] = AssertionError) -> None:
@@ -378,7 +380,7 @@ class AirflowServices:
         """The health report once every started service is healthy."""
         self.check_alive()
         try:
-            response = self.http.get(f"{self.base_url}/api/v2/monitor/health", timeout=5)
+            response = self.http.get(f"{self.base_url}/api/v2/monitor/health", timeout=self.probe_timeout)
         except (requests.ConnectionError, requests.Timeout):  # not up yet, or slow to answer while it starts
             return None
         if response.status_code != 200:
@@ -408,7 +410,10 @@ class AirflowServices:
     def dag_parsed(self, dag_id: str) -> dict | None:
         """The DAG once serialized; an import error fails at once (the files will not change)."""
         self.check_alive()
-        response = self.http.get(f"{self.base_url}/api/v2/dags/{dag_id}", timeout=10)
+        try:
+            response = self.http.get(f"{self.base_url}/api/v2/dags/{dag_id}", timeout=self.probe_timeout)
+        except requests.Timeout:  # a loaded api-server answered too slowly: not yet, poll's deadline decides
+            return None
         if response.status_code == 200:
             return response.json()
         if self.api("GET", "/importErrors")["total_entries"]:

@@ -36,6 +36,7 @@ from support import ROOT  # the repository on sys.path, a runtime directory for 
 from include import embedded_pg  # noqa: E402
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository  # noqa: E402
 from tests.support.airflow_stack import (  # noqa: E402
+    QUIET_DAG_PROCESSOR,
     SERVICES,
     AirflowServices,
     Keys,
@@ -126,8 +127,10 @@ class ManyPartners:
     each stack with its own ``pg_label`` has a PostgreSQL server (and CPU figure) of its own."""
 
     def __init__(self, count: int, shards: int, work: Path, *, settings: dict[str, str] | None = None,
-                 services: tuple[str, ...] = SERVICES, pg_label: str = PG_LABEL) -> None:
+                 services: tuple[str, ...] = SERVICES, pg_label: str = PG_LABEL,
+                 quiet_dag_processor: bool = False) -> None:
         self.count, self.shards, self.work = count, shards, work
+        self.quiet_dag_processor = quiet_dag_processor
         self.settings = dag_processor_settings() if settings is None else settings
         self.services, self.pg_label = services, pg_label
         self.ids = [f"p{i:05d}" for i in range(count)]
@@ -162,6 +165,8 @@ class ManyPartners:
             subprocess.run([sys.executable, "-m", "partner_harvest.airflow.shards", "--shards", str(self.shards),
                             str(dags)], env=env, check=True)
         self.stack = AirflowServices(env, self.work, port, self.services)
+        if self.quiet_dag_processor:  # partner_harvest/airflow/dag_processor.py, its default poll interval
+            self.stack.launchers = {"dag-processor": QUIET_DAG_PROCESSOR}
         self.stack.migrate(timeout=900)
         self.stack.start()
         self.stack.wait_healthy(300)
@@ -241,7 +246,8 @@ def report(count: int, shards: int, idle_s: float, stack: ManyPartners, nights: 
            idle: dict[str, float]) -> None:
     per_hour = {k: v * 3600 / idle_s for k, v in idle.items()}
     print(f"\n== {count} partners, code {ROOT}, shards {shards or 1}, "
-          f"[dag_processor] {dag_processor_settings() or 'Airflow defaults'}")
+          f"[dag_processor] {dag_processor_settings() or 'Airflow defaults'}, "
+          f"dag-processor: {'partner_harvest.airflow.dag_processor' if stack.quiet_dag_processor else 'airflow'}")
     print(f"first parse of every harvest DAG: {stack.first_parse:.0f} s wall")
     print("idle CPU-s per hour: " + ", ".join(f"{k} {v:.0f}" for k, v in per_hour.items()))
     daily_share = per_hour["dag-processor"] * 24 / count
@@ -264,10 +270,12 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=120.0, help="seconds of the idle measurement")
     parser.add_argument("--nights", type=int, choices=range(4), default=3,
                         help="how many of the nights first, quiet1, quiet to run (0: the parse and the idle hour only)")
+    parser.add_argument("--quiet-dag-processor", action="store_true",
+                        help="run python -m partner_harvest.airflow.dag_processor instead of airflow dag-processor")
     args = parser.parse_args()
     for count in args.partners:
         with tempfile.TemporaryDirectory(prefix="many-partners-") as tmp:
-            stack = ManyPartners(count, args.shards, Path(tmp))
+            stack = ManyPartners(count, args.shards, Path(tmp), quiet_dag_processor=args.quiet_dag_processor)
             try:
                 stack.start()
                 idle = stack.idle(args.idle)

@@ -37,6 +37,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("api-server", "scheduler", "dag-processor")
 TRIGGERER = "triggerer"
+# partner_harvest/airflow/dag_processor.py: Airflow's dag-processor with a throttled idle loop.
+QUIET_DAG_PROCESSOR = [sys.executable, "-m", "partner_harvest.airflow.dag_processor"]
 STOP_TIMEOUT = 20.0  # for all services, after SIGTERM, before SIGKILL
 # Environment a developer's shell (or an earlier test) may carry that must not reach a stack.
 FOREIGN_SETTINGS = ("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_", "HARVEST_")
@@ -323,6 +325,8 @@ class AirflowServices:
     REST API v2 calls every user of a stack makes. ``error`` is what a refused call raises."""
 
     probe_timeout = 10.0  # seconds one readiness probe waits for an answer before it reads "not yet"
+    # A service started by another command than ``airflow <name>`` (the quiet dag-processor).
+    launchers: dict[str, list[str]] = {}
 
     def __init__(self, env: dict[str, str], workdir: Path, port: int, services: tuple[str, ...] = SERVICES, *,
                  cwd: Path | None = None, log_prefix: str = "", append_logs: bool = False,
@@ -354,8 +358,9 @@ class AirflowServices:
             extra = ["--host", "127.0.0.1", "--port", str(self.port)] if name == "api-server" else []
             self.logs[name] = self.workdir / f"{self.log_prefix}{name}.log"
             with self.logs[name].open("ab" if self.append_logs else "wb") as out:  # the child keeps its own handle
+                command = [*self.launchers.get(name, self.airflow(name)), *extra]
                 self.processes[name] = subprocess.Popen(
-                    self.airflow(name, *extra), env=self.env, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT,
+                    command, env=self.env, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, start_new_session=True,  # own group: stop its workers too
                 )
 

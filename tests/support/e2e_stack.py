@@ -21,6 +21,7 @@ from typing import Any
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from tests.support.airflow_stack import (
     QUICK,
+    QUIET_DAG_PROCESSOR,
     ROOT,
     AirflowServices,
     Keys,
@@ -128,13 +129,15 @@ def migrate_metadata_template(server_uri: str, base: Path) -> str:
 def start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
                   overrides: dict[str, str] | None = None, metadata_template: str | None = None, *,
                   registry_writer: Callable[[Path], None] = write_registry,
-                  dag_ids: Iterable[str] = DAG_IDS, startup_timeout: float = STARTUP_TIMEOUT) -> AirflowStack:
+                  dag_ids: Iterable[str] = DAG_IDS, startup_timeout: float = STARTUP_TIMEOUT,
+                  quiet_dag_processor: bool = False) -> AirflowStack:
     """Start everything, registering each piece's undo on ``cleanup`` as soon as it exists.
 
     With ``metadata_template`` (an already migrated metadata database) the stack's metadata
     database is a copy of it; otherwise ``airflow db migrate`` runs on a new one. A module
     with partners of its own passes ``registry_writer`` (their Connections in ``overrides``)
-    and the ``dag_ids`` to wait for; ``startup_timeout`` bounds the wait for healthy services."""
+    and the ``dag_ids`` to wait for; ``startup_timeout`` bounds the wait for healthy services;
+    ``quiet_dag_processor`` runs partner_harvest's dag-processor (its idle polls every 2 s)."""
     home = base / "airflow_home"
     home.mkdir()
     suffix = uuid.uuid4().hex[:8]
@@ -172,7 +175,11 @@ def start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
     })
     env.update(overrides or {})
 
+    if quiet_dag_processor:
+        env["AIRFLOW__PARTNER_HARVEST__DAG_PROCESSOR_POLL_INTERVAL"] = "2"
     stack = AirflowStack(env, base, port)
+    if quiet_dag_processor:
+        stack.launchers = {"dag-processor": QUIET_DAG_PROCESSOR}
     stack.repo, stack.simulator, stack.sink = repo, simulator, sink
     stack.aggregation_db, stack.registry, stack.metadata_db = aggregation_db, registry, meta_db
     cleanup.callback(stack.stop)  # runs before the rest
@@ -205,7 +212,8 @@ def start_shared_airflow(pg_server: str, base: Path, cleanup: ExitStack,
             out.write(registry_lines())
 
     stack = start_airflow(pg_server, base, cleanup, approval.overrides(), metadata_template,
-                          registry_writer=registry, dag_ids=(*DAG_IDS, *APPROVAL_DAG_IDS), startup_timeout=300)
+                          registry_writer=registry, dag_ids=(*DAG_IDS, *APPROVAL_DAG_IDS), startup_timeout=300,
+                          quiet_dag_processor=True)  # its SIGKILL test's failure callback runs there
     stack.approval = approval
     return stack
 

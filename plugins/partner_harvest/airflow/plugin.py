@@ -52,3 +52,6 @@ class PartnerHarvestPlugin(AirflowPlugin):
         from airflow import settings
 
         refuse_plugins_folder_with_sources(settings.PLUGINS_FOLDER)
+        from partner_harvest.airflow import preload  # forked task and parse processes inherit the library
+
+        preload.register()

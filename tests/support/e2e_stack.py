@@ -213,7 +213,7 @@ def start_shared_airflow(pg_server: str, base: Path, cleanup: ExitStack,
 
     stack = start_airflow(pg_server, base, cleanup, approval.overrides(), metadata_template,
                           registry_writer=registry, dag_ids=(*DAG_IDS, *APPROVAL_DAG_IDS), startup_timeout=300,
-                          quiet_dag_processor=True)  # its SIGKILL test's failure callback runs there
+                          quiet_dag_processor=True)  # test_airflow_services.py's reparse test runs against it
     stack.approval = approval
     return stack
 

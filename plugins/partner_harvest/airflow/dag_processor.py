@@ -56,27 +56,19 @@ class Throttle:
         return answer
 
 
+def _throttle(manager: QuietDagFileProcessorManager) -> Throttle:
+    return Throttle(manager.poll_interval)
+
+
 @attrs.define(kw_only=True)
 class QuietDagFileProcessorManager(DagFileProcessorManager):
     """Airflow's manager, asking the database for callbacks, parse requests and stale
     warnings only every ``poll_interval`` seconds while there are none."""
 
     poll_interval: float = attrs.field(factory=poll_interval)
-    _callbacks: Throttle = attrs.field(init=False)
-    _requests: Throttle = attrs.field(init=False)
-    _warnings: Throttle = attrs.field(init=False)
-
-    @_callbacks.default
-    def _callbacks_throttle(self) -> Throttle:
-        return Throttle(self.poll_interval)
-
-    @_requests.default
-    def _requests_throttle(self) -> Throttle:
-        return Throttle(self.poll_interval)
-
-    @_warnings.default
-    def _warnings_throttle(self) -> Throttle:
-        return Throttle(self.poll_interval)
+    _callbacks: Throttle = attrs.field(init=False, default=attrs.Factory(_throttle, takes_self=True))
+    _requests: Throttle = attrs.field(init=False, default=attrs.Factory(_throttle, takes_self=True))
+    _warnings: Throttle = attrs.field(init=False, default=attrs.Factory(_throttle, takes_self=True))
 
     def fetch_callbacks(self) -> list[Any]:
         limit = self.max_callbacks_per_loop

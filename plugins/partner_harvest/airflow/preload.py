@@ -1,6 +1,6 @@
 """The library imported once in the Airflow processes that fork task and parse processes.
 
-A LocalExecutor worker (and a Celery worker) forks one process per task, and the
+A LocalExecutor worker forks one process per task, and the
 dag-processor one per DAG file parse. Each child would import this library again and
 parse the registry again: on a quiet night that import is about a third of the task's CPU.
 Airflow loads plugins when any of its jobs starts (a scheduler before it forks its

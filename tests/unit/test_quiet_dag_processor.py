@@ -3,6 +3,7 @@ stale warnings every poll interval while there are none, and at once while there
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -115,3 +116,70 @@ def test_a_full_batch_of_callbacks_is_followed_by_another_fetch_at_once(database
     assert database["asked"]["callbacks"] == 3
     loops(manager, clock, 1)  # ...of 10 s
     assert database["asked"]["callbacks"] == 4
+
+
+class Selector:
+    """The manager's selector, recording how long each wait was allowed to last."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float | None] = []
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        self.timeouts.append(timeout)
+        return []
+
+
+def idle_manager(clock: Clock, interval: float) -> tuple[QuietDagFileProcessorManager, Selector]:
+    manager, selector = quiet_manager(clock, interval), Selector()
+    manager.selector = selector  # type: ignore[assignment]
+    return manager, selector
+
+
+def test_an_idle_loop_waits_until_the_next_question_is_due(database: dict[str, Any]) -> None:
+    clock = Clock()
+    manager, selector = idle_manager(clock, 10.0)
+    loops(manager, clock, 1)  # asked at 100: the next questions are due at 110
+    clock.now = 101.5
+    manager._service_processor_sockets(timeout=0.98)
+    assert selector.timeouts == [pytest.approx(8.5)]
+
+
+def test_a_loop_with_work_waits_as_airflow_does(database: dict[str, Any]) -> None:
+    clock = Clock()
+    manager, selector = idle_manager(clock, 10.0)
+    loops(manager, clock, 1)
+    manager._file_queue["a file"] = None  # type: ignore[index]
+    manager._service_processor_sockets(timeout=0.98)
+    manager._file_queue.clear()
+    manager._processors["a file"] = object()  # type: ignore[index,assignment]
+    manager._service_processor_sockets(timeout=0.5)
+    manager._processors.clear()
+    manager._callback_to_execute["a file"] = ["a callback"]  # type: ignore[index,list-item]
+    manager._service_processor_sockets(timeout=0.0)
+    assert selector.timeouts == [0.98, 0.5, 0.0]
+
+
+def test_a_question_that_found_work_is_asked_at_the_next_second(database: dict[str, Any]) -> None:
+    clock = Clock()
+    manager, selector = idle_manager(clock, 10.0)
+    database["requests"] = [["a parse request"]]
+    loops(manager, clock, 1)
+    manager._service_processor_sockets(timeout=0.98)
+    assert selector.timeouts == [0.98]
+
+
+def test_the_idle_wait_stays_under_a_third_of_the_health_check_threshold(
+    database: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__HEALTH_CHECK_THRESHOLD", "12")
+    clock = Clock()
+    manager, selector = idle_manager(clock, 60.0)
+    loops(manager, clock, 1)
+    manager._service_processor_sockets(timeout=0.98)
+    assert selector.timeouts == [pytest.approx(4.0)]
+
+
+def test_airflow_loop_still_waits_through_the_overridden_method() -> None:
+    # An Airflow upgrade that renames the wait would silently bring back the one-second loop.
+    source = inspect.getsource(DagFileProcessorManager._run_parsing_loop)
+    assert "self._service_processor_sockets(timeout=poll_time)" in source

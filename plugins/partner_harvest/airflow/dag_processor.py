@@ -6,8 +6,15 @@ parse, and are there warnings of inactive DAGs to delete. That loop is most of a
 dag-processor's CPU, and it is not a setting. The manager documents those three calls as
 overridable (``fetch_callbacks``, ``claim_priority_files``, ``purge_inactive_dag_warnings``):
 this subclass asks again only every ``poll_interval`` seconds while the answers are empty,
-and at once while there is work (a full batch of callbacks, a parse request). The rest of
-the loop (heartbeat, changed DAG files, parses, timeouts) runs as before.
+and at once while there is work (a full batch of callbacks, a parse request).
+
+The loop itself also wakes once a second, and each wake costs a little even when every
+question is held back (the heartbeat's check, sorting the DAG files by mtime for an empty
+queue). While nothing is parsing, queued or waiting to run, its wait on the parse
+processes' sockets lasts until the next held-back question is due instead of a second. A
+parse process that starts later registers its socket before the next wait, so parsing runs
+at Airflow's own pace; the heartbeat then comes every ``poll_interval`` seconds at most,
+kept under a third of ``[dag_processor] health_check_threshold``.
 
 Run it in place of ``airflow dag-processor``, with the same arguments::
 
@@ -79,6 +86,30 @@ class QuietDagFileProcessorManager(DagFileProcessorManager):
 
     def purge_inactive_dag_warnings(self) -> None:
         self._warnings.call(super().purge_inactive_dag_warnings, lambda _: True, None)
+
+    def _service_processor_sockets(self, timeout: float | None = 1.0) -> None:
+        # Airflow's loop waits here up to a second; the one private method this class overrides
+        # (tests/unit/test_quiet_dag_processor.py fails if Airflow's loop stops calling it).
+        super()._service_processor_sockets(timeout=self.idle_wait(timeout))
+
+    def idle_wait(self, timeout: float | None) -> float | None:
+        """How long the loop may wait: ``timeout`` while anything runs or waits, else until the
+        next held-back question is due (at most the poll interval and the heartbeat bound)."""
+        if timeout is None or self.poll_interval <= 0 or not self.idle():
+            return timeout
+        throttles = (self._callbacks, self._requests, self._warnings)
+        due_in = min(throttle.next_at for throttle in throttles) - self._callbacks.clock()
+        bound = min(self.poll_interval, heartbeat_bound())
+        return max(timeout, min(due_in, bound))
+
+    def idle(self) -> bool:
+        return not (self._processors or self._file_queue or self._callback_to_execute)
+
+
+def heartbeat_bound() -> float:
+    """A third of the dag-processor's health-check threshold: a longer wait would let a
+    healthy, idle dag-processor look dead to ``/health`` and ``airflow jobs check``."""
+    return conf.getfloat("dag_processor", "health_check_threshold", fallback=30.0) / 3
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import configparser
+import json
+import logging
 import os
 import shutil
 import subprocess
@@ -179,6 +181,44 @@ class ManyPartners:
         pools = [f"partner_{pid}" for pid in self.ids]
         self.stack.ensure_pools(pools, slots=1, description="many partners")
 
+    def seed_history(self) -> float:
+        """The nights before the steady quiet one, run through the library instead of Airflow: a
+        first harvest, then an incremental run that fetched nothing, the remembered ``auto`` prefix
+        and the cursor Variable (through the REST API). What ``freeze_window`` then finds is what
+        two real nights leave behind, so the next night is a quiet one (airflow/quiet.py). Returns
+        the wall seconds it took (not counted: the services' CPU is read around each night)."""
+        from partner_harvest.airflow.cursor import cursor_key
+        from partner_harvest.factory import Endpoint, build_adapter
+        from partner_harvest.registry import load_registry
+        from partner_harvest.run import CHANGES, run_partner
+        from partner_harvest.store import connect
+        from partner_harvest.store import prefix_choices
+        from partner_harvest.window import format_instant
+
+        logging.getLogger("partner_harvest").setLevel(logging.WARNING)  # 2 runs a partner: keep the output short
+        started = time.monotonic()
+        registry = load_registry(self.work / "partners.yaml")
+        with connect(self.agg_db) as conn:
+            for number, partner in enumerate(registry.partners, 1):
+                adapter = build_adapter(partner, Endpoint(self.simulator.base_url))
+                first = run_partner(partner, adapter, conn, f"{partner.dag_id}/seed__first")
+                prefix = first.window.protocol.metadata_prefix
+                assert prefix, f"{partner.id}: the first harvest chose no prefix"
+                prefix_choices.remember(conn, partner.id, prefix)
+                chosen = partner.evolve(metadata_prefix=prefix)
+                second = run_partner(chosen, build_adapter(chosen, Endpoint(self.simulator.base_url)), conn,
+                                     f"{partner.dag_id}/seed__quiet1", first.cursors)
+                assert second.changes.fetched == 0, f"{partner.id}: the seeded second night fetched records"
+                until = second.cursors[CHANGES]
+                assert until is not None
+                value = {"until": format_instant(until), "granularity": second.window.granularity,
+                         "run_id": "seed__quiet1", "updated_at": format_instant(datetime.now(timezone.utc))}
+                self._api("POST", "/variables", json={"key": cursor_key(partner.id), "value": json.dumps(value),
+                                                      "description": f"harvest cursor of partner {partner.id}"}, expect=(201,))
+                if number % 100 == 0:
+                    print(f"seeded {number} of {self.count} partners", flush=True)
+        return time.monotonic() - started
+
     def stop(self) -> None:
         if getattr(self, "stack", None):
             self.stack.stop()
@@ -214,6 +254,7 @@ class ManyPartners:
         return {r["dag_id"]: r["state"] for r in found if r["dag_run_id"] == run_id}
 
     def night(self, name: str) -> Night:
+        self.simulator.repo.advance_clock(3600)  # an hour on: each night's cursor moves, as in production
         requests_before = len(self.simulator.requests)
         before, started = self.cpu(), time.monotonic()
         logical = datetime.now(timezone.utc)
@@ -272,17 +313,28 @@ def main() -> None:
                         help="how many of the nights first, quiet1, quiet to run (0: the parse and the idle hour only)")
     parser.add_argument("--quiet-dag-processor", action="store_true",
                         help="run python -m partner_harvest.airflow.dag_processor instead of airflow dag-processor")
+    parser.add_argument("--history", choices=("airflow", "seeded"), default="airflow",
+                        help="seeded: the first and quiet1 nights run through the library (not measured), then two "
+                             "quiet nights on the scheduler, the second the steady one (for 1,000 partners and more)")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep each stack's logs (services, task logs) under this directory")
     args = parser.parse_args()
     for count in args.partners:
         with tempfile.TemporaryDirectory(prefix="many-partners-") as tmp:
-            stack = ManyPartners(count, args.shards, Path(tmp), quiet_dag_processor=args.quiet_dag_processor)
+            work = Path(tmp) if args.keep is None else Path(tempfile.mkdtemp(prefix=f"{count}-", dir=args.keep))
+            print(f"work directory {work}", flush=True)
+            stack = ManyPartners(count, args.shards, work, quiet_dag_processor=args.quiet_dag_processor)
             try:
                 stack.start()
                 idle = stack.idle(args.idle)
                 print(f"idle {args.idle:.0f} s: {idle}", flush=True)
                 # The second night follows one that fetched records; from the third on a quiet
                 # partner's night is what it is every night after (airflow/quiet.py).
-                nights = [stack.night(name) for name in ("first", "quiet1", "quiet")[:args.nights]]
+                names = ("first", "quiet1", "quiet")[:args.nights]
+                if args.history == "seeded":
+                    print(f"history seeded through the library in {stack.seed_history():.0f} s", flush=True)
+                    names = ("quiet0", "quiet")[:args.nights]  # quiet0: the services' first night (cold caches)
+                nights = [stack.night(name) for name in names]
             finally:
                 stack.stop()
             report(count, args.shards, args.idle, stack, nights, idle)

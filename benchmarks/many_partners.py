@@ -191,8 +191,7 @@ class ManyPartners:
         from partner_harvest.factory import Endpoint, build_adapter
         from partner_harvest.registry import load_registry
         from partner_harvest.run import CHANGES, run_partner
-        from partner_harvest.store import connect
-        from partner_harvest.store import prefix_choices
+        from partner_harvest.store import connect, prefix_choices
         from partner_harvest.window import format_instant
 
         logging.getLogger("partner_harvest").setLevel(logging.WARNING)  # 2 runs a partner: keep the output short

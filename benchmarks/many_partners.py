@@ -130,8 +130,8 @@ class ManyPartners:
 
     def __init__(self, count: int, shards: int, work: Path, *, settings: dict[str, str] | None = None,
                  services: tuple[str, ...] = SERVICES, pg_label: str = PG_LABEL,
-                 quiet_dag_processor: bool = False) -> None:
-        self.count, self.shards, self.work = count, shards, work
+                 quiet_dag_processor: bool = False, connections: str = "environment") -> None:
+        self.count, self.shards, self.work, self.connections = count, shards, work, connections
         self.quiet_dag_processor = quiet_dag_processor
         self.settings = dag_processor_settings() if settings is None else settings
         self.services, self.pg_label = services, pg_label
@@ -159,10 +159,11 @@ class ManyPartners:
         for key in ("PARSING_PROCESSES", "REFRESH_INTERVAL"):  # the checkout's settings or Airflow's
             env.pop(f"AIRFLOW__DAG_PROCESSOR__{key}", None)
         env.update(self.settings)
-        env.update({"AIRFLOW__CORE__DAGS_FOLDER": str(dags), "HARVEST_PARTNERS_FILE": str(registry),
-                    "AIRFLOW_CONN_AGGREGATION_DB": postgres_connection(self.agg_db)})
-        for pid in self.ids:
-            env[f"AIRFLOW_CONN_PARTNER_{pid.upper()}"] = http_connection(self.simulator.base_url)
+        env.update({"AIRFLOW__CORE__DAGS_FOLDER": str(dags), "HARVEST_PARTNERS_FILE": str(registry)})
+        if self.connections == "environment":
+            env["AIRFLOW_CONN_AGGREGATION_DB"] = postgres_connection(self.agg_db)
+            for pid in self.ids:
+                env[f"AIRFLOW_CONN_PARTNER_{pid.upper()}"] = http_connection(self.simulator.base_url)
         if self.shards > 1:
             subprocess.run([sys.executable, "-m", "partner_harvest.airflow.shards", "--shards", str(self.shards),
                             str(dags)], env=env, check=True)
@@ -180,6 +181,12 @@ class ManyPartners:
         time.sleep(30)  # let the first pass of every file end before the idle hour is measured
         pools = [f"partner_{pid}" for pid in self.ids]
         self.stack.ensure_pools(pools, slots=1, description="many partners")
+        if self.connections == "metastore":  # as `partner-harvest onboard` or the UI stores them
+            connections = {"aggregation_db": postgres_connection(self.agg_db)}
+            connections.update({f"partner_{pid}": http_connection(self.simulator.base_url) for pid in self.ids})
+            for conn_id, value in connections.items():
+                self._api("POST", "/connections", json={"connection_id": conn_id, **json.loads(value)},
+                          expect=(201,))
 
     def seed_history(self) -> float:
         """The nights before the steady quiet one, run through the library instead of Airflow: a
@@ -315,6 +322,9 @@ def main() -> None:
     parser.add_argument("--history", choices=("airflow", "seeded"), default="airflow",
                         help="seeded: the first and quiet1 nights run through the library (not measured), then two "
                              "quiet nights on the scheduler, the second the steady one (for 1,000 partners and more)")
+    parser.add_argument("--connections", choices=("environment", "metastore"), default="environment",
+                        help="where the Connections live: AIRFLOW_CONN_* variables, or Airflow's metadata database "
+                             "(a task then asks the api-server for each one it reads)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep each stack's logs (services, task logs) under this directory")
     args = parser.parse_args()
@@ -322,7 +332,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="many-partners-") as tmp:
             work = Path(tmp) if args.keep is None else Path(tempfile.mkdtemp(prefix=f"{count}-", dir=args.keep))
             print(f"work directory {work}", flush=True)
-            stack = ManyPartners(count, args.shards, work, quiet_dag_processor=args.quiet_dag_processor)
+            stack = ManyPartners(count, args.shards, work, quiet_dag_processor=args.quiet_dag_processor,
+                                 connections=args.connections)
             try:
                 stack.start()
                 idle = stack.idle(args.idle)

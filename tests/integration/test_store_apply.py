@@ -275,3 +275,19 @@ def test_a_statement_failing_under_the_sort_budget_raises_its_own_error(conn: ps
         with conn.transaction(), _work_mem(conn, "96MB"):
             conn.execute("SELECT 1 / 0")
     assert conn.execute("SHOW work_mem").fetchone()[0] != "96MB"
+
+
+def test_an_up_to_date_schema_is_checked_without_the_migration_lock(db: str) -> None:
+    """Every task calls ensure_schema: on an up-to-date database it only reads, so it neither
+    waits for the advisory lock a migrating session holds nor runs DDL (issue 28)."""
+    from partner_harvest.store import connect, ensure_schema
+    from partner_harvest.store.schema import _LOCK_KEY
+
+    with connect(db) as setup:
+        ensure_schema(setup)
+        setup.commit()
+    with connect(db, autocommit=True) as migrating, connect(db) as task:
+        migrating.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+        task.execute("SET lock_timeout = '1s'")
+        assert ensure_schema(task) == []
+        migrating.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))

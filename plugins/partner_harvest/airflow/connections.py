@@ -6,6 +6,9 @@ that could reach a log line, an XCom or a rendered field.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from airflow.sdk import BaseHook
@@ -14,6 +17,8 @@ from psycopg.conninfo import make_conninfo
 from partner_harvest.factory import Endpoint
 
 AGGREGATION_CONN_ID = "aggregation_db"
+# conn_id -> conninfo, while a task try runs (read_once_per_task); None outside one.
+_READ_IN_THIS_TASK: ContextVar[dict[str, str] | None] = ContextVar("partner_harvest_conninfo", default=None)
 
 
 def partner_endpoint(conn_id: str) -> Endpoint:
@@ -30,8 +35,35 @@ def partner_endpoint(conn_id: str) -> Endpoint:
 
 
 def aggregation_conninfo(conn_id: str = AGGREGATION_CONN_ID) -> str:
-    """libpq conninfo for the aggregation database (host may be a socket directory)."""
-    return conninfo_from_connection(BaseHook.get_connection(conn_id))
+    """libpq conninfo for the aggregation database (host may be a socket directory); inside
+    :func:`read_once_per_task`, the Connection is read at the first call only."""
+    kept = _READ_IN_THIS_TASK.get()
+    if kept is not None and conn_id in kept:
+        return kept[conn_id]
+    conninfo = conninfo_from_connection(BaseHook.get_connection(conn_id))
+    if kept is not None:
+        kept[conn_id] = conninfo
+    return conninfo
+
+
+@contextmanager
+def read_once_per_task() -> Iterator[None]:
+    """One task try reads the aggregation's Connection once, not at every connection it opens.
+
+    A Connection stored in the metadata database or a secrets backend costs a request to the
+    api-server (or the backend) per read, and a quiet night's one task opened seven. The
+    conninfo is kept for the block only, never across tries or processes: a changed
+    Connection (rotated credentials) is read by the next try. A nested block reuses the
+    outer one's.
+    """
+    if _READ_IN_THIS_TASK.get() is not None:
+        yield
+        return
+    token = _READ_IN_THIS_TASK.set({})
+    try:
+        yield
+    finally:
+        _READ_IN_THIS_TASK.reset(token)
 
 
 def conninfo_from_connection(conn: Any) -> str:

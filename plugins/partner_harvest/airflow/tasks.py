@@ -20,7 +20,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleExcept
 from partner_harvest import pipeline, quality, sliced_reconcile
 from partner_harvest.adapters import Adapter
 from partner_harvest.airflow import assets, lineage, metrics, quiet
-from partner_harvest.airflow.connections import aggregation_conninfo
+from partner_harvest.airflow.connections import aggregation_conninfo, read_once_per_task
 from partner_harvest.airflow.cursor import advance_cursor, read_cursor
 from partner_harvest.airflow.hooks import AGGREGATION, hook_for
 from partner_harvest.airflow.notifiers import failure_fields, send_alert
@@ -52,7 +52,8 @@ def _fail_fast(func: Callable[..., T]) -> Callable[..., T]:
 
     def wrapper(*args: Any, **kwargs: Any) -> T:
         try:
-            return func(*args, **kwargs)
+            with read_once_per_task():
+                return func(*args, **kwargs)
         except (RegistryError, WindowError) as exc:
             raise AirflowFailException(str(exc)) from exc
         except PartnerAsksToWait as exc:  # a long rate limit, another run's lease: free the slot

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from functools import cache
 from importlib import resources
 
 import psycopg
@@ -40,10 +41,12 @@ def pending_migrations(conn: psycopg.Connection) -> list[str]:
     return [name for name, _ in migration_files() if name not in done]
 
 
-def migration_files() -> list[tuple[str, str]]:
+@cache
+def migration_files() -> tuple[tuple[str, str], ...]:
+    """The package's migrations (name, SQL) in order, read once per process (they ship with the code)."""
     folder = resources.files("partner_harvest.store") / "migrations"
     files = sorted((p for p in folder.iterdir() if p.name.endswith(".sql")), key=lambda p: p.name)
-    return [(p.name, p.read_text(encoding="utf-8")) for p in files]
+    return tuple((p.name, p.read_text(encoding="utf-8")) for p in files)
 
 
 def ensure_schema(conn: psycopg.Connection) -> list[str]:
@@ -60,6 +63,8 @@ def ensure_schema(conn: psycopg.Connection) -> list[str]:
                 f"{SCHEMA_MANAGED_ENV}=external forbids tasks to apply them: run `partner-harvest migrate` "
                 "with a role that may change the schema"
             )
+        return []
+    if not pending_migrations(conn):  # every task asks: a read, without the lock and the DDL
         return []
     return apply_migrations(conn)
 

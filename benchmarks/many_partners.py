@@ -194,12 +194,10 @@ class ManyPartners:
         and the cursor Variable (through the REST API). What ``freeze_window`` then finds is what
         two real nights leave behind, so the next night is a quiet one (airflow/quiet.py). Returns
         the wall seconds it took (not counted: the services' CPU is read around each night)."""
-        from partner_harvest.airflow.cursor import cursor_key
         from partner_harvest.factory import Endpoint, build_adapter
-        from partner_harvest.registry import load_registry
+        from partner_harvest.registry import cursor_value, load_registry
         from partner_harvest.run import CHANGES, run_partner
         from partner_harvest.store import connect, prefix_choices
-        from partner_harvest.window import format_instant
 
         logging.getLogger("partner_harvest").setLevel(logging.WARNING)  # 2 runs a partner: keep the output short
         started = time.monotonic()
@@ -217,10 +215,10 @@ class ManyPartners:
                 assert second.changes.fetched == 0, f"{partner.id}: the seeded second night fetched records"
                 until = second.cursors[CHANGES]
                 assert until is not None
-                value = {"until": format_instant(until), "granularity": second.window.granularity,
-                         "run_id": "seed__quiet1", "updated_at": format_instant(datetime.now(timezone.utc))}
-                self._api("POST", "/variables", json={"key": cursor_key(partner.id), "value": json.dumps(value),
-                                                      "description": f"harvest cursor of partner {partner.id}"}, expect=(201,))
+                value = cursor_value(until, second.window.granularity, "seed__quiet1")
+                self._api("POST", "/variables", expect=(201,),
+                          json={"key": partner.cursor_key, "value": json.dumps(value),
+                                "description": f"harvest cursor of partner {partner.id}"})
                 if number % 100 == 0:
                     print(f"seeded {number} of {self.count} partners", flush=True)
         return time.monotonic() - started

@@ -13,7 +13,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -38,6 +38,7 @@ from partner_harvest.formats.checks import CHECKS, UnknownCheck, check_overrides
 from partner_harvest.politeness import MAX_DELAY_MS, PolitenessOptions
 from partner_harvest.schedule_spread import WINDOW_PATTERN, spread_schedule
 from partner_harvest.transport import HttpPolicy
+from partner_harvest.window import format_instant
 
 PARTNERS_FILE_ENV = "HARVEST_PARTNERS_FILE"
 DEFAULT_PARTNERS_FILE = Path(__file__).resolve().parents[2] / "include" / "partners.yaml"
@@ -86,6 +87,13 @@ def cursor_key(partner_id: str, channel: str | None = None) -> str:
         if part is not None and not _ID.match(part):
             raise ValueError(f"cursor key part {part!r} is not a slug without '__' (pattern {ID_PATTERN})")
     return CURSOR_PREFIX + partner_id + (f"__{channel}" if channel else "")
+
+
+def cursor_value(until: datetime, granularity: str, run_id: str) -> dict[str, str]:
+    """The cursor Variable's JSON value: the window's until, its granularity, who wrote it and when.
+    Written by the cursor task, ``partner-harvest reset-cursor`` and benchmarks seeding history."""
+    return {"until": format_instant(until), "granularity": granularity, "run_id": run_id,
+            "updated_at": format_instant(datetime.now(timezone.utc))}
 
 
 def finish_by_offset(schedule: str, finish_by: str) -> timedelta:

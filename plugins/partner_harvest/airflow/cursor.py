@@ -6,12 +6,13 @@ Moves forward only (I1): a late-finishing older run can never rewind it.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from airflow.sdk import Variable
 
 from partner_harvest.registry import cursor_key as registry_cursor_key
+from partner_harvest.registry import cursor_value
 from partner_harvest.window import Window, format_instant, next_cursor, parse_instant
 
 log = logging.getLogger(__name__)
@@ -48,12 +49,7 @@ def advance_cursor(partner_id: str, window: Window, run_id: str, channel: str | 
         log.info("%s: %s already at %s; not moving it backwards to %s", partner_id, key,
                  shown or "unset", format_instant(window.until))
         return {"key": key, "moved": False, "cursor": shown, "reason": "never backwards"}
-    value = {
-        "until": format_instant(target),
-        "granularity": window.granularity,
-        "run_id": run_id,
-        "updated_at": format_instant(datetime.now(timezone.utc)),
-    }
+    value = cursor_value(target, window.granularity, run_id)
     Variable.set(key, value, serialize_json=True, description=f"harvest cursor of partner {partner_id}")
     log.info("%s: %s moved from %s to %s", partner_id, key,
              format_instant(current) if current else "unset", value["until"])

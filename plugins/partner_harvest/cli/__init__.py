@@ -28,7 +28,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from partner_harvest.registry import PARTNERS_FILE_ENV, Partner, Registry, RegistryError, cursor_key, load_registry
+from partner_harvest.registry import PARTNERS_FILE_ENV, Partner, Registry, RegistryError, cursor_key, cursor_value, load_registry
 from partner_harvest.store import connect
 from partner_harvest.store.admin import _PARTNER_TABLES, FEED_DELETIONS, forget_partner, unfinished_runs
 from partner_harvest.store.db import scalar
@@ -296,11 +296,8 @@ def _reset_cursor(args: argparse.Namespace, partner: Partner, channels: list[str
                           "backend): remove it there", file=sys.stderr)
                     return 1
             else:
-                admin.write_variable(key, {
-                    "until": format_instant(new), "granularity": granularity,
-                    "run_id": "partner-harvest reset-cursor",
-                    "updated_at": format_instant(datetime.now(timezone.utc)),
-                }, description=f"harvest cursor of partner {partner.id}")
+                admin.write_variable(key, cursor_value(new, granularity, "partner-harvest reset-cursor"),
+                                     description=f"harvest cursor of partner {partner.id}")
             print(f"{key}: done")
     _report_fenced("reset-cursor", epoch, audit, dag_runs)
     return 0

@@ -482,8 +482,8 @@ class Partner(_Strict):
         "alert when nothing was fetched from the partner for longer than this"))
     run_deadline: Duration = Field(
         default=DEFAULT_RUN_DEADLINE,
-        description="alert when a run has not finished this long after it was queued "
-        "(a missing pool, a stuck task); at least 1m")
+        description="alert when a run has not finished this long after its logical date (a nightly "
+        "run's cron tick): a missing pool, a stuck task; at least 1m")
     finish_by: Annotated[str, Field(pattern=FINISH_BY_PATTERN, strict=True)] | None = Field(
         default=None,
         description="HH:MM (UTC): alert when a scheduled run has not finished by then, counted from "

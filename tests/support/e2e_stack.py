@@ -51,6 +51,9 @@ DAG_IDS = (f"harvest_{MUSEUM}", f"harvest_{BROKEN}", f"reconcile_{MUSEUM}", f"ha
 # tests/e2e/test_airflow_services.py triggers it; its DAG is not among those the stack waits
 # for, so the stack creates no pool for it.
 POOLLESS = "e2epoolless"
+# The shared stack's partner whose server the rerun tests break and mend (tests/e2e/
+# test_rerun_from_the_ui.py, test_airflow_services.py): no retries, a 20 s task timeout.
+FLAKY = "e2eflaky"
 
 
 class AirflowStack(AirflowServices):
@@ -64,6 +67,7 @@ class AirflowStack(AirflowServices):
     metadata_db: str  # conninfo of Airflow's metadata database (a test may move a deadline in it)
     registry: Path
     approval: Any = None  # the approval partners (tests/support/approval_partners.py) on the shared stack
+    flaky: OaiSimulator | None = None  # the FLAKY partner's server on the shared stack
     museum = MUSEUM  # the healthy partner
     broken = BROKEN  # the partner whose endpoint is a closed port
     lagging = LAGGING
@@ -204,17 +208,21 @@ def start_shared_airflow(pg_server: str, base: Path, cleanup: ExitStack,
     from tests.support.approval_partners import ApprovalPartners, registry_lines
 
     approval = cleanup.enter_context(ApprovalPartners())
+    flaky = cleanup.enter_context(OaiSimulator(SimulatedRepository(records=60, page_size=50, seed=8)))
 
     def registry(path: Path) -> None:
         write_registry(path)
         with path.open("a", encoding="utf-8") as out:
             out.write(f"  - {{id: {POOLLESS}, protocol: oai-pmh, conn_id: partner_{MUSEUM}, run_deadline: 1m}}\n")
+            out.write(f"  - {{id: {FLAKY}, protocol: oai-pmh, conn_id: partner_{FLAKY}, metadata_prefix: oai_dc,"
+                      " retries: 0, execution_timeout: 20s,"
+                      " options: {http: {backoff_factor: 0.01, retries: 1, read_timeout: 60}}}\n")
             out.write(registry_lines())
 
-    stack = start_airflow(pg_server, base, cleanup, approval.overrides(), metadata_template,
-                          registry_writer=registry, dag_ids=(*DAG_IDS, *APPROVAL_DAG_IDS), startup_timeout=300,
-                          quiet_dag_processor=True)  # test_airflow_services.py's reparse test runs against it
-    stack.approval = approval
+    overrides = {**approval.overrides(), f"AIRFLOW_CONN_PARTNER_{FLAKY.upper()}": http_connection(flaky.base_url)}
+    stack = start_airflow(pg_server, base, cleanup, overrides, metadata_template, registry_writer=registry,
+                          dag_ids=(*DAG_IDS, f"harvest_{FLAKY}", *APPROVAL_DAG_IDS), startup_timeout=300)
+    stack.approval, stack.flaky = approval, flaky
     return stack
 
 
@@ -240,5 +248,5 @@ def log_in(stack: AirflowServices) -> None:
 
 
 __all__ = ["AirflowStack", "poll", "start_airflow", "start_shared_airflow", "write_registry", "MUSEUM", "BROKEN",
-           "LAGGING", "POOLLESS",
+           "LAGGING", "POOLLESS", "FLAKY",
            "LEASE_TTL_SECONDS", "ALERTS_CONN_ID", "DOWNSTREAM_DAG", "migrate_metadata_template"]

@@ -62,8 +62,10 @@ WHEN_A_TASK_FAILS = (
     "**When a task fails** (an alert names the partner, the task, the window and the cause): read "
     "the cause in the alert or the task's log, fix what it names (the partner's server, the "
     "Connection, the registry), then **clear the failed task and its downstream tasks**: the rerun "
-    "reuses the frozen window, so nothing is skipped or applied twice. Clear `freeze_window` too "
-    "only to start over from the cursor. docs/operator/alerts.md says what each cause means."
+    "reuses the frozen window, so nothing is skipped or applied twice (or clear the whole failed run, "
+    "only failed tasks). Clear `freeze_window` too only to start over from the cursor. The run deadline "
+    "counts from the logical date, which Airflow's clear leaves alone (docs/operator/operating.md). "
+    "docs/operator/alerts.md says what each cause means."
 )
 
 PARAMS_DOC = (
@@ -91,7 +93,7 @@ def _doc(partner: Partner) -> str:
         f"{partner.description}\n\n"
         f"Connection `{partner.conn_id}`, cursor Variable `{partner.cursor_key}`, "
         f"lag {durations.human(partner.lag)}, schedule `{partner.schedule}` (UTC), "
-        f"pool `{partner.pool}`, run deadline {durations.human(partner.run_deadline)} after queueing"
+        f"pool `{partner.pool}`, run deadline {durations.human(partner.run_deadline)} after the logical date"
         + (f", nightly runs due by {partner.finish_by} UTC" if partner.finish_by else "")
         + ".\n\n"
         f"{tasks_line}\n\n"
@@ -238,15 +240,21 @@ def default_args(partner: Partner) -> dict[str, Any]:
 
 
 def run_deadline(partner: Partner, dag_id: str) -> DeadlineAlert:
-    """Alert when a run has not finished ``run_deadline`` after it was queued.
+    """Alert when a run has not finished ``run_deadline`` after its logical date.
 
     Airflow never schedules a task whose pool is missing and says so only in the
     scheduler's log; the run then waits forever. The scheduler checks deadlines itself,
     whatever the pool, and the executor runs the callback (no triggerer needed).
+
+    Anchored on the logical date, not the queued-at time: clearing a run whose deadline is
+    anchored on queued-at fails in Airflow 3.3 (docs/design/airflow-surface.md), and a
+    failed run keeps its deadline, so every rerun of a failed night would. A nightly run's
+    logical date is its cron tick, when it is queued; a run queued after its deadline (a
+    backfill's day, a manual run dated in the past) is not alerted (``run_overdue_alert``).
     """
     compat.tolerate_encoded_deadline_alerts()  # else `airflow dags test` ends in a traceback
     return DeadlineAlert(
-        reference=DeadlineReference.DAGRUN_QUEUED_AT,
+        reference=DeadlineReference.DAGRUN_LOGICAL_DATE,
         interval=partner.run_deadline,
         callback=SyncCallback(run_overdue_alert, kwargs={
             "partner_id": partner.id, "dag_id": dag_id, "pool": partner.pool,

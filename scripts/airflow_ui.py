@@ -60,7 +60,7 @@ def airflow_env(home: Path, port: int, meta_db: str, aggregation_db: str, oai_ur
     kept (a new DAG starts paused), the keys survive a restart (kept in AIRFLOW_HOME), the
     log servers listen on the next two ports, the services poll at Airflow's own pace."""
     env = clean_environ(strip=("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_"))  # HARVEST_* are the user's
-    env["PYTHONPATH"] = code_path(ROOT / "config")
+    env["PYTHONPATH"] = code_path()
     env.update(airflow_settings(home=home, port=port, metadata_db=meta_db, keys=Keys.kept_in(home),
                                 triggered_only=False, timing=RELAXED, log_ports=(port + 1, port + 2)))
     env.update({

@@ -21,7 +21,6 @@ from typing import Any
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from tests.support.airflow_stack import (
     QUICK,
-    QUIET_DAG_PROCESSOR,
     ROOT,
     AirflowServices,
     Keys,
@@ -104,13 +103,11 @@ def write_registry(path: Path) -> None:
 
 
 def base_env(home: Path) -> dict[str, str]:
-    """This process's environment without any Airflow setting a developer or test left in it;
-    config/ first on the path: the airflow_local_settings.py a deployment installs (the
-    psycopg 3 lock check)."""
+    """This process's environment without any Airflow setting a developer or test left in it."""
     env = clean_environ()
     env["AIRFLOW_HOME"] = str(home)
     env.setdefault("XDG_RUNTIME_DIR", f"/tmp/ph-runtime-{os.getuid()}")
-    env["PYTHONPATH"] = code_path(ROOT / "config")
+    env["PYTHONPATH"] = code_path()
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -120,8 +117,7 @@ def migrate_metadata_template(server_uri: str, base: Path) -> str:
     name = f"e2e_airflow_template_{uuid.uuid4().hex[:8]}"
     url = sqlalchemy_url(create_database(server_uri, name))
     env = base_env(base / "airflow_home")
-    env.update({"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": url,
-                "AIRFLOW__CORE__LOAD_EXAMPLES": "False"})
+    env.update({"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url, "AIRFLOW__CORE__LOAD_EXAMPLES": "False"})
     try:
         AirflowServices(env, base, 0).migrate()
     except Exception:
@@ -133,15 +129,13 @@ def migrate_metadata_template(server_uri: str, base: Path) -> str:
 def start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
                   overrides: dict[str, str] | None = None, metadata_template: str | None = None, *,
                   registry_writer: Callable[[Path], None] = write_registry,
-                  dag_ids: Iterable[str] = DAG_IDS, startup_timeout: float = STARTUP_TIMEOUT,
-                  quiet_dag_processor: bool = False) -> AirflowStack:
+                  dag_ids: Iterable[str] = DAG_IDS, startup_timeout: float = STARTUP_TIMEOUT) -> AirflowStack:
     """Start everything, registering each piece's undo on ``cleanup`` as soon as it exists.
 
     With ``metadata_template`` (an already migrated metadata database) the stack's metadata
     database is a copy of it; otherwise ``airflow db migrate`` runs on a new one. A module
     with partners of its own passes ``registry_writer`` (their Connections in ``overrides``)
-    and the ``dag_ids`` to wait for; ``startup_timeout`` bounds the wait for healthy services;
-    ``quiet_dag_processor`` runs partner_harvest's dag-processor (its idle polls every 2 s)."""
+    and the ``dag_ids`` to wait for; ``startup_timeout`` bounds the wait for healthy services."""
     home = base / "airflow_home"
     home.mkdir()
     suffix = uuid.uuid4().hex[:8]
@@ -179,11 +173,7 @@ def start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
     })
     env.update(overrides or {})
 
-    if quiet_dag_processor:
-        env["AIRFLOW__PARTNER_HARVEST__DAG_PROCESSOR_POLL_INTERVAL"] = "2"
     stack = AirflowStack(env, base, port)
-    if quiet_dag_processor:
-        stack.launchers = {"dag-processor": QUIET_DAG_PROCESSOR}
     stack.repo, stack.simulator, stack.sink = repo, simulator, sink
     stack.aggregation_db, stack.registry, stack.metadata_db = aggregation_db, registry, meta_db
     cleanup.callback(stack.stop)  # runs before the rest

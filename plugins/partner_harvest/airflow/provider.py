@@ -78,26 +78,6 @@ def _version() -> str:
         return "0.0.0"
 
 
-def config() -> dict[str, Any]:
-    """The ``[partner_harvest]`` settings, listed by ``airflow config list`` with Airflow's own."""
-    return {"partner_harvest": {
-        "description": "Settings of the partner harvest package (docs/operator/many-partners.md).",
-        "options": {
-            "dag_processor_poll_interval": {
-                "description": "Seconds between the idle dag-processor's asks for callbacks, parse requests "
-                               "and stale DAG warnings, when it runs as python -m "
-                               "partner_harvest.airflow.dag_processor (a full batch of callbacks or a parse "
-                               "request is followed at once by the next ask). 0: every loop, as "
-                               "airflow dag-processor does.",
-                "version_added": "0.1.0",
-                "type": "float",
-                "example": "10",
-                "default": "10",
-            },
-        },
-    }}
-
-
 def get_provider_info() -> dict[str, Any]:
     """What ProvidersManager reads (airflow/provider_info.schema.json)."""
     return {
@@ -107,7 +87,6 @@ def get_provider_info() -> dict[str, Any]:
                        "partner connection types, lineage, metrics",
         "versions": [_version()],
         "connection-types": connection_types(),
-        "config": config(),
         "asset-uris": [{
             "schemes": [*lineage.ENDPOINT_SCHEMES, lineage.TABLE_SCHEME],
             "handler": "partner_harvest.airflow.lineage.normalize",

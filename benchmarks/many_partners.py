@@ -163,7 +163,7 @@ class ManyPartners:
             for pid in self.ids:
                 env[f"AIRFLOW_CONN_PARTNER_{pid.upper()}"] = http_connection(self.simulator.base_url)
         if self.shards > 1:
-            subprocess.run([sys.executable, "-m", "partner_harvest.airflow.shards", "--shards", str(self.shards),
+            subprocess.run([sys.executable, "-m", "partner_harvest.cli", "shards", "--shards", str(self.shards),
                             str(dags)], env=env, check=True)
         self.stack = AirflowServices(env, self.work, port, self.services)
         self.stack.migrate(timeout=900)

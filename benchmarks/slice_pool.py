@@ -5,7 +5,7 @@ tests/support/e2e_stack.py, the e2e tests' stack) runs ``harvest_e2emuseum`` in 
 OAI-PMH simulator in a process of its own (``--records`` records, 500 a page, 5% deleted,
 ``--delay-ms`` per response, so that requests overlap). The registry slices the full
 harvest into ``--slices`` slices (``slicing``) and gives the partner ``pool_slots:
---pool``; ``python -m partner_harvest.airflow.pools`` syncs the pool from it. Airflow's
+--pool``; ``partner-harvest sync-pools`` syncs the pool from it. Airflow's
 parallelism is above the number of slices, so only the pool holds the slices back.
 
 Printed per run: the most requests the simulator had in flight at once over the whole run
@@ -69,7 +69,8 @@ def write_registry(path: Path, partner: str, slices: int, records: int, pool: in
 
 def sync_pools(stack: Any) -> str:
     """The deployment step: pools from the registry (``pool_slots``)."""
-    done = subprocess.run([sys.executable, "-m", "partner_harvest.airflow.pools"], env=stack.env,
+    done = subprocess.run([sys.executable, "-m", "partner_harvest.cli", "sync-pools"],
+                          env={**stack.env, "HARVEST_AIRFLOW_API_URL": stack.base_url},
                           capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise SystemExit(f"pool sync failed:\n{done.stderr[-3000:]}")

@@ -157,8 +157,6 @@ def main() -> int:
         services = AirflowServices(env, args.home, args.port, SERVICES, cwd=ROOT, append_logs=True)
         print(f"==> Airflow metadata DB and aggregation DB on {'HARVEST_DATABASE_URL' if os.environ.get(embedded_pg.DATABASE_URL_ENV) else 'the embedded PostgreSQL'}", flush=True)
         services.migrate(timeout=600)
-        subprocess.run([sys.executable, "-m", "partner_harvest.airflow.pools"], env=env, cwd=ROOT, check=True,
-                       stdout=subprocess.DEVNULL)
         stack.callback(services.stop)
         services.start()
         base_url = f"http://127.0.0.1:{args.port}"
@@ -170,6 +168,10 @@ def main() -> int:
                     print(f"Airflow did not come up ({', '.join(dead) or 'timeout'}); see {args.home}/*.log", flush=True)
                     return 1
                 time.sleep(1)
+            # The deployment step, through the REST API like an operator's: the partners' pools.
+            subprocess.run([sys.executable, "-m", "partner_harvest.cli", "sync-pools"],
+                           env={**env, "HARVEST_AIRFLOW_API_URL": base_url}, cwd=ROOT, check=True,
+                           stdout=subprocess.DEVNULL)
             print(f"==> Airflow UI ready at {base_url} (every visitor is admin: loopback only)", flush=True)
             print(f"    partners: demo (OAI-PMH) at {oai_url}, demo_library (Sierra) at {sierra_url}; their clock "
                   "stands at 2026-01-01 (the simulators' fixed clock: the health page shows it)", flush=True)

@@ -444,7 +444,7 @@ KINDS = {"harvest": build_harvest_dag, "reconcile": build_reconcile_dag}
 def build_dags(kind: str, wanted: str | None = None, shard: tuple[int, int] | None = None) -> list[DAG]:
     """Every ``<kind>_<id>`` DAG of the registry (only ``wanted`` when the parsing context
     names one; only the ``shard=(index, count)`` share by :func:`shard_of` for a shard file
-    of partner_harvest.airflow.shards): the real DAG for a valid entry, an error DAG for an
+    of partner-harvest shards): the real DAG for a valid entry, an error DAG for an
     invalid one. A file that is unusable as a whole raises, which Airflow shows as the DAG
     file's import error."""
     builder = KINDS[kind]

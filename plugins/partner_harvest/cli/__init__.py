@@ -9,11 +9,13 @@
     partner-harvest migrate [--check]            apply the aggregation schema (for HARVEST_SCHEMA_MANAGED=external)
     partner-harvest onboard [--connections F]    pools, Connections, unpaused DAGs, first harvests (--dry-run)
     partner-harvest report ID [--format json|csv] a report for the partner's own staff: runs, quarantine, warnings, proofs
+    partner-harvest shards --shards N|--touch DIR split the partner DAGs over N files; have them parsed again
 
 The aggregation database is ``--database-url``, else ``$HARVEST_DATABASE_URL``, else the
-Airflow Connection ``aggregation_db``. Variables, pools and that Connection go through
-Airflow's own models in-process: run the commands that need them where the Airflow CLI
-runs (same ``AIRFLOW_HOME`` and configuration, access to the metadata database).
+Airflow Connection ``aggregation_db`` (the environment or a secrets backend). Variables,
+pools, DAGs and DAG runs go through Airflow's stable REST API: ``$HARVEST_AIRFLOW_API_URL``
+(else Airflow's ``[api] base_url``) with ``$HARVEST_AIRFLOW_API_TOKEN``, or
+``$HARVEST_AIRFLOW_API_USER`` and ``$HARVEST_AIRFLOW_API_PASSWORD``.
 """
 
 from __future__ import annotations
@@ -63,13 +65,12 @@ def _registry_naming_invalid(args: argparse.Namespace, consequence: str) -> tupl
 
 
 def _airflow(purpose: str) -> ModuleType:
-    """The Airflow side (Variables, pools, Connections); only where Airflow is installed and configured."""
-    from partner_harvest.cli.airflow_side import AirflowUnreachable, admin
-
+    """The Airflow side (Variables, pools, DAG runs through the REST API; Connections)."""
     try:
-        return admin(purpose)
-    except AirflowUnreachable as exc:
-        raise CliError(str(exc)) from None
+        from partner_harvest.airflow import admin
+    except ImportError as exc:
+        raise CliError(f"{purpose} needs Airflow and apache-airflow-client in this environment ({exc})") from None
+    return admin
 
 
 def _conninfo(args: argparse.Namespace) -> str:
@@ -291,7 +292,7 @@ def _reset_cursor(args: argparse.Namespace, partner: Partner, channels: list[str
         for key, _, new, granularity in plan:
             if new is None:
                 admin.delete_variable(key)
-                if admin.read_variable(key) is not None:
+                if admin.defined_outside_the_metastore(key):
                     print(f"{key} is still defined outside the metadata database (AIRFLOW_VAR_* or a secrets "
                           "backend): remove it there", file=sys.stderr)
                     return 1
@@ -406,12 +407,13 @@ def cmd_onboard(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from partner_harvest.airflow.api import URL_ENV as API_URL_ENV
     from partner_harvest.cli.airflow_side import configured
     from partner_harvest.report import build_report, report_csv
 
     partner = _partner(_registry(args), args.partner)
     endpoint = args.endpoint
-    if endpoint is None and configured():  # the partner's own endpoint, from its Connection when Airflow is here
+    if endpoint is None and (configured() or os.environ.get(API_URL_ENV)):  # the partner's endpoint, from its Connection
         endpoint = _airflow("report (reading the partner's Connection; --endpoint skips it)").connection_base_url(
             partner.conn_id)
     with _connect(args) as conn:
@@ -428,6 +430,23 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"report of {partner.id} ({args.format}, {args.days} days): {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def cmd_shards(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from partner_harvest.airflow.shards import touch_dag_files, write_shards
+
+    folder = Path(args.dags_folder)
+    if args.touch:
+        print(f"{len(touch_dag_files(folder))} partner DAG files marked changed in {folder}")
+        return 0
+    if args.shards is None:
+        raise CliError("give --shards N (1: no shards) or --touch")
+    written = write_shards(folder, args.shards)
+    print(f"{len(written)} shard files in {folder}"
+          + ("; partner_harvest.py and partner_reconcile.py listed in .airflowignore" if written else ""))
     return 0
 
 
@@ -492,6 +511,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the partner's endpoint to name (default: its Connection's host, when Airflow is configured)")
     p.add_argument("--output", metavar="FILE", help="write to FILE instead of standard output")
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("shards", help="split the partner DAGs over N DAG files (docs/operator/many-partners.md), or "
+                                      "--touch them after a registry edit so the dag-processor parses them again")
+    p.add_argument("dags_folder", metavar="DAGS_FOLDER")
+    p.add_argument("--shards", type=int, metavar="N", help="how many files per DAG kind (1: no shards)")
+    p.add_argument("--touch", action="store_true", help="mark every partner DAG file changed now")
+    p.set_defaults(func=cmd_shards)
     return parser
 
 
@@ -511,6 +536,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     except Exception as exc:  # anything else: one line, never a traceback (PARTNER_HARVEST_DEBUG=1 shows it)
+        if type(exc).__name__ == "AirflowApiError":  # partner_harvest.airflow.api: says what to do already
+            print(f"partner-harvest {args.command}: {exc}", file=sys.stderr)
+            return 1
         if os.environ.get("PARTNER_HARVEST_DEBUG"):
             raise
         print(f"partner-harvest {args.command}: {type(exc).__name__}: {one_line(exc)} ({_hint(exc)})",

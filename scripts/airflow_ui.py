@@ -80,10 +80,10 @@ def airflow_env(home: Path, port: int, meta_db: str, aggregation_db: str, oai_ur
 # the CLI does not use.
 CLI_KEYS = ("AIRFLOW_HOME", "AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__PLUGINS_FOLDER",
             "AIRFLOW__CORE__LOAD_EXAMPLES", "AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC", "HARVEST_PARTNERS_FILE", "AIRFLOW_CONN_AGGREGATION_DB")
+            "HARVEST_PARTNERS_FILE", "AIRFLOW_CONN_AGGREGATION_DB")
 
 
-def print_env(home: Path, db_prefix: str) -> int:
+def print_env(home: Path, db_prefix: str, port: int) -> int:
     """The exports for `eval "$(bash scripts/airflow_ui.sh env)"` (starts the embedded PostgreSQL
     when it is not running; creates nothing else)."""
     if not (home / "ui-secrets.json").exists():
@@ -94,6 +94,7 @@ def print_env(home: Path, db_prefix: str) -> int:
                       "", "")
     for key in CLI_KEYS:
         print(f"export {key}={shlex.quote(env[key])}")
+    print(f"export HARVEST_AIRFLOW_API_URL=http://127.0.0.1:{port}")  # the REST API the command line talks to
     print(f"export PATH={shlex.quote(str(ROOT / '.venv' / 'bin'))}:\"$PATH\"")
     return 0
 
@@ -131,7 +132,7 @@ def main() -> int:
                              "embedded PostgreSQL")
     args = parser.parse_args()
     if args.action == "env":
-        return print_env(args.home, args.db_prefix)
+        return print_env(args.home, args.db_prefix, args.port)
     if args.action == "stop-db":
         embedded_pg.stop(UI_LABEL)
         print("==> the embedded PostgreSQL of the local UI is stopped")

@@ -648,6 +648,15 @@ class PartnerSession(requests.Session):
             del prepared_request.headers["Authorization"]
 
 
+def widen(session: requests.Session, connections: int) -> None:
+    """Keep ``connections`` connections to the partner open, for a client that sends that many
+    requests at once (OAI-PMH GetRecords): a smaller pool discards one after each request."""
+    for prefix, adapter in list(session.adapters.items()):
+        if isinstance(adapter, PartnerAdapter) and connections > 2:
+            session.mount(prefix, PartnerAdapter(adapter.label, adapter.max_response_bytes, max_retries=adapter.max_retries,
+                                                 pool_connections=1, pool_maxsize=connections))
+
+
 def build_session(
     label: str,
     policy: HttpPolicy | None = None,

@@ -108,3 +108,137 @@ def test_a_connection_that_cannot_say_how_to_send_its_secret_is_a_configuration_
         with pytest.raises(ConfigurationError, match="auth_header") as failed:
             harness.run()
     assert SECRET not in str(failed.value) and sim.requests == []
+
+
+# ---------------------------------------------------------------------------- sets
+
+
+ALLOWED = ("type:painting", "type:print", "dept:paintings")  # paintings of the paintings department in two
+EXCLUDED = ("dept:asian-art",)
+
+
+def selected(repo: SimulatedRepository, allowed=ALLOWED, excluded=EXCLUDED) -> set[str]:
+    """The live records in an allowed set and in no excluded one (the set hierarchy included)."""
+    def within(specs, ancestors):
+        return any(s == a or s.startswith(a + ":") for s in specs for a in ancestors)
+    return {i for i in repo.live_identifiers() if within(repo.in_sets(i), allowed) and not within(repo.in_sets(i), excluded)}
+
+
+def moves(repo: SimulatedRepository, seed: int) -> None:
+    """Records move between sets: out of the allowed ones, into them, into and out of the excluded one."""
+    live = sorted(repo.live_identifiers())[seed::7]
+    repo.move_to(live[0:4], "sculpture")  # out of the allowed types (some stay in dept:paintings)
+    repo.move_to(live[4:8], "print", "prints")  # into an allowed set
+    repo.move_to(live[8:11], None, "asian-art")  # into the excluded set
+    asian = [i for i in sorted(repo.live_identifiers()) if "dept:asian-art" in repo.in_sets(i)]
+    repo.move_to(asian[:3], "painting", "paintings")  # out of it, into two allowed sets
+
+
+@pytest.mark.parametrize("method", ["list_records", "identifiers_then_get"])
+def test_sets_and_exclusions_hold_the_selection_over_nights_of_moves(method, conn) -> None:
+    from partner_harvest.reconcile import reconcile
+
+    repo = SimulatedRepository(records=300, page_size=40, deleted_fraction=0.04, seed=44, header_sets="leaf")
+    with OaiSimulator(repo) as sim:
+        partner = oai_partner(sets=list(ALLOWED), exclude_sets=list(EXCLUDED), pool_slots=2,
+                              options={"oai": {"method": method}})
+        harness = Harness(sim, conn, partner)
+        window, stats, result = harness.run()
+        assert window.is_full and harness.held() == selected(repo)
+        lists = [r for r in sim.requests if r.get("verb") in ("ListRecords", "ListIdentifiers") and "set" in r]
+        assert sorted(r["set"] for r in lists) == sorted(ALLOWED)  # one list per set, no sweep on a full harvest
+        for seed in (1, 2):  # two nights of moves, edits, deletions and additions
+            moves(repo, seed)
+            night(repo)
+            sim.clear_requests()
+            window, stats, result = harness.run()
+            assert harness.held() == selected(repo), seed
+            sweep = [r for r in sim.requests if r.get("verb") == "ListIdentifiers" and "set" not in r and "from" in r]
+            assert len(sweep) == 1  # the whole repository's headers of the window, for the leavers
+        reasons = dict(conn.execute("SELECT reason, count(*) FROM deletions GROUP BY reason").fetchall())
+        assert reasons.get("outside_sets") and reasons.get("excluded_set") and reasons.get("tombstone"), reasons
+        # a quiet night: one request, the whole repository's headers of the window
+        repo.advance_clock(3600)
+        harness.run()  # the lag's overlap with the last night
+        repo.advance_clock(3600)
+        adapter = harness.adapter()
+        sim.clear_requests()
+        assert adapter.window_is_empty(harness.freeze())
+        assert [r["verb"] for r in sim.requests] == ["Identify", "ListIdentifiers"] and "set" not in sim.requests[1]
+        # the reconcile compares against the same selection, also after the selection changed
+        narrower = partner.evolve(exclude_sets=[*EXCLUDED, "dept:prints"])
+        outcome = reconcile(harness.adapter(), conn, partner, "reconcile-1")
+        assert outcome.purged == 0 and harness.held() == selected(repo)
+        harness.partner = narrower
+        reconcile(harness.adapter(), conn, narrower, "reconcile-2", allow_mass_purge=True)
+        assert harness.held() == selected(repo, excluded=(*EXCLUDED, "dept:prints"))
+
+
+# ---------------------------------------------------------------- identifiers_then_get
+
+
+def test_a_repository_whose_list_records_always_fails_is_harvested_with_get_record(conn) -> None:
+    repo = SimulatedRepository(records=260, page_size=40, deleted_fraction=0.05, seed=45)
+    with OaiSimulator(repo) as sim:
+        sim.break_verb("ListRecords", 500)
+        partner = oai_partner(pool_slots=3, options={"oai": {"method": "identifiers_then_get"}},
+                              slicing={"threshold_records": 100, "target_records": 100, "max_slices": 3})
+        harness = Harness(sim, conn, partner)
+        live = len(repo.live_identifiers())
+        result = harness.run_through()
+        assert len(result.pieces) == 3 and harness.held() == repo.live_identifiers()  # a sliced full harvest
+        gets = [r for r in sim.requests if r.get("verb") == "GetRecord"]
+        assert len(gets) == live and len({r["identifier"] for r in gets}) == live  # deleted headers: no GetRecord
+        requests = {"full": len(sim.requests)}
+        for name in ("night 1", "night 2"):
+            changed = night(repo)
+            deleted_meanwhile = sorted(repo.live_identifiers())[5]
+            repo.edit_ids([deleted_meanwhile])
+            sim.delete_on_get([deleted_meanwhile])  # listed, then deleted before its GetRecord
+            sim.clear_requests()
+            sim.reset_in_flight()
+            window, stats, applied = harness.run()
+            assert harness.held() == repo.live_identifiers() and deleted_meanwhile not in harness.held()
+            assert stats.fetched >= changed + 1  # and the last night's changes again: the lag overlaps
+            requests[name] = len(sim.requests)
+            assert 1 <= sim.max_in_flight <= 3
+        assert not [r for r in sim.requests if r.get("verb") == "ListRecords"]
+        print(f"\nrequests with identifiers_then_get: {requests}")
+        # the quiet night and the reconcile need no ListRecords either
+        repo.advance_clock(3600)
+        harness.run()  # the lag's overlap with the last night
+        repo.advance_clock(3600)
+        assert harness.adapter().window_is_empty(harness.freeze())
+        from partner_harvest.reconcile import reconcile
+
+        assert reconcile(harness.adapter(), conn, partner, "reconcile-1").purged == 0
+        assert sim.errors == [] and not [r for r in sim.requests if r.get("verb") == "ListRecords"]
+
+
+def test_get_record_answers_between_the_two_steps(conn) -> None:
+    """idDoesNotExist (a repository that keeps no deletions): a deletion; one 403: that record
+    quarantined; many 403s in a row: the route is gone, the run stops."""
+    repo = SimulatedRepository(records=80, page_size=40, deleted_fraction=0.0, seed=46, deleted_record="no")
+    with OaiSimulator(repo) as sim:
+        harness = Harness(sim, conn, oai_partner(lag="0s", options={"oai": {"method": "identifiers_then_get"}}))
+        harness.run()
+        repo.advance_clock(3600)
+        gone, edited = repo.edit(2)
+        sim.delete_on_get([gone])
+        harness.run()
+        assert gone not in harness.held() and harness.held() == repo.live_identifiers()
+        sim.break_verb("GetRecord", 403)
+        repo.advance_clock(3600)
+        repo.edit(3)
+        sim.clear_requests()
+        window, stats, applied = harness.run()
+        gets = [r for r in sim.requests if r.get("verb") == "GetRecord"]
+        assert applied.quarantined == len(gets) >= 3  # restricted records: quarantined by id, the run goes on
+        reasons = {r[0].split(":")[0] for r in conn.execute("SELECT reason FROM quarantine").fetchall()}
+        assert reasons == {"GetRecord answered HTTP 403 Forbidden"}, reasons
+        repo.advance_clock(3600)
+        repo.edit(12)
+        sim.clear_requests()
+        with pytest.raises(PartnerHttpError, match="10 GetRecord requests in a row answered HTTP 403"):
+            harness.run()
+        assert len([r for r in sim.requests if r.get("verb") == "GetRecord"]) == 10  # then it stopped

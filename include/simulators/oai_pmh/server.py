@@ -227,6 +227,7 @@ class OaiSimulator(ControlledServer):
         self._credentials: tuple[str, str, str | None] | None = None  # (form, secret, login or name)
         self.refused_credentials = 0  # OAI requests answered 401 for missing or wrong credentials
         self.broken_verbs: dict[str, int] = {}  # verb -> the HTTP status it always answers
+        self._delete_on_get: set[str] = set()  # records deleted when their GetRecord arrives
 
     # ------------------------------------------------- access: credentials, broken routes
     def require_credentials(self, form: str | None, secret: str = "", *, login: str | None = None,
@@ -249,6 +250,12 @@ class OaiSimulator(ControlledServer):
                 self.broken_verbs.pop(verb, None)
             else:
                 self.broken_verbs[verb] = int(status)
+
+    def delete_on_get(self, identifiers: list[str]) -> None:
+        """These records are deleted the moment their GetRecord arrives (one shot each): a
+        record listed by ListIdentifiers and gone by the GetRecord that follows."""
+        with self._lock:
+            self._delete_on_get.update(identifiers)
 
     def admit(self, headers: Any, pairs: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], Response | None]:
         """The OAI arguments without a query credential, and the 401 a request without the
@@ -699,6 +706,11 @@ class OaiSimulator(ControlledServer):
         return [f"<ListSets>{sets}</ListSets>\n"]
 
     def _verb_GetRecord(self, args: dict[str, str]) -> list[str]:
+        with self._lock:
+            vanish = args["identifier"] in self._delete_on_get
+            self._delete_on_get.discard(args["identifier"])
+        if vanish:
+            self.repo.delete_ids([args["identifier"]])
         record = self.repo.get(args["identifier"])
         if record is None:
             raise OaiError("idDoesNotExist", f"unknown identifier: {args['identifier']}")

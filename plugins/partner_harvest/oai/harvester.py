@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Generator, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from datetime import datetime, timedelta
-from typing import cast
+from itertools import islice
+from typing import TypeVar, cast
 
 from partner_harvest import durations
 from partner_harvest.adapters import Adapter, IdSink, ItemSink, PartnerClock
@@ -34,9 +36,12 @@ from partner_harvest.oai.selection import EXCLUDED, Selection
 from partner_harvest.records import Check, HarvestItem, HarvestStats, Record, Rejected, Tombstone
 from partner_harvest.registry import Partner, SliceSettings
 from partner_harvest.store.staging import held_stamps
+from partner_harvest.transport import widen
 from partner_harvest.window import DAY, SECONDS, Slice, Window
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
 
 # GetRecord answers HTTP 403 in a row after which the route is taken to be gone: the run
 # stops instead of asking for every other record of the window (one 403 quarantines its record).
@@ -71,6 +76,8 @@ class OaiAdapter(Adapter):
         if self.method == "identifiers_then_get":  # a list stream of GetRecords brings nothing a GetRecord each does not
             self.bulk_missing_threshold = None
         self._get_workers = partner.pool_slots  # GetRecords at once (one in a slice: pool_slots slices run)
+        if self.method == "identifiers_then_get":
+            widen(client.session, partner.pool_slots + 1)  # and the list's own request
         self._sweeping = False  # the list being streamed is the leavers' sweep (selection.py)
         self._not_held = 0  # listed records of excluded sets this harvest did not stage (none held)
         # Lists one request showed to be empty (window_is_empty); harvested without asking again.
@@ -291,34 +298,35 @@ class OaiAdapter(Adapter):
         headers = [h for h in page.items if isinstance(h, parse.OaiHeader)]
         todo = [h for h in headers if h.identifier and h.datestamp and not h.deleted
                 and self.selection.excluded_by(h.set_specs) is None]
-        fetched = iter(pool.map(lambda h: self._get_listed(h, prefix), todo))
+        fetched = _in_order(pool, lambda h: self._get_listed(h, prefix), todo, self._get_workers)
         items: list[HarvestItem] = []
-        for header in headers:
-            if not header.identifier or header.datestamp is None:
-                problems = [p for p, bad in (("no <identifier>", not header.identifier),
-                                             (f"no usable <datestamp> {header.datestamp_text!r}",
-                                              header.datestamp is None)) if bad]
-                items.append(Rejected(header.identifier or parse.MISSING_IDENTIFIER,
-                                      f"{'deleted ' if header.deleted else ''}header: {'; '.join(problems)}", "",
-                                      header.datestamp, prefix))
-            elif header.deleted:
-                items.append(Tombstone(header.identifier, header.datestamp))
-            elif self.selection.excluded_by(header.set_specs) is not None:
-                items.append(Tombstone(header.identifier, header.datestamp, EXCLUDED))
-            else:
-                item = next(fetched)
-                if isinstance(item, Forbidden):
-                    forbidden[0] += 1
-                    if forbidden[0] >= MAX_FORBIDDEN_IN_A_ROW:
-                        raise PartnerHttpError(self.partner_id, item.request, (
-                            f"{forbidden[0]} GetRecord requests in a row answered HTTP 403 Forbidden: the "
-                            f"repository refuses its GetRecord route (gone, or closed to us); stopping instead "
-                            f"of asking for every other record. The last: {item.cause}"))
-                    items.append(Rejected(header.identifier, f"GetRecord answered {item.cause}", "",
+        with closing(fetched):  # a stop sends nothing more
+            for header in headers:
+                if not header.identifier or header.datestamp is None:
+                    problems = [p for p, bad in (("no <identifier>", not header.identifier),
+                                                 (f"no usable <datestamp> {header.datestamp_text!r}",
+                                                  header.datestamp is None)) if bad]
+                    items.append(Rejected(header.identifier or parse.MISSING_IDENTIFIER,
+                                          f"{'deleted ' if header.deleted else ''}header: {'; '.join(problems)}", "",
                                           header.datestamp, prefix))
-                    continue
-                forbidden[0] = 0
-                items.append(item)
+                elif header.deleted:
+                    items.append(Tombstone(header.identifier, header.datestamp))
+                elif self.selection.excluded_by(header.set_specs) is not None:
+                    items.append(Tombstone(header.identifier, header.datestamp, EXCLUDED))
+                else:
+                    item = next(fetched)
+                    if isinstance(item, Forbidden):
+                        forbidden[0] += 1
+                        if forbidden[0] >= MAX_FORBIDDEN_IN_A_ROW:
+                            raise PartnerHttpError(self.partner_id, item.request, (
+                                f"{forbidden[0]} GetRecord requests in a row answered HTTP 403 Forbidden: the "
+                                f"repository refuses its GetRecord route (gone, or closed to us); stopping instead "
+                                f"of asking for every other record. The last: {item.cause}"))
+                        items.append(Rejected(header.identifier, f"GetRecord answered {item.cause}", "",
+                                              header.datestamp, prefix))
+                        continue
+                    forbidden[0] = 0
+                    items.append(item)
         return self._selected(items, sink)
 
     def _get_listed(self, header: parse.OaiHeader, prefix: str) -> HarvestItem | Forbidden:
@@ -573,6 +581,23 @@ class OaiAdapter(Adapter):
             if leaves:
                 return Tombstone(item.identifier, item.datestamp, reason)
         return item
+
+
+def _in_order(pool: ThreadPoolExecutor, call: Callable[[T], R], inputs: list[T], ahead: int) -> Generator[R, None, None]:
+    """``call`` of each input on ``pool``, results in input order, at most ``ahead`` in flight;
+    nothing more is sent once the caller stops asking (a run that stops on 403s)."""
+    pending: deque[Future[R]] = deque()
+    queue = iter(inputs)
+    try:
+        for value in islice(queue, ahead):
+            pending.append(pool.submit(call, value))
+        while pending:
+            yield pending.popleft().result()
+            for value in islice(queue, 1):
+                pending.append(pool.submit(call, value))
+    finally:
+        for future in pending:
+            future.cancel()
 
 
 def _lower_guess(window: Window) -> datetime:

@@ -10,9 +10,16 @@ import pytest
 
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
 from partner_harvest.reconcile import reconcile
-from tests.support.db import check_row
 from tests.support.harness import SIERRA_KEY as KEY, SIERRA_SECRET as SECRET, SierraHarness as Harness
-from tests.support.partners import sierra_partner
+from tests.support.partners import FAST_SIERRA, sierra_partner
+
+
+def partner(suppressed: str | None = None, id: str = "library", **fields):
+    """A test Sierra partner with the registry's default for suppressed bibs, or ``suppressed``."""
+    options = {k: v for k, v in FAST_SIERRA.items() if k != "suppressed"}
+    if suppressed is not None:
+        options["suppressed"] = suppressed
+    return sierra_partner(id, options={"sierra": options}, **fields)
 
 
 def suppressed(catalogue: SimulatedCatalogue) -> set[str]:
@@ -26,16 +33,20 @@ def flagged(conn, partner_id: str = "library") -> set[str]:
     return {r[0] for r in rows}
 
 
-@pytest.mark.parametrize("omits", [False, True], ids=["export-lists-suppressed", "export-omits-suppressed"])
+@pytest.mark.parametrize("omits", [False, True], ids=["whole-export-lists-suppressed", "sliced-export-omits-them"])
 def test_purge_holds_the_public_bibs_over_a_full_load_and_two_nights(conn, omits) -> None:
     catalogue = SimulatedCatalogue(bibs=600, deleted_fraction=0.04, suppressed_fraction=0.05, seed=51)
+    slicing = {"threshold_records": 200, "target_records": 200, "max_slices": 3} if omits else {"max_slices": 1}
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET, export_omits_suppressed=omits) as sim:
-        harness = Harness(sim, conn, sierra_partner())  # suppressed: purge, the default
-        window, changes, _, result = harness.run()
+        harness = Harness(sim, conn, partner(slicing=slicing))
+        assert harness.partner.options.sierra.suppressed == "purge"  # the registry's default
+        result = harness.run_through()
         hidden = suppressed(catalogue)
-        assert window.is_full and hidden and harness.held() == catalogue.public_ids()
-        kind, expected, found, ok, _ = check_row(conn)
-        assert ok and expected == found == len(catalogue.public_ids())  # the witness counts public bibs
+        assert result.window.is_full and hidden and harness.held() == catalogue.public_ids()
+        assert len(result.pieces) == (3 if omits else 1)
+        checks = conn.execute("SELECT sum(check_expected), sum(check_found), bool_and(check_ok) FROM harvest_runs "
+                              "WHERE check_kind = 'sierra-id-enumeration'").fetchone()
+        assert checks == (len(catalogue.public_ids()),) * 2 + (True,)  # the witness counts public bibs
         for night in (1, 2):
             catalogue.advance_clock(3600)
             public = sorted(catalogue.public_ids())
@@ -59,7 +70,7 @@ def test_purge_holds_the_public_bibs_over_a_full_load_and_two_nights(conn, omits
 def test_flag_holds_suppressed_bibs_marked_and_keep_holds_them_plain(conn) -> None:
     catalogue = SimulatedCatalogue(bibs=300, deleted_fraction=0.0, suppressed_fraction=0.05, seed=52)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
-        harness = Harness(sim, conn, sierra_partner(options={"sierra": {"suppressed": "flag"}}))
+        harness = Harness(sim, conn, partner("flag"))
         harness.run()
         assert harness.held() == catalogue.live_ids() and flagged(conn) == suppressed(catalogue)
         catalogue.advance_clock(3600)
@@ -68,11 +79,11 @@ def test_flag_holds_suppressed_bibs_marked_and_keep_holds_them_plain(conn) -> No
         harness.run()
         assert harness.held() == catalogue.live_ids() and flagged(conn) == suppressed(catalogue)
         # a partner that switches to purge: the reconcile removes what is no longer to be held
-        purging = sierra_partner(max_purge_fraction=0.5)
+        purging = partner(max_purge_fraction=0.5)
         outcome = reconcile(harness.adapter().__class__(purging, harness.adapter().client), conn, purging, "r-1")
         assert outcome.purged == len(suppressed(catalogue)) and harness.held() == catalogue.public_ids()
     catalogue = SimulatedCatalogue(bibs=200, deleted_fraction=0.0, suppressed_fraction=0.05, seed=53)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
-        harness = Harness(sim, conn, sierra_partner("keeper", options={"sierra": {"suppressed": "keep"}}))
+        harness = Harness(sim, conn, partner("keep", "keeper"))
         harness.run()
         assert harness.held() == catalogue.live_ids() and suppressed(catalogue) and not flagged(conn, "keeper")

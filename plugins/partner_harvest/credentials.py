@@ -77,17 +77,17 @@ class Credentials:
         request.headers[self.header or "Authorization"] = value
 
     def withhold(self, request: requests.PreparedRequest) -> bool:
-        """Take the secret off a request to another origin; True when there was one to take."""
-        if self.kind == "query":
-            url = request.url or ""
-            stripped = _without_param(url, self.name or "")
-            request.url = stripped
-            return stripped != url
-        header = self.header or "Authorization"
-        if header in request.headers:
+        """Take the secret off a request to another origin (its header or parameter, and any
+        query value that is the secret: a redirect's Location may repeat it); True when there
+        was one to take."""
+        url = request.url or ""
+        stripped = _without_param(url, self.name or "", self.secret)
+        request.url = stripped
+        header = self.header
+        if header is not None and header in request.headers:
             del request.headers[header]
             return True
-        return False
+        return stripped != url
 
 
 def from_connection(login: str | None, password: str | None, extra: Mapping[str, Any] | None) -> Credentials | None:
@@ -156,10 +156,12 @@ def _split_query(url: str) -> tuple[tuple[str, str, str, str, str], list[str]]:
         [segment for segment in parts.query.split("&") if segment]
 
 
-def _without_param(url: str, name: str) -> str:
-    """The URL without any ``name=...`` segment (the others untouched, byte for byte)."""
+def _without_param(url: str, name: str, secret: str | None = None) -> str:
+    """The URL without any ``name=...`` segment, nor one whose value is ``secret`` (the others
+    untouched, byte for byte)."""
     (scheme, netloc, path, query, fragment), segments = _split_query(url)
-    kept = [s for s in segments if unquote_plus(s.partition("=")[0]) != name]
+    kept = [s for s in segments if unquote_plus(s.partition("=")[0]) != name
+            and (secret is None or unquote_plus(s.partition("=")[2]) != secret)]
     if len(kept) == len(segments):
         return url
     return urlunsplit((scheme, netloc, path, "&".join(kept), fragment))

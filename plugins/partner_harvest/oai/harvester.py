@@ -4,7 +4,9 @@ A window is one list per set of the partner's selection (oai/selection.py), thro
 ListRecords or, with ``options.oai.method: identifiers_then_get``, ListIdentifiers and a
 GetRecord for each live header (for repositories whose ListRecords breaks); an incremental
 window of a partner with sets also lists the whole repository's headers, for the records
-that left them. An expired resumptionToken restarts the window from its frozen bounds (never from a saved
+that left them.
+
+An expired resumptionToken restarts the window from its frozen bounds (never from a saved
 token), a bounded number of times, discarding what the broken attempt staged. A window the
 repository refuses as too large (oai/client.py: WindowTooLarge) is cut in two halves that do
 not overlap, each harvested in turn and cut again while refused, within the frozen bounds

@@ -273,7 +273,11 @@ class SierraAdapter(Adapter):
         if entry.get("suppressed") is True and self.suppressed == "purge":
             return Tombstone(bib_id, updated or fallback, SUPPRESSED)
         if not entry.get("marc"):
-            # Deleted in Sierra but still listed: whatever was held of it must not stay.
+            unasked = sorted(set(entry) - set(self.fields))
+            if unasked:  # an answer of other fields than asked (recorded servers do): nothing says the MARC is gone
+                return Rejected(bib_id, f"bib without its 'marc' field, in an answer of fields not asked for "
+                                f"({', '.join(unasked[:6])})", _json(entry), updated or fallback, marc.PREFIX)
+            # Asked for and absent: deleted in Sierra but still listed. What was held of it must not stay.
             log.warning("%s: bib %s is listed without MARC: a deletion (no_marc)", self.partner_id, bib_id)
             return Tombstone(bib_id, updated or fallback, NO_MARC)
         try:

@@ -243,3 +243,18 @@ def test_get_record_answers_between_the_two_steps(conn) -> None:
         with pytest.raises(PartnerHttpError, match="10 GetRecord requests in a row answered HTTP 403"):
             harness.run()
         assert len([r for r in sim.requests if r.get("verb") == "GetRecord"]) == 10  # then it stopped
+
+
+def test_a_record_that_leaves_the_one_set_is_no_longer_held(conn) -> None:
+    """Regression: with ``set``, a record moved out of the set stayed held for ever (no list of
+    the set shows it again, and the reconcile's GetRecord found it live)."""
+    repo = SimulatedRepository(records=120, page_size=50, deleted_fraction=0.0, seed=47)
+    with OaiSimulator(repo) as sim:
+        harness = Harness(sim, conn, oai_partner(set="type:print"))
+        harness.run()
+        prints = sorted(i for i in repo.live_identifiers() if "type:print" in repo.in_sets(i))
+        assert harness.held() == set(prints)
+        repo.advance_clock(3600)
+        repo.move_to(prints[:3], "painting")
+        harness.run()
+        assert harness.held() == set(prints[3:])

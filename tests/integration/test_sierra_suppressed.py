@@ -87,3 +87,16 @@ def test_flag_holds_suppressed_bibs_marked_and_keep_holds_them_plain(conn) -> No
         harness = Harness(sim, conn, partner("keep", "keeper"))
         harness.run()
         assert harness.held() == catalogue.live_ids() and suppressed(catalogue) and not flagged(conn, "keeper")
+
+
+def test_a_held_bib_listed_without_marc_is_not_kept_stale(conn) -> None:
+    """Regression: a bib the change poll listed without the MARC it asked for was quarantined,
+    and the version held before stayed live."""
+    catalogue = SimulatedCatalogue(bibs=120, deleted_fraction=0.0, suppressed_fraction=0.0, seed=54)
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
+        harness = Harness(sim, conn, sierra_partner())
+        harness.run()
+        catalogue.advance_clock(3600)
+        stripped = catalogue.strip_marc(sorted(catalogue.live_ids())[:2])
+        harness.run()
+        assert not set(stripped) & harness.held() and harness.held() == catalogue.public_ids()

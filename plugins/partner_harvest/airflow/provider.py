@@ -13,13 +13,13 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
+from partner_harvest import protocols  # light: the protocols' specs, no HTTP stack
 from partner_harvest.airflow import lineage  # light: no Airflow, no protocol stack
 
 PACKAGE = "partner-harvest"
 # Every Airflow process reads this on start: it names the hooks (airflow/hooks.py) without
 # importing them, so the protocol stack loads only where a partner is harvested.
-OAI_PMH, OAI_PMH_HOOK = "oai_pmh", "partner_harvest.airflow.hooks.OaiPmhHook"
-SIERRA, SIERRA_HOOK = "sierra", "partner_harvest.airflow.hooks.SierraHook"
+HOOKS_MODULE = "partner_harvest.airflow.hooks"
 
 
 def _text(label: str, description: str) -> dict[str, Any]:
@@ -43,31 +43,20 @@ TLS_AND_PROXY_FIELDS: dict[str, dict[str, Any]] = {
 
 
 def connection_types() -> list[dict[str, Any]]:
+    """One connection type per protocol (its spec's ``connection``), with the TLS and proxy fields."""
     return [
         {
-            "connection-type": OAI_PMH,
-            "hook-class-name": OAI_PMH_HOOK,
-            "hook-name": "OAI-PMH partner",
+            "connection-type": spec.connection.conn_type,
+            "hook-class-name": f"{HOOKS_MODULE}.{spec.connection.hook_class}",
+            "hook-name": spec.connection.hook_name,
             "conn-fields": TLS_AND_PROXY_FIELDS,
             "ui-field-behaviour": {
-                "hidden-fields": ["schema", "port", "login", "password"],
-                "relabeling": {"host": "Base URL"},
-                "placeholders": {"host": "https://museum.example/oai (the URL before ?verb=)"},
+                "hidden-fields": list(spec.connection.hidden_fields),
+                "relabeling": dict(spec.connection.relabeling),
+                "placeholders": dict(spec.connection.placeholders),
             },
-        },
-        {
-            "connection-type": SIERRA,
-            "hook-class-name": SIERRA_HOOK,
-            "hook-name": "Sierra ILS partner",
-            "conn-fields": TLS_AND_PROXY_FIELDS,
-            "ui-field-behaviour": {
-                "hidden-fields": ["schema", "port"],
-                "relabeling": {"host": "API base URL", "login": "Client key", "password": "Client secret"},
-                "placeholders": {"host": "https://catalogue.example/iii/sierra-api (before /v6/...)",
-                                 "login": "the API client key (Sierra Admin App, API Keys)",
-                                 "password": "the client secret"},
-            },
-        },
+        }
+        for spec in protocols.specs()
     ]
 
 
@@ -103,8 +92,8 @@ def get_provider_info() -> dict[str, Any]:
     return {
         "package-name": PACKAGE,
         "name": "Partner harvest",
-        "description": "OAI-PMH and Sierra ILS partners harvested into a PostgreSQL aggregation: "
-                       "partner connection types, lineage, metrics",
+        "description": f"{', '.join(spec.title for spec in protocols.specs())} partners harvested into a "
+                       "PostgreSQL aggregation: partner connection types, lineage, metrics",
         "versions": [_version()],
         "connection-types": connection_types(),
         "config": config(),

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from airflow.sdk import AssetAlias, Context
 from airflow.sdk.exceptions import DownstreamTasksSkipped
 
+from partner_harvest import protocols
 from partner_harvest.airflow.assets import partner_asset
 from partner_harvest.pipeline import RunRequest
 from partner_harvest.registry import Partner
@@ -32,11 +33,12 @@ def quiet_alias(partner_id: str) -> AssetAlias:
 
 def may_be_quiet(partner: Partner, window: Window, request: RunRequest) -> bool:
     """A nightly incremental window of a partner whose newest applied run fetched nothing;
-    never a full, window or backfill run, a set-back clock, slices or extra channels."""
+    never a full, window or backfill run, a set-back clock, slices or extra channels; only for a
+    protocol whose spec says a quiet night applies (its adapter's window_is_empty can tell)."""
     facts = window.protocol
     return (request.mode == "incremental" and request.may_advance_cursor and window.advances_cursor
             and window.from_ is not None and not facts.clock_regressed and facts.clock_behind_cursor is None
-            and not facts.channels and facts.slice is None and partner.protocol == "oai-pmh"
+            and not facts.channels and facts.slice is None and protocols.spec_of(partner.protocol).quiet_night
             and _newest_run_fetched_nothing(partner.id))
 
 

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import cast
 
 from partner_harvest import durations
-from partner_harvest.adapters import Adapter, IdSink, ItemSink, PartnerClock
+from partner_harvest.adapters import Adapter, IdSink, PartnerClock, StagingSink
 from partner_harvest.errors import HarvestError, PartnerProtocolError
 from partner_harvest.formats.checks import policy_of
 from partner_harvest.oai import parse, slicing
@@ -106,7 +106,7 @@ class OaiAdapter(Adapter):
         piece = window.protocol.slice
         return (piece.set_spec if piece is not None else None) or self.partner.set_spec
 
-    def harvest(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
+    def harvest(self, window: Window, sink: StagingSink, stats: HarvestStats) -> None:
         prefix = _prefix(window)
         oai_granularity = window.protocol.oai_granularity or DAY_GRANULARITY
         from_ = format_datestamp(window.from_, oai_granularity) if window.from_ else None
@@ -140,7 +140,7 @@ class OaiAdapter(Adapter):
                 stats.reset()
                 stats.restarts = restarts
 
-    def _stream_refusable(self, prefix: str, window: Window, set_spec: str | None, sink: ItemSink,
+    def _stream_refusable(self, prefix: str, window: Window, set_spec: str | None, sink: StagingSink,
                           stats: HarvestStats) -> None:
         """The window's stream; bisected while the repository refuses it as too large."""
         oai_granularity = window.protocol.oai_granularity or DAY_GRANULARITY
@@ -151,7 +151,7 @@ class OaiAdapter(Adapter):
             stats.complete_list_size = None if None in sizes else sum(sizes)  # type: ignore[arg-type]
 
     def _stream_piece(self, prefix: str, low: datetime | None, high: datetime, oai_granularity: str,
-                      set_spec: str | None, sink: ItemSink, stats: HarvestStats, guess: datetime,
+                      set_spec: str | None, sink: StagingSink, stats: HarvestStats, guess: datetime,
                       depth: int, sizes: list[int | None]) -> None:
         from_ = format_datestamp(low, oai_granularity) if low else None
         until = format_datestamp(high, oai_granularity)
@@ -202,7 +202,7 @@ class OaiAdapter(Adapter):
             return True
         return False
 
-    def _stream(self, prefix: str, from_: str | None, until: str, set_spec: str | None, sink: ItemSink,
+    def _stream(self, prefix: str, from_: str | None, until: str, set_spec: str | None, sink: StagingSink,
                 stats: HarvestStats) -> None:
         if (prefix, from_, until, set_spec) in self._known_empty:
             stats.pages += 1  # the empty answer window_is_empty read, as a harvest would count it
@@ -215,7 +215,7 @@ class OaiAdapter(Adapter):
         with closing(pages):  # a failing sink stops the fetcher thread now (pipelining)
             self._stream_pages(pages, sink, stats, started)
 
-    def _stream_pages(self, pages: Iterable[parse.ListPage], sink: ItemSink, stats: HarvestStats,
+    def _stream_pages(self, pages: Iterable[parse.ListPage], sink: StagingSink, stats: HarvestStats,
                       started: float) -> None:
         cleaned = 0
         for page in pages:

@@ -33,6 +33,7 @@ from partner_harvest.errors import (
     PartnerHttpError,
     PartnerProtocolError,
 )
+from partner_harvest.sierra.spec import CLIENT_STATUSES
 from partner_harvest.transport import RETRY_STATUSES, ServerAsksToWait, partner_request
 
 log = logging.getLogger(__name__)
@@ -42,12 +43,11 @@ NOT_FOUND = 107
 EXPORT_FAILED = 135  # "External Process Failed : bib2Marc process failed twice..."
 RATE_LIMITED = 138
 MAX_LIMIT = 2000
-# One retry layer per failure kind. A 500 carries Sierra's error code (135 export failed,
-# 138 rate limited) that only this client can read, and a 429 names a wait the harvester
-# weighs (a long one frees the worker slot): the transport hands both over at once and
-# this client retries the 500s (``server_error_tries``). The gateway answers (502, 503,
-# 504) and broken connections are the transport's alone (``options.http.retries``).
-TRANSPORT_RETRY_STATUSES = RETRY_STATUSES - {500, 429}
+# One retry layer per failure kind: the transport hands the statuses this client reads over
+# at once (spec.CLIENT_STATUSES) and this client retries the 500s (``server_error_tries``).
+# The gateway answers (502, 503, 504) and broken connections are the transport's alone
+# (``options.http.retries``).
+TRANSPORT_RETRY_STATUSES = RETRY_STATUSES - CLIENT_STATUSES
 _FILE_ID = re.compile(r"[A-Za-z0-9._-]+")
 
 

@@ -36,7 +36,7 @@ from partner_harvest import pipeline
 from partner_harvest.adapters import Adapter
 from partner_harvest.protocols import Channel, spec_of
 from partner_harvest.records import HarvestStats
-from partner_harvest.registry import Partner, cursor_value
+from partner_harvest.registry import Partner, cursor_key, cursor_value
 from partner_harvest.store import ApplyResult, RunRef, ensure_schema, fences
 from partner_harvest.store.runs import abandon_stale_runs, clock_high_water
 from partner_harvest.window import Window, channel_windows, format_instant, next_cursor, parse_instant
@@ -190,20 +190,22 @@ def move_cursors(conn: psycopg.Connection, partner_id: str, window: Window, run_
 
 
 def _move(outlets: Outlets, partner_id: str, window: Window, run_id: str, channel: str) -> dict[str, Any]:
+    """One cursor to ``window.until`` when that is later; what happened, for the task's XCom."""
+    key = cursor_key(partner_id, None if channel == CHANGES else channel)
     current = outlets.cursor(channel)
     shown = format_instant(current) if current else None
     if not window.advances_cursor:
-        log.info("%s: %s run leaves the %s cursor where it is (%s)", partner_id, window.mode, channel, shown or "unset")
-        return {"channel": channel, "moved": False, "cursor": shown, "reason": f"{window.mode} runs never move the cursor"}
+        log.info("%s: %s run leaves %s where it is (%s)", partner_id, window.mode, key, shown or "unset")
+        return {"key": key, "moved": False, "cursor": shown, "reason": f"{window.mode} runs never move the cursor"}
     target = next_cursor(current, window)
     if target is None or target == current:
-        log.info("%s: the %s cursor is already at %s; not moving it backwards to %s", partner_id, channel,
-                 shown or "unset", format_instant(window.until))
-        return {"channel": channel, "moved": False, "cursor": shown, "reason": "never backwards"}
+        log.info("%s: %s already at %s; not moving it backwards to %s", partner_id, key, shown or "unset",
+                 format_instant(window.until))
+        return {"key": key, "moved": False, "cursor": shown, "reason": "never backwards"}
     value = cursor_value(target, window.granularity, run_id)
     outlets.write_cursor(channel, value)
-    log.info("%s: the %s cursor moved from %s to %s", partner_id, channel, shown or "unset", value["until"])
-    return {"channel": channel, "moved": True, "cursor": value["until"], "previous": shown}
+    log.info("%s: %s moved from %s to %s", partner_id, key, shown or "unset", value["until"])
+    return {"key": key, "moved": True, "cursor": value["until"], "previous": shown}
 
 
 @dataclass(frozen=True)

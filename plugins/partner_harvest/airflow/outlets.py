@@ -56,6 +56,7 @@ class TaskOutlets:
         dag_run = self.context["dag_run"]
         metrics.send_apply(partner_id, result.as_dict(), warnings, getattr(dag_run, "start_date", None))
         extra = assets.event_extra(conn, partner_id, run_id, dag_run.run_id)
+        conn.commit()  # the reads above leave no transaction open: what the caller writes next commits alone
         if self.quiet:
             quiet.emit_event(self.context, partner_id, extra)
         else:

@@ -17,7 +17,7 @@ import psycopg
 from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.registry import Partner
-from partner_harvest.run import CHANGES, Kept, apply, RunResult, freeze, plan, run_partner, stage_channel
+from partner_harvest.run import CHANGES, Kept, RunResult, apply, freeze, plan, run_partner, stage_channel
 from partner_harvest.sierra.spec import DELETIONS
 from partner_harvest.window import Window
 from tests.support.db import audit_row, held

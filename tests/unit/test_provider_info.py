@@ -6,9 +6,9 @@ form fields included (docs/operator/connections.md)."""
 from __future__ import annotations
 
 import json
-from urllib.parse import unquote
 import tomllib
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 

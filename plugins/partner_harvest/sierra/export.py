@@ -71,7 +71,7 @@ class FullLoad:
                 log.info("%s: slice %s resumes its export at id %d", self.partner_id, piece.channel, start)
         else:
             start = self._resume_point()
-            self.stats.expected = self._expected_bibs()
+            self.stats.expected = expected_bibs(self.adapter, self.limit)
         self.adapter.progress_since = (time.monotonic(), self.stats.fetched)  # the time left counts this try's rate
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"export-{self.partner_id}") as ahead, \
                 ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"staging-{self.partner_id}") as copier:
@@ -97,30 +97,6 @@ class FullLoad:
         log.info("%s: resuming the export at id %d: an earlier try of this run staged %d items (up to bib %s)",
                  self.partner_id, start, kept.count, kept.max_id)
         return start
-
-    def _expected_bibs(self) -> int | None:
-        """About how many items an unsliced full load brings, for its progress and time left only.
-
-        Sierra's ``total`` is the size of one page, not of the result set, so the estimate is
-        the span of bib ids (``fields=id&limit=1`` probes: the lowest id, then the highest,
-        about 2 x log2(span) requests): record numbers are handed out in sequence, so it is
-        an upper bound (deleted ids count). The export never stops on it: it ends on 404/107
-        or an empty block. A probe that fails leaves the load without an estimate.
-        """
-        try:
-            low = self.adapter.first_id_from(0)
-            if low is None:
-                return None
-            high, probes = self.adapter.highest_id(low, max(1, self.limit))
-        except HarvestError as exc:
-            log.warning("%s: no estimate of the full load's size (the id probe failed: %s); its progress shows "
-                        "no time left", self.partner_id, exc)
-            return None
-        span = high - low + 1
-        log.info("%s: full load expects about %d bibs: an estimate from the id range %d..%d (%d probes; an upper "
-                 "bound, deleted ids count; Sierra's total counts only a page), for the progress and the time "
-                 "left, never to end the export", self.partner_id, span, low, high, probes + 1)
-        return span
 
     # -- one block ------------------------------------------------------------------------
 
@@ -423,6 +399,32 @@ class _Keyset:
         writing, self.writing = self.writing, None
         if writing is not None:
             writing.result()
+
+
+def expected_bibs(adapter: SierraAdapter, block: int) -> int | None:
+    """About how many items an unsliced full load brings, for its progress and time left only.
+
+    Sierra's ``total`` is the size of one page, not of the result set, so the estimate is
+    the span of bib ids (``fields=id&limit=1`` probes: the lowest id, then the highest,
+    about 2 x log2(span) requests, stepping up by ``block`` first): record numbers are handed
+    out in sequence, so it is an upper bound (deleted ids count). The export never stops on
+    it: it ends on 404/107 or an empty block. A probe that fails leaves the load without an
+    estimate.
+    """
+    try:
+        low = adapter.first_id_from(0)
+        if low is None:
+            return None
+        high, probes = adapter.highest_id(low, max(1, block))
+    except HarvestError as exc:
+        log.warning("%s: no estimate of the full load's size (the id probe failed: %s); its progress shows "
+                    "no time left", adapter.partner_id, exc)
+        return None
+    span = high - low + 1
+    log.info("%s: full load expects about %d bibs: an estimate from the id range %d..%d (%d probes; an upper "
+             "bound, deleted ids count; Sierra's total counts only a page), for the progress and the time "
+             "left, never to end the export", adapter.partner_id, span, low, high, probes + 1)
+    return span
 
 
 def one_ahead(pages: Iterator[T], name: str) -> Iterator[T]:

@@ -23,6 +23,7 @@ from partner_harvest.airflow.hooks import AGGREGATION
 from partner_harvest.run import CHANGES
 from partner_harvest.store import ApplyResult
 from partner_harvest.store.quality import run_figures
+from partner_harvest.window import parse_instant
 
 log = logging.getLogger(__name__)
 
@@ -63,4 +64,6 @@ class TaskOutlets:
             assets.emit(self.context, partner_id, extra)
 
     def moved(self, partner_id: str, moved: dict[str, dict[str, Any]]) -> None:
-        metrics.send_cursor_lag(partner_id, self.cursor(CHANGES))
+        """The main cursor's lag, from where the move left it (no second read of the Variable)."""
+        cursor = moved[CHANGES]["cursor"]
+        metrics.send_cursor_lag(partner_id, parse_instant(cursor) if cursor else None)

@@ -85,6 +85,7 @@ class ProtocolSpec:
     default_prefix: str = "auto"  # the registry's metadata_prefix when the entry gives none
     options: Mapping[str, OptionsKey] = field(default_factory=dict)  # its keys of the registry's `options`
     slices_by_set: bool = False  # whether the registry's slicing.sets applies
+    schemes: tuple[str, ...] = ("https", "http")  # of its endpoints' URLs: the lineage asset schemes <name>+<scheme>
     client_statuses: frozenset[int] = frozenset()
     """HTTP statuses the protocol's client reads itself: the transport does not retry them unless
     the registry's options.http.retry_statuses says otherwise (Sierra's 500s carry error codes,

@@ -28,7 +28,7 @@ from partner_harvest import protocols
 log = logging.getLogger(__name__)
 
 # Every protocol (a new one needs nothing here): its name is the scheme.
-ENDPOINT_SCHEMES = tuple(f"{p}+{s}" for p in protocols.names() for s in ("https", "http"))
+ENDPOINT_SCHEMES = tuple(f"{spec.name}+{scheme}" for spec in protocols.specs() for scheme in spec.schemes)
 TABLE_SCHEME = "partner-harvest+postgres"
 STAGING = ("staging",)
 APPLIED = ("records", "deletions", "quarantine")

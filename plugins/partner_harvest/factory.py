@@ -9,6 +9,7 @@ from typing import Any
 import requests
 
 from partner_harvest.adapters import Adapter
+from partner_harvest.credentials import Credentials, from_connection
 from partner_harvest.errors import ConfigurationError
 from partner_harvest.politeness import Pacer, PacingStore, endpoint_host
 from partner_harvest.protocols import spec_of
@@ -32,13 +33,14 @@ class Wiring:
 
     partner: Partner
     endpoint: Endpoint
-    session: requests.Session  # the partner's session: its policy, transport, pacing and response hooks
+    session: requests.Session  # the partner's session: its policy, transport, credentials, pacing, response hooks
     policy: HttpPolicy  # the session's policy (http_policy)
+    credentials: Credentials | None  # the session's (credentials())
 
     def new_session(self) -> requests.Session:
-        """Another session of the same policy and transport, unpaced (a client's worker threads)."""
+        """Another session of the same policy, transport and credentials, unpaced (a client's worker threads)."""
         return build_session(self.partner.id, self.policy, home=self.endpoint.base_url,
-                             transport=transport(self.partner, self.endpoint))
+                             transport=transport(self.partner, self.endpoint), credentials=self.credentials)
 
 
 def http_policy(partner: Partner) -> HttpPolicy:
@@ -61,6 +63,18 @@ def transport(partner: Partner, endpoint: Endpoint) -> Transport:
         raise ConfigurationError(partner.id, f"Connection '{partner.conn_id}'", str(exc)) from None
 
 
+def credentials(partner: Partner, endpoint: Endpoint) -> Credentials | None:
+    """The Connection's credentials (credentials.py: Basic, Bearer, a header or a query
+    parameter); none for a protocol whose client logs in itself (``ProtocolSpec.session_credentials``:
+    Sierra's login and password are its API client's key and secret)."""
+    if not spec_of(partner.protocol).session_credentials:
+        return None
+    try:
+        return from_connection(endpoint.login, endpoint.password, endpoint.extra)
+    except ValueError as exc:
+        raise ConfigurationError(partner.id, f"Connection '{partner.conn_id}'", str(exc)) from None
+
+
 def pacer(partner: Partner, endpoint: Endpoint, store: Callable[[], PacingStore] | None) -> Pacer | None:
     """The partner's politeness at its endpoint host; None without a pacing store, or with
     nothing to pace (no request_delay and the adaptive back-off off)."""
@@ -78,8 +92,9 @@ def build_adapter(partner: Partner, endpoint: Endpoint, *, pacing: Callable[[], 
     the partner's requests are not paced. ``on_response``: called with every response the
     partner's session receives (the Airflow layer counts requests and bytes with it)."""
     policy = http_policy(partner)
+    auth = credentials(partner, endpoint)
     session = build_session(partner.id, policy, home=endpoint.base_url, transport=transport(partner, endpoint),
-                            pacer=pacer(partner, endpoint, pacing))
+                            pacer=pacer(partner, endpoint, pacing), credentials=auth)
     if on_response is not None:
         session.hooks["response"].append(lambda response, *args, **kwargs: on_response(response))
-    return spec_of(partner.protocol).build(Wiring(partner, endpoint, session, policy))
+    return spec_of(partner.protocol).build(Wiring(partner, endpoint, session, policy, auth))

@@ -84,7 +84,10 @@ class ProtocolSpec:
     quiet_night: bool = False  # whether freeze_window asks the adapter's window_is_empty (airflow/quiet.py)
     default_prefix: str = "auto"  # the registry's metadata_prefix when the entry gives none
     options: Mapping[str, OptionsKey] = field(default_factory=dict)  # its keys of the registry's `options`
-    slices_by_set: bool = False  # whether the registry's slicing.sets applies
+    sets: bool = False  # whether partners select sets (the registry's set, sets, exclude_sets, slicing.sets)
+    session_credentials: bool = True
+    """Whether the Connection's login, password and credential extras authenticate the partner's
+    session (credentials.py); False where the client logs in with them itself (Sierra's API key)."""
     schemes: tuple[str, ...] = ("https", "http")  # of its endpoints' URLs: the lineage asset schemes <name>+<scheme>
     client_statuses: frozenset[int] = frozenset()
     """HTTP statuses the protocol's client reads itself: the transport does not retry them unless

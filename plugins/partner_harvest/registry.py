@@ -310,6 +310,12 @@ class SliceSettings(_Strict):
 
 
 _Text = Annotated[str, Field(min_length=1, pattern=r"\S", strict=True)]
+SetSpec = Annotated[str, Field(min_length=1, pattern=r"^\S+$", strict=True)]
+
+
+def _with_sets() -> str:
+    """The protocols whose spec says partners select sets (``ProtocolSpec.sets``)."""
+    return ", ".join(spec.name for spec in protocols.specs() if spec.sets)
 
 
 # The shortest value a duration field takes (and how its error shows it).
@@ -350,7 +356,14 @@ class Partner(_Strict):
     metadata_prefix: _Text = Field(default=None, validate_default=True, description=(
         "a prefix, or auto (OAI-PMH: LIDO when advertised, else oai_dc); default the protocol's: "
         + ", ".join(f"{spec.default_prefix} ({spec.title})" for spec in protocols.specs())))
-    set_spec: _Text | None = Field(default=None, alias="set", description="OAI-PMH: harvest this set only")
+    set_spec: _Text | None = Field(default=None, alias="set", description=(
+        "OAI-PMH: harvest this set only (sets with one set)"))
+    sets: tuple[SetSpec, ...] = Field(default=(), description=(
+        "OAI-PMH: harvest the union of these sets (one list each; a record in several is one record); "
+        "a record that leaves them is deleted here"))
+    exclude_sets: tuple[SetSpec, ...] = Field(default=(), description=(
+        "OAI-PMH: records in any of these sets, or in a set below one (a:b is below a), are not held; "
+        "one that moves into one is deleted here"))
     description: StrictStr = Field(default="", description="free text shown with the partner's DAGs")
     max_token_restarts: Annotated[StrictInt, Field(ge=0, le=100, description=(
         "OAI-PMH: restarts of a run's chain from its frozen bounds after badResumptionToken"))] = 3
@@ -459,12 +472,34 @@ class Partner(_Strict):
     @model_validator(mode="after")
     def _slicing_sets_fit_the_partner(self) -> Partner:
         if self.slicing.sets:
-            if not protocols.spec_of(self.protocol).slices_by_set:
-                by_set = ", ".join(spec.name for spec in protocols.specs() if spec.slices_by_set)
-                raise ValueError(f"slicing.sets applies to protocol {by_set} only")
-            if self.set_spec is not None:
-                raise ValueError("slicing.sets partitions the whole repository: it cannot be combined with set")
+            if not protocols.spec_of(self.protocol).sets:
+                raise ValueError(f"slicing.sets applies to protocol {_with_sets()} only")
+            if self.set_spec is not None or self.sets:
+                raise ValueError("slicing.sets partitions the whole repository: it cannot be combined with set "
+                                 "or sets")
         return self
+
+    @model_validator(mode="after")
+    def _set_selection(self) -> Partner:
+        """``set`` is ``sets`` of one; an exclusion must leave something of every listed set."""
+        if (self.sets or self.exclude_sets) and not protocols.spec_of(self.protocol).sets:
+            raise ValueError(f"sets and exclude_sets apply to protocol {_with_sets()} only")
+        if self.set_spec is not None and self.sets:
+            raise ValueError("give set (one set) or sets, not both")
+        for name in ("sets", "exclude_sets"):
+            listed = getattr(self, name)
+            if len(set(listed)) != len(listed):
+                raise ValueError(f"{name}: a set is listed twice")
+        for spec in self.selected_sets:
+            for excluded in self.exclude_sets:
+                if spec == excluded or spec.startswith(excluded + ":"):
+                    raise ValueError(f"exclude_sets: {excluded} excludes all of the listed set {spec}")
+        return self
+
+    @property
+    def selected_sets(self) -> tuple[str, ...]:
+        """The sets harvested (their union): ``sets``, or ``set``; () for the whole repository."""
+        return self.sets or ((self.set_spec,) if self.set_spec else ())
 
     @model_validator(mode="after")
     def _finish_by_fits_the_schedule(self) -> Partner:

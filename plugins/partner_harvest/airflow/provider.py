@@ -42,6 +42,17 @@ TLS_AND_PROXY_FIELDS: dict[str, dict[str, Any]] = {
 }
 
 
+# How the secret (the Connection's password) is sent (credentials.py reads them from the extras).
+CREDENTIAL_FIELDS: dict[str, dict[str, Any]] = {
+    "auth": _text("Credential form", "How the password is sent: empty with a login for HTTP Basic; bearer "
+                  "(Authorization: Bearer <password>); header (the header named below carries it); query (the "
+                  "query parameter named below, on every request). Empty without login or password: none."),
+    "auth_header": _text("Credential header", "With form header: the header's name, e.g. Token or X-API-Key."),
+    "auth_param": _text("Credential query parameter", "With form query: the parameter's name, e.g. apikey. "
+                        "Sent only to the partner's own host; every URL we print shows it as ***."),
+}
+
+
 def connection_types() -> list[dict[str, Any]]:
     """One connection type per protocol (its spec's ``connection``), with the TLS and proxy fields."""
     return [
@@ -49,7 +60,7 @@ def connection_types() -> list[dict[str, Any]]:
             "connection-type": spec.connection.conn_type,
             "hook-class-name": f"{HOOKS_MODULE}.{spec.connection.hook_class}",
             "hook-name": spec.connection.hook_name,
-            "conn-fields": TLS_AND_PROXY_FIELDS,
+            "conn-fields": {**(CREDENTIAL_FIELDS if spec.session_credentials else {}), **TLS_AND_PROXY_FIELDS},
             "ui-field-behaviour": {
                 "hidden-fields": list(spec.connection.hidden_fields),
                 "relabeling": dict(spec.connection.relabeling),

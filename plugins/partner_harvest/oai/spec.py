@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, StrictInt
 
@@ -14,7 +14,13 @@ if TYPE_CHECKING:
 
 
 class OaiOptions(StrictOptions):
-    """options.oai (OAI-PMH): how far a window the repository refuses as too large is cut."""
+    """options.oai (OAI-PMH): how a window is listed, and how far one the repository refuses
+    as too large is cut."""
+
+    method: Literal["list_records", "identifiers_then_get"] = Field(default="list_records", description=(
+        "list_records: ListRecords of the window; identifiers_then_get: ListIdentifiers of the window, then "
+        "GetRecord of each live header (pool_slots at a time, paced), for servers whose ListRecords breaks; "
+        "deleted headers are deletions without a GetRecord"))
 
     max_window_splits: Annotated[StrictInt, Field(ge=0, le=30, description=(
         "halvings of a window the repository refuses as too large (HTTP 413, 422, or badArgument saying "
@@ -52,9 +58,11 @@ SPEC = ProtocolSpec(
     connection=ConnectionType(
         conn_type="oai_pmh", hook_class="OaiPmhHook", hook_name="OAI-PMH partner",
         doc="An OAI-PMH repository: host = the base URL (``https://museum.example/oai``).",
-        hidden_fields=("schema", "port", "login", "password"),
-        relabeling={"host": "Base URL"},
-        placeholders={"host": "https://museum.example/oai (the URL before ?verb=)"},
+        hidden_fields=("schema", "port"),
+        relabeling={"host": "Base URL", "login": "Login (HTTP Basic)", "password": "Secret (password, token or key)"},
+        placeholders={"host": "https://museum.example/oai (the URL before ?verb=)",
+                      "login": "only for HTTP Basic; empty for no credentials or another form",
+                      "password": "the secret the partner gave you; empty: none"},
     ),
     docs="docs/design/oai.md",
     quiet_night=True,
@@ -63,5 +71,5 @@ SPEC = ProtocolSpec(
         "oai": OptionsKey(OaiOptions, "OAI-PMH only: window splitting"),
         "reconcile": OptionsKey(ReconcileOptions, "OAI-PMH only: how much of a reconcile's work one run does"),
     },
-    slices_by_set=True,
+    sets=True,
 )

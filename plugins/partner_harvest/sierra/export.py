@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import re
 import time
+from array import array
+from bisect import bisect_left
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
@@ -36,6 +38,7 @@ T = TypeVar("T")
 EXPORT_SIZE_CEILING = 99_999
 TRUNCATION_SUSPECT = 0.95  # records this close to the ceiling may have lost their tail
 CHECK_KIND = "sierra-id-enumeration"
+SUPPRESSED = "suppressed"  # deletions.reason: the bib became suppressed (options.sierra.suppressed: purge)
 MISSING_BATCH = 500  # missing ids read back from PostgreSQL at a time (fetched 25 per request)
 _RAW_907 = re.compile(rb"\x1fa\.b(\d+)[\dx]", re.IGNORECASE)
 
@@ -56,6 +59,7 @@ class FullLoad:
         # Extra export query parameters (mapping, locations...) come ONLY from options.export.params
         # (the registry refuses the keyset's own: sierra.spec.RESERVED_EXPORT_PARAMS).
         self.params = {str(k): str(v) for k, v in export.params.items()}
+        self.suppressed_ids = array("q")  # the suppressed ids of the load's range, ascending (run lists them)
 
     def run(self) -> None:
         """The export, then the proof that it delivered every live bib (of the slice's ids).
@@ -72,6 +76,7 @@ class FullLoad:
         else:
             start = self._resume_point()
             self.stats.expected = expected_bibs(self.adapter, self.limit)
+        self.suppressed_ids = self._list_suppressed(start, piece.hi if piece is not None else None)
         self.adapter.progress_since = (time.monotonic(), self.stats.fetched)  # the time left counts this try's rate
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"export-{self.partner_id}") as ahead, \
                 ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"staging-{self.partner_id}") as copier:
@@ -97,6 +102,29 @@ class FullLoad:
         log.info("%s: resuming the export at id %d: an earlier try of this run staged %d items (up to bib %s)",
                  self.partner_id, start, kept.count, kept.max_id)
         return start
+
+    def _list_suppressed(self, start: int, end: int | None) -> array[int]:
+        """The suppressed live ids of the load's range, ascending (8 bytes each): the export
+        does not say which bibs are suppressed."""
+        ids = array("q")
+        if self.adapter.suppressed == "keep":
+            return ids
+        for entries in self.client.bib_pages({"suppressed": "true", "deleted": "false", "fields": "id"}, MAX_LIMIT,
+                                             start_id=start, end_id=end):
+            ids.extend(int(e["id"]) for e in entries if str(e.get("id", "")).isdigit())
+        log.info("%s: %d suppressed bibs in the full load's range (options.sierra.suppressed: %s)",
+                 self.partner_id, len(ids), self.adapter.suppressed)
+        return ids
+
+    def _exported(self, item: HarvestItem, bib_id: str, stamp: datetime) -> HarvestItem:
+        """An exported bib as the partner's suppression choice has it."""
+        ids = self.suppressed_ids
+        at = bisect_left(ids, int(bib_id)) if bib_id.isdigit() else len(ids)
+        if at == len(ids) or ids[at] != int(bib_id):
+            return item
+        if self.adapter.suppressed == "purge":
+            return Tombstone(bib_id, stamp, SUPPRESSED)
+        return self.adapter.flagged(item)
 
     # -- one block ------------------------------------------------------------------------
 
@@ -172,12 +200,12 @@ class FullLoad:
                 reason = d.problem or "MARC: no bib id (neither 907 $a nor 001)"
                 items.append(Rejected(d.bib_id or where, reason, marc.escape_raw(d.raw), stamp, marc.PREFIX))
             elif index in suspects:
-                items.append(self._refetch(d.bib_id, stamp))
+                items.append(self._exported(self._refetch(d.bib_id, stamp), d.bib_id, stamp))
             elif d.fast is not None:
-                items.append(marc.fast_item(d.fast, d.bib_id, stamp, validation))
+                items.append(self._exported(marc.fast_item(d.fast, d.bib_id, stamp, validation), d.bib_id, stamp))
             else:
                 assert d.record is not None
-                items.append(marc.to_item(d.record, d.bib_id, stamp, validation))
+                items.append(self._exported(marc.to_item(d.record, d.bib_id, stamp, validation), d.bib_id, stamp))
         return items
 
     def _refetch(self, bib_id: str, stamp: datetime) -> HarvestItem:
@@ -199,7 +227,7 @@ class FullLoad:
     def _prove_complete(self) -> None:
         """I12: list the live ids through the JSON API, compare in SQL, fetch what is missing.
 
-        The enumeration (``deleted=false``, suppressed included) is staged with COPY and
+        The enumeration (``deleted=false``; with ``purge`` only public bibs) is staged with COPY and
         compared with this channel's staged records and rejects; the missing bibs are
         fetched in id-list batches into the same staging, and the check is recorded.
         """
@@ -211,8 +239,8 @@ class FullLoad:
         pages = 0
         start_id, end_id = (piece.lo or 0, piece.hi) if piece is not None else (0, None)
         # One page fetched ahead: the server lists the next ids while this page is copied.
-        for entries in one_ahead(self.client.bib_pages({"deleted": "false", "fields": "id"}, MAX_LIMIT, start_id, end_id),
-                                 f"ids-{self.partner_id}"):
+        listing = self.adapter.public_only({"deleted": "false", "fields": "id"})
+        for entries in one_ahead(self.client.bib_pages(listing, MAX_LIMIT, start_id, end_id), f"ids-{self.partner_id}"):
             listed.write_page([(str(e["id"]), None, False) for e in entries if e.get("id")])
             pages += 1
         gap = completeness.measure_gap(conn, run)

@@ -7,6 +7,13 @@ a version stamped D+1 or later (a record re-created later).
 
 Full load: the ``bibs/marc`` export with its resume and bisection, then the JSON API's
 list of live ids as the second witness (I12): sierra/export.py.
+
+Suppressed bibs (``options.sierra.suppressed``): ``purge`` (the default) holds only public
+bibs: one the change poll shows suppressed is a deletion with reason ``suppressed``, the
+full load turns the suppressed ids of its range (listed first, ``suppressed=true``) into
+deletions, and its witness and the reconcile count public bibs only. ``flag`` holds them
+carrying the warning ``sierra.suppressed``; ``keep`` holds them as any bib. A bib the API
+lists without MARC (deleted in Sierra, still listed) is a deletion with reason ``no_marc``.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import date, datetime, timedelta, timezone
 from datetime import time as dtime
 from typing import Any
@@ -24,12 +32,12 @@ from typing import Any
 from partner_harvest import durations
 from partner_harvest.adapters import Adapter, IdSink, PartnerClock, StagingSink, SweptId
 from partner_harvest.errors import ConfigurationError, PartnerAsksToWait
-from partner_harvest.formats.checks import policy_of
-from partner_harvest.records import HarvestItem, HarvestStats, Rejected, Tombstone
+from partner_harvest.formats.checks import Finding, policy_of
+from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
 from partner_harvest.registry import Partner, SliceSettings
 from partner_harvest.sierra import marc
 from partner_harvest.sierra.client import RateLimited, SierraClient
-from partner_harvest.sierra.export import FullLoad
+from partner_harvest.sierra.export import SUPPRESSED, FullLoad
 from partner_harvest.sierra.spec import DELETIONS
 from partner_harvest.window import SECONDS, ChannelPlan, Slice, Window, format_instant
 
@@ -37,6 +45,8 @@ log = logging.getLogger(__name__)
 DEFAULT_FIELDS = ("id", "updatedDate", "createdDate", "deleted", "suppressed", "marc")
 REQUIRED_FIELDS = ("id", "updatedDate", "marc")
 DELETION_FIELDS = "id,deletedDate"
+NO_MARC = "no_marc"  # deletions.reason: the API lists the bib without MARC (deleted, still listed)
+FLAGGED = Finding("sierra.suppressed", "the bib is suppressed in the catalogue (not public)")
 # Record numbers have no fixed width: 7 digits on most catalogues, 8 on large ones
 # (907 $a ".b116512684"). Nothing here assumes a highest id: the export ends on 404/107
 # or an empty block, and the slice plan probes upwards for the highest id.
@@ -69,7 +79,10 @@ class SierraAdapter(Adapter):
         self.client = client
         self.sleep = sleep
         self.validation = policy_of(partner.options.validation)
+        self.suppressed = partner.options.sierra.suppressed
         self.fields = tuple(partner.fields) or DEFAULT_FIELDS
+        if self.suppressed != "keep" and "suppressed" not in self.fields:
+            self.fields = (*self.fields, "suppressed")  # the poll must say which bibs are suppressed
         missing = [f for f in REQUIRED_FIELDS if f not in self.fields]
         if missing:
             raise ConfigurationError(partner.id, "registry", f"'fields' must include {', '.join(missing)}")
@@ -225,14 +238,33 @@ class SierraAdapter(Adapter):
             updated: datetime | None = parse_sierra_timestamp(str(entry["updatedDate"]))
         except (KeyError, ValueError):
             updated = None
+        if entry.get("suppressed") is True and self.suppressed == "purge":
+            return Tombstone(bib_id, updated or fallback, SUPPRESSED)
         if not entry.get("marc"):
-            return Rejected(bib_id, "bib without its 'marc' field", _json(entry), updated or fallback, marc.PREFIX)
+            unasked = sorted(set(entry) - set(self.fields))
+            if unasked:  # an answer of other fields than asked (recorded servers do): nothing says the MARC is gone
+                return Rejected(bib_id, f"bib without its 'marc' field, in an answer of fields not asked for "
+                                f"({', '.join(unasked[:6])})", _json(entry), updated or fallback, marc.PREFIX)
+            # Asked for and absent: deleted in Sierra but still listed. What was held of it must not stay.
+            log.warning("%s: bib %s is listed without MARC: a deletion (no_marc)", self.partner_id, bib_id)
+            return Tombstone(bib_id, updated or fallback, NO_MARC)
         try:
             record = marc.from_marc_json(entry["marc"])
         except Exception as exc:
             return Rejected(bib_id, f"MARC-in-JSON unreadable: {type(exc).__name__}: {exc}", _json(entry),
                             updated or fallback, marc.PREFIX)
-        return marc.to_item(record, bib_id, updated or marc.stamp_of(record) or fallback, self.validation)
+        item = marc.to_item(record, bib_id, updated or marc.stamp_of(record) or fallback, self.validation)
+        return self.flagged(item) if entry.get("suppressed") is True else item
+
+    def flagged(self, item: HarvestItem) -> HarvestItem:
+        """A suppressed bib's record with ``suppressed: flag``: it carries the warning."""
+        if self.suppressed == "flag" and isinstance(item, Record):
+            return replace(item, warnings=(*item.warnings, FLAGGED))
+        return item
+
+    def public_only(self, params: dict[str, Any]) -> dict[str, Any]:
+        """A listing of live ids: with ``purge``, of public bibs only (suppressed ones are not held)."""
+        return {**params, "suppressed": "false"} if self.suppressed == "purge" else params
 
     def _tombstone(self, entry: dict[str, Any], bib_id: str) -> HarvestItem:
         try:
@@ -282,8 +314,8 @@ class SierraAdapter(Adapter):
         piece = window.protocol.slice
         start, end = (piece.lo or 0, piece.hi) if piece is not None else (0, None)
         with self._rate_limit_frees_the_slot():
-            for entries in self.client.bib_pages({"deleted": "false", "fields": "id"}, self.partner.page_size,
-                                                 start_id=start, end_id=end):
+            for entries in self.client.bib_pages(self.public_only({"deleted": "false", "fields": "id"}),
+                                                 self.partner.page_size, start_id=start, end_id=end):
                 stats.pages += 1
                 rows: list[SweptId] = [(str(e["id"]), None, False) for e in entries if e.get("id")]
                 stats.fetched += len(rows)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BeforeValidator, Field, StrictInt, StrictStr, WithJsonSchema, field_validator
 
@@ -22,7 +22,12 @@ CLIENT_STATUSES = frozenset({500, 429})
 
 
 class SierraOptions(StrictOptions):
-    """options.sierra (Sierra only): keyword arguments of SierraClient."""
+    """options.sierra (Sierra only): keyword arguments of SierraClient, and suppressed bibs."""
+
+    suppressed: Literal["keep", "flag", "purge"] = Field(default="purge", description=(
+        "bibs suppressed in the catalogue (not public): purge (not held; one that becomes suppressed is "
+        "deleted, reason suppressed), flag (held, carrying the warning sierra.suppressed) or keep (held as "
+        "any bib)"))
 
     refresh_margin: Annotated[float, Field(ge=0, strict=True, description=(
         "seconds before an access token's expiry at which a new one is fetched (tokens cannot be "
@@ -108,4 +113,5 @@ SPEC = ProtocolSpec(
         "export": OptionsKey(ExportOptions, "Sierra only: the full-load export"),
     },
     client_statuses=CLIENT_STATUSES,
+    session_credentials=False,  # login and password are the API client's key and secret (client.py)
 )

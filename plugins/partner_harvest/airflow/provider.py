@@ -53,6 +53,12 @@ CREDENTIAL_FIELDS: dict[str, dict[str, Any]] = {
 }
 
 
+# The login and password of a protocol whose Connection authenticates its session (credentials.py).
+CREDENTIAL_LABELS = {"login": "Login (HTTP Basic)", "password": "Secret (password, token or key)"}
+CREDENTIAL_PLACEHOLDERS = {"login": "only for HTTP Basic; empty for no credentials or another form",
+                           "password": "the secret the partner gave you; empty: none"}
+
+
 def connection_types() -> list[dict[str, Any]]:
     """One connection type per protocol (its spec's ``connection``), with the TLS and proxy fields."""
     return [
@@ -63,8 +69,9 @@ def connection_types() -> list[dict[str, Any]]:
             "conn-fields": {**(CREDENTIAL_FIELDS if spec.session_credentials else {}), **TLS_AND_PROXY_FIELDS},
             "ui-field-behaviour": {
                 "hidden-fields": list(spec.connection.hidden_fields),
-                "relabeling": dict(spec.connection.relabeling),
-                "placeholders": dict(spec.connection.placeholders),
+                "relabeling": {**(CREDENTIAL_LABELS if spec.session_credentials else {}), **spec.connection.relabeling},
+                "placeholders": {**(CREDENTIAL_PLACEHOLDERS if spec.session_credentials else {}),
+                                 **spec.connection.placeholders},
             },
         }
         for spec in protocols.specs()

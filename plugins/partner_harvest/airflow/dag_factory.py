@@ -20,12 +20,13 @@ from airflow.sdk.definitions.callback import SyncCallback  # airflow.sdk exports
 from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
 from airflow.sdk.definitions.mappedoperator import MappedOperator
 
-from partner_harvest import durations
+from partner_harvest import durations, protocols
 from partner_harvest.airflow import compat, tasks
 from partner_harvest.airflow.assets import partner_asset
 from partner_harvest.airflow.gates import PartnerApprovalGate
 from partner_harvest.airflow.notifiers import PartnerAlertNotifier, run_late_alert, run_overdue_alert
 from partner_harvest.airflow.quiet import quiet_alias
+from partner_harvest.protocols import Channel
 from partner_harvest.registry import Partner, RegistryError, get_partner, load_registry
 
 START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
@@ -77,15 +78,15 @@ PARAMS_DOC = (
 
 
 def _doc(partner: Partner) -> str:
-    sierra = partner.protocol == "sierra"
+    channels = protocols.spec_of(partner.protocol).channels
     tasks_line = (
         "`freeze_window` fixes the window from the partner's clock; `plan_slices` keeps it whole or "
         "cuts a big one into slices; `harvest_changes` (mapped, one per slice) streams it into staging"
-        + (" and `poll_deletions` the deleted bibs, on their own day cursor" if sierra else "")
+        + "".join(f" and `{channel.task_id}` {channel.summary}" for channel in channels)
         + "; `approval_gate` passes unless the run would shrink the live set by more than "
         f"{partner.max_shrink_fraction:.0%} (then it waits for a person in Required Actions)"
         + "; `apply_changes` merges it in one transaction; `advance_cursor` moves the cursor"
-        + ("s" if sierra else "") + " (incremental runs only); `check_quality` alerts on "
+        + ("s" if channels else "") + " (incremental runs only); `check_quality` alerts on "
         "data-quality findings without failing the run. Each task's own docs say more."
     )
     return (
@@ -129,11 +130,6 @@ TASK_DOCS = {
         "from its checkpoint. **Fails:** HTTP errors after retries, broken or hostile XML, "
         "pagination loops (no retries), a response over the limits. Nothing stored is touched; "
         "clear it (or one slice) to harvest it again."
-    ),
-    "poll_deletions": (
-        "Sierra only: polls the deleted bibs of the window's days (its own day cursor) into "
-        "the same staging. **Fails:** a 5xx after retries (never taken for an empty day); "
-        "clear it to poll again."
     ),
     "apply_changes": (
         "Merges the run's staging into `records`, `deletions` and `quarantine` in one "
@@ -291,6 +287,7 @@ def harvest_deadlines(partner: Partner) -> list[DeadlineAlert]:
 
 def build_harvest_dag(partner: Partner) -> DAG:
     pid = partner.id
+    spec = protocols.spec_of(partner.protocol)
     pool = partner.pool  # tasks that send requests to the partner
     with DAG(
         dag_id=partner.dag_id,
@@ -324,10 +321,6 @@ def build_harvest_dag(partner: Partner) -> DAG:
             context["harvest_channel"] = piece.get("channel", "changes")  # type: ignore[typeddict-unknown-key]
             return tasks.harvest_changes(pid, window, context, piece)
 
-        @task(task_id="poll_deletions", pool=pool)
-        def poll_deletions(window: dict[str, Any]) -> dict[str, Any]:
-            return tasks.poll_deletions(pid, window, get_current_context())
-
         # In the pool too: a channel whose staging the database lost is harvested again here.
         # After the gate: runs when it passed (nothing over a limit) or approved; a Reject skips it.
         @task(task_id="apply_changes", outlets=[partner_asset(pid)], pool=pool)  # the event: airflow/assets.py
@@ -344,16 +337,25 @@ def build_harvest_dag(partner: Partner) -> DAG:
 
         window = freeze_window()
         staged = [harvest_changes.partial(window=window).expand(piece=plan_slices(window))]
-        if partner.protocol == "sierra":
-            staged.append(poll_deletions(window))
+        staged += [_channel_task(pid, channel, pool)(window) for channel in spec.channels]
         gate = PartnerApprovalGate(partner=partner, kind="shrink")  # airflow/gates.py
         staged >> gate
         applied = apply_changes(window, *staged)
         gate >> applied
         advance_cursor(window, applied)
         check_quality(applied)
-    _describe_tasks(dag)
+    _describe_tasks(dag, docs={channel.task_id: channel.doc for channel in spec.channels})
     return dag
+
+
+def _channel_task(pid: str, channel: Channel, pool: str) -> Any:
+    """The task that stages one of the protocol's extra channels (``poll_deletions``...)."""
+
+    @task(task_id=channel.task_id, pool=pool)
+    def stage_channel(window: dict[str, Any]) -> dict[str, Any]:
+        return tasks.harvest_channel(pid, window, get_current_context(), channel.name)
+
+    return stage_channel
 
 
 RECONCILE_PARAMS = {

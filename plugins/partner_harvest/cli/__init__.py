@@ -30,6 +30,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from partner_harvest import protocols
 from partner_harvest.registry import PARTNERS_FILE_ENV, Partner, Registry, RegistryError, cursor_key, cursor_value, load_registry
 from partner_harvest.store import connect
 from partner_harvest.store.admin import _PARTNER_TABLES, FEED_DELETIONS, forget_partner, unfinished_runs
@@ -37,10 +38,10 @@ from partner_harvest.store.db import scalar
 from partner_harvest.store.fences import bump_epoch
 from partner_harvest.store.runs import last_applied_until
 from partner_harvest.store.schema import apply_migrations, migration_files, pending_migrations
-from partner_harvest.window import DAY, SECONDS, WindowError, floor_to, format_instant, parse_instant
+from partner_harvest.window import SECONDS, WindowError, floor_to, format_instant, parse_instant
 
 DATABASE_URL_ENV = "HARVEST_DATABASE_URL"
-CURSOR_CHANNELS = {"changes": None, "deletions": "deletions"}
+CURSOR_CHANNELS: dict[str, str | None] = {"changes": None, **{name: name for name in protocols.channels()}}
 
 
 class CliError(Exception):
@@ -248,7 +249,8 @@ def cmd_sync_pools(args: argparse.Namespace) -> int:
 
 def cmd_reset_cursor(args: argparse.Namespace) -> int:
     partner = _partner(_registry(args), args.partner)
-    channels: list[str | None] = [None, "deletions"] if partner.protocol == "sierra" else [None]
+    own = protocols.spec_of(partner.protocol).channels
+    channels: list[str | None] = [None, *(channel.name for channel in own)]
     if args.channel != "all":
         if CURSOR_CHANNELS[args.channel] not in channels:
             raise CliError(f"partner {partner.id} ({partner.protocol}) has no {args.channel} cursor")
@@ -272,7 +274,7 @@ def _reset_cursor(args: argparse.Namespace, partner: Partner, channels: list[str
         key = cursor_key(partner.id, channel)
         current = admin.read_variable(key)
         granularity = current.get("granularity") if isinstance(current, dict) else None
-        granularity = granularity or (DAY if channel == "deletions" else SECONDS)
+        granularity = granularity or (protocols.channels()[channel].granularity if channel else SECONDS)
         new = floor_to(target, granularity) if target else None
         plan.append((key, current, new, granularity))
         after = f"{format_instant(new)}" if new else "deleted (the next incremental run harvests everything)"
@@ -316,7 +318,7 @@ def _row_counts(conn: psycopg.Connection, partner_id: str) -> dict[str, int]:
 def cmd_forget(args: argparse.Namespace) -> int:
     partner_id = args.partner
     try:
-        keys = [cursor_key(partner_id), cursor_key(partner_id, "deletions")]
+        keys = [cursor_key(partner_id), *(cursor_key(partner_id, channel) for channel in protocols.channels())]
     except ValueError as exc:
         raise CliError(str(exc)) from None
     registry = _registry(args)
@@ -482,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("partner", metavar="PARTNER")
     p.add_argument("--to", metavar="WHEN", help="YYYY-MM-DD or ISO 8601 time (UTC unless an offset is given)")
     p.add_argument("--channel", choices=["all", *CURSOR_CHANNELS], default="all",
-                   help="which cursor (Sierra has changes and deletions; default all)")
+                   help="which cursor (a protocol's extra channels have their own; default all)")
     p.set_defaults(func=cmd_reset_cursor)
     p = sub.add_parser("forget", parents=[common, confirm],
                        help="remove a partner's rows, its cursor Variables and (once out of the registry) its pool")

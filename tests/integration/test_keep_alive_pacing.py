@@ -112,3 +112,17 @@ def test_the_servers_announced_idle_timeout_is_read(announced: str) -> None:
 
     assert keep_alive_timeout(announced) == 5.0
     assert keep_alive_timeout(None) is None and keep_alive_timeout("max=3") is None
+
+
+def test_a_poison_bibs_135_is_bisected_at_once_not_retried_by_the_client(conn) -> None:
+    """135 says bib2Marc already failed twice; the client's own retries (2 s, then 4 s, by
+    default) only delayed the bisection by 6 s a poison bib: a 12,000-bib full load with 12 of
+    them spent 72 of its 90 s asleep."""
+    catalogue = SimulatedCatalogue(bibs=150, poison_every=120, deleted_fraction=0.0, suppressed_fraction=0.0)
+    with SierraSimulator(catalogue, client_key=SIERRA_KEY, client_secret=SIERRA_SECRET) as sim:
+        runs = Paced(sim, conn, sierra_partner(), MemoryPacing())
+        runs.run("full")
+        first = [r for r in sim.requests if r["path"].endswith("/bibs/marc") and r["query"].get("limit") == "100"
+                 and r["status"] == 500]
+    assert runs.held() == catalogue.live_ids()
+    assert len(first) == 1, f"the failing block was asked {len(first)} times at its own size before the bisection"

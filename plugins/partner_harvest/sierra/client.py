@@ -268,8 +268,11 @@ class SierraClient:
         return lambda exc: RateLimited(self.partner_id, what, str(exc), exc.seconds)
 
     def _ours_to_retry(self, exc: BaseException) -> bool:
-        """A server error the transport did not already retry (one layer per failure kind)."""
-        return isinstance(exc, SierraServerError) and exc.status not in self.transport_retries
+        """A server error the transport did not already retry (one layer per failure kind).
+        Not 135: bib2Marc already "failed twice" on the server, and the export's bisection is
+        its retry (a block that fails for no bib of its own passes at half the size)."""
+        return (isinstance(exc, SierraServerError) and exc.status not in self.transport_retries
+                and exc.code != EXPORT_FAILED)
 
     def _request_once(
         self, method: str, url: str, what: str, params: dict[str, Any] | None, accept: str | None, empty_ok: bool

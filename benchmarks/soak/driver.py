@@ -762,7 +762,10 @@ class Soak:
     def _host_strains(self) -> int:
         """Strains recorded on the simulators' host (every soak partner is on 127.0.0.1)."""
         with psycopg.connect(self.conninfo) as conn:
-            row = conn.execute("SELECT coalesce(sum(strains), 0) FROM host_pacing").fetchone()
+            try:
+                row = conn.execute("SELECT coalesce(sum(strains), 0) FROM host_pacing").fetchone()
+            except psycopg.errors.UndefinedTable:  # before the first night made the schema
+                return 0
         return int(row[0]) if row else 0
 
     def _quiet_then_outage(self, env: dict[str, str], partner: Partner, night: int, record: Night) -> None:

@@ -194,7 +194,8 @@ def test_a_harvest_applied_between_a_reconciles_settle_and_its_request_makes_the
 def test_a_quiet_night_and_a_night_of_other_edits_during_the_wait_leave_the_approval_valid(conn) -> None:
     """Sunday's reconcile asks to purge 10 withdrawn records; Monday's nightly harvests run while
     it waits (a quiet one, then one that edits other records): the approval given after them
-    still applies exactly the staged purge. Only a run that changed a staged identifier voids it."""
+    still applies exactly the staged purge. Only a run that changed a record it would purge
+    voids it; one that landed the records it would add (found missing) does not."""
     repo = SimulatedRepository(records=100, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=63)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
@@ -204,12 +205,16 @@ def test_a_quiet_night_and_a_night_of_other_edits_during_the_wait_leave_the_appr
 
         cursors = run_partner(partner, adapter(), conn, "full").cursors
         gone = set(repo.delete(10))  # withdrawn: 10% against the 5% purge limit
+        added = set(repo.add(2))  # new: the reconcile stages them as missing
         outcome = reconcile(adapter(), conn, partner, "rec", gate=True).as_dict()
         assert outcome["awaiting_approval"] and outcome["staged_removals"] == 10
         shrink = gates.reconcile_shrink(conn, partner, "rec", outcome)
         request = store_gates.open_request(conn, "museum", "rec", "reconcile_museum", gates.PURGE, shrink, 0.05, 0)
         repo.advance_clock(3600)
-        quiet = run_partner(partner, adapter(), conn, "quiet-night", cursors)
+        night = run_partner(partner, adapter(), conn, "night-of-the-new", cursors)
+        assert night.applied.upserted == 2 and added <= held(conn, "museum")
+        repo.advance_clock(3600)
+        quiet = run_partner(partner, adapter(), conn, "quiet-night", night.cursors)
         assert quiet.applied.fetched == 0 and quiet.applied.upserted == 0
         repo.advance_clock(3600)
         edited = set(repo.edit(5))

@@ -52,8 +52,8 @@ class PartnerChanged(HarvestError):
 
 class NewerRunApplied(HarvestError):
     """Another run of the partner applied while this one waited at its approval gate and changed
-    an identifier this one would write: what the person approved was measured against a state
-    that is gone. Not retried (docs/operator/approvals.md)."""
+    a record this one would purge: what the person approved was measured against a state that
+    is gone. Not retried (docs/operator/approvals.md)."""
 
     retryable = False
 
@@ -74,8 +74,8 @@ class Fence:
     lost: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     lost_reason: str = ""
     # Set after an approval gate's wait (store/gates.py): no other run of the partner applied since
-    # this instant (the request's, or a sliced reconcile's plan) may have changed an identifier
-    # this run staged, or the approved write refuses.
+    # this instant (the request's, or a sliced reconcile's plan) may have changed a record this
+    # run would purge, or the approved write refuses.
     applied_before: datetime | None = None
 
     def lose(self, reason: str) -> None:
@@ -135,7 +135,7 @@ def check_fence(conn: psycopg.Connection, fence: Fence, request: str) -> None:
                 fence.partner_id, request,
                 f"run {run_id} applied at {applied_at:%Y-%m-%d %H:%M:%S}Z, after this run asked for approval "
                 f"(of what it measured from {fence.applied_before:%Y-%m-%d %H:%M:%S}Z on), and changed {identifier}, "
-                "which this run would write: what was approved was measured against a state that is gone, so "
+                "which this run would purge: what was approved was measured against a state that is gone, so "
                 "nothing of this run is applied and no cursor moves — run it again",
             )
     held = conn.execute(
@@ -156,9 +156,11 @@ SELECT DISTINCT run_id, applied_at, change_seq_after, change_seq_until FROM harv
    AND change_seq_until > change_seq_after
 """
 # The first of those runs' changes (records keep their newest change_seq, deletions one
-# row each) to an identifier the fenced run staged: a record it would purge or write.
+# row each) to a record the fenced run would purge (its staged tombstones). What it would
+# upsert needs no such check: the apply lands a version only over an older one.
 _TOUCHED = """
-WITH staged AS (SELECT DISTINCT identifier FROM staging WHERE partner_id = %(pid)s AND run_id = %(run)s),
+WITH staged AS (SELECT DISTINCT identifier FROM staging WHERE partner_id = %(pid)s AND run_id = %(run)s
+                AND kind = 'T'),
 changed AS (
     SELECT r.identifier, r.change_seq FROM records r
      WHERE r.partner_id = %(pid)s AND r.change_seq > %(after)s AND r.identifier IN (SELECT identifier FROM staged)
@@ -170,9 +172,9 @@ SELECT identifier, change_seq FROM changed ORDER BY change_seq LIMIT 1
 
 
 def _newer_run_touching_staged(conn: psycopg.Connection, fence: Fence) -> tuple[str, datetime, str] | None:
-    """A run applied after ``fence.applied_before`` that changed an identifier the fenced run
-    staged: (its run_id, when it applied, the identifier). A run that changed nothing (a
-    quiet night) or only other records leaves what was approved as it was measured."""
+    """A run applied after ``fence.applied_before`` that changed a record the fenced run would
+    purge: (its run_id, when it applied, the identifier). A run that changed nothing (a quiet
+    night) or only other records leaves what was approved as it was measured."""
     newer = conn.execute(_NEWER_CHANGING, (fence.partner_id, fence.holder, fence.applied_before)).fetchall()
     if not newer:
         return None

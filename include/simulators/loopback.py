@@ -98,6 +98,8 @@ class LoopbackServer:
         self._thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
         self._idle: set[socket.socket] = set()  # connections waiting for their next request
+        self._busy: set[socket.socket] = set()  # connections answering a request
+        self._answering = threading.Condition(self._lock)
         self.idle_closed = 0  # idle connections closed, by the timeout or close_idle_connections()
 
     def start(self) -> Self:
@@ -156,7 +158,8 @@ class LoopbackServer:
         """Close every keep-alive connection waiting for its next request now, as the server
         does when ``keep_alive_timeout`` passes; returns how many. The client's next request
         on one of them meets a connection its server has closed."""
-        with self._lock:
+        with self._answering:  # a response being written (the client may hold it already) ends first
+            self._answering.wait_for(lambda: not self._busy, timeout=5)
             idle = list(self._idle)
             self._idle.clear()
             self.idle_closed += len(idle)
@@ -172,10 +175,15 @@ class LoopbackServer:
             (self._connections.add if opened else self._connections.discard)(conn)
             if not opened:
                 self._idle.discard(conn)
+                self._busy.discard(conn)
+                self._answering.notify_all()
 
-    def _mark_idle(self, conn: socket.socket, idle: bool) -> None:
+    def _mark(self, conn: socket.socket, state: str) -> None:
+        """``conn`` is "busy" answering a request, "idle" waiting for the next, or "done"."""
         with self._lock:
-            (self._idle.add if idle else self._idle.discard)(conn)
+            (self._busy.add if state == "busy" else self._busy.discard)(conn)
+            (self._idle.add if state == "idle" else self._idle.discard)(conn)
+            self._answering.notify_all()
 
     def _record_error(self, exc: BaseException) -> None:
         with self._lock:
@@ -220,16 +228,15 @@ class LoopbackHandler(BaseHTTPRequestHandler):
         """Wait for the next request at most ``keep_alive_timeout`` (once one was served)."""
         sim = self.sim
         if self.served_on_connection:
-            sim._mark_idle(self.connection, True)
             self.connection.settimeout(sim.keep_alive_timeout)
         try:
             super().handle_one_request()  # a timeout while idle: "Request timed out" (log_error), closed
         finally:
-            sim._mark_idle(self.connection, False)
+            sim._mark(self.connection, "idle" if self.served_on_connection and not self.close_connection else "done")
 
     def parse_request(self) -> bool:
-        """The request line came: no longer idle; its answer is not bound by the idle timeout."""
-        self.sim._mark_idle(self.connection, False)
+        """The request line came: busy until answered; the answer is not bound by the idle timeout."""
+        self.sim._mark(self.connection, "busy")
         self.connection.settimeout(None)
         return super().parse_request()
 

@@ -54,6 +54,7 @@ RUN_TIMEOUT = 1800.0
 def write_registry(path: Path, partner: str, slices: int, records: int, pool: int) -> None:
     """The e2e registry (its DAGs are what the stack waits for), the museum sliced and pooled."""
     import yaml
+
     from tests.support import e2e_stack
 
     e2e_stack.write_registry(path)
@@ -126,14 +127,41 @@ def measure(stack: Any, url: str, partner: str, pool: int, live: set[str]) -> di
             "SELECT fetched FROM harvest_runs WHERE partner_id = %s AND run_id = %s AND channel LIKE 'changes/%%'"
             " ORDER BY channel", (partner, f"{dag_id}/{run_id}")).fetchall()]
     apply = next((ti for ti in tis if ti["task_id"] == "apply_changes"), {})
+    started = _instant(run["start_date"])
+    timeline = [(ti["task_id"], ti.get("map_index", -1), _instant(ti["start_date"]) - started,
+                 _instant(ti["end_date"]) - started, ti["state"],
+                 (_instant(ti["queued_when"]) - started) if ti.get("queued_when") else None)
+                for ti in tis if ti["start_date"] and ti["end_date"]]
     return {"pool": pool, "state": run["state"], "max_in_flight": report["max_in_flight"],
+            "timeline": timeline, "queued": started - (_instant(run.get("queued_at")) or started),
+            "applied_at": (_instant(apply["end_date"]) - started) if apply.get("end_date") else float("nan"),
             "delay_ms": report["response_delay_ms"], "slices": len(slices), "running_at_once": most,
             "overlapped": overlapped, "wall": wall, "apply_seconds": apply.get("duration") or 0.0,
             "exact": equal, "phase": phase, "fetched": fetched, "pooled": sorted(t for t, p in pools.items() if p == f"partner_{partner}"),
             "states": sorted({ti["state"] for ti in tis})}
 
 
-def show(label: str, m: dict[str, Any], records: int) -> None:
+def table(m: dict[str, Any]) -> list[str]:
+    """The run's tasks, each as seconds from the run's start (mapped instances as one row)."""
+    rows: dict[str, list[tuple[float, float, str]]] = {}
+    queued: dict[str, float] = {}
+    for task_id, _, start, end, state, when in sorted(m["timeline"], key=lambda t: (t[2], t[1])):
+        rows.setdefault(task_id, []).append((start, end, state))
+        if when is not None:
+            queued[task_id] = min(queued.get(task_id, when), when)
+    lines = ["    | task | seconds from the run's start | queued at |", "    |---|---|---|"]
+    for task_id, spans in sorted(rows.items(), key=lambda item: min(s for s, _, _ in item[1])):
+        first, last = min(s for s, _, _ in spans), max(e for _, e, _ in spans)
+        name = task_id + (f" x{len(spans)}" if len(spans) > 1 else "")
+        ends = f" (ends {', '.join(f'{e:.1f}' for _, e, _ in sorted(spans, key=lambda s: s[1]))})" if len(spans) > 1 else ""
+        skipped = " skipped" if all(state == "skipped" for _, _, state in spans) else ""
+        at = f"{queued[task_id]:.1f}" if task_id in queued else "-"
+        lines.append(f"    | {name} | {first:.1f} - {last:.1f}{ends}{skipped} | {at} |")
+    lines.append(f"    | the run | 0 - {m['wall']:.1f} | {-m['queued']:.1f} |")
+    return lines
+
+
+def show(label: str, m: dict[str, Any], records: int, chain: float | None = None) -> None:
     print(f"  {label}: run {m['state']}, {m['slices']} slices; max in flight {m['max_in_flight']} "
           f"(pool {m['pool']}: {'within' if m['max_in_flight'] <= m['pool'] else 'EXCEEDED'}); "
           f"harvest_changes at once {m['running_at_once']}, {m['overlapped']} of {m['slices']} overlapped another; "
@@ -144,6 +172,31 @@ def show(label: str, m: dict[str, Any], records: int) -> None:
     print(f"    records per slice: {', '.join(f'{n:,}' for n in m['fetched'])}; harvest phase {m['phase']:.1f} s = "
           f"{records / m['phase']:,.0f} records/s = {records / m['phase'] / floor:.2f}x the one-chain floor "
           f"({floor:,.0f} records/s); whole run {records / m['wall'] / floor:.2f}x")
+    if m["fetched"]:
+        mean = sum(m["fetched"]) / len(m["fetched"])
+        print(f"    largest slice {max(m['fetched']) / mean:.2f}x the mean")
+    print("\n".join(table(m)))
+    if chain is not None:
+        print(f"    ONE CHAIN fetched for {chain:.1f} s: whole run {chain / m['wall']:.2f}x "
+              f"(to the apply's commit, {m['applied_at']:.1f} s: {chain / m['applied_at']:.2f}x); "
+              f"load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+
+
+def one_chain(url: str, db: str, label: str) -> float:
+    """One token chain's fetch time (freeze and staging, no apply) against the same simulator,
+    in a process of its own, the way benchmarks/oai_chain.py measures it: the baseline."""
+    import oai_chain
+
+    from partner_harvest.store import connect, ensure_schema
+
+    with connect(db) as conn:
+        ensure_schema(conn)
+    partner_id = f"chain_pool_{label}"
+    support.forget(db, partner_id)
+    figures = support.run_child(oai_chain.__file__, "--kind", "ours", "--url", url, "--prefix", "oai_dc",
+                                "--db", db, "--run-id", f"chain-{label}", "--partner", partner_id)
+    support.forget(db, partner_id)
+    return float(figures["harvest_seconds"])
 
 
 def main() -> int:
@@ -155,6 +208,8 @@ def main() -> int:
     parser.add_argument("--delay-ms", type=float, default=200.0)
     parser.add_argument("--list-size", choices=["exact", "omitted"], default="exact")
     parser.add_argument("--spread", choices=["uniform", "clustered"], default="uniform")
+    parser.add_argument("--repeat", type=int, default=1, help="sliced runs under --pool, one after another")
+    parser.add_argument("--no-chain", action="store_true", help="skip the one-chain baseline")
     parser.add_argument("--plugins", type=Path, default=support.ROOT / "plugins",
                         help="the library the Airflow services load (another checkout's: its planner)")
     args = parser.parse_args()
@@ -184,13 +239,19 @@ def main() -> int:
         stack = e2e_stack.start_airflow(embedded_pg.start("bench"), base, cleanup, overrides)
         print(f"  Airflow started in {time.perf_counter() - started:.0f} s; {pool_line(sync_pools(stack), partner)}")
         live = support.control(url, "live_ids")
-        runs = [("pool", args.pool)] + ([("control", args.control_pool)] if args.control_pool else [])
+        chain = None
+        if not args.no_chain:
+            chain = one_chain(url, stack.aggregation_db, "1")
+            print(f"  one chain (unsliced, no Airflow): fetched for {chain:.1f} s; load average "
+                  f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+        runs = [(f"pool #{n + 1}" if args.repeat > 1 else "pool", args.pool) for n in range(args.repeat)]
+        runs += [("control", args.control_pool)] if args.control_pool else []
         for label, slots in runs:
             if slots != args.pool:
                 write_registry(registry, partner, args.slices, args.records, slots)
                 print(f"  {pool_line(sync_pools(stack), partner)}")
             figures = measure(stack, url, partner, slots, live)
-            show(f"{label} ({slots} slots)", figures, args.records)
+            show(f"{label} ({slots} slots)", figures, args.records, chain)
             if figures["max_in_flight"] > slots:
                 failures.append(f"{label}: {figures['max_in_flight']} requests in flight with a pool of {slots}")
             if not figures["exact"] or figures["state"] != "success":

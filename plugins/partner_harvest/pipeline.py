@@ -31,6 +31,7 @@ from partner_harvest.store import (
     fail_run,
     finish_harvest,
     record_check,
+    run_batch,
     slices,
 )
 from partner_harvest.store.apply import StagingIncomplete
@@ -205,6 +206,15 @@ def _stage(
 # -- slices (issue 9) ---------------------------------------------------------------------
 
 WHOLE = {"channel": slices.PARENT}  # the plan of a run that is not sliced: one piece, the window (XCom)
+# Pieces asked of the adapter per lane, merged into slices of falling size: the lanes start on
+# the big ones and end on small ones, so they finish within about one small slice of each other.
+PIECES_PER_LANE = 8
+
+
+def lanes_of(partner: Any, settings: SliceSettings) -> int:
+    """How many slices of a run harvest at once: the partner's pool (its concurrent
+    requests), at most ``max_slices``."""
+    return max(1, min(settings.max_slices, partner.pool_slots))
 
 
 def plan_slices(
@@ -214,26 +224,83 @@ def plan_slices(
     """Decide whether the run is harvested whole or as slices, and record the plan.
 
     Returns the slices planned (none: the window stays whole, the unsliced path), each with
-    its channel ``changes/00N``; :func:`pieces` turns them into what the mapped harvest task
-    runs over. The slices' rows are written ``planned`` in one transaction, so the apply
-    refuses until every one of them harvested (I4).
+    its channel ``changes/00N``, numbered biggest first (the order lanes take them in);
+    :func:`pieces` turns them into the lanes the mapped harvest task runs. With more than one
+    lane the adapter cuts ``PIECES_PER_LANE`` times finer and :func:`graded` joins
+    neighbouring pieces into slices of falling size. The slices' rows are written
+    ``planned`` in one transaction, so the apply refuses until every one of them harvested (I4).
     """
     ensure_schema(conn)
-    planned = list(adapter.plan_slices(window, settings))
+    lanes = lanes_of(adapter.partner, settings)
+    finer = PIECES_PER_LANE if lanes > 1 else 1
+    asked = settings if finer == 1 else settings.model_copy(update={
+        "max_slices": min(settings.max_slices * finer, 256),
+        "target_records": max(1, settings.target_records // finer),
+        "without_count": min(settings.without_count * finer, 256) if settings.without_count > 1 else 1})
+    planned = list(adapter.plan_slices(window, asked))
     if len(planned) < 2:
         planned = []
-    bounds = [p.model_copy(update={"channel": slices.slice_channel(i + 1)}) for i, p in enumerate(planned)]
+    joined = graded(planned, lanes) if finer > 1 else planned
+    bounds = [p.model_copy(update={"channel": slices.slice_channel(i + 1)}) for i, p in enumerate(joined)]
     slices.write_plan(conn, partner_id, run_id, window, window.protocol.metadata_prefix, bounds)
     if bounds:
-        log.info("%s: %s harvested as %d slices: %s", partner_id, window.describe(), len(bounds),
-                 "; ".join(_describe_slice(b) for b in bounds))
+        log.info("%s: %s harvested as %d slices in %d lanes: %s", partner_id, window.describe(), len(bounds),
+                 min(lanes, len(bounds)), "; ".join(_describe_slice(b) for b in bounds))
     return bounds
 
 
-def pieces(planned: list[Slice]) -> list[dict[str, Any]]:
+def graded(pieces: list[Slice], lanes: int) -> list[Slice]:
+    """Neighbouring pieces joined into slices of falling size, biggest first: each round
+    gives every lane a slice of about half of what is left per lane (32 pieces, 4 lanes:
+    4 slices of 4 pieces, 4 of 2, 8 of 1). Pieces of different sets are never joined."""
+    sizes: list[int] = []
+    left = len(pieces)
+    while left > 0:
+        size = max(1, -(-left // (2 * lanes)))
+        for _ in range(lanes if size > 1 else left):
+            if left == 0:
+                break
+            sizes.append(min(size, left))
+            left -= sizes[-1]
+    joined: list[tuple[Slice, int]] = []  # (slice, pieces in it)
+    at = 0
+    for size in sizes:
+        group = pieces[at:at + size]
+        at += size
+        runs = [[group[0]]]
+        for piece in group[1:]:
+            if piece.set_spec == runs[-1][-1].set_spec:
+                runs[-1].append(piece)
+            else:
+                runs.append([piece])
+        joined.extend((_join(run), len(run)) for run in runs)
+    # biggest first: by estimate where every slice has one, else by the pieces joined
+    counted = all(s.estimate is not None for s, _ in joined)
+    joined.sort(key=lambda pair: -(pair[0].estimate or 0) if counted else -pair[1])  # stable: ties keep their order
+    return [s for s, _ in joined]
+
+
+def _join(run: list[Slice]) -> Slice:
+    """Neighbouring pieces of one list as one slice: from the first's start to the last's end."""
+    first, last = run[0], run[-1]
+    if len(run) == 1:
+        return first
+    estimates = [p.estimate for p in run]
+    return first.model_copy(update={
+        "until": last.until, "hi": last.hi, "open_end": last.open_end,
+        "estimate": None if None in estimates else sum(e for e in estimates if e is not None),
+        "pages": tuple(page for p in run for page in p.pages),
+        "page_items": tuple(n for p in run for n in p.page_items)})
+
+
+def pieces(planned: list[Slice], lanes: int = 1) -> list[dict[str, Any]]:
     """What the mapped harvest task runs over, as JSON (XCom): ``[{"channel": "changes"}]``
-    for a window that stays whole, else one slice (``{"channel": "changes/00N", ...}``) each."""
-    return [s.to_json() for s in planned] if planned else [dict(WHOLE)]
+    for a window that stays whole, else one lane each (``{"lane": n, "lanes": m, "slices": k}``),
+    at most one per slice."""
+    if not planned:
+        return [dict(WHOLE)]
+    count = max(1, min(lanes, len(planned)))
+    return [{"lane": n, "lanes": count, "slices": len(planned)} for n in range(1, count + 1)]
 
 
 def _describe_slice(bounds: Slice) -> str:
@@ -277,6 +344,27 @@ def harvest_piece(
                  partner_id, channel, resume.checkpoint, resume.fetched)
     sub = slice_window(window, bounds, resume.checkpoint if resume else None)
     return _stage(adapter, adapter.harvest, conn, run, sub, resume=resume)
+
+
+def harvest_lane(
+    adapter: Adapter, conn: psycopg.Connection, partner_id: str, run_id: str, window: Window, lane: int,
+    on_slice: Callable[[str, HarvestStats], None] | None = None,
+) -> list[str]:
+    """One lane of a sliced run: slice after slice (store/slices.claim: its own unfinished
+    one first, then the biggest nobody took), each harvested as :func:`harvest_piece` does
+    and merged into the run's batch as it ends (store/run_batch.py), until none is left.
+    A lane that finishes early takes what would have kept another waiting: the lanes end
+    together. Returns the channels it harvested; ``on_slice(channel, stats)`` after each."""
+    done: list[str] = []
+    while (channel := slices.claim(conn, partner_id, run_id, lane)) is not None:
+        stats = harvest_piece(adapter, conn, partner_id, run_id, window, channel)
+        if run_batch.merge(conn, RunRef(partner_id, run_id, channel)):
+            run_batch.analyze(conn)
+        done.append(channel)
+        if on_slice is not None:
+            on_slice(channel, stats)
+    log.info("%s: lane %d of run %s harvested %s", partner_id, lane, run_id, ", ".join(done) or "no slice (none left)")
+    return done
 
 
 def max_record_bytes(adapter: Adapter) -> int:

@@ -1,7 +1,7 @@
 """One run of one partner, told once: the recipe the Airflow tasks, the tests and the benchmarks call.
 
-    freeze  ->  plan  ->  stage_channel (each piece, each extra channel)  ->  apply  ->  move_cursors
-                                                                            \\___ finish ____________/
+    freeze  ->  plan  ->  stage_lane / stage_channel (each piece, each extra channel)  ->  apply  ->  move_cursors
+                                                                                        \\___ finish ____________/
 
 Each Airflow task (airflow/tasks.py) is its lease, its fence and Airflow's plumbing around
 exactly one of these functions; a quiet night (airflow/quiet.py) stages its one channel and
@@ -15,8 +15,11 @@ dict and report nothing.
 Which step does what:
   freeze        abandon stale runs, the resume point of each cursor (a restored database covers
                 less than the cursor says), the clock high water, ``pipeline.freeze_window``
-  plan          ``pipeline.plan_slices``: the pieces of the changes channel (XCom form)
-  stage_channel one piece (``pipeline.harvest_piece``) or one extra channel (``pipeline.harvest_channel``)
+  plan          ``pipeline.plan_slices``: the pieces of the changes channel (XCom form): the whole
+                window, or the lanes of its slices
+  stage_lane    one lane: slice after slice (``pipeline.harvest_lane``), each merged into the run's batch
+  stage_channel the whole window, one slice (``pipeline.harvest_piece``) or one extra channel
+                (``pipeline.harvest_channel``)
   apply         ``pipeline.apply_changes``; channels whose staging was lost are staged again
   move_cursors  the main cursor and each channel's own, forward only (I1), in a fenced transaction
 """
@@ -121,8 +124,37 @@ def freeze(partner: Partner, adapter: Adapter, conn: psycopg.Connection, outlets
 
 
 def plan(partner: Partner, adapter: Adapter, conn: psycopg.Connection, run_id: str, window: Window) -> list[dict[str, Any]]:
-    """The pieces the changes channel is harvested in: the whole window, or its slices (XCom form)."""
-    return pipeline.pieces(pipeline.plan_slices(adapter, conn, partner.id, run_id, window, partner.slicing))
+    """The pieces the changes channel is harvested in: the whole window, or the lanes that
+    harvest its slices (XCom form)."""
+    planned = pipeline.plan_slices(adapter, conn, partner.id, run_id, window, partner.slicing)
+    return pipeline.pieces(planned, pipeline.lanes_of(partner, partner.slicing))
+
+
+def stage_lane(adapter: Adapter, conn: psycopg.Connection, run_id: str, window: Window, lane: int,
+               outlets: Outlets | None = None,
+               on_slice: Callable[[str, HarvestStats], None] | None = None) -> HarvestStats:
+    """One lane of a sliced run: its slices one after another (pipeline.harvest_lane), summed."""
+    if outlets is not None:
+        outlets.staging(conn, f"lane {lane}")
+    total = HarvestStats()
+
+    def each(channel: str, stats: HarvestStats) -> None:
+        add_up(total, stats)
+        if on_slice is not None:
+            on_slice(channel, stats)
+
+    pipeline.harvest_lane(adapter, conn, adapter.partner_id, run_id, window, lane, each)
+    return total
+
+
+def add_up(total: HarvestStats, stats: HarvestStats) -> None:
+    """``stats`` added into ``total`` (a lane's slices, a sliced run's channels)."""
+    total.pages += stats.pages
+    total.fetched += stats.fetched
+    total.records += stats.records
+    total.tombstones += stats.tombstones
+    total.rejected += stats.rejected
+    total.restarts += stats.restarts
 
 
 def stage_channel(adapter: Adapter, conn: psycopg.Connection, run_id: str, window: Window, channel: str,
@@ -146,10 +178,19 @@ def stage(
     partner between two tasks of the same run."""
     pieces = plan(partner, adapter, conn, run_id, window)
     staged: dict[str, HarvestStats] = {}
-    for channel in [piece["channel"] for piece in pieces] + list(window.protocol.channels):
-        staged[channel] = stage_channel(adapter, conn, run_id, window, channel, outlets)
+
+    def done(channel: str, stats: HarvestStats) -> None:
+        staged[channel] = stats
         if on_staged is not None:
             on_staged(channel)
+
+    for piece in pieces:
+        if "lane" in piece:
+            stage_lane(adapter, conn, run_id, window, int(piece["lane"]), outlets, done)
+        else:
+            done(piece["channel"], stage_channel(adapter, conn, run_id, window, piece["channel"], outlets))
+    for channel in window.protocol.channels:
+        done(channel, stage_channel(adapter, conn, run_id, window, channel, outlets))
     return pieces, staged
 
 
@@ -255,12 +296,7 @@ class RunResult:
         total = HarvestStats()
         for channel, stats in self.staged.items():
             if channel.startswith(CHANGES):
-                total.pages += stats.pages
-                total.fetched += stats.fetched
-                total.records += stats.records
-                total.tombstones += stats.tombstones
-                total.rejected += stats.rejected
-                total.restarts += stats.restarts
+                add_up(total, stats)
         return total
 
 

@@ -19,6 +19,8 @@ from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.registry import Partner
 from partner_harvest.run import CHANGES, Kept, RunResult, apply, freeze, plan, run_partner, stage_channel
 from partner_harvest.sierra.spec import DELETIONS
+from partner_harvest.store import RunRef
+from partner_harvest.store.slices import read_bounds, slice_rows
 from partner_harvest.window import Window
 from tests.support.db import audit_row, held
 
@@ -137,7 +139,11 @@ class PieceRun:
                  mode: str = "incremental"):
         self.conn, self.partner, self.make, self.run_id = conn, partner, make, run_id
         self.window = freeze(partner, make(), conn, request=pipeline.RunRequest(mode))
-        self.pieces = plan(partner, make(), conn, run_id, self.window)
+        self.lanes = plan(partner, make(), conn, run_id, self.window)  # what the mapped harvest runs over
+        # The pieces played one by one: the window whole, or each slice the lanes would take.
+        self.pieces = self.lanes if "lane" not in self.lanes[0] else [
+            {**read_bounds(conn, RunRef(partner.id, run_id, channel)).to_json(), "estimate": row["expected"]}
+            for channel, row in sorted(self.rows().items()) if channel != CHANGES]
 
     def harvest(self, channel: str):
         return stage_channel(self.make(), self.conn, self.run_id, self.window, channel)
@@ -156,7 +162,6 @@ class PieceRun:
         return applied
 
     def rows(self) -> dict[str, dict]:
-        from partner_harvest.store.slices import slice_rows
 
         return {row["channel"]: row for row in slice_rows(self.conn, self.partner.id, self.run_id)}
 

@@ -318,7 +318,8 @@ def build_harvest_dag(partner: Partner) -> DAG:
               doc_md=TASK_DOCS["harvest_changes"], templates_dict={"harvested_window": WINDOW_TEMPLATE}, pool=pool)
         def harvest_changes(window: dict[str, Any], piece: dict[str, Any]) -> dict[str, Any]:
             context = get_current_context()
-            context["harvest_channel"] = piece.get("channel", "changes")  # type: ignore[typeddict-unknown-key]
+            context["harvest_channel"] = (  # type: ignore[typeddict-unknown-key]
+                f"lane {piece['lane']}" if "lane" in piece else piece.get("channel", "changes"))
             return tasks.harvest_changes(pid, window, context, piece)
 
         # In the pool too: a channel whose staging the database lost is harvested again here.

@@ -32,6 +32,7 @@ from partner_harvest.factory import build_adapter
 from partner_harvest.gates import approval_since
 from partner_harvest.reconcile import apply_staged as reconcile_apply_staged
 from partner_harvest.reconcile import reconcile
+from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner, RegistryError, get_partner
 from partner_harvest.store import connect, ensure_schema, events, fences, gates, leases, prefix_choices, runs
 from partner_harvest.store.pacing import PgPacingStore
@@ -318,9 +319,29 @@ def plan_slices(partner_id: str, window_data: dict[str, Any], context: Context) 
 @_fail_fast
 def harvest_changes(partner_id: str, window_data: dict[str, Any], context: Context,
                     piece: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One piece of the plan (mapped): the whole window, or one slice retried on its own."""
+    """One piece of the plan (mapped): the whole window, or one lane of a sliced run (its
+    slices one after another; a retry takes its unfinished slice again, then the rest)."""
+    if piece and "lane" in piece:
+        return _stage_lane(partner_id, window_data, context, int(piece["lane"]))
     channel = (piece or {}).get("channel") or run.CHANGES
     return {"channel": channel, **_stage_channel(partner_id, window_data, context, channel)}
+
+
+def _stage_lane(partner_id: str, window_data: dict[str, Any], context: Context, lane: int) -> dict[str, Any]:
+    """A lane's slices into staging; the instance is named by them in the grid
+    (``harvest_channel``: the mapped task's map_index_template)."""
+    channels: list[str] = []
+
+    def named(channel: str, _: HarvestStats) -> None:
+        channels.append(channel)
+        context["harvest_channel"] = f"lane {lane}: {', '.join(channels)}"  # type: ignore[typeddict-unknown-key]
+
+    with hold_lease(partner_id, context, window_data=window_data) as keeper:
+        adapter = _adapter(_partner(partner_id), keeper.conninfo)
+        with aggregation(keeper.fence) as conn:
+            stats = run.stage_lane(adapter, conn, run_key(context), Window.from_dict(window_data), lane,
+                                   TaskOutlets(partner_id, context), named)
+    return {"channel": f"lane {lane}", "slices": channels, **_figures(stats)}
 
 
 @_fail_fast
@@ -336,6 +357,11 @@ def _stage_channel(partner_id: str, window_data: dict[str, Any], context: Contex
         with aggregation(keeper.fence) as conn:
             stats = run.stage_channel(adapter, conn, run_key(context), Window.from_dict(window_data), channel,
                                       TaskOutlets(partner_id, context))
+    return _figures(stats)
+
+
+def _figures(stats: HarvestStats) -> dict[str, Any]:
+    """A staged piece's figures (its XCom; the approval gate sums the tombstones)."""
     return {
         "pages": stats.pages, "fetched": stats.fetched, "records": stats.records,
         "tombstones": stats.tombstones, "rejected": stats.rejected,

@@ -133,10 +133,17 @@ class OaiAdapter(Adapter):
         def sample(from_: datetime | None, until: datetime) -> PageSample | None:
             return page(from_, until, lists[0])[1] if len(lists) == 1 else None
 
-        by_sets = slicing.plan_by_sets(window, settings, probe, self.partner_id)
-        if by_sets is not None:
-            return by_sets
-        return slicing.plan(window, settings, probe, self.partner_id, sample)
+        # Until the plan is made no other task of the run talks to the partner: its probes go
+        # out as many at once as the partner's pool has slots (slicing.Spread).
+        width = max(1, self.partner.pool_slots)
+        with ThreadPoolExecutor(width, thread_name_prefix=f"oai-plan-{self.partner_id}") as pool:
+            if width > 1:
+                widen(self.client.session, width)
+            spread = slicing.Spread(width, lambda call, items: list(pool.map(call, items)))
+            by_sets = slicing.plan_by_sets(window, settings, probe, self.partner_id, spread)
+            if by_sets is not None:
+                return by_sets
+            return slicing.plan(window, settings, probe, self.partner_id, sample, spread)
 
     def _lists(self, window: Window) -> tuple[str | None, ...]:
         """The sets a window lists: its slice's own (slicing.sets), else the selection's."""

@@ -28,6 +28,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 from partner_harvest.window import Slice, Window
 
@@ -47,6 +48,26 @@ class PageSample:
 
 
 Sampler = Callable[[datetime | None, datetime], "PageSample | None"]  # (from_, until) -> its first page
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How a plan sends the requests of one round, which do not depend on each other:
+    ``width`` at once through ``run`` (the partner's pool allows it: the plan is the only
+    task of the run talking to the partner then), else one after the other."""
+
+    width: int = 1
+    run: Callable[[Callable[[Any], Any], list[Any]], list[Any]] | None = None
+
+    def __call__(self, items: list[T], call: Callable[[T], R]) -> list[R]:
+        if self.run is None or self.width < 2 or len(items) < 2:
+            return [call(item) for item in items]
+        return self.run(call, items)
+
+
+in_turn = Spread()
 
 
 @dataclass(frozen=True)
@@ -66,7 +87,7 @@ def ordered(stamps: tuple[datetime, ...]) -> bool:
 
 
 def plan(window: Window, start: datetime | None, step: timedelta, count: int, sample: Sampler,
-         probes: int = MAX_RANGE_PROBES) -> list[Slice]:
+         probes: int = MAX_RANGE_PROBES, spread: Spread = in_turn) -> list[Slice]:
     """Up to ``count`` slices of the window of similar estimated size; [] keeps it whole
     (it fits in one page, or nothing could be read)."""
     whole = sample(window.from_, window.until)
@@ -75,21 +96,21 @@ def plan(window: Window, start: datetime | None, step: timedelta, count: int, sa
     if not ordered(whole.stamps):  # a sample: relative sizes only, no estimate of records
         return _cut(window, step, [_Segment(t, t, 1.0) for t in whole.stamps], count, estimates=False)
     lo = start if start is not None else min(whole.stamps)
-    return _cut(window, step, _range_estimates(window, lo, step, min(6 * count, probes), sample), count)
+    return _cut(window, step, _range_estimates(window, lo, step, min(6 * count, probes), sample, spread), count)
 
 
 def _range_estimates(window: Window, start: datetime, step: timedelta, budget: int,
-                     sample: Sampler) -> list[_Segment]:
+                     sample: Sampler, spread: Spread = in_turn) -> list[_Segment]:
     """Segments of an ordered list: the first pages of equal time ranges (half the budget),
     then the rest of the budget on the range estimated biggest, one more first page each
     from where its last page reached (the estimate of a range with a burst in it is poor:
-    reading on replaces it with headers)."""
+    reading on replaces it with headers). ``spread``: the equal ranges' pages all at once,
+    then the biggest ``width`` ranges read on at a time."""
     known: list[_Segment] = []
     open_: list[_Segment] = []  # the unread rest of a range whose first page had a token
     densities: list[float] = []  # headers per granule of each page with a token
 
-    def read(lo: datetime, hi: datetime, first: bool) -> None:
-        page = sample(window.from_ if first else lo, hi)
+    def absorb(lo: datetime, hi: datetime, page: PageSample | None) -> None:
         if page is None:  # unknown: as dense as one page over the range (only steers the cut)
             known.append(_Segment(lo, hi, 1.0))
             return
@@ -110,17 +131,24 @@ def _range_estimates(window: Window, start: datetime, step: timedelta, budget: i
     parts = max(budget // 2, 2)
     granules = max(int((window.until - start) / step) + 1, 1)
     size = max(-(-granules // parts), 1)
-    lo, used = start, 0
+    ranges: list[tuple[datetime, datetime]] = []
+    lo = start
     while lo <= window.until:
         hi = min(lo + step * (size - 1), window.until)
-        read(lo, hi, used == 0)
-        used += 1
+        ranges.append((lo, hi))
         lo = hi + step
+    first = ranges[0]
+    for (lo, hi), page in zip(ranges, spread(ranges, lambda r: sample(window.from_ if r is first else r[0], r[1]))):
+        absorb(lo, hi, page)
+    used = len(ranges)
     while open_ and used < budget:
-        biggest = max(open_, key=lambda segment: estimated(segment).weight)
-        open_.remove(biggest)
-        read(biggest.lo, biggest.hi, False)
-        used += 1
+        biggest = sorted(open_, key=lambda segment: estimated(segment).weight, reverse=True)
+        biggest = biggest[:min(spread.width, budget - used)]
+        for segment in biggest:
+            open_.remove(segment)
+        for segment, page in zip(biggest, spread(biggest, lambda segment: sample(segment.lo, segment.hi))):
+            absorb(segment.lo, segment.hi, page)
+        used += len(biggest)
     return known + [estimated(segment) for segment in open_]
 
 

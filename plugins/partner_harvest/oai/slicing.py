@@ -41,6 +41,7 @@ from partner_harvest.window import Slice, Window, floor_to
 log = logging.getLogger(__name__)
 
 Probe = Callable[..., "int | None"]  # (from_, until[, set_spec]) -> the list's size, or None
+Spread = sampled_cut.Spread
 
 
 # The plan's count probes are requests to the partner: a cap, whatever the counts say. Halving
@@ -97,7 +98,8 @@ def _considered(window: Window, settings: SliceSettings) -> bool:
     return settings.max_slices >= 2 and (window.is_full or long)
 
 
-def plan_by_sets(window: Window, settings: SliceSettings, probe: Probe, partner_id: str = "") -> list[Slice] | None:
+def plan_by_sets(window: Window, settings: SliceSettings, probe: Probe, partner_id: str = "",
+                 spread: Spread = sampled_cut.in_turn) -> list[Slice] | None:
     """One slice per listed set, each over the whole window (from_, until, estimate, set_spec);
     [] when the window stays whole; None when no sets are listed or they cannot be trusted
     to partition this window's list (then it is planned by datestamp, and the log says why)."""
@@ -108,7 +110,7 @@ def plan_by_sets(window: Window, settings: SliceSettings, probe: Probe, partner_
     total = probe(window.from_, window.until)
     if total is not None and total <= settings.threshold_records:
         return []
-    asked = {spec: probe(window.from_, window.until, spec) for spec in settings.sets}
+    asked = dict(zip(settings.sets, spread(list(settings.sets), lambda spec: probe(window.from_, window.until, spec))))
     described = ", ".join(f"{spec}: {'unknown' if n is None else n}" for spec, n in asked.items())
     counts = {spec: n for spec, n in asked.items() if n is not None}
     if total is None or len(counts) < len(asked):
@@ -127,7 +129,7 @@ def plan_by_sets(window: Window, settings: SliceSettings, probe: Probe, partner_
         return None
     start = window.from_ or _earliest(window) or EPOCH
     ranges = [_Range(start, window.until, counts[spec], spec, splittable=start < window.until) for spec in kept]
-    probes = 1 + len(settings.sets) + _bisect(ranges, window, start, settings, probe)
+    probes = 1 + len(settings.sets) + _bisect(ranges, window, start, settings, probe, spread)
     pieces = [piece for spec in kept for piece in _pieces([r for r in ranges if r.set_spec == spec], window)]
     log.info("%s: %d records announced, in %d sets: %s; %d slices after %d count probes: %s", partner_id, total,
              len(kept), described, len(pieces), probes,
@@ -136,7 +138,7 @@ def plan_by_sets(window: Window, settings: SliceSettings, probe: Probe, partner_
 
 
 def plan(window: Window, settings: SliceSettings, probe: Probe, partner_id: str = "",
-         sample: sampled_cut.Sampler | None = None) -> list[Slice]:
+         sample: sampled_cut.Sampler | None = None, spread: Spread = sampled_cut.in_turn) -> list[Slice]:
     """The slices of ``window`` (from_, until, estimate); [] when it stays whole.
 
     ``sample``: a range's first page (the probe's, cached); with it, a full harvest of a
@@ -153,7 +155,7 @@ def plan(window: Window, settings: SliceSettings, probe: Probe, partner_id: str 
     if total is None:
         count = min(settings.without_count if window.is_full else 1, settings.max_slices)
         if sample is not None and count >= 2:
-            pieces = sampled_cut.plan(window, announced, step, count, sample)
+            pieces = sampled_cut.plan(window, announced, step, count, sample, spread=spread)
             log.info("%s: no completeListSize; %d slices cut by what the first pages show: %s", partner_id,
                      len(pieces), ", ".join(f"..{p.until:%Y-%m-%dT%H:%M:%S} ~{p.estimate}" for p in pieces))
             return pieces if len(pieces) >= 2 else []
@@ -164,7 +166,7 @@ def plan(window: Window, settings: SliceSettings, probe: Probe, partner_id: str 
         return []
     start = announced or EPOCH
     ranges = [_Range(start, window.until, total)]
-    probes = 1 + _bisect(ranges, window, start, settings, probe)
+    probes = 1 + _bisect(ranges, window, start, settings, probe, spread)
     pieces = _pieces(ranges, window)
     log.info("%s: %d records announced; %d slices after %d count probes: %s", partner_id,
              total, len(pieces), probes, ", ".join(str(p.estimate) for p in pieces))
@@ -184,32 +186,62 @@ class _Range:
     splittable: bool = True
 
 
-def _bisect(ranges: list[_Range], window: Window, start: datetime | None, settings: SliceSettings, probe: Probe) -> int:
-    """Halve the biggest range in time, in place, until every range holds about
+def _bisect(ranges: list[_Range], window: Window, start: datetime | None, settings: SliceSettings, probe: Probe,
+            spread: Spread | None = None) -> int:
+    """Cut the biggest ranges in time, in place, until every range holds about
     ``target_records`` or there are ``max_slices`` that hold records; returns the count
     probes it made. Empty halves (before the first record of a repository whose
-    earliestDatestamp is the epoch or missing, a quiet decade) do not use up the slices."""
+    earliestDatestamp is the epoch or missing, a quiet decade) do not use up the slices.
+
+    ``spread`` (sampled_cut.Spread) sends a round's probes at once, as many as it is wide: the
+    biggest ranges are halved, one probe each, or with fewer of them than probes the biggest
+    is cut in more parts at once (each probe counts the range up to one cut); in turn, one
+    probe a round. The counts only steer: a wrong one gives uneven slices, never missing ones."""
+    spread = spread or sampled_cut.in_turn
     step = granule(window.protocol.oai_granularity or DAY_GRANULARITY)
+    day = step == timedelta(days=1)
     probes = 0
-    while sum(1 for r in ranges if r.count != 0) < settings.max_slices and probes < _MAX_PROBES:
-        candidates = [(r.count, r) for r in ranges
-                      if r.splittable and r.count is not None and r.count > settings.target_records]
+    while (held := sum(1 for r in ranges if r.count != 0)) < settings.max_slices and probes < _MAX_PROBES:
+        candidates = sorted((r for r in ranges if r.splittable and r.count is not None
+                             and r.count > settings.target_records), key=lambda r: -(r.count or 0))
         if not candidates:
             break
-        count, biggest = max(candidates, key=lambda pair: pair[0])
-        mid = floor_to(biggest.lo + (biggest.hi - biggest.lo) / 2, "day" if step == timedelta(days=1) else "seconds")
-        if mid < biggest.lo or mid + step > biggest.hi:
-            biggest.splittable = False  # one granule: cannot be cut
+        room = min(spread.width, settings.max_slices - held, _MAX_PROBES - probes)
+        chosen = candidates[:room]
+        cuts: list[tuple[_Range, list[datetime]]] = []
+        for i, r in enumerate(chosen):
+            wanted = room // len(chosen) + (1 if i < room % len(chosen) else 0)
+            points = sorted({floor_to(r.lo + (r.hi - r.lo) * k / (wanted + 1), "day" if day else "seconds")
+                             for k in range(1, wanted + 1)})
+            points = [t for t in points if t >= r.lo and t + step <= r.hi]
+            if points:
+                cuts.append((r, points))
+            else:
+                r.splittable = False  # one granule: cannot be cut
+        if not cuts:
             continue
-        from_ = None if biggest.lo == start and window.from_ is None else biggest.lo
-        left = probe(from_, mid) if biggest.set_spec is None else probe(from_, mid, biggest.set_spec)
-        probes += 1
-        if left is None:
-            biggest.splittable = False
-            continue
-        index = ranges.index(biggest)
-        ranges[index:index + 1] = [_Range(biggest.lo, mid, left, biggest.set_spec),
-                                   _Range(mid + step, biggest.hi, max(count - left, 0), biggest.set_spec)]
+
+        def count(job: tuple[_Range, datetime]) -> int | None:
+            r, at = job
+            from_ = None if r.lo == start and window.from_ is None else r.lo
+            return probe(from_, at) if r.set_spec is None else probe(from_, at, r.set_spec)
+
+        counted = spread([(r, at) for r, points in cuts for at in points], count)
+        probes += len(counted)
+        for r, points in cuts:
+            lefts, counted = counted[:len(points)], counted[len(points):]
+            if any(left is None for left in lefts):
+                r.splittable = False
+                continue
+            parts: list[_Range] = []
+            lo, before = r.lo, 0
+            for at, left in zip(points, lefts):
+                assert left is not None
+                parts.append(_Range(lo, at, left if not parts else max(left - before, 0), r.set_spec))
+                lo, before = at + step, left
+            parts.append(_Range(lo, r.hi, max((r.count or 0) - before, 0), r.set_spec))
+            index = ranges.index(r)
+            ranges[index:index + 1] = parts
     return probes
 
 

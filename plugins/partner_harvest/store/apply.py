@@ -31,7 +31,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from partner_harvest.errors import HarvestError
-from partner_harvest.store import feed, fences
+from partner_harvest.store import feed, fences, run_batch
 from partner_harvest.store.db import one, scalar
 from partner_harvest.store.partner_stats import update_partner_stats
 
@@ -284,12 +284,15 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         fetched = staged.per_channel
         regressed = {channel: clock.isoformat() if clock else None
                      for channel, clock in conn.execute(_REGRESSED_CLOCKS, params).fetchall()}
-        with _work_mem(conn, _SORT_MEMORY):
-            conn.execute(_BATCH, {**params, "regressed": Jsonb(regressed)})
-        # A fresh temp table has no statistics; without them the planner may nest-loop the
-        # purge over the whole batch for every stored record (minutes instead of seconds).
-        conn.execute("CREATE INDEX ON apply_batch (identifier)")
-        conn.execute("ANALYZE apply_batch (kind, identifier)")  # the joins' columns, not the payloads
+        # A sliced run merged its slices as they ended (store/run_batch.py): its batch is ready.
+        prepared = run_batch.prepare(conn, partner_id, run_id, fetched)
+        if not prepared:
+            with _work_mem(conn, _SORT_MEMORY):
+                conn.execute(_BATCH, {**params, "regressed": Jsonb(regressed)})
+            # A fresh temp table has no statistics; without them the planner may nest-loop the
+            # purge over the whole batch for every stored record (minutes instead of seconds).
+            conn.execute("CREATE INDEX ON apply_batch (identifier)")
+            conn.execute("ANALYZE apply_batch (kind, identifier)")  # the joins' columns, not the payloads
         holds_records, holds_tombstones, records_held = one(conn.execute(_HOLDS, params))
         one_channel = len(fetched) == 1
         tally_params = {**params, "channel": next(iter(fetched), None)}
@@ -335,7 +338,9 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         # Under the lock, in this transaction: the change feed's high water (store/feed.py).
         feed.mark_applied(conn, partner_id, run_id)
         conn.execute("DELETE FROM staging WHERE partner_id = %(pid)s AND run_id = %(run)s", params)
-        conn.execute("DROP TABLE apply_batch")
+        conn.execute("DROP VIEW apply_batch" if prepared else "DROP TABLE apply_batch")
+    if prepared:
+        run_batch.discard(conn, partner_id, run_id)
     total = ApplyResult(*(sum(getattr(r, f) for r in per_channel.values()) for f in ApplyResult.__dataclass_fields__))
     log.info("%s: applied run %s: %s", partner_id, run_id, total.as_dict())
     if warnings:

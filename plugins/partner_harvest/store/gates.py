@@ -180,6 +180,7 @@ def abandon(conn: psycopg.Connection, partner_id: str, run_id: str, state: str, 
     with conn.transaction():
         dropped = conn.execute("DELETE FROM staging WHERE partner_id = %s AND run_id = %s",
                                (partner_id, run_id)).rowcount
+        conn.execute("DELETE FROM run_batch WHERE partner_id = %s AND run_id = %s", (partner_id, run_id))
         conn.execute(
             "UPDATE harvest_runs SET status = 'abandoned', error = %s"
             " WHERE partner_id = %s AND run_id = %s AND status <> 'applied'",

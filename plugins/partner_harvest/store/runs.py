@@ -255,6 +255,14 @@ def abandon_stale_runs(conn: psycopg.Connection, partner_id: str, older_than: ti
             """,
             {"pid": partner_id},
         )
+        conn.execute(  # and the batches of sliced runs (store/run_batch.py) nothing applies any more
+            """
+            DELETE FROM run_batch b WHERE b.partner_id = %(pid)s AND NOT EXISTS (
+                SELECT 1 FROM harvest_runs h
+                WHERE h.partner_id = %(pid)s AND h.run_id = b.run_id AND h.status NOT IN ('abandoned', 'applied'))
+            """,
+            {"pid": partner_id},
+        )
     return abandoned
 
 

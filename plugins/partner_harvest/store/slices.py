@@ -49,6 +49,9 @@ def write_plan(
                      " AND channel LIKE %(prefix)s", key)
         conn.execute("DELETE FROM staging WHERE partner_id = %(pid)s AND run_id = %(run)s"
                      " AND channel LIKE %(prefix)s", key)
+        conn.execute("DELETE FROM run_batch WHERE partner_id = %(pid)s AND run_id = %(run)s", key)
+        conn.execute("UPDATE harvest_runs SET merged_attempt = NULL, merged_rows = NULL"
+                     " WHERE partner_id = %(pid)s AND run_id = %(run)s", key)
         if not slices:
             return
         conn.execute("DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s",
@@ -160,7 +163,7 @@ def slice_rows(conn: psycopg.Connection, partner_id: str, run_id: str) -> list[d
         cur.execute(
             """
             SELECT channel, status, window_from, window_until, slice_lo, slice_hi, slice_set, pages, fetched, expected,
-                   checkpoint, resumed, attempts, started_at, harvesting_since, progress_at, harvested_at,
+                   checkpoint, resumed, attempts, lane, merged_attempt, started_at, harvesting_since, progress_at, harvested_at,
                    slice_pages IS NOT NULL AS slice_paged
             FROM harvest_runs WHERE partner_id = %s AND run_id = %s ORDER BY channel
             """, (partner_id, run_id),
@@ -178,3 +181,28 @@ def staged_identifiers(conn: psycopg.Connection, run: RunRef) -> set[str]:
                         " AND channel = %s", run.key()).fetchall()
     conn.commit()
     return {row[0] for row in rows}
+
+
+def claim(conn: psycopg.Connection, partner_id: str, run_id: str, lane: int) -> str | None:
+    """The next slice lane ``lane`` harvests, taken in one fenced transaction: its own slice
+    that did not finish (a retry of the lane), else the first planned slice nobody took
+    (the plan numbers them biggest first); None when none is left. Two lanes never take
+    the same slice (FOR UPDATE SKIP LOCKED); a slice another lane took stays that lane's."""
+    with conn.transaction():
+        fences.check(conn, f"lane {lane} of run {run_id}")
+        channel = conn.execute(
+            """
+            WITH next AS (
+                SELECT channel FROM harvest_runs
+                WHERE partner_id = %(pid)s AND run_id = %(run)s AND channel LIKE %(prefix)s
+                  AND ((lane = %(lane)s AND status IN ('planned', 'harvesting', 'waiting', 'failed'))
+                       OR (lane IS NULL AND status = 'planned'))
+                ORDER BY lane IS NULL, channel
+                LIMIT 1 FOR UPDATE SKIP LOCKED
+            )
+            UPDATE harvest_runs h SET lane = %(lane)s FROM next
+            WHERE h.partner_id = %(pid)s AND h.run_id = %(run)s AND h.channel = next.channel
+            RETURNING h.channel
+            """, {"pid": partner_id, "run": run_id, "prefix": SLICE_PREFIX + "%", "lane": lane},
+        ).fetchone()
+    return channel[0] if channel else None

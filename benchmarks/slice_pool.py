@@ -123,9 +123,12 @@ def measure(stack: Any, url: str, partner: str, pool: int, live: set[str]) -> di
     import psycopg
 
     with psycopg.connect(stack.aggregation_db) as conn:
+        # per lane (a slice harvested alone, as before lanes, is a lane of its own)
         fetched = [r[0] for r in conn.execute(
-            "SELECT fetched FROM harvest_runs WHERE partner_id = %s AND run_id = %s AND channel LIKE 'changes/%%'"
-            " ORDER BY channel", (partner, f"{dag_id}/{run_id}")).fetchall()]
+            "SELECT sum(fetched) FROM harvest_runs WHERE partner_id = %s AND run_id = %s AND channel LIKE 'changes/%%'"
+            " GROUP BY COALESCE(lane::text, channel) ORDER BY 1 DESC", (partner, f"{dag_id}/{run_id}")).fetchall()]
+        slice_count = conn.execute("SELECT count(*) FROM harvest_runs WHERE partner_id = %s AND run_id = %s"
+                                   " AND channel LIKE 'changes/%%'", (partner, f"{dag_id}/{run_id}")).fetchone()[0]
     apply = next((ti for ti in tis if ti["task_id"] == "apply_changes"), {})
     started = _instant(run["start_date"])
     timeline = [(ti["task_id"], ti.get("map_index", -1), _instant(ti["start_date"]) - started,
@@ -135,7 +138,7 @@ def measure(stack: Any, url: str, partner: str, pool: int, live: set[str]) -> di
     return {"pool": pool, "state": run["state"], "max_in_flight": report["max_in_flight"],
             "timeline": timeline, "queued": started - (_instant(run.get("queued_at")) or started),
             "applied_at": (_instant(apply["end_date"]) - started) if apply.get("end_date") else float("nan"),
-            "delay_ms": report["response_delay_ms"], "slices": len(slices), "running_at_once": most,
+            "delay_ms": report["response_delay_ms"], "slices": slice_count, "lanes": len(slices), "running_at_once": most,
             "overlapped": overlapped, "wall": wall, "apply_seconds": apply.get("duration") or 0.0,
             "exact": equal, "phase": phase, "fetched": fetched, "pooled": sorted(t for t, p in pools.items() if p == f"partner_{partner}"),
             "states": sorted({ti["state"] for ti in tis})}
@@ -162,19 +165,20 @@ def table(m: dict[str, Any]) -> list[str]:
 
 
 def show(label: str, m: dict[str, Any], records: int, chain: float | None = None) -> None:
-    print(f"  {label}: run {m['state']}, {m['slices']} slices; max in flight {m['max_in_flight']} "
+    print(f"  {label}: run {m['state']}, {m['slices']} slices in {m['lanes']} harvest_changes instances; "
+          f"max in flight {m['max_in_flight']} "
           f"(pool {m['pool']}: {'within' if m['max_in_flight'] <= m['pool'] else 'EXCEEDED'}); "
-          f"harvest_changes at once {m['running_at_once']}, {m['overlapped']} of {m['slices']} overlapped another; "
+          f"harvest_changes at once {m['running_at_once']}, {m['overlapped']} of {m['lanes']} overlapped another; "
           f"wall {m['wall']:.1f} s ({records / max(m['wall'], 1e-9):,.0f} records/s, apply {m['apply_seconds']:.1f} s); "
           f"records == live set: {'yes' if m['exact'] else 'NO'}")
     print(f"    tasks in pool partner_*: {', '.join(m['pooled'])}")
     floor = PAGE_SIZE / (m["delay_ms"] / 1000) if m["delay_ms"] else float("nan")
-    print(f"    records per slice: {', '.join(f'{n:,}' for n in m['fetched'])}; harvest phase {m['phase']:.1f} s = "
+    print(f"    records per instance: {', '.join(f'{n:,}' for n in m['fetched'])}; harvest phase {m['phase']:.1f} s = "
           f"{records / m['phase']:,.0f} records/s = {records / m['phase'] / floor:.2f}x the one-chain floor "
           f"({floor:,.0f} records/s); whole run {records / m['wall'] / floor:.2f}x")
     if m["fetched"]:
         mean = sum(m["fetched"]) / len(m["fetched"])
-        print(f"    largest slice {max(m['fetched']) / mean:.2f}x the mean")
+        print(f"    largest instance {max(m['fetched']) / mean:.2f}x the mean")
     print("\n".join(table(m)))
     if chain is not None:
         print(f"    ONE CHAIN fetched for {chain:.1f} s: whole run {chain / m['wall']:.2f}x "

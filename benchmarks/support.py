@@ -16,7 +16,7 @@ for _path in (str(ROOT), str(ROOT / "plugins")):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from include.simulators.process import control  # noqa: E402,F401
+from include.simulators.process import control, simulator_process as simulator  # noqa: E402,F401
 
 
 def peak_rss_mib() -> float:

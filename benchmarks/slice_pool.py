@@ -51,17 +51,27 @@ PAGE_SIZE = 500
 RUN_TIMEOUT = 1800.0
 
 
+LIBRARY = "e2elibrary"  # the Sierra partner (--protocol sierra), added to the e2e registry
+KEY, SECRET = "pool-key", "pool-secret"
+SIERRA_OPTIONS = {"export": {"limit": 2000}}
+
+
 def write_registry(path: Path, partner: str, slices: int, records: int, pool: int) -> None:
-    """The e2e registry (its DAGs are what the stack waits for), the museum sliced and pooled."""
+    """The e2e registry (its DAGs are what the stack waits for), the partner sliced and pooled."""
     import yaml
 
     from tests.support import e2e_stack
 
     e2e_stack.write_registry(path)
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if partner == LIBRARY:
+        data["partners"].append({"id": LIBRARY, "protocol": "sierra", "conn_id": f"partner_{LIBRARY}",
+                                 "page_size": 2000, "options": SIERRA_OPTIONS})
     entry = next(p for p in data["partners"] if p["id"] == partner)
+    if partner != LIBRARY:
+        entry.update(metadata_prefix="oai_dc")
     # A target well under records/slices: the plan bisects until it reaches max_slices.
-    entry.update(metadata_prefix="oai_dc", pool_slots=pool, execution_timeout="1h",
+    entry.update(pool_slots=pool, execution_timeout="1h",
                  slicing={"threshold_records": max(1, records // (2 * slices)),
                           "target_records": max(1, records // (2 * slices)), "max_slices": slices,
                           "without_count": slices})
@@ -86,6 +96,11 @@ def _instant(value: str | None) -> float | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else None
 
 
+def _since(value: str, started: float) -> float:
+    """Seconds from ``started`` to the instant ``value``."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() - started
+
+
 def overlap(spans: list[tuple[float, float]]) -> tuple[int, int]:
     """(most running at once, how many overlapped at least one other) of (start, end) spans."""
     events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])  # an end sorts first
@@ -106,11 +121,13 @@ def measure(stack: Any, url: str, partner: str, pool: int, live: set[str]) -> di
     with connect(stack.aggregation_db) as conn:  # a clean first load each time
         ensure_schema(conn)
     support.forget(stack.aggregation_db, partner)
-    support.control(url, "reset_in_flight", {})
-    support.control(url, "clear_requests", {})
+    oai = partner != LIBRARY  # the Sierra simulator counts no requests in flight
+    if oai:
+        support.control(url, "reset_in_flight", {})
+        support.control(url, "clear_requests", {})
     run_id = stack.trigger(dag_id, {"mode": "full"})["dag_run_id"]
     run = stack.wait_for_run(dag_id, run_id, timeout=RUN_TIMEOUT)
-    report = support.control(url, "in_flight")
+    report = support.control(url, "in_flight") if oai else {"max_in_flight": 0, "response_delay_ms": None}
     tis = stack.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100})["task_instances"]
     slices = [ti for ti in tis if ti["task_id"] == "harvest_changes"]
     spans = [(_instant(ti["start_date"]), _instant(ti["end_date"])) for ti in slices]
@@ -130,14 +147,14 @@ def measure(stack: Any, url: str, partner: str, pool: int, live: set[str]) -> di
         slice_count = conn.execute("SELECT count(*) FROM harvest_runs WHERE partner_id = %s AND run_id = %s"
                                    " AND channel LIKE 'changes/%%'", (partner, f"{dag_id}/{run_id}")).fetchone()[0]
     apply = next((ti for ti in tis if ti["task_id"] == "apply_changes"), {})
-    started = _instant(run["start_date"])
-    timeline = [(ti["task_id"], ti.get("map_index", -1), _instant(ti["start_date"]) - started,
-                 _instant(ti["end_date"]) - started, ti["state"],
-                 (_instant(ti["queued_when"]) - started) if ti.get("queued_when") else None)
+    started = _since(run["start_date"], 0.0)
+    timeline = [(ti["task_id"], ti.get("map_index", -1), _since(ti["start_date"], started),
+                 _since(ti["end_date"], started), ti["state"],
+                 _since(ti["queued_when"], started) if ti.get("queued_when") else None)
                 for ti in tis if ti["start_date"] and ti["end_date"]]
     return {"pool": pool, "state": run["state"], "max_in_flight": report["max_in_flight"],
-            "timeline": timeline, "queued": started - (_instant(run.get("queued_at")) or started),
-            "applied_at": (_instant(apply["end_date"]) - started) if apply.get("end_date") else float("nan"),
+            "timeline": timeline, "queued": -_since(run["queued_at"], started) if run.get("queued_at") else 0.0,
+            "applied_at": _since(apply["end_date"], started) if apply.get("end_date") else float("nan"),
             "delay_ms": report["response_delay_ms"], "slices": slice_count, "lanes": len(slices), "running_at_once": most,
             "overlapped": overlapped, "wall": wall, "apply_seconds": apply.get("duration") or 0.0,
             "exact": equal, "phase": phase, "fetched": fetched, "pooled": sorted(t for t, p in pools.items() if p == f"partner_{partner}"),
@@ -186,21 +203,41 @@ def show(label: str, m: dict[str, Any], records: int, chain: float | None = None
               f"load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
 
 
-def one_chain(url: str, db: str, label: str) -> float:
-    """One token chain's fetch time (freeze and staging, no apply) against the same simulator,
-    in a process of its own, the way benchmarks/oai_chain.py measures it: the baseline."""
-    import oai_chain
-
+def one_chain(url: str, db: str, protocol: str, label: str) -> float:
+    """One chain's fetch time (freeze and staging, no apply, no Airflow) against the same
+    simulator, in a process of its own, under a partner of its own: the baseline."""
     from partner_harvest.store import connect, ensure_schema
 
     with connect(db) as conn:
         ensure_schema(conn)
     partner_id = f"chain_pool_{label}"
     support.forget(db, partner_id)
-    figures = support.run_child(oai_chain.__file__, "--kind", "ours", "--url", url, "--prefix", "oai_dc",
-                                "--db", db, "--run-id", f"chain-{label}", "--partner", partner_id)
+    figures = support.run_child(__file__, "--url", url, "--db", db, "--run-id", f"chain-{label}",
+                                "--partner", partner_id, "--protocol", protocol)
     support.forget(db, partner_id)
-    return float(figures["harvest_seconds"])
+    return float(figures["seconds"])
+
+
+def chain_child(args: argparse.Namespace) -> None:
+    """The child of :func:`one_chain`: the run recipe's freeze and one unsliced channel."""
+    from partner_harvest import pipeline
+    from partner_harvest import run as recipe
+    from partner_harvest.factory import Endpoint, build_adapter
+    from partner_harvest.store import connect
+
+    if args.protocol == "sierra":
+        partner = support.partner(id=args.partner, protocol="sierra", page_size=2000, options=SIERRA_OPTIONS)
+        endpoint = Endpoint(args.url, KEY, SECRET)
+    else:
+        partner = support.partner(id=args.partner, protocol="oai-pmh", metadata_prefix="oai_dc")
+        endpoint = Endpoint(args.url)
+    adapter = build_adapter(partner, endpoint)
+    with connect(args.db) as conn:
+        started = time.perf_counter()
+        window = recipe.freeze(partner, adapter, conn, request=pipeline.RunRequest("full"))
+        stats = recipe.stage_channel(adapter, conn, args.run_id, window, recipe.CHANGES)
+        seconds = time.perf_counter() - started
+    print(json.dumps({"seconds": seconds, "fetched": stats.fetched}))
 
 
 def main() -> int:
@@ -214,40 +251,62 @@ def main() -> int:
     parser.add_argument("--spread", choices=["uniform", "clustered"], default="uniform")
     parser.add_argument("--repeat", type=int, default=1, help="sliced runs under --pool, one after another")
     parser.add_argument("--no-chain", action="store_true", help="skip the one-chain baseline")
+    parser.add_argument("--idle-sleep", type=float, default=None,
+                        help="[scheduler] scheduler_idle_sleep_time (default: the e2e stack's 0.2 s; "
+                             "airflow.cfg.example sets 5)")
+    parser.add_argument("--protocol", choices=["oai-pmh", "sierra"], default="oai-pmh",
+                        help="sierra: a Sierra full load by id ranges (--records bibs, --delay-ms per answer)")
     parser.add_argument("--plugins", type=Path, default=support.ROOT / "plugins",
                         help="the library the Airflow services load (another checkout's: its planner)")
+    support.child_arguments(parser, "--partner")
     args = parser.parse_args()
+    if args.child:
+        chain_child(args)
+        return 0
 
     from include import embedded_pg
     from tests.support import e2e_stack
 
     e2e_stack.STARTUP_TIMEOUT = max(e2e_stack.STARTUP_TIMEOUT, 600.0)  # a loaded machine starts Airflow slowly
 
-    partner = e2e_stack.MUSEUM
+    sierra = args.protocol == "sierra"
+    partner = LIBRARY if sierra else e2e_stack.MUSEUM
     parallelism = max(8, args.slices, args.control_pool) + 2  # never what holds the slices back
-    print(f"Slices under a pool, through Airflow (LocalExecutor, parallelism {parallelism}): {args.records:,} records, "
-          f"{PAGE_SIZE} a page, {args.delay_ms:.0f} ms a response, {args.slices} slices")
+    print(f"Slices under a pool, through Airflow (LocalExecutor, parallelism {parallelism}): {args.records:,} "
+          f"{'bibs, exports of 2,000' if sierra else f'records, {PAGE_SIZE} a page'}, {args.delay_ms:.0f} ms a response, "
+          f"{args.slices} slices; load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
     failures = []
-    with ExitStack() as cleanup, support.simulator(
-            "oai_pmh", "--records", str(args.records), "--page-size", str(PAGE_SIZE), "--formats", "oai_dc",
-            "--seed", "9", "--response-delay-ms", str(args.delay_ms), "--list-size", args.list_size,
-            "--spread", args.spread) as url:
+    simulated = (("sierra", "--bibs", str(args.records), "--deleted-fraction", "0.05", "--client-key", KEY,
+                  "--client-secret", SECRET, "--response-delay-ms", str(args.delay_ms)) if sierra else
+                 ("oai_pmh", "--records", str(args.records), "--page-size", str(PAGE_SIZE), "--formats", "oai_dc",
+                  "--seed", "9", "--response-delay-ms", str(args.delay_ms), "--list-size", args.list_size,
+                  "--spread", args.spread))
+    with ExitStack() as cleanup, support.simulator(*simulated) as url:
         base = Path(tempfile.mkdtemp(prefix="slice-pool-"))  # the services' logs; removed after a clean pass
         print(f"  logs: {base}")
         registry = base / "sliced.yaml"
         write_registry(registry, partner, args.slices, args.records, args.pool)
         overrides = {"AIRFLOW__CORE__PARALLELISM": str(parallelism), "HARVEST_PARTNERS_FILE": str(registry),
+                     **({"AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": str(args.idle_sleep)}
+                        if args.idle_sleep is not None else {}),
                      "PYTHONPATH": os.pathsep.join(str(p) for p in (args.plugins, support.ROOT)),
-                     f"AIRFLOW_CONN_PARTNER_{partner.upper()}": json.dumps({"conn_type": "http", "host": url})}
+                     f"AIRFLOW_CONN_PARTNER_{partner.upper()}": json.dumps(
+                         {"conn_type": "http", "host": url, **({"login": KEY, "password": SECRET} if sierra else {})})}
         started = time.perf_counter()
         stack = e2e_stack.start_airflow(embedded_pg.start("bench"), base, cleanup, overrides)
         print(f"  Airflow started in {time.perf_counter() - started:.0f} s; {pool_line(sync_pools(stack), partner)}")
-        live = support.control(url, "live_ids")
+        if sierra:
+            support.control(url, "warm_export", {})  # the simulator's MARC encoding is not what is measured
+        live = support.control(url, "public_ids" if sierra else "live_ids")  # suppressed bibs: purged (the default)
         chain = None
         if not args.no_chain:
-            chain = one_chain(url, stack.aggregation_db, "1")
+            chain = one_chain(url, stack.aggregation_db, args.protocol, "1")
             print(f"  one chain (unsliced, no Airflow): fetched for {chain:.1f} s; load average "
                   f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+        # The stack's first task waits on starting workers (17 s seen): a small partner's run first.
+        warm = stack.trigger(f"harvest_{e2e_stack.LAGGING}", {"mode": "full"})["dag_run_id"]
+        print(f"  warm-up run of harvest_{e2e_stack.LAGGING}: "
+              f"{stack.wait_for_run(f'harvest_{e2e_stack.LAGGING}', warm, timeout=RUN_TIMEOUT)['state']}")
         runs = [(f"pool #{n + 1}" if args.repeat > 1 else "pool", args.pool) for n in range(args.repeat)]
         runs += [("control", args.control_pool)] if args.control_pool else []
         for label, slots in runs:
@@ -256,7 +315,7 @@ def main() -> int:
                 print(f"  {pool_line(sync_pools(stack), partner)}")
             figures = measure(stack, url, partner, slots, live)
             show(f"{label} ({slots} slots)", figures, args.records, chain)
-            if figures["max_in_flight"] > slots:
+            if not sierra and figures["max_in_flight"] > slots:
                 failures.append(f"{label}: {figures['max_in_flight']} requests in flight with a pool of {slots}")
             if not figures["exact"] or figures["state"] != "success":
                 failures.append(f"{label}: run {figures['state']}, records == live set: {figures['exact']}")

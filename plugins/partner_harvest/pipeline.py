@@ -358,11 +358,12 @@ def harvest_lane(
     done: list[str] = []
     while (channel := slices.claim(conn, partner_id, run_id, lane)) is not None:
         stats = harvest_piece(adapter, conn, partner_id, run_id, window, channel)
-        if run_batch.merge(conn, RunRef(partner_id, run_id, channel)):
-            run_batch.analyze(conn)
+        run_batch.merge(conn, RunRef(partner_id, run_id, channel))
         done.append(channel)
         if on_slice is not None:
             on_slice(channel, stats)
+    if done:
+        run_batch.analyze(conn)
     log.info("%s: lane %d of run %s harvested %s", partner_id, lane, run_id, ", ".join(done) or "no slice (none left)")
     return done
 

@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--file-origin", default=None, help="origin the export summary's file URL names")
     parser.add_argument("--poison-every", type=int, default=0,
                         help="every n-th bib makes a bibs/marc block holding it answer 500/135")
+    parser.add_argument("--response-delay-ms", type=float, default=0.0,
+                        help="every API answer (the export's file too) waits this long first: a slow server")
     parser.add_argument("--keep-alive-timeout", type=float, default=5.0,
                         help="seconds an idle keep-alive connection stays open (0: never closed)")
     add_listen_arguments(parser)
@@ -62,7 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           export_omits_suppressed=args.export_omits_suppressed,
                           deleted_records_field=args.deleted_records_field, file_origin=args.file_origin,
                           rate_limit_style=args.rate_limit_style,
-                          keep_alive_timeout=args.keep_alive_timeout or None)
+                          keep_alive_timeout=args.keep_alive_timeout or None,
+                          response_delay_ms=args.response_delay_ms)
     return serve_until_signalled(sim)
 
 

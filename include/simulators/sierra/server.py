@@ -349,7 +349,7 @@ class SierraSimulator(ControlledServer):
                  list_start: bool = True, specific_code: int = 0, export_file_ids: str = "named",
                  marc_storage_order: bool = False, empty_leader_every: int = 0, blank_leader_every: int = 0,
                  padded_codes: bool = False, mixed_fixed_types: bool = False,
-                 poison_json_fails: bool = False) -> None:
+                 poison_json_fails: bool = False, response_delay_ms: float = 0.0) -> None:
         if rate_limit_style not in ("138", "429"):
             raise ValueError("rate_limit_style must be 138 or 429")
         if expired_token_code not in (120, 123):
@@ -361,6 +361,7 @@ class SierraSimulator(ControlledServer):
         super().__init__(host, port, _Handler, catalogue, keep_alive_timeout=keep_alive_timeout,
                          keep_alive_max=keep_alive_max)
         self.catalogue = catalogue
+        self.response_delay_ms = response_delay_ms  # a slow server: every API answer waits this long first
         self.client_key = client_key
         self.client_secret = client_secret
         self.token_lifetime = token_lifetime
@@ -480,6 +481,8 @@ class SierraSimulator(ControlledServer):
                  "had_auth": bool(headers.get("Authorization")), "status": None}
         with self._lock:
             self.requests.append(entry)
+        if self.response_delay_ms:  # a sleep that holds no lock: requests in flight wait side by side
+            self._stopping.wait(self.response_delay_ms / 1000)
         mode, detail = self._take_fault(f"{path}?{query}" if query else path)
         if mode in ("empty", "hang"):
             return mode, detail

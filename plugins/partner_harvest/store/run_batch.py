@@ -103,11 +103,20 @@ def merge(conn: psycopg.Connection, run: RunRef) -> int:
     return len(outcome)
 
 
-def analyze(conn: psycopg.Connection) -> None:
-    """The batch's statistics, for the apply's joins (its rows per run, its kinds); outside
-    any transaction of the merge, so other runs' merges do not wait on it."""
+def analyze(conn: psycopg.Connection) -> bool:
+    """The batch's statistics for the apply's joins (its rows per run, its kinds), when more
+    than half of its rows changed since the last ANALYZE: a lane that ran out of slices asks,
+    so the statistics are fresh enough when the last lane ends, and the apply asks once more.
+    Outside any transaction of a merge, so other runs' merges do not wait on it."""
+    changed, live = conn.execute(
+        "SELECT COALESCE(n_mod_since_analyze, 0), COALESCE(n_live_tup, 0) FROM pg_stat_user_tables"
+        " WHERE relid = 'run_batch'::regclass").fetchone() or (0, 0)
+    conn.commit()
+    if changed <= live // 2:
+        return False
     conn.execute("ANALYZE run_batch (partner_id, run_id, kind, identifier)")
     conn.commit()
+    return True
 
 
 def prepare(conn: psycopg.Connection, partner_id: str, run_id: str, channels: Iterable[str]) -> bool:
@@ -131,8 +140,12 @@ def prepare(conn: psycopg.Connection, partner_id: str, run_id: str, channels: It
                     else f"incomplete ({held} rows, its merges counted {counted}: the database lost it)")
         _drop(conn, partner_id, run_id)
         merged = {}
-    for channel in sorted(set(channels) - set(merged)):
-        merge(conn, RunRef(partner_id, run_id, channel))
+    here = sum(merge(conn, RunRef(partner_id, run_id, channel)) for channel in sorted(set(channels) - set(merged)))
+    changed, live = conn.execute(
+        "SELECT COALESCE(n_mod_since_analyze, 0), COALESCE(n_live_tup, 0) FROM pg_stat_user_tables"
+        " WHERE relid = 'run_batch'::regclass").fetchone() or (0, 0)
+    if changed > live // 2 or 2 * here > held:  # stale statistics (one lane), or most of it merged just now
+        conn.execute("ANALYZE run_batch (partner_id, run_id, kind, identifier)")
     conn.execute(sql.SQL(_VIEW).format(pid=sql.Literal(partner_id), run=sql.Literal(run_id)))
     return True
 

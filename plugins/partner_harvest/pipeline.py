@@ -209,6 +209,9 @@ WHOLE = {"channel": slices.PARENT}  # the plan of a run that is not sliced: one 
 # Pieces asked of the adapter per lane, merged into slices of falling size: the lanes start on
 # the big ones and end on small ones, so they finish within about one small slice of each other.
 PIECES_PER_LANE = 8
+# Never pieces smaller than this (by target_records): each slice ends in a part-filled page and
+# its own transactions; 5,000 records are ten pages of 500, two seconds at 200 ms a page.
+MIN_PIECE_RECORDS = 5_000
 
 
 def lanes_of(partner: Any, settings: SliceSettings) -> int:
@@ -226,13 +229,14 @@ def plan_slices(
     Returns the slices planned (none: the window stays whole, the unsliced path), each with
     its channel ``changes/00N``, numbered biggest first (the order lanes take them in);
     :func:`pieces` turns them into the lanes the mapped harvest task runs. With more than one
-    lane the adapter cuts ``PIECES_PER_LANE`` times finer and :func:`graded` joins
-    neighbouring pieces into slices of falling size. The slices' rows are written
+    lane the adapter cuts up to ``PIECES_PER_LANE`` times finer (pieces of at least
+    ``MIN_PIECE_RECORDS`` by ``target_records``) and :func:`graded` joins neighbouring pieces
+    into slices of falling size. The slices' rows are written
     ``planned`` in one transaction, so the apply refuses until every one of them harvested (I4).
     """
     ensure_schema(conn)
     lanes = lanes_of(adapter.partner, settings)
-    finer = PIECES_PER_LANE if lanes > 1 else 1
+    finer = max(1, min(PIECES_PER_LANE, settings.target_records // MIN_PIECE_RECORDS)) if lanes > 1 else 1
     asked = settings if finer == 1 else settings.model_copy(update={
         "max_slices": min(settings.max_slices * finer, 256),
         "target_records": max(1, settings.target_records // finer),

@@ -274,8 +274,12 @@ class SliceSettings(_Strict):
     threshold_records: Annotated[StrictInt, Field(ge=1, description=(
         "a full harvest (or a window longer than long_window) expected to hold more records than this "
         "is harvested as slices"))] = 200_000
-    target_records: Annotated[StrictInt, Field(ge=1, description="about this many records per slice")] = 100_000
-    max_slices: Annotated[StrictInt, Field(ge=1, le=256, description="at most this many slices; 1 turns slicing off")] = 8
+    target_records: Annotated[StrictInt, Field(ge=1, description=(
+        "about this many records per slice (with several lanes the plan cuts up to 8 times finer, "
+        "then joins neighbours into slices of falling size)"))] = 100_000
+    max_slices: Annotated[StrictInt, Field(ge=1, le=256, description=(
+        "at most this many slices of this size; the lanes (harvest_changes instances) are min(max_slices, "
+        "pool_slots); 1 turns slicing off"))] = 8
     long_window: Duration = Field(default=timedelta(days=30), description=(
         "an incremental or requested window longer than this is considered for slicing; a Sierra change "
         "poll (no count) is cut into pieces of this length"))

@@ -13,6 +13,7 @@ from tests.support.db import held
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
+from partner_harvest import pipeline
 from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.slices import slice_rows
@@ -65,8 +66,9 @@ def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, air
         yield sim, repo
 
 
-def test_a_sliced_oai_full_harvest_retries_only_the_slice_that_failed(museum, db) -> None:
+def test_a_sliced_oai_full_harvest_retries_only_the_slice_that_failed(museum, db, monkeypatch) -> None:
     sim, repo = museum
+    monkeypatch.setattr(pipeline, "MIN_PIECE_RECORDS", 10)  # cut finer than the lanes, even at 700 records
     original, lists = sim.handle_oai, {"n": 0}
 
     def fail_once(pairs):  # the 6th list page answers 503 once

@@ -42,7 +42,7 @@ from tests.support.celery_stack import (
 )
 from include.simulators.oai_pmh import SimulatedRepository
 from partner_harvest.store import connect
-from partner_harvest.store.slices import is_slice, slice_channel, slice_rows
+from partner_harvest.store.slices import is_slice, slice_rows
 
 pytestmark = pytest.mark.e2e
 
@@ -128,11 +128,14 @@ def ti_path(dag_id: str, run_id: str, task_id: str, map_index: int | None = None
 def running_slices(stack: AirflowStack, run_id: str) -> dict[int, tuple[str, str]]:
     """map_index -> (hostname, channel) of every harvest_changes instance running now.
 
-    The channel is the plan's piece at that index (the name the grid shows, rendered only
-    once the instance ends)."""
+    Each instance is a lane (lane = map_index + 1); the channel is the slice it took, as its
+    harvest_runs row says (the grid names the instance by its slices once it ends). One slice
+    per lane here: the plan cuts no finer than target_records allows."""
     found = stack.api("GET", ti_path(DAG_ID, run_id, "harvest_changes") + "/listMapped")["task_instances"]
-    return {ti["map_index"]: (ti["hostname"], slice_channel(ti["map_index"] + 1)) for ti in found
-            if ti["state"] == "running" and ti["hostname"]}
+    taken = {row["lane"]: channel for channel, row in slices_of(stack, f"{DAG_ID}/{run_id}").items()
+             if row["lane"] is not None}
+    return {ti["map_index"]: (ti["hostname"], taken[ti["map_index"] + 1]) for ti in found
+            if ti["state"] == "running" and ti["hostname"] and ti["map_index"] + 1 in taken}
 
 
 def tries(stack: AirflowStack, dag_id: str, run_id: str, task_id: str,

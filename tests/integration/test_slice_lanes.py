@@ -26,6 +26,11 @@ from tests.support.partners import oai_partner
 SLICES = {"threshold_records": 300, "target_records": 150, "max_slices": 3}
 
 
+@pytest.fixture(autouse=True)
+def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipeline, "MIN_PIECE_RECORDS", 10)  # cut finer than the lanes, even at 900 records
+
+
 @pytest.fixture
 def oai():
     repo = SimulatedRepository(records=900, page_size=50, seed=9, deleted_fraction=0.05)

@@ -37,8 +37,9 @@ import support
 PARTNER = "bench_sliced_reconcile"
 
 
-def _partner(slices: int):
-    return support.partner(id=PARTNER, protocol="oai-pmh", metadata_prefix="oai_dc",
+def _partner(slices: int, pool: int = 1):
+    """The partner as its registry entry would read: its pool's slots (the plan's width)."""
+    return support.partner(id=PARTNER, protocol="oai-pmh", metadata_prefix="oai_dc", pool_slots=pool,
                            slicing={"threshold_records": 1000, "target_records": 1000, "reconcile_slices": slices})
 
 
@@ -48,7 +49,7 @@ def child(args: argparse.Namespace) -> None:
     from partner_harvest.reconcile import reconcile
     from partner_harvest.store import connect
 
-    partner = _partner(args.slices)
+    partner = _partner(args.slices, args.pool)
     adapter = build_adapter(partner, Endpoint(args.url))
     started = time.perf_counter()
     with connect(args.db) as conn:
@@ -69,7 +70,7 @@ def child(args: argparse.Namespace) -> None:
 
 def _cmd(args: argparse.Namespace, url: str, db: str, run_id: str, step: str, *extra: str) -> list[str]:
     return [sys.executable, __file__, "--child", "--url", url, "--db", db, "--run-id", run_id, "--step", step,
-            "--slices", str(args.slices), *extra]
+            "--slices", str(args.slices), "--pool", str(args.pool), *extra]
 
 
 def _run(cmd: list[str]) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from functools import partial
@@ -353,23 +354,67 @@ def harvest_piece(
 def harvest_lane(
     adapter: Adapter, conn: psycopg.Connection, partner_id: str, run_id: str, window: Window, lane: int,
     on_slice: Callable[[str, HarvestStats], None] | None = None,
+    merging: Callable[[], psycopg.Connection] | None = None,
 ) -> list[str]:
     """One lane of a sliced run: slice after slice (store/slices.claim: its own unfinished
     one first, then the biggest nobody took), each harvested as :func:`harvest_piece` does
     and merged into the run's batch as it ends (store/run_batch.py), until none is left.
     A lane that finishes early takes what would have kept another waiting: the lanes end
-    together. Returns the channels it harvested; ``on_slice(channel, stats)`` after each."""
+    together. With ``merging`` (a fenced connection of its own), a slice's merge runs on a
+    thread beside the next slice's harvest, which mostly waits on the partner. Returns the
+    channels it harvested; ``on_slice(channel, stats)`` after each."""
     done: list[str] = []
-    while (channel := slices.claim(conn, partner_id, run_id, lane)) is not None:
-        stats = harvest_piece(adapter, conn, partner_id, run_id, window, channel)
-        run_batch.merge(conn, RunRef(partner_id, run_id, channel))
-        done.append(channel)
-        if on_slice is not None:
-            on_slice(channel, stats)
+    with _Merges(conn, merging) as merges:
+        while (channel := slices.claim(conn, partner_id, run_id, lane)) is not None:
+            stats = harvest_piece(adapter, conn, partner_id, run_id, window, channel)
+            merges.add(RunRef(partner_id, run_id, channel))
+            done.append(channel)
+            if on_slice is not None:
+                on_slice(channel, stats)
     if done:
         run_batch.analyze(conn)
     log.info("%s: lane %d of run %s harvested %s", partner_id, lane, run_id, ", ".join(done) or "no slice (none left)")
     return done
+
+
+class _Merges:
+    """A lane's merges: on the lane's own connection, one after the other; or, given a
+    connection of their own, on a thread of their own, at most one at a time, each beside
+    the next slice's harvest. Leaving waits for the last one; a merge's error is raised."""
+
+    def __init__(self, conn: psycopg.Connection, own: Callable[[], psycopg.Connection] | None) -> None:
+        self.conn, self.own = conn, own
+        self.pool: ThreadPoolExecutor | None = None
+        self.pending: Future[int] | None = None
+        self.merging: psycopg.Connection | None = None
+
+    def __enter__(self) -> _Merges:
+        if self.own is not None:
+            self.merging = self.own()
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="lane-merge")
+        return self
+
+    def add(self, run: RunRef) -> None:
+        if self.pool is None or self.merging is None:
+            run_batch.merge(self.conn, run)
+            return
+        self._wait()
+        self.pending = self.pool.submit(run_batch.merge, self.merging, run)
+
+    def _wait(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if exc[0] is None:
+                self._wait()
+        finally:
+            if self.pool is not None:
+                self.pool.shutdown(wait=True, cancel_futures=True)
+            if self.merging is not None:
+                self.merging.close()
 
 
 def max_record_bytes(adapter: Adapter) -> int:

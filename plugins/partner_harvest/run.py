@@ -132,8 +132,10 @@ def plan(partner: Partner, adapter: Adapter, conn: psycopg.Connection, run_id: s
 
 def stage_lane(adapter: Adapter, conn: psycopg.Connection, run_id: str, window: Window, lane: int,
                outlets: Outlets | None = None,
-               on_slice: Callable[[str, HarvestStats], None] | None = None) -> HarvestStats:
-    """One lane of a sliced run: its slices one after another (pipeline.harvest_lane), summed."""
+               on_slice: Callable[[str, HarvestStats], None] | None = None,
+               merging: Callable[[], psycopg.Connection] | None = None) -> HarvestStats:
+    """One lane of a sliced run: its slices one after another (pipeline.harvest_lane), summed;
+    ``merging``: a connection for merging slices beside the harvest (else on ``conn``)."""
     if outlets is not None:
         outlets.staging(conn, f"lane {lane}")
     total = HarvestStats()
@@ -143,7 +145,7 @@ def stage_lane(adapter: Adapter, conn: psycopg.Connection, run_id: str, window: 
         if on_slice is not None:
             on_slice(channel, stats)
 
-    pipeline.harvest_lane(adapter, conn, adapter.partner_id, run_id, window, lane, each)
+    pipeline.harvest_lane(adapter, conn, adapter.partner_id, run_id, window, lane, each, merging)
     return total
 
 

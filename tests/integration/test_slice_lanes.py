@@ -61,7 +61,8 @@ def test_lanes_take_the_slices_between_them_and_the_merged_batch_applies_exactly
     def lane(number: int) -> None:  # each lane a task of its own: its own connection and adapter
         try:
             with connect(db) as own:
-                recipe.stage_lane(build_adapter(partner, Endpoint(sim.base_url)), own, "run-1", window, number)
+                recipe.stage_lane(build_adapter(partner, Endpoint(sim.base_url)), own, "run-1", window, number,
+                                  merging=lambda: connect(db))  # as the task merges: beside the next slice
         except BaseException as exc:  # noqa: BLE001 (reported below)
             errors.append(exc)
 

@@ -186,3 +186,37 @@ def test_without_an_earliest_datestamp_the_cut_starts_at_the_epoch() -> None:
     sizes = [counter.inside(p.from_, p.until) for p in pieces]
     assert sum(sizes) == 10_000 and max(sizes) <= 1_500 and 7 <= len(pieces) <= 16  # 7: 10,000 / 1,500
     assert counter.calls <= 64 + 1  # the probe cap, whatever the counts
+
+
+class Rounds:
+    """A Spread that records how many rounds a plan sent, and how wide each was."""
+
+    def __init__(self, width: int):
+        from partner_harvest.spread import Spread
+
+        self.widths: list[int] = []
+        self.spread = Spread(width, self._run)
+
+    def _run(self, call, items):
+        self.widths.append(len(items))
+        return [call(item) for item in items]
+
+
+def test_probes_in_rounds_as_wide_as_the_pool_cut_alike_in_fewer_rounds() -> None:
+    """A repository cut from 1970 (no earliestDatestamp) into 16 slices: one probe a round took
+    19 rounds after the whole list's count; four at once took 5 (a lone biggest range is cut
+    into five parts in one round), for about as many probes and as even slices."""
+    rng = random.Random(5)
+    stamps = [T0 + timedelta(seconds=rng.randrange(int((UNTIL - T0).total_seconds()))) for _ in range(10_000)]
+    window = Window("full", None, UNTIL, "seconds", False, {"oai_granularity": "YYYY-MM-DDThh:mm:ssZ"})
+    settings = SliceSettings(threshold_records=1_000, target_records=700, max_slices=16)
+    alone, wide = Counter(stamps), Counter(stamps)
+    one = plan(window, settings, alone)
+    rounds = Rounds(4)
+    four = plan(window, settings, wide, spread=rounds.spread)
+    for pieces, counter in ((one, alone), (four, wide)):
+        covers(pieces, window, timedelta(seconds=1))
+        sizes = [counter.inside(p.from_, p.until) for p in pieces]
+        assert sum(sizes) == 10_000 and max(sizes) <= 1_000 and len(pieces) <= 16
+    assert max(rounds.widths) == 4 and len(rounds.widths) <= (alone.calls - 1) / 3, (rounds.widths, alone.calls)
+    assert wide.calls <= alone.calls + 4

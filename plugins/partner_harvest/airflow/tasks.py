@@ -338,9 +338,11 @@ def _stage_lane(partner_id: str, window_data: dict[str, Any], context: Context, 
 
     with hold_lease(partner_id, context, window_data=window_data) as keeper:
         adapter = _adapter(_partner(partner_id), keeper.conninfo)
-        with aggregation(keeper.fence) as conn:
+        conninfo, fence = keeper.conninfo, keeper.fence  # read here: the merges' thread opens its own connection
+        with aggregation(fence) as conn:
             stats = run.stage_lane(adapter, conn, run_key(context), Window.from_dict(window_data), lane,
-                                   TaskOutlets(partner_id, context), named)
+                                   TaskOutlets(partner_id, context), named,
+                                   lambda: fences.bind(connect(conninfo), fence))
     return {"channel": f"lane {lane}", "slices": channels, **_figures(stats)}
 
 

@@ -39,6 +39,7 @@ from partner_harvest.oai.sampled_cut import PageSample
 from partner_harvest.oai.selection import EXCLUDED, Selection
 from partner_harvest.records import Check, HarvestItem, HarvestStats, Record, Rejected, Tombstone
 from partner_harvest.registry import Partner, SliceSettings
+from partner_harvest.spread import pooled
 from partner_harvest.store.staging import held_stamps
 from partner_harvest.transport import widen
 from partner_harvest.window import DAY, SECONDS, Slice, Window
@@ -136,10 +137,9 @@ class OaiAdapter(Adapter):
         # Until the plan is made no other task of the run talks to the partner: its probes go
         # out as many at once as the partner's pool has slots (slicing.Spread).
         width = max(1, self.partner.pool_slots)
-        with ThreadPoolExecutor(width, thread_name_prefix=f"oai-plan-{self.partner_id}") as pool:
-            if width > 1:
-                widen(self.client.session, width)
-            spread = slicing.Spread(width, lambda call, items: list(pool.map(call, items)))
+        if width > 1:
+            widen(self.client.session, width)
+        with pooled(width, f"oai-plan-{self.partner_id}") as spread:
             by_sets = slicing.plan_by_sets(window, settings, probe, self.partner_id, spread)
             if by_sets is not None:
                 return by_sets

@@ -28,8 +28,8 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
 
+from partner_harvest.spread import Spread, in_turn
 from partner_harvest.window import Slice, Window
 
 MAX_RANGE_PROBES = 32
@@ -48,26 +48,6 @@ class PageSample:
 
 
 Sampler = Callable[[datetime | None, datetime], "PageSample | None"]  # (from_, until) -> its first page
-T = TypeVar("T")
-R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class Spread:
-    """How a plan sends the requests of one round, which do not depend on each other:
-    ``width`` at once through ``run`` (the partner's pool allows it: the plan is the only
-    task of the run talking to the partner then), else one after the other."""
-
-    width: int = 1
-    run: Callable[[Callable[[Any], Any], list[Any]], list[Any]] | None = None
-
-    def __call__(self, items: list[T], call: Callable[[T], R]) -> list[R]:
-        if self.run is None or self.width < 2 or len(items) < 2:
-            return [call(item) for item in items]
-        return self.run(call, items)
-
-
-in_turn = Spread()
 
 
 @dataclass(frozen=True)

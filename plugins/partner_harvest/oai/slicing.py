@@ -36,12 +36,12 @@ from partner_harvest.oai.client import OaiClient, WindowTooLarge
 from partner_harvest.oai.errors import BadResumptionToken
 from partner_harvest.oai.parse import DAY_GRANULARITY, OaiHeader, format_datestamp
 from partner_harvest.registry import SliceSettings
+from partner_harvest.spread import Spread, in_turn
 from partner_harvest.window import Slice, Window, floor_to
 
 log = logging.getLogger(__name__)
 
 Probe = Callable[..., "int | None"]  # (from_, until[, set_spec]) -> the list's size, or None
-Spread = sampled_cut.Spread
 
 
 # The plan's count probes are requests to the partner: a cap, whatever the counts say. Halving
@@ -99,7 +99,7 @@ def _considered(window: Window, settings: SliceSettings) -> bool:
 
 
 def plan_by_sets(window: Window, settings: SliceSettings, probe: Probe, partner_id: str = "",
-                 spread: Spread = sampled_cut.in_turn) -> list[Slice] | None:
+                 spread: Spread = in_turn) -> list[Slice] | None:
     """One slice per listed set, each over the whole window (from_, until, estimate, set_spec);
     [] when the window stays whole; None when no sets are listed or they cannot be trusted
     to partition this window's list (then it is planned by datestamp, and the log says why)."""
@@ -138,7 +138,7 @@ def plan_by_sets(window: Window, settings: SliceSettings, probe: Probe, partner_
 
 
 def plan(window: Window, settings: SliceSettings, probe: Probe, partner_id: str = "",
-         sample: sampled_cut.Sampler | None = None, spread: Spread = sampled_cut.in_turn) -> list[Slice]:
+         sample: sampled_cut.Sampler | None = None, spread: Spread = in_turn) -> list[Slice]:
     """The slices of ``window`` (from_, until, estimate); [] when it stays whole.
 
     ``sample``: a range's first page (the probe's, cached); with it, a full harvest of a
@@ -193,11 +193,11 @@ def _bisect(ranges: list[_Range], window: Window, start: datetime | None, settin
     probes it made. Empty halves (before the first record of a repository whose
     earliestDatestamp is the epoch or missing, a quiet decade) do not use up the slices.
 
-    ``spread`` (sampled_cut.Spread) sends a round's probes at once, as many as it is wide: the
+    ``spread`` (partner_harvest.spread) sends a round's probes at once, as many as it is wide: the
     biggest ranges are halved, one probe each, or with fewer of them than probes the biggest
     is cut in more parts at once (each probe counts the range up to one cut); in turn, one
     probe a round. The counts only steer: a wrong one gives uneven slices, never missing ones."""
-    spread = spread or sampled_cut.in_turn
+    spread = spread or in_turn
     step = granule(window.protocol.oai_granularity or DAY_GRANULARITY)
     day = step == timedelta(days=1)
     probes = 0

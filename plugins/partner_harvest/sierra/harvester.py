@@ -39,6 +39,7 @@ from partner_harvest.sierra import marc
 from partner_harvest.sierra.client import RateLimited, SierraClient
 from partner_harvest.sierra.export import SUPPRESSED, FullLoad
 from partner_harvest.sierra.spec import DELETIONS
+from partner_harvest.spread import Spread, in_turn, pooled
 from partner_harvest.window import SECONDS, ChannelPlan, Slice, Window, format_instant
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,11 @@ class SierraAdapter(Adapter):
         above = None if low is None else self.first_id_from(low + settings.threshold_records)
         if low is None or above is None:
             return []  # no id that far above the lowest: small enough to stay whole (two requests)
-        high, probes = self.highest_id(above, max(1, settings.threshold_records))
+        # The rest as many at once as the pool allows beside the deletion poll (which runs
+        # beside the plan), and only as exact as the cut needs: the last slice is open-ended.
+        with pooled(max(1, self.partner.pool_slots - 1), f"sierra-plan-{self.partner_id}") as spread:
+            high, probes = self.highest_id(above, max(1, settings.threshold_records), spread,
+                                           within=settings.threshold_records // 64)
         probes += 2
         span = high - low + 1
         count = min(settings.max_slices, math.ceil(span / settings.target_records))
@@ -159,25 +164,32 @@ class SierraAdapter(Adapter):
             pieces.append(Slice(until=window.until, lo=lo, hi=hi, estimate=size))
         return pieces
 
-    def highest_id(self, high: int, step: int) -> tuple[int, int]:
-        """The highest bib id, given one that exists: doubling steps up until no id lies above
-        (ids have no fixed width), then bisection. Returns it and the probes it took."""
+    def highest_id(self, high: int, step: int, spread: Spread = in_turn, within: int = 0) -> tuple[int, int]:
+        """The highest bib id (at most ``within`` below it), given one that exists: doubling
+        steps up until no id lies above (ids have no fixed width), then bisection; ``spread``
+        sends a round's probes at once, as many as it is wide (a round of steps up, or cuts
+        of the range left). Returns it and the probes it took."""
         probes = 0
+        width = max(1, spread.width)
         while True:  # an id exists at or above ``high``: find a probe with none above it
-            found = self.first_id_from(high + step)
-            probes += 1
-            if found is None:
-                top = high + step - 1
+            points = [high + step * 2 ** i for i in range(width)]
+            found = spread(points, self.first_id_from)
+            probes += len(points)
+            missing = next((i for i, f in enumerate(found) if f is None), None)
+            if missing is not None:
+                top = points[missing] - 1
+                high = found[missing - 1] or high if missing else high
                 break
-            high, step = found, step * 2
-        while high < top:
-            mid = (high + top + 1) // 2
-            found = self.first_id_from(mid)
-            probes += 1
-            if found is None:
-                top = mid - 1
-            else:
-                high = found
+            high, step = found[-1] or high, step * 2 ** width
+        while top - high > within:
+            points = sorted({high + (top - high) * (i + 1) // (width + 1) + 1 for i in range(width)})
+            found = spread(points, self.first_id_from)
+            probes += len(points)
+            for point, first in zip(points, found):
+                if first is None:
+                    top = point - 1
+                    break
+                high = max(high, first)
         return high, probes
 
     # -- changes ---------------------------------------------------------------------

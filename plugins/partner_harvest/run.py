@@ -174,7 +174,8 @@ def stage(
     partner: Partner, adapter: Adapter, conn: psycopg.Connection, run_id: str, window: Window,
     on_staged: Callable[[str], None] | None = None, outlets: Outlets | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, HarvestStats]]:
-    """Plan the pieces, harvest each, then the extra channels the window planned.
+    """Plan the pieces, harvest each, then the extra channels the window planned; returns the
+    pieces as the plan cut them (a sliced run's slices, whichever lane took each).
 
     ``on_staged(channel)`` runs after each channel is staged: where a test changes the
     partner between two tasks of the same run."""
@@ -191,6 +192,8 @@ def stage(
             stage_lane(adapter, conn, run_id, window, int(piece["lane"]), outlets, done)
         else:
             done(piece["channel"], stage_channel(adapter, conn, run_id, window, piece["channel"], outlets))
+    if any("lane" in piece for piece in pieces):  # what the plan cut: the slices the lanes took
+        pieces = [{"channel": channel} for channel in sorted(staged) if channel.startswith(CHANGES + "/")]
     for channel in window.protocol.channels:
         done(channel, stage_channel(adapter, conn, run_id, window, channel, outlets))
     return pieces, staged

@@ -34,7 +34,7 @@ import psycopg
 
 from partner_harvest import pipeline
 from partner_harvest.adapters import Adapter
-from partner_harvest.protocols import Channel, spec_of
+from partner_harvest.protocols import Channel, channels_for
 from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner, cursor_key, cursor_value
 from partner_harvest.store import ApplyResult, RunRef, ensure_schema, fences
@@ -94,8 +94,8 @@ class Kept:
 
 
 def channels_of(partner: Partner) -> tuple[Channel, ...]:
-    """The partner's extra channels: its protocol's (protocols.ProtocolSpec.channels)."""
-    return spec_of(partner.protocol).channels
+    """The partner's extra channels: those of its protocol's it asks for (protocols.channels_for)."""
+    return channels_for(partner)
 
 
 def freeze(partner: Partner, adapter: Adapter, conn: psycopg.Connection, outlets: Outlets | None = None,

@@ -249,7 +249,7 @@ def cmd_sync_pools(args: argparse.Namespace) -> int:
 
 def cmd_reset_cursor(args: argparse.Namespace) -> int:
     partner = _partner(_registry(args), args.partner)
-    own = protocols.spec_of(partner.protocol).channels
+    own = protocols.channels_for(partner)
     channels: list[str | None] = [None, *(channel.name for channel in own)]
     if args.channel != "all":
         if CURSOR_CHANNELS[args.channel] not in channels:

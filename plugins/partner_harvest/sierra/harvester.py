@@ -36,10 +36,11 @@ from partner_harvest.formats.checks import Finding, policy_of
 from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
 from partner_harvest.registry import Partner, SliceSettings
 from partner_harvest.sierra import marc
+from partner_harvest.sierra.attached import AttachedPolls
 from partner_harvest.sierra.client import RateLimited, SierraClient
 from partner_harvest.sierra.export import SUPPRESSED, FullLoad
 from partner_harvest.sierra.spec import DELETIONS
-from partner_harvest.window import SECONDS, ChannelPlan, Slice, Window, format_instant
+from partner_harvest.window import SECONDS, ChannelPlan, Slice, Window, floor_to, format_instant
 
 log = logging.getLogger(__name__)
 DEFAULT_FIELDS = ("id", "updatedDate", "createdDate", "deleted", "suppressed", "marc")
@@ -87,6 +88,7 @@ class SierraAdapter(Adapter):
         if missing:
             raise ConfigurationError(partner.id, "registry", f"'fields' must include {', '.join(missing)}")
         self.now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
+        self.attached = AttachedPolls(self)  # the items and holdings channels the partner chose
         # (monotonic start, items fetched then) of this try's full load: its time left (write)
         self.progress_since: tuple[float, int] | None = None
 
@@ -98,10 +100,20 @@ class SierraAdapter(Adapter):
         return PartnerClock(now=now, granularity=SECONDS, protocol={"fields": ",".join(self.fields)})
 
     def plan_channels(self, window: Window, cursors: dict[str, datetime | None]) -> dict[str, ChannelPlan]:
-        """The deletion poll's own day window: from its day cursor minus the overlap."""
+        """Each channel's own window: the deletion polls' days from their day cursors minus the
+        overlap; the items' and holdings' change polls from their own cursors minus the lag
+        (none: every live one, by id ranges)."""
+        plans = {DELETIONS: self._deletion_days(window, cursors.get(DELETIONS))}
+        for name, kind in self.attached.kinds.items():
+            if name == kind.deletions:
+                plans[name] = self._deletion_days(window, cursors.get(name))
+            else:
+                plans[name] = self._change_window(window, cursors.get(name))
+        return plans
+
+    def _deletion_days(self, window: Window, cursor: datetime | None) -> ChannelPlan:
         overlap = timedelta(days=self.partner.deletion_overlap_days)
         until_day = window.until.date()
-        cursor = cursors.get(DELETIONS)
         if window.mode == "window" and window.from_ is not None:
             start = window.from_.date() - overlap
         elif cursor is not None:
@@ -110,9 +122,19 @@ class SierraAdapter(Adapter):
             start = window.from_.date() - overlap
         else:
             # A full load from scratch: the export is the live set; deletions start tomorrow.
-            return {DELETIONS: ChannelPlan(until=_midnight(until_day), skip=True)}
+            return ChannelPlan(until=_midnight(until_day), skip=True)
         start = min(start, until_day)
-        return {DELETIONS: ChannelPlan(from_=_midnight(start), until=_midnight(until_day))}
+        return ChannelPlan(from_=_midnight(start), until=_midnight(until_day))
+
+    def _change_window(self, window: Window, cursor: datetime | None) -> ChannelPlan:
+        """An attached kind's change poll: as the bibs' window, on its own cursor."""
+        if window.mode == "window" or window.mode == "full":
+            return ChannelPlan(from_=window.from_, until=window.until, granularity=SECONDS)
+        if cursor is None:
+            return ChannelPlan(until=window.until, granularity=SECONDS)  # every live one
+        start = floor_to(cursor - self.partner.lag, SECONDS)
+        return ChannelPlan(from_=min(start, window.until), until=max(window.until, floor_to(cursor, SECONDS)),
+                           granularity=SECONDS)
 
     # -- slices ----------------------------------------------------------------------
 
@@ -276,11 +298,14 @@ class SierraAdapter(Adapter):
     # -- deletions -------------------------------------------------------------------
 
     def harvest_channel(self, channel: str, window: Window, sink: StagingSink, stats: HarvestStats) -> None:
-        """The deletion poll (the spec's one extra channel)."""
-        if channel != DELETIONS:
-            super().harvest_channel(channel, window, sink, stats)
+        """The bibs' deletion poll, or one of the items' and holdings' polls (sierra/attached.py)."""
         with self._rate_limit_frees_the_slot():
-            self._poll_deletions(window, sink, stats)
+            if channel == DELETIONS:
+                self._poll_deletions(window, sink, stats)
+            elif channel in self.attached.kinds:
+                self.attached.harvest(channel, window, sink, stats)
+            else:
+                super().harvest_channel(channel, window, sink, stats)
 
     def _poll_deletions(self, window: Window, sink: StagingSink, stats: HarvestStats) -> None:
         plan = window.protocol.channels.get(DELETIONS)
@@ -298,8 +323,13 @@ class SierraAdapter(Adapter):
     def resumes_staging(self, channel: str, window: Window) -> bool:
         """Whether a new try of this channel keeps what an unfinished try staged (pipeline).
 
-        Only the unsliced full load: a slice resumes from its own checkpoint."""
-        return channel == "changes" and window.is_full and window.protocol.slice is None
+        The unsliced full load (a slice resumes from its own checkpoint), and the listing of
+        every item or holdings record (a change channel without a cursor)."""
+        if channel == "changes":
+            return window.is_full and window.protocol.slice is None
+        plan = window.protocol.channels.get(channel)
+        kind = self.attached.kinds.get(channel)
+        return plan is not None and kind is not None and channel == kind.entity and plan.from_ is None
 
     # -- reconcile -------------------------------------------------------------------
 

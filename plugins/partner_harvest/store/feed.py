@@ -30,6 +30,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from partner_harvest.errors import HarvestError
+from partner_harvest.store import attached
 from partner_harvest.store.db import one
 
 
@@ -48,7 +49,8 @@ def mark_applied(conn: psycopg.Connection, partner_id: str, run_id: str) -> tupl
         """
         SELECT (SELECT high_water FROM partner_feed WHERE partner_id = %(pid)s FOR UPDATE),
                GREATEST((SELECT max(change_seq) FROM records WHERE partner_id = %(pid)s),
-                        (SELECT max(change_seq) FROM deletions WHERE partner_id = %(pid)s))
+                        (SELECT max(change_seq) FROM deletions WHERE partner_id = %(pid)s),
+                        """ + attached.high_water_sql() + """)
         """,
         {"pid": partner_id},
     ))
@@ -131,12 +133,30 @@ UNION ALL
 SELECT change_seq, 'delete', identifier, upstream_datestamp, NULL, NULL, NULL, NULL,
        NULL, run_id, deleted_at, reason
 FROM deletions WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
+UNION ALL
+SELECT change_seq, 'attachments', identifier, NULL, NULL, NULL, NULL, NULL, NULL, run_id, changed_at, NULL
+FROM attachment_events WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
+UNION ALL
+SELECT change_seq, 'attached_upsert', identifier, datestamp, 'items', content::text, bib_ids, NULL, content_hash,
+       run_id, harvested_at, NULL
+FROM items WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
+UNION ALL
+SELECT change_seq, 'attached_upsert', identifier, datestamp, 'holdings', content::text, bib_ids, NULL, content_hash,
+       run_id, harvested_at, NULL
+FROM holdings WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
+UNION ALL
+SELECT change_seq, 'attached_delete', identifier, upstream_datestamp, entity, NULL, bib_ids, NULL, NULL, run_id,
+       deleted_at, reason
+FROM attached_deletions WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
 ORDER BY change_seq
 """
 
 
 def changes(conn: psycopg.Connection, partner_id: str, after: int, until: int) -> Iterator[dict[str, Any]]:
-    """The partner's changes with ``after < change_seq <= until``, in ``change_seq`` order.
+    """The partner's changes with ``after < change_seq <= until``, in ``change_seq`` order: its
+    records (``upsert``, ``delete``), the records whose items or holdings changed
+    (``attachments``), and those items and holdings (``attached_upsert``, ``attached_delete``,
+    their table in ``metadata_prefix``, their records in ``set_specs``; feed.line names them).
 
     ``until`` must not exceed a high water read earlier (``high_water``); then every
     change in the range is committed. A change superseded since (record edited again,

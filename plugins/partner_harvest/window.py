@@ -162,6 +162,9 @@ class WindowFacts(_Facts):
     earliest_datestamp: Instant | None = None
     # Sierra: the bib fields the change poll asks for
     fields: str | None = None
+    # A reconcile's sweep and fetch of an attached table (protocols.Channel.entity: items,
+    # holdings) instead of the records
+    entity: str | None = None
     # IIIF Change Discovery: the stream as it stood (upper bound, last page, totalItems)
     iiif: IiifFacts | None = None
 

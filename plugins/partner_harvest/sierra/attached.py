@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from partner_harvest.adapters import StagingSink
+from partner_harvest.adapters import IdSink, StagingSink, SweptId
 from partner_harvest.formats.checks import Finding
 from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
 from partner_harvest.sierra import resume
@@ -236,6 +236,21 @@ class AttachedPolls:
         if kind is None:
             raise ValueError(f"{self.partner_id}: the partner has no {entity} (options.sierra.channels)")
         return kind
+
+    def sweep(self, entity: str, window: Window, sink: IdSink, stats: HarvestStats) -> None:
+        """Every live id of the kind (public ones only with suppressed: purge), by id ranges."""
+        kind = self.kind_of_entity(entity)
+        params = {"deleted": "false", "fields": "id"}
+        if self.adapter.suppressed == "purge":
+            params["suppressed"] = "false"
+        for piece in self.plan_ranges(kind, 0, window.until):
+            for entries in self.client.pages(kind.path, params, 2000, start_id=piece.lo or 0, end_id=piece.hi):
+                stats.pages += 1
+                rows: list[SweptId] = [(ident(e["id"]), None, False) for e in entries if e.get("id") is not None]
+                stats.fetched += len(rows)
+                sink.write_page(rows)
+        log.info("%s: reconcile sweep of %s: %d live ids in %d pages", self.partner_id, entity, stats.fetched,
+                 stats.pages)
 
     def fetch(self, kind: Kind, identifiers: list[str], until: datetime) -> list[HarvestItem]:
         """The current version of each id, 25 per ``GET items?id=a,b,c``."""

@@ -341,6 +341,10 @@ class SierraAdapter(Adapter):
     def sweep_ids(self, window: Window, sink: IdSink, stats: HarvestStats) -> None:
         """Every live bib id (keyset, ``fields=id``): the upstream set for a reconcile, or the
         ids of one slice's range."""
+        if window.protocol.entity is not None:  # items or holdings: by id ranges
+            with self._rate_limit_frees_the_slot():
+                self.attached.sweep(window.protocol.entity, window, sink, stats)
+            return
         piece = window.protocol.slice
         start, end = (piece.lo or 0, piece.hi) if piece is not None else (0, None)
         with self._rate_limit_frees_the_slot():
@@ -353,7 +357,12 @@ class SierraAdapter(Adapter):
         log.info("%s: reconcile sweep: %d live ids in %d pages", self.partner_id, stats.fetched, stats.pages)
 
     def fetch_records(self, window: Window, identifiers: list[str]) -> list[HarvestItem]:
-        """The bibs the aggregation lacks, by id list, with the harvest's own fields."""
+        """The bibs (or items, holdings: ``window.protocol.entity``) the aggregation lacks, by
+        id list, with the harvest's own fields."""
+        if window.protocol.entity is not None:
+            with self._rate_limit_frees_the_slot():
+                return self.attached.fetch(self.attached.kind_of_entity(window.protocol.entity), identifiers,
+                                           window.until)
         items: list[HarvestItem] = []
         for start in range(0, len(identifiers), self.fetch_chunk):
             chunk = identifiers[start:start + self.fetch_chunk]

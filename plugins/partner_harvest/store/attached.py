@@ -84,7 +84,7 @@ WITH gone AS (
     INSERT INTO attached_deletions (partner_id, entity, identifier, bib_ids, upstream_datestamp, reason, run_id,
                                     change_seq)
     SELECT %(pid)s, %(entity)s, identifier, bib_ids, datestamp,
-           COALESCE(reason, CASE WHEN channel = 'reconcile' THEN 'reconcile' ELSE 'tombstone' END), %(run)s,
+           COALESCE(reason, CASE WHEN starts_with(channel, 'reconcile') THEN 'reconcile' ELSE 'tombstone' END), %(run)s,
            nextval('change_seq')
     FROM gone
 ), remembered AS (

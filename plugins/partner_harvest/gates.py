@@ -47,7 +47,13 @@ def harvest_shrink(conn: psycopg.Connection, partner: Partner, run_id: str, wind
     if tombstones == 0 and not whole:
         return None
     shrink = sql.measure_shrink(conn, partner.id, run_id, whole_collection=whole)
-    return shrink if shrink.fraction > partner.max_shrink_fraction else None
+    if shrink.fraction > partner.max_shrink_fraction:
+        return shrink
+    for entity in sql.staged_entities(conn, partner.id, run_id):  # items, holdings: each against its own table
+        shrink = sql.measure_shrink(conn, partner.id, run_id, whole_collection=False, entity=entity)
+        if shrink.fraction > partner.max_shrink_fraction:
+            return shrink
+    return None
 
 
 def reconcile_shrink(conn: psycopg.Connection, partner: Partner, run_id: str, outcome: Mapping[str, Any],

@@ -227,12 +227,14 @@ def finish(adapter: Adapter, conn: psycopg.Connection, run_id: str, window: Wind
 
 def quiet_night(adapter: Adapter, conn: psycopg.Connection, run_id: str, window: Window, outlets: Outlets, *,
                 writer: str | None = None) -> Finished | None:
-    """A window the adapter's one cheap look (``window_is_empty``) shows empty: staged whole
-    (without asking again) and finished at once, as any run; None when it holds changes (the
-    usual way harvests them). airflow/quiet.py says when the look is worth it."""
+    """A window the adapter's one cheap look (``window_is_empty``: of the changes and of every
+    extra channel the window planned) shows empty: each staged whole (without asking again)
+    and finished at once, as any run; None when it holds changes (the usual way harvests
+    them). airflow/quiet.py says when the look is worth it."""
     if not adapter.window_is_empty(window):
         return None
-    stage_channel(adapter, conn, run_id, window, CHANGES, outlets)
+    for channel in [CHANGES, *window.protocol.channels]:
+        stage_channel(adapter, conn, run_id, window, channel, outlets)
     return finish(adapter, conn, run_id, window, outlets, writer=writer)
 
 

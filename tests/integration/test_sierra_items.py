@@ -132,3 +132,41 @@ def test_a_partner_without_items_has_no_item_channels_and_a_reconcile_covers_ite
         conn.commit()
         outcome = reconcile(harness.adapter(), conn, harness.partner, "reconcile-1")
         assert held(conn, "items") == items.live(), outcome
+
+
+def test_a_quiet_night_looks_once_per_poll_and_applies_every_channel_and_the_gate_weighs_items(conn) -> None:
+    from partner_harvest import gates
+    from partner_harvest.run import Kept, freeze, quiet_night, stage
+    from partner_harvest.store.health import channel_rows
+
+    catalogue = SimulatedCatalogue(bibs=100, deleted_fraction=0.0, suppressed_fraction=0.0, seed=64)
+    items = catalogue.attach("items", 250, deleted_fraction=0.0, suppressed_fraction=0.0)
+    catalogue.attach("holdings", 30, deleted_fraction=0.0, suppressed_fraction=0.0)
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
+        harness = Harness(sim, conn, partner(max_shrink_fraction=0.1))
+        harness.run()
+        catalogue.advance_clock(86400 * 3)
+        harness.run()  # past the deletion polls' overlap
+        catalogue.advance_clock(86400)  # a night later, nothing changed
+        before = len(sim.requests)
+        adapter = harness.adapter()
+        outlets = Kept(dict(harness.cursors))
+        window = freeze(harness.partner, adapter, conn, outlets)
+        finished = quiet_night(adapter, conn, "quiet-1", window, outlets)
+        polls = [r for r in sim.requests[before:] if r["path"].rsplit("/", 1)[-1] in ("bibs", "items", "holdings")]
+        assert finished is not None and len(polls) == 6  # bibs, items, holdings: a change and a deletion poll each
+        assert set(finished.moved) == {"changes", "deletions", "items", "item_deletions", "holdings",
+                                        "holding_deletions"} and all(m["moved"] for m in finished.moved.values())
+        rows = {row.channel: row for row in channel_rows(conn, harness.partner)}
+        assert rows["items"].held == len(items.live()) and rows["items"].table == "items"
+        assert rows["item_deletions"].cursor is not None and rows["changes"].held == len(catalogue.public_ids())
+        # a night deleting half the items: the approval gate weighs them against the items held
+        catalogue.advance_clock(3600)
+        items.delete(len(items.live()) // 2)
+        adapter = harness.adapter()
+        window = freeze(harness.partner, adapter, conn, Kept(dict(outlets.cursors)))
+        assert not adapter.window_is_empty(window)
+        stage(harness.partner, adapter, conn, "gated-1", window)
+        shrink = gates.harvest_shrink(conn, harness.partner, "gated-1", window, tombstones=1)
+        assert shrink is not None and shrink.held == 250 and shrink.removals == 125
+        assert shrink.sample[0]["why"].startswith("item: ")

@@ -124,7 +124,7 @@ class AttachedSet:
             picked = self._pick(n, ids)
             live_bibs = [int(b) for b in self.catalogue.sorted_live_ids()]
             now = self.catalogue._tick()
-            moved = {}
+            moved: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
             for i in picked:
                 old = self._bibs[i]
                 new = old[0]

@@ -1,7 +1,8 @@
 """``partner-harvest``: the operator's command line, installed with the package.
 
     partner-harvest validate                     check the registry; exit 1 listing every invalid entry
-    partner-harvest status [--partner ID]        one line per partner, from the aggregation database
+    partner-harvest status [--partner ID]        one line per partner, from the aggregation database (one partner:
+                                                 and one line per channel: cursor, counts, items/holdings held)
     partner-harvest progress ID [--run RUN]      the newest (or named) run's channels and slices: records, rate, time left
     partner-harvest sync-pools [--check]         create/update the Airflow pools partner_<id>
     partner-harvest reset-cursor ID [--to WHEN]  delete or set the partner's cursor Variables (asks first)
@@ -203,6 +204,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(render_table(rows))
     for partner_id, state, cause in causes:
         print(f"{partner_id} {state}: {cause}")
+    if args.partner and protocols.channels_for(partners[0]):  # one partner: each channel on its own line
+        from partner_harvest.store.health import channel_rows
+
+        with _connect(args) as conn:
+            print()
+            print(render_table(channel_rows(conn, partners[0])))
     if unread:
         print(f"(Airflow's metadata database not read: {unread})")
     return 0

@@ -38,7 +38,7 @@ from partner_harvest.formats.checks import Finding
 from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
 from partner_harvest.sierra import resume
 from partner_harvest.store import attached as store
-from partner_harvest.window import Slice, Window, format_instant
+from partner_harvest.window import ChannelPlan, Slice, Window, format_instant
 
 if TYPE_CHECKING:
     from partner_harvest.sierra.harvester import SierraAdapter
@@ -138,21 +138,25 @@ class AttachedPolls:
             log.info("%s: no %s poll for this window (a first load: it starts with the next run)",
                      self.partner_id, channel)
             return
-        if channel == kind.deletions:
-            assert plan.from_ is not None
-            days = f"[{plan.from_.date().isoformat()},{plan.until.date().isoformat()}]"
-            params = {"deleted": "true", "deletedDate": days, "fields": "id,deletedDate"}
-            for entries in self.client.pages(kind.path, params, self.adapter.partner.page_size):
-                self.adapter.write([self.to_item(kind, {**e, "deleted": True}, plan.until) for e in entries],
-                                   sink, stats, channel)
-            return
         if plan.from_ is None:
             self.full_load(kind, plan.until, sink, stats)
             return
-        params = {"deleted": "false", "fields": ",".join(kind.fields),
-                  "updatedDate": f"[{format_instant(plan.from_)},{format_instant(plan.until)}]"}
-        for entries in self.client.pages(kind.path, params, self.adapter.partner.page_size):
-            self.adapter.write([self.to_item(kind, e, plan.until) for e in entries], sink, stats, channel)
+        path, params = self.poll(channel, plan)
+        deletions = channel == kind.deletions
+        for entries in self.client.pages(path, params, self.adapter.partner.page_size):
+            self.adapter.write([self.to_item(kind, {**e, "deleted": True} if deletions else e, plan.until)
+                                for e in entries], sink, stats, channel)
+
+    def poll(self, channel: str, plan: ChannelPlan) -> tuple[str, dict[str, Any]]:
+        """The path and query of a channel's poll in its window (the harvest's and the quiet
+        night's look alike): the deletion poll's days, or the change poll's updatedDate range."""
+        kind = self.kinds[channel]
+        assert plan.from_ is not None
+        if channel == kind.deletions:
+            days = f"[{plan.from_.date().isoformat()},{plan.until.date().isoformat()}]"
+            return kind.path, {"deleted": "true", "deletedDate": days, "fields": "id,deletedDate"}
+        return kind.path, {"deleted": "false", "fields": ",".join(kind.fields),
+                           "updatedDate": f"[{format_instant(plan.from_)},{format_instant(plan.until)}]"}
 
     def plan_ranges(self, kind: Kind, start: int, until: datetime) -> list[Slice]:
         """The id ranges a full listing walks (window.Slice, as the bibs' full load): one

@@ -31,7 +31,7 @@ from typing import Any
 
 from partner_harvest import durations
 from partner_harvest.adapters import Adapter, IdSink, PartnerClock, StagingSink, SweptId
-from partner_harvest.errors import ConfigurationError, PartnerAsksToWait
+from partner_harvest.errors import ConfigurationError, HarvestError, PartnerAsksToWait
 from partner_harvest.formats.checks import Finding, policy_of
 from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
 from partner_harvest.registry import Partner, SliceSettings
@@ -89,6 +89,7 @@ class SierraAdapter(Adapter):
             raise ConfigurationError(partner.id, "registry", f"'fields' must include {', '.join(missing)}")
         self.now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
         self.attached = AttachedPolls(self)  # the items and holdings channels the partner chose
+        self.known_empty: set[str] = set()  # polls a quiet night's look showed empty (window_is_empty)
         # (monotonic start, items fetched then) of this try's full load: its time left (write)
         self.progress_since: tuple[float, int] | None = None
 
@@ -230,13 +231,43 @@ class SierraAdapter(Adapter):
             else:
                 self._change_poll(window, sink, stats, piece)
 
-    def _change_poll(self, window: Window, sink: StagingSink, stats: HarvestStats, piece: Slice | None = None) -> None:
+    def _change_params(self, window: Window) -> dict[str, Any]:
         assert window.from_ is not None
-        params = {
+        return {
             "deleted": "false",
             "updatedDate": f"[{sierra_timestamp(window.from_)},{sierra_timestamp(window.until)}]",
             "fields": ",".join(self.fields),
         }
+
+    def window_is_empty(self, window: Window) -> bool:
+        """The first page of the change poll and of each planned channel's poll (the same
+        requests the harvest makes): all empty is a quiet night, and those polls then ask
+        nothing again. A channel without a window of its own yet (a first load) is not quiet;
+        a failed look is not either (the usual way meets the failure)."""
+        polls: dict[str, tuple[str, dict[str, Any]]] = {"changes": ("/bibs", self._change_params(window))}
+        for name, plan in window.protocol.channels.items():
+            if plan.skip:
+                continue
+            if plan.from_ is None:
+                return False
+            if name == DELETIONS:
+                polls[name] = ("/bibs", self._deletion_params(plan))
+            else:
+                polls[name] = self.attached.poll(name, plan)
+        try:
+            for path, params in polls.values():
+                if next(iter(self.client.pages(path, params, self.partner.page_size)), []):
+                    return False
+        except (HarvestError, RateLimited) as exc:
+            log.info("%s: the quiet-night look failed (%s); the window is harvested the usual way", self.partner_id, exc)
+            return False
+        self.known_empty = set(polls)
+        return True
+
+    def _change_poll(self, window: Window, sink: StagingSink, stats: HarvestStats, piece: Slice | None = None) -> None:
+        if piece is None and "changes" in self.known_empty:
+            return  # a quiet night's look showed it empty (window_is_empty)
+        params = self._change_params(window)
         start = (piece.resume_at or 0) if piece is not None else 0
         if piece is not None and start:
             log.info("%s: slice %s resumes its change poll at id %d", self.partner_id, piece.channel, start)
@@ -302,6 +333,8 @@ class SierraAdapter(Adapter):
         with self._rate_limit_frees_the_slot():
             if channel == DELETIONS:
                 self._poll_deletions(window, sink, stats)
+            elif channel in self.known_empty:
+                return  # a quiet night's look showed it empty (window_is_empty)
             elif channel in self.attached.kinds:
                 self.attached.harvest(channel, window, sink, stats)
             else:
@@ -312,11 +345,17 @@ class SierraAdapter(Adapter):
         if plan is None or plan.skip or plan.from_ is None:
             log.info("%s: no deletion poll for this window (full load from scratch)", self.partner_id)
             return
-        days = f"[{plan.from_.date().isoformat()},{plan.until.date().isoformat()}]"
-        params = {"deleted": "true", "deletedDate": days, "fields": DELETION_FIELDS}
-        for entries in self.client.bib_pages(params, self.partner.page_size):
+        if DELETIONS in self.known_empty:
+            return
+        for entries in self.client.bib_pages(self._deletion_params(plan), self.partner.page_size):
             items = [self._tombstone(entry, str(entry.get("id", "")).strip() or "(missing id)") for entry in entries]
             self.write(items, sink, stats, DELETIONS)
+
+    @staticmethod
+    def _deletion_params(plan: ChannelPlan) -> dict[str, Any]:
+        assert plan.from_ is not None
+        days = f"[{plan.from_.date().isoformat()},{plan.until.date().isoformat()}]"
+        return {"deleted": "true", "deletedDate": days, "fields": DELETION_FIELDS}
 
     # -- full load -------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from partner_harvest.factory import Wiring
 
 DELETIONS = "deletions"  # the deletion poll's channel, on its own day cursor
-BIBS = "bibs"
+BIBS: Literal["bibs"] = "bibs"
 # The kinds of record a partner may mirror (options.sierra.channels): bibs always, items and
 # holdings by choice, each with a change poll and a deletion poll of its own (channels below).
 KINDS = (BIBS, "items", "holdings")
@@ -168,6 +168,7 @@ SPEC = ProtocolSpec(
     ), *ATTACHED_CHANNELS),
     chosen_channels=chosen_channels,
     default_prefix="marc21",
+    quiet_night=True,  # one look per poll: all empty, the night applies in freeze_window (airflow/quiet.py)
     options={
         "sierra": OptionsKey(SierraOptions, "Sierra only: the API client"),
         "export": OptionsKey(ExportOptions, "Sierra only: the full-load export"),

@@ -33,6 +33,7 @@ from partner_harvest.store.health import (
     INVALID,
     STATES,
     PartnerHealth,
+    channel_rows,
     index_health,
     partner_health,
     quarantine_today,
@@ -98,8 +99,10 @@ def create_app() -> FastAPI:
             warned = warnings_today(conn, partner_id, now)
             progress = current_progress(conn, partner_id, unfinished=True)  # a run going on now, slice by slice
             rate = partner_rate(conn, partner_id)  # politeness at its endpoint host
+            channels = channel_rows(conn, entry)  # each channel's cursor, newest counts, rows held
         return _render("partner.html", request, h=health, runs=runs, chart=Markup(runs_chart(runs)),
                        reasons=reasons, entries=entries, warned=warned, now=now, progress=progress, rate=rate,
+                       channels=channels if len(channels) > 1 else [],
                        progress_line=summary_line(progress) if progress else None,
                        progress_run=_audit_run(progress.run_id) if progress else None)
 

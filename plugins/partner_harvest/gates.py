@@ -58,9 +58,13 @@ def harvest_shrink(conn: psycopg.Connection, partner: Partner, run_id: str, wind
 
 def reconcile_shrink(conn: psycopg.Connection, partner: Partner, run_id: str, outcome: Mapping[str, Any],
                      channel: str = "reconcile") -> Shrink:
-    """A gated reconcile's request figures: what its plan held and what it staged to purge."""
-    return Shrink(int(outcome["local"]), int(outcome["staged_removals"]), 0,
-                  sql.reconcile_sample(conn, partner.id, run_id, channel))
+    """A gated reconcile's request figures: what its plan held and what it staged to purge
+    (of the records, or of the attached table, items or holdings, whose share is largest)."""
+    candidates = [(int(outcome["local"]), int(outcome["staged_removals"]), channel),
+                  *((int(f["local"]), int(f["staged_removals"]), f"{channel}/{entity}")
+                    for entity, f in (outcome.get("attached") or {}).items())]
+    held, removals, worst = max(candidates, key=lambda c: c[1] / c[0] if c[0] else 0.0)
+    return Shrink(held, removals, 0, sql.reconcile_sample(conn, partner.id, run_id, worst))
 
 
 def approval_since(request: Request, outcome: Mapping[str, Any]) -> datetime:

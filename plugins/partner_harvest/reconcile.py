@@ -58,11 +58,14 @@ class ReconcileResult:
     # When the sweep began (the database's clock): an approved apply refuses if another run of
     # the partner applied since (gates.approval_since), the lease having ended with the task.
     planned_at: datetime | None = None
+    # Each attached table it also settled (items, holdings): what it held, the removals staged.
+    attached: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         out = {**self.plan.as_dict(), "fetched_missing": self.fetched_missing, "purged": self.purged,
                "upserted": self.upserted, "verified": dict(self.verified), "bulk_fetch": self.bulk_fetch,
-               "awaiting_approval": self.awaiting_approval, "staged_removals": self.staged_removals}
+               "awaiting_approval": self.awaiting_approval, "staged_removals": self.staged_removals,
+               "attached": {entity: dict(figures) for entity, figures in self.attached.items()}}
         if self.planned_at is not None:  # to the microsecond, as a sliced plan's (sliced_reconcile.SweepPlan)
             out["planned_at"] = as_utc(self.planned_at).isoformat()
         return out
@@ -126,15 +129,17 @@ def settle(adapter: Adapter, conn: psycopg.Connection, partner: Partner, run: Ru
         fetched, bulk = _fetch_missing(adapter, conn, partner, run, window, writer)
         stats.fetched = writer.seq  # everything staged: the apply's four outcomes add up to it
         finish_harvest(conn, run, stats)
+        attached: dict[str, dict[str, int]] = {}
         for entity in attached_entities(partner):  # items, holdings: swept and settled the same way
-            entity_removals, entity_held_back = _settle_attached(adapter, conn, partner, run, window, entity,
-                                                                 allow_mass_purge, gate)
-            removals += entity_removals
+            local, entity_removals, entity_held_back = _settle_attached(adapter, conn, partner, run, window, entity,
+                                                                        allow_mass_purge, gate)
+            attached[entity] = {"local": local, "staged_removals": entity_removals}
             held_back = held_back or entity_held_back
         if held_back:
-            log.warning("%s: reconcile staged %d removals and waits for approval before its apply", partner.id, removals)
+            log.warning("%s: reconcile staged %d removals (%s) and waits for approval before its apply", partner.id,
+                        removals, attached or "no items or holdings")
             return ReconcileResult(plan, fetched, 0, 0, verified, bulk, awaiting_approval=True,
-                                   staged_removals=removals)
+                                   staged_removals=removals, attached=attached)
         result = apply_run(conn, partner.id, run.run_id)
     except BaseException as exc:  # a task timeout too (store.runs.record_failed_try)
         if isinstance(exc, MassPurgeRefused):
@@ -144,7 +149,7 @@ def settle(adapter: Adapter, conn: psycopg.Connection, partner: Partner, run: Ru
         raise
     finally:
         sql.clear(conn, partner.id, run.run_id)
-    outcome = ReconcileResult(plan, fetched, result.purged, result.upserted, verified, bulk)
+    outcome = ReconcileResult(plan, fetched, result.purged, result.upserted, verified, bulk, attached=attached)
     log.info("%s: reconcile applied: %s", partner.id, outcome.as_dict())
     return outcome
 
@@ -155,12 +160,12 @@ def attached_entities(partner: Partner) -> list[str]:
 
 
 def _settle_attached(adapter: Adapter, conn: psycopg.Connection, partner: Partner, run: RunRef, window: Window,
-                     entity: str, allow_mass_purge: bool, gate: bool) -> tuple[int, bool]:
+                     entity: str, allow_mass_purge: bool, gate: bool) -> tuple[int, int, bool]:
     """One attached table: its ids swept (the adapter walks id ranges: ``window.protocol.entity``
     names the table), planned against what is held, guarded by the same mass-purge limit,
     its removals staged and its missing rows fetched, on a channel of its own
-    (``reconcile/<table>``) of the same run, applied in the same transaction. Returns the
-    removals staged and whether the guard holds the apply back for a person."""
+    (``reconcile/<table>``) of the same run, applied in the same transaction. Returns what
+    it held, the removals staged and whether the guard holds the apply back for a person."""
     own = RunRef(partner.id, run.run_id, f"{CHANNEL}/{entity}")
     key = sql.sweep_key(run.run_id, entity)
     sub = window.with_facts(entity=entity)
@@ -179,7 +184,7 @@ def _settle_attached(adapter: Adapter, conn: psycopg.Connection, partner: Partne
     stats = HarvestStats()
     stats.fetched = writer.seq
     finish_harvest(conn, own, stats)
-    return removals, held_back
+    return plan.local, removals, held_back
 
 
 def _verify_vanished(

@@ -90,6 +90,7 @@ class RunChanges:
     change_seq_after: int
     change_seq_until: int
     counts: dict[str, int]
+    channels: dict[str, dict[str, int]] | None = None  # the same counts per channel (Sierra: items, holdings...)
 
     def as_extra(self) -> dict[str, Any]:
         """JSON-safe, for an Asset event's ``extra``."""
@@ -103,6 +104,7 @@ class RunChanges:
             "change_seq_after": self.change_seq_after,
             "change_seq_until": self.change_seq_until,
             "changed": self.change_seq_until > self.change_seq_after,
+            "channels": dict(self.channels or {}),
         }
 
 
@@ -122,7 +124,9 @@ def run_changes(conn: psycopg.Connection, partner_id: str, run_id: str) -> RunCh
     first = rows[0]
     names = ("fetched", "upserted", "unchanged", "purged", "quarantined")
     counts = {name: sum(row[6 + i] for row in rows) for i, name in enumerate(names)}
-    return RunChanges(partner_id, run_id, first[1], first[2], first[3], first[4] or 0, first[5] or 0, counts)
+    channels = {row[0]: {name: row[6 + i] for i, name in enumerate(names)} for row in rows}
+    return RunChanges(partner_id, run_id, first[1], first[2], first[3], first[4] or 0, first[5] or 0, counts,
+                      channels)
 
 
 _CHANGES = """

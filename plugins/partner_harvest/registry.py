@@ -507,6 +507,9 @@ class Partner(_Strict):
         description="HH:MM (UTC): alert when a scheduled run has not finished by then, counted from "
         "its start time (schedule 0 2 * * *, finish_by 06:00: four hours); needs a schedule that runs "
         "at one time of day")
+    history_retention: Duration = Field(default=timedelta(days=30), description=(
+        "how long versions a change replaced or purged are kept (record_history): how far back "
+        "partner-harvest rollback and records_as_of reach"))
     options: Options = Field(default_factory=Options, description="per-partner settings by subject")
     # -- Airflow task arguments; unset: the DAG factory's defaults
     execution_timeout: Duration | None = Field(

@@ -30,7 +30,7 @@ from partner_harvest import pipeline
 from partner_harvest.adapters import Adapter
 from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner
-from partner_harvest.store import ApplyResult, RunRef, ensure_schema
+from partner_harvest.store import ApplyResult, RunRef, ensure_schema, history
 from partner_harvest.store.runs import abandon_stale_runs, clock_high_water
 from partner_harvest.window import Window, channel_windows, next_cursor
 
@@ -87,6 +87,7 @@ def freeze(
     cursors = cursors or {}
     ensure_schema(conn)
     abandon_stale_runs(conn, partner.id, ABANDON_AFTER)
+    history.prune(conn, partner.id, partner.history_retention)
     cursor = None
     if request.mode == "incremental":
         cursor = pipeline.resume_point(conn, partner.id, cursors.get(CHANGES), CHANGES)
@@ -159,3 +160,20 @@ def run_partner(
     done = time.perf_counter()
     return RunResult(window, pieces, staged, applied, advance(cursors, window),
                      {"freeze": frozen - started, "stage": harvested - frozen, "apply": done - harvested})
+
+
+def rollback(conn: psycopg.Connection, partner_id: str, to_before: str, cursors: Cursors, *,
+             requested_by: str, via: str = "run.rollback") -> history.RollbackResult:
+    """Roll the partner back to before run ``to_before`` (store/history.py), its cursors in
+    ``cursors`` (changed in place: each set back to where it was before that run)."""
+
+    def set_back(places: dict[str, history.CursorPlace]) -> dict[str, Any]:
+        done: dict[str, Any] = {}
+        for channel, place in places.items():
+            before = cursors.get(channel)
+            cursors[channel] = place[0] if place else None
+            done[channel] = {"from": before.isoformat() if before else None,
+                             "to": place[0].isoformat() if place else None}
+        return done
+
+    return history.rollback(conn, partner_id, to_before, requested_by, via, set_back)

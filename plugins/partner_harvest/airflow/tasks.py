@@ -30,7 +30,9 @@ from partner_harvest.gates import approval_since
 from partner_harvest.reconcile import apply_staged as reconcile_apply_staged
 from partner_harvest.reconcile import reconcile
 from partner_harvest.registry import Partner, RegistryError, get_partner
-from partner_harvest.store import RunRef, connect, ensure_schema, events, fences, gates, leases, prefix_choices, runs
+from partner_harvest.store import (
+    RunRef, connect, ensure_schema, events, fences, gates, history, leases, prefix_choices, runs,
+)
 from partner_harvest.store.pacing import PgPacingStore
 from partner_harvest.store.quality import run_figures
 from partner_harvest.store.runs import abandon_stale_runs, clock_high_water, last_applied_until
@@ -248,6 +250,7 @@ def freeze_window(partner_id: str, context: Context) -> dict[str, Any]:
             if abandoned:
                 log.warning("%s: %d run channel(s) never applied within %s were abandoned and their staging dropped",
                             partner_id, abandoned, ABANDON_AFTER)
+            history.prune(conn, partner_id, partner.history_retention)
             cursor = None
             if request.mode == "incremental":
                 cursor = pipeline.resume_point(conn, partner_id, read_cursor(partner_id), "changes")

@@ -86,6 +86,20 @@ def build_adapter(partner: Partner, endpoint: Endpoint, *, pacing: Callable[[], 
                             pacer=pacer(partner, endpoint, pacing), credentials=auth)
     if on_response is not None:
         session.hooks["response"].append(lambda response, *args, **kwargs: on_response(response))
+    built: list[Adapter] = []
+
+    def count(response: requests.Response, *args: Any, **kwargs: Any) -> None:
+        if built:  # Adapter.responses: what a step spent (the content check reports it)
+            built[0].responses += 1
+
+    session.hooks["response"].append(count)
+    adapter = _protocol_adapter(partner, endpoint, policy, auth, session, count)
+    built.append(adapter)
+    return adapter
+
+
+def _protocol_adapter(partner: Partner, endpoint: Endpoint, policy: HttpPolicy, auth: Any, session: Any,
+                      count: Callable[..., None]) -> Adapter:
     if partner.protocol == "oai-pmh":
         oai = OaiClient(partner.id, endpoint.base_url, session, xml_limits=XmlLimits(policy.max_xml_nodes),
                         caps=ChainCaps.from_limits(partner.options.limits))
@@ -108,8 +122,13 @@ def build_adapter(partner: Partner, endpoint: Endpoint, *, pacing: Callable[[], 
         iiif = partner.options.iiif
         client = IiifClient(partner.id, endpoint.base_url, session, page_delay=iiif.page_delay,
                             max_pages=iiif.max_pages,
-                            session_factory=lambda: build_session(partner.id, policy, home=endpoint.base_url,
-                                                                  transport=transport(partner, endpoint),
-                                                                  credentials=auth))
+                            session_factory=lambda: _counted(build_session(
+                                partner.id, policy, home=endpoint.base_url, transport=transport(partner, endpoint),
+                                credentials=auth), count))
         return IiifAdapter(partner, client)
     raise ConfigurationError(partner.id, "registry", f"protocol {partner.protocol!r} is not supported yet")
+
+
+def _counted(session: Any, count: Callable[..., None]) -> Any:
+    session.hooks["response"].append(count)
+    return session

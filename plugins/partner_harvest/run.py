@@ -18,6 +18,7 @@ Which step does what:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,8 +32,11 @@ from partner_harvest.adapters import Adapter
 from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner
 from partner_harvest.store import ApplyResult, RunRef, ensure_schema, history
+from partner_harvest.store.content import refresh_due
 from partner_harvest.store.runs import abandon_stale_runs, clock_high_water
 from partner_harvest.window import Window, channel_windows, next_cursor
+
+log = logging.getLogger(__name__)
 
 CHANGES = "changes"
 DELETIONS = "deletions"
@@ -89,13 +93,24 @@ def freeze(
     abandon_stale_runs(conn, partner.id, ABANDON_AFTER)
     history.prune(conn, partner.id, partner.history_retention)
     cursor = None
-    if request.mode == "incremental":
+    refresh = refresh_due(conn, partner.id) if request.mode == "incremental" else None
+    if request.mode == "incremental" and refresh is None:
         cursor = pipeline.resume_point(conn, partner.id, cursors.get(CHANGES), CHANGES)
     channels = {name: pipeline.resume_point(conn, partner.id, cursors.get(name), name)
                 for name in extra_channels(adapter)}
     high_water = clock_high_water(conn, partner.id)
     conn.commit()
-    return pipeline.freeze_window(adapter, partner.lag, cursor, request, channels, high_water)
+    window = pipeline.freeze_window(adapter, partner.lag, cursor, request, channels, high_water)
+    return as_refresh(partner.id, window, refresh)
+
+
+def as_refresh(partner_id: str, window: Window, refresh: str | None) -> Window:
+    """A content refresh is due (content_check.py): this incremental night harvests everything
+    (its cursor still moves, forward only), and its audit rows say why."""
+    if refresh is None:
+        return window
+    log.warning("%s: this run is a content refresh, a full harvest: %s", partner_id, refresh)
+    return window.with_facts(refresh=refresh)
 
 
 def stage_channel(adapter: Adapter, conn: psycopg.Connection, partner_id: str, run_id: str, window: Window,

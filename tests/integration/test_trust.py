@@ -16,6 +16,7 @@ import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import run
+from partner_harvest.reconcile import reconcile
 from partner_harvest.store import feed, history
 from tests.support.harness import OaiHarness as Harness
 from tests.support.partners import oai_partner
@@ -84,3 +85,43 @@ def test_rollback_to_before_b_gives_back_a_then_the_next_run_matches_the_partner
     assert harness.held() == repo.live_identifiers()
     held = contents(conn)
     assert all(held[i][1] == repo.get(i).datestamp for i in held)
+
+
+def stale(conn: psycopg.Connection, repo: SimulatedRepository, partner_id: str = "museum") -> set[str]:
+    """Held records whose content is not the partner's (the simulator's title names the version)."""
+    rows = conn.execute("SELECT identifier, title FROM records WHERE partner_id = %s", (partner_id,)).fetchall()
+    conn.commit()
+    return {i for i, title in rows if f", version {repo.get(i).version}:" not in (title or "")}
+
+
+def test_silent_edits_are_found_by_the_content_check_and_refreshed_within_two_weeks(conn: psycopg.Connection) -> None:
+    """3,000 records, 2 % edited without a new datestamp, default settings: at most two weekly
+    reconciles and the nights after them, then every held record's content is the partner's."""
+    repo = SimulatedRepository(records=3000, page_size=200, deleted_fraction=0.0, seed=4402)
+    with OaiSimulator(repo) as sim:
+        harness = Harness(sim, conn, oai_partner(retries=1))
+        harness.run()
+        silently = set(repo.edit_silently(60))
+        harness.run()  # a night: the incremental cannot see them
+        assert stale(conn, repo) == silently
+        weeks = 0
+        while stale(conn, repo) and weeks < 2:
+            weeks += 1
+            found = reconcile(harness.adapter(), conn, harness.partner, f"reconcile-{weeks}").content
+            print(f"week {weeks}: content check sampled {found['sampled']}, {found['silent']} silent, "
+                  f"{found['requests']} requests; examples {[e['identifier'] for e in found['examples']]}")
+            night = harness.run_through()
+            print(f"week {weeks}: night {night.window.describe()}: {night.applied.as_dict()}")
+        assert stale(conn, repo) == set(), f"still stale after {weeks} weeks"
+        assert harness.held() == repo.live_identifiers()
+        figures = conn.execute(
+            "SELECT run_id, content_sampled, content_silent, content_requests FROM harvest_runs"
+            " WHERE channel = 'reconcile' ORDER BY run_id").fetchall()
+        refreshes = conn.execute("SELECT run_id, refresh FROM harvest_runs WHERE refresh IS NOT NULL").fetchall()
+        state = conn.execute("SELECT unreliable_since IS NOT NULL, refresh_due, last_refresh_run FROM partner_content"
+                             ).fetchone()
+        conn.commit()
+        print(f"checks {figures}; refreshes {refreshes}")
+        assert figures[0][1] == 200 and figures[0][2] >= 1 and figures[0][3] == 200  # one GetRecord each
+        assert len(refreshes) == 1 and refreshes[0][1].startswith("content check of reconcile-")
+        assert state == (True, None, refreshes[0][0])

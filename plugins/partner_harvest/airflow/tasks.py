@@ -30,9 +30,10 @@ from partner_harvest.gates import approval_since
 from partner_harvest.reconcile import apply_staged as reconcile_apply_staged
 from partner_harvest.reconcile import reconcile
 from partner_harvest.registry import Partner, RegistryError, get_partner
-from partner_harvest.store import (
-    RunRef, connect, ensure_schema, events, fences, gates, history, leases, prefix_choices, runs,
-)
+from partner_harvest.run import as_refresh
+from partner_harvest.store import RunRef, connect, ensure_schema, events, fences, gates, leases, prefix_choices, runs
+from partner_harvest.store.content import refresh_due
+from partner_harvest.store.history import prune as prune_history
 from partner_harvest.store.pacing import PgPacingStore
 from partner_harvest.store.quality import run_figures
 from partner_harvest.store.runs import abandon_stale_runs, clock_high_water, last_applied_until
@@ -250,14 +251,16 @@ def freeze_window(partner_id: str, context: Context) -> dict[str, Any]:
             if abandoned:
                 log.warning("%s: %d run channel(s) never applied within %s were abandoned and their staging dropped",
                             partner_id, abandoned, ABANDON_AFTER)
-            history.prune(conn, partner_id, partner.history_retention)
+            prune_history(conn, partner_id, partner.history_retention)
             cursor = None
-            if request.mode == "incremental":
+            refresh = refresh_due(conn, partner_id) if request.mode == "incremental" else None
+            if request.mode == "incremental" and refresh is None:
                 cursor = pipeline.resume_point(conn, partner_id, read_cursor(partner_id), "changes")
             channels = {name: pipeline.resume_point(conn, partner_id, read_cursor(partner_id, name), name)
                         for name in extra_channels(adapter)}
             high_water = clock_high_water(conn, partner_id)
-        window = pipeline.freeze_window(adapter, partner.lag, cursor, request, channels, high_water)
+        window = as_refresh(partner_id, pipeline.freeze_window(adapter, partner.lag, cursor, request, channels,
+                                                               high_water), refresh)
         fence = keeper.fence  # set once the lease is held
         window = window.with_facts(epoch=fence.epoch if fence else None)  # every later write of the run is fenced by it
         if asked and window.protocol.metadata_prefix:

@@ -31,7 +31,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from partner_harvest.errors import HarvestError
-from partner_harvest.store import feed, fences, moves
+from partner_harvest.store import content, feed, fences, moves
 from partner_harvest.store.db import one, scalar
 from partner_harvest.store.partner_stats import update_partner_stats
 
@@ -354,6 +354,7 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         }
         _audit(conn, partner_id, run_id, per_channel, warnings, moved)
         conn.execute(_MAX_DATESTAMP, params)
+        conn.execute(content.REFRESHED, params)  # a content refresh that applies settles what asked for it
         # Under the lock, in this transaction: the change feed's high water (store/feed.py).
         feed.mark_applied(conn, partner_id, run_id)
         conn.execute("DELETE FROM staging WHERE partner_id = %(pid)s AND run_id = %(run)s", params)

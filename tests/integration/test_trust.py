@@ -15,9 +15,10 @@ import psycopg
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
-from partner_harvest import run
+from partner_harvest import gates, run
 from partner_harvest.reconcile import reconcile
 from partner_harvest.store import feed, history
+from partner_harvest.store import gates as store_gates
 from tests.support.harness import OaiHarness as Harness
 from tests.support.partners import oai_partner
 
@@ -125,3 +126,53 @@ def test_silent_edits_are_found_by_the_content_check_and_refreshed_within_two_we
         assert figures[0][1] == 200 and figures[0][2] >= 1 and figures[0][3] == 200  # one GetRecord each
         assert len(refreshes) == 1 and refreshes[0][1].startswith("content check of reconcile-")
         assert state == (True, None, refreshes[0][0])
+
+
+def test_a_partner_renaming_every_identifier_is_offered_move_and_moved(
+        harness: Harness, repo: SimulatedRepository, conn: psycopg.Connection) -> None:
+    harness.run()
+    before = contents(conn)
+    seen = feed.high_water(conn, "museum")
+    pairs = dict(repo.rename("oai:new.example:object-"))
+    partner = harness.partner
+    window = harness.freeze()
+    _, staged = run.stage(partner, harness.adapter(), conn, "run-2", window)
+    shrink = gates.harvest_shrink(conn, partner, "run-2", window, staged["changes"].tombstones)
+    assert shrink is not None and (shrink.removals, shrink.movable) == (300, 300)  # the gate offers Move
+    request = store_gates.open_request(conn, "museum", "run-2", partner.dag_id, gates.SHRINK, shrink,
+                                       partner.max_shrink_fraction, None)
+    assert gates.options(request) == ["Approve", "Reject", "Move"] and "300 reappear" in gates.subject(request)
+    store_gates.decide(conn, "museum", "run-2", store_gates.APPROVED, "ada", move=True)  # the person's Move
+    applied = run.apply(harness.adapter(), conn, "museum", "run-2", window)
+
+    after = contents(conn)
+    assert set(after) == set(pairs.values()) == repo.live_identifiers()
+    assert all(after[new][2] == before[old][2] for old, new in pairs.items())  # first harvested: unchanged
+    assert all(after[new][0] == before[old][0] for old, new in pairs.items())
+    events = feed_events(conn, seen)
+    assert [e["op"] for e in events] == ["moved"] * 300
+    assert {e["moved_from"]: e["identifier"] for e in events} == pairs
+    assert applied.purged == 0 and applied.upserted == 300
+    moved = conn.execute("SELECT sum(moved) FROM harvest_runs WHERE run_id = 'run-2'").fetchone()
+    kept = conn.execute("SELECT count(*) FROM record_history WHERE ended_by = 'moved'").fetchone()
+    conn.commit()
+    assert moved == (300,) and kept == (300,)
+
+
+def test_a_partial_match_moves_the_matched_and_purges_and_adds_the_rest(
+        harness: Harness, repo: SimulatedRepository, conn: psycopg.Connection) -> None:
+    harness.run()
+    renamed = dict(repo.rename("oai:new.example:object-"))
+    edited = repo.edit(40)  # renamed AND edited: no longer the same content
+    window = harness.freeze()
+    _, staged = run.stage(harness.partner, harness.adapter(), conn, "run-2", window)
+    shrink = gates.harvest_shrink(conn, harness.partner, "run-2", window, staged["changes"].tombstones)
+    assert shrink is not None and shrink.movable == 260
+    store_gates.open_request(conn, "museum", "run-2", harness.partner.dag_id, gates.SHRINK, shrink, 0.25, None)
+    store_gates.decide(conn, "museum", "run-2", store_gates.APPROVED, "ada", move=True)
+    applied = run.apply(harness.adapter(), conn, "museum", "run-2", window)
+    assert harness.held() == repo.live_identifiers() == set(renamed.values())
+    assert (applied.purged, applied.upserted) == (40, 300)
+    moves = conn.execute("SELECT count(*) FROM moves").fetchone()
+    conn.commit()
+    assert moves == (260,) and set(edited) <= set(renamed.values())

@@ -96,3 +96,17 @@ def connection_base_url(conn_id: str) -> str | None:
     if "://" in host:
         return host
     return f"{conn.schema or 'https'}://{host}{':' + str(conn.port) if conn.port else ''}"
+
+
+def pause_dags(dag_ids: list[str]) -> list[str]:
+    """Pause those of ``dag_ids`` that run; returns the ones paused now."""
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select, update
+
+    with create_session() as session:
+        running = list(session.scalars(select(DagModel.dag_id).where(DagModel.dag_id.in_(dag_ids),
+                                                                     DagModel.is_paused.is_(False))))
+        if running:
+            session.execute(update(DagModel).where(DagModel.dag_id.in_(running)).values(is_paused=True))
+    return sorted(running)

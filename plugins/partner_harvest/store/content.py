@@ -116,3 +116,23 @@ def state(conn: psycopg.Connection, partner_id: str) -> dict[str, Any] | None:
     names = [d.name for d in cur.description or ()]
     conn.commit()
     return dict(zip(names, row)) if row else None
+
+
+def notes(conn: psycopg.Connection, partner_ids: list[str]) -> list[tuple[str, str]]:
+    """One line per partner whose datestamps are unreliable or that has a refresh due
+    (``partner-harvest status``)."""
+    rows = conn.execute(
+        "SELECT partner_id, unreliable_since, last_sampled, last_silent, examples, refresh_due, last_refresh_run"
+        " FROM partner_content WHERE partner_id = ANY(%s) AND (unreliable_since IS NOT NULL OR refresh_due IS NOT NULL)"
+        " ORDER BY partner_id", (partner_ids,)).fetchall()
+    conn.commit()
+    out = []
+    for pid, since, sampled, silent, examples, due, last_refresh in rows:
+        parts = []
+        if since is not None:
+            named = ", ".join(e["identifier"] for e in (examples or [])[:3])
+            parts.append(f"datestamps unreliable since {since:%Y-%m-%d}: {silent} of {sampled} sampled records "
+                         f"changed without a new datestamp (e.g. {named})")
+        parts.append(f"content refresh due: {due}" if due else f"last content refresh {last_refresh or 'none'}")
+        out.append((pid, "; ".join(parts)))
+    return out

@@ -292,3 +292,16 @@ def rollbacks(conn: psycopg.Connection, partner_id: str, limit: int = 10) -> lis
     rows = [dict(zip(names, row)) for row in cur.fetchall()]
     conn.commit()
     return rows
+
+
+def rollback_points(conn: psycopg.Connection, partner_id: str, limit: int = 15) -> list[dict[str, Any]]:
+    """The partner's newest applied writes a rollback can go back before (newest first): run,
+    when, how many changes (health page)."""
+    pruned = scalar(conn.execute("SELECT COALESCE(max(pruned_through), 0) FROM partner_history WHERE partner_id = %s",
+                                 (partner_id,)))
+    rows = conn.execute(
+        "SELECT run_id, marked_at, high_water - change_seq_after FROM feed_marks"
+        " WHERE partner_id = %s AND change_seq_after >= %s ORDER BY mark DESC LIMIT %s",
+        (partner_id, pruned, limit)).fetchall()
+    conn.commit()
+    return [{"run_id": run_id, "at": at, "changes": changes} for run_id, at, changes in rows]

@@ -11,6 +11,10 @@ PostgreSQL, each run through partner_harvest.run as the DAG runs it.
 
 from __future__ import annotations
 
+import io
+from datetime import timedelta
+from typing import Any
+
 import psycopg
 import pytest
 
@@ -66,6 +70,10 @@ def test_rollback_to_before_b_gives_back_a_then_the_next_run_matches_the_partner
     assert after_c != after_a and harness.cursor > cursor_a
     seen = feed.high_water(conn, "museum")
 
+    at_a = conn.execute("SELECT marked_at FROM feed_marks WHERE run_id = 'run-1'").fetchone()[0]
+    as_of = dict(conn.execute("SELECT identifier, content_hash FROM records_as_of('museum', %s)", (at_a,)).fetchall())
+    conn.commit()
+    assert as_of == {i: v[0] for i, v in after_a.items()}  # the documented "as of" read
     plan = history.plan_rollback(conn, "museum", "run-2")
     assert plan.undone_runs == ["run-2", "run-3"]
     done = run.rollback(conn, "museum", "run-2", harness.cursors, requested_by="ada", via="test")
@@ -86,6 +94,13 @@ def test_rollback_to_before_b_gives_back_a_then_the_next_run_matches_the_partner
     assert harness.held() == repo.live_identifiers()
     held = contents(conn)
     assert all(held[i][1] == repo.get(i).datestamp for i in held)
+
+    history.prune(conn, "museum", timedelta(0))  # past the retention: no way back to before B any more
+    with pytest.raises(history.RollbackRefused, match="no longer kept|before the retained history"):
+        history.plan_rollback(conn, "museum", "run-2")
+    with pytest.raises(psycopg.errors.RaiseException, match="no state of partner museum is kept"):
+        conn.execute("SELECT * FROM records_as_of('museum', %s)", (at_a,))
+    conn.rollback()
 
 
 def stale(conn: psycopg.Connection, repo: SimulatedRepository, partner_id: str = "museum") -> set[str]:
@@ -176,3 +191,61 @@ def test_a_partial_match_moves_the_matched_and_purges_and_adds_the_rest(
     moves = conn.execute("SELECT count(*) FROM moves").fetchone()
     conn.commit()
     assert moves == (260,) and set(edited) <= set(renamed.values())
+
+
+class FakeAirflow:
+    """The Airflow side of a rollback (rollback.AirflowSide) kept in dicts: Variables and paused DAGs."""
+
+    def __init__(self, variables: dict[str, Any]) -> None:
+        self.variables, self.paused = variables, []  # type: list[str]
+
+    def read_variable(self, key: str) -> Any | None:
+        return self.variables.get(key)
+
+    def write_variable(self, key: str, value: dict[str, Any], description: str) -> None:
+        self.variables[key] = value
+
+    def delete_variable(self, key: str) -> bool:
+        return self.variables.pop(key, None) is not None
+
+    def pause_dags(self, dag_ids: list[str]) -> list[str]:
+        self.paused += dag_ids
+        return dag_ids
+
+
+def test_the_rollback_command_asks_pauses_sets_the_cursor_back_and_is_recorded(
+        harness: Harness, repo: SimulatedRepository, conn: psycopg.Connection, db: str, tmp_path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from partner_harvest import cli
+    from partner_harvest.registry import cursor_value
+
+    (tmp_path / "partners.yaml").write_text(
+        "partners:\n  - {id: museum, protocol: oai-pmh, conn_id: partner_museum}\n", encoding="utf-8")
+    monkeypatch.setenv("HARVEST_PARTNERS_FILE", str(tmp_path / "partners.yaml"))
+    harness.run()
+    after_a, cursor_a = contents(conn), harness.cursor
+    repo.edit(10)
+    harness.run_through()
+    airflow = FakeAirflow({"harvest_cursor__museum": cursor_value(harness.cursor, "seconds", "run-2")})
+    monkeypatch.setattr(cli, "_airflow", lambda purpose: airflow)
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("no\n"))
+    status = cli.main(["rollback", "museum", "--to-before", "run-2", "--database-url", db])
+    out = capsys.readouterr().out
+    assert status == 1 and "records restored (older version or purged record back): 10" in out
+    assert "nothing changed" in out and airflow.paused == [] and contents(conn) != after_a
+
+    status = cli.main(["rollback", "museum", "--to-before", "run-2", "--yes", "--database-url", db])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert contents(conn) == after_a
+    assert airflow.paused == ["harvest_museum", "reconcile_museum"]
+    assert airflow.variables["harvest_cursor__museum"]["until"] == cursor_a.strftime("%Y-%m-%dT%H:%M:%SZ")
+    row = conn.execute("SELECT via, cursors FROM rollbacks").fetchone()
+    epoch = conn.execute("SELECT epoch_command FROM partner_fences WHERE partner_id = 'museum'").fetchone()
+    conn.commit()
+    assert row[0] == "cli" and row[1]["harvest_cursor__museum"]["to"] == cursor_a.isoformat()
+    assert epoch == ("rollback",)  # a run planned before fails at its next write (store/fences.py)
+
+    status = cli.main(["rollback", "museum", "--to-before", "run-9", "--yes", "--database-url", db])
+    assert status == 1 and "no such run" in capsys.readouterr().err

@@ -5,6 +5,7 @@ Reject; Move applies the run with the records moved to their new identifiers."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ pytestmark = [pytest.mark.airflow, pytest.mark.timeout(300)]
 
 
 def test_a_renamed_partner_is_offered_move_and_move_keeps_the_records(
-        registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, webhook, airflow_db) -> None:
+        registry: Any, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, webhook: Any, airflow_db: None) -> None:
     registry(
         "partners:\n"
         "  - {id: movemuseum, protocol: oai-pmh, conn_id: partner_movemuseum, metadata_prefix: oai_dc, lag: 0s,\n"
@@ -33,7 +34,7 @@ def test_a_renamed_partner_is_offered_move_and_move_keeps_the_records(
         monkeypatch.setenv("AIRFLOW_CONN_PARTNER_MOVEMUSEUM", json.dumps({"conn_type": "http", "host": sim.base_url}))
         assert set(task_states(build_dag("movemuseum").test()).values()) == {"success"}
         with connect(aggregation_conn) as conn:
-            first = dict(conn.execute("SELECT identifier, first_harvested_at FROM records").fetchall())
+            first: dict[str, Any] = dict(conn.execute("SELECT identifier, first_harvested_at FROM records").fetchall())
             seen = feed.high_water(conn, "movemuseum")
         pairs = dict(repo.rename("oai:new.example:object-"))
         with Responder("approval_gate", "Move") as answer:
@@ -44,7 +45,7 @@ def test_a_renamed_partner_is_offered_move_and_move_keeps_the_records(
     assert states["approval_gate"] == "success" and states["apply_changes"] == "success"
     assert held(aggregation_conn, "movemuseum") == set(pairs.values()) == repo.live_identifiers()
     with connect(aggregation_conn) as conn:
-        now_first = dict(conn.execute("SELECT identifier, first_harvested_at FROM records").fetchall())
+        now_first: dict[str, Any] = dict(conn.execute("SELECT identifier, first_harvested_at FROM records").fetchall())
         events = list(feed.changes(conn, "movemuseum", seen, feed.high_water(conn, "movemuseum")))
         request = conn.execute("SELECT state, decided_by, movable, move FROM approval_requests").fetchone()
     assert all(now_first[new] == first[old] for old, new in pairs.items())

@@ -12,7 +12,9 @@ PostgreSQL, each run through partner_harvest.run as the DAG runs it.
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -25,6 +27,12 @@ from partner_harvest.store import feed, history
 from partner_harvest.store import gates as store_gates
 from tests.support.harness import OaiHarness as Harness
 from tests.support.partners import oai_partner
+
+
+def live(repo: SimulatedRepository, identifier: str) -> Any:
+    record = repo.get(identifier)
+    assert record is not None, identifier
+    return record
 
 
 def contents(conn: psycopg.Connection, partner_id: str = "museum") -> dict[str, tuple]:
@@ -48,13 +56,13 @@ def repo() -> SimulatedRepository:
 
 
 @pytest.fixture
-def sim(repo: SimulatedRepository):
+def sim(repo: SimulatedRepository) -> Iterator[OaiSimulator]:
     with OaiSimulator(repo) as server:
         yield server
 
 
 @pytest.fixture
-def harness(sim, conn) -> Harness:
+def harness(sim: OaiSimulator, conn: psycopg.Connection) -> Harness:
     return Harness(sim, conn, oai_partner(retries=1))
 
 
@@ -70,8 +78,9 @@ def test_rollback_to_before_b_gives_back_a_then_the_next_run_matches_the_partner
     assert after_c != after_a and harness.cursor > cursor_a
     seen = feed.high_water(conn, "museum")
 
-    at_a = conn.execute("SELECT marked_at FROM feed_marks WHERE run_id = 'run-1'").fetchone()[0]
-    as_of = dict(conn.execute("SELECT identifier, content_hash FROM records_as_of('museum', %s)", (at_a,)).fetchall())
+    (at_a,) = conn.execute("SELECT marked_at FROM feed_marks WHERE run_id = 'run-1'").fetchall()[0]
+    as_of: dict[str, str] = dict(conn.execute("SELECT identifier, content_hash FROM records_as_of('museum', %s)",
+                                              (at_a,)).fetchall())
     conn.commit()
     assert as_of == {i: v[0] for i, v in after_a.items()}  # the documented "as of" read
     plan = history.plan_rollback(conn, "museum", "run-2")
@@ -93,7 +102,7 @@ def test_rollback_to_before_b_gives_back_a_then_the_next_run_matches_the_partner
     harness.run()  # resumed: from A's cursor, the partner's changes since come again
     assert harness.held() == repo.live_identifiers()
     held = contents(conn)
-    assert all(held[i][1] == repo.get(i).datestamp for i in held)
+    assert all(held[i][1] == live(repo, i).datestamp for i in held)
 
     history.prune(conn, "museum", timedelta(0))  # past the retention: no way back to before B any more
     with pytest.raises(history.RollbackRefused, match="no longer kept|before the retained history"):
@@ -107,7 +116,7 @@ def stale(conn: psycopg.Connection, repo: SimulatedRepository, partner_id: str =
     """Held records whose content is not the partner's (the simulator's title names the version)."""
     rows = conn.execute("SELECT identifier, title FROM records WHERE partner_id = %s", (partner_id,)).fetchall()
     conn.commit()
-    return {i for i, title in rows if f", version {repo.get(i).version}:" not in (title or "")}
+    return {i for i, title in rows if f", version {live(repo, i).version}:" not in (title or "")}
 
 
 def test_silent_edits_are_found_by_the_content_check_and_refreshed_within_two_weeks(conn: psycopg.Connection) -> None:
@@ -197,7 +206,8 @@ class FakeAirflow:
     """The Airflow side of a rollback (rollback.AirflowSide) kept in dicts: Variables and paused DAGs."""
 
     def __init__(self, variables: dict[str, Any]) -> None:
-        self.variables, self.paused = variables, []  # type: list[str]
+        self.variables = variables
+        self.paused: list[str] = []
 
     def read_variable(self, key: str) -> Any | None:
         return self.variables.get(key)
@@ -214,7 +224,7 @@ class FakeAirflow:
 
 
 def test_the_rollback_command_asks_pauses_sets_the_cursor_back_and_is_recorded(
-        harness: Harness, repo: SimulatedRepository, conn: psycopg.Connection, db: str, tmp_path,
+        harness: Harness, repo: SimulatedRepository, conn: psycopg.Connection, db: str, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from partner_harvest import cli
     from partner_harvest.registry import cursor_value
@@ -242,6 +252,7 @@ def test_the_rollback_command_asks_pauses_sets_the_cursor_back_and_is_recorded(
     assert airflow.paused == ["harvest_museum", "reconcile_museum"]
     assert airflow.variables["harvest_cursor__museum"]["until"] == cursor_a.strftime("%Y-%m-%dT%H:%M:%SZ")
     row = conn.execute("SELECT via, cursors FROM rollbacks").fetchone()
+    assert row is not None
     epoch = conn.execute("SELECT epoch_command FROM partner_fences WHERE partner_id = 'museum'").fetchone()
     conn.commit()
     assert row[0] == "cli" and row[1]["harvest_cursor__museum"]["to"] == cursor_a.isoformat()

@@ -19,9 +19,10 @@ def test_a_silent_edit_changes_the_content_but_not_the_datestamp() -> None:
     repo = SimulatedRepository(records=20, page_size=50, deleted_fraction=0.0, seed=3)
     with OaiSimulator(repo) as sim:
         (identifier,) = repo.edit_silently(1)
-        stamp = repo.get(identifier).datestamp
+        record = repo.get(identifier)
+        assert record is not None
         body = _get(sim, verb="GetRecord", identifier=identifier, metadataPrefix="oai_dc")
-        assert "version 2:" in body and repo.get(identifier).datestamp == stamp
+        assert "version 2:" in body and repo.get(identifier) == record  # the stamp it had
         since = (repo.clock - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
         listed = _get(sim, verb="ListIdentifiers", metadataPrefix="oai_dc", **{"from": since})
         assert identifier not in listed  # no incremental window since the edit lists it
@@ -35,7 +36,7 @@ def test_a_rename_retires_the_old_identifiers_and_serves_the_same_content_under_
         assert pairs["oai:sim.example:rec-0000004"] == "oai:new.example:object-0000004"
         after = _get(sim, verb="GetRecord", identifier="oai:new.example:object-0000004", metadataPrefix="oai_dc")
         metadata = re.compile(r"<metadata>.*</metadata>", re.S)
-        assert metadata.search(before).group(0) == metadata.search(after).group(0)  # the same content
+        assert metadata.findall(before) == metadata.findall(after) != []  # the same content
         listed = _get(sim, verb="ListIdentifiers", metadataPrefix="oai_dc")
         assert listed.count('status="deleted"') == 10 and listed.count("oai:new.example:object-") == 10
         assert repo.live_identifiers() == set(pairs.values())

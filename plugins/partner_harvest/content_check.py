@@ -12,7 +12,7 @@ A record whose content differs while its datestamp did not move is a *silent* ch
 partner's datestamps are unreliable (health page, status, an alert naming examples), and a
 *content refresh* is due, a full harvest of the partner on its next incremental night that
 lands every changed record (an equal datestamp observed later wins when the content differs,
-I2). The sampled records themselves land with the reconcile's apply at once.
+I2). The sampled records that changed land with the reconcile's apply at once.
 ``options.content_check.refresh_every`` asks for a refresh every n-th reconcile whatever
 the checks find; ``mode: off`` samples nothing.
 """
@@ -83,8 +83,8 @@ def canonical(metadata: str, set_specs: tuple[str, ...] = ()) -> str:
 
 def check(adapter: Adapter, conn: psycopg.Connection, partner: Partner, run: RunRef, window: Window,
           sink: ItemSink) -> Findings:
-    """Fetch the sample, compare, stage what the partner holds now (into the reconcile's
-    staging: its apply lands the changed ones), record the findings; returns them."""
+    """Fetch the sample, compare, stage the changed ones (into the reconcile's staging: its
+    apply lands them), record the findings; returns them."""
     options = partner.options.content_check
     size = sample_size(sql.held_count(conn, partner.id), options)
     found = Findings()
@@ -92,9 +92,8 @@ def check(adapter: Adapter, conn: psycopg.Connection, partner: Partner, run: Run
         before = adapter.responses
         for chunk in sql.sample(conn, partner.id, run.run_id, size, adapter.fetch_chunk):
             fetched = {item.identifier: item for item in adapter.fetch_records(window, [h.identifier for h in chunk])}
-            sink.write_page(list(fetched.values()))
-            for held in chunk:
-                _compare(held, fetched.get(held.identifier), found)
+            sink.write_page([fetched[held.identifier] for held in chunk
+                             if _compare(held, fetched.get(held.identifier), found)])
         found.requests = adapter.responses - before
     checks = sql.checks_done(conn, partner.id) + 1
     if found.silent:
@@ -116,20 +115,24 @@ def check(adapter: Adapter, conn: psycopg.Connection, partner: Partner, run: Run
     return found
 
 
-def _compare(held: sql.Held, item: Any, found: Findings) -> None:
+def _compare(held: sql.Held, item: Any, found: Findings) -> bool:
+    """Count the verdict on one sampled record; True when its content changed (it is staged).
+    A deletion is the sweep's to see, a rejected version the next harvest's: neither is staged."""
     found.sampled += 1
     if item is None or isinstance(item, Tombstone):
         found.gone += 1
-        return
-    if not isinstance(item, Record):  # a rejected version: the apply quarantines it; no verdict on content
-        return
+        return False
+    if not isinstance(item, Record):  # a rejected version: no verdict on content
+        return False
     if item.content_hash == held.content_hash or canonical(item.metadata, item.set_specs) == canonical(
             held.metadata, held.set_specs):
         found.same += 1
-    elif item.datestamp > held.datestamp:
+        return False
+    if item.datestamp > held.datestamp:
         found.restamped += 1
-    else:
-        found.silent += 1
-        if len(found.examples) < EXAMPLES:
-            found.examples.append({"identifier": held.identifier, "datestamp": held.datestamp.isoformat(),
-                                   "held_hash": held.content_hash[:12], "partner_hash": item.content_hash[:12]})
+        return True
+    found.silent += 1
+    if len(found.examples) < EXAMPLES:
+        found.examples.append({"identifier": held.identifier, "datestamp": held.datestamp.isoformat(),
+                               "held_hash": held.content_hash[:12], "partner_hash": item.content_hash[:12]})
+    return True

@@ -278,9 +278,9 @@ class ContentCheckOptions(_Strict):
         "at least this many records per check (all of a smaller partner): 200 find a 2 % share of silent "
         "changes with 98 % certainty in one check, 99.97 % in two"))] = 200
     cap: Annotated[StrictInt, Field(ge=1, description="at most this many records per check")] = 2000
-    refresh_every: Annotated[StrictInt, Field(ge=1, description=(
+    refresh_every: Annotated[StrictInt, Field(ge=1)] | None = Field(default=None, description=(
         "a content refresh every n-th reconcile whatever the checks find (e.g. 4: about monthly); "
-        "unset: only when a check finds silent changes"))] | None = None
+        "unset: only when a check finds silent changes"))
 
 
 def _validation_overrides(value: object) -> object:

@@ -154,6 +154,7 @@ COMMENT ON COLUMN record_history.ended_by IS 'updated (a newer version landed), 
 
 COMMENT ON TABLE feed_marks IS
     'One row per apply, forget or rollback of a partner, in commit order: where its change feed stood after it. records_as_of and rollback read the state at a mark; kept for the partner''s history_retention.';
+COMMENT ON SEQUENCE feed_marks_mark_seq IS 'Numbers feed_marks.mark.';
 COMMENT ON COLUMN feed_marks.mark IS 'The order of the writes of one partner (they hold the partner''s apply lock one at a time).';
 COMMENT ON COLUMN feed_marks.partner_id IS 'The registry id of the partner.';
 COMMENT ON COLUMN feed_marks.run_id IS 'The run applied (harvest_runs.run_id), forget, or rollback/<id>.';

@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 from lxml import etree
 
-from partner_harvest.adapters import Adapter, ItemSink
+from partner_harvest.adapters import Adapter, StagingSink
 from partner_harvest.records import Record, Tombstone
 from partner_harvest.registry import ContentCheckOptions, Partner
 from partner_harvest.store import content as sql
@@ -82,7 +82,7 @@ def canonical(metadata: str, set_specs: tuple[str, ...] = ()) -> str:
 
 
 def check(adapter: Adapter, conn: psycopg.Connection, partner: Partner, run: RunRef, window: Window,
-          sink: ItemSink) -> Findings:
+          sink: StagingSink) -> Findings:
     """Fetch the sample, compare, stage the changed ones (into the reconcile's staging: its
     apply lands them), record the findings; returns them."""
     options = partner.options.content_check

@@ -167,7 +167,7 @@ def test_a_partner_renaming_every_identifier_is_offered_move_and_moved(
                                        partner.max_shrink_fraction, None)
     assert gates.options(request) == ["Approve", "Reject", "Move"] and "300 reappear" in gates.subject(request)
     store_gates.decide(conn, "museum", "run-2", store_gates.APPROVED, "ada", move=True)  # the person's Move
-    applied = run.apply(harness.adapter(), conn, "museum", "run-2", window)
+    applied = run.apply(conn, "museum", "run-2", window, run.Kept(), None)
 
     after = contents(conn)
     assert set(after) == set(pairs.values()) == repo.live_identifiers()
@@ -194,7 +194,7 @@ def test_a_partial_match_moves_the_matched_and_purges_and_adds_the_rest(
     assert shrink is not None and shrink.movable == 260
     store_gates.open_request(conn, "museum", "run-2", harness.partner.dag_id, gates.SHRINK, shrink, 0.25, None)
     store_gates.decide(conn, "museum", "run-2", store_gates.APPROVED, "ada", move=True)
-    applied = run.apply(harness.adapter(), conn, "museum", "run-2", window)
+    applied = run.apply(conn, "museum", "run-2", window, run.Kept(), None)
     assert harness.held() == repo.live_identifiers() == set(renamed.values())
     assert (applied.purged, applied.upserted) == (40, 300)
     moves = conn.execute("SELECT count(*) FROM moves").fetchone()

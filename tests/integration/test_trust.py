@@ -260,3 +260,57 @@ def test_the_rollback_command_asks_pauses_sets_the_cursor_back_and_is_recorded(
 
     status = cli.main(["rollback", "museum", "--to-before", "run-9", "--yes", "--database-url", db])
     assert status == 1 and "no such run" in capsys.readouterr().err
+
+
+def test_the_health_page_rolls_back_after_a_persons_confirmation(
+        harness: Harness, repo: SimulatedRepository, conn: psycopg.Connection, db: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The partner page lists the runs to roll back to before; the rollback page shows the plan
+    and acts only on the partner id typed back, from the page's own origin, for a user who may
+    change the partner's DAG; it is recorded with that user's name."""
+    from fastapi.testclient import TestClient
+
+    from airflow.api_fastapi.core_api.security import get_user
+    from partner_harvest.airflow.health import app as health_app
+    from partner_harvest.airflow.health import source
+    from partner_harvest.registry import Registry
+    from partner_harvest.store import connect
+
+    harness.run()
+    after_a = contents(conn)
+    repo.edit(5), repo.delete(2)
+    harness.run()
+    airflow = FakeAirflow({})
+    registry = Registry(Path("partners.yaml"), [harness.partner], [])
+    monkeypatch.setattr(source, "registry", lambda: registry)
+    monkeypatch.setattr(source, "latest_harvest_runs", lambda partners: {})
+    monkeypatch.setattr(source, "connection", lambda: connect(db))
+    monkeypatch.setattr(source, "ServerSide", lambda: airflow)
+    allowed = {"grace"}
+    monkeypatch.setattr(source, "may_edit_dag", lambda user, dag_id: user.get_name() in allowed)
+    monkeypatch.setattr(health_app, "_require_user", lambda: (lambda: None))  # Airflow's login: test_health.py
+    app = health_app.create_app()
+    who = {"name": "grace"}
+    app.dependency_overrides[get_user] = lambda: type("User", (), {"get_name": lambda self: who["name"]})()
+    client = TestClient(app)
+
+    page = client.get("/partner/museum").text
+    assert "rollback?to_before=run-2" in page and "roll back to before it" in page
+    plan = client.get("/partner/museum/rollback", params={"to_before": "run-2"}).text
+    assert "records restored (older version or purged record back): 7" in plan and 'id="rollback-form"' in plan
+    form = {"to_before": "run-2", "undone": "run-2", "confirm": "museu"}
+    assert "type the partner id to confirm" in client.post("/partner/museum/rollback", data=form).text
+    assert client.post("/partner/museum/rollback", data={**form, "confirm": "museum"},
+                       headers={"Origin": "https://elsewhere.example"}).status_code == 403
+    who["name"] = "mallory"
+    assert client.post("/partner/museum/rollback", data={**form, "confirm": "museum"}).status_code == 403
+    assert contents(conn) != after_a and airflow.paused == []
+
+    who["name"] = "grace"
+    done = client.post("/partner/museum/rollback", data={**form, "confirm": "museum"}).text
+    assert 'id="rollback-done"' in done and "7 records restored" in done
+    assert contents(conn) == after_a and airflow.paused == ["harvest_museum", "reconcile_museum"]
+    row = conn.execute("SELECT requested_by, via FROM rollbacks").fetchone()
+    conn.commit()
+    assert row == ("grace", "health page")
+    assert "<td>grace</td><td>health page</td>" in client.get("/partner/museum").text

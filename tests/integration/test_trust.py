@@ -268,9 +268,9 @@ def test_the_health_page_rolls_back_after_a_persons_confirmation(
     """The partner page lists the runs to roll back to before; the rollback page shows the plan
     and acts only on the partner id typed back, from the page's own origin, for a user who may
     change the partner's DAG; it is recorded with that user's name."""
+    from airflow.api_fastapi.core_api.security import get_user
     from fastapi.testclient import TestClient
 
-    from airflow.api_fastapi.core_api.security import get_user
     from partner_harvest.airflow.health import app as health_app
     from partner_harvest.airflow.health import source
     from partner_harvest.registry import Registry

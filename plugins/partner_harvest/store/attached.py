@@ -24,7 +24,7 @@ from partner_harvest.errors import HarvestError
 from partner_harvest.store.db import scalar
 from partner_harvest.store.runs import RunRef
 
-ENTITIES = ("items", "holdings")  # the tables migration 0043 made; an entity names one
+ENTITIES = ("items", "holdings")  # the tables migration 0044 made; an entity names one
 
 _BATCH = """
 CREATE TEMP TABLE attached_batch ON COMMIT DROP AS

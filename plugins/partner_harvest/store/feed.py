@@ -50,6 +50,7 @@ def mark_applied(conn: psycopg.Connection, partner_id: str, run_id: str) -> tupl
         SELECT (SELECT high_water FROM partner_feed WHERE partner_id = %(pid)s FOR UPDATE),
                GREATEST((SELECT max(change_seq) FROM records WHERE partner_id = %(pid)s),
                         (SELECT max(change_seq) FROM deletions WHERE partner_id = %(pid)s),
+                        (SELECT max(change_seq) FROM moves WHERE partner_id = %(pid)s),
                         """ + attached.high_water_sql() + """)
         """,
         {"pid": partner_id},
@@ -68,6 +69,12 @@ def mark_applied(conn: psycopg.Connection, partner_id: str, run_id: str) -> tupl
     conn.execute(
         "UPDATE harvest_runs SET change_seq_after = %s, change_seq_until = %s WHERE partner_id = %s AND run_id = %s",
         (after, until, partner_id, run_id),
+    )
+    # Where the partner stood before and after this write, in commit order: an "as of" read
+    # and a rollback read the state at a mark (store/history.py).
+    conn.execute(
+        "INSERT INTO feed_marks (partner_id, run_id, change_seq_after, high_water) VALUES (%s, %s, %s, %s)",
+        (partner_id, run_id, after, until),
     )
     return after, until
 
@@ -129,28 +136,41 @@ def run_changes(conn: psycopg.Connection, partner_id: str, run_id: str) -> RunCh
                       channels)
 
 
+# A moved record's row carries its move's change_seq until its next change: one event, op
+# "moved", with the record's current version. A move superseded since (the record changed
+# again, or went) is still an event of its own (no version: its newer change follows).
 _CHANGES = """
-SELECT change_seq, 'upsert' AS op, identifier, datestamp, metadata_prefix, metadata, set_specs, title,
-       content_hash, run_id, harvested_at AS changed_at, NULL AS reason
-FROM records WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
+SELECT r.change_seq, CASE WHEN m.old_identifier IS NULL THEN 'upsert' ELSE 'moved' END AS op, r.identifier,
+       r.datestamp, r.metadata_prefix, r.metadata, r.set_specs, r.title,
+       r.content_hash, r.run_id, r.harvested_at AS changed_at, NULL AS reason, m.old_identifier AS moved_from
+FROM records r
+LEFT JOIN moves m ON m.partner_id = r.partner_id AND m.change_seq = r.change_seq AND m.new_identifier = r.identifier
+WHERE r.partner_id = %(pid)s AND r.change_seq > %(after)s AND r.change_seq <= %(until)s
 UNION ALL
 SELECT change_seq, 'delete', identifier, upstream_datestamp, NULL, NULL, NULL, NULL,
-       NULL, run_id, deleted_at, reason
+       NULL, run_id, deleted_at, reason, NULL
 FROM deletions WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
 UNION ALL
-SELECT change_seq, 'attachments', identifier, NULL, NULL, NULL, NULL, NULL, NULL, run_id, changed_at, NULL
+SELECT m.change_seq, 'moved', m.new_identifier, NULL, NULL, NULL, NULL, NULL,
+       m.content_hash, m.run_id, m.moved_at, NULL, m.old_identifier
+FROM moves m
+WHERE m.partner_id = %(pid)s AND m.change_seq > %(after)s AND m.change_seq <= %(until)s
+  AND NOT EXISTS (SELECT 1 FROM records r WHERE r.partner_id = m.partner_id AND r.identifier = m.new_identifier
+                  AND r.change_seq = m.change_seq)
+UNION ALL
+SELECT change_seq, 'attachments', identifier, NULL, NULL, NULL, NULL, NULL, NULL, run_id, changed_at, NULL, NULL
 FROM attachment_events WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
 UNION ALL
 SELECT change_seq, 'attached_upsert', identifier, datestamp, 'items', content::text, bib_ids, NULL, content_hash,
-       run_id, harvested_at, NULL
+       run_id, harvested_at, NULL, NULL
 FROM items WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
 UNION ALL
 SELECT change_seq, 'attached_upsert', identifier, datestamp, 'holdings', content::text, bib_ids, NULL, content_hash,
-       run_id, harvested_at, NULL
+       run_id, harvested_at, NULL, NULL
 FROM holdings WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
 UNION ALL
 SELECT change_seq, 'attached_delete', identifier, upstream_datestamp, entity, NULL, bib_ids, NULL, NULL, run_id,
-       deleted_at, reason
+       deleted_at, reason, NULL
 FROM attached_deletions WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
 ORDER BY change_seq
 """

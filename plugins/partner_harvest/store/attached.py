@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
@@ -22,7 +23,9 @@ from psycopg.types.json import Jsonb
 
 from partner_harvest.errors import HarvestError
 from partner_harvest.store.db import scalar
-from partner_harvest.store.runs import RunRef
+
+if TYPE_CHECKING:
+    from partner_harvest.store.runs import RunRef
 
 ENTITIES = ("items", "holdings")  # the tables migration 0044 made; an entity names one
 

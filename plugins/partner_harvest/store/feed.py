@@ -160,15 +160,11 @@ WHERE m.partner_id = %(pid)s AND m.change_seq > %(after)s AND m.change_seq <= %(
 UNION ALL
 SELECT change_seq, 'attachments', identifier, NULL, NULL, NULL, NULL, NULL, NULL, run_id, changed_at, NULL, NULL
 FROM attachment_events WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
-UNION ALL
-SELECT change_seq, 'attached_upsert', identifier, datestamp, 'items', content::text, bib_ids, NULL, content_hash,
+""" + "".join(f"""UNION ALL
+SELECT change_seq, 'attached_upsert', identifier, datestamp, '{entity}', content::text, bib_ids, NULL, content_hash,
        run_id, harvested_at, NULL, NULL
-FROM items WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
-UNION ALL
-SELECT change_seq, 'attached_upsert', identifier, datestamp, 'holdings', content::text, bib_ids, NULL, content_hash,
-       run_id, harvested_at, NULL, NULL
-FROM holdings WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
-UNION ALL
+FROM {entity} WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
+""" for entity in attached.ENTITIES) + """UNION ALL
 SELECT change_seq, 'attached_delete', identifier, upstream_datestamp, entity, NULL, bib_ids, NULL, NULL, run_id,
        deleted_at, reason, NULL
 FROM attached_deletions WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s

@@ -35,6 +35,7 @@ from datetime import datetime
 import psycopg
 
 from partner_harvest.errors import HarvestError
+from partner_harvest.store.attached import ENTITIES
 from partner_harvest.store.db import scalar
 
 
@@ -170,14 +171,11 @@ changed AS (
     SELECT d.identifier, d.change_seq FROM deletions d
      WHERE d.partner_id = %(pid)s AND d.change_seq > %(after)s
        AND d.identifier IN (SELECT identifier FROM staged WHERE entity IS NULL)
+""" + "".join(f"""
     UNION ALL
-    SELECT i.identifier, i.change_seq FROM items i
-     WHERE i.partner_id = %(pid)s AND i.change_seq > %(after)s
-       AND i.identifier IN (SELECT identifier FROM staged WHERE entity = 'items')
-    UNION ALL
-    SELECT h.identifier, h.change_seq FROM holdings h
-     WHERE h.partner_id = %(pid)s AND h.change_seq > %(after)s
-       AND h.identifier IN (SELECT identifier FROM staged WHERE entity = 'holdings')
+    SELECT a.identifier, a.change_seq FROM {entity} a
+     WHERE a.partner_id = %(pid)s AND a.change_seq > %(after)s
+       AND a.identifier IN (SELECT identifier FROM staged WHERE entity = '{entity}')""" for entity in ENTITIES) + """
     UNION ALL
     SELECT a.identifier, a.change_seq FROM attached_deletions a
      WHERE a.partner_id = %(pid)s AND a.change_seq > %(after)s

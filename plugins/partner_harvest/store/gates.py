@@ -94,7 +94,7 @@ def measure_shrink(conn: psycopg.Connection, partner_id: str, run_id: str, *, wh
     params = {"pid": partner_id, "run": run_id, "n": sample_size, "entity": entity}
     parts = {"held": sql.Identifier("records") if entity is None else attached.table(entity),
              "title": sql.SQL("r.title" if entity is None else "NULL")}
-    noun = "" if entity is None else f"{entity[:-1] if entity == 'items' else entity}: "
+    noun = "" if entity is None else f"{entity}: "
 
     def run(text: str) -> Any:
         return conn.execute(sql.SQL(text).format(**parts), params)

@@ -174,14 +174,15 @@ def test_a_rate_limit_reschedules_harvest_changes_which_then_resumes_at_the_stop
     assert check == (True, 2)
 
 
+@pytest.mark.timeout(600)  # three dag.test() runs of eleven tasks, on a loaded machine
 def test_items_and_holdings_get_their_tasks_and_cursors_and_a_quiet_night_applies_them_all_in_freeze(
         registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db, db) -> None:
     registry("partners:\n  - id: itemlibrary\n    protocol: sierra\n    conn_id: partner_itemlibrary\n"
-             "    page_size: 100\n    options: {http: {backoff_factor: 0.01, retries: 2}, export: {limit: 100, "
+             "    page_size: 100\n    lag: 1m\n    options: {http: {backoff_factor: 0.01, retries: 2}, export: {limit: 100, "
              "rate_limit_wait: 0}, sierra: {channels: [bibs, items, holdings]}}\n")
     catalogue = SimulatedCatalogue(bibs=120, deleted_fraction=0.0, seed=22)
-    items = catalogue.attach("items", 300)
-    catalogue.attach("holdings", 20)
+    items = catalogue.attach("items", 300, deleted_fraction=0.0)
+    catalogue.attach("holdings", 20, deleted_fraction=0.0)
     keys = [f"harvest_cursor__itemlibrary{suffix}" for suffix in
             ("", "__deletions", "__items", "__item_deletions", "__holdings", "__holding_deletions")]
     from airflow.models import Variable
@@ -200,17 +201,12 @@ def test_items_and_holdings_get_their_tasks_and_cursors_and_a_quiet_night_applie
             run = dag.test()
             return {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
 
-        assert set(night().values()) == {"success"}
+        assert set(night().values()) == {"success"}  # the load: bibs exported, items and holdings listed
         assert all(variable(key) for key in keys)  # every channel's own cursor
         catalogue.advance_clock(86400 * 2)
-        items.checkout(5)
-        items.transfer(2)
-        assert set(night().values()) == {"success"}
-        for _ in range(3):  # past the lag and the deletion overlap: a night that fetched nothing, then a quiet one
-            catalogue.advance_clock(86400 * 2)
-            states = night()
-            if states["poll_items"] == "skipped":
-                break
+        assert set(night().values()) == {"success"}  # nothing changed, nothing fetched: every poll ran
+        catalogue.advance_clock(86400)
+        states = night()
         # a quiet night: freeze applies it (every poll looked at once), every other task skipped
         assert states["freeze_window"] == "success" and states["poll_items"] == "skipped", states
         with connect(db) as conn:

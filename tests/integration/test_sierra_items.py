@@ -169,4 +169,4 @@ def test_a_quiet_night_looks_once_per_poll_and_applies_every_channel_and_the_gat
         stage(harness.partner, adapter, conn, "gated-1", window)
         shrink = gates.harvest_shrink(conn, harness.partner, "gated-1", window, tombstones=1)
         assert shrink is not None and shrink.held == 250 and shrink.removals == 125
-        assert shrink.sample[0]["why"].startswith("item: ")
+        assert shrink.sample[0]["why"].startswith("items: ")

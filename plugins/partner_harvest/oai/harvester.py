@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import islice
 from typing import TypeVar, cast
@@ -485,19 +486,19 @@ class OaiAdapter(Adapter):
             request += f" from={format_datestamp(window.from_, oai_granularity)}"
         restarts = 0
         while True:
-            listed, pages = -self._not_held, 0
+            tally = _Tally(-self._not_held)
             try:
                 for set_spec in lists:
-                    def piece(from_: str | None, until: str | None, set_spec: str | None = set_spec) -> None:
-                        nonlocal listed, pages
+                    def piece(from_: str | None, until: str | None, set_spec: str | None = set_spec,
+                              tally: _Tally = tally) -> None:
                         with closing(self.client.list_pages("ListIdentifiers", metadata_prefix=prefix,
                                                             set_spec=set_spec, from_=from_,
                                                             until=until)) as chain:
                             for page in chain:
-                                pages += 1
-                                listed += len(page.items)
+                                tally.pages += 1
+                                tally.headers += len(page.items)
 
-                    self._in_pieces(piece, lambda: pages, window.from_, window.until, window)
+                    self._in_pieces(piece, tally.pages_so_far, window.from_, window.until, window)
                 break
             except BadResumptionToken:
                 restarts += 1
@@ -509,6 +510,7 @@ class OaiAdapter(Adapter):
                 log.warning("%s: the ListIdentifiers count failed: %s", self.partner_id, exc)
                 return ("oai-list-identifiers", None, stats.fetched, False,
                         f"{request}: could not count ({' '.join(str(exc).split())}); nothing proven")
+        listed = tally.headers
         ok = listed == stats.fetched
         detail = (f"{request} lists {listed} headers; the harvest fetched {stats.fetched} "
                   f"({stats.records} records, {stats.tombstones} deleted, {stats.rejected} rejected)")
@@ -612,6 +614,17 @@ class OaiAdapter(Adapter):
             if leaves:
                 return Tombstone(item.identifier, item.datestamp, reason)
         return item
+
+
+@dataclass
+class _Tally:
+    """Headers and pages a witness's lists counted."""
+
+    headers: int = 0
+    pages: int = 0
+
+    def pages_so_far(self) -> int:
+        return self.pages
 
 
 def _in_order(pool: ThreadPoolExecutor, call: Callable[[T], R], inputs: list[T], ahead: int) -> Generator[R, None, None]:

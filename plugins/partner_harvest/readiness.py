@@ -128,8 +128,9 @@ class Probe:
     def fail(self, subject: str, detail: str, fix: str, fault: str) -> None:
         self.findings.append(Finding(FAIL, subject, detail, fix, fault))
 
-    def failed(self, fault: str) -> bool:
-        return any(f.status == FAIL and f.fault == fault for f in self.findings)
+    def named(self, fault: str) -> bool:
+        """Whether a finding so far names ``fault``."""
+        return any(f.fault == fault for f in self.findings)
 
     def validated(self, items: list[HarvestItem], what: str) -> None:
         """A sample through the partner's validation, as the harvest judged it: the records
@@ -225,14 +226,17 @@ def run_check(partner: Partner, endpoint: Endpoint, settings: CheckSettings, *, 
         return Report(subject, endpoint.base_url, findings, 0, settings)
     probe = Probe(partner, adapter, settings, sleep, findings)
     try:
-        with _closing(adapter):
-            spec.check(probe)
+        spec.check(probe)
     except BudgetSpent:
         probe.info("request budget", f"stopped after {budget.sent} requests (--max-requests); the probes after "
                    "this point were not run", "run again with a larger --max-requests", "budget-spent")
     except HarvestError as exc:  # a probe did not expect it: said in one line, the check ends
         probe.fail("endpoint", f"{type(exc).__name__}: {' '.join(exc.cause.split())} ({exc.request})",
                    "see the cause: the harvest would stop here too", "unexpected-answer")
+    finally:
+        session = getattr(getattr(adapter, "client", None), "session", None)  # its connections, closed
+        if session is not None:
+            session.close()
     return Report(subject, endpoint.base_url, findings, budget.sent, settings)
 
 
@@ -248,18 +252,6 @@ def _looking(partner: Partner) -> Partner:
     looking = http.model_copy(update={"retries": min(http.retries, CHECK_RETRIES),
                                       "backoff_max": min(http.backoff_max, CHECK_BACKOFF_MAX)})
     return partner.model_copy(update={"options": partner.options.model_copy(update={"http": looking})})
-
-
-class _closing(AbstractContextManager["_closing"]):
-    """Close the adapter's session (its connections) when the probes are done."""
-
-    def __init__(self, adapter: Adapter):
-        self.adapter = adapter
-
-    def __exit__(self, *exc: object) -> None:
-        session = getattr(getattr(self.adapter, "client", None), "session", None)
-        if session is not None:
-            session.close()
 
 
 def one_line(text: str, limit: int = 200) -> str:

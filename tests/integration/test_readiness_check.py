@@ -253,3 +253,15 @@ def test_the_onboarding_page_names_every_fault_the_probes_report() -> None:
         assert set(re.findall(r"`([a-z-]+)`", row.rsplit(" | ", 1)[1])) == _faults_named(
             library / package.split(".", 1)[1] / "readiness.py"), spec.name
     assert all(f"`{fault}`" in page for fault in _faults_named(library / "readiness.py"))
+
+
+def test_the_command_checks_a_registry_entry_at_a_given_url(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    registry = tmp_path / "partners.yaml"
+    registry.write_text("partners:\n  - {id: museum, protocol: oai-pmh, conn_id: partner_museum, sets: [nope],\n"
+                        "     options: {http: {retries: 0}}}\n", encoding="utf-8")
+    with OaiSimulator(SimulatedRepository(records=100, page_size=50, seed=41)) as sim:
+        status = main(["check", "museum", "--registry", str(registry), "--url", sim.base_url, "--delay", "0",
+                       "--pause", "0", "--format", "json"])
+    out = json.loads(capsys.readouterr().out)
+    assert status == 1 and out["subject"] == "partner museum (OAI-PMH)" and out["verdict"] == "not ready"
+    assert [f["fault"] for f in out["findings"] if f["status"] == FAIL] == ["set-unknown"]

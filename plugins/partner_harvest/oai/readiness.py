@@ -200,7 +200,7 @@ def _recent(probe: Probe, adapter: OaiAdapter, prefix: str, spec: str | None, id
             where: str) -> list[parse.OaiHeader]:
     """Headers of the last days before the repository's clock (1, then 7, then 30: the first
     that lists some), when the whole list was refused as too large."""
-    if not any(f.fault == "window-refused" for f in probe.findings):
+    if not probe.named("window-refused"):
         return []  # the whole list answered (empty, or it failed: said already)
     clock = identify.response_date
     for days in RECENT_DAYS:

@@ -131,6 +131,10 @@ def _deletion_poll(probe: Probe, adapter: SierraAdapter, clock: datetime) -> Non
               "fields": DELETION_FIELDS, "id": "[0,]", "limit": SAMPLE}
     try:
         body = adapter.client.get_json("/bibs", params, empty_ok=True)
+    except RateLimited as exc:
+        probe.warn("deletion poll", f"rate limited: {one_line(exc.cause)}", "the harvest waits as the server says; "
+                   "run the check again later", "rate-limited")
+        return
     except HarvestError as exc:
         probe.fail("deletion poll", f"GET bibs by deletedDate: {one_line(exc.cause)}", "the deletion poll must "
                    "answer GET bibs?deleted=true&deletedDate=[day,day]: without it deleted bibs stay held until the "

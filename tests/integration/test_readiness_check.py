@@ -80,6 +80,8 @@ def _refuse(sim: OaiSimulator) -> None:
     ("set-unknown", FAIL, {"sets": ["type:painting", "type:pastel"]}),
     ("get-record-forbidden", FAIL, {"setup": lambda sim: sim.break_verb("GetRecord", 403),
                                     "options": {"oai": {"method": "identifiers_then_get"}}}),
+    ("granularity-refused", FAIL, {"repo": SimulatedRepository(records=300, page_size=50, seed=41, granularity="day"),
+                                   "setup": lambda sim: sim.announce_granularity("seconds")}),
     ("budget-spent", INFO, {"settings": CheckSettings(delay=0, pause=0, max_requests=3)}),
 ])
 def test_each_oai_fault_is_named_in_the_report(fault: str, status: str, kw: dict[str, Any]) -> None:

@@ -867,7 +867,7 @@ class OaiSimulator(ControlledServer):
             if record is None:
                 continue
             sets = "" if record.deleted and not repo.deleted_in_sets else set_xml[record.kind]
-            head = (f"<identifier>{ID_PREFIX}{record.number:07d}</identifier>"
+            head = (f"<identifier>{payloads.escape(record.identifier)}</identifier>"
                     f"<datestamp>{fmt(record.stamp)}</datestamp>{sets}")
             if record.deleted:
                 header = f'<header status="deleted">{head}</header>'

@@ -512,9 +512,10 @@ def cmd_shards(args: argparse.Namespace) -> int:
 # -- parser -----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--registry", metavar="PATH",
-                        help=f"registry file (default ${PARTNERS_FILE_ENV}, else include/partners.yaml)")
+    registry = argparse.ArgumentParser(add_help=False)
+    registry.add_argument("--registry", metavar="PATH",
+                          help=f"registry file (default ${PARTNERS_FILE_ENV}, else include/partners.yaml)")
+    common = argparse.ArgumentParser(add_help=False, parents=[registry])
     common.add_argument("--database-url", metavar="URL",
                         help=f"aggregation database (default ${DATABASE_URL_ENV}, else the Connection aggregation_db)")
     confirm = argparse.ArgumentParser(add_help=False)
@@ -525,7 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("validate", parents=[common], help="check the registry; exit 1 listing every invalid entry")
     p.set_defaults(func=cmd_validate)
-    p = sub.add_parser("check", parents=[common],
+    p = sub.add_parser("check", parents=[registry],
                        help="probe a partner's endpoint before onboarding (a registry entry, or a bare --url): what "
                             "the harvest relies on works, what will not, what to fix; a few paced requests; exit 1 "
                             "when something will not work")

@@ -45,6 +45,7 @@ SELECT DISTINCT ON (s.identifier) s.partner_id, s.run_id, s.identifier, s.kind, 
        %(regressed)s::timestamptz
 FROM staging s
 WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.channel = %(channel)s AND s.kind IN ('R', 'T')
+  AND s.entity IS NULL
 ORDER BY s.identifier, s.datestamp DESC, s.observed_at DESC, s.seq DESC
 ON CONFLICT (partner_id, run_id, identifier) DO UPDATE SET
     kind = EXCLUDED.kind, datestamp = EXCLUDED.datestamp, observed_at = EXCLUDED.observed_at, seq = EXCLUDED.seq,

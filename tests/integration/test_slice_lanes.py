@@ -18,7 +18,7 @@ from partner_harvest.errors import PartnerHttpError
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.records import HarvestItem, Record, Tombstone
 from partner_harvest.store import RunRef, connect, run_batch
-from partner_harvest.store.slices import slice_rows
+from partner_harvest.store.slices import claim, slice_rows
 from partner_harvest.store.staging import StagingWriter
 from tests.support.db import held
 from tests.support.partners import oai_partner
@@ -119,6 +119,10 @@ def test_a_stale_or_lost_batch_is_built_again_from_staging(conn, oai, how: str) 
     adapter = lambda: build_adapter(partner, Endpoint(sim.base_url))  # noqa: E731
     recipe.stage_lane(adapter(), conn, "run-1", window, 1)  # one lane takes every slice
     if how == "harvested again":  # a slice cleared after its merge: the batch holds its earlier try
+        gone = [i for (i,) in conn.execute("SELECT identifier FROM staging WHERE channel = 'changes/002'"
+                                           " AND kind = 'R' ORDER BY identifier LIMIT 3")]
+        conn.commit()
+        repo.delete_ids(gone)  # deleted since: restamped past the window, so the second try never sees them
         recipe.stage_channel(adapter(), conn, "run-1", window, "changes/002")
         assert rows(conn, partner.id)["changes/002"]["merged_attempt"] == 1
     else:  # a crash empties the UNLOGGED batch (staging survives in this test)
@@ -155,3 +159,14 @@ def test_the_batch_merged_slice_by_slice_is_the_apply_s_own_choice_of_versions(c
         " ORDER BY identifier, datestamp DESC, observed_at DESC, seq DESC").fetchall())
     conn.commit()
     assert merged == picked == {"a": "changes/002", "b": "changes/001", "c": "changes/002", "d": "changes/003"}
+
+
+def test_a_slice_taken_but_not_begun_stays_its_lanes(conn, oai) -> None:
+    """Between a lane's claim and its slice's first write the slice is still planned: another
+    lane takes the next one, and the first lane's retry takes its own again."""
+    sim, _ = oai
+    partner, _, _ = planned(conn, sim)
+    first = claim(conn, partner.id, "run-1", 1)
+    second = claim(conn, partner.id, "run-1", 2)
+    assert first and second and first != second
+    assert claim(conn, partner.id, "run-1", 1) == first  # a retry of lane 1 before its slice began

@@ -94,6 +94,15 @@ def config() -> dict[str, Any]:
                 "example": "10",
                 "default": "10",
             },
+            "docs_url": {
+                "description": "Where the deployment publishes this project's docs/ folder (an absolute URL): "
+                               "approval requests link to its pages (operator/approvals.md). Empty: no docs "
+                               "link (a relative one would open Airflow's 404 page).",
+                "version_added": "0.1.0",
+                "type": "string",
+                "example": "https://git.example.org/aggregator/partner-harvest/blob/main/docs",
+                "default": "",
+            },
         },
     }}
 

@@ -51,6 +51,9 @@ DAG_IDS = (f"harvest_{MUSEUM}", f"harvest_{BROKEN}", f"reconcile_{MUSEUM}", f"ha
 # tests/e2e/test_airflow_services.py triggers it; its DAG is not among those the stack waits
 # for, so the stack creates no pool for it.
 POOLLESS = "e2epoolless"
+# The shared stack's partner whose endpoint is a closed port and which Airflow retries, ten
+# minutes later: tests/e2e/test_health_index_states.py finds it `retrying` on the health index.
+RETRIER = "e2eretrier"
 
 
 class AirflowStack(AirflowServices):
@@ -209,10 +212,14 @@ def start_shared_airflow(pg_server: str, base: Path, cleanup: ExitStack,
         write_registry(path)
         with path.open("a", encoding="utf-8") as out:
             out.write(f"  - {{id: {POOLLESS}, protocol: oai-pmh, conn_id: partner_{MUSEUM}, run_deadline: 1m}}\n")
+            out.write(f"  - {{id: {RETRIER}, protocol: oai-pmh, conn_id: partner_{RETRIER}, metadata_prefix: oai_dc,"
+                      " retries: 2, retry_delay: 10m, options: {http: {retries: 0}}}\n")
             out.write(registry_lines())
 
-    stack = start_airflow(pg_server, base, cleanup, approval.overrides(), metadata_template,
-                          registry_writer=registry, dag_ids=(*DAG_IDS, *APPROVAL_DAG_IDS), startup_timeout=300,
+    overrides = {**approval.overrides(),
+                 f"AIRFLOW_CONN_PARTNER_{RETRIER.upper()}": http_connection(f"http://127.0.0.1:{free_loopback_port()}/oai")}
+    stack = start_airflow(pg_server, base, cleanup, overrides, metadata_template, registry_writer=registry,
+                          dag_ids=(*DAG_IDS, *APPROVAL_DAG_IDS, f"harvest_{RETRIER}"), startup_timeout=300,
                           quiet_dag_processor=True)  # test_airflow_services.py's reparse test runs against it
     stack.approval = approval
     return stack
@@ -240,5 +247,5 @@ def log_in(stack: AirflowServices) -> None:
 
 
 __all__ = ["AirflowStack", "poll", "start_airflow", "start_shared_airflow", "write_registry", "MUSEUM", "BROKEN",
-           "LAGGING", "POOLLESS",
+           "LAGGING", "POOLLESS", "RETRIER",
            "LEASE_TTL_SECONDS", "ALERTS_CONN_ID", "DOWNSTREAM_DAG", "migrate_metadata_template"]

@@ -13,7 +13,8 @@ import pytest
 from partner_harvest import docs_gen
 from partner_harvest.cli import build_parser
 
-PAGES = [docs_gen.REGISTRY_PAGE, docs_gen.CLI_PAGE, docs_gen.LIMITS_PAGE, docs_gen.STATES_PAGE, docs_gen.METRICS_PAGE]
+PAGES = [docs_gen.REGISTRY_PAGE, docs_gen.CLI_PAGE, docs_gen.LIMITS_PAGE, docs_gen.STATES_PAGE, docs_gen.METRICS_PAGE,
+         docs_gen.ALERTS_PAGE]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

@@ -518,7 +518,7 @@ def build_error_dag(kind: str, dag_id: str, error: RegistryError) -> DAG:
         def registry_error() -> None:
             from airflow.sdk.exceptions import AirflowFailException
 
-            raise AirflowFailException(message)
+            raise AirflowFailException(message) from error  # the alert's cause: "registry entry invalid"
 
         registry_error()
     return dag

@@ -145,7 +145,7 @@ class PartnerAlertNotifier(BaseNotifier):
 
         kind = fields["rule"] or type(context.get("exception")).__name__
         alert_failure(fields, subject, lines, host=partner_host(self.conn_id),
-                      error_type=f"{kind} (retrying)" if self.retrying else kind,
+                      error_type=f"retrying: {kind}" if self.retrying else kind,
                       send=lambda subject, lines, fields: send_alert(subject, lines, fields, self.smtp_conn_id,
                                                                      self.webhook_conn_id))
 

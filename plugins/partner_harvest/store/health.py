@@ -392,8 +392,7 @@ def _health(partner: Partner, facts: _Facts, event: events.RunEvent | None, sche
     cause = newest.cause if newest and newest.status in (
         partner_state.RUN_FAILED, partner_state.RUN_RETRYING, partner_state.RUN_SKIPPED) else None
     if state == partner_state.AWAITING_APPROVAL and approval is not None:
-        cause = (f"a person must answer in Airflow's Required Actions (asked {approval.requested_at:%Y-%m-%d %H:%M}Z): "
-                 f"{subject(approval)}")
+        cause = f"asked {approval.requested_at:%Y-%m-%d %H:%M}Z in Required Actions: {subject(approval)}"
     return PartnerHealth(
         partner_id=partner.id, protocol=partner.protocol, state=state,
         last_run=newest.info if newest else None, last_success=success,

@@ -237,13 +237,15 @@ def test_a_back_off_is_shown_only_while_it_is_in_force_and_as_the_hosts(pacing_d
             store.register(partner, "shared.example.org", 250)
         for _ in range(6):
             store.strain("shared.example.org", 30_000, 30_000)
+        pacing_db.execute("UPDATE host_pacing SET updated_at = now() - interval '30 minutes'")
+        pacing_db.commit()
+        rate = partner_rate(pacing_db, "museum")
+        assert rate is not None and rate.penalty_ms == 0 and rate.limit_per_s == 4
+        assert rate.describe().startswith("shared.example.org: at most 4 requests/s for the host, shared by the 2 "
+                                          "partners on it (request_delay 250 ms, no back-off in force)"), rate.describe()
+        pacing_db.execute("UPDATE host_pacing SET updated_at = now()")  # strained just now: in force
+        pacing_db.commit()
+        strained = partner_rate(pacing_db, "archive")
+        assert strained is not None and strained.penalty_ms > 29_000 and " ms in force" in strained.describe()
     finally:
         store.close()
-    strained = partner_rate(pacing_db, "museum")
-    assert strained is not None and strained.penalty_ms > 29_000 and " ms in force" in strained.describe()
-    pacing_db.execute("UPDATE host_pacing SET updated_at = now() - interval '30 minutes'")
-    pacing_db.commit()
-    rate = partner_rate(pacing_db, "museum")
-    assert rate is not None and rate.penalty_ms == 0 and rate.limit_per_s == 4
-    assert rate.describe().startswith("shared.example.org: at most 4 requests/s for the host, shared by the 2 "
-                                      "partners on it (request_delay 250 ms, no back-off in force)"), rate.describe()

@@ -166,12 +166,17 @@ def test_health_tells_healthy_failing_behind_warning_and_new_partners_apart(conn
         FAILING, BEHIND, WARNING, NEW, HEALTHY]
 
 
-def test_health_alerts_on_a_failed_completeness_check_and_a_purge_spike(conn) -> None:
-    now = now_of(conn)
+def stage_a_quarter_purged(conn: psycopg.Connection, now: datetime) -> None:
+    """Partner p: 40 records applied, then a run staged (not applied) that purges 10 of them."""
     stage(conn, "p", "harvest_p/1", [rec(f"a{i}") for i in range(40)], until=now - timedelta(hours=2))
     apply_run(conn, "p", "harvest_p/1")
     stage(conn, "p", "harvest_p/2", [Tombstone(f"a{i}", datetime(2026, 4, 1).astimezone()) for i in range(10)],
           until=now - timedelta(hours=1))
+
+
+def test_health_alerts_on_a_failed_completeness_check_and_a_purge_spike(conn) -> None:
+    now = now_of(conn)
+    stage_a_quarter_purged(conn, now)
     conn.execute("UPDATE harvest_runs SET check_kind = 'list-size', check_expected = 50, check_found = 30,"
                  " check_ok = false WHERE run_id = 'harvest_p/2'")
     conn.commit()
@@ -191,10 +196,7 @@ def test_a_purge_a_person_approved_at_the_gate_raises_no_purge_spike(conn) -> No
     from partner_harvest.store.quality import run_figures
 
     now = now_of(conn)
-    stage(conn, "p", "harvest_p/1", [rec(f"a{i}") for i in range(40)], until=now - timedelta(hours=2))
-    apply_run(conn, "p", "harvest_p/1")
-    stage(conn, "p", "harvest_p/2", [Tombstone(f"a{i}", datetime(2026, 4, 1).astimezone()) for i in range(10)],
-          until=now - timedelta(hours=1))
+    stage_a_quarter_purged(conn, now)
     conn.execute("INSERT INTO approval_requests (partner_id, run_id, dag_id, kind, held, removals, limit_fraction,"
                  " state, decided_by) VALUES ('p', 'harvest_p/2', 'harvest_p', 'shrink', 40, 10, 0.1, 'approved', 'ada')")
     conn.commit()

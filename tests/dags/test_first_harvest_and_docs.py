@@ -116,8 +116,9 @@ def test_a_backfill_run_harvests_the_day_of_its_date() -> None:
     from partner_harvest.airflow.tasks import run_request
 
     tick = datetime(2024, 11, 1, 2, 0, tzinfo=timezone.utc)  # the run of Nov 1 of a nightly 02:00 schedule
-    context = {"dag_run": SimpleNamespace(run_type="backfill"), "logical_date": tick,
-               "data_interval_start": datetime(2024, 10, 31, 2, 0, tzinfo=timezone.utc), "data_interval_end": tick}
+    before = datetime(2024, 10, 31, 2, 0, tzinfo=timezone.utc)  # a backfill run's logical date: its interval's start
+    context = {"dag_run": SimpleNamespace(run_type="backfill", run_after=tick), "logical_date": before,
+               "data_interval_start": before, "data_interval_end": tick}
     request = run_request(context)
     assert (request.mode, request.requested_from, request.requested_until, request.may_advance_cursor) == (
         "window", datetime(2024, 11, 1, tzinfo=timezone.utc), datetime(2024, 11, 2, tzinfo=timezone.utc), False)

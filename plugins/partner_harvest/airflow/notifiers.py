@@ -42,6 +42,11 @@ def one_line(value: object, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+# A try that ended without an exception reaching Airflow: its process was killed (out of
+# memory, a worker lost) or stopped heartbeating; Airflow runs the callback for it.
+NO_ERROR = "no error reached Airflow: the task's process was killed or lost (see the task's log)"
+
+
 def failure_fields(context: Mapping[str, Any], partner_id: str) -> dict[str, Any]:
     """What an operator needs to act: partner, DAG, task, the attempt, window, the cause in a
     few words and in full (``failures.classify``, as the task wrapper decided), log link."""
@@ -69,7 +74,7 @@ def failure_fields(context: Mapping[str, Any], partner_id: str) -> dict[str, Any
         "attempts": max_tries + 1 if isinstance(max_tries, int) else None,
         "run_id": getattr(context.get("dag_run"), "run_id", None) or getattr(ti, "run_id", None),
         "window": window_text,
-        "cause": failure.short if failure else (str(exception) if exception is not None else "unknown"),
+        "cause": failure.short if failure else (str(exception) if exception is not None else NO_ERROR),
         "details": failure.full if failure else None,
         "rule": failure.rule if failure else None,
         "log_url": getattr(ti, "log_url", None),

@@ -101,16 +101,17 @@ def host_pacing(conninfo: str) -> Callable[[], PgPacingStore]:
 
 
 def run_request(context: Context) -> pipeline.RunRequest:
-    """Params and run type decide the mode; a backfill harvests the day of its logical date
-    (window.backfill_day), never moving the cursor."""
+    """Params and run type decide the mode; a backfill harvests the day of the date in its name
+    (window.backfill_day), never moving the cursor. That date is its cron tick, the end of its
+    data interval (a backfill run's logical date is the interval's start, the day before)."""
     params = context.get("params") or {}
     dag_run = context["dag_run"]
     run_type = getattr(dag_run, "run_type", None)
     if getattr(run_type, "value", run_type) == "backfill":
-        logical = context.get("logical_date") or context.get("data_interval_end")
-        if logical is None:
-            raise WindowError("a backfill run needs a logical date")
-        start, end = backfill_day(logical)
+        tick = context.get("data_interval_end") or getattr(dag_run, "run_after", None)
+        if tick is None:
+            raise WindowError("a backfill run needs a data interval")
+        start, end = backfill_day(tick)
         return pipeline.RunRequest("window", start, end, may_advance_cursor=False)
     mode = params.get("mode") or "incremental"
     requested_from = parse_instant(params["from"]) if params.get("from") else None

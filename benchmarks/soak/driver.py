@@ -311,7 +311,8 @@ class Partner:
                 deleted = {m.identifier(base, slug) for slug in m.gone - set(m.live)}
             elif self.spec.protocol == "sierra":
                 for bib in m.bibs(int(i) for i in m.sorted_live_ids()):
-                    expect[bib.id] = (bib.title.strip(), ())
+                    if not (bib.suppressed or bib.no_marc):  # options.sierra.suppressed: purge (the default)
+                        expect[bib.id] = (bib.title.strip(), ())
                 deleted = m.deleted_ids()
             else:
                 from include.simulators.oai_pmh import payloads

@@ -9,6 +9,7 @@ from typing import Any
 import requests
 
 from partner_harvest.adapters import Adapter
+from partner_harvest.credentials import Credentials, from_connection
 from partner_harvest.errors import ConfigurationError
 from partner_harvest.oai.chain_caps import ChainCaps
 from partner_harvest.oai.client import OaiClient
@@ -53,6 +54,17 @@ def transport(partner: Partner, endpoint: Endpoint) -> Transport:
         raise ConfigurationError(partner.id, f"Connection '{partner.conn_id}'", str(exc)) from None
 
 
+def credentials(partner: Partner, endpoint: Endpoint) -> Credentials | None:
+    """The Connection's credentials (credentials.py: Basic, Bearer, a header or a query
+    parameter); none for Sierra, whose login and password are its API client's key and secret."""
+    if partner.protocol == "sierra":
+        return None
+    try:
+        return from_connection(endpoint.login, endpoint.password, endpoint.extra)
+    except ValueError as exc:
+        raise ConfigurationError(partner.id, f"Connection '{partner.conn_id}'", str(exc)) from None
+
+
 def pacer(partner: Partner, endpoint: Endpoint, store: Callable[[], PacingStore] | None) -> Pacer | None:
     """The partner's politeness at its endpoint host; None without a pacing store, or with
     nothing to pace (no request_delay and the adaptive back-off off)."""
@@ -69,8 +81,9 @@ def build_adapter(partner: Partner, endpoint: Endpoint, *, pacing: Callable[[], 
     ``on_response``: called with every response the partner's session receives (the Airflow
     layer counts requests and bytes with it)."""
     policy = http_policy(partner)
+    auth = credentials(partner, endpoint)
     session = build_session(partner.id, policy, home=endpoint.base_url, transport=transport(partner, endpoint),
-                            pacer=pacer(partner, endpoint, pacing))
+                            pacer=pacer(partner, endpoint, pacing), credentials=auth)
     if on_response is not None:
         session.hooks["response"].append(lambda response, *args, **kwargs: on_response(response))
     if partner.protocol == "oai-pmh":
@@ -96,6 +109,7 @@ def build_adapter(partner: Partner, endpoint: Endpoint, *, pacing: Callable[[], 
         client = IiifClient(partner.id, endpoint.base_url, session, page_delay=iiif.page_delay,
                             max_pages=iiif.max_pages,
                             session_factory=lambda: build_session(partner.id, policy, home=endpoint.base_url,
-                                                                  transport=transport(partner, endpoint)))
+                                                                  transport=transport(partner, endpoint),
+                                                                  credentials=auth))
         return IiifAdapter(partner, client)
     raise ConfigurationError(partner.id, "registry", f"protocol {partner.protocol!r} is not supported yet")

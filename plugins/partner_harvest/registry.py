@@ -172,7 +172,12 @@ HttpOptions = HttpPolicy  # options.http is the transport's own model
 
 
 class SierraOptions(_Strict):
-    """options.sierra (Sierra only): keyword arguments of SierraClient."""
+    """options.sierra (Sierra only): keyword arguments of SierraClient, and suppressed bibs."""
+
+    suppressed: Literal["keep", "flag", "purge"] = Field(default="purge", description=(
+        "bibs suppressed in the catalogue (not public): purge (not held; one that becomes suppressed is "
+        "deleted, reason suppressed), flag (held, carrying the warning sierra.suppressed) or keep (held as "
+        "any bib)"))
 
     refresh_margin: Annotated[float, Field(ge=0, strict=True, description=(
         "seconds before an access token's expiry at which a new one is fetched (tokens cannot be "
@@ -282,8 +287,13 @@ ValidationOverrides = Annotated[
     }),
 ]
 class OaiOptions(_Strict):
-    """options.oai (OAI-PMH): how far a window the repository refuses as too large is cut."""
+    """options.oai (OAI-PMH): how a window is listed, and how far one the repository refuses
+    as too large is cut."""
 
+    method: Literal["list_records", "identifiers_then_get"] = Field(default="list_records", description=(
+        "list_records: ListRecords of the window; identifiers_then_get: ListIdentifiers of the window, then "
+        "GetRecord of each live header (pool_slots at a time, paced), for servers whose ListRecords breaks; "
+        "deleted headers are deletions without a GetRecord"))
     max_window_splits: Annotated[StrictInt, Field(ge=0, le=30, description=(
         "halvings of a window the repository refuses as too large (HTTP 413, 422, or badArgument saying "
         "so) before the run fails; 12 cut a year into pieces of about two hours"))] = 12
@@ -404,6 +414,7 @@ SlicingEntry = SliceSettings  # the name the registry model had
 
 
 _Text = Annotated[str, Field(min_length=1, pattern=r"\S", strict=True)]
+SetSpec = Annotated[str, Field(min_length=1, pattern=r"^\S+$", strict=True)]
 
 
 # The shortest value a duration field takes (and how its error shows it).
@@ -445,7 +456,14 @@ class Partner(_Strict):
     metadata_prefix: _Text = Field(default=None, validate_default=True, description=(
         "a prefix, or auto (OAI-PMH: LIDO when advertised, else oai_dc); default auto (OAI-PMH) / "
         "marc21 (Sierra)"))
-    set_spec: _Text | None = Field(default=None, alias="set", description="OAI-PMH: harvest this set only")
+    set_spec: _Text | None = Field(default=None, alias="set", description=(
+        "OAI-PMH: harvest this set only (sets with one set)"))
+    sets: tuple[SetSpec, ...] = Field(default=(), description=(
+        "OAI-PMH: harvest the union of these sets (one list each; a record in several is one record); "
+        "a record that leaves them is deleted here"))
+    exclude_sets: tuple[SetSpec, ...] = Field(default=(), description=(
+        "OAI-PMH: records in any of these sets, or in a set below one (a:b is below a), are not held; "
+        "one that moves into one is deleted here"))
     description: StrictStr = Field(default="", description="free text shown with the partner's DAGs")
     max_token_restarts: Annotated[StrictInt, Field(ge=0, le=100, description=(
         "OAI-PMH: restarts of a run's chain from its frozen bounds after badResumptionToken"))] = 3
@@ -555,9 +573,32 @@ class Partner(_Strict):
         if self.slicing.sets:
             if self.protocol != "oai-pmh":
                 raise ValueError("slicing.sets applies to protocol oai-pmh only")
-            if self.set_spec is not None:
-                raise ValueError("slicing.sets partitions the whole repository: it cannot be combined with set")
+            if self.set_spec is not None or self.sets:
+                raise ValueError("slicing.sets partitions the whole repository: it cannot be combined with set "
+                                 "or sets")
         return self
+
+    @model_validator(mode="after")
+    def _set_selection(self) -> Partner:
+        """``set`` is ``sets`` of one; an exclusion must leave something of every listed set."""
+        if (self.sets or self.exclude_sets) and self.protocol != "oai-pmh":
+            raise ValueError("sets and exclude_sets apply to protocol oai-pmh only")
+        if self.set_spec is not None and self.sets:
+            raise ValueError("give set (one set) or sets, not both")
+        for name in ("sets", "exclude_sets"):
+            listed = getattr(self, name)
+            if len(set(listed)) != len(listed):
+                raise ValueError(f"{name}: a set is listed twice")
+        for spec in self.selected_sets:
+            for excluded in self.exclude_sets:
+                if spec == excluded or spec.startswith(excluded + ":"):
+                    raise ValueError(f"exclude_sets: {excluded} excludes all of the listed set {spec}")
+        return self
+
+    @property
+    def selected_sets(self) -> tuple[str, ...]:
+        """The sets harvested (their union): ``sets``, or ``set``; () for the whole repository."""
+        return self.sets or ((self.set_spec,) if self.set_spec else ())
 
     @model_validator(mode="after")
     def _finish_by_fits_the_schedule(self) -> Partner:

@@ -11,8 +11,10 @@ a worker (see the README, "What a partner cannot do to you"):
   kept (a small gzip can expand to gigabytes; a body can be endless);
 - every request ends within ``request_deadline`` seconds of talking to the server, even
   when the server drips one byte at a time (which never trips a read timeout);
-- credentials (an ``Authorization`` header, Basic auth) never leave the partner's origin
-  (scheme, host and port): not on a redirect, not on a URL the partner hands us;
+- credentials (the Connection's, ``credentials.py``: Basic, Bearer, a header or a query
+  parameter) go on every request to the partner's origin (scheme, host and port) and never
+  leave it: not on a redirect, not on a URL the partner hands us; a URL printed anywhere
+  is redacted;
 - TLS is verified; a partner's own CA bundle, client certificate or proxy come from its
   Connection's extras (:class:`Transport`), never from code.
 """
@@ -42,6 +44,7 @@ from urllib3.connectionpool import ConnectionPool, HTTPConnectionPool, HTTPSConn
 from urllib3.response import BaseHTTPResponse
 from urllib3.util.retry import Retry
 
+from partner_harvest.credentials import Credentials, redact
 from partner_harvest.errors import HarvestError, PartnerAsksToWait, PartnerHttpError
 
 log = logging.getLogger(__name__)
@@ -150,7 +153,10 @@ def partner_request(
                                 "(options.http.max_wait_in_task)",
                                 datetime.now(timezone.utc) + timedelta(seconds=exc.seconds)) from None
     except requests.RequestException as exc:
-        raise PartnerHttpError(partner_id, request, f"{type(exc).__name__}: {exc}") from exc
+        cause = f"{type(exc).__name__}: {exc}"
+        if redact(cause) != cause:  # a URL with the query credential: keep it out of tracebacks too
+            raise PartnerHttpError(partner_id, request, cause) from None
+        raise PartnerHttpError(partner_id, request, cause) from exc
 
 
 class _DeadlinePassed(Exception):
@@ -367,8 +373,8 @@ class CappedRetry(Retry):
         beyond = self._asked_beyond_task(response)
         if beyond is not None:  # sleep() raises ServerAsksToWait
             log.warning("%s: %s %s failed (%s); the server asks for a wait of %.0f s, longer than a task may "
-                        "sleep (options.http.max_wait_in_task = %g s)", self.label or "partner", method, url,
-                        cause, beyond, self.max_wait_in_task)
+                        "sleep (options.http.max_wait_in_task = %g s)", self.label or "partner", method,
+                        redact(url or ""), redact(cause), beyond, self.max_wait_in_task)
             return new
         asked = new.get_retry_after(response) if response is not None else None
         wait = asked if asked is not None else new.get_backoff_time()
@@ -377,7 +383,8 @@ class CappedRetry(Retry):
         allowed = done + new.total if isinstance(new.total, int) else None
         log.warning(
             "%s: %s %s failed (%s); retry %d of %s in %.1fs",
-            self.label or "partner", method, url, cause, done, allowed if allowed is not None else "?", wait,
+            self.label or "partner", method, redact(url or ""), redact(cause), done,
+            allowed if allowed is not None else "?", wait,
         )
         return new
 
@@ -392,7 +399,20 @@ class _OneLinePerRetry(logging.Filter):
         return not (str(record.msg).startswith("Retrying (") and args and isinstance(args[0], CappedRetry))
 
 
+class _NoSecrets(logging.Filter):
+    """urllib3 logs request URLs (at DEBUG): a query credential's secret becomes ***."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        shown = redact(message)
+        if shown != message:
+            record.msg, record.args = shown, None
+        return True
+
+
 logging.getLogger("urllib3.connectionpool").addFilter(_OneLinePerRetry())
+for _name in ("urllib3.connectionpool", "urllib3.util.retry"):
+    logging.getLogger(_name).addFilter(_NoSecrets())
 
 
 # ------------------------------------------------------------------------ transport
@@ -518,7 +538,7 @@ class PartnerAdapter(HTTPAdapter):
     def _too_large(self, response: requests.Response, detail: str) -> ResponseTooLarge:
         cap = self.max_response_bytes
         log.warning("%s: response to %s %s exceeds %d bytes", self.label, response.request.method,
-                    response.request.url, cap)
+                    redact(response.request.url or ""), cap)
         return ResponseTooLarge(
             f"the response body exceeds the cap of {cap:,} bytes ({cap / MiB:g} MiB) after decoding "
             f"(options.http.max_response_bytes); {detail}",
@@ -529,9 +549,10 @@ class PartnerAdapter(HTTPAdapter):
 class PartnerSession(requests.Session):
     """A Session bound to one partner: timeouts, a deadline, TLS, and no credential leaks.
 
-    ``home`` is the partner's base URL: an ``Authorization`` header (a Bearer token, Basic
-    auth) is only ever sent to its origin; anywhere else, including every redirect that
-    changes scheme, host or port, it is removed before the request leaves.
+    ``home`` is the partner's base URL: ``credentials`` (and any ``Authorization`` header)
+    are only ever sent to its origin; anywhere else, including every redirect that changes
+    scheme, host or port, they are removed before the request leaves. Without ``home`` no
+    credential is sent at all.
     """
 
     def __init__(
@@ -543,8 +564,10 @@ class PartnerSession(requests.Session):
         deadline: float | None = None,
         transport: Transport | None = None,
         pacer: RequestPacer | None = None,
+        credentials: Credentials | None = None,
     ):
         super().__init__()
+        self.credentials = credentials
         self.pacer = pacer  # politeness at the partner's host (politeness.Pacer), or none
         self.default_timeout = timeout
         self.label = label
@@ -596,10 +619,19 @@ class PartnerSession(requests.Session):
 
     def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
         """Every hop passes here: credentials go to the partner's origin and nowhere else."""
-        if self.home is not None and "Authorization" in request.headers:
-            target = origin(request.url or "")
-            if target != self.home:
+        if self.home is None:  # an origin unknown: the session's own credentials are never sent
+            return super().send(request, **kwargs)
+        target = origin(request.url or "")
+        if target == self.home:
+            if self.credentials is not None:
+                self.credentials.apply(request)
+        else:
+            withheld = "Authorization" in request.headers
+            if withheld:
                 del request.headers["Authorization"]
+            if self.credentials is not None:
+                withheld = self.credentials.withhold(request) or withheld
+            if withheld:
                 log.warning("%s: credentials withheld from %s (not the partner's origin %s)",
                             self.label or "partner", _show(target), _show(self.home))
         return super().send(request, **kwargs)
@@ -616,6 +648,15 @@ class PartnerSession(requests.Session):
             del prepared_request.headers["Authorization"]
 
 
+def widen(session: requests.Session, connections: int) -> None:
+    """Keep ``connections`` connections to the partner open, for a client that sends that many
+    requests at once (OAI-PMH GetRecords): a smaller pool discards one after each request."""
+    for prefix, adapter in list(session.adapters.items()):
+        if isinstance(adapter, PartnerAdapter) and connections > 2:
+            session.mount(prefix, PartnerAdapter(adapter.label, adapter.max_response_bytes, max_retries=adapter.max_retries,
+                                                 pool_connections=1, pool_maxsize=connections))
+
+
 def build_session(
     label: str,
     policy: HttpPolicy | None = None,
@@ -623,8 +664,10 @@ def build_session(
     home: str | None = None,
     transport: Transport | None = None,
     pacer: RequestPacer | None = None,
+    credentials: Credentials | None = None,
 ) -> PartnerSession:
-    """A session for one partner's harvest: gzip accepted, retries with backoff, limits."""
+    """A session for one partner's harvest: gzip accepted, retries with backoff, limits;
+    ``credentials`` on every request to ``home``'s origin (credentials.py)."""
     policy = policy or HttpPolicy()
     retry = CappedRetry(
         total=policy.retries,
@@ -644,7 +687,7 @@ def build_session(
     )
     session = PartnerSession(
         (policy.connect_timeout, policy.read_timeout), label=label, home=home,
-        deadline=policy.request_deadline, transport=transport, pacer=pacer,
+        deadline=policy.request_deadline, transport=transport, pacer=pacer, credentials=credentials,
     )
     adapter = PartnerAdapter(label, policy.max_response_bytes, max_retries=retry, pool_connections=1, pool_maxsize=2)
     session.mount("http://", adapter)

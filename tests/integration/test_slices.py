@@ -33,7 +33,7 @@ def oai_partner(**kw):
 
 
 def sierra_partner(**kw):
-    options = {"sierra": {"server_error_backoff": 0.01, "server_error_tries": 2},
+    options = {"sierra": {"server_error_backoff": 0.01, "server_error_tries": 2, "suppressed": "keep"},
                "export": {"limit": 50, "rate_limit_wait": 0}}
     return _sierra_partner(**{"slicing": SLICES, "options": options, **kw})
 

@@ -9,7 +9,9 @@ query on every page, and staff edits between the pages of a list.
 
 from __future__ import annotations
 
+import base64
 import gzip
+import hmac
 import itertools
 import json
 import re
@@ -29,7 +31,7 @@ from ..clock import iso_seconds
 from ..control import CONTROL_PREFIX, ControlledServer
 from ..loopback import TEXT_TYPE, LoopbackHandler, Response, query_log_form, status_phrase
 from . import payloads
-from .collection import ID_PREFIX, SET_SPECS_BY_KIND, SETS, SimulatedRepository, parse_oai_date
+from .collection import ID_PREFIX, LEAF_SPECS_BY_KIND, SET_SPECS_BY_KIND, SETS, SimulatedRepository, parse_oai_date
 
 OAI_NS = "http://www.openarchives.org/OAI/2.0/"
 XML_CONTENT_TYPE = "text/xml; charset=utf-8"
@@ -48,6 +50,9 @@ LIST_SIZES = ("exact", "omitted", "understated")
 # harvesters report HTTP 413 "please restrict the request period" from a national library
 # and 422 on monthly windows from a research repository; others answer badArgument).
 WINDOW_REFUSALS = ("413", "422", "badArgument")
+# The credential forms a repository may require (docs/operator/connections.md): HTTP Basic,
+# a Bearer token, a header of its own (Axiell's Token), a query parameter (FOLIO's apikey).
+CREDENTIAL_FORMS = ("basic", "bearer", "header", "query")
 _ROTATION = TOKEN_MARKUPS[:5]
 # attack_next: bodies that try to exhaust the harvesting worker rather than fool its parser.
 ATTACK_KINDS = ("gzip_bomb", "endless_body", "slow_drip", "deep_xml", "wide_xml", "many_attributes")
@@ -69,8 +74,8 @@ _VERB_ARGS: dict[str, tuple[frozenset[str], frozenset[str]]] = {  # verb -> (req
 _RESUMABLE = frozenset({"ListSets", "ListIdentifiers", "ListRecords"})
 # Token text needs URL encoding on purpose: "!", "/" and "+" (a raw "+" decodes to a space).
 _TOKEN_RE = re.compile(r"c(\d+)!(\d+)/([A-Za-z0-9_]+)\+([0-9a-z]+)(?:~x*)?")
-_SET_XML = {kind: "".join(f"<setSpec>{s}</setSpec>" for s in specs)
-            for kind, specs in SET_SPECS_BY_KIND.items()}
+_SET_XML = {header_sets: {kind: "".join(f"<setSpec>{s}</setSpec>" for s in specs) for kind, specs in by_kind.items()}
+            for header_sets, by_kind in (("path", SET_SPECS_BY_KIND), ("leaf", LEAF_SPECS_BY_KIND))}
 
 
 class OaiError(Exception):
@@ -219,6 +224,62 @@ class OaiSimulator(ControlledServer):
         # noRecordsMatch with HTTP 422): OAI error code -> the HTTP status it is served with.
         self.error_statuses: dict[str, int] = {}
         self._refuse_windows: tuple[int, str] | None = None  # (longest window in seconds, how)
+        self._credentials: tuple[str, str, str | None] | None = None  # (form, secret, login or name)
+        self.refused_credentials = 0  # OAI requests answered 401 for missing or wrong credentials
+        self.broken_verbs: dict[str, int] = {}  # verb -> the HTTP status it always answers
+        self._delete_on_get: set[str] = set()  # records deleted when their GetRecord arrives
+
+    # ------------------------------------------------- access: credentials, broken routes
+    def require_credentials(self, form: str | None, secret: str = "", *, login: str | None = None,
+                            name: str | None = None) -> None:
+        """Answer OAI requests without the credential 401 (form None: none needed). ``basic``:
+        login and secret; ``bearer``: Authorization: Bearer; ``header``: header ``name``
+        carries it; ``query``: parameter ``name`` on every request, continuations too (it is
+        taken off before the OAI-PMH arguments are checked, as an API gateway in front does)."""
+        if form is not None and form not in CREDENTIAL_FORMS:
+            raise ValueError(f"form must be one of {CREDENTIAL_FORMS}")
+        with self._lock:
+            self._credentials = None if form is None else (form, secret, login if form == "basic" else name)
+
+    def break_verb(self, verb: str, status: int | None = 500) -> None:
+        """``verb`` always answers HTTP ``status`` with an HTML page (None: served again), the
+        others as usual: a ListRecords that breaks while ListIdentifiers and GetRecord work,
+        a GetRecord route that answers 403."""
+        with self._lock:
+            if status is None:
+                self.broken_verbs.pop(verb, None)
+            else:
+                self.broken_verbs[verb] = int(status)
+
+    def delete_on_get(self, identifiers: list[str]) -> None:
+        """These records are deleted the moment their GetRecord arrives (one shot each): a
+        record listed by ListIdentifiers and gone by the GetRecord that follows."""
+        with self._lock:
+            self._delete_on_get.update(identifiers)
+
+    def admit(self, headers: Any, pairs: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], Response | None]:
+        """The OAI arguments without a query credential, and the 401 a request without the
+        required credential gets (None: admitted)."""
+        required = self._credentials
+        if required is None:
+            return pairs, None
+        form, secret, name = required
+        if form == "query":
+            given = [value for key, value in pairs if key == name]
+            pairs = [(key, value) for key, value in pairs if key != name]
+            ok = len(given) == 1 and hmac.compare_digest(given[0], secret)
+        else:
+            expected = {"basic": "Basic " + base64.b64encode(f"{name}:{secret}".encode()).decode(),
+                        "bearer": f"Bearer {secret}", "header": secret}[form]
+            given_header = headers.get("Authorization" if form != "header" else str(name)) or ""
+            ok = hmac.compare_digest(given_header.encode(), expected.encode())
+        if ok:
+            return pairs, None
+        with self._lock:
+            self.refused_credentials += 1
+        challenge = {"WWW-Authenticate": 'Basic realm="oai"'} if form == "basic" else {}
+        return pairs, Response(401, b"<html><body><h1>401 Unauthorized</h1></body></html>\n", HTML_CONTENT_TYPE,
+                               challenge)
 
     # ------------------------------------------------- latency and concurrency
     def set_response_delay(self, ms: float) -> None:
@@ -517,6 +578,9 @@ class OaiSimulator(ControlledServer):
             mode, detail = self._take_misbehaviour() if attack is None else ("", None)
         if attack is not None:
             return self._attack_response(attack, pairs)
+        broken = self.broken_verbs.get(dict(pairs).get("verb", ""))
+        if broken is not None and mode != "fail":
+            mode, detail = "fail", (broken, None)
         if mode == "fail":
             status, retry_after = detail
             phrase = status_phrase(status)
@@ -642,6 +706,11 @@ class OaiSimulator(ControlledServer):
         return [f"<ListSets>{sets}</ListSets>\n"]
 
     def _verb_GetRecord(self, args: dict[str, str]) -> list[str]:
+        with self._lock:
+            vanish = args["identifier"] in self._delete_on_get
+            self._delete_on_get.discard(args["identifier"])
+        if vanish:
+            self.repo.delete_ids([args["identifier"]])
         record = self.repo.get(args["identifier"])
         if record is None:
             raise OaiError("idDoesNotExist", f"unknown identifier: {args['identifier']}")
@@ -768,11 +837,12 @@ class OaiSimulator(ControlledServer):
         repo = self.repo
         fmt = repo.format_stamp
         render = payloads.RENDERERS[prefix]
+        set_xml = _SET_XML[repo.header_sets]
         out = []
         for record in repo.records(numbers):
             if record is None:
                 continue
-            sets = "" if record.deleted and not repo.deleted_in_sets else _SET_XML[record.kind]
+            sets = "" if record.deleted and not repo.deleted_in_sets else set_xml[record.kind]
             head = (f"<identifier>{ID_PREFIX}{record.number:07d}</identifier>"
                     f"<datestamp>{fmt(record.stamp)}</datestamp>{sets}")
             if record.deleted:
@@ -870,6 +940,19 @@ class OaiSimulator(ControlledServer):
                                 delete_ids=data.get("delete_ids"), verb=data.get("verb"))
         return {"ok": True}
 
+    def _control_require_credentials(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.require_credentials(data.get("form"), str(data.get("secret", "")), login=data.get("login"),
+                                 name=data.get("name"))
+        return {"ok": True}
+
+    def _control_break_verb(self, data: dict[str, Any]) -> dict[str, Any]:
+        status = data.get("status", 500)
+        self.break_verb(str(data["verb"]), None if status is None else int(status))
+        return {"broken_verbs": dict(self.broken_verbs)}
+
+    def _control_move_records(self, data: dict[str, Any]) -> dict[str, Any]:
+        return {"moved": self.repo.move_to(list(data["ids"]), data.get("type"), data.get("dept"))}
+
     def _control_attack_next(self, data: dict[str, Any]) -> dict[str, Any]:
         self.attack_next(str(data["kind"]), size=data.get("size"), interval=float(data.get("interval", 1.0)),
                          verb=data.get("verb"), headers=bool(data.get("headers", False)))
@@ -894,7 +977,8 @@ class _Handler(LoopbackHandler):
     def _respond(self, url: SplitResult, body: bytes | None) -> Response:
         if url.path == "/oai":
             query = url.query if body is None else body.decode("utf-8", "replace")
-            return self.sim.handle_oai(parse_qsl(query, keep_blank_values=True))
+            pairs, refused = self.sim.admit(self.headers, parse_qsl(query, keep_blank_values=True))
+            return refused if refused is not None else self.sim.handle_oai(pairs)
         if url.path.startswith(CONTROL_PREFIX):
             return self.sim.handle_control(self.command, url.path[len(CONTROL_PREFIX):], body)
         return Response(404, b"not found\n", TEXT_TYPE)

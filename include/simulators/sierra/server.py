@@ -279,7 +279,7 @@ _RENDER: dict[str, Callable[[Bib], Any]] = {
     "isbn": lambda b: b.isbn,
     "fixedFields": _fixed_fields,
     "varFields": _var_fields,
-    "marc": lambda b: marc.marc_in_json(b, zero_leader=True),
+    "marc": lambda b: None if b.no_marc else marc.marc_in_json(b, zero_leader=True),
 }
 
 
@@ -683,7 +683,7 @@ class SierraSimulator(ControlledServer):
         if kind is None:
             raise ApiError(400, 108, "Unknown content type")
         bib = self.catalogue.get(bib_id)
-        if bib is None or bib.deleted:
+        if bib is None or bib.deleted or bib.no_marc:
             raise ApiError(404, 107)
         if kind == "application/marc-xml":
             return Response(200, marc.marc_xml(bib), f"{kind};charset=UTF-8")
@@ -732,8 +732,8 @@ class SierraSimulator(ControlledServer):
         if any(self.catalogue.is_poison(bib.number) for bib in block if not bib.deleted):
             raise ApiError(500, 135, EXPORT_FAILED_135)  # on every try, as long as the block holds it
         deleted = sum(1 for bib in block if bib.deleted)
-        output = [bib for bib in block
-                  if not bib.deleted and not (bib.suppressed and self.export_omits_suppressed)]
+        output = [bib for bib in block if not bib.deleted and not bib.no_marc
+                  and not (bib.suppressed and self.export_omits_suppressed)]
         records = [self._export_record(bib) for bib in output]
         data = b"".join(r for r, _ in records)
         summary: dict[str, Any] = {"inputRecords": len(block), "outputRecords": len(records),
@@ -809,8 +809,9 @@ class SierraSimulator(ControlledServer):
     # --------------------------------------------------------- control API
     def _report(self, action: str) -> Response | None:
         catalogue = self.catalogue
-        if action in ("live_ids", "deleted_ids"):
-            ids = catalogue.sorted_live_ids() if action == "live_ids" else sorted(catalogue.deleted_ids())
+        if action in ("live_ids", "deleted_ids", "public_ids"):
+            ids = (catalogue.sorted_live_ids() if action == "live_ids" else
+                   sorted(catalogue.deleted_ids() if action == "deleted_ids" else catalogue.public_ids()))
             return Response(200, "".join(f"{i}\n" for i in ids).encode(), "text/plain; charset=utf-8")
         if action == "state":
             with self._lock:
@@ -823,6 +824,12 @@ class SierraSimulator(ControlledServer):
             return _json(200, {**catalogue.counts(), "clock": iso_z(catalogue.clock_epoch),
                                "base_url": self.base_url, **state})
         return None
+
+    def _control_suppress(self, data: dict[str, Any]) -> dict[str, Any]:
+        return {"changed": self.catalogue.suppress(list(data["ids"]), bool(data.get("on", True)))}
+
+    def _control_strip_marc(self, data: dict[str, Any]) -> dict[str, Any]:
+        return {"changed": self.catalogue.strip_marc(list(data["ids"]), bool(data.get("touch", True)))}
 
     def _control_expire_tokens(self, data: dict[str, Any]) -> dict[str, Any]:
         self.expire_tokens()

@@ -6,7 +6,9 @@ made from the Connections page (the form fields declared in ``provider.py``) and
 type ``http`` written as JSON before the connection types existed are read alike:
 
 - host: the endpoint's base URL (a bare host gets ``schema`` as scheme and ``port``);
-- login/password: Sierra's client key and secret (an OAI-PMH partner needs none);
+- login/password: Sierra's client key and secret; for an OAI-PMH (or IIIF) partner its
+  credentials, sent as the extras ``auth``, ``auth_header``, ``auth_param`` say
+  (``credentials.py``, which ``factory.credentials`` calls);
 - extras ``verify`` (true, or the path of the partner's CA bundle), ``cert`` (a PEM with
   certificate and key, or ``[cert, key]``), ``proxies`` (``{"https": "http://proxy:3128"}``),
   or, from the form, ``proxy`` (one proxy URL for both schemes) and ``client_key`` (the key

@@ -42,17 +42,31 @@ TLS_AND_PROXY_FIELDS: dict[str, dict[str, Any]] = {
 }
 
 
+# How the secret (the Connection's password) is sent (credentials.py reads them from the extras).
+CREDENTIAL_FIELDS: dict[str, dict[str, Any]] = {
+    "auth": _text("Credential form", "How the password is sent: empty with a login for HTTP Basic; bearer "
+                  "(Authorization: Bearer <password>); header (the header named below carries it); query (the "
+                  "query parameter named below, on every request). Empty without login or password: none."),
+    "auth_header": _text("Credential header", "With form header: the header's name, e.g. Token or X-API-Key."),
+    "auth_param": _text("Credential query parameter", "With form query: the parameter's name, e.g. apikey. "
+                        "Sent only to the partner's own host; every URL we print shows it as ***."),
+}
+
+
 def connection_types() -> list[dict[str, Any]]:
     return [
         {
             "connection-type": OAI_PMH,
             "hook-class-name": OAI_PMH_HOOK,
             "hook-name": "OAI-PMH partner",
-            "conn-fields": TLS_AND_PROXY_FIELDS,
+            "conn-fields": {**CREDENTIAL_FIELDS, **TLS_AND_PROXY_FIELDS},
             "ui-field-behaviour": {
-                "hidden-fields": ["schema", "port", "login", "password"],
-                "relabeling": {"host": "Base URL"},
-                "placeholders": {"host": "https://museum.example/oai (the URL before ?verb=)"},
+                "hidden-fields": ["schema", "port"],
+                "relabeling": {"host": "Base URL", "login": "Login (HTTP Basic)",
+                               "password": "Secret (password, token or key)"},
+                "placeholders": {"host": "https://museum.example/oai (the URL before ?verb=)",
+                                 "login": "only for HTTP Basic; empty for no credentials or another form",
+                                 "password": "the secret the partner gave you; empty: none"},
             },
         },
         {

@@ -51,6 +51,7 @@ from partner_harvest.iiif.stream import (
 from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
 from partner_harvest.registry import Partner, SeeAlsoChoice, SliceSettings
 from partner_harvest.store import StagingWriter, slices
+from partner_harvest.store.staging import held_stamps
 from partner_harvest.window import SECONDS, IiifEntry, IiifFacts, Slice, SliceFacts, Window
 from partner_harvest.xmlsafe import XmlInputError, parse_document
 
@@ -332,7 +333,7 @@ class IiifAdapter(Adapter):
                   every: bool) -> list[HarvestItem]:
         """The wanted descriptions, fetched ``concurrency`` at a time; versions already held
         skipped unless ``every`` (a full harvest)."""
-        held = {} if every else _held(sink, self.partner_id, [w.identifier for w in wanted])
+        held = {} if every else held_stamps(sink, self.partner_id, [w.identifier for w in wanted])
         todo = [w for w in wanted if not (w.identifier in held and held[w.identifier] >= w.when)]
         self.descriptions_skipped += len(wanted) - len(todo)
         return list(pool.map(self._one, todo))
@@ -517,12 +518,3 @@ def _activity(entry: IiifEntry) -> Activity:
                     target_id=entry.target_id, target_see_also=tuple(SeeAlso(*s) for s in entry.target_see_also),
                     origin_id=entry.origin_id)
 
-
-def _held(sink: ItemSink, partner_id: str, identifiers: list[str]) -> dict[str, datetime]:
-    """The stamps the mirror holds for ``identifiers`` (only a PostgreSQL staging sink knows)."""
-    if not identifiers or not isinstance(sink, StagingWriter):
-        return {}
-    with sink.conn.transaction():
-        rows = sink.conn.execute("SELECT identifier, datestamp FROM records WHERE partner_id = %s "
-                                 "AND identifier = ANY(%s)", (partner_id, identifiers)).fetchall()
-    return {row[0]: row[1] for row in rows}

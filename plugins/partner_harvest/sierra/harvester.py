@@ -7,6 +7,13 @@ a version stamped D+1 or later (a record re-created later).
 
 Full load: the ``bibs/marc`` export, keyset over id blocks; then the JSON API's list of
 live ids is the second witness (I12), and the bibs the export left out are fetched.
+
+Suppressed bibs (``options.sierra.suppressed``): ``purge`` (the default) holds only public
+bibs: one the change poll shows suppressed is a deletion with reason ``suppressed``, the
+full load turns the suppressed ids of its range (listed first, ``suppressed=true``) into
+deletions, and its witness and the reconcile count public bibs only. ``flag`` holds them
+carrying the warning ``sierra.suppressed``; ``keep`` holds them as any bib. A bib the API
+lists without MARC (deleted in Sierra, still listed) is a deletion with reason ``no_marc``.
 """
 
 from __future__ import annotations
@@ -16,9 +23,12 @@ import logging
 import math
 import re
 import time
+from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import date, datetime, timedelta, timezone
 from datetime import time as dtime
 from typing import Any, NamedTuple, TypeVar
@@ -26,8 +36,8 @@ from typing import Any, NamedTuple, TypeVar
 from partner_harvest import durations
 from partner_harvest.adapters import Adapter, IdSink, ItemSink, PartnerClock, StagingSink, SweptId
 from partner_harvest.errors import ConfigurationError, HarvestError, HarvestLoopError, PartnerAsksToWait
-from partner_harvest.formats.checks import policy_of
-from partner_harvest.records import HarvestItem, HarvestStats, Rejected, Tombstone
+from partner_harvest.formats.checks import Finding, policy_of
+from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
 from partner_harvest.registry import Partner, SliceSettings
 from partner_harvest.sierra import marc, resume
 from partner_harvest.sierra.client import (
@@ -56,6 +66,9 @@ TRUNCATION_SUSPECT = 0.95  # records this close to the ceiling may have lost the
 CHECK_KIND = "sierra-id-enumeration"
 MISSING_BATCH = 500  # missing ids read back from PostgreSQL at a time (fetched 25 per request)
 _RAW_907 = re.compile(rb"\x1fa\.b(\d+)[\dx]", re.IGNORECASE)
+SUPPRESSED = "suppressed"  # deletions.reason: the bib became suppressed (options.sierra.suppressed: purge)
+NO_MARC = "no_marc"  # deletions.reason: the API lists the bib without MARC (deleted, still listed)
+FLAGGED = Finding("sierra.suppressed", "the bib is suppressed in the catalogue (not public)")
 
 
 def sierra_timestamp(value: datetime) -> str:
@@ -90,7 +103,11 @@ class SierraAdapter(Adapter):
         self.client = client
         self.sleep = sleep
         self.validation = policy_of(partner.options.validation)
+        self.suppressed = partner.options.sierra.suppressed
         self.fields = tuple(partner.fields) or DEFAULT_FIELDS
+        if self.suppressed != "keep" and "suppressed" not in self.fields:
+            self.fields = (*self.fields, "suppressed")  # the poll must say which bibs are suppressed
+        self._suppressed_ids = array("q")  # a full load's suppressed ids of its range, ascending
         missing = [f for f in REQUIRED_FIELDS if f not in self.fields]
         if missing:
             raise ConfigurationError(partner.id, "registry", f"'fields' must include {', '.join(missing)}")
@@ -253,14 +270,56 @@ class SierraAdapter(Adapter):
             updated: datetime | None = parse_sierra_timestamp(str(entry["updatedDate"]))
         except (KeyError, ValueError):
             updated = None
+        if entry.get("suppressed") is True and self.suppressed == "purge":
+            return Tombstone(bib_id, updated or fallback, SUPPRESSED)
         if not entry.get("marc"):
-            return Rejected(bib_id, "bib without its 'marc' field", _json(entry), updated or fallback, marc.PREFIX)
+            unasked = sorted(set(entry) - set(self.fields))
+            if unasked:  # an answer of other fields than asked (recorded servers do): nothing says the MARC is gone
+                return Rejected(bib_id, f"bib without its 'marc' field, in an answer of fields not asked for "
+                                f"({', '.join(unasked[:6])})", _json(entry), updated or fallback, marc.PREFIX)
+            # Asked for and absent: deleted in Sierra but still listed. What was held of it must not stay.
+            log.warning("%s: bib %s is listed without MARC: a deletion (no_marc)", self.partner_id, bib_id)
+            return Tombstone(bib_id, updated or fallback, NO_MARC)
         try:
             record = marc.from_marc_json(entry["marc"])
         except Exception as exc:
             return Rejected(bib_id, f"MARC-in-JSON unreadable: {type(exc).__name__}: {exc}", _json(entry),
                             updated or fallback, marc.PREFIX)
-        return marc.to_item(record, bib_id, updated or marc.stamp_of(record) or fallback, self.validation)
+        item = marc.to_item(record, bib_id, updated or marc.stamp_of(record) or fallback, self.validation)
+        return self._flagged(item) if entry.get("suppressed") is True else item
+
+    def _flagged(self, item: HarvestItem) -> HarvestItem:
+        """A suppressed bib's record with ``suppressed: flag``: it carries the warning."""
+        if self.suppressed == "flag" and isinstance(item, Record):
+            return replace(item, warnings=(*item.warnings, FLAGGED))
+        return item
+
+    def _public_only(self, params: dict[str, Any]) -> dict[str, Any]:
+        """A listing of live ids: with ``purge``, of public bibs only (suppressed ones are not held)."""
+        return {**params, "suppressed": "false"} if self.suppressed == "purge" else params
+
+    def _list_suppressed(self, start: int, end: int | None) -> array[int]:
+        """The suppressed live ids of a full load's range, ascending (8 bytes each): the export
+        does not say which bibs are suppressed."""
+        ids = array("q")
+        if self.suppressed == "keep":
+            return ids
+        for entries in self.client.bib_pages({"suppressed": "true", "deleted": "false", "fields": "id"}, MAX_LIMIT,
+                                             start_id=start, end_id=end):
+            ids.extend(int(e["id"]) for e in entries if str(e.get("id", "")).isdigit())
+        log.info("%s: %d suppressed bibs in the full load's range (options.sierra.suppressed: %s)",
+                 self.partner_id, len(ids), self.suppressed)
+        return ids
+
+    def _exported(self, item: HarvestItem, bib_id: str, stamp: datetime) -> HarvestItem:
+        """An exported bib as the partner's suppression choice has it."""
+        ids = self._suppressed_ids
+        at = bisect_left(ids, int(bib_id)) if bib_id.isdigit() else len(ids)
+        if at == len(ids) or ids[at] != int(bib_id):
+            return item
+        if self.suppressed == "purge":
+            return Tombstone(bib_id, stamp, SUPPRESSED)
+        return self._flagged(item)
 
     def _tombstone(self, entry: dict[str, Any], bib_id: str) -> HarvestItem:
         try:
@@ -305,6 +364,7 @@ class SierraAdapter(Adapter):
             stats.expected = self._expected_bibs()
         if piece is not None and piece.estimate is not None:
             stats.expected = piece.estimate  # the plan's id span, already in harvest_runs
+        self._suppressed_ids = self._list_suppressed(start, piece.hi if piece is not None else None)
         self._progress_since = (time.monotonic(), stats.fetched)  # the time left counts this try's rate
         self._export(window, sink, stats, start, piece)
         self._prove_complete(window, sink, stats, piece)
@@ -558,19 +618,19 @@ class SierraAdapter(Adapter):
                 reason = d.problem or "MARC: no bib id (neither 907 $a nor 001)"
                 items.append(Rejected(d.bib_id or where, reason, marc.escape_raw(d.raw), stamp, marc.PREFIX))
             elif index in suspects:
-                items.append(self._refetch(d.bib_id, stamp))
+                items.append(self._exported(self._refetch(d.bib_id, stamp), d.bib_id, stamp))
             elif d.fast is not None:
-                items.append(marc.fast_item(d.fast, d.bib_id, stamp, self.validation))
+                items.append(self._exported(marc.fast_item(d.fast, d.bib_id, stamp, self.validation), d.bib_id, stamp))
             else:
                 assert d.record is not None
-                items.append(marc.to_item(d.record, d.bib_id, stamp, self.validation))
+                items.append(self._exported(marc.to_item(d.record, d.bib_id, stamp, self.validation), d.bib_id, stamp))
         return items
 
     def _prove_complete(self, window: Window, sink: ItemSink, stats: HarvestStats,
                         piece: SliceFacts | None = None) -> None:
         """I12: list the live ids through the JSON API, compare in SQL, fetch what is missing.
 
-        The enumeration (``deleted=false``, suppressed included) is staged with COPY and
+        The enumeration (``deleted=false``; with ``purge`` only public bibs) is staged with COPY and
         compared with this channel's staged records and rejects; the missing bibs are
         fetched in id-list batches into the same staging, and the check is recorded.
         """
@@ -582,8 +642,8 @@ class SierraAdapter(Adapter):
         pages = 0
         start_id, end_id = (piece.lo or 0, piece.hi) if piece is not None else (0, None)
         # One page fetched ahead: the server lists the next ids while this page is copied.
-        for entries in one_ahead(self.client.bib_pages({"deleted": "false", "fields": "id"}, MAX_LIMIT, start_id, end_id),
-                                 f"ids-{self.partner_id}"):
+        listing = self._public_only({"deleted": "false", "fields": "id"})
+        for entries in one_ahead(self.client.bib_pages(listing, MAX_LIMIT, start_id, end_id), f"ids-{self.partner_id}"):
             listed.write_page([(str(e["id"]), None, False) for e in entries if e.get("id")])
             pages += 1
         gap = completeness.measure_gap(conn, run)
@@ -670,8 +730,8 @@ class SierraAdapter(Adapter):
         piece = window.protocol.slice
         start, end = (piece.lo or 0, piece.hi) if piece is not None else (0, None)
         with self._rate_limit_frees_the_slot():
-            for entries in self.client.bib_pages({"deleted": "false", "fields": "id"}, self.partner.page_size,
-                                                 start_id=start, end_id=end):
+            for entries in self.client.bib_pages(self._public_only({"deleted": "false", "fields": "id"}),
+                                                 self.partner.page_size, start_id=start, end_id=end):
                 stats.pages += 1
                 rows: list[SweptId] = [(str(e["id"]), None, False) for e in entries if e.get("id")]
                 stats.fetched += len(rows)

@@ -113,6 +113,7 @@ def _task_states() -> dict[str, tuple[str, int]]:
     return {task: (str(getattr(state, "value", state)), tries) for task, state, tries in rows}
 
 
+@pytest.mark.timeout(240)  # a real retry delay is waited out, with two dag.test() processes' start
 def test_a_real_retry_reads_retrying_on_the_page_and_in_status(
         registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db) -> None:
     from fastapi.testclient import TestClient

@@ -34,6 +34,7 @@ def main() -> int:
 
     from partner_harvest.factory import Endpoint, build_adapter
     from partner_harvest.registry import Partner
+    from partner_harvest.sierra.export import expected_bibs
 
     logging.basicConfig(level=logging.WARNING)
     partner = Partner(id="bench_sierra", protocol="sierra", conn_id="-", page_size=BLOCK,
@@ -45,21 +46,21 @@ def main() -> int:
         with support.simulator("sierra", *sim_args) as url:
             support.control(url, "warm_export", {})
             adapter = build_adapter(partner, Endpoint(url, KEY, SECRET))
-            adapter._first_id_from(0)  # the token and the connection, outside the measurement
+            adapter.first_id_from(0)  # the token and the connection, outside the measurement
             probes, estimates, block_times = [], [], []
-            original = adapter._first_id_from
+            original = adapter.first_id_from
 
             def counted(start: int) -> int | None:
                 probes.append(start)
                 return original(start)
 
-            adapter._first_id_from = counted
+            adapter.first_id_from = counted
             load = os.getloadavg()[0]
             seconds = []
             for _ in range(args.repeat):
                 probes.clear()
                 began = time.perf_counter()
-                estimates.append(adapter._expected_bibs())
+                estimates.append(expected_bibs(adapter, BLOCK))
                 seconds.append(time.perf_counter() - began)
             count = len(probes)
             for _ in range(args.repeat):

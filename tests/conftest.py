@@ -137,7 +137,7 @@ SLOWEST_FIRST = (
 # xdist scope, so one worker runs them one after the other (adjacent in SLOWEST_FIRST too) and
 # starts the stack once. Apart, each worker would start a stack of its own: slower, still right.
 SHARED_STACK_MODULES = ("tests/e2e/test_airflow_services.py", "tests/e2e/test_approval_gates_e2e.py",
-                        "tests/e2e/test_health_index_states.py")
+                        "tests/e2e/test_rerun_from_the_ui.py", "tests/e2e/test_health_index_states.py")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -44,7 +44,7 @@ def _state(dag_ids: list[str]) -> dict:
 
 
 @pytest.fixture
-def fleet(airflow_db, aggregation_conn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def fleet(airflow_api, aggregation_conn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Two new partners whose DAGs the dag-processor has parsed (serialized, paused)."""
     from airflow.dag_processing.bundles.manager import DagBundlesManager
     from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
@@ -105,7 +105,9 @@ def test_onboard_brings_airflow_in_line_once_and_a_second_pass_changes_nothing(f
     assert set(after["paused"].values()) == {False}
     assert [dag for dag, _ in after["runs"]] == [f"harvest_{a}"]  # b has a cursor: no first harvest
     assert Pool.get_pool(f"partner_{a}").slots == 2 and Pool.get_pool(f"partner_{b}").slots == 1
-    stored = admin.Connection.get_connection_from_secrets(f"partner_{a}")
+    from airflow.models.connection import Connection
+
+    stored = Connection.get_connection_from_secrets(f"partner_{a}")
     assert stored.password == "s3cret-pw" and stored.extra_dejson == {"verify": "/etc/ssl/partner-ca.pem"}
 
     assert main(["onboard", "--connections", str(file)]) == 0

@@ -53,9 +53,10 @@ def partner_overview(
 
 
 def ui_base_url() -> str:
-    """The Airflow UI's base URL, when this environment says it (``[api] base_url`` as the
-    services read it: AIRFLOW__API__BASE_URL); else links are printed from the UI's root."""
-    return os.environ.get("AIRFLOW__API__BASE_URL", "").rstrip("/")
+    """The Airflow UI's base URL, when this environment says it (the REST API's
+    HARVEST_AIRFLOW_API_URL, as ``scripts/airflow_ui.sh env`` exports it, or ``[api] base_url``
+    as AIRFLOW__API__BASE_URL); else links are printed from the UI's root."""
+    return (os.environ.get("HARVEST_AIRFLOW_API_URL") or os.environ.get("AIRFLOW__API__BASE_URL") or "").rstrip("/")
 
 
 def scheduler_runs(partners: list[Partner]) -> tuple[dict[str, SchedulerRun] | None, str | None]:

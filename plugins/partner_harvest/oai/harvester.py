@@ -26,7 +26,7 @@ from itertools import islice
 from typing import TypeVar, cast
 
 from partner_harvest import durations
-from partner_harvest.adapters import Adapter, IdSink, ItemSink, PartnerClock
+from partner_harvest.adapters import Adapter, IdSink, PartnerClock, StagingSink
 from partner_harvest.errors import HarvestError, PartnerHttpError, PartnerProtocolError
 from partner_harvest.formats.checks import policy_of
 from partner_harvest.oai import parse, slicing
@@ -149,7 +149,7 @@ class OaiAdapter(Adapter):
         full = piece.of_full if piece is not None else window.is_full
         return self.selection.sweeps_leavers and not full and window.mode != "reconcile"
 
-    def harvest(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
+    def harvest(self, window: Window, sink: StagingSink, stats: HarvestStats) -> None:
         prefix = _prefix(window)
         oai_granularity = window.protocol.oai_granularity or DAY_GRANULARITY
         from_ = format_datestamp(window.from_, oai_granularity) if window.from_ else None
@@ -194,7 +194,7 @@ class OaiAdapter(Adapter):
                 stats.reset()
                 stats.restarts = restarts
 
-    def _stream_refusable(self, prefix: str, window: Window, set_spec: str | None, sink: ItemSink,
+    def _stream_refusable(self, prefix: str, window: Window, set_spec: str | None, sink: StagingSink,
                           stats: HarvestStats) -> None:
         """The window's stream; bisected while the repository refuses it as too large."""
         oai_granularity = window.protocol.oai_granularity or DAY_GRANULARITY
@@ -205,7 +205,7 @@ class OaiAdapter(Adapter):
             stats.complete_list_size = None if None in sizes else sum(sizes)  # type: ignore[arg-type]
 
     def _stream_piece(self, prefix: str, low: datetime | None, high: datetime, oai_granularity: str,
-                      set_spec: str | None, sink: ItemSink, stats: HarvestStats, guess: datetime,
+                      set_spec: str | None, sink: StagingSink, stats: HarvestStats, guess: datetime,
                       depth: int, sizes: list[int | None]) -> None:
         from_ = format_datestamp(low, oai_granularity) if low else None
         until = format_datestamp(high, oai_granularity)
@@ -269,7 +269,7 @@ class OaiAdapter(Adapter):
         """A list one request showed empty; or any list of a window whose whole repository is."""
         return key in self._known_empty or (*key[:3], None) in self._known_empty
 
-    def _stream(self, prefix: str, from_: str | None, until: str, set_spec: str | None, sink: ItemSink,
+    def _stream(self, prefix: str, from_: str | None, until: str, set_spec: str | None, sink: StagingSink,
                 stats: HarvestStats) -> None:
         if self._is_known_empty((prefix, from_, until, set_spec)):
             stats.pages += 1  # the empty answer window_is_empty read, as a harvest would count it
@@ -293,7 +293,7 @@ class OaiAdapter(Adapter):
 
     # -- identifiers_then_get ------------------------------------------------------------
 
-    def _get_records(self, page: parse.ListPage, prefix: str, pool: ThreadPoolExecutor, sink: ItemSink,
+    def _get_records(self, page: parse.ListPage, prefix: str, pool: ThreadPoolExecutor, sink: StagingSink,
                      forbidden: list[int]) -> list[HarvestItem]:
         """One ListIdentifiers page as items: a deleted header is a deletion (no GetRecord); a
         live one is the record a GetRecord returns now (``_get_workers`` at a time)."""
@@ -355,7 +355,7 @@ class OaiAdapter(Adapter):
 
     # -- the selection -------------------------------------------------------------------
 
-    def _selected(self, items: list[HarvestItem], sink: ItemSink) -> list[HarvestItem]:
+    def _selected(self, items: list[HarvestItem], sink: StagingSink) -> list[HarvestItem]:
         """A page's items as the partner's selection has them: a record in an excluded set is
         a deletion, staged only when the aggregation holds it (selection.py); the others are
         counted in ``_not_held`` (the lists' counts include them)."""
@@ -365,12 +365,12 @@ class OaiAdapter(Adapter):
         excluded = [i.identifier for i in judged if isinstance(i, Tombstone) and i.reason == EXCLUDED]
         if not excluded:
             return judged
-        held = held_stamps(sink, self.partner_id, excluded)
+        held = held_stamps(sink.conn, self.partner_id, excluded)
         kept = [i for i in judged if not (isinstance(i, Tombstone) and i.reason == EXCLUDED) or i.identifier in held]
         self._not_held += len(judged) - len(kept)
         return kept
 
-    def _sweep_leavers(self, prefix: str, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
+    def _sweep_leavers(self, prefix: str, window: Window, sink: StagingSink, stats: HarvestStats) -> None:
         """The whole repository's headers of the window (ListIdentifiers): a record held here
         that left the partner's sets, moved into an excluded one, or was deleted (a set's list
         may omit a deletion) becomes a deletion. Bisected like any list when refused as too large."""
@@ -380,7 +380,7 @@ class OaiAdapter(Adapter):
         finally:
             self._sweeping = False
 
-    def _stream_headers(self, prefix: str, from_: str | None, until: str, sink: ItemSink, stats: HarvestStats,
+    def _stream_headers(self, prefix: str, from_: str | None, until: str, sink: StagingSink, stats: HarvestStats,
                         started: float) -> None:
         pages = self.client.list_pages("ListIdentifiers", metadata_prefix=prefix, set_spec=None, from_=from_,
                                        until=until)
@@ -388,7 +388,7 @@ class OaiAdapter(Adapter):
             self._stream_pages(pages, sink, stats, started, lambda page: self._leavers(page, sink), "sweep ")
         stats.complete_list_size = None  # the sweep's count is the repository's, not the selection's
 
-    def _leavers(self, page: parse.ListPage, sink: ItemSink) -> list[HarvestItem]:
+    def _leavers(self, page: parse.ListPage, sink: StagingSink) -> list[HarvestItem]:
         gone: list[HarvestItem] = []
         for header in page.items:
             if not isinstance(header, parse.OaiHeader) or not header.identifier or header.datestamp is None:
@@ -396,10 +396,10 @@ class OaiAdapter(Adapter):
             leaves, reason = self.selection.leaver(header.set_specs, header.deleted)
             if leaves:
                 gone.append(Tombstone(header.identifier, header.datestamp, reason))
-        held = held_stamps(sink, self.partner_id, [item.identifier for item in gone])
+        held = held_stamps(sink.conn, self.partner_id, [item.identifier for item in gone])
         return [item for item in gone if item.identifier in held]
 
-    def _stream_pages(self, pages: Iterable[parse.ListPage], sink: ItemSink, stats: HarvestStats,
+    def _stream_pages(self, pages: Iterable[parse.ListPage], sink: StagingSink, stats: HarvestStats,
                       started: float, items_of: Callable[[parse.ListPage], list[HarvestItem]],
                       what: str = "") -> None:
         cleaned = 0

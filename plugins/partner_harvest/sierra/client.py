@@ -2,7 +2,7 @@
 
 Facts of production catalogues this encodes (see the Sierra reference):
 - tokens last an hour and cannot be refreshed: fetch a new one before expiry, and once
-  more on a 401 with code 123/120;
+  more on any 401 (codes 123/120 documented, 113 seen on expired tokens);
 - 404 with code 107 on a list query means "no results";
 - pages end on a short page; ``total`` is only the size of this page;
 - ``bibs/marc`` is two-phase: a summary naming a file, the file, then DELETE the file.
@@ -33,21 +33,20 @@ from partner_harvest.errors import (
     PartnerHttpError,
     PartnerProtocolError,
 )
+from partner_harvest.sierra.spec import CLIENT_STATUSES
 from partner_harvest.transport import RETRY_STATUSES, ServerAsksToWait, partner_request
 
 log = logging.getLogger(__name__)
 
-AUTH_EXPIRED_CODES = frozenset({120, 123})  # documented; a 401 with another code (113) is retried once too
 NOT_FOUND = 107
 EXPORT_FAILED = 135  # "External Process Failed : bib2Marc process failed twice..."
 RATE_LIMITED = 138
 MAX_LIMIT = 2000
-# One retry layer per failure kind. A 500 carries Sierra's error code (135 export failed,
-# 138 rate limited) that only this client can read, and a 429 names a wait the harvester
-# weighs (a long one frees the worker slot): the transport hands both over at once and
-# this client retries the 500s (``server_error_tries``). The gateway answers (502, 503,
-# 504) and broken connections are the transport's alone (``options.http.retries``).
-TRANSPORT_RETRY_STATUSES = RETRY_STATUSES - {500, 429}
+# One retry layer per failure kind: the transport hands the statuses this client reads over
+# at once (spec.CLIENT_STATUSES) and this client retries the 500s (``server_error_tries``).
+# The gateway answers (502, 503, 504) and broken connections are the transport's alone
+# (``options.http.retries``).
+TRANSPORT_RETRY_STATUSES = RETRY_STATUSES - CLIENT_STATUSES
 _FILE_ID = re.compile(r"[A-Za-z0-9._-]+")
 
 
@@ -78,7 +77,6 @@ class RateLimited(PartnerProtocolError):
         self.retry_after = retry_after
 
 
-ExportRateLimited = RateLimited  # the name the export loop has always caught
 _TRY_AGAIN = re.compile(r"try again in (\d+) (second|minute|hour)s?", re.IGNORECASE)
 _UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600}
 

@@ -124,14 +124,14 @@ class StagingWriter:
             )
 
 
-def held_stamps(sink: object, partner_id: str, identifiers: list[str]) -> dict[str, datetime]:
-    """The stamps the aggregation holds for ``identifiers`` (only a PostgreSQL staging sink
-    knows: any other sink holds nothing)."""
-    if not identifiers or not isinstance(sink, StagingWriter):
+def held_stamps(conn: psycopg.Connection | None, partner_id: str, identifiers: list[str]) -> dict[str, datetime]:
+    """The stamps the aggregation holds for ``identifiers``, read on a staging sink's ``conn``
+    (adapters.StagingSink; a sink that is no database, None, holds nothing)."""
+    if not identifiers or conn is None:
         return {}
-    with sink.conn.transaction():
-        rows = sink.conn.execute("SELECT identifier, datestamp FROM records WHERE partner_id = %s "
-                                 "AND identifier = ANY(%s)", (partner_id, identifiers)).fetchall()
+    with conn.transaction():
+        rows = conn.execute("SELECT identifier, datestamp FROM records WHERE partner_id = %s "
+                            "AND identifier = ANY(%s)", (partner_id, identifiers)).fetchall()
     return {row[0]: row[1] for row in rows}
 
 

@@ -31,8 +31,9 @@ class ControlledServer(LoopbackServer):
     _json_reply: Callable[[int, dict[str, Any]], Response]  # e.g. staticmethod(_json)
 
     def __init__(self, host: str, port: int, handler: type[LoopbackHandler],
-                 model: SimulatedModel[Any]) -> None:
-        super().__init__(host, port, handler)
+                 model: SimulatedModel[Any], *, keep_alive_timeout: float | None = None,
+                 keep_alive_max: int | None = None) -> None:
+        super().__init__(host, port, handler, keep_alive_timeout=keep_alive_timeout, keep_alive_max=keep_alive_max)
         self._model = model
 
     def _report(self, action: str) -> Response | None:
@@ -63,6 +64,14 @@ class ControlledServer(LoopbackServer):
             return self._json_reply(404, {"error": f"unknown report: {action}"})
         return report
 
+    def _control_close_idle_connections(self, data: dict[str, Any]) -> dict[str, Any]:
+        return {"closed": self.close_idle_connections()}
+
+    def _control_keep_alive(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Set the idle timeout (``timeout`` seconds, null: never) out of process."""
+        self.keep_alive_timeout = None if data.get("timeout") is None else float(data["timeout"])
+        return {"keep_alive_timeout": self.keep_alive_timeout}
+
     def _control_mutate(self, data: dict[str, Any]) -> dict[str, Any]:
         model = self._model
         result: dict[str, Any] = {"edited": [], "deleted": [], "added": []}
@@ -79,6 +88,10 @@ class ControlledServer(LoopbackServer):
                 result["added"] += model.add(int(data["add"]))
             if data.get("recreate") and hasattr(model, "recreate"):
                 result["recreated"] = model.recreate(int(data["recreate"]))
+            if data.get("edit_silently") and hasattr(model, "edit_silently"):
+                result["edited_silently"] = model.edit_silently(int(data["edit_silently"]))
+            if data.get("rename") and hasattr(model, "rename"):
+                result["renamed"] = model.rename(str(data["rename"]), restamp=bool(data.get("restamp", True)))
             if data.get("move_sets") and hasattr(model, "move_sets"):
                 result["moved"] = model.move_sets(int(data["move_sets"]))
             result["clock"] = iso_seconds(model.clock)

@@ -36,11 +36,16 @@ class Wiring:
     session: requests.Session  # the partner's session: its policy, transport, credentials, pacing, response hooks
     policy: HttpPolicy  # the session's policy (http_policy)
     credentials: Credentials | None  # the session's (credentials())
+    counted: Callable[..., None] | None = None  # the response hook counting Adapter.responses
 
     def new_session(self) -> requests.Session:
-        """Another session of the same policy, transport and credentials, unpaced (a client's worker threads)."""
-        return build_session(self.partner.id, self.policy, home=self.endpoint.base_url,
-                             transport=transport(self.partner, self.endpoint), credentials=self.credentials)
+        """Another session of the same policy, transport and credentials, unpaced (a client's
+        worker threads); its responses count as the adapter's too."""
+        session = build_session(self.partner.id, self.policy, home=self.endpoint.base_url,
+                                transport=transport(self.partner, self.endpoint), credentials=self.credentials)
+        if self.counted is not None:
+            session.hooks["response"].append(self.counted)
+        return session
 
 
 def http_policy(partner: Partner) -> HttpPolicy:
@@ -97,4 +102,13 @@ def build_adapter(partner: Partner, endpoint: Endpoint, *, pacing: Callable[[], 
                             pacer=pacer(partner, endpoint, pacing), credentials=auth)
     if on_response is not None:
         session.hooks["response"].append(lambda response, *args, **kwargs: on_response(response))
-    return spec_of(partner.protocol).build(Wiring(partner, endpoint, session, policy, auth))
+    built: list[Adapter] = []
+
+    def count(response: requests.Response, *args: Any, **kwargs: Any) -> None:
+        if built:  # Adapter.responses: what a step spent (the content check reports it)
+            built[0].responses += 1
+
+    session.hooks["response"].append(count)
+    adapter = spec_of(partner.protocol).build(Wiring(partner, endpoint, session, policy, auth, count))
+    built.append(adapter)
+    return adapter

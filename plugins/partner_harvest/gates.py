@@ -24,10 +24,12 @@ import psycopg
 from partner_harvest import durations
 from partner_harvest.registry import Partner
 from partner_harvest.store import gates as sql
+from partner_harvest.store import moves
 from partner_harvest.store.gates import Request, Shrink
 from partner_harvest.window import Window, parse_instant
 
 PURGE, SHRINK = "purge", "shrink"
+APPROVE, REJECT, MOVE = "Approve", "Reject", "Move"  # the answers a request offers (HITL options)
 
 
 def covers_whole_collection(window: Window) -> bool:
@@ -55,15 +57,17 @@ def harvest_shrink(conn: psycopg.Connection, partner: Partner, run_id: str, wind
 def reconcile_shrink(conn: psycopg.Connection, partner: Partner, run_id: str, outcome: Mapping[str, Any],
                      channel: str = "reconcile") -> Shrink:
     """A gated reconcile's request figures: what its plan held and what it staged to purge."""
+    movable = moves.count_staged(conn, partner.id, run_id, whole_collection=False)
+    conn.commit()
     return Shrink(int(outcome["local"]), int(outcome["staged_removals"]), 0,
-                  sql.reconcile_sample(conn, partner.id, run_id, channel))
+                  sql.reconcile_sample(conn, partner.id, run_id, channel), movable)
 
 
 def approval_since(request: Request, outcome: Mapping[str, Any]) -> datetime:
-    """From when no other run of the partner may have applied for the approved apply to write
-    (store/fences.Fence.applied_before): the request's instant, or a sliced reconcile's plan
-    (``planned_at``) when earlier. Its lease ends with its settle task, before the gate asks:
-    a harvest applied in between changed what the sweep compared, as one during the wait."""
+    """From when no other run of the partner may have changed a record the approved apply
+    purges (store/fences.Fence.applied_before): the request's instant, or a sliced reconcile's
+    plan (``planned_at``) when earlier. Its lease ends with its settle task, before the gate
+    asks: a harvest applied in between may have changed what the sweep compared, as one during the wait."""
     planned = outcome.get("planned_at")
     since = parse_instant(planned) if isinstance(planned, str) else planned
     return min(since, request.requested_at) if isinstance(since, datetime) else request.requested_at
@@ -82,8 +86,14 @@ def request_path(request: Request) -> str:
 def subject(request: Request) -> str:
     what = "reconcile purge" if request.kind == PURGE else "shrinking harvest"
     share = (request.removals + request.absent) / request.held if request.held else 0.0
+    moved = f"; {request.movable} reappear under new identifiers: Move?" if request.movable else ""
     return (f"{request.partner_id}: approve a {what}? {request.removals + request.absent} of {request.held} "
-            f"records ({share:.1%}, limit {request.limit_fraction:.0%})")
+            f"records ({share:.1%}, limit {request.limit_fraction:.0%}){moved}")
+
+
+def options(request: Request) -> list[str]:
+    """The answers the request offers: Move beside Approve and Reject when records would move."""
+    return [APPROVE, REJECT, MOVE] if request.movable else [APPROVE, REJECT]
 
 
 def body(request: Request, partner: Partner, links: Mapping[str, str], timeout_note: str,
@@ -113,14 +123,21 @@ def body(request: Request, partner: Partner, links: Mapping[str, str], timeout_n
     ]
     if request.kind == SHRINK and whole_collection:
         lines.append(f"| not returned by this full harvest (kept by the apply; a reconcile decides) | {request.absent} |")
+    if request.movable:
+        lines += ["", f"**{request.movable} of these records come back under new identifiers** with identical content "
+                  "(the same content hash): the partner renamed them (a new OAI base or identifier scheme?)."]
     lines += ["", f"**A sample of what would go** (first {len(request.sample)} by identifier):", ""]
     lines += [f"- `{item['identifier']}` {item.get('title') or '(no title)'}: {item['why']}" for item in request.sample]
     lines += [
         "",
         "**Approve** applies exactly this staged run (nothing harvested again). It refuses, and applies "
-        "nothing, if the partner changed while it waited (`forget`, `reset-cursor`, or another run applied).",
+        "nothing, if the partner changed while it waited (`forget`, `reset-cursor`, or another run changed one of "
+        "the records this run would purge; quiet nights and other records' changes do not count).",
         "**Reject** abandons the run: its staging is dropped, no record changes, no cursor moves; "
         "`harvest_runs` and `approval_requests` record it.",
+        *(["**Move** applies the run too, but each matched record moves to its new identifier instead of a purge "
+           "and an addition: it keeps its history and first-harvested time, and the change feed says `moved` "
+           "(old → new). Unmatched records are purged and added as with Approve."] if request.movable else []),
         timeout_note,
         "",
         " · ".join(f"[{label}]({url})" for label, url in links.items()),

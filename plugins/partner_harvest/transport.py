@@ -25,10 +25,11 @@ import http.client
 import io
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -248,6 +249,14 @@ class RequestPacer(Protocol):
         """The response's headers came after ``seconds`` (``status`` None: the request failed)."""
         ...
 
+    def judged_by_caller(self) -> AbstractContextManager[None]:
+        """A block whose strained answers wait for the caller's reading of their body."""
+        ...
+
+    def excuse(self) -> None:
+        """The answer just read was about a record (its body said so), not strain on the host."""
+        ...
+
     def close(self) -> None:
         """The session is done: give back what the pacing holds (a database connection)."""
         ...
@@ -256,39 +265,73 @@ class RequestPacer(Protocol):
 _PACER: ContextVar[RequestPacer | None] = ContextVar("partner_http_pacer", default=None)
 
 
+# A request on a reused connection that fails this way before any answer met a connection
+# the server had closed (its idle keep-alive timeout passed): urllib3 sends it again on a new one.
+_STALE_CONNECTION_ERRORS = (ConnectionError,)  # RemoteDisconnected, resets, broken pipes
+_KEEP_ALIVE_TIMEOUT = re.compile(r"(?:^|[,;\s])timeout\s*=\s*(\d+)", re.IGNORECASE)
+
+
+def keep_alive_timeout(header: str | None) -> float | None:
+    """The idle timeout a server announces (``Keep-Alive: timeout=5, max=100``), or None."""
+    match = _KEEP_ALIVE_TIMEOUT.search(header or "")
+    return float(match.group(1)) if match else None
+
+
 class _Paced:
-    """A connection whose every request waits for its slot and reports how the host answered."""
+    """A connection that reports how the host answered each request to the pacer, and knows
+    how long its server keeps it open while idle (the ``Keep-Alive`` header).
+
+    The wait for the request's pacing slot happens in the pool (:class:`_PacedPool`), before
+    a connection is handed out: a connection the server closed during the wait is then seen
+    closed and replaced, instead of carrying the request into a reset. A request that still
+    meets a closed connection (sent just as the server closed it) is no strain on the host:
+    urllib3 sends it again at once on a new connection, whose answer is what counts.
+    """
 
     _pace_started: float | None = None
+    _answered_on: object = None  # the socket of the last response: a request sent on it reuses it
+    _reused = False
+    keep_alive: float | None = None  # the idle timeout the server announced on its last response
+    idle_since: float | None = None  # when the connection went back to the pool
 
     def request(self, *args: Any, **kwargs: Any) -> None:
-        pacer = _PACER.get()
-        if pacer is not None:
-            waited = pacer.before()
-            deadline = _DEADLINE.get()
-            if deadline is not None and waited:
-                deadline.extend(waited)  # waiting for the slot is politeness, not the server's time
+        self._reused = self.sock is not None and self.sock is self._answered_on  # type: ignore[attr-defined]
+        if _PACER.get() is not None:
             self._pace_started = time.monotonic()
         try:
             super().request(*args, **kwargs)  # type: ignore[misc]
-        except BaseException:
-            self._report(None)
+        except BaseException as exc:
+            self._report(None, exc)
             raise
 
     def getresponse(self) -> Any:
         try:
             response = super().getresponse()  # type: ignore[misc]
-        except BaseException:
-            self._report(None)
+        except BaseException as exc:
+            self._report(None, exc)
             raise
+        self._answered_on = self.sock  # type: ignore[attr-defined]
+        self.keep_alive = keep_alive_timeout(response.headers.get("Keep-Alive"))
         self._report(response.status)
         return response
 
-    def _report(self, status: int | None) -> None:
+    def idle_expired(self) -> bool:
+        """Idle so long that its server has closed it, or is about to (its announced timeout,
+        less a second for the request's way there)."""
+        if self.keep_alive is None or self.idle_since is None:
+            return False
+        return time.monotonic() - self.idle_since >= max(self.keep_alive - 1.0, self.keep_alive / 2)
+
+    def _report(self, status: int | None, error: BaseException | None = None) -> None:
         started, self._pace_started = self._pace_started, None
         pacer = _PACER.get()
-        if started is not None and pacer is not None:
-            pacer.after(time.monotonic() - started, status)
+        if started is None or pacer is None:
+            return
+        if status is None and self._reused and isinstance(error, _STALE_CONNECTION_ERRORS):
+            log.info("%s: the server had closed the pooled connection (%s); the request goes again on a new one",
+                     getattr(pacer, "partner_id", "partner"), type(error).__name__)
+            return
+        pacer.after(time.monotonic() - started, status)
 
 
 class _HTTPConnection(_Paced, HTTPConnection):
@@ -299,13 +342,36 @@ class _HTTPSConnection(_Paced, HTTPSConnection):
     response_class = _DeadlineResponse
 
 
-class PartnerHTTPConnectionPool(HTTPConnectionPool):
-    """urllib3's pool, with connections whose responses read through the deadline."""
+class _PacedPool:
+    """A pool whose requests wait for their pacing slot before a connection is handed out
+    (urllib3 then sees whether the server closed it meanwhile), and that drops a connection
+    idle past its server's announced keep-alive timeout before using it again."""
+
+    def _get_conn(self, timeout: float | None = None) -> Any:
+        pacer = _PACER.get()
+        if pacer is not None:
+            waited = pacer.before()
+            deadline = _DEADLINE.get()
+            if deadline is not None and waited:
+                deadline.extend(waited)  # waiting for the slot is politeness, not the server's time
+        conn = super()._get_conn(timeout)  # type: ignore[misc]
+        if isinstance(conn, _Paced) and conn.idle_expired():
+            conn.close()  # type: ignore[attr-defined]  # as urllib3 does with a dropped one: the request connects anew
+        return conn
+
+    def _put_conn(self, conn: Any) -> None:
+        if isinstance(conn, _Paced):
+            conn.idle_since = time.monotonic()
+        super()._put_conn(conn)  # type: ignore[misc]
+
+
+class PartnerHTTPConnectionPool(_PacedPool, HTTPConnectionPool):
+    """urllib3's pool, paced, with connections whose responses read through the deadline."""
 
     ConnectionCls = _HTTPConnection
 
 
-class PartnerHTTPSConnectionPool(HTTPSConnectionPool):
+class PartnerHTTPSConnectionPool(_PacedPool, HTTPSConnectionPool):
     ConnectionCls = _HTTPSConnection
 
 

@@ -177,7 +177,10 @@ def _json(status: int, payload: dict[str, Any]) -> Response:
 
 
 class OaiSimulator(ControlledServer):
-    """Serve `repo` as an OAI-PMH repository on loopback; use as a context manager."""
+    """Serve `repo` as an OAI-PMH repository on loopback; use as a context manager.
+
+    ``keep_alive_timeout``: idle keep-alive connections close after this many seconds,
+    as Apache's default 5 (loopback.py; None: never)."""
 
     _base_path = "/oai"
     _thread_prefix = "oai-simulator"
@@ -185,8 +188,9 @@ class OaiSimulator(ControlledServer):
 
     def __init__(self, repo: SimulatedRepository, host: str = "127.0.0.1", port: int = 0, *,
                  token_lifetime: timedelta = timedelta(hours=1), max_chains: int = 64,
-                 response_delay_ms: float = 0.0, token_markup: str = "plain", list_size: str = "exact") -> None:
-        super().__init__(host, port, _Handler, repo)
+                 response_delay_ms: float = 0.0, token_markup: str = "plain", list_size: str = "exact",
+                 keep_alive_timeout: float | None = 5.0) -> None:
+        super().__init__(host, port, _Handler, repo, keep_alive_timeout=keep_alive_timeout)
         self.token_markup = "plain"
         self.set_token_markup(token_markup)
         if list_size not in LIST_SIZES:
@@ -843,7 +847,7 @@ class OaiSimulator(ControlledServer):
             if record is None:
                 continue
             sets = "" if record.deleted and not repo.deleted_in_sets else set_xml[record.kind]
-            head = (f"<identifier>{ID_PREFIX}{record.number:07d}</identifier>"
+            head = (f"<identifier>{payloads.escape(record.identifier)}</identifier>"
                     f"<datestamp>{fmt(record.stamp)}</datestamp>{sets}")
             if record.deleted:
                 header = f'<header status="deleted">{head}</header>'

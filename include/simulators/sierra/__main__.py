@@ -39,6 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rate-limit-style", choices=("138", "429"), default="138",
                         help="over the export quota: Sierra's code 138 or a gateway's 429 with Retry-After")
     parser.add_argument("--file-origin", default=None, help="origin the export summary's file URL names")
+    parser.add_argument("--poison-every", type=int, default=0,
+                        help="every n-th bib makes a bibs/marc block holding it answer 500/135")
+    parser.add_argument("--keep-alive-timeout", type=float, default=5.0,
+                        help="seconds an idle keep-alive connection stays open (0: never closed)")
     add_listen_arguments(parser)
     return parser
 
@@ -50,14 +54,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         suppressed_fraction=args.suppressed_fraction, oversized_every=args.oversized_every,
         invalid_every=args.invalid_every, mutation_step=timedelta(seconds=args.mutation_step),
         marc8_every=args.marc8_every, no_005_every=args.no_005_every, no_id_every=args.no_id_every,
-        bad_utf8_every=args.bad_utf8_every,
+        bad_utf8_every=args.bad_utf8_every, poison_every=args.poison_every,
     )
     sim = SierraSimulator(catalogue, host=args.host, port=args.port, client_key=args.client_key,
                           client_secret=args.client_secret, token_lifetime=args.token_lifetime,
                           export_quota=args.export_quota, legacy_deleted_stubs=args.legacy_deleted_stubs,
                           export_omits_suppressed=args.export_omits_suppressed,
                           deleted_records_field=args.deleted_records_field, file_origin=args.file_origin,
-                          rate_limit_style=args.rate_limit_style)
+                          rate_limit_style=args.rate_limit_style,
+                          keep_alive_timeout=args.keep_alive_timeout or None)
     return serve_until_signalled(sim)
 
 

@@ -317,7 +317,8 @@ class SierraSimulator(ControlledServer):
     ``file_origin``: the summary's ``file`` URL names this origin (e.g. another
     loopback port) instead of the API's own; the file is still served here.
     ``keep_alive_timeout``/``keep_alive_max``: idle connections close after this many
-    wall-clock seconds; a connection closes after this many requests.
+    wall-clock seconds (Apache's default, announced as ``Keep-Alive: timeout=5``); a
+    connection closes after this many requests (loopback.py; None: never).
 
     Shapes recorded from real servers (tests/fixtures/realworld/sierra):
     ``list_start=False``: list bodies carry ``total`` and ``entries`` only (2017 servers).
@@ -342,7 +343,7 @@ class SierraSimulator(ControlledServer):
                  client_key: str = "demo-key", client_secret: str = "demo-secret", token_lifetime: int = 3600,
                  *, export_quota: int | None = None, legacy_deleted_stubs: bool = False,
                  empty_export_file: bool = False, expired_token_code: int = 123,
-                 keep_alive_timeout: float = 5.0, keep_alive_max: int = 100,
+                 keep_alive_timeout: float | None = 5.0, keep_alive_max: int | None = 100,
                  export_omits_suppressed: bool = False, deleted_records_field: str = "nonzero",
                  file_origin: str | None = None, rate_limit_style: str = "138",
                  list_start: bool = True, specific_code: int = 0, export_file_ids: str = "named",
@@ -357,7 +358,8 @@ class SierraSimulator(ControlledServer):
             raise ValueError("export_file_ids must be named, numeric or bare")
         if deleted_records_field not in ("nonzero", "always", "never"):
             raise ValueError("deleted_records_field must be nonzero, always or never")
-        super().__init__(host, port, _Handler, catalogue)
+        super().__init__(host, port, _Handler, catalogue, keep_alive_timeout=keep_alive_timeout,
+                         keep_alive_max=keep_alive_max)
         self.catalogue = catalogue
         self.client_key = client_key
         self.client_secret = client_secret
@@ -366,8 +368,6 @@ class SierraSimulator(ControlledServer):
         self.legacy_deleted_stubs = legacy_deleted_stubs
         self.empty_export_file = empty_export_file
         self.expired_token_code = expired_token_code
-        self.keep_alive_timeout = keep_alive_timeout
-        self.keep_alive_max = keep_alive_max
         self.export_omits_suppressed = export_omits_suppressed
         self.deleted_records_field = deleted_records_field
         self.file_origin = file_origin.rstrip("/") if file_origin else None
@@ -922,11 +922,6 @@ class _Handler(LoopbackHandler):
     def sim(self) -> SierraSimulator:
         return cast(SierraSimulator, self.server.sim)
 
-    def setup(self) -> None:
-        self.served_on_connection = 0
-        super().setup()
-        self.connection.settimeout(self.sim.keep_alive_timeout)  # idle keep-alive connections get closed
-
     def version_string(self) -> str:
         return self.server_version
 
@@ -953,19 +948,11 @@ class _Handler(LoopbackHandler):
         return result
 
     def _send(self, response: loopback.Response) -> None:
-        sim = self.sim
-        self.served_on_connection += 1
         self.send_response(response.status)
         if response.content_type:
             self.send_header("Content-Type", response.content_type)
         for name, value in response.headers.items():
             self.send_header(name, value)
-        if self.served_on_connection >= sim.keep_alive_max:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        else:
-            timeout = math.ceil(sim.keep_alive_timeout)
-            self.send_header("Keep-Alive", f"timeout={timeout}, max={sim.keep_alive_max}")
         self.send_header("Content-Length", str(len(response.body)))
         self.end_headers()
         self.wfile.write(response.body)

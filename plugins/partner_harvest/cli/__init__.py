@@ -6,6 +6,7 @@
     partner-harvest sync-pools [--check]         create/update the Airflow pools partner_<id>
     partner-harvest reset-cursor ID [--to WHEN]  delete or set the partner's cursor Variables (asks first)
     partner-harvest forget ID                    drop a partner's rows, pool and Variables (asks first)
+    partner-harvest rollback ID --to-before RUN    restore the records to before a run, cursors back, DAGs paused (asks first)
     partner-harvest migrate [--check]            apply the aggregation schema (for HARVEST_SCHEMA_MANAGED=external)
     partner-harvest onboard [--connections F]    pools, Connections, unpaused DAGs, first harvests (--dry-run)
     partner-harvest report ID [--format json|csv] a report for the partner's own staff: runs, quarantine, warnings, proofs
@@ -193,6 +194,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from partner_harvest.cli.status import partner_overview, render_table, scheduler_runs
+    from partner_harvest.store.content import notes as content_notes
 
     registry = _registry(args)
     partners = [_partner(registry, args.partner)] if args.partner else registry.partners
@@ -200,9 +202,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     scheduled, unread = scheduler_runs(partners)
     with _connect(args) as conn:
         rows, causes = partner_overview(conn, partners, datetime.now(timezone.utc), scheduled, errors)
+        trust = content_notes(conn, [p.id for p in partners])
     print(render_table(rows))
     for partner_id, state, cause in causes:
         print(f"{partner_id} {state}: {cause}")
+    for partner_id, note in trust:
+        print(f"{partner_id}: {note}")
     if unread:
         print(f"(Airflow's metadata database not read: {unread})")
     return 0
@@ -435,6 +440,36 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rollback(args: argparse.Namespace) -> int:
+    """Restore the partner's records to before a run (undoing it and every later run), its
+    cursors to where they were, its DAGs paused; fenced and recorded (docs/operator/rollback.md)."""
+    import getpass
+
+    from partner_harvest import rollback
+    from partner_harvest.store.history import RollbackRefused, plan_rollback
+
+    partner = _partner(_registry(args), args.partner)
+    with _connect(args) as conn:
+        try:
+            plan = plan_rollback(conn, partner.id, args.to_before)
+        except RollbackRefused as exc:
+            raise CliError(exc.cause) from None
+        for line in plan.describe():
+            print(line)
+        print(f"  DAGs paused: {', '.join(rollback.dag_ids(partner))} (unpause them when the partner has fixed its data)")
+        if not _confirm(args, partner.id):
+            return 1
+        admin = _airflow("rollback")
+        try:
+            done = rollback.roll_back(conn, partner, args.to_before, admin, requested_by=getpass.getuser(),
+                                      via="cli", expected=plan)
+        except RollbackRefused as exc:
+            raise CliError(exc.cause) from None
+    for line in done.lines():
+        print(line)
+    return 0
+
+
 def cmd_shards(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -491,6 +526,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("partner", metavar="PARTNER")
     p.add_argument("--database-only", action="store_true", help="leave Airflow's Variables and pool alone")
     p.set_defaults(func=cmd_forget)
+    p = sub.add_parser("rollback", parents=[common, confirm],
+                       help="restore the partner's records to before a run (undoing it and every later run), set its "
+                            "cursors back, pause its DAGs")
+    p.add_argument("partner", metavar="PARTNER")
+    p.add_argument("--to-before", metavar="RUN_ID", required=True,
+                   help="harvest_runs.run_id (<dag_id>/<Airflow run id>) of the first run to undo")
+    p.set_defaults(func=cmd_rollback)
     p = sub.add_parser("migrate", parents=[common], help="apply pending schema migrations to the aggregation database")
     p.add_argument("--check", action="store_true", help="only list pending migrations (exit 1 if any)")
     p.set_defaults(func=cmd_migrate)

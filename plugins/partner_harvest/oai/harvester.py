@@ -8,9 +8,11 @@ that left them.
 
 An expired resumptionToken restarts the window from its frozen bounds (never from a saved
 token), a bounded number of times, discarding what the broken attempt staged. A window the
-repository refuses as too large (oai/client.py: WindowTooLarge) is cut in two halves that do
-not overlap, each harvested in turn and cut again while refused, within the frozen bounds
-and down to ``options.oai.max_window_splits`` levels.
+repository refuses as too large (oai/client.py: WindowTooLarge) is cut in two halves that
+overlap at the cut by one granule, as slices do (oai/slicing.py: a repository comparing
+sub-second stamps raw serves a record stored at ``m + 0.5 s`` in neither of ``[.., m]`` and
+``[m + 1 s, ..]``), each harvested in turn and cut again while refused, within the frozen
+bounds and down to ``options.oai.max_window_splits`` levels.
 """
 
 from __future__ import annotations
@@ -219,8 +221,8 @@ class OaiAdapter(Adapter):
             if stats.pages != pages:
                 raise  # refused in the middle of its chain: not a window the repository finds too large
             step = timedelta(days=1) if oai_granularity == DAY_GRANULARITY else timedelta(seconds=1)
-            start = low or min(guess, high - step)
-            if depth >= self.max_window_splits or high - start < step:
+            start = low or min(guess, high - 2 * step)
+            if depth >= self.max_window_splits or high - start < 2 * step:  # halves sharing a granule: 3 at least
                 raise WindowTooLarge(
                     self.partner_id, exc.request,
                     f"{exc.cause}; the window was split {depth} times (options.oai.max_window_splits="
@@ -229,14 +231,13 @@ class OaiAdapter(Adapter):
             middle = middle.replace(microsecond=0) if step < timedelta(days=1) else middle.replace(
                 hour=0, minute=0, second=0, microsecond=0)
             log.warning("%s: the repository refuses the window %s..%s as too large (%s); harvesting it as "
-                        "two halves, %s..%s and %s..%s (split %d of at most %d)",
+                        "two halves sharing the granule of the cut, %s..%s and %s..%s (split %d of at most %d)",
                         self.partner_id, from_ or "the beginning", until, exc.cause, from_ or "the beginning",
                         format_datestamp(middle, oai_granularity),
-                        format_datestamp(middle + step, oai_granularity), until, depth + 1,
+                        format_datestamp(middle, oai_granularity), until, depth + 1,
                         self.max_window_splits)
         self._stream_piece(prefix, low, middle, oai_granularity, set_spec, sink, stats, guess, depth + 1, sizes)
-        self._stream_piece(prefix, middle + step, high, oai_granularity, set_spec, sink, stats, guess,
-                           depth + 1, sizes)
+        self._stream_piece(prefix, middle, high, oai_granularity, set_spec, sink, stats, guess, depth + 1, sizes)
 
     @property
     def _verb(self) -> str:
@@ -247,7 +248,8 @@ class OaiAdapter(Adapter):
         """One list request of the frozen window: empty (noRecordsMatch, or one page without
         items or token) means a quiet night; that list is then harvested from this answer.
         The whole repository's ListIdentifiers when the window sweeps for leavers (empty,
-        every set's list is empty too), else the window's one list."""
+        every set's list is empty too), else the window's one list. A window refused as too
+        large is not known empty: the harvest bisects it."""
         lists = self._lists(window)
         if window.protocol.slice is not None or (len(lists) > 1 and not self._sweeps(window)):
             return False
@@ -258,8 +260,13 @@ class OaiAdapter(Adapter):
                          format_datestamp(window.until, oai_granularity), None if sweep else lists[0])
         verb = "ListIdentifiers" if sweep else self._verb
         pages = self.client.list_pages(verb, metadata_prefix=key[0], set_spec=key[3], from_=key[1], until=key[2])
-        with closing(pages):
-            first = next(pages, None)
+        try:
+            with closing(pages):
+                first = next(pages, None)
+        except WindowTooLarge as exc:  # the ordinary path bisects what the repository refuses
+            log.info("%s: the quiet-night look was refused (%s); the window is harvested the usual way",
+                     self.partner_id, exc.cause)
+            return False
         if first is None or (not first.items and first.token is None):
             self._known_empty.add(key)
             return True

@@ -17,6 +17,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
@@ -265,11 +266,22 @@ class SierraClient:
         return lambda exc: RateLimited(self.partner_id, what, str(exc), exc.seconds)
 
     def _ours_to_retry(self, exc: BaseException) -> bool:
-        """A server error the transport did not already retry (one layer per failure kind)."""
-        return isinstance(exc, SierraServerError) and exc.status not in self.transport_retries
+        """A server error the transport did not already retry (one layer per failure kind).
+        Not 135: bib2Marc already "failed twice" on the server, and the export's bisection is
+        its retry (a block that fails for no bib of its own passes at half the size)."""
+        return (isinstance(exc, SierraServerError) and exc.status not in self.transport_retries
+                and exc.code != EXPORT_FAILED)
 
     def _request_once(
         self, method: str, url: str, what: str, params: dict[str, Any] | None, accept: str | None, empty_ok: bool
+    ) -> requests.Response | None:
+        pacer = getattr(self.session, "pacer", None)  # a 500's body may say it was one bib's failure
+        with pacer.judged_by_caller() if pacer is not None else nullcontext():
+            return self._answer(method, url, what, params, accept, empty_ok, pacer)
+
+    def _answer(
+        self, method: str, url: str, what: str, params: dict[str, Any] | None, accept: str | None, empty_ok: bool,
+        pacer: Any,
     ) -> requests.Response | None:
         with partner_request(self.partner_id, what, self._rate_limited(what)):
             response = self._send(method, url, params, accept)
@@ -290,6 +302,8 @@ class SierraClient:
             raise RateLimited(self.partner_id, what, f"rate limited ({why}): {_body_snippet(response)}",
                               retry_after_seconds(response))
         if response.status_code >= 500:
+            if code == EXPORT_FAILED and pacer is not None:  # a bib bib2Marc cannot convert: no strain on the host
+                pacer.excuse()
             log.warning("%s: %s answered HTTP %d: %s", self.partner_id, what, response.status_code, _body_snippet(response))
             raise SierraServerError(self.partner_id, what, f"HTTP {response.status_code}: {_body_snippet(response)}",
                                     code, response.status_code)

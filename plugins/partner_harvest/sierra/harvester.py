@@ -377,7 +377,9 @@ def _after_last(entries: list[dict[str, Any]]) -> int | None:
 
 
 def _time_slices(window: Window, settings: SliceSettings) -> list[Slice]:
-    """Equal updatedDate ranges (whole seconds, inclusive, disjoint) covering the window."""
+    """Equal updatedDate ranges (whole seconds, inclusive) covering the window, each starting on
+    the second the one before ends (as oai/slicing.py's): a server comparing stamps it keeps
+    below the second would otherwise serve one stored at ``end + 0.5 s`` in neither range."""
     assert window.from_ is not None
     seconds = int((window.until - window.from_).total_seconds()) + 1
     count = min(settings.max_slices, math.ceil((window.until - window.from_) / settings.long_window))
@@ -388,7 +390,7 @@ def _time_slices(window: Window, settings: SliceSettings) -> list[Slice]:
     start = window.from_
     while start <= window.until:
         end = min(start + timedelta(seconds=size - 1), window.until)
-        pieces.append(Slice(from_=start, until=end))
+        pieces.append(Slice(from_=pieces[-1].until if pieces else start, until=end))
         start = end + timedelta(seconds=1)
     return pieces
 

@@ -75,13 +75,13 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
             """
             INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until,
                                       granularity, metadata_prefix, status, attempts, partner_clock,
-                                      clock_regressed, harvesting_since, progress_at)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'harvesting', 1, %s, %s, now(), now())
+                                      clock_regressed, refresh, harvesting_since, progress_at)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'harvesting', 1, %s, %s, %s, now(), now())
             ON CONFLICT (partner_id, run_id, channel) DO UPDATE SET
                 mode = EXCLUDED.mode, window_from = EXCLUDED.window_from,
                 window_until = EXCLUDED.window_until, granularity = EXCLUDED.granularity,
                 partner_clock = EXCLUDED.partner_clock, clock_regressed = EXCLUDED.clock_regressed,
-                metadata_prefix = EXCLUDED.metadata_prefix, status = 'harvesting',
+                refresh = EXCLUDED.refresh, metadata_prefix = EXCLUDED.metadata_prefix, status = 'harvesting',
                 attempts = harvest_runs.attempts + 1, error = NULL, pages = 0, fetched = 0,
                 upserted = 0, unchanged = 0, purged = 0, quarantined = 0,
                 complete_list_size = NULL, list_size_mismatch = false, token_restarts = 0,
@@ -91,7 +91,7 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
             RETURNING attempts
             """,
             (*run.key(), window.mode, window.from_, window.until, window.granularity, metadata_prefix,
-             window.partner_clock, window.protocol.clock_regressed),
+             window.partner_clock, window.protocol.clock_regressed, window.protocol.refresh),
         ))
         if not keep:
             conn.execute(
@@ -232,7 +232,9 @@ def clock_high_water(conn: psycopg.Connection, partner_id: str) -> datetime | No
 
 
 def abandon_stale_runs(conn: psycopg.Connection, partner_id: str, older_than: timedelta) -> int:
-    """Close runs that never applied within ``older_than`` and drop their staging."""
+    """Close runs that never applied within ``older_than`` and drop their staging; a run whose
+    approval request is open (pending, or approved with its apply under way) waits for its
+    answer however long that takes (docs/operator/approvals.md)."""
     with conn.transaction():
         abandoned = conn.execute(
             """
@@ -240,6 +242,8 @@ def abandon_stale_runs(conn: psycopg.Connection, partner_id: str, older_than: ti
                 error = COALESCE(error || ' — ', '') || 'abandoned: not applied within ' || %s::text
             WHERE partner_id = %s AND status IN ('planned', 'harvesting', 'waiting', 'harvested', 'failed')
               AND started_at < now() - %s
+              AND NOT EXISTS (SELECT 1 FROM approval_requests a WHERE a.partner_id = harvest_runs.partner_id
+                              AND a.run_id = harvest_runs.run_id AND a.state IN ('pending', 'approved'))
             """,
             (str(older_than), partner_id, older_than),
         ).rowcount

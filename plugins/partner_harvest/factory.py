@@ -14,7 +14,7 @@ from partner_harvest.errors import ConfigurationError
 from partner_harvest.politeness import Pacer, PacingStore, endpoint_host
 from partner_harvest.protocols import spec_of
 from partner_harvest.registry import Partner
-from partner_harvest.transport import HttpPolicy, Transport, build_session
+from partner_harvest.transport import HttpPolicy, RequestPacer, Transport, build_session
 
 
 @dataclass(frozen=True)
@@ -90,16 +90,18 @@ def pacer(partner: Partner, endpoint: Endpoint, store: Callable[[], PacingStore]
 
 
 def build_adapter(partner: Partner, endpoint: Endpoint, *, pacing: Callable[[], PacingStore] | None = None,
-                  on_response: Callable[[requests.Response], Any] | None = None) -> Adapter:
+                  on_response: Callable[[requests.Response], Any] | None = None,
+                  paced_by: RequestPacer | None = None) -> Adapter:
     """The partner's adapter, built by its protocol's spec (``protocols.ProtocolSpec.build``,
     which imports only its own stack). ``pacing`` opens the shared pacing state
     (``store.pacing.PgPacingStore``), called only when a request first needs it; without it
-    the partner's requests are not paced. ``on_response``: called with every response the
-    partner's session receives (the Airflow layer counts requests and bytes with it)."""
+    the partner's requests are not paced. ``paced_by``: a pacer of the caller's own instead
+    (the readiness check's budget, readiness.py). ``on_response``: called with every response
+    the partner's session receives (the Airflow layer counts requests and bytes with it)."""
     policy = http_policy(partner)
     auth = credentials(partner, endpoint)
     session = build_session(partner.id, policy, home=endpoint.base_url, transport=transport(partner, endpoint),
-                            pacer=pacer(partner, endpoint, pacing), credentials=auth)
+                            pacer=paced_by or pacer(partner, endpoint, pacing), credentials=auth)
     if on_response is not None:
         session.hooks["response"].append(lambda response, *args, **kwargs: on_response(response))
     built: list[Adapter] = []

@@ -802,18 +802,3 @@ def schema_text() -> str:
     import json
 
     return json.dumps(registry_schema(), indent=2) + "\n"
-
-
-if __name__ == "__main__":  # python -m partner_harvest.registry [--write-schema]
-    import sys
-
-    if sys.argv[1:] == ["--write-schema"]:
-        SCHEMA_FILE.write_text(schema_text(), encoding="utf-8")
-        print(f"wrote {SCHEMA_FILE}")
-    else:
-        loaded = load_registry()
-        for p in loaded.partners:
-            print(f"ok       {p.id} ({p.protocol})")
-        for e in loaded.errors:
-            print(f"INVALID  {e}")
-        sys.exit(1 if loaded.errors else 0)

@@ -192,7 +192,7 @@ def test_sierra_only_options_on_an_oai_partner(tmp_path: Path) -> None:
 # -- the published JSON Schema -------------------------------------------------------------
 
 def test_committed_schema_is_the_generated_one() -> None:
-    """Regenerate with: PYTHONPATH=plugins python -m partner_harvest.registry --write-schema"""
+    """Regenerate with: .venv/bin/python scripts/gen_docs.py"""
     assert SCHEMA_FILE.read_text(encoding="utf-8") == schema_text()
 
 

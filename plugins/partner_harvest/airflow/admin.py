@@ -16,6 +16,7 @@ from airflow_client.client.exceptions import ApiException
 
 from partner_harvest.airflow import api
 from partner_harvest.airflow.connections import AGGREGATION_CONN_ID, conninfo_from_connection
+from partner_harvest.factory import Endpoint
 
 
 def aggregation_conninfo(conn_id: str = AGGREGATION_CONN_ID) -> str:
@@ -114,6 +115,14 @@ def unfinished_dag_runs(dag_ids: list[str]) -> list[dict[str, Any]]:
 
 def _state(value: Any) -> str:
     return str(getattr(value, "value", value))
+
+
+def partner_endpoint(conn_id: str) -> Endpoint:
+    """The partner's endpoint with its credentials, as a worker reads it (the environment or a
+    secrets backend: the REST API never returns a Connection's password)."""
+    from partner_harvest.airflow.connections import partner_endpoint as endpoint
+
+    return endpoint(conn_id)
 
 
 def connection_base_url(conn_id: str) -> str | None:

@@ -1,6 +1,7 @@
 """``partner-harvest``: the operator's command line, installed with the package.
 
     partner-harvest validate                     check the registry; exit 1 listing every invalid entry
+    partner-harvest check ID | --url URL --protocol P  probe a partner's endpoint before onboarding; exit 1 if not ready
     partner-harvest status [--partner ID]        one line per partner, from the aggregation database
     partner-harvest progress ID [--run RUN]      the newest (or named) run's channels and slices: records, rate, time left
     partner-harvest sync-pools [--check]         create/update the Airflow pools partner_<id>
@@ -190,6 +191,27 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return 1
     print(f"{registry.path}: {len(registry.partners)} partner(s), all valid")
     return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from partner_harvest.cli import check
+
+    partner = endpoint = None
+    if args.partner:
+        partner = _partner(_registry(args), args.partner)
+        if not args.url:
+            admin = _airflow("check (reading the partner's Connection; --url and the credential options skip it)")
+            try:
+                endpoint = admin.partner_endpoint(partner.conn_id)
+            except Exception as exc:  # not in the environment nor a secrets backend, a bad extra, ...
+                raise CliError(f"cannot read the Connection {partner.conn_id!r} of partner {partner.id} from the "
+                               f"environment or a secrets backend ({type(exc).__name__}: {one_line(exc, 160)}); the "
+                               "REST API never returns a password: run where the workers' secrets are, or give --url "
+                               "with --login, --password-env and --auth") from None
+    try:
+        return check.run(args, partner, endpoint)
+    except check.CheckError as exc:
+        raise CliError(str(exc)) from None
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -490,9 +512,10 @@ def cmd_shards(args: argparse.Namespace) -> int:
 # -- parser -----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--registry", metavar="PATH",
-                        help=f"registry file (default ${PARTNERS_FILE_ENV}, else include/partners.yaml)")
+    registry = argparse.ArgumentParser(add_help=False)
+    registry.add_argument("--registry", metavar="PATH",
+                          help=f"registry file (default ${PARTNERS_FILE_ENV}, else include/partners.yaml)")
+    common = argparse.ArgumentParser(add_help=False, parents=[registry])
     common.add_argument("--database-url", metavar="URL",
                         help=f"aggregation database (default ${DATABASE_URL_ENV}, else the Connection aggregation_db)")
     confirm = argparse.ArgumentParser(add_help=False)
@@ -503,6 +526,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("validate", parents=[common], help="check the registry; exit 1 listing every invalid entry")
     p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("check", parents=[registry],
+                       help="probe a partner's endpoint before onboarding (a registry entry, or a bare --url): what "
+                            "the harvest relies on works, what will not, what to fix; a few paced requests; exit 1 "
+                            "when something will not work")
+    from partner_harvest.cli import check
+
+    check.add_arguments(p)
+    p.set_defaults(func=cmd_check)
     p = sub.add_parser("status", parents=[common], help="one line per partner: records, quarantine, last runs")
     p.add_argument("--partner", metavar="ID")
     p.set_defaults(func=cmd_status)

@@ -51,16 +51,26 @@ def harvest_shrink(conn: psycopg.Connection, partner: Partner, run_id: str, wind
     if tombstones == 0 and not whole:
         return None
     shrink = sql.measure_shrink(conn, partner.id, run_id, whole_collection=whole)
-    return shrink if shrink.fraction > partner.max_shrink_fraction else None
+    if shrink.fraction > partner.max_shrink_fraction:
+        return shrink
+    for entity in sql.staged_entities(conn, partner.id, run_id):  # items, holdings: each against its own table
+        shrink = sql.measure_shrink(conn, partner.id, run_id, whole_collection=False, entity=entity)
+        if shrink.fraction > partner.max_shrink_fraction:
+            return shrink
+    return None
 
 
 def reconcile_shrink(conn: psycopg.Connection, partner: Partner, run_id: str, outcome: Mapping[str, Any],
                      channel: str = "reconcile") -> Shrink:
-    """A gated reconcile's request figures: what its plan held and what it staged to purge."""
-    movable = moves.count_staged(conn, partner.id, run_id, whole_collection=False)
+    """A gated reconcile's request figures: what its plan held and what it staged to purge
+    (of the records, or of the attached table, items or holdings, whose share is largest)."""
+    candidates = [(int(outcome["local"]), int(outcome["staged_removals"]), channel),
+                  *((int(f["local"]), int(f["staged_removals"]), f"{channel}/{entity}")
+                    for entity, f in (outcome.get("attached") or {}).items())]
+    held, removals, worst = max(candidates, key=lambda c: c[1] / c[0] if c[0] else 0.0)
+    movable = moves.count_staged(conn, partner.id, run_id, whole_collection=False) if worst == channel else 0
     conn.commit()
-    return Shrink(int(outcome["local"]), int(outcome["staged_removals"]), 0,
-                  sql.reconcile_sample(conn, partner.id, run_id, channel), movable)
+    return Shrink(held, removals, 0, sql.reconcile_sample(conn, partner.id, run_id, worst), movable)
 
 
 def approval_since(request: Request, outcome: Mapping[str, Any]) -> datetime:

@@ -106,7 +106,7 @@ class PartnerApprovalGate(ApprovalOperator):
             return None
         staged = ti.xcom_pull(task_ids="harvest_changes") or []
         pieces = staged if isinstance(staged, list) else [staged]
-        pieces += [ti.xcom_pull(task_ids=channel.task_id) for channel in protocols.spec_of(partner.protocol).channels]
+        pieces += [ti.xcom_pull(task_ids=channel.task_id) for channel in protocols.channels_for(partner)]
         window = Window.from_dict(window_data)
         tombstones = gates.staged_tombstones(pieces)
         if tombstones == 0 and not gates.covers_whole_collection(window):

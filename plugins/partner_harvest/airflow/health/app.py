@@ -36,6 +36,7 @@ from partner_harvest.store.health import (
     INVALID,
     STATES,
     PartnerHealth,
+    channel_rows,
     index_health,
     partner_health,
     quarantine_today,
@@ -109,9 +110,11 @@ def create_app() -> FastAPI:
             trust = content_state(conn, partner_id)  # the content check: datestamps unreliable?
             points = rollback_points(conn, partner_id)
             undone = history_rollbacks(conn, partner_id, limit=5)
+            channels = channel_rows(conn, entry)  # each channel's cursor, newest counts, rows held
         return _render("partner.html", request, h=health, runs=runs, chart=Markup(runs_chart(runs)),
                        trust=trust, points=points, rollbacks=undone, retention=entry.history_retention,
                        reasons=reasons, entries=entries, warned=warned, now=now, progress=progress, rate=rate,
+                       channels=channels if len(channels) > 1 else [],
                        progress_line=summary_line(progress) if progress else None,
                        progress_run=_audit_run(progress.run_id) if progress else None)
 

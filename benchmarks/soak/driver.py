@@ -735,8 +735,7 @@ class Soak:
         elif partner.spec.protocol == "oai-pmh":
             sim.repeat_token(False)
         else:
-            with sim._lock:
-                sim._export_failures.clear()
+            sim.set_faults(fail_export_next=None)
 
     # ---------------------------------------------------------------- pauses
     def _stop(self, partner: Partner, record: Night, page: int) -> None:

@@ -23,10 +23,15 @@ in a fresh child process against the same embedded PostgreSQL:
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
-import support
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 _PAYLOAD = ('<oai_dc:dc xmlns:oai_dc="http://www.openarchives.org/OAI/2.0/oai_dc/" '
@@ -37,7 +42,7 @@ _PAYLOAD = ('<oai_dc:dc xmlns:oai_dc="http://www.openarchives.org/OAI/2.0/oai_dc
             '<dc:rights>CC BY 4.0</dc:rights></oai_dc:dc>')
 
 
-def _stage(conn, partner_id: str, run_id: str, records: int, edition: int = 0) -> None:
+def _stage(conn: psycopg.Connection, partner_id: str, run_id: str, records: int, edition: int = 0) -> None:
     from partner_harvest.records import HarvestStats, Record, Tombstone
     from partner_harvest.store import RunRef, StagingWriter, begin_run, finish_harvest
     from partner_harvest.window import Window

@@ -18,10 +18,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
-import support  # noqa: F401  (puts plugins/ on sys.path)
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402,F401 (puts the repository on sys.path)
 
 DB_NAME = "bench_health"
 TARGET_MS = 300.0
@@ -53,7 +58,7 @@ def database(rebuild: bool) -> str:
     return make_conninfo(**params)
 
 
-def build(conn, partners: int, per_partner: int, days: int = 365, weeks: int = 52, quarantined: int = 200) -> None:
+def build(conn: psycopg.Connection, partners: int, per_partner: int, days: int = 365, weeks: int = 52, quarantined: int = 200) -> None:
     """The data, unless a build of this size is already there (``days`` of nightly runs,
     ``weeks`` of reconciles, ``quarantined`` rows per partner)."""
     held = conn.execute("SELECT count(*), COALESCE(sum(records_held), 0) FROM partner_stats").fetchone()

@@ -35,8 +35,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from many_partners import ManyPartners, cpu_snapshot, delta, write_registry
-from support import ROOT
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks.support import ROOT  # noqa: E402
 from include import embedded_pg
 from tests.support.airflow_stack import SERVICES, TRIGGERER
 

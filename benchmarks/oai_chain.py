@@ -37,9 +37,11 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from xml.sax.saxutils import unescape
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402
 
 PARTNER = "chain"
 SICKLE_DIR = "/tmp/ph-bench-sickle"
@@ -124,7 +126,7 @@ def ours(args: argparse.Namespace) -> dict:
     partner = support.partner(id=args.partner, protocol="oai-pmh", metadata_prefix=args.prefix)
     adapter = build_adapter(partner, Endpoint(args.url))
     if args.sequential:
-        import baselines  # benchmarks/ is this script's own directory
+        from benchmarks import baselines
 
         baselines.sequential(adapter.client)  # the chain one page at a time
     with connect(args.db) as conn:  # the DAG's steps (partner_harvest.run), each one timed
@@ -177,7 +179,7 @@ def _sliced_partner(repetition: int) -> str:
 def _ours_sliced(url: str, db: str, args: argparse.Namespace, repetition: int = 0) -> dict:
     """A full harvest the way a big partner's runs: planned into slices harvested by parallel
     processes (Airflow's mapped harvest_changes), then one apply (benchmarks/sliced_harvest.py)."""
-    import sliced_harvest
+    from benchmarks import sliced_harvest
 
     partner_id = _sliced_partner(repetition)
     plan = argparse.Namespace(records=args.records, slices=args.slices, partner=partner_id)

@@ -32,9 +32,12 @@ import argparse
 import itertools
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402
 
 KEY, SECRET = "bench-key", "bench-secret"
 
@@ -50,7 +53,7 @@ def child(args: argparse.Namespace) -> None:
                               options={"export": {"limit": args.limit}})
     adapter = build_adapter(partner, Endpoint(args.url, KEY, SECRET))
     if args.old_marc:
-        import baselines  # benchmarks/ is this script's own directory
+        from benchmarks import baselines
 
         baselines.pymarc_for_every_record()  # the baseline: every record through pymarc + lxml
     cursor = parse_instant(args.cursor) if args.cursor else None
@@ -138,11 +141,12 @@ def main() -> int:
         return 0
 
     omit = ["--export-omits-suppressed"] if args.export_omits_suppressed else []
+    warmth = ("cold simulator (export records encoded on request)" if args.cold_simulator
+              else "export records pre-encoded by the simulator (warm_export) before both full loads")
     print("Sierra benchmark: 5% deleted and 3% suppressed bibs spread over every export block"
           f"{' (the export omits suppressed bibs)' if omit else ''}; change/deletion polls of 2,000; "
           "simulator and harvester in separate processes; PostgreSQL "
-          f"{'given' if os.environ.get('HARVEST_DATABASE_URL') else 'embedded'}; "
-          f"{'cold simulator (export records encoded on request)' if args.cold_simulator else 'export records pre-encoded by the simulator (warm_export) before both full loads'}; "
+          f"{'given' if os.environ.get('HARVEST_DATABASE_URL') else 'embedded'}; {warmth}; "
           f"{os.cpu_count()} CPUs")
     rows, ok = [], True
     sizes, limits = [int(s) for s in args.sizes.split(",")], [int(v) for v in args.limits.split(",")]
@@ -194,7 +198,8 @@ def main() -> int:
             old_rate = baseline['changes_fetched'] / baseline['harvest_seconds']
             ok = ok and baseline["equal"]
             print(f"  old path (pymarc + lxml for every record), same simulator: {old_rate:,.0f} bibs/s "
-                  f"({baseline['harvest_seconds']:.1f} s, harvester CPU {baseline['harvest_cpu_seconds']:.1f} s; records == live set: {'yes' if baseline['equal'] else 'NO'}; "
+                  f"({baseline['harvest_seconds']:.1f} s, harvester CPU {baseline['harvest_cpu_seconds']:.1f} s; "
+                  f"records == live set: {'yes' if baseline['equal'] else 'NO'}; "
                   f"loadavg {baseline['load'][0]:.2f} before, {baseline['load'][1]:.2f} after); "
                   f"new / old: {rate / old_rate:.2f}x")
         for phase, figures in full["split"].items():

@@ -18,9 +18,13 @@ import argparse
 import logging
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
+from unittest import mock
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402
 
 KEY, SECRET = "bench-key", "bench-secret"
 BLOCK = 2000
@@ -34,6 +38,7 @@ def main() -> int:
 
     from partner_harvest.factory import Endpoint, build_adapter
     from partner_harvest.registry import Partner
+    from partner_harvest.sierra.harvester import SierraAdapter
 
     logging.basicConfig(level=logging.WARNING)
     partner = Partner(id="bench_sierra", protocol="sierra", conn_id="-", page_size=BLOCK,
@@ -45,23 +50,19 @@ def main() -> int:
         with support.simulator("sierra", *sim_args) as url:
             support.control(url, "warm_export", {})
             adapter = build_adapter(partner, Endpoint(url, KEY, SECRET))
+            assert isinstance(adapter, SierraAdapter)
             adapter._first_id_from(0)  # the token and the connection, outside the measurement
-            probes, estimates, block_times = [], [], []
-            original = adapter._first_id_from
-
-            def counted(start: int) -> int | None:
-                probes.append(start)
-                return original(start)
-
-            adapter._first_id_from = counted
+            estimates: list[int | None] = []
+            block_times: list[float] = []
+            seconds: list[float] = []
             load = os.getloadavg()[0]
-            seconds = []
-            for _ in range(args.repeat):
-                probes.clear()
-                began = time.perf_counter()
-                estimates.append(adapter._expected_bibs())
-                seconds.append(time.perf_counter() - began)
-            count = len(probes)
+            with mock.patch.object(adapter, "_first_id_from", wraps=adapter._first_id_from) as probe:
+                for _ in range(args.repeat):
+                    probe.reset_mock()
+                    began = time.perf_counter()
+                    estimates.append(adapter._expected_bibs())
+                    seconds.append(time.perf_counter() - began)
+                count = probe.call_count
             for _ in range(args.repeat):
                 began = time.perf_counter()
                 block = adapter.client.export_block(0, BLOCK, {})

@@ -45,7 +45,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402
 
 PAGE_SIZE = 500
 SETTINGS_DIR = Path(__file__).resolve().parents[1] / "config"  # the deployment's airflow_local_settings.py
@@ -55,6 +56,7 @@ RUN_TIMEOUT = 1800.0
 def write_registry(path: Path, partner: str, slices: int, records: int, pool: int) -> None:
     """The e2e registry (its DAGs are what the stack waits for), the museum sliced and pooled."""
     import yaml
+
     from tests.support import e2e_stack
 
     e2e_stack.write_registry(path)

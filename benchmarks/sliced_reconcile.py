@@ -31,8 +31,10 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402
 
 PARTNER = "bench_sliced_reconcile"
 
@@ -176,7 +178,8 @@ def main() -> int:
                 line = (f"{m['slices']} slices: {m['wall']:.1f} s wall (plan {m['plan']:.1f} s, sweep {m['sweep']:.1f} s "
                         f"for {m['pages']:,} pages of the slices' final attempts, apply {m['apply']:.1f} s); "
                         f"slice {args.kill} killed after {m['killed'].get('pages')} of "
-                        f"~{(m['killed'].get('estimate') or 0) // args.page_size} pages and swept again alone (attempts per slice {m['attempts']})")
+                        f"~{(m['killed'].get('estimate') or 0) // args.page_size} pages and swept again alone "
+                        f"(attempts per slice {m['attempts']})")
             else:
                 started = time.perf_counter()
                 result = _run(_cmd(args, url, db, "reconcile_bench/chain", "chain"))

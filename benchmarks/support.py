@@ -16,7 +16,7 @@ for _path in (str(ROOT), str(ROOT / "plugins")):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from include.simulators.process import control, simulator_process as simulator  # noqa: E402,F401
+from include.simulators.process import control  # noqa: E402,F401
 
 
 def peak_rss_mib() -> float:
@@ -164,7 +164,7 @@ class CpuMeter:
     children (the measured client processes, start-up included), the embedded
     PostgreSQL and one simulator process: what a measurement cost the machine."""
 
-    def __init__(self, simulator_pid: int | None):
+    def __init__(self, simulator_pid: int | None) -> None:
         self.simulator_pid = simulator_pid
 
     def _now(self) -> dict[str, float]:

@@ -38,7 +38,8 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.soak.faults import IIIF, PAUSES, applicable, fault as fault_of
+from benchmarks.soak.faults import IIIF, applicable
+from benchmarks.soak.faults import fault as fault_of
 
 ROOT = Path(__file__).resolve().parents[2]
 START = datetime(2026, 6, 1, tzinfo=timezone.utc)
@@ -465,7 +466,7 @@ class Soak:
             "cursors": {key: stack.variable(key) for key in keys},
         }, fired
 
-    def _kill_asking_task(self, partner: Partner, record: "Night") -> None:
+    def _kill_asking_task(self, partner: Partner, record: Night) -> None:
         """SIGKILL the task process the scheduler launched for the task asking for this page."""
         dag_id, run_id = self.current_run
         pid = self.stack.running_pid(dag_id, run_id, partner.asking)
@@ -662,7 +663,7 @@ class Soak:
             (mid_page, lambda: partner.changes_during_harvest(rng))]
 
         def fired(fn):
-            def run():
+            def run() -> None:
                 record.fired = True
                 fn()
             return run
@@ -718,7 +719,7 @@ class Soak:
         page, first = steps[0]
         rest = steps[1:]
 
-        def do():
+        def do() -> None:
             first()
             while rest and rest[0][0] <= page:
                 rest.pop(0)[1]()

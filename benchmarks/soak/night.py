@@ -236,15 +236,14 @@ def zygote() -> int:
     proto = os.fdopen(os.dup(1), "w")  # the protocol keeps the pipe; everything logged goes to stderr
     os.dup2(2, 1)
 
+    import asyncio
+
+    import httpx
     from airflow.sdk.execution_time.supervisor import in_process_api_server
 
     import partner_harvest.airflow.dag_factory  # noqa: F401
     import partner_harvest.airflow.tasks  # noqa: F401
     import partner_harvest.cli  # noqa: F401
-
-    import asyncio
-
-    import httpx
 
     api = in_process_api_server()
 

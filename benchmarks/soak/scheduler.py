@@ -22,7 +22,13 @@ import requests
 
 from benchmarks.soak.arm import ARM_ENV
 from tests.support.airflow_stack import (
-    SOAK, AirflowServices, Keys, airflow_settings, clean_environ, create_database, drop_database,
+    SOAK,
+    AirflowServices,
+    Keys,
+    airflow_settings,
+    clean_environ,
+    create_database,
+    drop_database,
     free_loopback_port,
 )
 

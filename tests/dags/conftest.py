@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from tests.support.dags import set_cursor
 from tests.support.webhook import WebhookSink
 
@@ -39,7 +41,7 @@ def aggregation_conn(monkeypatch: pytest.MonkeyPatch, db: str) -> str:
 
 
 @pytest.fixture
-def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Path]:
     """Write a registry for this test and point HARVEST_PARTNERS_FILE at it."""
 
     def write(body: str) -> Path:
@@ -62,7 +64,7 @@ def no_task_execution_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def webhook():
+def webhook() -> Iterator[WebhookSink]:
     sink = WebhookSink()
     yield sink
     sink.close()
@@ -99,7 +101,7 @@ def after_task():
 
 
 @pytest.fixture
-def repo():
+def repo() -> SimulatedRepository:
     """The collection of partner 'dagmuseum' (test_harvest_dag_run, test_cursor_monotonic)."""
     from include.simulators.oai_pmh import SimulatedRepository
 
@@ -107,7 +109,8 @@ def repo():
 
 
 @pytest.fixture
-def partner_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo, airflow_db):
+def partner_env(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo: SimulatedRepository,
+                airflow_db: None) -> Iterator[OaiSimulator]:
     """Registry, Connections and a clean cursor for partner 'dagmuseum'."""
     from include.simulators.oai_pmh import OaiSimulator
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from airflow.models.pool import Pool
@@ -18,7 +20,7 @@ pytestmark = pytest.mark.airflow
 
 
 @pytest.fixture
-def ids(airflow_db, monkeypatch):
+def ids(airflow_db: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Fresh partner ids (the metadata DB is shared by the session); their pools and
     Variables are removed afterwards. The aggregation comes from the Connection only."""
     monkeypatch.delenv("HARVEST_DATABASE_URL", raising=False)
@@ -34,13 +36,14 @@ def entry(pid: str, protocol: str = "oai-pmh", slots: int = 1) -> str:
     return f"\n  - id: {pid}\n    protocol: {protocol}\n    conn_id: partner_{pid}\n    pool_slots: {slots}\n"
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     status = main(list(argv))
     out, err = capsys.readouterr()
     return status, out, err
 
 
-def test_sync_pools_creates_what_check_reports_missing(capsys, ids, registry) -> None:
+def test_sync_pools_creates_what_check_reports_missing(capsys: pytest.CaptureFixture[str], ids: list[str],
+                                                       registry: Callable[[str], Path]) -> None:
     oai, sierra = ids
     registry("partners:" + entry(oai) + entry(sierra, "sierra", slots=3))
     status, _, err = run(capsys, "sync-pools", "--check")
@@ -51,7 +54,9 @@ def test_sync_pools_creates_what_check_reports_missing(capsys, ids, registry) ->
     assert run(capsys, "sync-pools", "--check")[0] == 0
 
 
-def test_reset_cursor_sets_or_deletes_every_cursor_of_a_sierra_partner(capsys, ids, registry, aggregation_conn, monkeypatch) -> None:
+def test_reset_cursor_sets_or_deletes_every_cursor_of_a_sierra_partner(capsys: pytest.CaptureFixture[str], ids: list[str],
+                                                                       registry: Callable[[str], Path], aggregation_conn: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     pid = ids[0]
     registry("partners:" + entry(pid, "sierra"))
     with connect(aggregation_conn) as conn:  # the aggregation database, found through aggregation_db
@@ -75,13 +80,15 @@ def test_reset_cursor_sets_or_deletes_every_cursor_of_a_sierra_partner(capsys, i
     assert admin.read_variable(cursor_key(pid, "deletions")) is not None
 
 
-def test_reset_cursor_of_an_unknown_partner_changes_nothing(capsys, ids, registry) -> None:
+def test_reset_cursor_of_an_unknown_partner_changes_nothing(capsys: pytest.CaptureFixture[str], ids: list[str],
+                                                            registry: Callable[[str], Path]) -> None:
     registry("partners:" + entry(ids[0]))
     status, _, err = run(capsys, "reset-cursor", ids[1], "--yes")
     assert status == 1 and f"no partner '{ids[1]}'" in err
 
 
-def test_forget_removes_rows_variables_and_the_pool_of_a_retired_partner(capsys, ids, registry, aggregation_conn) -> None:
+def test_forget_removes_rows_variables_and_the_pool_of_a_retired_partner(capsys: pytest.CaptureFixture[str], ids: list[str],
+                                                                         registry: Callable[[str], Path], aggregation_conn: str) -> None:
     retired, kept = ids
     registry("partners:" + entry(kept))
     assert run(capsys, "sync-pools")[0] == 0

@@ -13,8 +13,8 @@ from functools import partial
 
 import pytest
 
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.window import format_instant
-
 from tests.support import dags
 from tests.support.dags import task_states
 
@@ -58,7 +58,7 @@ def run_with_a_concurrent_cursor_write(monkeypatch: pytest.MonkeyPatch, written:
 
 
 def test_an_older_run_applying_after_a_newer_one_keeps_the_newer_cursor(
-    partner_env, repo, monkeypatch: pytest.MonkeyPatch
+    partner_env: OaiSimulator, repo: SimulatedRepository, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     frozen_until = format_instant(repo.clock)  # T1: the simulator's clock, frozen by the run
     newer = {"until": "2026-06-01T00:00:00Z", "granularity": "seconds", "run_id": "newer-run"}  # T2 > T1
@@ -70,7 +70,7 @@ def test_an_older_run_applying_after_a_newer_one_keeps_the_newer_cursor(
 
 
 def test_a_run_applying_after_an_older_one_still_moves_the_cursor_forward(
-    partner_env, repo, monkeypatch: pytest.MonkeyPatch
+    partner_env: OaiSimulator, repo: SimulatedRepository, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The other side of the same guard: forward moves happen, and say so."""
     frozen_until = format_instant(repo.clock)
@@ -83,7 +83,7 @@ def test_a_run_applying_after_an_older_one_still_moves_the_cursor_forward(
 
 @pytest.mark.parametrize("conf", [{"mode": "full"},
                                   {"mode": "window", "from": "2025-01-01T00:00:00Z", "until": "2026-12-31T00:00:00Z"}])
-def test_a_full_or_window_run_leaves_an_unset_cursor_unset(partner_env, conf: dict) -> None:
+def test_a_full_or_window_run_leaves_an_unset_cursor_unset(partner_env: OaiSimulator, conf: dict) -> None:
     """Only incremental runs move the cursor; a manual run on a new partner must not
     start its cursor (the next nightly run would skip what this window did not cover)."""
     run = build_dag().test(run_conf=conf)

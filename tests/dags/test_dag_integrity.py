@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -92,7 +93,7 @@ partners:
 """
 
 
-def test_one_bad_entry_is_that_partners_error_and_the_others_still_load(registry, airflow_db) -> None:
+def test_one_bad_entry_is_that_partners_error_and_the_others_still_load(registry: Callable[[str], Path], airflow_db: None) -> None:
     from airflow.dag_processing.dagbag import DagBag
 
     path = registry(MIXED_REGISTRY)
@@ -112,7 +113,7 @@ def test_one_bad_entry_is_that_partners_error_and_the_others_still_load(registry
         assert str(path) in dag.description and f"field {field}" in dag.description
 
 
-def test_dag_processor_keeps_the_valid_partners_scheduled(registry, airflow_db) -> None:
+def test_dag_processor_keeps_the_valid_partners_scheduled(registry: Callable[[str], Path], airflow_db: None) -> None:
     """What the dag processor writes: an import error in a DAG file marks every DAG of that
     file stale and unschedulable, so it must only ever land on the check file."""
     from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
@@ -137,13 +138,14 @@ def test_dag_processor_keeps_the_valid_partners_scheduled(registry, airflow_db) 
     assert "partner 'broken', field 'lag'" in errors["partner_registry_check.py"]
 
 
-def test_error_dag_fails_and_alerts_with_the_entrys_message(registry, airflow_db, monkeypatch) -> None:
+def test_error_dag_fails_and_alerts_with_the_entrys_message(registry: Callable[[str], Path], airflow_db: None,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
     from airflow.utils.state import DagRunState
-    from tests.support.webhook import Sink
 
     from partner_harvest.airflow.dag_factory import build_dags
+    from tests.support.webhook import Sink
 
     path = registry(MIXED_REGISTRY)
     sink = Sink()
@@ -158,7 +160,7 @@ def test_error_dag_fails_and_alerts_with_the_entrys_message(registry, airflow_db
     assert f"{path}: partner 'broken', field 'lag'" in alert["harvest"]["cause"]
 
 
-def test_unreadable_registry_is_an_import_error_of_the_dag_files(registry, airflow_db) -> None:
+def test_unreadable_registry_is_an_import_error_of_the_dag_files(registry: Callable[[str], Path], airflow_db: None) -> None:
     from airflow.dag_processing.dagbag import DagBag
 
     path = registry("partners: [\n")
@@ -168,7 +170,7 @@ def test_unreadable_registry_is_an_import_error_of_the_dag_files(registry, airfl
         assert f"{path}: not valid YAML" in message
 
 
-def test_error_dag_names_never_clash_with_a_valid_partner(registry) -> None:
+def test_error_dag_names_never_clash_with_a_valid_partner(registry: Callable[[str], Path]) -> None:
     from partner_harvest.airflow.dag_factory import build_dags
 
     registry("partners:\n  - {id: a_b, protocol: oai-pmh, conn_id: c}\n"
@@ -192,7 +194,7 @@ def test_the_plugin_refuses_a_plugins_folder_holding_its_sources(tmp_path: Path)
     assert [p for p in (root / "plugins").rglob(".airflowignore")] == []
 
 
-def test_pools_are_synced_from_the_registry(tmp_path: Path, monkeypatch, airflow_db) -> None:
+def test_pools_are_synced_from_the_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: None) -> None:
     from airflow.models.pool import Pool
 
     from partner_harvest.airflow.pools import sync_pools
@@ -207,7 +209,7 @@ def test_pools_are_synced_from_the_registry(tmp_path: Path, monkeypatch, airflow
     assert Pool.get_pool("partner_unpooled") is None  # an invalid entry runs nothing
 
 
-def test_pool_check_names_a_missing_pool(registry, airflow_db, capsys) -> None:
+def test_pool_check_names_a_missing_pool(registry: Callable[[str], Path], airflow_db: None, capsys: pytest.CaptureFixture[str]) -> None:
     from airflow.models.pool import Pool
 
     from partner_harvest.airflow.pools import main
@@ -219,7 +221,7 @@ def test_pool_check_names_a_missing_pool(registry, airflow_db, capsys) -> None:
     assert main([]) == 0 and main(["--check"]) == 0
 
 
-def test_task_arguments_follow_the_registry(registry) -> None:
+def test_task_arguments_follow_the_registry(registry: Callable[[str], Path]) -> None:
     """retries, retry_delay, max_retry_delay, execution_timeout of every task come from the
     partner's entry; keys it leaves out keep the factory's defaults."""
     from datetime import timedelta

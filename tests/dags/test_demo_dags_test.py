@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,8 @@ pytestmark = pytest.mark.airflow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_dags_test_of_a_dag_with_a_deadline_exits_0_and_the_run_succeeds(registry, aggregation_conn, airflow_db,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dags_test_of_a_dag_with_a_deadline_exits_0_and_the_run_succeeds(registry: Callable[[str], Path], aggregation_conn: str,
+                                                                         airflow_db: None, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.models import DagRun, Variable
     from airflow.utils.session import create_session
 

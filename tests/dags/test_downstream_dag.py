@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,8 @@ def repo() -> SimulatedRepository:
 
 
 @pytest.fixture
-def partner_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo, airflow_db):
+def partner_env(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo: SimulatedRepository,
+                airflow_db: None) -> Iterator[OaiSimulator]:
     registry(
         "partners:\n"
         f"  - {{id: {PARTNER}, protocol: oai-pmh, conn_id: partner_feed, metadata_prefix: auto,\n"
@@ -73,7 +75,7 @@ def exported(directory: Path) -> list[list[dict]]:
 
 
 def test_each_apply_emits_its_range_and_the_downstream_dag_exports_exactly_it(
-    partner_env, repo, db, tmp_path: Path,
+    partner_env: OaiSimulator, repo: SimulatedRepository, db: str, tmp_path: Path,
 ) -> None:
     first = harvest_dag().test()
     assert str(first.state).endswith("success")
@@ -116,7 +118,7 @@ def test_each_apply_emits_its_range_and_the_downstream_dag_exports_exactly_it(
                             (PARTNER,)).fetchone() == (event2["change_seq_until"],)
 
 
-def test_the_reconcile_emits_its_range_too(partner_env, repo, tmp_path: Path) -> None:
+def test_the_reconcile_emits_its_range_too(partner_env: OaiSimulator, repo: SimulatedRepository, tmp_path: Path) -> None:
     from partner_harvest.airflow.dag_factory import build_reconcile_dag
 
     assert str(harvest_dag().test().state).endswith("success")
@@ -134,7 +136,7 @@ def test_the_reconcile_emits_its_range_too(partner_env, repo, tmp_path: Path) ->
         ("delete", i, "reconcile") for i in gone}
 
 
-def test_the_downstream_dag_is_scheduled_on_every_partners_asset(registry, airflow_db) -> None:
+def test_the_downstream_dag_is_scheduled_on_every_partners_asset(registry: Callable[[str], Path], airflow_db: None) -> None:
     from partner_harvest.airflow.assets import partner_asset, partner_of
 
     registry("partners:\n"

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +27,8 @@ PARTNER = "backfilled"
 
 
 @pytest.fixture
-def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db):
+def museum(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str,
+           airflow_db: None) -> Iterator[tuple[SimulatedRepository, Path]]:
     from airflow.models import Variable
 
     path = registry(
@@ -53,7 +56,8 @@ def states(run) -> dict[str, str]:
 
 
 
-def test_a_backfill_after_the_partners_clock_skips_saying_why(museum, db, caplog, monkeypatch) -> None:
+def test_a_backfill_after_the_partners_clock_skips_saying_why(museum: tuple[SimulatedRepository, Path], db: str,
+                                                              caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     repo, _ = museum
     first = build_dag().test()  # the real harvest: everything, up to the partner's clock
     assert str(getattr(first.state, "value", first.state)) == "success", states(first)

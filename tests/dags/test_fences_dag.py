@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import time
-from functools import partial
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -85,7 +87,8 @@ def repo() -> SimulatedRepository:
 
 
 @pytest.fixture
-def partner_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo, airflow_db):
+def partner_env(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo: SimulatedRepository,
+                airflow_db: None) -> Iterator[tuple[OaiSimulator, Path]]:
     from partner_harvest.airflow import tasks
 
     monkeypatch.setattr(tasks, "LEASE_TTL", TTL)  # a short lease, so a retry's wait outlives it quickly
@@ -134,7 +137,8 @@ def cli(*argv: str) -> tuple[int, str]:
     return status, out.getvalue()
 
 
-def test_forget_while_a_run_waits_for_its_retry_is_not_undone_by_the_retry(partner_env, repo, db, on_task) -> None:
+def test_forget_while_a_run_waits_for_its_retry_is_not_undone_by_the_retry(
+        partner_env: tuple[OaiSimulator, Path], repo: SimulatedRepository, db: str, on_task) -> None:
     sim, path = partner_env
     dag = build_dag(harvest_retries=1)
     first = dag.test()
@@ -168,7 +172,8 @@ def test_forget_while_a_run_waits_for_its_retry_is_not_undone_by_the_retry(partn
     assert held(db) == repo.live_identifiers()
 
 
-def test_reset_cursor_between_the_apply_and_the_cursor_move_is_not_overwritten(partner_env, repo, db, on_task) -> None:
+def test_reset_cursor_between_the_apply_and_the_cursor_move_is_not_overwritten(partner_env: tuple[OaiSimulator, Path],
+                                                                               repo: SimulatedRepository, db: str, on_task) -> None:
     _, path = partner_env
     dag = build_dag()
     dag.test()

@@ -4,15 +4,17 @@ backfill form says what it ignores, the run shows its window, the docs read well
 from __future__ import annotations
 
 import json
-from functools import partial
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
 
 import pytest
-from tests.support.webhook import Sink
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from tests.support import dags
 from tests.support.db import held as support_held
+from tests.support.webhook import Sink, WebhookSink
 
 pytestmark = pytest.mark.airflow
 PARTNER = "firstmuseum"
@@ -20,7 +22,8 @@ CURSOR = f"harvest_cursor__{PARTNER}"
 
 
 @pytest.fixture
-def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db):
+def museum(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str,
+           airflow_db: None) -> Iterator[tuple[SimulatedRepository, WebhookSink]]:
     from airflow.models import Variable
 
     registry(
@@ -56,7 +59,7 @@ def cursor() -> dict | None:
     return Variable.get(CURSOR, default_var=None, deserialize_json=True)
 
 
-def test_a_scheduled_run_never_starts_the_first_full_harvest(museum, db) -> None:
+def test_a_scheduled_run_never_starts_the_first_full_harvest(museum: tuple[SimulatedRepository, WebhookSink], db: str) -> None:
     repo, sink = museum
     when = datetime(2026, 3, 1, 2, tzinfo=timezone.utc)
     run = dags.dag_test_as(build_dag(), when, "scheduled")
@@ -77,7 +80,7 @@ def test_a_scheduled_run_never_starts_the_first_full_harvest(museum, db) -> None
     assert held(db) == repo.live_identifiers()
 
 
-def test_each_task_after_freeze_window_renders_the_window(museum, db) -> None:
+def test_each_task_after_freeze_window_renders_the_window(museum: tuple[SimulatedRepository, WebhookSink], db: str) -> None:
     from airflow.models.renderedtifields import RenderedTaskInstanceFields
     from airflow.utils.session import create_session
 
@@ -103,7 +106,7 @@ def test_params_say_a_backfill_ignores_them() -> None:
         assert "ignored by backfills" in RUN_PARAMS[name].description
 
 
-def test_dag_and_task_docs(registry) -> None:
+def test_dag_and_task_docs(registry: Callable[[str], Path]) -> None:
     from partner_harvest.airflow.dag_factory import build_dags
 
     registry("partners:\n  - {id: museum, protocol: oai-pmh, conn_id: c, lag: 10m, finish_by: '06:00'}\n"

@@ -4,6 +4,8 @@ the task fails with a clear error, and the run leaves no lease behind (I11)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -15,7 +17,8 @@ pytestmark = pytest.mark.airflow
 
 
 @pytest.fixture
-def dripping_partner(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db):
+def dripping_partner(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str,
+                     airflow_db: None) -> Iterator[OaiSimulator]:
     registry(
         "partners:\n"
         "  - {id: dripmuseum, protocol: oai-pmh, conn_id: partner_dripmuseum, metadata_prefix: oai_dc,\n"
@@ -26,7 +29,7 @@ def dripping_partner(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn
         yield sim
 
 
-def test_a_slow_drip_fails_the_task_at_the_deadline_and_frees_the_partner(dripping_partner, db) -> None:
+def test_a_slow_drip_fails_the_task_at_the_deadline_and_frees_the_partner(dripping_partner: OaiSimulator, db: str) -> None:
     from partner_harvest.airflow.dag_factory import build_harvest_dag
 
     dag = build_harvest_dag(get_partner("dripmuseum"))

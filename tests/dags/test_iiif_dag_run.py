@@ -5,8 +5,10 @@ state (health rows, ``partner-harvest status``, the change feed, Asset events) c
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +33,8 @@ def museum() -> Museum:
 
 
 @pytest.fixture
-def iiif_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, museum: Museum, airflow_db):
+def iiif_env(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, museum: Museum,
+             airflow_db: None) -> Iterator[IiifServer]:
     registry(
         "partners:\n"
         f"  - id: {PARTNER}\n"

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import metrics
 from tests.support.provider import package_metadata, python_path
 from tests.support.statsd import StatsdListener, parse
@@ -67,7 +68,8 @@ print("RECONCILE_STATES=" + json.dumps(task_states(run)), flush=True)
 """
 
 
-def test_a_harvest_run_emits_its_lineage_and_its_metrics(partner_env, repo, db, tmp_path: Path) -> None:
+def test_a_harvest_run_emits_its_lineage_and_its_metrics(partner_env: OaiSimulator, repo: SimulatedRepository, db: str,
+                                                         tmp_path: Path) -> None:
     sim = partner_env
     statsd = StatsdListener()
     events_file = tmp_path / "openlineage.jsonl"

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
-
-from tests.support.dags import task_states
 
 from include import embedded_pg
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
+from tests.support.dags import task_states
+from tests.support.webhook import WebhookSink
 
 pytestmark = pytest.mark.airflow
 PID = "mirrormuseum"
@@ -33,7 +35,8 @@ def repo() -> SimulatedRepository:
 
 
 @pytest.fixture
-def env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo, webhook, airflow_db):
+def env(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo: SimulatedRepository,
+        webhook: WebhookSink, airflow_db: None) -> Iterator[OaiSimulator]:
     registry(
         "partners:\n"
         f"  - {{id: {PID}, protocol: oai-pmh, conn_id: partner_{PID}, metadata_prefix: oai_dc, retries: 0,\n"
@@ -83,8 +86,8 @@ def crash_postgres(label: str, conninfo: str) -> None:
 
 
 @pytest.mark.skipif(bool(os.environ.get(embedded_pg.DATABASE_URL_ENV)), reason="needs the embedded server to crash it")
-def test_staging_lost_to_a_crash_between_harvest_and_apply_is_harvested_again(env, repo, db, after_task,
-                                                                             pg_label: str) -> None:
+def test_staging_lost_to_a_crash_between_harvest_and_apply_is_harvested_again(env: OaiSimulator, repo: SimulatedRepository, db: str,
+                                                                              after_task, pg_label: str) -> None:
     after_task("harvest_changes", lambda: crash_postgres(pg_label, db))
     run = harvest_dag().test()
     assert set(states(run).values()) == {"success"}, states(run)
@@ -100,13 +103,14 @@ def test_staging_lost_to_a_crash_between_harvest_and_apply_is_harvested_again(en
 
 
 def test_a_reconcile_sharing_the_harvest_run_id_neither_takes_its_lease_nor_its_staging(
-        env, repo, db, monkeypatch) -> None:
+        env: OaiSimulator, repo: SimulatedRepository, db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Both DAGs name a run after its time; keyed by run id alone they shared lease and staging."""
     import threading
     from datetime import timedelta
 
     from airflow.models.taskreschedule import TaskReschedule
     from airflow.utils.session import create_session
+
     from partner_harvest.store import leases
 
     monkeypatch.setattr(leases, "MIN_WAIT", timedelta(seconds=1))
@@ -136,7 +140,8 @@ def test_a_reconcile_sharing_the_harvest_run_id_neither_takes_its_lease_nor_its_
         watcher.join()
     assert harvested.run_id == waited.run_id  # the collision this guards against
     assert reschedules() > before  # the harvest held the partner: the reconcile waited (rescheduled) for it
-    assert states(waited) == {"reconcile": "success", "approval_gate": "success", "apply_reconcile": "skipped"}  # then ran once the harvest's lease ended
+    # then it ran once the harvest's lease ended
+    assert states(waited) == {"reconcile": "success", "approval_gate": "success", "apply_reconcile": "skipped"}
 
     later = LOGICAL.replace(day=2)
     harvested = harvest_dag().test(run_after=later, logical_date=later, mark_success_pattern=skip_apply)
@@ -157,7 +162,8 @@ def test_a_reconcile_sharing_the_harvest_run_id_neither_takes_its_lease_nor_its_
     assert staged[key] == len(repo.live_identifiers()) + len(repo.deleted_identifiers())
 
 
-def test_a_restored_aggregation_database_is_harvested_from_its_last_applied_window(env, repo, db, caplog) -> None:
+def test_a_restored_aggregation_database_is_harvested_from_its_last_applied_window(env: OaiSimulator, repo: SimulatedRepository, db: str,
+                                                                                   caplog: pytest.LogCaptureFixture) -> None:
     dag = harvest_dag()
     assert set(states(dag.test()).values()) == {"success"}
     first_until = cursor()["until"]
@@ -181,7 +187,8 @@ def test_a_restored_aggregation_database_is_harvested_from_its_last_applied_wind
     assert "covers the partner only up to" in caplog.text
 
 
-def test_a_partner_clock_behind_the_cursor_alerts_and_skips_nothing(env, repo, db, webhook) -> None:
+def test_a_partner_clock_behind_the_cursor_alerts_and_skips_nothing(env: OaiSimulator, repo: SimulatedRepository, db: str,
+                                                                    webhook: WebhookSink) -> None:
     dag = harvest_dag()
     assert set(states(dag.test()).values()) == {"success"}
     before = cursor()["until"]
@@ -195,7 +202,7 @@ def test_a_partner_clock_behind_the_cursor_alerts_and_skips_nothing(env, repo, d
         assert live_identifiers(conn, PID) == repo.live_identifiers()
 
 
-def test_a_cleared_apply_of_an_older_run_never_resurrects_a_purged_record(env, repo, db) -> None:
+def test_a_cleared_apply_of_an_older_run_never_resurrects_a_purged_record(env: OaiSimulator, repo: SimulatedRepository, db: str) -> None:
     """Item 3 through Airflow: run A's apply fails, run B purges X, the operator then reruns A's
     apply (``airflow tasks test``, as a clear from the UI would): X stays purged."""
     import subprocess

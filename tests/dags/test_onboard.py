@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,8 @@ def _state(dag_ids: list[str]) -> dict:
 
 
 @pytest.fixture
-def fleet(airflow_db, aggregation_conn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def fleet(airflow_db: None, aggregation_conn: str, tmp_path: Path,
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, list[str], Path]]:
     """Two new partners whose DAGs the dag-processor has parsed (serialized, paused)."""
     from airflow.dag_processing.bundles.manager import DagBundlesManager
     from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
@@ -81,7 +83,8 @@ def fleet(airflow_db, aggregation_conn, tmp_path: Path, monkeypatch: pytest.Monk
         session.execute(delete(Connection).where(Connection.conn_id.in_([f"partner_{a}", f"partner_{b}"])))
 
 
-def test_onboard_brings_airflow_in_line_once_and_a_second_pass_changes_nothing(fleet, tmp_path, capsys) -> None:
+def test_onboard_brings_airflow_in_line_once_and_a_second_pass_changes_nothing(fleet: tuple[str, str, list[str], Path], tmp_path: Path,
+                                                                               capsys: pytest.CaptureFixture[str]) -> None:
     a, b, dag_ids, registry = fleet
     file = tmp_path / "connections.yaml"
     file.write_text(f"partner_{a}:\n  conn_type: http\n  host: https://museum.example/oai\n  password: s3cret-pw\n"

@@ -12,6 +12,7 @@ from functools import partial
 
 import pytest
 
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.store import connect
 from tests.support import dags
 from tests.support.dags import task_states
@@ -45,7 +46,7 @@ def asset_event_sources() -> list[str]:
 
 @pytest.mark.slow  # four dag.test() runs
 @pytest.mark.timeout(600)
-def test_a_quiet_night_is_one_task_and_two_requests(partner_env, repo, db) -> None:
+def test_a_quiet_night_is_one_task_and_two_requests(partner_env: OaiSimulator, repo: SimulatedRepository, db: str) -> None:
     sim = partner_env
     dag = dags.build_dag(PARTNER)
     first = dag.test()  # the first harvest: asks ListMetadataFormats once and remembers the choice

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -113,7 +114,7 @@ def _task_states() -> dict[str, tuple[str, int]]:
 
 
 def test_a_real_retry_reads_retrying_on_the_page_and_in_status(
-        registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db) -> None:
+        registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db: None) -> None:
     from fastapi.testclient import TestClient
 
     from partner_harvest.airflow.dag_factory import build_harvest_dag

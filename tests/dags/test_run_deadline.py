@@ -12,12 +12,13 @@ callback, and the executor's callback runner sends the alert through the alert w
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
-from tests.support.webhook import Sink
+from tests.support.webhook import Sink, WebhookSink
 
 pytestmark = pytest.mark.airflow
 
@@ -31,14 +32,14 @@ BUNDLE = "test-run-deadline"
 
 
 @pytest.fixture
-def sink(monkeypatch: pytest.MonkeyPatch):
+def sink(monkeypatch: pytest.MonkeyPatch) -> Iterator[WebhookSink]:
     s = Sink()
     monkeypatch.setenv("AIRFLOW_CONN_HARVEST_ALERTS_WEBHOOK", json.dumps({"conn_type": "http", "host": s.url}))
     yield s
     s.close()
 
 
-def test_every_partner_dag_carries_the_run_deadline(registry, airflow_db) -> None:
+def test_every_partner_dag_carries_the_run_deadline(registry: Callable[[str], Path], airflow_db: None) -> None:
     from partner_harvest.airflow.dag_factory import build_dags
 
     registry("partners:\n  - {id: slow, protocol: oai-pmh, conn_id: c, run_deadline: 3h}\n"
@@ -51,7 +52,8 @@ def test_every_partner_dag_carries_the_run_deadline(registry, airflow_db) -> Non
         assert alert.callback.path == "partner_harvest.airflow.notifiers.run_overdue_alert"
 
 
-def test_missing_pool_run_alerts_when_its_deadline_passes(registry, sink: Sink, airflow_db) -> None:
+def test_missing_pool_run_alerts_when_its_deadline_passes(registry: Callable[[str], Path], sink: Sink, airflow_db: None) -> None:
+    import structlog
     from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
     from airflow.models import DagRun, Deadline
     from airflow.models.callback import Callback
@@ -62,7 +64,6 @@ def test_missing_pool_run_alerts_when_its_deadline_passes(registry, sink: Sink, 
     from airflow.utils.session import create_session
     from airflow.utils.state import CallbackState, DagRunState
     from airflow.utils.types import DagRunTriggeredByType, DagRunType
-    import structlog
 
     registry("partners:\n  - {id: poolless, protocol: oai-pmh, conn_id: c, run_deadline: 2h}\n")
     with create_session() as session:

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import json
 import logging
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
 
 import pytest
-
-from tests.support import dags
 
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
+from tests.support import dags
 
 pytestmark = pytest.mark.airflow
 
@@ -38,7 +38,8 @@ def library_entry(export: str) -> str:
 
 
 @pytest.fixture
-def sierra_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, catalogue, airflow_db):
+def sierra_env(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, catalogue: SimulatedCatalogue,
+               airflow_db: None) -> Iterator[SierraSimulator]:
     registry(library_entry("{limit: 100, rate_limit_wait: 0}"))
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
         monkeypatch.setenv("AIRFLOW_CONN_PARTNER_DAGLIBRARY", json.dumps(
@@ -79,7 +80,9 @@ def rendered_fields_text(dag_id: str) -> str:
         return " ".join(json.dumps(row.rendered_fields, default=str) for row in rows)
 
 
-def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env, catalogue, db, capfd, caplog) -> None:
+def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env: SierraSimulator, catalogue: SimulatedCatalogue, db: str,
+                                                                  capfd: pytest.CaptureFixture[str],
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     dag = build_dag()
     assert {"freeze_window", "plan_slices", "harvest_changes", "poll_deletions", "approval_gate", "apply_changes",
@@ -121,7 +124,8 @@ def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env, ca
 
 
 @pytest.mark.parametrize("catalogue", [{"nul_every": 50}], indirect=True)
-def test_bibs_holding_a_nul_character_are_quarantined_and_the_run_completes(sierra_env, catalogue, db) -> None:
+def test_bibs_holding_a_nul_character_are_quarantined_and_the_run_completes(sierra_env: SierraSimulator, catalogue: SimulatedCatalogue,
+                                                                            db: str) -> None:
     """Issue 7 item 9 through Airflow: a NUL made the page's COPY fail on every retry, for ever."""
     run = build_dag().test()
     states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
@@ -139,7 +143,7 @@ def test_bibs_holding_a_nul_character_are_quarantined_and_the_run_completes(sier
 
 
 def test_a_rate_limit_reschedules_harvest_changes_which_then_resumes_at_the_stopped_block(
-        sierra_env, catalogue, db, registry) -> None:
+        sierra_env: SierraSimulator, catalogue: SimulatedCatalogue, db: str, registry: Callable[[str], Path]) -> None:
     """Issue 9 item 4 through Airflow: a 429 whose Retry-After is longer than options.export.max_sleep_seconds
     frees the worker slot (the try ends at once, UP_FOR_RESCHEDULE, no retry used); dag.test() runs the task
     again after reschedule_date and the export resumes after the staged blocks."""

@@ -4,17 +4,19 @@ slice in the partner's pool, one apply; a slice that fails is retried on its own
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 
+import psycopg
 import pytest
-
-from tests.support.db import held
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
 from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.slices import slice_rows
+from tests.support.db import held
 
 pytestmark = pytest.mark.airflow
 
@@ -52,7 +54,8 @@ def rows(db: str, partner_id: str, run) -> dict[str, dict]:
 
 
 @pytest.fixture
-def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db):
+def museum(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str,
+           airflow_db: None) -> Iterator[tuple[OaiSimulator, SimulatedRepository]]:
     registry(
         "partners:\n"
         "  - {id: slicedmuseum, protocol: oai-pmh, conn_id: partner_slicedmuseum, metadata_prefix: oai_dc,\n"
@@ -64,7 +67,7 @@ def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, air
         yield sim, repo
 
 
-def test_a_sliced_oai_full_harvest_retries_only_the_slice_that_failed(museum, db) -> None:
+def test_a_sliced_oai_full_harvest_retries_only_the_slice_that_failed(museum: tuple[OaiSimulator, SimulatedRepository], db: str) -> None:
     sim, repo = museum
     original, lists = sim.handle_oai, {"n": 0}
 
@@ -92,8 +95,8 @@ def test_a_sliced_oai_full_harvest_retries_only_the_slice_that_failed(museum, db
     assert list_requests <= collection_pages + audit[retried]["pages"] + 1, (list_requests, collection_pages)
 
 
-def test_a_full_harvest_by_the_registry_sets_runs_mapped_slices_of_each_set(registry, monkeypatch, aggregation_conn,
-                                                                           airflow_db, db) -> None:
+def test_a_full_harvest_by_the_registry_sets_runs_mapped_slices_of_each_set(
+        registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db: None, db: str) -> None:
     registry(
         "partners:\n"
         "  - {id: setmuseum, protocol: oai-pmh, conn_id: partner_setmuseum, metadata_prefix: oai_dc,\n"
@@ -119,7 +122,8 @@ def test_a_full_harvest_by_the_registry_sets_runs_mapped_slices_of_each_set(regi
 
 
 @pytest.fixture
-def library(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db):
+def library(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str,
+            airflow_db: None) -> Iterator[tuple[SierraSimulator, SimulatedCatalogue]]:
     registry(
         "partners:\n"
         "  - id: slicedlibrary\n"
@@ -137,7 +141,8 @@ def library(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, ai
         yield sim, catalogue
 
 
-def test_a_sliced_sierra_full_load_resumes_the_failed_slice_from_its_checkpoint(library, db) -> None:
+def test_a_sliced_sierra_full_load_resumes_the_failed_slice_from_its_checkpoint(library: tuple[SierraSimulator, SimulatedCatalogue],
+                                                                                db: str) -> None:
     sim, catalogue = library
     # the second export block of the second slice (ids 1000151..1000300, 50 a block) answers 500 once
     sim.fail_next(1, status=500, path_prefix="/bibs/marc?id=[1000201,")
@@ -162,17 +167,17 @@ def test_a_slice_that_fails_keeps_the_lease_while_its_siblings_harvest(aggregati
     from types import SimpleNamespace
 
     from partner_harvest.airflow.tasks import release_lease_after_final_failure
+    from partner_harvest.records import HarvestStats
     from partner_harvest.store import RunRef, begin_run
     from partner_harvest.store.leases import HARVEST, acquire
     from partner_harvest.store.runs import fail_run, finish_harvest
-    from partner_harvest.records import HarvestStats
     from partner_harvest.window import Window
 
     window = Window("full", None, datetime(2026, 3, 1, tzinfo=timezone.utc), "day", True, {})
     context = {"dag_run": SimpleNamespace(dag_id="harvest_big", run_id="manual__1")}
     failed, sibling = (RunRef("big", "harvest_big/manual__1", f"changes/00{i}") for i in (1, 2))
 
-    def leased(conn) -> bool:
+    def leased(conn: psycopg.Connection) -> bool:
         return conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = 'big'").fetchone()[0] == 1
 
     with connect(aggregation_conn, autocommit=True) as conn:

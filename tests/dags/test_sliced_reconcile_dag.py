@@ -8,7 +8,9 @@ mirror and cursor as they were. A small partner's reconcile stays one task."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,7 @@ from tests.support.dags import get_cursor, set_cursor, task_states
 from tests.support.db import held
 from tests.support.hitl import Responder
 from tests.support.statsd import StatsdListener, parse, stats_sent_to
+from tests.support.webhook import WebhookSink
 
 pytestmark = pytest.mark.airflow
 
@@ -28,7 +31,8 @@ SLICING = "slicing: {threshold_records: 300, target_records: 150, reconcile_slic
 
 
 @pytest.fixture
-def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db):
+def museum(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str,
+           airflow_db: None) -> Iterator[tuple[OaiSimulator, SimulatedRepository]]:
     registry(
         "partners:\n"
         "  - {id: bigmuseum, protocol: oai-pmh, conn_id: partner_bigmuseum, metadata_prefix: oai_dc,\n"
@@ -41,7 +45,7 @@ def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, air
         yield sim, repo
 
 
-def test_a_small_partners_reconcile_stays_one_task(museum) -> None:
+def test_a_small_partners_reconcile_stays_one_task(museum: tuple[OaiSimulator, SimulatedRepository]) -> None:
     from partner_harvest.airflow.dag_factory import build_reconcile_dag
 
     # one task's sweep and apply, behind the approval gate (airflow/gates.py) that passes unless over the limit
@@ -55,7 +59,8 @@ def test_a_small_partners_reconcile_stays_one_task(museum) -> None:
 
 
 @pytest.mark.slow  # a dag.test() of 6 tasks, 800 records
-def test_a_sliced_reconcile_retries_only_the_slice_that_failed_and_converges(museum, db, monkeypatch) -> None:
+def test_a_sliced_reconcile_retries_only_the_slice_that_failed_and_converges(museum: tuple[OaiSimulator, SimulatedRepository], db: str,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     sim, repo = museum
     partner = get_partner("bigmuseum")
     with connect(db) as conn:
@@ -111,7 +116,8 @@ CURSOR = {"until": "2026-01-02T03:04:05Z", "run_id": "scheduled__2026-01-02"}  #
 
 
 @pytest.fixture
-def gated(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db, webhook):
+def gated(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db: None,
+          webhook: WebhookSink) -> Iterator[tuple[SimulatedRepository, set[str], set[str], set[str]]]:
     """A partner of 200 records swept in 2 slices, harvested once; 30 of them (15%, over the 5%
     ``max_purge_fraction``) vanish upstream without a deletion notice, 3 are added."""
     registry(
@@ -144,7 +150,8 @@ def _reconcile_dag():
 
 
 def test_a_sliced_reconcile_over_its_limit_waits_at_the_gate_and_approve_applies_exactly(
-        gated, aggregation_conn, webhook, monkeypatch) -> None:
+        gated: tuple[SimulatedRepository, set[str], set[str], set[str]], aggregation_conn: str, webhook: WebhookSink,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression (issue 26 item 1): the sliced reconcile's apply failed with MassPurgeRefused."""
     repo, before, gone, added = gated
     statsd = StatsdListener()
@@ -176,7 +183,8 @@ def test_a_sliced_reconcile_over_its_limit_waits_at_the_gate_and_approve_applies
     assert [b["harvest"]["kind"] for b in webhook.bodies] == ["approval_requested"]
 
 
-def test_a_rejected_sliced_reconcile_leaves_mirror_and_cursor_untouched(gated, aggregation_conn) -> None:
+def test_a_rejected_sliced_reconcile_leaves_mirror_and_cursor_untouched(gated: tuple[SimulatedRepository, set[str], set[str], set[str]],
+                                                                        aggregation_conn: str) -> None:
     repo, before, gone, added = gated
     with connect(aggregation_conn) as conn:
         feed = conn.execute("SELECT high_water FROM partner_feed WHERE partner_id = 'gatedmuseum'").fetchone()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -15,7 +16,7 @@ REGISTRY = """partners:
 """
 
 
-def test_the_generated_dag_runs_at_the_spread_minute(registry, airflow_db) -> None:
+def test_the_generated_dag_runs_at_the_spread_minute(registry: Callable[[str], Path], airflow_db: None) -> None:
     from airflow.dag_processing.dagbag import DagBag
 
     registry(REGISTRY)

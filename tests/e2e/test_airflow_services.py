@@ -24,6 +24,7 @@ from partner_harvest.store import connect, ensure_schema
 from tests.support.e2e_stack import POOLLESS
 
 if TYPE_CHECKING:
+    from tests.e2e.conftest import SharedStack
     from tests.support.e2e_stack import AirflowStack
     from tests.support.smtp_sink import ReceivedMail
 
@@ -38,7 +39,7 @@ NOTIFIERS = ROOT / "plugins" / "partner_harvest" / "airflow" / "notifiers.py"
 
 
 @pytest.fixture(scope="module")
-def airflow_stack(shared_airflow_stack) -> AirflowStack:
+def airflow_stack(shared_airflow_stack: SharedStack) -> AirflowStack:
     """The stack this module shares with test_approval_gates_e2e.py (tests/e2e/conftest.py):
     its partners are this module's, ``POOLLESS`` among them from the first parse."""
     return shared_airflow_stack.get()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
@@ -28,6 +28,9 @@ from tests.support.approval_partners import ABANDON, OTHER, PARTNERS, PURGE, SHR
 from tests.support.e2e_stack import AirflowStack
 from tests.support.webhook import WebhookSink
 
+if TYPE_CHECKING:
+    from tests.e2e.conftest import SharedStack
+
 pytestmark = pytest.mark.e2e
 
 GATE = "approval_gate"
@@ -35,7 +38,7 @@ SCHEDULER_SAW_EXIT = "TaskInstance Finished: dag_id={dag_id}, task_id={task_id},
 
 
 @pytest.fixture(scope="module")
-def airflow_stack(shared_airflow_stack) -> Iterator[AirflowStack]:
+def airflow_stack(shared_airflow_stack: SharedStack) -> Iterator[AirflowStack]:
     """The stack this module shares with test_airflow_services.py (tests/e2e/conftest.py), whose
     registry holds this module's partners; their first harvests here."""
     stack = shared_airflow_stack.get()
@@ -159,7 +162,7 @@ def alerts_of(sink: WebhookSink, kind: str, partner: str) -> list[dict[str, Any]
 
 # ---------------------------------------------------------------------- the tests
 def test_a_reconcile_over_its_limit_waits_holding_no_slot_and_approve_applies_exactly(
-        airflow_stack: AirflowStack, repos, alerts: WebhookSink) -> None:
+        airflow_stack: AirflowStack, repos: dict[str, tuple[SimulatedRepository, OaiSimulator]], alerts: WebhookSink) -> None:
     stack = airflow_stack
     repo, _ = repos[PURGE]
     gone = set(repo.delete(20))  # 20% vanish: over the 5% max_purge_fraction
@@ -195,8 +198,8 @@ def test_a_reconcile_over_its_limit_waits_holding_no_slot_and_approve_applies_ex
     assert staged_rows(stack, PURGE) == 0
 
 
-def test_a_shrinking_full_harvest_waits_and_reject_leaves_mirror_and_cursor(airflow_stack: AirflowStack,
-                                                                            repos) -> None:
+def test_a_shrinking_full_harvest_waits_and_reject_leaves_mirror_and_cursor(
+        airflow_stack: AirflowStack, repos: dict[str, tuple[SimulatedRepository, OaiSimulator]]) -> None:
     stack = airflow_stack
     repo, _ = repos[SHRINK]
     repo.delete(30)  # tombstones for 30%: over the 10% max_shrink_fraction
@@ -220,7 +223,8 @@ def test_a_shrinking_full_harvest_waits_and_reject_leaves_mirror_and_cursor(airf
     assert staged_rows(stack, SHRINK) == 0
 
 
-def test_a_wait_past_its_deadline_alerts_and_keeps_waiting_or_abandons(airflow_stack: AirflowStack, repos,
+def test_a_wait_past_its_deadline_alerts_and_keeps_waiting_or_abandons(airflow_stack: AirflowStack,
+                                                                       repos: dict[str, tuple[SimulatedRepository, OaiSimulator]],
                                                                        alerts: WebhookSink) -> None:
     stack = airflow_stack
     runs = {}

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,7 +60,7 @@ def api_server(pg_server: str, airflow_metadata_template: str,
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser() -> Iterator[Any]:
     with launched_chromium() as chromium:
         yield chromium
 
@@ -84,7 +85,7 @@ def _visible_labels(page) -> set[str]:
 
 
 def test_add_connection_offers_both_partner_types_with_their_fields(
-        api_server: AirflowServices, browser, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+        api_server: AirflowServices, browser: Any, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
     shots = Path(os.environ.get("HARVEST_SCREENSHOTS") or tmp_path_factory.mktemp("connections_page_screenshots"))
     shots.mkdir(parents=True, exist_ok=True)
     print(f"\nconnections page screenshots: {shots}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -27,7 +28,7 @@ N = 10_000
 
 
 @pytest.fixture
-def served(conn: psycopg.Connection, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def served(conn: psycopg.Connection, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     import uvicorn
 
     app = fleet.serve_health_app(conn, db, tmp_path, N, monkeypatch)

@@ -35,7 +35,7 @@ KILLED_TASK = {  # the task whose process dies, so whose try the scheduler repea
 
 
 def test_sigkilled_tasks_are_retried_by_the_scheduler_and_the_mirror_converges(
-        db: str, tmp_path: Path, capsys, pg_server: str, pg_label: str, airflow_metadata_template: str) -> None:
+        db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], pg_server: str, pg_label: str, airflow_metadata_template: str) -> None:
     tries: dict[int, dict] = {}
     # No night restarts PostgreSQL, so Airflow's metadata database may sit beside the
     # aggregation database: a copy of the session's migrated one (tests/e2e/conftest.py).

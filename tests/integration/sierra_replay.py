@@ -169,7 +169,7 @@ class _Handler(BaseHTTPRequestHandler):
 class ReplayServer:
     """``with ReplayServer(Replay(...)) as server:`` ... ``server.base_url``."""
 
-    def __init__(self, replay: Replay):
+    def __init__(self, replay: Replay) -> None:
         self.replay = replay
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self._httpd.replay = replay  # type: ignore[attr-defined]
@@ -179,7 +179,7 @@ class ReplayServer:
         replay.base_url = self.base_url
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
-    def __enter__(self) -> "ReplayServer":
+    def __enter__(self) -> ReplayServer:
         self._thread.start()
         return self
 

@@ -14,13 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import airflow.jobs.scheduler_job_runner as scheduler_job_runner
+import airflow.utils.sqlalchemy as airflow_sqlalchemy
 import psycopg
 import pytest
 import sqlalchemy
 from sqlalchemy.exc import OperationalError
 
-import airflow.jobs.scheduler_job_runner as scheduler_job_runner
-import airflow.utils.sqlalchemy as airflow_sqlalchemy
 from partner_harvest.airflow import compat
 
 ROOT = Path(__file__).resolve().parents[2]

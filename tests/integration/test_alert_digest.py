@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+from collections.abc import Iterator
 from datetime import timedelta
 
 import psycopg
@@ -74,7 +75,7 @@ def _race(target, args_list) -> list:
 
 
 @pytest.fixture
-def sinks(monkeypatch: pytest.MonkeyPatch):
+def sinks(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[WebhookSink, SmtpSink]]:
     webhook = WebhookSink()
     with SmtpSink() as smtp:
         monkeypatch.setenv("AIRFLOW_CONN_HARVEST_ALERTS_WEBHOOK", json.dumps({"conn_type": "http", "host": webhook.url}))
@@ -94,7 +95,7 @@ def sinks(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_a_shared_outage_sends_one_alert_then_one_digest_naming_the_rest(conn: psycopg.Connection, db: str,
-                                                                        sinks) -> None:
+                                                                        sinks: tuple[WebhookSink, SmtpSink]) -> None:
     webhook, smtp = sinks
     partners = [f"p{i:02d}" for i in range(12)]
     sent = dict(_race(_fail, [(db, p, HOST) for p in partners]))

@@ -5,7 +5,6 @@ the run is applied. Real PostgreSQL, the OAI simulator over loopback."""
 
 from __future__ import annotations
 
-
 import psycopg
 import pytest
 
@@ -14,6 +13,7 @@ from partner_harvest import pipeline
 from partner_harvest.errors import PartnerCapExceeded
 from tests.support.harness import run_once
 from tests.support.partners import oai_partner
+
 
 def partner(limits: dict | None = None):
     return oai_partner(retries=1, options={"limits": limits} if limits else {})
@@ -35,7 +35,7 @@ def records(conn: psycopg.Connection) -> int:
     return n
 
 
-def test_a_resumption_token_over_the_cap_fails_the_chain(conn) -> None:
+def test_a_resumption_token_over_the_cap_fails_the_chain(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=300, page_size=100, seed=41)
     with OaiSimulator(repo) as sim:
         sim.pad_tokens(100_000)  # over the default cap (64 KiB)
@@ -49,7 +49,7 @@ def test_a_resumption_token_over_the_cap_fails_the_chain(conn) -> None:
         assert harvest(sim, conn, partner(), "r2").upserted == repo.counts()["live"]
 
 
-def test_a_token_cap_is_a_registry_option(conn) -> None:
+def test_a_token_cap_is_a_registry_option(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=200, page_size=100, seed=42)
     with OaiSimulator(repo) as sim:
         sim.pad_tokens(2_000)
@@ -57,7 +57,7 @@ def test_a_token_cap_is_a_registry_option(conn) -> None:
             harvest(sim, conn, partner({"max_token_bytes": 1024}))
 
 
-def test_a_chain_longer_than_its_complete_list_size_justifies_fails(conn) -> None:
+def test_a_chain_longer_than_its_complete_list_size_justifies_fails(conn: psycopg.Connection) -> None:
     """The simulator announces a tenth of its list (I13: a count may be wrong): 20 pages
     where 2 are announced; at slack 3 the chain stops at page 11, naming the cap."""
     repo = SimulatedRepository(records=1000, page_size=50, deleted_fraction=0.0, seed=43)
@@ -72,14 +72,14 @@ def test_a_chain_longer_than_its_complete_list_size_justifies_fails(conn) -> Non
         assert harvest(sim, conn, partner({"chain_pages_slack": 12.0}), "r2").upserted == 1000
 
 
-def test_a_chain_is_capped_in_pages_whatever_it_announces(conn) -> None:
+def test_a_chain_is_capped_in_pages_whatever_it_announces(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=500, page_size=50, seed=44)
     with OaiSimulator(repo, list_size="omitted") as sim:
         with pytest.raises(PartnerCapExceeded, match="page 5, over the cap options.limits.max_chain_pages = 4"):
             harvest(sim, conn, partner({"max_chain_pages": 4}))
 
 
-def test_a_run_cannot_stage_more_than_its_cap(conn) -> None:
+def test_a_run_cannot_stage_more_than_its_cap(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=400, page_size=100, deleted_fraction=0.0, seed=45)
     with OaiSimulator(repo) as sim:
         with pytest.raises(PartnerCapExceeded) as caught:

@@ -12,9 +12,10 @@ import pytest
 
 from partner_harvest.feed import export_jsonl, write_range
 from partner_harvest.records import Tombstone
-from partner_harvest.store import apply_run, connect
-from partner_harvest.store import feed
-from tests.support.records import rec as support_rec, stage as stage_for, window
+from partner_harvest.store import apply_run, connect, feed
+from tests.support.records import rec as support_rec
+from tests.support.records import stage as stage_for
+from tests.support.records import window
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)  # as tests/integration/test_store_apply.py
 WINDOW = window(T0 + timedelta(days=10))

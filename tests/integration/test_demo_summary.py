@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import psycopg
+
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.run import run_partner
@@ -21,7 +23,7 @@ def demo_module():
     return module
 
 
-def test_first_run_is_labelled_full_and_absent_deletions_are_named(conn) -> None:
+def test_first_run_is_labelled_full_and_absent_deletions_are_named(conn: psycopg.Connection) -> None:
     demo = demo_module()
     partner = oai_partner(retries=1)
     repo = SimulatedRepository(records=200, page_size=50, deleted_fraction=0.05, seed=3)

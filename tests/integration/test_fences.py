@@ -9,7 +9,6 @@ purging them (they are absent from its sweep).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -27,9 +26,9 @@ from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.store import RunRef, connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
+from partner_harvest.store.leases import HARVEST, LeaseKeeper, release
 from tests.support.harness import run_once
 from tests.support.partners import oai_partner
-from partner_harvest.store.leases import HARVEST, LeaseKeeper, release
 
 ROOT = Path(__file__).resolve().parents[2]
 TTL = 1.5

@@ -14,13 +14,14 @@ import psycopg
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
-from partner_harvest import pipeline
+from partner_harvest import pipeline, run
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import MassPurgeRefused, reconcile
-from partner_harvest import run
 from partner_harvest.store import RunRef
 from tests.support.db import held
-from tests.support.partners import fast_http, oai_partner as support_oai_partner
+from tests.support.partners import fast_http
+from tests.support.partners import oai_partner as support_oai_partner
+
 
 def oai_partner(**kw: Any):
     return support_oai_partner(options={"http": fast_http(2, read_timeout=120)}, **kw)
@@ -62,7 +63,7 @@ def quarantined(conn: psycopg.Connection, run_id: str) -> list[str]:
 # -- a token restart starts the window's staging afresh (I6, I8) ---------------------------
 
 
-def test_a_token_restart_stages_the_window_once(conn) -> None:
+def test_a_token_restart_stages_the_window_once(conn: psycopg.Connection) -> None:
     """The broken attempt's pages are dropped: counts, audit and quarantine are the window's
     own, not the window's plus the broken attempt's."""
     repo = SimulatedRepository(records=600, page_size=50, invalid_every=25, deleted_fraction=0.05, seed=41)
@@ -83,7 +84,7 @@ class _VanishAfterFirstPage:
     """Sweep sink wrapper: after the first page is staged, some records it listed vanish
     upstream (deletedRecord=no), as they may while a long sweep runs."""
 
-    def __init__(self, sink, repo: SimulatedRepository, count: int, keep: set[str]):
+    def __init__(self, sink, repo: SimulatedRepository, count: int, keep: set[str]) -> None:
         self.sink, self.repo, self.count, self.keep = sink, repo, count, keep
         self.vanished: list[str] = []
 
@@ -100,7 +101,7 @@ class _VanishAfterFirstPage:
 class _SweepWatcher:
     """The real adapter, with the sweep's sink wrapped (everything else delegated)."""
 
-    def __init__(self, adapter, repo: SimulatedRepository, count: int, keep: set[str]):
+    def __init__(self, adapter, repo: SimulatedRepository, count: int, keep: set[str]) -> None:
         self._adapter, self._repo, self._count, self._keep = adapter, repo, count, keep
         self.sink: _VanishAfterFirstPage | None = None
 
@@ -112,7 +113,7 @@ class _SweepWatcher:
         self._adapter.sweep_ids(window, self.sink, stats)
 
 
-def test_a_token_restart_in_the_reconcile_sweep_forgets_the_broken_attempt(conn) -> None:
+def test_a_token_restart_in_the_reconcile_sweep_forgets_the_broken_attempt(conn: psycopg.Connection) -> None:
     """Records listed by the broken attempt but gone by the restart are purged; the
     reconcile's audit adds up and its rejects are quarantined once."""
     repo = SimulatedRepository(records=400, page_size=100, deleted_record="no", deleted_fraction=0.0,
@@ -144,7 +145,7 @@ def test_a_token_restart_in_the_reconcile_sweep_forgets_the_broken_attempt(conn)
 
 @pytest.mark.parametrize("records,fraction", [(1000, 0.1), (400, 0.25)])
 @pytest.mark.parametrize("over", [False, True], ids=["at_the_limit", "one_more"])
-def test_mass_purge_limit_is_exactly_the_configured_fraction(conn, records: int, fraction: float, over: bool) -> None:
+def test_mass_purge_limit_is_exactly_the_configured_fraction(conn: psycopg.Connection, records: int, fraction: float, over: bool) -> None:
     limit = round(records * fraction)
     repo = SimulatedRepository(records=records, page_size=200, deleted_record="no", deleted_fraction=0.0, seed=43)
     partner = oai_partner(max_purge_fraction=fraction)
@@ -167,7 +168,7 @@ def test_mass_purge_limit_is_exactly_the_configured_fraction(conn, records: int,
 # -- memory is bounded by a page: each page is staged before the next is fetched (I5) -------
 
 
-def test_each_page_is_staged_before_the_next_is_requested(conn, db: str) -> None:
+def test_each_page_is_staged_before_the_next_is_requested(conn: psycopg.Connection, db: str) -> None:
     """Every request finds all pages but the one just before it committed to staging:
     the pipelined chain fetches page N+1 while page N is staged, never page N+2, so at
     most two pages are held in memory."""

@@ -5,23 +5,30 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import psycopg
+import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import reconcile
 from partner_harvest.records import Record, Rejected, Tombstone
 from partner_harvest.registry import Partner
+from partner_harvest.run import run_partner
 from partner_harvest.store import RunRef, apply_run, begin_run, fail_run
 from partner_harvest.store.admin import forget_partner
 from partner_harvest.store.health import (
-    BEHIND, FAILING, HEALTHY, NEW, WARNING, partner_health, quarantine_today, recent_runs,
+    BEHIND,
+    FAILING,
+    HEALTHY,
+    NEW,
+    WARNING,
+    partner_health,
+    quarantine_today,
+    recent_runs,
 )
 from partner_harvest.window import Window
-from partner_harvest.run import run_partner
 from tests.support.partners import oai_partner, partner_from_entry
 from tests.support.records import seed_sliced_run
 from tests.support.records import stage as support_stage
-
 
 
 def counter_and_count(conn: psycopg.Connection, partner_id: str) -> tuple[int, int]:
@@ -36,7 +43,7 @@ def counter_and_count(conn: psycopg.Connection, partner_id: str) -> tuple[int, i
     return row[:2]
 
 
-def test_records_held_counter_equals_count_after_applies_purges_and_reconciles(conn) -> None:
+def test_records_held_counter_equals_count_after_applies_purges_and_reconciles(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=600, page_size=100, deleted_fraction=0.05, seed=41, invalid_every=37)
     partner = oai_partner()
     with OaiSimulator(repo) as sim:
@@ -71,7 +78,7 @@ def _held_ids(conn: psycopg.Connection, partner_id: str) -> set[str]:
     return ids
 
 
-def test_forget_partner_drops_its_counter(conn) -> None:
+def test_forget_partner_drops_its_counter(conn: psycopg.Connection) -> None:
     stage(conn, "p", "harvest_p/r1", [rec("a"), rec("b")], until=now_of(conn))
     apply_run(conn, "p", "harvest_p/r1")
     forget_partner(conn, "p")
@@ -80,7 +87,7 @@ def test_forget_partner_drops_its_counter(conn) -> None:
     assert counter_and_count(conn, "p") == (1, 1)
 
 
-def test_migration_fills_the_counter_from_existing_records(conn) -> None:
+def test_migration_fills_the_counter_from_existing_records(conn: psycopg.Connection) -> None:
     stage(conn, "p", "harvest_p/r1", [rec("a"), rec("b"), rec("c")], until=now_of(conn))
     apply_run(conn, "p", "harvest_p/r1")
     conn.execute("DROP TABLE partner_stats")
@@ -115,7 +122,7 @@ def partners(*ids: str) -> list[Partner]:
     return [partner_from_entry({"id": i, "protocol": "oai-pmh", "conn_id": f"partner_{i}"}) for i in ids]
 
 
-def test_health_tells_healthy_failing_behind_warning_and_new_partners_apart(conn) -> None:
+def test_health_tells_healthy_failing_behind_warning_and_new_partners_apart(conn: psycopg.Connection) -> None:
     now = now_of(conn)
     # healthy: a run an hour ago landed everything; a reconcile since found nothing to do
     stage(conn, "good", "harvest_good/scheduled__1", [rec(f"g{i}") for i in range(30)], until=now - timedelta(hours=1))
@@ -166,7 +173,7 @@ def test_health_tells_healthy_failing_behind_warning_and_new_partners_apart(conn
         FAILING, BEHIND, WARNING, NEW, HEALTHY]
 
 
-def test_health_alerts_on_a_failed_completeness_check_and_a_purge_spike(conn) -> None:
+def test_health_alerts_on_a_failed_completeness_check_and_a_purge_spike(conn: psycopg.Connection) -> None:
     now = now_of(conn)
     stage(conn, "p", "harvest_p/1", [rec(f"a{i}") for i in range(40)], until=now - timedelta(hours=2))
     apply_run(conn, "p", "harvest_p/1")
@@ -183,7 +190,7 @@ def test_health_alerts_on_a_failed_completeness_check_and_a_purge_spike(conn) ->
                for a in health.alerts)
 
 
-def test_recent_runs_and_todays_quarantine_feed_the_partner_page(conn) -> None:
+def test_recent_runs_and_todays_quarantine_feed_the_partner_page(conn: psycopg.Connection) -> None:
     now = now_of(conn)
     for n in range(1, 4):
         items = [rec(f"r{i}", title=f"v{n}") for i in range(5 * n)] + [Rejected(f"q{n}", f"reason {n % 2}", "<x/>")]
@@ -198,7 +205,7 @@ def test_recent_runs_and_todays_quarantine_feed_the_partner_page(conn) -> None:
     assert [e.identifier for e in entries] == ["q3", "q2", "q1"]
 
 
-def test_a_run_the_scheduler_saw_fail_before_any_audit_row_makes_the_partner_failing(conn) -> None:
+def test_a_run_the_scheduler_saw_fail_before_any_audit_row_makes_the_partner_failing(conn: psycopg.Connection) -> None:
     from partner_harvest.store.health import SchedulerRun
 
     now = now_of(conn)
@@ -226,7 +233,7 @@ def test_the_health_pages_refuse_a_request_without_airflow_login() -> None:
         assert response.status_code == 401, path
 
 
-def test_the_partner_page_shows_a_running_run_slice_by_slice(conn, db, monkeypatch) -> None:
+def test_the_partner_page_shows_a_running_run_slice_by_slice(conn: psycopg.Connection, db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """While a run is going, the partner page lists its slices with records so far, rate and
     time left (store/progress.py, as `partner-harvest progress`); once applied, the section goes."""
     from pathlib import Path

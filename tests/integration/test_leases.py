@@ -13,8 +13,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from partner_harvest.store import connect, ensure_schema
-from partner_harvest.store import leases
+from partner_harvest.store import connect, ensure_schema, leases
 
 TTL = 1.5
 

@@ -20,8 +20,9 @@ from partner_harvest.store import RunRef, apply_run, begin_run, finish_harvest
 from partner_harvest.store.apply import RunNotHarvested, StagingIncomplete
 from partner_harvest.store.runs import abandon_stale_runs, fail_apply
 from partner_harvest.window import Window
-from tests.support.records import T0, WINDOW, live_titles as live, rec, stage as stage_for
-
+from tests.support.records import T0, WINDOW, rec
+from tests.support.records import live_titles as live
+from tests.support.records import stage as stage_for
 
 
 def stage(conn: psycopg.Connection, run_id: str, items: list, channel: str = "changes", partner: str = "p",

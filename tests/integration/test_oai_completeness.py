@@ -6,14 +6,13 @@ The simulator over loopback and real PostgreSQL: the check lands on the run's
 
 from __future__ import annotations
 
-
 import psycopg
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.records import HarvestStats
-from tests.support.harness import run_once
 from partner_harvest.window import format_instant
+from tests.support.harness import run_once
 from tests.support.partners import oai_partner as support_oai_partner
 
 FAST: dict = {}  # the test partner's own quick HTTP retries (tests/support/partners.py)
@@ -37,7 +36,7 @@ def check(conn: psycopg.Connection, run_id: str) -> tuple:
     return row
 
 
-def test_an_honest_full_harvest_is_proven_by_a_list_identifiers_count(conn) -> None:
+def test_an_honest_full_harvest_is_proven_by_a_list_identifiers_count(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=1200, page_size=100, deleted_fraction=0.05, invalid_every=97, seed=61)
     with OaiSimulator(repo) as sim:
         window, stats = harvest(sim, conn, oai_partner(WITNESS))
@@ -50,7 +49,7 @@ def test_an_honest_full_harvest_is_proven_by_a_list_identifiers_count(conn) -> N
                             "until": format_instant(window.until)}]
 
 
-def test_a_list_that_stops_short_fails_both_witnesses(conn) -> None:
+def test_a_list_that_stops_short_fails_both_witnesses(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=2000, page_size=100, deleted_fraction=0.0, seed=62)
     with OaiSimulator(repo) as sim:
         sim.end_list_after(3)  # the ListRecords chain ends after 300 records, silently
@@ -62,7 +61,7 @@ def test_a_list_that_stops_short_fails_both_witnesses(conn) -> None:
         assert "lists 2000 headers; the harvest fetched 300" in detail
 
 
-def test_without_the_option_the_complete_list_size_is_the_witness(conn) -> None:
+def test_without_the_option_the_complete_list_size_is_the_witness(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=800, page_size=100, deleted_fraction=0.0, seed=63)
     with OaiSimulator(repo) as sim:
         harvest(sim, conn, oai_partner(FAST), "honest")
@@ -75,7 +74,7 @@ def test_without_the_option_the_complete_list_size_is_the_witness(conn) -> None:
         assert not [r for r in sim.requests if r.get("verb") == "ListIdentifiers"]
 
 
-def test_incremental_windows_are_not_checked(conn) -> None:
+def test_incremental_windows_are_not_checked(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=500, page_size=100, deleted_fraction=0.0, seed=64)
     with OaiSimulator(repo) as sim:
         window, _ = harvest(sim, conn, oai_partner(WITNESS), "first")
@@ -86,7 +85,7 @@ def test_incremental_windows_are_not_checked(conn) -> None:
         assert not [r for r in sim.requests if r.get("verb") == "ListIdentifiers"]
 
 
-def test_the_witness_counts_the_same_set(conn) -> None:
+def test_the_witness_counts_the_same_set(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=900, page_size=100, deleted_fraction=0.0, seed=65)
     with OaiSimulator(repo) as sim:
         _, stats = harvest(sim, conn, oai_partner(WITNESS, set="type:print"))

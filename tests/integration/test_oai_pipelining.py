@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 
 import psycopg
@@ -32,7 +33,7 @@ def _fetchers() -> list[threading.Thread]:
 class Observed:
     """Records, per list request, when it started; and per staged page, what was asked."""
 
-    def __init__(self, sim: OaiSimulator, *, sequential: bool = False, fail_request: int | None = None):
+    def __init__(self, sim: OaiSimulator, *, sequential: bool = False, fail_request: int | None = None) -> None:
         self.sim = sim
         self.adapter = build_adapter(oai_partner(), Endpoint(sim.base_url))
         if sequential:  # the benchmarks' baseline (benchmarks/baselines.py)
@@ -60,20 +61,20 @@ class Observed:
 
 
 @pytest.fixture
-def sim():
+def sim() -> Iterator[OaiSimulator]:
     repo = SimulatedRepository(records=PAGES * 100, page_size=100, deleted_fraction=0.0, seed=5)
     with OaiSimulator(repo) as sim:
         yield sim
 
 
-def test_next_page_is_fetched_while_this_one_is_staged_never_two_ahead(sim, conn, db: str) -> None:
+def test_next_page_is_fetched_while_this_one_is_staged_never_two_ahead(sim: OaiSimulator, conn: psycopg.Connection, db: str) -> None:
     observed = Observed(sim)
     seen: list[tuple[int, int, int]] = []  # (page, requests made when staging began, rows staged then)
 
     class Sink(StagingWriter):
         pages = 0
 
-        def write_page(self, items):
+        def write_page(self, items) -> None:
             self.pages += 1
             page = self.pages
             if page < PAGES:  # the overlap itself: request page+1 starts while page waits here
@@ -92,12 +93,12 @@ def test_next_page_is_fetched_while_this_one_is_staged_never_two_ahead(sim, conn
     assert observed.requests == PAGES and _fetchers() == []
 
 
-def test_the_sequential_baseline_requests_each_page_after_the_last_is_staged(sim, conn) -> None:
+def test_the_sequential_baseline_requests_each_page_after_the_last_is_staged(sim: OaiSimulator, conn: psycopg.Connection) -> None:
     observed = Observed(sim, sequential=True)
     asked: list[int] = []
 
     class Sink(StagingWriter):
-        def write_page(self, items):
+        def write_page(self, items) -> None:
             asked.append(observed.requests)
             super().write_page(items)
 
@@ -106,12 +107,12 @@ def test_the_sequential_baseline_requests_each_page_after_the_last_is_staged(sim
     assert asked == list(range(1, PAGES + 1))
 
 
-def test_fetch_error_mid_chain_raises_its_own_type_and_leaves_no_thread(sim, conn) -> None:
+def test_fetch_error_mid_chain_raises_its_own_type_and_leaves_no_thread(sim: OaiSimulator, conn: psycopg.Connection) -> None:
     observed = Observed(sim, fail_request=3)
     staged: list[int] = []
 
     class Sink(StagingWriter):
-        def write_page(self, items):
+        def write_page(self, items) -> None:
             staged.append(len(items))
             super().write_page(items)
 
@@ -123,14 +124,14 @@ def test_fetch_error_mid_chain_raises_its_own_type_and_leaves_no_thread(sim, con
     assert _fetchers() == []
 
 
-def test_failing_sink_stops_the_fetcher_and_keeps_its_error(sim, conn) -> None:
+def test_failing_sink_stops_the_fetcher_and_keeps_its_error(sim: OaiSimulator, conn: psycopg.Connection) -> None:
     observed = Observed(sim)
 
     class Boom(Exception):
         pass
 
     class Sink(StagingWriter):
-        def write_page(self, items):
+        def write_page(self, items) -> None:
             raise Boom("the database went away")
 
     interval = sys.getswitchinterval()
@@ -140,7 +141,7 @@ def test_failing_sink_stops_the_fetcher_and_keeps_its_error(sim, conn) -> None:
     assert observed.requests <= 2  # page 1, and at most the prefetched page 2
 
 
-def test_a_chain_never_has_two_requests_in_flight_at_the_partner(sim, conn) -> None:
+def test_a_chain_never_has_two_requests_in_flight_at_the_partner(sim: OaiSimulator, conn: psycopg.Connection) -> None:
     """What the partner's pool counts on: one chain, one request at a time, seen server-side
     (a harvest, its completeness count, and count probes closed after their first page)."""
     from partner_harvest.oai import slicing
@@ -156,7 +157,8 @@ def test_a_chain_never_has_two_requests_in_flight_at_the_partner(sim, conn) -> N
     assert sim.wait_idle(timeout=10) and sim.max_in_flight == 1
 
 
-def test_the_next_request_leaves_before_this_page_is_parsed(sim, conn, monkeypatch) -> None:
+def test_the_next_request_leaves_before_this_page_is_parsed(sim: OaiSimulator, conn: psycopg.Connection,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The token is read off the raw bytes, so request N+1 is at the partner while page N
     is still being parsed: parsing is off the chain's critical path."""
     from partner_harvest.oai import parse
@@ -179,7 +181,7 @@ def test_the_next_request_leaves_before_this_page_is_parsed(sim, conn, monkeypat
     assert observed.requests == PAGES and _fetchers() == []
 
 
-def test_token_markup_that_defeats_the_guess_costs_no_extra_request(sim, conn) -> None:
+def test_token_markup_that_defeats_the_guess_costs_no_extra_request(sim: OaiSimulator, conn: psycopg.Connection) -> None:
     """Padding, CDATA, character references and a decoy comment, page by page: every page
     is asked for once (a CDATA or ambiguous page waits for its parse instead)."""
     sim.set_token_markup("varied")
@@ -190,7 +192,8 @@ def test_token_markup_that_defeats_the_guess_costs_no_extra_request(sim, conn) -
     assert observed.requests == PAGES and sim.max_in_flight == 1 and sim.errors == []
 
 
-def test_a_wrong_guess_is_dropped_and_the_chain_still_ends_exactly(sim, conn, monkeypatch) -> None:
+def test_a_wrong_guess_is_dropped_and_the_chain_still_ends_exactly(sim: OaiSimulator, conn: psycopg.Connection,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The last page leaves an old token in a comment: the guess asks for it, the parse
     finds no token, and the stray answer (badResumptionToken) is waited for and dropped:
     no restart, no extra page, still one request at a time.

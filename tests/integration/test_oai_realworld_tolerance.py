@@ -7,13 +7,16 @@ or an OAI badArgument saying so). Harvests run the pipeline into real PostgreSQL
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 
+import psycopg
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.errors import HarvestError
 from tests.support.harness import OaiHarness as Runs
 from tests.support.partners import oai_partner
+
 
 def partner(**options):
     return oai_partner("refuser", retries=3, options=options)
@@ -25,7 +28,7 @@ def repo() -> SimulatedRepository:
 
 
 @pytest.fixture
-def sim(repo):
+def sim(repo: SimulatedRepository) -> Iterator[OaiSimulator]:
     with OaiSimulator(repo) as server:
         yield server
 
@@ -34,7 +37,8 @@ def first_requests(sim: OaiSimulator) -> list[dict]:
     return [r for r in sim.requests if r.get("verb") == "ListRecords" and "resumptionToken" not in r]
 
 
-def test_a_quiet_window_answered_no_records_match_with_http_422_is_an_empty_window(sim, repo, conn) -> None:
+def test_a_quiet_window_answered_no_records_match_with_http_422_is_an_empty_window(sim: OaiSimulator, repo: SimulatedRepository,
+                                                                                   conn: psycopg.Connection) -> None:
     runs = Runs(sim, conn, partner())
     runs.run()
     repo.advance_clock(3600)
@@ -45,7 +49,8 @@ def test_a_quiet_window_answered_no_records_match_with_http_422_is_an_empty_wind
     assert runs.held() == repo.live_identifiers()
 
 
-def test_an_expired_token_answered_with_http_400_restarts_the_window(sim, repo, conn) -> None:
+def test_an_expired_token_answered_with_http_400_restarts_the_window(sim: OaiSimulator, repo: SimulatedRepository,
+                                                                     conn: psycopg.Connection) -> None:
     sim.set_error_status("badResumptionToken", 400)
     sim.expire_tokens_after(3)
     runs = Runs(sim, conn, partner())
@@ -55,7 +60,8 @@ def test_an_expired_token_answered_with_http_400_restarts_the_window(sim, repo, 
 
 
 @pytest.mark.parametrize("how", ["413", "422", "badArgument"])
-def test_a_window_refused_as_too_large_is_bisected_until_it_answers(sim, repo, conn, how: str) -> None:
+def test_a_window_refused_as_too_large_is_bisected_until_it_answers(sim: OaiSimulator, repo: SimulatedRepository, conn: psycopg.Connection,
+                                                                    how: str) -> None:
     span = repo.clock_epoch - repo.earliest_stamp()
     sim.refuse_windows_longer_than(span // 6, how)
     runs = Runs(sim, conn, partner())
@@ -73,7 +79,8 @@ def test_a_window_refused_as_too_large_is_bisected_until_it_answers(sim, repo, c
     assert any("from" not in r for r in asked[1:])
 
 
-def test_an_incremental_window_refused_is_bisected_within_its_bounds(sim, repo, conn) -> None:
+def test_an_incremental_window_refused_is_bisected_within_its_bounds(sim: OaiSimulator, repo: SimulatedRepository,
+                                                                     conn: psycopg.Connection) -> None:
     runs = Runs(sim, conn, partner())
     runs.run()
     repo.advance_clock(4 * 86400)
@@ -90,7 +97,8 @@ def test_an_incremental_window_refused_is_bisected_within_its_bounds(sim, repo, 
     assert runs.held() == repo.live_identifiers()
 
 
-def test_bisection_has_a_cap_and_then_fails_naming_the_refusal(sim, repo, conn) -> None:
+def test_bisection_has_a_cap_and_then_fails_naming_the_refusal(sim: OaiSimulator, repo: SimulatedRepository,
+                                                               conn: psycopg.Connection) -> None:
     sim.refuse_windows_longer_than(-1, "413")  # even a one-second window is refused
     runs = Runs(sim, conn, partner(oai={"max_window_splits": 3}))
     with pytest.raises(HarvestError, match=r"HTTP 413.*split 3 times"):

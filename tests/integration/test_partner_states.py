@@ -114,7 +114,7 @@ def seed(conn: psycopg.Connection) -> tuple[list[Case], dict[str, SchedulerRun]]
 
 
 def test_the_health_page_and_status_agree_on_every_state(conn: psycopg.Connection, db: str, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+                                                          monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     registry_path = tmp_path / "partners.yaml"
     registry_path.write_text(REGISTRY, encoding="utf-8")
     registry = load_registry(registry_path)

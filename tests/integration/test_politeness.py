@@ -187,7 +187,7 @@ def test_a_slow_host_is_backed_off_and_recovered_slowly(pacing_db: psycopg.Conne
     assert rate is not None and rate.penalty_ms == 0 and rate.strains >= 3
 
 
-def test_the_partner_page_shows_the_effective_rate(pacing_db: psycopg.Connection, db: str, monkeypatch) -> None:
+def test_the_partner_page_shows_the_effective_rate(pacing_db: psycopg.Connection, db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The health page's Request rate field: not paced, then the rate in force and the back-off."""
     from pathlib import Path
 

@@ -20,8 +20,6 @@ from tests.support.harness import run_once
 from tests.support.partners import oai_partner
 
 
-
-
 def deletions(conn: psycopg.Connection, run_id: str) -> set[str]:
     rows = conn.execute("SELECT identifier FROM deletions WHERE run_id = %s", (run_id,)).fetchall()
     conn.commit()
@@ -31,7 +29,7 @@ def deletions(conn: psycopg.Connection, run_id: str) -> set[str]:
 
 
 
-def test_records_edited_during_the_sweep_are_not_purged(conn) -> None:
+def test_records_edited_during_the_sweep_are_not_purged(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=2000, page_size=100, deleted_fraction=0.0, seed=41)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
@@ -50,7 +48,7 @@ def test_records_edited_during_the_sweep_are_not_purged(conn) -> None:
         assert upserted + unchanged + purged + quarantined == fetched
 
 
-def test_a_deletion_shifting_the_pages_purges_only_what_is_gone(conn) -> None:
+def test_a_deletion_shifting_the_pages_purges_only_what_is_gone(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=2000, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=42)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
@@ -75,7 +73,7 @@ def test_a_deletion_shifting_the_pages_purges_only_what_is_gone(conn) -> None:
         assert held(conn, "museum") == repo.live_identifiers()
 
 
-def test_vanished_candidates_beyond_the_verify_limit_are_kept_for_the_next_reconcile(conn) -> None:
+def test_vanished_candidates_beyond_the_verify_limit_are_kept_for_the_next_reconcile(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=1000, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=43)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
@@ -90,7 +88,7 @@ def test_vanished_candidates_beyond_the_verify_limit_are_kept_for_the_next_recon
         assert second.purged == 18 and held(conn, "museum") == repo.live_identifiers()
 
 
-def test_an_allowed_mass_purge_verifies_every_candidate_at_once(conn) -> None:
+def test_an_allowed_mass_purge_verifies_every_candidate_at_once(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=1000, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=46)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
@@ -103,7 +101,7 @@ def test_an_allowed_mass_purge_verifies_every_candidate_at_once(conn) -> None:
         assert result.verified == {"gone": 100, "deleted": 0, "live": 0, "unverified": 0}
 
 
-def test_a_record_deleted_during_the_sweep_never_costs_a_neighbour(conn) -> None:
+def test_a_record_deleted_during_the_sweep_never_costs_a_neighbour(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=600, page_size=100, deleted_record="persistent", deleted_fraction=0.0,
                                seed=44)
     with OaiSimulator(repo) as sim:

@@ -6,8 +6,10 @@ export, deletion poll, one apply, then both cursors move.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
+import psycopg
 import pytest
 
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
@@ -17,7 +19,9 @@ from partner_harvest.records import Tombstone
 from partner_harvest.registry import RegistryError
 from partner_harvest.store import RunRef
 from partner_harvest.window import Window
-from tests.support.harness import SIERRA_KEY as KEY, SIERRA_SECRET as SECRET, SierraHarness as Harness
+from tests.support.harness import SIERRA_KEY as KEY
+from tests.support.harness import SIERRA_SECRET as SECRET
+from tests.support.harness import SierraHarness as Harness
 from tests.support.partners import sierra_partner as partner
 
 
@@ -27,13 +31,13 @@ def catalogue() -> SimulatedCatalogue:
 
 
 @pytest.fixture
-def sim(catalogue):
+def sim(catalogue: SimulatedCatalogue) -> Iterator[SierraSimulator]:
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as server:
         yield server
 
 
 @pytest.fixture
-def harness(sim, conn) -> Harness:
+def harness(sim: SierraSimulator, conn: psycopg.Connection) -> Harness:
     return Harness(sim, conn, partner())
 
 
@@ -41,7 +45,7 @@ def requests_to(sim, suffix: str) -> list[dict]:
     return [r for r in sim.requests if r["path"].endswith(suffix)]
 
 
-def test_full_load_through_the_export_then_incremental(harness: Harness, catalogue, sim) -> None:
+def test_full_load_through_the_export_then_incremental(harness: Harness, catalogue: SimulatedCatalogue, sim: SierraSimulator) -> None:
     window, changes, deletions, result = harness.run()
     assert window.is_full and deletions.fetched == 0  # a full load from scratch needs no deletion poll
     assert harness.held() == catalogue.live_ids()
@@ -74,7 +78,8 @@ def test_full_load_through_the_export_then_incremental(harness: Harness, catalog
     assert "revision" in held_title
 
 
-def test_change_poll_pages_by_keyset_and_stops_on_a_short_page(harness: Harness, catalogue, sim) -> None:
+def test_change_poll_pages_by_keyset_and_stops_on_a_short_page(harness: Harness, catalogue: SimulatedCatalogue,
+                                                               sim: SierraSimulator) -> None:
     harness.run()
     catalogue.advance_clock(60)
     edited = catalogue.edit(120)  # 50 per page: pages of 50, 50, 20
@@ -88,7 +93,7 @@ def test_change_poll_pages_by_keyset_and_stops_on_a_short_page(harness: Harness,
     assert all(q["limit"] == "50" for q in polls)
 
 
-def test_empty_windows_are_zero_results_not_errors(harness: Harness, sim) -> None:
+def test_empty_windows_are_zero_results_not_errors(harness: Harness, sim: SierraSimulator) -> None:
     harness.run()
     sim.clear_requests()
     # Nothing changed: the change poll gets 404/107, the deletion poll 200 with no entries.
@@ -98,7 +103,7 @@ def test_empty_windows_are_zero_results_not_errors(harness: Harness, sim) -> Non
     assert ("false", 404) in statuses
 
 
-def test_token_expiring_mid_run_is_refreshed_once(harness: Harness, catalogue, sim) -> None:
+def test_token_expiring_mid_run_is_refreshed_once(harness: Harness, catalogue: SimulatedCatalogue, sim: SierraSimulator) -> None:
     harness.run()
     catalogue.advance_clock(60)
     catalogue.edit(120)
@@ -125,7 +130,7 @@ def test_token_expiring_mid_run_is_refreshed_once(harness: Harness, catalogue, s
     assert sim.tokens_issued >= tokens_before + 2  # freeze's adapter + the refresh after the 401
 
 
-def test_bad_credentials_fail_at_once_without_leaking_the_secret(conn, sim) -> None:
+def test_bad_credentials_fail_at_once_without_leaking_the_secret(conn: psycopg.Connection, sim: SierraSimulator) -> None:
     harness = Harness(sim, conn, partner(), secret="wrong-" + SECRET)
     with pytest.raises(ConfigurationError) as err:
         harness.run()
@@ -134,7 +139,8 @@ def test_bad_credentials_fail_at_once_without_leaking_the_secret(conn, sim) -> N
     assert "library" in str(err.value)
 
 
-def test_deletion_poll_500_fails_with_query_and_body_and_nothing_lands(harness: Harness, catalogue, sim) -> None:
+def test_deletion_poll_500_fails_with_query_and_body_and_nothing_lands(harness: Harness, catalogue: SimulatedCatalogue,
+                                                                       sim: SierraSimulator) -> None:
     harness.run()
     held = harness.held()
     catalogue.advance_clock(60)
@@ -152,7 +158,7 @@ def test_deletion_poll_500_fails_with_query_and_body_and_nothing_lands(harness: 
     assert len(tries) == 3  # a small number of tries, then fail: never "an empty day"
 
 
-def test_export_truncation_is_refetched_whole(conn) -> None:
+def test_export_truncation_is_refetched_whole(conn: psycopg.Connection) -> None:
     catalogue = SimulatedCatalogue(bibs=300, deleted_fraction=0.0, oversized_every=50, seed=8)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
         harness = Harness(sim, conn, partner())
@@ -165,7 +171,7 @@ def test_export_truncation_is_refetched_whole(conn) -> None:
         assert quarantined == 0
 
 
-def test_export_rate_limit_waits_and_resumes_without_re_exporting(conn) -> None:
+def test_export_rate_limit_waits_and_resumes_without_re_exporting(conn: psycopg.Connection) -> None:
     """Waits up to options.export.max_sleep_seconds sleep in the task (the wait the server names)."""
     catalogue = SimulatedCatalogue(bibs=500, deleted_fraction=0.0, seed=9)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET, export_quota=2) as sim:
@@ -179,7 +185,7 @@ def test_export_rate_limit_waits_and_resumes_without_re_exporting(conn) -> None:
         assert len(starts) == len(set(starts)) == 5
 
 
-def test_invalid_marc_is_quarantined(conn) -> None:
+def test_invalid_marc_is_quarantined(conn: psycopg.Connection) -> None:
     catalogue = SimulatedCatalogue(bibs=200, deleted_fraction=0.0, invalid_every=40, seed=4)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
         harness = Harness(sim, conn, partner())
@@ -191,7 +197,7 @@ def test_invalid_marc_is_quarantined(conn) -> None:
         assert reasons == {"MARC: no title (245 $a)"}
 
 
-def test_a_deletion_beats_an_edit_made_earlier_the_same_day(harness: Harness, catalogue, sim) -> None:
+def test_a_deletion_beats_an_edit_made_earlier_the_same_day(harness: Harness, catalogue: SimulatedCatalogue, sim: SierraSimulator) -> None:
     harness.run()
     catalogue.advance_clock(60)
     victim = catalogue.edit(1)[0]
@@ -204,11 +210,10 @@ def test_a_deletion_beats_an_edit_made_earlier_the_same_day(harness: Harness, ca
     assert victim not in harness.held() and harness.held() == catalogue.live_ids()
 
 
-def test_a_version_stamped_after_the_deletion_day_wins(harness: Harness, catalogue, conn) -> None:
+def test_a_version_stamped_after_the_deletion_day_wins(harness: Harness, catalogue: SimulatedCatalogue, conn: psycopg.Connection) -> None:
     """A record re-created after its deletion day is kept (tombstone = D 23:59:59Z)."""
-    from partner_harvest.records import Record, Tombstone
+    from partner_harvest.records import HarvestStats, Record, Tombstone
     from partner_harvest.store import StagingWriter, apply_run, begin_run, finish_harvest
-    from partner_harvest.records import HarvestStats
 
     harness.run()
     victim = sorted(catalogue.live_ids())[0]
@@ -228,7 +233,7 @@ def test_a_version_stamped_after_the_deletion_day_wins(harness: Harness, catalog
 # -- the reference's section 6, quirk by quirk (those not covered above) ---------------
 
 
-def test_page_size_is_never_above_the_2000_cap(conn, sim) -> None:
+def test_page_size_is_never_above_the_2000_cap(conn: psycopg.Connection, sim: SierraSimulator) -> None:
     with pytest.raises(RegistryError, match="page_size"):  # the registry refuses a page above the cap
         partner(page_size=5000)
     harness = Harness(sim, conn, partner(page_size=2000, options={"export": {"limit": 5000, "rate_limit_wait": 0}}))
@@ -238,7 +243,7 @@ def test_page_size_is_never_above_the_2000_cap(conn, sim) -> None:
     assert max(limits) == 2000  # and limit=1: the id probes of the full load's size estimate
 
 
-def test_legacy_deleted_stubs_are_tombstones_never_rejects(conn) -> None:
+def test_legacy_deleted_stubs_are_tombstones_never_rejects(conn: psycopg.Connection) -> None:
     """Older Sierras returned deleted stubs in updatedDate windows; with deleted=false they
     do not, and the separate deletion poll still catches every deletion."""
     catalogue = SimulatedCatalogue(bibs=300, deleted_fraction=0.0, seed=12)
@@ -254,7 +259,7 @@ def test_legacy_deleted_stubs_are_tombstones_never_rejects(conn) -> None:
         assert stub == Tombstone("1000007", datetime(2026, 1, 2, 23, 59, 59, 999_999, tzinfo=timezone.utc))
 
 
-def test_transient_faults_are_retried(harness: Harness, catalogue, sim) -> None:
+def test_transient_faults_are_retried(harness: Harness, catalogue: SimulatedCatalogue, sim: SierraSimulator) -> None:
     harness.run()
     catalogue.advance_clock(60)
     catalogue.edit(5)
@@ -266,7 +271,7 @@ def test_transient_faults_are_retried(harness: Harness, catalogue, sim) -> None:
     assert statuses.count(500) == 2 and None in statuses
 
 
-def test_export_failure_135_is_retried(conn) -> None:
+def test_export_failure_135_is_retried(conn: psycopg.Connection) -> None:
     catalogue = SimulatedCatalogue(bibs=150, deleted_fraction=0.0, seed=13)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
         sim.fail_export_next(code=135, count=1)
@@ -276,14 +281,14 @@ def test_export_failure_135_is_retried(conn) -> None:
         assert [r["status"] for r in sim.requests if r["path"].endswith("/bibs/marc")][0] == 500
 
 
-def test_window_is_frozen_on_the_server_date_header(harness: Harness, catalogue) -> None:
+def test_window_is_frozen_on_the_server_date_header(harness: Harness, catalogue: SimulatedCatalogue) -> None:
     catalogue.advance_clock(12345)
     window, *_ = harness.run()
     assert window.until == catalogue.clock.replace(microsecond=0)
     assert window.protocol.channels["deletions"].until.date() == catalogue.clock.date()
 
 
-def test_deletions_overlap_re_sees_yesterday_harmlessly(harness: Harness, catalogue, sim) -> None:
+def test_deletions_overlap_re_sees_yesterday_harmlessly(harness: Harness, catalogue: SimulatedCatalogue, sim: SierraSimulator) -> None:
     harness.run()
     catalogue.advance_clock(3600)
     deleted = catalogue.delete(3)
@@ -298,7 +303,7 @@ def test_deletions_overlap_re_sees_yesterday_harmlessly(harness: Harness, catalo
     assert harness.held() == catalogue.live_ids()
 
 
-def test_a_hanging_request_times_out_and_is_retried(conn, sim, catalogue) -> None:
+def test_a_hanging_request_times_out_and_is_retried(conn: psycopg.Connection, sim: SierraSimulator, catalogue: SimulatedCatalogue) -> None:
     harness = Harness(sim, conn, partner(options={"http": {"read_timeout": 0.5, "retries": 2, "backoff_factor": 0.01}}))
     harness.run()
     catalogue.advance_clock(60)
@@ -308,7 +313,7 @@ def test_a_hanging_request_times_out_and_is_retried(conn, sim, catalogue) -> Non
     assert changes.fetched == 3 and harness.held() == catalogue.live_ids()
 
 
-def test_token_is_renewed_before_it_expires(harness: Harness, catalogue, sim) -> None:
+def test_token_is_renewed_before_it_expires(harness: Harness, catalogue: SimulatedCatalogue, sim: SierraSimulator) -> None:
     """Proactive refresh: a token near its end is replaced before use, without a 401."""
     now = [0.0]
     adapter = harness.adapter()
@@ -324,7 +329,7 @@ def test_token_is_renewed_before_it_expires(harness: Harness, catalogue, sim) ->
 # -- issue 7: a mirror that cannot silently diverge (Sierra) ----------------------------
 
 
-def check_row(conn, run_id: str = "run-1") -> tuple:
+def check_row(conn: psycopg.Connection, run_id: str = "run-1") -> tuple:
     row = conn.execute(
         "SELECT check_kind, check_expected, check_found, check_ok, check_detail FROM harvest_runs"
         " WHERE partner_id = 'library' AND run_id = %s AND channel = 'changes'", (run_id,)).fetchone()
@@ -337,7 +342,7 @@ def suppressed_live(catalogue: SimulatedCatalogue) -> set[str]:
 
 
 @pytest.mark.parametrize("limit", [2000, 5000])
-def test_full_load_with_deleted_and_suppressed_bibs_in_every_block_holds_the_live_set(conn, limit) -> None:
+def test_full_load_with_deleted_and_suppressed_bibs_in_every_block_holds_the_live_set(conn: psycopg.Connection, limit) -> None:
     """Real blocks hold deleted bibs (outputRecords < inputRecords): the export must not stop
     after the first block, also when options.export.limit exceeds Sierra's 2000."""
     catalogue = SimulatedCatalogue(bibs=6000, deleted_fraction=0.05, suppressed_fraction=0.03, seed=21)
@@ -355,7 +360,7 @@ def test_full_load_with_deleted_and_suppressed_bibs_in_every_block_holds_the_liv
 
 
 @pytest.mark.parametrize("deleted_field", ["nonzero", "always", "never"])
-def test_a_block_of_only_deleted_bibs_is_not_the_end_of_the_export(conn, deleted_field) -> None:
+def test_a_block_of_only_deleted_bibs_is_not_the_end_of_the_export(conn: psycopg.Connection, deleted_field) -> None:
     catalogue = SimulatedCatalogue(bibs=500, deleted_fraction=0.0, suppressed_fraction=0.0, seed=22)
     catalogue.delete_ids(str(n) for n in range(1000101, 1000301))  # blocks 2 and 3 (limit 100): all deleted
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET, deleted_records_field=deleted_field) as sim:
@@ -370,7 +375,7 @@ def test_a_block_of_only_deleted_bibs_is_not_the_end_of_the_export(conn, deleted
         assert id_list_fetches == []  # nothing left for the completeness fix-up
 
 
-def test_suppressed_bibs_the_export_omits_are_found_and_fetched_in_batches(conn) -> None:
+def test_suppressed_bibs_the_export_omits_are_found_and_fetched_in_batches(conn: psycopg.Connection) -> None:
     catalogue = SimulatedCatalogue(bibs=1200, deleted_fraction=0.05, suppressed_fraction=0.05, seed=23)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET, export_omits_suppressed=True) as sim:
         harness = Harness(sim, conn, partner(options={"export": {"limit": 2000, "rate_limit_wait": 0}}))
@@ -387,7 +392,7 @@ def test_suppressed_bibs_the_export_omits_are_found_and_fetched_in_batches(conn)
         assert conn.execute("SELECT count(*) FROM reconcile_ids").fetchone()[0] == 0  # check's ids cleared
 
 
-def test_bibs_without_005_or_without_ids_do_not_stop_the_full_load(conn) -> None:
+def test_bibs_without_005_or_without_ids_do_not_stop_the_full_load(conn: psycopg.Connection) -> None:
     catalogue = SimulatedCatalogue(bibs=300, deleted_fraction=0.0, seed=24, no_005_every=7, no_id_every=11)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
         harness = Harness(sim, conn, partner())
@@ -412,7 +417,7 @@ def test_bibs_without_005_or_without_ids_do_not_stop_the_full_load(conn) -> None
         assert ok and found == expected - len(no_ids) and detail.startswith(f"fetched {len(no_ids)} missing")
 
 
-def test_marc8_records_are_converted_not_replaced(conn) -> None:
+def test_marc8_records_are_converted_not_replaced(conn: psycopg.Connection) -> None:
     from include.simulators.sierra import marc_in_json
     from partner_harvest.sierra import marc as sierra_marc
 
@@ -434,7 +439,7 @@ def test_marc8_records_are_converted_not_replaced(conn) -> None:
             assert metadata == from_json.metadata
 
 
-def test_invalid_utf8_or_marc8_is_quarantined_with_the_raw_bytes_escaped(conn) -> None:
+def test_invalid_utf8_or_marc8_is_quarantined_with_the_raw_bytes_escaped(conn: psycopg.Connection) -> None:
     catalogue = SimulatedCatalogue(bibs=200, deleted_fraction=0.0, seed=26, bad_utf8_every=13, marc8_every=2)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
         harness = Harness(sim, conn, partner())
@@ -450,7 +455,8 @@ def test_invalid_utf8_or_marc8_is_quarantined_with_the_raw_bytes_escaped(conn) -
         assert conn.execute("SELECT count(*) FROM records WHERE metadata LIKE %s", ("%\ufffd%",)).fetchone()[0] == 0
 
 
-def test_an_edit_at_the_last_second_of_a_day_loses_to_a_deletion_that_day(conn, sim, catalogue) -> None:
+def test_an_edit_at_the_last_second_of_a_day_loses_to_a_deletion_that_day(conn: psycopg.Connection, sim: SierraSimulator,
+                                                                          catalogue: SimulatedCatalogue) -> None:
     """Deletion on D = D 23:59:59.999999: beats an edit stamped D 23:59:59 in the same run."""
     harness = Harness(sim, conn, partner(lag=timedelta(0)))
     harness.run()
@@ -472,7 +478,8 @@ def test_an_edit_at_the_last_second_of_a_day_loses_to_a_deletion_that_day(conn, 
     assert victim not in harness.held() and harness.held() == catalogue.live_ids()
 
 
-def test_a_legacy_edit_stamped_the_next_midnight_beats_an_earlier_applied_deletion(harness: Harness, catalogue, conn) -> None:
+def test_a_legacy_edit_stamped_the_next_midnight_beats_an_earlier_applied_deletion(harness: Harness, catalogue: SimulatedCatalogue,
+                                                                                   conn: psycopg.Connection) -> None:
     from partner_harvest.records import HarvestStats, Record
     from partner_harvest.sierra.harvester import end_of_day
     from partner_harvest.store import StagingWriter, apply_run, begin_run, finish_harvest
@@ -527,7 +534,7 @@ class _RecordingListener:
         self.server.server_close()
 
 
-def test_an_export_file_on_another_origin_never_gets_our_token_or_a_delete(conn) -> None:
+def test_an_export_file_on_another_origin_never_gets_our_token_or_a_delete(conn: psycopg.Connection) -> None:
     catalogue = SimulatedCatalogue(bibs=300, deleted_fraction=0.05, seed=27)
     with _RecordingListener() as foreign, SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET,
                                                           file_origin=foreign.origin) as sim:
@@ -540,7 +547,8 @@ def test_an_export_file_on_another_origin_never_gets_our_token_or_a_delete(conn)
         assert [r["method"] for r in sim.requests if "/bibs/marc/files/" in r["path"]].count("DELETE") == 3
 
 
-def test_export_query_parameters_come_only_from_options_export_params(conn, sim, catalogue) -> None:
+def test_export_query_parameters_come_only_from_options_export_params(conn: psycopg.Connection, sim: SierraSimulator,
+                                                                      catalogue: SimulatedCatalogue) -> None:
     options = {"export": {"limit": 200, "rate_limit_wait": 0, "max_rate_limit_waits": 1,
                           "params": {"mapping": "toc"}}}
     with pytest.raises(RegistryError, match="options.export.locations"):  # a query key outside params
@@ -554,7 +562,7 @@ def test_export_query_parameters_come_only_from_options_export_params(conn, sim,
         Harness(sim, conn, partner(options={"export": {"params": {"id": "[1,2]"}}})).adapter()
 
 
-def test_a_bib_deleted_between_the_listing_and_the_fetch_is_staged_as_a_deletion(conn) -> None:
+def test_a_bib_deleted_between_the_listing_and_the_fetch_is_staged_as_a_deletion(conn: psycopg.Connection) -> None:
     catalogue = SimulatedCatalogue(bibs=400, deleted_fraction=0.02, suppressed_fraction=0.05, seed=28)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET, export_omits_suppressed=True) as sim:
         harness = Harness(sim, conn, partner())
@@ -581,7 +589,7 @@ def test_a_bib_deleted_between_the_listing_and_the_fetch_is_staged_as_a_deletion
 
 
 @pytest.mark.parametrize("style", ["138", "429"])
-def test_a_long_rate_limit_frees_the_task_and_the_next_try_resumes_at_the_stopped_block(conn, style) -> None:
+def test_a_long_rate_limit_frees_the_task_and_the_next_try_resumes_at_the_stopped_block(conn: psycopg.Connection, style) -> None:
     """Issue 9: a rate limit longer than a task may sleep raises PartnerAsksToWait at once (no sleep);
     the next try of the same run keeps what was staged and asks only for the blocks not yet exported."""
     catalogue = SimulatedCatalogue(bibs=1000, deleted_fraction=0.05, suppressed_fraction=0.03, seed=31)
@@ -619,7 +627,7 @@ def test_a_long_rate_limit_frees_the_task_and_the_next_try_resumes_at_the_stoppe
         assert check == (True, len(catalogue.live_ids()))
 
 
-def test_a_new_window_for_the_same_run_does_not_keep_the_old_staging(conn) -> None:
+def test_a_new_window_for_the_same_run_does_not_keep_the_old_staging(conn: psycopg.Connection) -> None:
     """Staging is kept only for another try of the same frozen window, never across windows."""
     catalogue = SimulatedCatalogue(bibs=300, deleted_fraction=0.0, seed=32)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
@@ -639,7 +647,7 @@ def test_a_new_window_for_the_same_run_does_not_keep_the_old_staging(conn) -> No
         assert stats.fetched == len(catalogue.live_ids())
 
 
-def test_a_rate_limit_on_the_change_poll_frees_the_task_too(harness: Harness, sim, catalogue) -> None:
+def test_a_rate_limit_on_the_change_poll_frees_the_task_too(harness: Harness, sim: SierraSimulator, catalogue: SimulatedCatalogue) -> None:
     """The transport no longer sleeps Sierra's 429/138 waits; outside the export the task is rescheduled."""
     harness.run()
     catalogue.advance_clock(3600)
@@ -655,7 +663,8 @@ def test_a_rate_limit_on_the_change_poll_frees_the_task_too(harness: Harness, si
     assert harness.held() == catalogue.live_ids()
 
 
-def test_a_gateway_503_asking_for_a_long_wait_frees_the_task_instead_of_sleeping(harness: Harness, sim, catalogue) -> None:
+def test_a_gateway_503_asking_for_a_long_wait_frees_the_task_instead_of_sleeping(harness: Harness, sim: SierraSimulator,
+                                                                                 catalogue: SimulatedCatalogue) -> None:
     """A 503 with Retry-After (a gateway in maintenance) longer than a task may sleep
     (options.http.max_wait_in_task, default 60 s) reschedules; urllib3 would have slept it."""
     harness.run()

@@ -14,7 +14,9 @@ import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+import psycopg
 import pytest
 
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
@@ -37,7 +39,7 @@ def library() -> Partner:
     })
 
 
-def full_load(conn, sim: SierraSimulator, run_id: str = "harvest_library/full-1"):
+def full_load(conn: psycopg.Connection, sim: SierraSimulator, run_id: str = "harvest_library/full-1"):
     adapter = build_adapter(library(), Endpoint(sim.base_url, KEY, SECRET))
     window = pipeline.freeze_window(adapter, library().lag, None, pipeline.RunRequest("full"), {"deletions": None})
     assert window.protocol.slice is None  # unsliced: the run's one channel is the whole export
@@ -84,7 +86,8 @@ def task_log(name: str) -> Iterator[list[str]]:
         logger.setLevel(level)
 
 
-def test_an_unsliced_full_load_shows_its_expected_total_and_time_left(conn, db, monkeypatch) -> None:
+def test_an_unsliced_full_load_shows_its_expected_total_and_time_left(conn: psycopg.Connection, db: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     catalogue = SimulatedCatalogue(bibs=BIBS, deleted_fraction=0.05, seed=8)
     page = partner_page(db, monkeypatch)
     seen, pages = [], []
@@ -132,7 +135,7 @@ def test_an_unsliced_full_load_shows_its_expected_total_and_time_left(conn, db, 
     assert all(re.search(r"/s, about \d+[dhms]( \d+[hms])? left$", m) for m in blocks[:-1]), blocks
 
 
-def test_the_estimate_never_ends_the_export(conn, db) -> None:
+def test_the_estimate_never_ends_the_export(conn: psycopg.Connection, db: str) -> None:
     """Bibs added after the estimate (ids above its range) still land: the export ends on
     404/107 or an empty block, not when the estimate is reached."""
     catalogue = SimulatedCatalogue(bibs=BIBS, deleted_fraction=0.0, seed=9)
@@ -155,7 +158,8 @@ def test_the_estimate_never_ends_the_export(conn, db) -> None:
     assert row[0] == BIBS and stats.fetched == row[1] == BIBS + 150  # expected 600, came 750
 
 
-def test_progress_prints_the_expected_total_of_an_unsliced_full_load(conn, db, capsys, tmp_path) -> None:
+def test_progress_prints_the_expected_total_of_an_unsliced_full_load(conn: psycopg.Connection, db: str, capsys: pytest.CaptureFixture[str],
+                                                                     tmp_path: Path) -> None:
     registry = tmp_path / "partners.yaml"
     registry.write_text("partners:\n  - {id: library, protocol: sierra, conn_id: unused}\n", encoding="utf-8")
     catalogue = SimulatedCatalogue(bibs=BIBS, deleted_fraction=0.0, seed=10)

@@ -42,7 +42,7 @@ def test_the_simulator_compares_sub_second_stamps_raw() -> None:
     assert victim in {r.identifier for r in granular.select(until=format_instant(m))}
 
 
-def test_records_stored_just_after_each_slice_boundary_are_harvested(conn) -> None:
+def test_records_stored_just_after_each_slice_boundary_are_harvested(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=900, page_size=50, seed=9, deleted_fraction=0.0, stamps="raw")
     with OaiSimulator(repo) as sim:
         partner = oai_partner(slicing=SLICES)

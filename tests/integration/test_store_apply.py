@@ -5,13 +5,14 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import psycopg
-from psycopg.types.json import Jsonb
 import pytest
+from psycopg.types.json import Jsonb
 
 from partner_harvest.records import Record, Rejected, Tombstone
 from partner_harvest.store import apply_run
 from partner_harvest.window import Window
-from tests.support.records import rec as support_rec, stage as stage_for
+from tests.support.records import rec as support_rec
+from tests.support.records import stage as stage_for
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 WINDOW = Window("incremental", None, T0 + timedelta(days=10), "seconds", True, {"metadata_prefix": "oai_dc"})

@@ -24,7 +24,8 @@ from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, c
 from partner_harvest.store.admin import live_identifiers
 from partner_harvest.store.runs import AttemptSuperseded, fail_run
 from tests.support.partners import oai_partner
-from tests.support.records import T0, WINDOW, live_titles as live, rec
+from tests.support.records import T0, WINDOW, rec
+from tests.support.records import live_titles as live
 
 
 def test_a_superseded_try_can_no_longer_write_fail_or_finish_its_channel(conn: psycopg.Connection) -> None:
@@ -119,7 +120,7 @@ def test_a_try_ended_by_its_task_timeout_marks_its_channel_failed(conn: psycopg.
         adapter = build_adapter(p, Endpoint(sim.base_url))
         window = pipeline.freeze_window(adapter, p.lag, None, pipeline.RunRequest("incremental"))
 
-        def timed_out(*args, **kwargs):
+        def timed_out(*args, **kwargs) -> None:
             raise _TaskTimeout("Timeout, PID: 1")
 
         adapter.harvest = timed_out

@@ -20,13 +20,11 @@ import pytest
 import requests
 from lxml import etree
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # allow plain `pytest` as well as `python -m pytest`
-    sys.path.insert(0, str(ROOT))
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository, title
+from include.simulators.oai_pmh.collection import identifier_for, parse_oai_date
+from include.simulators.oai_pmh.server import TOKEN_MARKUPS
 
-from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository, title  # noqa: E402
-from include.simulators.oai_pmh.collection import identifier_for, parse_oai_date  # noqa: E402
-from include.simulators.oai_pmh.server import TOKEN_MARKUPS  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 NS = {
     "o": "http://www.openarchives.org/OAI/2.0/",

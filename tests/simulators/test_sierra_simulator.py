@@ -15,6 +15,7 @@ import select
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -24,11 +25,7 @@ import pymarc
 import pytest
 import requests
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # allow plain `pytest` as well as `python -m pytest`
-    sys.path.insert(0, str(ROOT))
-
-from include.simulators.sierra import (  # noqa: E402
+from include.simulators.sierra import (
     MAX_RECORD_BYTES,
     BibQuery,
     SierraSimulator,
@@ -40,7 +37,9 @@ from include.simulators.sierra import (  # noqa: E402
     marc_fields,
     marc_in_json,
 )
-from include.simulators.sierra.marc import leader_for  # noqa: E402
+from include.simulators.sierra.marc import leader_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 NOT_FOUND = {"code": 107, "specificCode": 0, "httpStatus": 404, "name": "Record not found"}
@@ -60,7 +59,7 @@ def catalogue() -> SimulatedCatalogue:
 
 
 @pytest.fixture
-def sim(catalogue: SimulatedCatalogue):
+def sim(catalogue: SimulatedCatalogue) -> Iterator[SierraSimulator]:
     with SierraSimulator(catalogue) as simulator:
         yield simulator
 
@@ -75,7 +74,7 @@ def login(sim: SierraSimulator, session: requests.Session | None = None) -> requ
 
 
 @pytest.fixture
-def client(sim: SierraSimulator):
+def client(sim: SierraSimulator) -> Iterator[requests.Session]:
     with login(sim) as session:
         yield session
 

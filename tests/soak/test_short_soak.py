@@ -61,7 +61,7 @@ PLAN = {
 @pytest.mark.skipif(bool(os.environ.get(embedded_pg.DATABASE_URL_ENV)),
                     reason="restarts the embedded PostgreSQL server")
 @pytest.mark.timeout(SOAK_TIMEOUT)
-def test_short_soak_converges_after_every_night(airflow_db, db: str, tmp_path: Path, capsys,
+def test_short_soak_converges_after_every_night(airflow_db: None, db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                 pg_label: str) -> None:
     nights: dict[str, int] = {}
     for partner, night in PLAN:

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import psycopg
+
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository, title
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
-from tests.support.harness import OaiHarness as Harness, SIERRA_KEY, SIERRA_SECRET, SierraHarness
+from tests.support.harness import SIERRA_KEY, SIERRA_SECRET, SierraHarness
+from tests.support.harness import OaiHarness as Harness
 from tests.support.partners import oai_partner, sierra_partner
 
 
-def test_edits_made_while_the_partner_clock_is_behind_the_cursor_reach_the_mirror(conn) -> None:
+def test_edits_made_while_the_partner_clock_is_behind_the_cursor_reach_the_mirror(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=120, page_size=50, seed=11)
     with OaiSimulator(repo) as sim:
         harness = Harness(sim, conn, oai_partner(retries=3))
@@ -35,7 +38,7 @@ def test_edits_made_while_the_partner_clock_is_behind_the_cursor_reach_the_mirro
     assert held == {i: title(repo.get(i)) for i in edited}
 
 
-def test_edits_made_between_the_clock_jump_and_the_run_that_sees_it_reach_the_mirror(conn) -> None:
+def test_edits_made_between_the_clock_jump_and_the_run_that_sees_it_reach_the_mirror(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=120, page_size=50, seed=11)
     with OaiSimulator(repo) as sim:
         harness = Harness(sim, conn, oai_partner(retries=3))
@@ -50,7 +53,7 @@ def test_edits_made_between_the_clock_jump_and_the_run_that_sees_it_reach_the_mi
     assert held == {i: title(repo.get(i)) for i in edited}
 
 
-def test_versions_stamped_before_the_held_ones_after_a_clock_jump_reach_the_mirror(conn) -> None:
+def test_versions_stamped_before_the_held_ones_after_a_clock_jump_reach_the_mirror(conn: psycopg.Connection) -> None:
     """Seed 5, night 2 of soak_sierra (``clock_behind_cursor``), reproduced small.
 
     Records edited just before the partner's clock jumped back are held with stamps
@@ -82,7 +85,7 @@ def test_versions_stamped_before_the_held_ones_after_a_clock_jump_reach_the_mirr
     assert harness.held() == repo.live_identifiers()
 
 
-def test_a_clock_behind_stamps_a_full_export_already_held_is_a_regression_too(conn) -> None:
+def test_a_clock_behind_stamps_a_full_export_already_held_is_a_regression_too(conn: psycopg.Connection) -> None:
     """Seed 5, soak_sierra night 3, reproduced small: the run that met the clock behind our
     cursor took the whole export, which holds versions stamped before the jump and *after*
     every clock a run had read. The next run's clock was past those clocks, so it was not
@@ -108,7 +111,7 @@ def test_a_clock_behind_stamps_a_full_export_already_held_is_a_regression_too(co
     assert harness.held() == catalogue.live_ids()
 
 
-def test_a_version_stamped_while_the_clock_was_behind_beats_one_stamped_before_the_jump(conn) -> None:
+def test_a_version_stamped_while_the_clock_was_behind_beats_one_stamped_before_the_jump(conn: psycopg.Connection) -> None:
     """Seed 2324, soak_sierra_b nights 4-7 (python -m benchmarks.soak --seed 2324 --partners
     soak_sierra_b --nights 7), reproduced small.
 

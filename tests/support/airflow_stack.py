@@ -220,13 +220,13 @@ class Keys:
     api: str
 
     @classmethod
-    def fresh(cls) -> "Keys":
+    def fresh(cls) -> Keys:
         from cryptography.fernet import Fernet
 
         return cls(Fernet.generate_key().decode(), secrets.token_urlsafe(32), secrets.token_urlsafe(32))
 
     @classmethod
-    def kept_in(cls, home: Path) -> "Keys":
+    def kept_in(cls, home: Path) -> Keys:
         """Kept in ``home/ui-secrets.json`` (mode 600), so a restart can read what it wrote."""
         path = home / "ui-secrets.json"
         if path.exists():

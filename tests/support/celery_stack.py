@@ -27,7 +27,6 @@ from typing import Any
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
-
 from tests.support.airflow_stack import free_loopback_port, log_event, poll, signal_group, stop_groups
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -40,7 +40,7 @@ class _Cursor:
 class Harness:
     """Plays the DAG for one partner: each ``run`` is one DAG run, the cursors carried over."""
 
-    def __init__(self, sim: Any, conn: psycopg.Connection, partner: Partner):
+    def __init__(self, sim: Any, conn: psycopg.Connection, partner: Partner) -> None:
         self.sim, self.conn, self.partner = sim, conn, partner
         self.cursors: dict[str, datetime | None] = {}
         self.runs = 0
@@ -93,7 +93,7 @@ class SierraHarness(Harness):
     not slept. ``run`` returns (window, changes, deletions, applied)."""
 
     def __init__(self, sim: Any, conn: psycopg.Connection, partner: Partner,
-                 secret: str = SIERRA_SECRET, key: str = SIERRA_KEY):
+                 secret: str = SIERRA_SECRET, key: str = SIERRA_KEY) -> None:
         super().__init__(sim, conn, partner)
         self.key, self.secret = key, secret
         self.sleeps: list[float] = []
@@ -132,7 +132,7 @@ class PieceRun:
     task, as each Airflow task does."""
 
     def __init__(self, conn: psycopg.Connection, partner: Partner, make: Callable[[], Any], run_id: str = "run-1",
-                 mode: str = "incremental"):
+                 mode: str = "incremental") -> None:
         self.conn, self.partner, self.make, self.run_id = conn, partner, make, run_id
         self.window = freeze(partner, make(), conn, {}, pipeline.RunRequest(mode))
         self.pieces = pipeline.pieces(pipeline.plan_slices(make(), conn, partner.id, run_id, self.window, partner.slicing))

@@ -22,7 +22,7 @@ def full_window(granularity: str = "YYYY-MM-DDThh:mm:ssZ") -> Window:
 class Counter:
     """A repository's counts over sorted datestamps, like completeListSize."""
 
-    def __init__(self, stamps: list[datetime], honest: bool = True):
+    def __init__(self, stamps: list[datetime], honest: bool = True) -> None:
         self.stamps = sorted(stamps)
         self.honest = honest
         self.calls = 0
@@ -92,7 +92,7 @@ SETS = ("a", "b", "c")
 class SetCounter:
     """completeListSize per set over the whole window; ``whole`` is the unrestricted list's."""
 
-    def __init__(self, per_set: dict[str, int | None], whole: int | None):
+    def __init__(self, per_set: dict[str, int | None], whole: int | None) -> None:
         self.per_set, self.whole = per_set, whole
         self.asked: list[str | None] = []
 
@@ -133,7 +133,7 @@ def test_a_small_list_or_a_short_window_stays_whole_whatever_the_sets() -> None:
 class SetStamps:
     """completeListSize of any range of the whole list or of one set, from each set's datestamps."""
 
-    def __init__(self, per_set: dict[str, list[datetime]]):
+    def __init__(self, per_set: dict[str, list[datetime]]) -> None:
         self.per_set = {spec: Counter(stamps) for spec, stamps in per_set.items()}
         self.whole = Counter([s for stamps in per_set.values() for s in stamps])
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from email.utils import format_datetime
 from datetime import datetime, timedelta, timezone
+from email.utils import format_datetime
+from pathlib import Path
 
 import pytest
-
 from urllib3.response import HTTPResponse
 
 from partner_harvest.transport import HttpPolicy, ServerAsksToWait, Transport, build_session, origin
@@ -82,7 +82,7 @@ def test_origin_fills_in_default_ports() -> None:
     assert origin("http://127.0.0.1:8080/oai") == ("http", "127.0.0.1", 8080)
 
 
-def test_transport_from_connection_extras(tmp_path) -> None:
+def test_transport_from_connection_extras(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text("-")
     assert Transport.from_extra(None) == Transport()

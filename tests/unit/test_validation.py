@@ -216,8 +216,8 @@ def test_the_registry_policy_reaches_both_adapters() -> None:
     """options.validation is what the adapters judge by: the OAI client parses pages with it,
     the Sierra adapter converts bibs with it."""
     from partner_harvest.oai.harvester import OaiAdapter
-    from tests.support.partners import oai_partner, sierra_partner
     from partner_harvest.sierra.harvester import SierraAdapter
+    from tests.support.partners import oai_partner, sierra_partner
 
     options = {"validation": {"marc.no_001": "reject"}}
 

@@ -7,7 +7,13 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from partner_harvest.window import (
-    DAY, SECONDS, Window, WindowError, next_cursor, parse_instant, plan_window,
+    DAY,
+    SECONDS,
+    Window,
+    WindowError,
+    next_cursor,
+    parse_instant,
+    plan_window,
 )
 
 CLOCK = datetime(2026, 5, 10, 14, 33, 27, 123456, tzinfo=timezone.utc)

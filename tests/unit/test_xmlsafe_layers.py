@@ -29,7 +29,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "oai"
 class Tripwire:
     """A FIFO that records whether anything opened it for reading."""
 
-    def __init__(self, directory: Path, content: str):
+    def __init__(self, directory: Path, content: str) -> None:
         self.path = directory / "tripwire"
         os.mkfifo(self.path)
         self.opened = threading.Event()

@@ -27,6 +27,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 from benchmarks import support  # noqa: E402,F401 (puts the repository on sys.path)
+from partner_harvest.store.db import scalar
 
 DB_NAME = "bench_health"
 TARGET_MS = 300.0
@@ -198,8 +199,8 @@ def main() -> None:
     with connect(db) as conn:
         ensure_schema(conn)
         build(conn, args.partners, args.records_per_partner, days=args.days)
-        records = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE relname = 'records'").fetchone()[0]
-        runs = conn.execute("SELECT count(*) FROM harvest_runs").fetchone()[0]
+        records = scalar(conn.execute("SELECT reltuples::bigint FROM pg_class WHERE relname = 'records'"))
+        runs = scalar(conn.execute("SELECT count(*) FROM harvest_runs"))
         conn.commit()
         partners = [support.partner(id=partner_id(p), protocol="oai-pmh") for p in range(1, args.partners + 1)]
         now = datetime.now(timezone.utc)

@@ -1,4 +1,4 @@
-"""Benchmark: what a hostile partner's body costs the harvesting process (issue 11).
+"""Benchmark: what a hostile partner's body costs the harvesting process.
 
 The OAI-PMH simulator runs in its own process; for each case it is told (control API
 ``attack_next``) to answer the next ListRecords hostilely, and a fresh harvesting

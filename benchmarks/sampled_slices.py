@@ -1,4 +1,4 @@
-"""Benchmark: how evenly a count-less, clustered repository is cut, before and after issue 28.
+"""Benchmark: how evenly a count-less, clustered repository is cut, before and after the sampled cut (oai/sampled_cut.py).
 
 The OAI-PMH simulator in this process (loopback HTTP, ``--records`` records, 500 a page,
 ``--list-size omitted``, ``--spread clustered``, seeds ``--seeds``) is planned for a full

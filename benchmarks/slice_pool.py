@@ -21,7 +21,7 @@ from the live set, or when a run fails; 0 otherwise.
 
     .venv/bin/python benchmarks/slice_pool.py [--records 200000] [--slices 8] [--pool 4] [--control-pool 8]
 
-A repository without counts whose records cluster (issue 28 item 5): ``--list-size omitted
+A repository without counts whose records cluster: ``--list-size omitted
 --spread clustered`` (the plan then cuts ``--slices`` ranges without counts: registry
 ``without_count``); ``--plugins <checkout>/plugins`` runs the services on another checkout's
 library (main's planner: the "before"). Printed besides: the records each slice fetched and

@@ -1,7 +1,7 @@
-"""Benchmark: what a partner's 8 MB resumptionTokens cost a harvest (issue 23).
+"""Benchmark: what a partner's 8 MB resumptionTokens cost a harvest.
 
-A hostile (or careless) repository hands out a distinct 8 MB token on every page. Before
-issue 23 the loop guard kept every token it saw, and nothing capped a token's size: 40
+A hostile (or careless) repository hands out a distinct 8 MB token on every page. Before the
+caps the loop guard kept every token it saw, and nothing capped a token's size: 40
 pages grew a worker by over a gigabyte. Now a token over ``options.limits.max_token_bytes``
 (default 64 KiB) fails its chain at the first such page, and the guard keeps a 32-byte
 digest of each token instead of the token.
@@ -55,8 +55,8 @@ def child(args: argparse.Namespace) -> None:
 
 
 def guard_memory(pages: int, token_bytes: int) -> tuple[float, float]:
-    """MiB the loop guard holds after ``pages`` distinct tokens: as a set of tokens (before
-    issue 23) and as oai/client._Chain keeps them (digests)."""
+    """MiB the loop guard holds after ``pages`` distinct tokens: as a set of tokens (as it
+    once was) and as oai/client._Chain keeps them (digests)."""
     from partner_harvest.oai import parse
     from partner_harvest.oai.chain_caps import ChainCaps
     from partner_harvest.oai.client import OaiClient, _Chain

@@ -126,6 +126,7 @@ SLOWEST_FIRST = (
     "tests/e2e/test_change_feed_e2e.py",      # ~85
     "tests/e2e/test_local_ui_browser.py",     # ~85
     "tests/dags/test_mirror_dag.py",          # ~75
+    "tests/unit/test_static_checks.py",       # ~60 (mypy over the whole tree): first in the gate
     "tests/e2e/test_health_page.py",          # ~75
     "tests/e2e/test_soak_scheduler.py",       # ~70
     "tests/e2e/test_connections_page.py",     # ~40

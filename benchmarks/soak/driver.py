@@ -10,7 +10,7 @@ run id (what Airflow does when the scheduler retries the dead task, or an operat
 clears the run), failures inside a task are retried by Airflow itself (dag.test honours
 ``retries``), and a night that still fails is left for the next scheduled night.
 
-Pauses (issue 23): a night's process stopped with a real SIGSTOP (faults.py) is held until
+Pauses: a night's process stopped with a real SIGSTOP (faults.py) is held until
 its lease lapsed; meanwhile the partner changes upstream and a second harvest (or an
 operator command, for a run waiting between tries) takes the partner; then SIGCONT, and
 the night goes on. The oracle wants the mirror to equal the partner after it, as always.
@@ -40,6 +40,7 @@ import psycopg
 
 from benchmarks.soak.faults import IIIF, applicable
 from benchmarks.soak.faults import fault as fault_of
+from partner_harvest.store.db import scalar
 
 ROOT = Path(__file__).resolve().parents[2]
 START = datetime(2026, 6, 1, tzinfo=timezone.utc)
@@ -770,8 +771,8 @@ class Soak:
         """The stopped run's lease lapses by itself (nobody renews it): wait for that state."""
         deadline = time.monotonic() + timeout
         with psycopg.connect(self.conninfo, autocommit=True) as conn:
-            while conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = %s AND expires_at > now()",
-                               (partner_id,)).fetchone()[0]:
+            while scalar(conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = %s AND expires_at > now()",
+                               (partner_id,))):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{partner_id}: a lease stayed live {timeout:.0f} s with its run stopped")
                 time.sleep(0.05)
@@ -832,9 +833,9 @@ class Soak:
                 "SELECT identifier FROM deletions WHERE partner_id = %s", (pid,))}
             leases = conn.execute("SELECT holder, expires_at - now() FROM partner_leases WHERE partner_id = %s",
                                   (pid,)).fetchall()
-            stale_staging = conn.execute(
+            stale_staging = scalar(conn.execute(
                 "SELECT count(*) FROM staging s JOIN harvest_runs h USING (partner_id, run_id, channel)"
-                " WHERE s.partner_id = %s AND h.status = 'applied'", (pid,)).fetchone()[0]
+                " WHERE s.partner_id = %s AND h.status = 'applied'", (pid,)))
             bad_counts = conn.execute(
                 "SELECT run_id, channel FROM harvest_runs WHERE partner_id = %s AND status = 'applied'"
                 " AND upserted + unchanged + purged + quarantined <> fetched", (pid,)).fetchall()

@@ -22,6 +22,7 @@ from partner_harvest.oai import parse
 from partner_harvest.oai.errors import OaiProtocolError, OaiResponseError
 from partner_harvest.records import Record, Rejected, Tombstone
 from partner_harvest.xmlsafe import MalformedXmlError, NotXmlError, XmlInputError, parse_xml
+from tests.support.records import as_record
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "realworld" / "oai"
 FILES = sorted(CORPUS.rglob("*.xml"))
@@ -264,7 +265,7 @@ def test_sickle_list_records_token_and_tombstone() -> None:
     page = parse.parse_list_records(corpus_file("spec-examples/ListRecords.xml").read_bytes(), "oai_dc")
     assert page.token == "ListRecords2.xml" and page.complete_list_size == 8 and page.cursor == 0
     assert page.items[0] == Tombstone("oai:test.example.com:1585310", datetime(2011, 7, 18, 16, 31, tzinfo=UTC))
-    assert page.items[1].title == "Sample Title"
+    assert as_record(page.items[1]).title == "Sample Title"
 
 
 def test_sickle_list_records4_deleted_header_without_identifier_is_rejected() -> None:
@@ -291,7 +292,7 @@ def test_sickle_broken_is_not_xml() -> None:
 
 
 def test_sickle_utf8_creator_survives() -> None:
-    record = parse.parse_get_record(corpus_file("spec-examples/GetRecord_utf8test.xml").read_bytes(), "oai_dc")
+    record = as_record(parse.parse_get_record(corpus_file("spec-examples/GetRecord_utf8test.xml").read_bytes(), "oai_dc"))
     assert "某人" in record.metadata and record.title == "Sample Title"
 
 
@@ -359,7 +360,7 @@ def test_nsdl_records_carry_their_namespaces() -> None:
     page = parse.parse_list_records(
         corpus_file("nsdl/nsdl_ListRecords_nsdl_dc-544KB.xml").read_bytes(), "nsdl_dc"
     )
-    record = page.items[0]
+    record = as_record(page.items[0])
     assert record.title == "Molecular Structure of Dinitrophenol"
     # xsi is declared only on the envelope but used inside the payload.
     assert 'xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"' in record.metadata
@@ -374,7 +375,7 @@ def test_cessda_deleted_with_stylesheet_pi() -> None:
 def test_cessda_ddi_payloads_are_generic_records() -> None:
     ukds = parse.parse_get_record(corpus_file("ukds/ukds_GetRecord_ddi25.xml").read_bytes(), "ddi")
     assert isinstance(ukds, Record) and ukds.metadata.startswith("<codeBook")
-    fsd = parse.parse_get_record(corpus_file("kuha2/fsd_GetRecord_oai_ddi25.xml").read_bytes(), "oai_ddi25")
+    fsd = as_record(parse.parse_get_record(corpus_file("kuha2/fsd_GetRecord_oai_ddi25.xml").read_bytes(), "oai_ddi25"))
     assert "data_kind:Kvantitatiivinen" in fsd.set_specs and "openaire_data" in fsd.set_specs
     missing = parse.parse_get_record(
         corpus_file("kuha2/fsd_GetRecord-request-missing-prefix.xml").read_bytes(), "oai_ddi25"

@@ -70,7 +70,7 @@ def test_a_failing_partner_alerts_with_partner_dag_task_try_and_cause(env: pytes
 
 def test_reconcile_over_its_purge_limit_waits_at_the_gate_and_a_reject_leaves_records(env: pytest.MonkeyPatch, webhook: WebhookSink,
                                                                                       db: str) -> None:
-    """Issue 26: the refusal became a request in Required Actions; Reject leaves everything as it
+    """The refusal became a request in Required Actions; Reject leaves everything as it
     was, and allow_mass_purge (scripts) still applies at once."""
     from tests.support.hitl import Responder
 
@@ -123,7 +123,7 @@ def test_quality_alert_on_a_successful_run_with_many_rejects(env: pytest.MonkeyP
 
 
 def test_reconcile_waits_while_a_harvest_holds_the_partner(env: pytest.MonkeyPatch, webhook: WebhookSink, db: str) -> None:
-    """Waiting for another run's lease gives the worker slot back (issue 9 item 4): a reschedule at
+    """Waiting for another run's lease gives the worker slot back: a reschedule at
     the lease's end, no retry used (the registry allows none) and no failure alert; then it runs."""
     import threading
     from datetime import timedelta

@@ -15,6 +15,7 @@ from partner_harvest.airflow import admin
 from partner_harvest.cli import main
 from partner_harvest.registry import cursor_key
 from partner_harvest.store import connect, ensure_schema
+from partner_harvest.store.db import scalar
 
 pytestmark = pytest.mark.airflow
 
@@ -109,4 +110,4 @@ def test_forget_removes_rows_variables_and_the_pool_of_a_retired_partner(capsys:
     assert status == 0 and "kept" in out
     assert admin.read_variable(cursor_key(kept)) is None and Pool.get_pool(f"partner_{kept}") is not None
     with connect(aggregation_conn) as conn:
-        assert conn.execute("SELECT count(*) FROM records WHERE partner_id = ANY(%s)", (ids,)).fetchone()[0] == 0
+        assert scalar(conn.execute("SELECT count(*) FROM records WHERE partner_id = ANY(%s)", (ids,))) == 0

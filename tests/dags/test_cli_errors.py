@@ -1,5 +1,5 @@
 """`partner-harvest` in a wrong Airflow environment: one line naming the cause and the fix,
-no traceback, and no stray SQLite file (issue 25: `AIRFLOW_HOME=.airflow-ui partner-harvest
+no traceback, and no stray SQLite file (`AIRFLOW_HOME=.airflow-ui partner-harvest
 sync-pools --check` printed ~40 lines ending in `no such table: slot_pool`; with the metadata
 URL set but not its async twin it blamed a missing Airflow for `No module named 'asyncpg'`)."""
 

@@ -1,4 +1,4 @@
-"""Issue 25 item 6: a backfill of days after the partner's clock harvests nothing, and says
+"""A backfill of days after the partner's clock harvests nothing, and says
 so: its freeze_window skips the run (every task skipped, no harvest_runs row), the reason
 is the first warning of the task's log, right after the window it froze, and the health
 page shows it beside the partner's state, while "Last night" keeps the real harvest.
@@ -20,6 +20,7 @@ import pytest
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
+from partner_harvest.store.db import scalar
 from tests.support.dags import dag_test_as
 
 pytestmark = pytest.mark.airflow
@@ -78,8 +79,8 @@ def test_a_backfill_after_the_partners_clock_skips_saying_why(museum: tuple[Simu
 
     with connect(db) as conn:
         ensure_schema(conn)
-        audit = conn.execute("SELECT count(*) FROM harvest_runs WHERE run_id = %s",
-                             (f"{run.dag_id}/{run.run_id}",)).fetchone()[0]
+        audit = scalar(conn.execute("SELECT count(*) FROM harvest_runs WHERE run_id = %s",
+                             (f"{run.dag_id}/{run.run_id}",)))
         event = conn.execute("SELECT kind, task_id, message FROM run_events WHERE run_id = %s",
                              (f"{run.dag_id}/{run.run_id}",)).fetchall()
     assert audit == 0  # nothing was harvested, so "Last night" keeps the real harvest

@@ -1,4 +1,4 @@
-"""Operator commands fence runs planned before them (issue 23, I14), through Airflow itself.
+"""Operator commands fence runs planned before them (I14), through Airflow itself.
 
 The measured case: a partner with 100 records and an applied run; its next run fails its
 first try; while it waits for its retry (its lease lapsed: a retry waits up to 30 minutes,
@@ -20,6 +20,7 @@ import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.store import connect
+from partner_harvest.store.db import scalar
 from tests.support import dags
 from tests.support.dags import task_states
 from tests.support.db import held as support_held
@@ -118,8 +119,8 @@ def wait_until_the_lease_lapsed(db: str) -> None:
     """What a retry's wait does to the run's lease (nobody renews it): let it expire."""
     deadline = time.monotonic() + 10
     with connect(db) as conn:
-        while conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = %s AND expires_at > now()",
-                           (PID,)).fetchone()[0]:
+        while scalar(conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = %s AND expires_at > now()",
+                           (PID,))):
             conn.commit()
             assert time.monotonic() < deadline, "the lease never lapsed"
             time.sleep(0.05)

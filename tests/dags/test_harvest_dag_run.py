@@ -11,6 +11,7 @@ import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.store import connect
+from partner_harvest.store.db import scalar
 from tests.support import dags
 from tests.support.dags import task_states
 from tests.support.db import held as support_held
@@ -37,10 +38,10 @@ def test_incremental_runs_move_the_cursor_and_match_the_partner(partner_env: Oai
     assert get_cursor()["until"] == repo.clock.strftime("%Y-%m-%dT%H:%M:%SZ")
     assert held(db) == repo.live_identifiers()
     with connect(db) as conn:
-        fetched = conn.execute(
+        fetched = scalar(conn.execute(
             "SELECT fetched FROM harvest_runs WHERE partner_id = 'dagmuseum' AND run_id = %s",
             (f"{second.dag_id}/{second.run_id}",),
-        ).fetchone()[0]
+        ))
     assert fetched == len(edited) + len(deleted) + len(added)
 
 
@@ -131,7 +132,7 @@ def test_non_retryable_errors_fail_at_once() -> None:
 
 def test_a_long_retry_after_reschedules_the_harvest_which_then_lands_the_window(
         partner_env: OaiSimulator, repo: SimulatedRepository, db: str, registry: Callable[[str], Path], after_task) -> None:
-    """Issue 9 item 4 for OAI-PMH, through Airflow: a 503 asking for 3 s, longer than
+    """For OAI-PMH, through Airflow: a 503 asking for 3 s, longer than
     options.http.max_wait_in_task (1 s here), ends the harvest's try at once
     (UP_FOR_RESCHEDULE, no retry used, the worker slot free); dag.test() runs it again after
     the wait, and the window, started again from its frozen bounds, lands whole."""

@@ -1,5 +1,5 @@
 """harvest_<iiif partner> and reconcile_<iiif partner> through Airflow (dag.test): the third
-protocol runs in the DAG shape of the other two (issue 27), and what reads a partner's
+protocol runs in the DAG shape of the other two, and what reads a partner's
 state (health rows, ``partner-harvest status``, the change feed, Asset events) covers it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The mirror cannot silently diverge, through Airflow (dag.test): issue 7 items 2, 4, 7.
+"""The mirror cannot silently diverge, through Airflow (dag.test).
 
 A crash that empties UNLOGGED staging between harvest and apply, a reconcile that shares
 the harvest's run id, an aggregation database restored from a backup behind the cursor,
@@ -20,6 +20,7 @@ from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
+from partner_harvest.store.db import scalar
 from tests.support.dags import task_states
 from tests.support.webhook import WebhookSink
 
@@ -179,9 +180,9 @@ def test_a_restored_aggregation_database_is_harvested_from_its_last_applied_wind
     third = dag.test()
     assert set(states(third).values()) == {"success"}
     with connect(db) as conn:
-        window_from = conn.execute(
+        window_from = scalar(conn.execute(
             "SELECT window_from FROM harvest_runs WHERE partner_id = %s AND run_id = %s",
-            (PID, f"{third.dag_id}/{third.run_id}")).fetchone()[0]
+            (PID, f"{third.dag_id}/{third.run_id}")))
         assert live_identifiers(conn, PID) == repo.live_identifiers()
     assert window_from.strftime("%Y-%m-%dT%H:%M:%SZ") < first_until  # from the earlier bound, minus the lag
     assert "covers the partner only up to" in caplog.text

@@ -1,4 +1,4 @@
-"""`partner-harvest onboard`: Airflow in line with the registry, idempotent (issue 28 item 4).
+"""`partner-harvest onboard`: Airflow in line with the registry, idempotent.
 
 A real metadata database with the partners' DAGs serialized into it (as the dag-processor
 leaves them: paused at creation), a real aggregation database. A dry run changes nothing;

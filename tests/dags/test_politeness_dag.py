@@ -1,4 +1,4 @@
-"""Issue 26 item 2 through Airflow: the harvest DAG's tasks pace their requests at the host.
+"""Politeness through Airflow: the harvest DAG's tasks pace their requests at the host.
 
 The transport paces every request the tasks send (freeze's Identify and ListMetadataFormats,
 the plan, the harvest's pages) through the aggregation database the tasks use; the partner's

@@ -1,4 +1,4 @@
-"""Issue 28 item 2: a quiet night is one task process and two requests, with every guarantee.
+"""A quiet night is one task process and two requests, with every guarantee.
 
 On main a quiet night ran six task processes and sent three requests (Identify,
 ListMetadataFormats for ``metadata_prefix: auto``, ListRecords):

@@ -1,4 +1,4 @@
-"""Issue 25: `retrying`, from a real Airflow retry (not from seeded task states).
+"""`retrying`, from a real Airflow retry (not from seeded task states).
 
 The partner's endpoint is down on the first try of ``freeze_window`` (a closed port), with
 ``retries: 1`` and a ``retry_delay`` long enough to look: Airflow (``dag.test()``, the

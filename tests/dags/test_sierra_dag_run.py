@@ -126,7 +126,7 @@ def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env: Si
 @pytest.mark.parametrize("catalogue", [{"nul_every": 50}], indirect=True)
 def test_bibs_holding_a_nul_character_are_quarantined_and_the_run_completes(sierra_env: SierraSimulator, catalogue: SimulatedCatalogue,
                                                                             db: str) -> None:
-    """Issue 7 item 9 through Airflow: a NUL made the page's COPY fail on every retry, for ever."""
+    """Regression, through Airflow: a NUL made the page's COPY fail on every retry, for ever."""
     run = build_dag().test()
     states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
     assert set(states.values()) == {"success"}, states
@@ -144,7 +144,7 @@ def test_bibs_holding_a_nul_character_are_quarantined_and_the_run_completes(sier
 
 def test_a_rate_limit_reschedules_harvest_changes_which_then_resumes_at_the_stopped_block(
         sierra_env: SierraSimulator, catalogue: SimulatedCatalogue, db: str, registry: Callable[[str], Path]) -> None:
-    """Issue 9 item 4 through Airflow: a 429 whose Retry-After is longer than options.export.max_sleep_seconds
+    """Through Airflow: a 429 whose Retry-After is longer than options.export.max_sleep_seconds
     frees the worker slot (the try ends at once, UP_FOR_RESCHEDULE, no retry used); dag.test() runs the task
     again after reschedule_date and the export resumes after the staged blocks."""
     from airflow.models.taskinstance import TaskInstance

@@ -1,5 +1,5 @@
 """Sliced full harvests through Airflow (dag.test): plan_slices, a mapped harvest_changes per
-slice in the partner's pool, one apply; a slice that fails is retried on its own (issue 9)."""
+slice in the partner's pool, one apply; a slice that fails is retried on its own."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
 from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
+from partner_harvest.store.db import scalar
 from partner_harvest.store.slices import slice_rows
 from tests.support.db import held
 
@@ -178,7 +179,7 @@ def test_a_slice_that_fails_keeps_the_lease_while_its_siblings_harvest(aggregati
     failed, sibling = (RunRef("big", "harvest_big/manual__1", f"changes/00{i}") for i in (1, 2))
 
     def leased(conn: psycopg.Connection) -> bool:
-        return conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = 'big'").fetchone()[0] == 1
+        return scalar(conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = 'big'")) == 1
 
     with connect(aggregation_conn, autocommit=True) as conn:
         ensure_schema(conn)

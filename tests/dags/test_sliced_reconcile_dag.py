@@ -1,8 +1,8 @@
-"""The sliced reconcile through Airflow (dag.test, issue 28 item 6): plan_sweep, a mapped
+"""The sliced reconcile through Airflow (dag.test): plan_sweep, a mapped
 sweep_ids per slice in the partner's pool, reconcile (the settle), approval_gate,
 apply_reconcile; a slice that fails is retried on its own and the reconcile converges
-exactly. Over its purge limit it waits at the approval gate as the unsliced one does
-(issue 26 item 1): Approve applies exactly what it staged (with its metrics), Reject leaves
+exactly. Over its purge limit it waits at the approval gate as the unsliced one does:
+Approve applies exactly what it staged (with its metrics), Reject leaves
 mirror and cursor as they were. A small partner's reconcile stays one task."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.registry import get_partner
 from partner_harvest.run import run_partner
 from partner_harvest.store import connect, ensure_schema
+from partner_harvest.store.db import scalar
 from tests.support.dags import get_cursor, set_cursor, task_states
 from tests.support.db import held
 from tests.support.hitl import Responder
@@ -103,9 +104,9 @@ def test_a_sliced_reconcile_retries_only_the_slice_that_failed_and_converges(mus
     assert sorted(t[3] for t in sweeps) == [1, 1, 1, 2]  # one slice ran twice, alone
     assert held(db, "bigmuseum") == repo.live_identifiers()
     with connect(db) as conn:
-        purged = conn.execute("SELECT count(*) FROM deletions WHERE partner_id = 'bigmuseum' AND reason = 'reconcile'"
-                              ).fetchone()[0]
-        lease = conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = 'bigmuseum'").fetchone()[0]
+        purged = scalar(conn.execute("SELECT count(*) FROM deletions WHERE partner_id = 'bigmuseum' AND reason = 'reconcile'"
+                              ))
+        lease = scalar(conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = 'bigmuseum'"))
     assert purged == len(vanished) and added <= held(db, "bigmuseum") and lease == 0  # the apply released it
 
 
@@ -152,7 +153,7 @@ def _reconcile_dag():
 def test_a_sliced_reconcile_over_its_limit_waits_at_the_gate_and_approve_applies_exactly(
         gated: tuple[SimulatedRepository, set[str], set[str], set[str]], aggregation_conn: str, webhook: WebhookSink,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Regression (issue 26 item 1): the sliced reconcile's apply failed with MassPurgeRefused."""
+    """Regression: the sliced reconcile's apply failed with MassPurgeRefused."""
     repo, before, gone, added = gated
     statsd = StatsdListener()
     try:

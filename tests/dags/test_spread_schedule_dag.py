@@ -1,4 +1,4 @@
-"""Issue 28 item 3: the harvest DAG a registry window builds runs at the partner's spread minute."""
+"""The harvest DAG a registry window builds runs at the partner's spread minute."""
 
 from __future__ import annotations
 

@@ -227,7 +227,7 @@ def _process_of(ti_id: str) -> int | None:
 
 
 def test_a_task_killed_with_sigkill_frees_its_partner_within_the_lease_ttl(airflow_stack: AirflowStack) -> None:
-    """Issue 7 item 10: no failure callback runs after SIGKILL (the task goes up for retry);
+    """No failure callback runs after SIGKILL (the task goes up for retry);
     the lease still ends within its TTL, and the weekly reconcile then runs."""
     import os
     import signal
@@ -304,7 +304,7 @@ def test_a_run_whose_pool_is_missing_alerts_at_its_deadline(airflow_stack: Airfl
 
 
 def test_the_quiet_dag_processor_serves_a_reparse_request(airflow_stack: AirflowStack) -> None:
-    """Issue 28: this stack's dag-processor is partner_harvest's (its idle polls every 2 s,
+    """This stack's dag-processor is partner_harvest's (its idle polls every 2 s,
     tests/support/e2e_stack.py). A "Reparse" from the UI or the API still reaches it: the file
     is parsed again and the DAG's last parse moves on."""
     stack = airflow_stack

@@ -1,4 +1,4 @@
-"""Issue 26, "what it must show": the approval gates in a real Airflow (scheduler, api-server,
+"""The approval gates in a real Airflow (scheduler, api-server,
 dag-processor; no triggerer), answered through the REST API v2 like an operator's client.
 
 - a reconcile over its purge limit waits in Required Actions (task ``awaiting_input``, no
@@ -24,6 +24,7 @@ import requests
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
+from partner_harvest.store.db import scalar
 from tests.support.approval_partners import ABANDON, OTHER, PARTNERS, PURGE, SHRINK, WAIT
 from tests.support.e2e_stack import AirflowStack
 from tests.support.webhook import WebhookSink
@@ -152,7 +153,7 @@ def run_statuses(stack: AirflowStack, dag_id: str, run_id: str) -> set[str]:
 
 def staged_rows(stack: AirflowStack, partner: str) -> int:
     with connect(stack.aggregation_db) as conn:
-        return conn.execute("SELECT count(*) FROM staging WHERE partner_id = %s", (partner,)).fetchone()[0]
+        return scalar(conn.execute("SELECT count(*) FROM staging WHERE partner_id = %s", (partner,)))
 
 
 def alerts_of(sink: WebhookSink, kind: str, partner: str) -> list[dict[str, Any]]:

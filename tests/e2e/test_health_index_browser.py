@@ -1,4 +1,4 @@
-"""The health index with 10,000 partners in a real headless Chromium (issue 28 item 4).
+"""The health index with 10,000 partners in a real headless Chromium.
 
 The health app served by uvicorn on loopback against a real PostgreSQL holding one night of
 10,000 partners (tests/support/fleet.py); Airflow's login is left out here (the login is

@@ -1,4 +1,4 @@
-"""Chaos nights on a real scheduler (issue 8): the task process the scheduler launched is
+"""Chaos nights on a real scheduler: the task process the scheduler launched is
 SIGKILLed at each of the four moments (as it asks for a page; as the apply starts, after
 the harvest; inside the apply's transaction; as the cursor task starts, after the apply),
 and the scheduler itself retries it after the registry's ``retry_delay``. After every night

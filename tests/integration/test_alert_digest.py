@@ -1,4 +1,4 @@
-"""One alert for an outage shared by many partners (issue 28 item 4), across worker processes.
+"""One alert for an outage shared by many partners, across worker processes.
 
 Twelve partners on one endpoint host fail with the same error at once, each in its own
 process (what twelve Airflow task processes' notifiers do): one alert goes out at once,

@@ -1,4 +1,4 @@
-"""Caps a partner cannot pass (issue 23): a resumptionToken's size, a chain's pages against
+"""Caps a partner cannot pass: a resumptionToken's size, a chain's pages against
 its completeListSize, the bytes one run may stage. Each is a registry option with a gentle
 default and a one-line failure naming the partner, the cap and the request; nothing of
 the run is applied. Real PostgreSQL, the OAI simulator over loopback."""
@@ -11,6 +11,7 @@ import pytest
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import pipeline
 from partner_harvest.errors import PartnerCapExceeded
+from partner_harvest.store.db import scalar
 from tests.support.harness import run_once
 from tests.support.partners import oai_partner
 
@@ -30,7 +31,7 @@ def one_line(exc: BaseException) -> str:
 
 
 def records(conn: psycopg.Connection) -> int:
-    n = conn.execute("SELECT count(*) FROM records WHERE partner_id = 'museum'").fetchone()[0]
+    n = scalar(conn.execute("SELECT count(*) FROM records WHERE partner_id = 'museum'"))
     conn.commit()
     return n
 

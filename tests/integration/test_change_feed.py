@@ -13,6 +13,7 @@ import pytest
 from partner_harvest.feed import export_jsonl, write_range
 from partner_harvest.records import Tombstone
 from partner_harvest.store import apply_run, connect, feed
+from partner_harvest.store.db import scalar
 from tests.support.records import rec as support_rec
 from tests.support.records import stage as stage_for
 from tests.support.records import window
@@ -156,8 +157,8 @@ def test_an_apply_committing_while_the_reader_reads_is_neither_missed_nor_repeat
 
         r2_after, r2_until = run_range(observer, "p", "r2")
         assert r2_after == first.until
-        in_flight = observer.execute(
-            "SELECT min(change_seq) FROM records WHERE partner_id = 'p' AND run_id = 'r2'").fetchone()[0]
+        in_flight = scalar(observer.execute(
+            "SELECT min(change_seq) FROM records WHERE partner_id = 'p' AND run_id = 'r2'"))
         assert in_flight < q_until, "the scenario must have r2's values below q's committed ones"
         observer.commit()
 

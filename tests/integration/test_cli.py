@@ -16,6 +16,7 @@ import pytest
 
 from partner_harvest.cli import main
 from partner_harvest.store import connect, ensure_schema
+from partner_harvest.store.db import scalar
 from partner_harvest.store.schema import SchemaNotReady, migration_files
 from tests.support.records import seed_sliced_run
 
@@ -86,7 +87,7 @@ def seed(conn: psycopg.Connection, partner_id: str, records: int, *, status: str
 
 
 def count(conn: psycopg.Connection, table: str, partner_id: str) -> int:
-    return conn.execute(f"SELECT count(*) FROM {table} WHERE partner_id = %s", (partner_id,)).fetchone()[0]
+    return scalar(conn.execute(f"SELECT count(*) FROM {table} WHERE partner_id = %s", (partner_id,)))
 
 
 # -- validate -----------------------------------------------------------------------------
@@ -138,7 +139,7 @@ def test_externally_managed_schema_runs_no_ddl_in_tasks(capsys: pytest.CaptureFi
     with connect(db) as conn:
         with pytest.raises(SchemaNotReady, match="0001_initial.sql.*partner-harvest migrate"):
             ensure_schema(conn)
-        assert conn.execute("SELECT to_regclass('schema_migrations')").fetchone()[0] is None  # nothing created
+        assert scalar(conn.execute("SELECT to_regclass('schema_migrations')")) is None  # nothing created
         conn.rollback()
     assert run(capsys, "migrate", "--database-url", db)[0] == 0  # the tool still migrates
     with connect(db) as conn:
@@ -258,7 +259,7 @@ def test_progress_of_a_partner_without_runs_says_so(capsys: pytest.CaptureFixtur
 
 def test_progress_of_a_partner_not_in_the_registry_says_so(capsys: pytest.CaptureFixture[str], conn: psycopg.Connection, db: str,
                                                            registry_file: Callable[[str], Path]) -> None:
-    """Issue 25: `progress nosuch` said 'has no run', as if the partner existed."""
+    """Regression: `progress nosuch` said 'has no run', as if the partner existed."""
     path = registry_file("partners:" + GOOD)
     ensure_schema(conn)
     status, _, err = run(capsys, "progress", "nosuch", "--database-url", db)

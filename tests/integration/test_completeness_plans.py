@@ -13,6 +13,7 @@ import psycopg
 
 from partner_harvest.records import Record
 from partner_harvest.store import RunRef, StagingWriter, begin_run, completeness
+from partner_harvest.store.db import scalar
 from partner_harvest.window import Window
 
 T0 = datetime(2026, 3, 1, tzinfo=timezone.utc)
@@ -38,4 +39,4 @@ def test_still_missing_compares_by_hashing_on_stale_statistics(conn: psycopg.Con
         guarded = "\n".join(r[0] for r in conn.execute("EXPLAIN " + completeness.STILL_MISSING, params).fetchall())
     assert "Nested Loop" not in guarded, guarded
     assert completeness.still_missing(conn, run) == (1, ["999"])
-    assert conn.execute("SHOW enable_nestloop").fetchone()[0] == "on"  # the setting ended with its transaction
+    assert scalar(conn.execute("SHOW enable_nestloop")) == "on"  # the setting ended with its transaction

@@ -1,4 +1,4 @@
-"""Fences (issue 23, I14): a task frozen past its lease's TTL writes nothing once it resumes.
+"""Fences (I14): a task frozen past its lease's TTL writes nothing once it resumes.
 
 A real child process runs the weekly reconcile under its lease and is frozen with a real
 SIGSTOP right after it verified its vanished candidates; its renewal thread freezes with it,
@@ -26,6 +26,7 @@ from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.store import RunRef, connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
+from partner_harvest.store.db import scalar
 from partner_harvest.store.leases import HARVEST, LeaseKeeper, release
 from tests.support.harness import run_once
 from tests.support.partners import oai_partner
@@ -46,7 +47,7 @@ CHILD = textwrap.dedent("""
     from partner_harvest.store.leases import RECONCILE, LeaseKeeper
     try:
         from partner_harvest.store import fences
-    except ImportError:  # the code before issue 23
+    except ImportError:  # the code before fences
         fences = None
 
     db, url, ttl, holder = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
@@ -138,7 +139,7 @@ HARVEST_CHILD = textwrap.dedent("""
     from partner_harvest.store.leases import HARVEST, LeaseKeeper
     try:
         from partner_harvest.store import fences
-    except ImportError:  # the code before issue 23
+    except ImportError:  # the code before fences
         fences = None
 
     db, url, ttl, holder = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
@@ -195,8 +196,8 @@ def test_a_harvest_frozen_past_its_lease_stops_at_its_next_page(db: str) -> None
             if child.poll() is None:
                 child.kill()
                 child.wait()
-        applied = conn.execute("SELECT count(*) FROM records WHERE partner_id = 'museum'").fetchone()[0]
-        staged = conn.execute("SELECT count(*) FROM staging WHERE run_id = %s", (holder,)).fetchone()[0]
+        applied = scalar(conn.execute("SELECT count(*) FROM records WHERE partner_id = 'museum'"))
+        staged = scalar(conn.execute("SELECT count(*) FROM staging WHERE run_id = %s", (holder,)))
         conn.commit()
         assert out.startswith("failed LeaseLost"), out
         assert applied == 0 and staged <= 100, (applied, staged)  # the first page only: the second never landed
@@ -244,7 +245,7 @@ def test_a_keeper_that_cannot_renew_stops_the_work_at_its_next_page(db: str) -> 
         assert keeper.fence.lost.wait(5), "the keeper never noticed"
         with pytest.raises(fences.LeaseLost, match="museum"):
             writer.write_page([Record("b", stamp, "oai_dc", "<y/>")])
-        assert conn.execute("SELECT count(*) FROM staging WHERE run_id = 'run-9'").fetchone()[0] == 1
+        assert scalar(conn.execute("SELECT count(*) FROM staging WHERE run_id = 'run-9'")) == 1
 
 
 def test_a_run_staged_before_an_operator_command_never_applies_after_it(db: str) -> None:
@@ -268,7 +269,7 @@ def test_a_run_staged_before_an_operator_command_never_applies_after_it(db: str)
                 bump_epoch(operator, "museum", "reset-cursor")
             with pytest.raises(PartnerChanged, match="`partner-harvest reset-cursor` changed this partner"):
                 pipeline.apply_changes(conn, "museum", holder)
-        assert conn.execute("SELECT count(*) FROM records").fetchone()[0] == 0
-        status = conn.execute("SELECT status FROM harvest_runs WHERE run_id = %s", (holder,)).fetchone()[0]
+        assert scalar(conn.execute("SELECT count(*) FROM records")) == 0
+        status = scalar(conn.execute("SELECT status FROM harvest_runs WHERE run_id = %s", (holder,)))
         conn.commit()
         assert status == "failed"

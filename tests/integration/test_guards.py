@@ -18,6 +18,7 @@ from partner_harvest import pipeline, run
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import MassPurgeRefused, reconcile
 from partner_harvest.store import RunRef
+from partner_harvest.store.db import scalar
 from tests.support.db import held
 from tests.support.partners import fast_http
 from tests.support.partners import oai_partner as support_oai_partner
@@ -180,7 +181,7 @@ def test_each_page_is_staged_before_the_next_is_requested(conn: psycopg.Connecti
 
         def counting_fetch(params):
             if params.get("verb") == "ListRecords" or "resumptionToken" in params:
-                staged_at_request.append(observer.execute("SELECT count(*) FROM staging").fetchone()[0])
+                staged_at_request.append(scalar(observer.execute("SELECT count(*) FROM staging")))
             return fetch(params)
 
         adapter.client.fetch = counting_fetch

@@ -15,6 +15,7 @@ from partner_harvest.registry import Partner
 from partner_harvest.run import run_partner
 from partner_harvest.store import RunRef, apply_run, begin_run, fail_run
 from partner_harvest.store.admin import forget_partner
+from partner_harvest.store.db import scalar
 from partner_harvest.store.health import (
     BEHIND,
     FAILING,
@@ -66,7 +67,7 @@ def test_records_held_counter_equals_count_after_applies_purges_and_reconciles(c
         outcome = reconcile(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, "rc1")
         assert outcome.purged == 20 and outcome.upserted > 0
     held, count = counter_and_count(conn, "museum")
-    assert conn.execute("SELECT quarantined_now FROM partner_stats").fetchone()[0] > 0  # invalid_every
+    assert scalar(conn.execute("SELECT quarantined_now FROM partner_stats")) > 0  # invalid_every
     conn.commit()
     # the run's audit notes what was held after it: the chart's "records held"
     assert conn.execute("SELECT DISTINCT records_held FROM harvest_runs WHERE run_id = 'rc1'").fetchall() == [(count,)]

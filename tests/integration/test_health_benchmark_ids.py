@@ -1,4 +1,4 @@
-"""The health benchmark's data builder at 1,000 partners and more (issue 28).
+"""The health benchmark's data builder at 1,000 partners and more.
 
 Regression: ``benchmarks/health_page.py --partners 1000`` failed building its data: the SQL
 made the partner ids with a 3-digit ``lpad``, which cuts '1000' to '100', so partner 1000's

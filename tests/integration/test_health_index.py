@@ -1,4 +1,4 @@
-"""The health index pages, sorts and filters on the server (issue 28 item 4): 230 partners
+"""The health index pages, sorts and filters on the server: 230 partners
 against a real PostgreSQL, rendered by the app itself (Airflow's login: test_health.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A lease ends with its holder (issue 7 item 10, I11): renewed while the task lives,
+"""A lease ends with its holder (I11): renewed while the task lives,
 expiring within one TTL after it is killed with SIGKILL (no failure callback runs)."""
 
 from __future__ import annotations

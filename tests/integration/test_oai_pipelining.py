@@ -21,6 +21,7 @@ from partner_harvest.errors import PartnerHttpError
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.records import HarvestStats
 from partner_harvest.store import RunRef, StagingWriter
+from partner_harvest.store.db import scalar
 from tests.support.partners import oai_partner
 
 PAGES = 6
@@ -80,7 +81,7 @@ def test_next_page_is_fetched_while_this_one_is_staged_never_two_ahead(sim: OaiS
             if page < PAGES:  # the overlap itself: request page+1 starts while page waits here
                 assert observed.started[page + 1].wait(10), f"page {page + 1} not requested while {page} staged"
             with psycopg.connect(db, autocommit=True) as observer:
-                staged = observer.execute("SELECT count(*) FROM staging").fetchone()[0]
+                staged = scalar(observer.execute("SELECT count(*) FROM staging"))
             seen.append((page, observed.requests, staged))
             super().write_page(items)
 
@@ -216,7 +217,7 @@ def test_a_wrong_guess_is_dropped_and_the_chain_still_ends_exactly(sim: OaiSimul
     monkeypatch.setattr(parse, "parse_list_page", parse_after_the_guess_left)
     stats = observed.harvest(StagingWriter(conn, RunRef("museum", "run-1")))
     assert stats.fetched == PAGES * 100 and stats.pages == PAGES and stats.restarts == 0
-    staged = conn.execute("SELECT count(DISTINCT identifier) FROM staging WHERE run_id = 'run-1'").fetchone()[0]
+    staged = scalar(conn.execute("SELECT count(DISTINCT identifier) FROM staging WHERE run_id = 'run-1'"))
     assert staged == PAGES * 100
     assert sim.wait_idle(timeout=10)
     assert observed.requests == PAGES + 1 and sim.max_in_flight == 1

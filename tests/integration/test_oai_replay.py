@@ -28,6 +28,7 @@ from include.simulators.replay import ReplayServer, load_recording
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.oai.parse import DAY_GRANULARITY, SECOND_GRANULARITY
 from partner_harvest.run import run_partner
+from partner_harvest.store.db import scalar
 from partner_harvest.window import DAY, SECONDS, Window, parse_instant
 from tests.support.partners import fast_http, oai_partner
 
@@ -114,8 +115,8 @@ def replay(conn: psycopg.Connection, row: Expected, partner_id: str = "replayed"
 
 
 def held_counts(conn: psycopg.Connection, partner_id: str) -> tuple[int, int]:
-    records = conn.execute("SELECT count(*) FROM records WHERE partner_id = %s", (partner_id,)).fetchone()[0]
-    quarantined = conn.execute("SELECT count(*) FROM quarantine WHERE partner_id = %s", (partner_id,)).fetchone()[0]
+    records = scalar(conn.execute("SELECT count(*) FROM records WHERE partner_id = %s", (partner_id,)))
+    quarantined = scalar(conn.execute("SELECT count(*) FROM quarantine WHERE partner_id = %s", (partner_id,)))
     conn.commit()
     return records, quarantined
 

@@ -1,4 +1,4 @@
-"""The partner-facing report (issue 26 item 5): from the library, the CLI and the health page.
+"""The partner-facing report: from the library, the CLI and the health page.
 
 Two partners harvested into one database through the real staging and apply; the report of
 one must hold its runs, quarantine and warnings by reason with samples, and its proofs, and

@@ -168,7 +168,7 @@ def _state_of(line: str) -> str:
 
 def test_a_run_that_failed_before_it_wrote_harvest_runs_is_failing_without_the_scheduler(
         conn: psycopg.Connection) -> None:
-    """Issue 25: `status` printed `behind` for a partner whose endpoint was down (the failure was
+    """Regression: `status` printed `behind` for a partner whose endpoint was down (the failure was
     only in Airflow's DagRun table, which `status` never read); the task's event says it."""
     registry = load_registry_text(REGISTRY)
     cases, _ = seed(conn)
@@ -200,7 +200,7 @@ def test_the_operator_docs_list_the_states_of_the_table() -> None:
 
 def test_the_health_page_shows_a_partners_cause_once(conn: psycopg.Connection, db: str, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 25 (noticed defect): the index showed a failing partner's cause twice, in the State
+    """The index showed a failing partner's cause twice, in the State
     cell and again as the Last run cell's error; the partner page in its cause line and again in
     its Last run row. The cause stays beside the state (the browser test reads it there); the
     run cell keeps an error that is not the partner's cause."""

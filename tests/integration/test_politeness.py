@@ -1,4 +1,4 @@
-"""Issue 26 item 2: politeness per endpoint host, shared through PostgreSQL, measured at the server."""
+"""Politeness per endpoint host, shared through PostgreSQL, measured at the server."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.politeness import Pacer
 from partner_harvest.store import ensure_schema
+from partner_harvest.store.db import scalar
 from partner_harvest.store.pacing import PgPacingStore, partner_rate
 from tests.support.partners import fast_http, oai_partner
 from tests.support.politeness import harvest_slice, most_in_any_second, run_in_processes, slices
@@ -168,7 +169,7 @@ def test_a_slow_host_is_backed_off_and_recovered_slowly(pacing_db: psycopg.Conne
         with ThreadPoolExecutor(4) as pool:
             running = [pool.submit(harvest_slice, job, conninfo) for job in jobs]
             assert sim.wait_arrivals(slow_phase)
-            penalty_then = pacing_db.execute("SELECT penalty_ms FROM host_pacing").fetchone()[0]
+            penalty_then = scalar(pacing_db.execute("SELECT penalty_ms FROM host_pacing"))
             pacing_db.commit()
             sim.set_response_delay(0)  # the host recovers
             results = [r.result() for r in running]

@@ -1,4 +1,4 @@
-"""Slices that balance without counts (issue 28 item 5): the OAI-PMH simulator on loopback
+"""Slices that balance without counts: the OAI-PMH simulator on loopback
 serves a repository that announces no completeListSize and whose records cluster (a few
 bursts, a trickle over part of the year; the seed varies them, I13), listed by identifier or
 by datestamp; real PostgreSQL. The plan cuts by what the first pages show

@@ -18,6 +18,7 @@ from partner_harvest.errors import ConfigurationError, PartnerAsksToWait, Partne
 from partner_harvest.records import Tombstone
 from partner_harvest.registry import RegistryError
 from partner_harvest.store import RunRef
+from partner_harvest.store.db import scalar
 from partner_harvest.window import Window
 from tests.support.harness import SIERRA_KEY as KEY
 from tests.support.harness import SIERRA_SECRET as SECRET
@@ -72,9 +73,9 @@ def test_full_load_through_the_export_then_incremental(harness: Harness, catalog
                         for q in poll)
     deletion_polls = [r["query"] for r in requests_to(sim, "/bibs") if r["query"].get("deleted") == "true"]
     assert deletion_polls and all(q["fields"] == "id,deletedDate" for q in deletion_polls)
-    held_title = harness.conn.execute(
+    held_title = scalar(harness.conn.execute(
         "SELECT title FROM records WHERE partner_id = 'library' AND identifier = %s", (sorted(set(edited) - set(deleted))[0],)
-    ).fetchone()[0]
+    ))
     assert "revision" in held_title
 
 
@@ -167,7 +168,7 @@ def test_export_truncation_is_refetched_whole(conn: psycopg.Connection) -> None:
         assert oversized and harness.held() == catalogue.live_ids()
         refetched = {r["path"].split("/")[-2] for r in sim.requests if r["path"].endswith("/marc") and "/bibs/1" in r["path"]}
         assert oversized <= refetched
-        quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchone()[0]
+        quarantined = scalar(conn.execute("SELECT count(*) FROM quarantine"))
         assert quarantined == 0
 
 
@@ -217,7 +218,7 @@ def test_a_version_stamped_after_the_deletion_day_wins(harness: Harness, catalog
 
     harness.run()
     victim = sorted(catalogue.live_ids())[0]
-    xml = conn.execute("SELECT metadata FROM records WHERE identifier = %s", (victim,)).fetchone()[0]
+    xml = scalar(conn.execute("SELECT metadata FROM records WHERE identifier = %s", (victim,)))
     day = datetime(2026, 3, 1, tzinfo=timezone.utc)
     window = Window("incremental", day, day + timedelta(days=2), "seconds", True)
     for channel, item in (("changes", Record(victim, day + timedelta(days=1, hours=8), "marc21", xml, (), "again")),
@@ -326,7 +327,7 @@ def test_token_is_renewed_before_it_expires(harness: Harness, catalogue: Simulat
     assert not [r for r in sim.requests if r["status"] == 401]
 
 
-# -- issue 7: a mirror that cannot silently diverge (Sierra) ----------------------------
+# -- a mirror that cannot silently diverge (Sierra) ----------------------------
 
 
 def check_row(conn: psycopg.Connection, run_id: str = "run-1") -> tuple:
@@ -389,7 +390,7 @@ def test_suppressed_bibs_the_export_omits_are_found_and_fetched_in_batches(conn:
                    if r["path"].endswith("/bibs") and not r["query"]["id"].startswith("[")]
         assert len(fetches) == -(-len(suppressed) // 25)  # id lists of 25, never one by one
         assert sorted(i for q in fetches for i in q["id"].split(",")) == sorted(suppressed)
-        assert conn.execute("SELECT count(*) FROM reconcile_ids").fetchone()[0] == 0  # check's ids cleared
+        assert scalar(conn.execute("SELECT count(*) FROM reconcile_ids")) == 0  # check's ids cleared
 
 
 def test_bibs_without_005_or_without_ids_do_not_stop_the_full_load(conn: psycopg.Connection) -> None:
@@ -401,7 +402,7 @@ def test_bibs_without_005_or_without_ids_do_not_stop_the_full_load(conn: psycopg
         no_005 = {b for b in catalogue.live_ids() if catalogue.lacks_005(int(b))} - no_ids
         # A bib without 001 (and here without 907) has no id in the export: that export record is
         # quarantined; the completeness check fetches the bib by its Sierra id, which identifies it,
-        # and it lands with the marc.no_001 warning (issue 22).
+        # and it lands with the marc.no_001 warning.
         assert no_ids and no_005 and harness.held() == catalogue.live_ids()
         warned = dict(conn.execute("SELECT identifier, warnings FROM records WHERE warnings IS NOT NULL").fetchall())
         assert set(warned) == no_ids and all(set(w) == {"marc.no_001"} for w in warned.values())
@@ -426,7 +427,7 @@ def test_marc8_records_are_converted_not_replaced(conn: psycopg.Connection) -> N
         harness = Harness(sim, conn, partner())
         _, changes, _, result = harness.run()
         assert result.quarantined == 0 and harness.held() == catalogue.live_ids()
-        assert conn.execute("SELECT count(*) FROM records WHERE metadata LIKE %s", ("%\ufffd%",)).fetchone()[0] == 0
+        assert scalar(conn.execute("SELECT count(*) FROM records WHERE metadata LIKE %s", ("%\ufffd%",))) == 0
         marc8 = [catalogue.get(b) for b in sorted(catalogue.live_ids()) if catalogue.is_marc8(int(b))]
         assert marc8 and all(not b.title.isascii() for b in marc8)
         for bib in marc8:
@@ -452,7 +453,7 @@ def test_invalid_utf8_or_marc8_is_quarantined_with_the_raw_bytes_escaped(conn: p
         for identifier, reason, raw in rows:
             charset = "MARC-8" if identifier in bad_marc8 else "UTF-8"
             assert f"invalid {charset}" in reason and "\\xff" in raw and "\ufffd" not in raw
-        assert conn.execute("SELECT count(*) FROM records WHERE metadata LIKE %s", ("%\ufffd%",)).fetchone()[0] == 0
+        assert scalar(conn.execute("SELECT count(*) FROM records WHERE metadata LIKE %s", ("%\ufffd%",))) == 0
 
 
 def test_an_edit_at_the_last_second_of_a_day_loses_to_a_deletion_that_day(conn: psycopg.Connection, sim: SierraSimulator,
@@ -466,12 +467,12 @@ def test_an_edit_at_the_last_second_of_a_day_loses_to_a_deletion_that_day(conn: 
     live = sorted(catalogue.live_ids())
     victim = live[5]
     catalogue.edit_ids(live[:5] + [victim])  # the victim is staged 6th on the changes channel
-    assert catalogue.get(victim).updated_date == catalogue.clock == day_end - timedelta(seconds=1)
+    assert catalogue[victim].updated_date == catalogue.clock == day_end - timedelta(seconds=1)
     catalogue.mutation_step = timedelta(0)
 
     def delete_on_the_same_day() -> None:  # after the change poll saw the edit
         catalogue.delete_ids([victim])
-        assert str(catalogue.get(victim).deleted_date) == str((day_end - timedelta(days=1)).date())
+        assert str(catalogue[victim].deleted_date) == str((day_end - timedelta(days=1)).date())
 
     _, changes, deletions, result = harness.run(between=delete_on_the_same_day)
     assert changes.records == 6 and 1 <= deletions.tombstones < 6  # the tombstone's seq is lower than the edit's
@@ -486,7 +487,7 @@ def test_a_legacy_edit_stamped_the_next_midnight_beats_an_earlier_applied_deleti
 
     harness.run()
     victim = sorted(catalogue.live_ids())[0]
-    xml = conn.execute("SELECT metadata FROM records WHERE identifier = %s", (victim,)).fetchone()[0]
+    xml = scalar(conn.execute("SELECT metadata FROM records WHERE identifier = %s", (victim,)))
     day = datetime(2026, 3, 1, tzinfo=timezone.utc)
     window = Window("incremental", day, day + timedelta(days=2), "seconds", True)
     for run_id, channel, item in (("gone", "deletions", Tombstone(victim, end_of_day(day.date()))),
@@ -590,7 +591,7 @@ def test_a_bib_deleted_between_the_listing_and_the_fetch_is_staged_as_a_deletion
 
 @pytest.mark.parametrize("style", ["138", "429"])
 def test_a_long_rate_limit_frees_the_task_and_the_next_try_resumes_at_the_stopped_block(conn: psycopg.Connection, style) -> None:
-    """Issue 9: a rate limit longer than a task may sleep raises PartnerAsksToWait at once (no sleep);
+    """A rate limit longer than a task may sleep raises PartnerAsksToWait at once (no sleep);
     the next try of the same run keeps what was staged and asks only for the blocks not yet exported."""
     catalogue = SimulatedCatalogue(bibs=1000, deleted_fraction=0.05, suppressed_fraction=0.03, seed=31)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
@@ -605,7 +606,7 @@ def test_a_long_rate_limit_frees_the_task_and_the_next_try_resumes_at_the_stoppe
             pipeline.harvest_window(adapter, conn, run, window)
         assert harness.sleeps == []  # the wait did not happen in the task
         assert waited.value.resume_at >= before + timedelta(seconds=3600)
-        staged = conn.execute("SELECT count(*) FROM staging WHERE run_id = 'run-1'").fetchone()[0]
+        staged = scalar(conn.execute("SELECT count(*) FROM staging WHERE run_id = 'run-1'"))
         assert staged > 0
         status, error = conn.execute("SELECT status, error FROM harvest_runs WHERE run_id = 'run-1'"
                                      " AND channel = 'changes'").fetchone()

@@ -1,4 +1,4 @@
-"""Issue 25 item 6: an unsliced Sierra full load (the bibs/marc export) shows an expected total
+"""An unsliced Sierra full load (the bibs/marc export) shows an expected total
 and a time left, in `partner-harvest progress`, on the health page's "Running now" and in the
 task log, as a sliced load and an OAI-PMH list do.
 

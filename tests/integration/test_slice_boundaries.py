@@ -1,4 +1,4 @@
-"""Slice boundaries lose no record whatever the partner's clock resolution (issue 23, I13).
+"""Slice boundaries lose no record whatever the partner's clock resolution (I13).
 
 The simulator stores sub-second stamps and compares ``from``/``until`` with them raw (as
 some repositories do, against OAI-PMH's granules): ``until=m`` leaves out a record stored at
@@ -32,7 +32,7 @@ def test_the_simulator_compares_sub_second_stamps_raw() -> None:
     victim = sorted(repo.live_identifiers())[0]
     m = parse_instant("2025-10-01T12:00:00Z")
     repo.restamp([victim], m + timedelta(milliseconds=500))
-    assert repo.get(victim).datestamp == m  # reported at the granularity
+    assert repo[victim].datestamp == m  # reported at the granularity
     until_m = {r.identifier for r in repo.select(until=format_instant(m))}
     from_next = {r.identifier for r in repo.select(from_=format_instant(m + timedelta(seconds=1)))}
     from_m = {r.identifier for r in repo.select(from_=format_instant(m))}

@@ -1,4 +1,4 @@
-"""A big partner's reconcile as slices (issue 28 item 6), without Airflow: the OAI-PMH and
+"""A big partner's reconcile as slices, without Airflow: the OAI-PMH and
 Sierra simulators on loopback, real PostgreSQL. The harness plays the DAG: plan_sweep, one
 sweep_ids per slice (in any order, one failing and retried alone), apply_reconcile; the
 fenced tests bind a real lease's fence to the connection, as the tasks do."""
@@ -196,7 +196,7 @@ def _swept(sim, conn: psycopg.Connection, partner) -> sliced.SweepPlan:
 
 def test_a_sliced_reconcile_over_its_purge_limit_waits_for_approval_and_approve_applies_exactly(
         conn: psycopg.Connection, small: tuple[OaiSimulator, SimulatedRepository]) -> None:
-    """Regression (issue 26 item 1): over ``max_purge_fraction`` a sliced reconcile failed with
+    """Regression: over ``max_purge_fraction`` a sliced reconcile failed with
     MassPurgeRefused; behind the DAG's gate it stages everything, as the unsliced one, drops its
     slice state and waits; the approved apply applies exactly what it staged."""
     sim, repo = small

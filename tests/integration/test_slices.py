@@ -1,4 +1,4 @@
-"""Sliced runs without Airflow (issue 9): plan, harvest piece by piece, apply whole.
+"""Sliced runs without Airflow: plan, harvest piece by piece, apply whole.
 
 The OAI-PMH and Sierra simulators over loopback, real PostgreSQL. The harness plays the
 DAG: freeze_window, plan_slices, one harvest_changes per piece (in any order, any one of
@@ -177,7 +177,7 @@ def test_a_repository_that_announces_no_list_size_is_cut_into_equal_time_ranges(
                                                                                 sets) -> None:
     """completeListSize is optional (I13). Without it the plan cannot count: a full harvest is
     cut into ``without_count`` ranges (by the first page: oai/sampled_cut.py; equal time ranges
-    before issue 28), registry sets are not trusted (they cannot be
+    before it), registry sets are not trusted (they cannot be
     checked against the whole list), and the slices still hold the live set, every item once."""
     repo = SimulatedRepository(records=900, page_size=50, seed=9, deleted_fraction=0.05)
     with OaiSimulator(repo, list_size="omitted") as sim:

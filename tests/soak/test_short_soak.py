@@ -1,4 +1,4 @@
-"""The short soak (issue 8): a few chaos nights of every partner kind through Airflow,
+"""The short soak: a few chaos nights of every partner kind through Airflow,
 every fault kind at least once across them, and after every night the mirror equals
 the partner. The long soak is ``python -m benchmarks.soak`` (docs/design/soak.md).
 

@@ -1,4 +1,4 @@
-"""Many partners at once, for the health index's paging tests (issue 28): a registry of ``n``
+"""Many partners at once, for the health index's paging tests: a registry of ``n``
 partners (every fifth one Sierra) and one night of audit rows written straight into
 ``harvest_runs`` with SQL (one statement, whatever ``n``), so that states, lags and causes
 vary the way they do at scale:

@@ -62,3 +62,9 @@ def seed_sliced_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> N
                 " now() - make_interval(secs => %s), now() - make_interval(secs => %s))",
                 (partner_id, run_id, channel, status, window_from, set_spec, pages, fetched, expected, since, last),
             )
+
+
+def as_record(item: object) -> Record:
+    """`item`, which the test expects to be a record (not a tombstone, a reject or a header)."""
+    assert isinstance(item, Record), item
+    return item

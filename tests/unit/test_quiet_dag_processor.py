@@ -1,4 +1,4 @@
-"""Issue 28: the dag-processor's idle loop asks the database for callbacks, parse requests and
+"""The dag-processor's idle loop asks the database for callbacks, parse requests and
 stale warnings every poll interval while there are none, and at once while there is work."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The UTF-8 fast path of the Sierra export decoder gives what pymarc + lxml give, or steps aside.
 
-Issue 9 item 8: plain UTF-8 records are decoded straight from the ISO 2709 directory.
+Plain UTF-8 records are decoded straight from the ISO 2709 directory.
 Every record here goes both ways; where the fast path answers, the bib id, the 005
 stamp, the MARCXML text and the item (record or quarantine verdict, title) must be
 identical to the pymarc path's; MARC-8, bad bytes and NUL must always take pymarc.

@@ -1,4 +1,4 @@
-"""The Sierra id enumeration fetches its next page while the current one is copied (issue 9 item 8).
+"""The Sierra id enumeration fetches its next page while the current one is copied.
 
 ``one_ahead`` runs the page iterator in a second thread, never more than one page ahead
 of its consumer, and raises the iterator's errors at the page they belong to.

@@ -41,8 +41,8 @@ class Counter:
 def covers(pieces: list[dict], window: Window, step: timedelta) -> None:
     assert pieces[0].from_ == window.from_ and pieces[-1].until == window.until
     for a, b in zip(pieces, pieces[1:]):
-        # no gap: each starts where the one before ends, the boundary granule in both (issue 23:
-        # a partner comparing sub-second stamps raw returns a record at until + 0.5 s only there)
+        # no gap: each starts where the one before ends, the boundary granule in both (a
+        # partner comparing sub-second stamps raw returns a record at until + 0.5 s only there)
         assert b.from_ == a.until and b.until >= b.from_ + step
 
 

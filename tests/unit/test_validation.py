@@ -1,4 +1,4 @@
-"""Validation rejects only what the aggregation cannot use (issue 22 item 2).
+"""Validation rejects only what the aggregation cannot use.
 
 Each rule is held to its standard: a MARCXML leader is 24 characters, blanks included; the
 protocol identifies a record, so a MARC record without a 001 lands; an empty or short

@@ -27,7 +27,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 from benchmarks import support  # noqa: E402,F401 (puts the repository on sys.path)
-from partner_harvest.store.db import scalar
+from partner_harvest.store.db import one, scalar
 
 DB_NAME = "bench_health"
 TARGET_MS = 300.0
@@ -56,13 +56,13 @@ def database(rebuild: bool) -> str:
             admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB_NAME)))
     params = conninfo_to_dict(server)
     params["dbname"] = DB_NAME
-    return make_conninfo(**params)
+    return make_conninfo("", **params)
 
 
 def build(conn: psycopg.Connection, partners: int, per_partner: int, days: int = 365, weeks: int = 52, quarantined: int = 200) -> None:
     """The data, unless a build of this size is already there (``days`` of nightly runs,
     ``weeks`` of reconciles, ``quarantined`` rows per partner)."""
-    held = conn.execute("SELECT count(*), COALESCE(sum(records_held), 0) FROM partner_stats").fetchone()
+    held = one(conn.execute("SELECT count(*), COALESCE(sum(records_held), 0) FROM partner_stats"))
     if tuple(held) == (partners, partners * per_partner):
         print(f"reusing the data: {partners} partners, {held[1]:,} records")
         return

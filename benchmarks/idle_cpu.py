@@ -34,9 +34,8 @@ from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
-from many_partners import ManyPartners, cpu_snapshot, delta, write_registry
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks.many_partners import ManyPartners, cpu_snapshot, delta, write_registry  # noqa: E402
 from benchmarks.support import ROOT  # noqa: E402
 from include import embedded_pg
 from tests.support.airflow_stack import SERVICES, TRIGGERER

@@ -41,6 +41,9 @@ from pathlib import Path
 from xml.sax.saxutils import unescape
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from collections.abc import Callable
+from typing import Any
+
 from benchmarks import support  # noqa: E402
 
 PARTNER = "chain"
@@ -77,7 +80,7 @@ def bare(args: argparse.Namespace) -> dict:
 def sickle(args: argparse.Namespace) -> dict:
     """Sickle iterating ListRecords: fetch and its own parsing, nothing stored."""
     sys.path.insert(0, args.sickle_dir)
-    from sickle import Sickle
+    from sickle import Sickle  # type: ignore[import-not-found]  # installed by --install-sickle only, never a dependency
 
     client = Sickle(args.url, max_retries=3, timeout=60)
     records = 0
@@ -96,10 +99,10 @@ def _phase_meter() -> dict[str, float]:
 
     spent = {"fetch": 0.0, "parse": 0.0, "stage": 0.0}
 
-    def metered(owner, name: str, phase: str) -> None:
+    def metered(owner: object, name: str, phase: str) -> None:
         inner = getattr(owner, name)
 
-        def timed(*a, **kw):
+        def timed(*a: Any, **kw: Any) -> Any:
             started = time.thread_time()
             try:
                 return inner(*a, **kw)
@@ -118,6 +121,7 @@ def ours(args: argparse.Namespace) -> dict:
     """Ours end to end: freeze, harvest into staging (pipelined or not), apply."""
     from partner_harvest import pipeline
     from partner_harvest.factory import Endpoint, build_adapter
+    from partner_harvest.oai.harvester import OaiAdapter
     from partner_harvest.run import run_partner
     from partner_harvest.store import connect
 
@@ -125,6 +129,7 @@ def ours(args: argparse.Namespace) -> dict:
 
     partner = support.partner(id=args.partner, protocol="oai-pmh", metadata_prefix=args.prefix)
     adapter = build_adapter(partner, Endpoint(args.url))
+    assert isinstance(adapter, OaiAdapter)
     if args.sequential:
         from benchmarks import baselines
 
@@ -237,7 +242,7 @@ def _staged_only(label: str, ours: dict, floor: dict) -> str:
     return f"  {label + ', staged only (no apply) / floor':<50} {rate / floor['rate']:5.2f}x  ({rate:,.0f} records/s)"
 
 
-def _metered(meter: support.CpuMeter, measure):
+def _metered(meter: support.CpuMeter, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     meter.start()
     figures = measure()
     figures["cpu"] = meter.stop()

@@ -34,7 +34,11 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 from benchmarks import support  # noqa: E402
@@ -46,7 +50,9 @@ def child(args: argparse.Namespace) -> None:
     """The harvesting process: freeze, both channels, apply; report its own figures."""
     from partner_harvest.factory import Endpoint, build_adapter
     from partner_harvest.run import DELETIONS, run_partner
+    from partner_harvest.sierra.harvester import SierraAdapter
     from partner_harvest.store import connect
+    from partner_harvest.store.db import one
     from partner_harvest.window import parse_instant
 
     partner = support.partner(id="bench_sierra", protocol="sierra", page_size=2000,
@@ -66,8 +72,8 @@ def child(args: argparse.Namespace) -> None:
         marks[name] = (time.perf_counter(), time.process_time(), state["process_cpu_seconds"],
                        support.postgres_cpu_seconds())
 
-    def timed(name: str, method):  # the adapter's two phases, measured from outside
-        def run(*a, **k):
+    def timed(name: str, method: Callable[..., Any]) -> Callable[..., Any]:  # the adapter's two phases, from outside
+        def run(*a: Any, **k: Any) -> Any:
             mark(f"{name} start")
             try:
                 return method(*a, **k)
@@ -75,8 +81,10 @@ def child(args: argparse.Namespace) -> None:
                 mark(f"{name} end")
         return run
 
-    adapter._export = timed("export", adapter._export)
-    adapter._prove_complete = timed("enumeration", adapter._prove_complete)
+    assert isinstance(adapter, SierraAdapter)
+    phases = ExitStack()
+    phases.enter_context(mock.patch.object(adapter, "_export", timed("export", adapter._export)))
+    phases.enter_context(mock.patch.object(adapter, "_prove_complete", timed("enumeration", adapter._prove_complete)))
     mark("start")
     started, cpu_started = time.perf_counter(), time.process_time()
     harvested: dict[str, float] = {}
@@ -91,18 +99,20 @@ def child(args: argparse.Namespace) -> None:
                           on_staged=staged)
         applied = time.perf_counter()
         mark("apply end")
-        check = conn.execute(
+        check = one(conn.execute(
             "SELECT check_kind, check_expected, check_found, check_ok, check_detail FROM harvest_runs"
-            " WHERE partner_id = %s AND run_id = %s AND channel = 'changes'", (partner.id, args.run_id)).fetchone()
+            " WHERE partner_id = %s AND run_id = %s AND channel = 'changes'", (partner.id, args.run_id)))
         conn.commit()
+    phases.close()
     window, changes, polled, result = run.window, run.changes, run.deletions, run.applied
+    assert changes is not None and polled is not None
     split = {}
     for phase in ("export", "enumeration", "apply"):
         if f"{phase} start" in marks:
             begin, end = marks[f"{phase} start"], marks[f"{phase} end"]
             split[phase] = {"wall": end[0] - begin[0], "harvester_cpu": end[1] - begin[1],
                             "simulator_cpu": end[2] - begin[2],
-                            "postgres_cpu": None if begin[3] is None else end[3] - begin[3]}
+                            "postgres_cpu": None if begin[3] is None or end[3] is None else end[3] - begin[3]}
     print(json.dumps({
         "until": window.to_dict()["until"],
         "deletions_until": window.protocol.channels["deletions"].until.date().isoformat(),

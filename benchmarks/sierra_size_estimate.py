@@ -71,7 +71,7 @@ def main() -> int:
             blocks = size / BLOCK
             print(f"\n{size:,} bibs (ids 1000001..{1000000 + size}): estimate {estimates[-1]:,} "
                   f"({'= the id span' if estimates[-1] == size else 'NOT the id span'}), {count} probes, "
-                  f"{estimate_s * 1000:.0f} ms; one export block ({block.input_records} ids in) "
+                  f"{estimate_s * 1000:.0f} ms; one export block ({block.input_records if block else 0} ids in) "
                   f"{block_s * 1000:.0f} ms: the estimate costs {estimate_s / block_s:.2f} blocks, "
                   f"{estimate_s / (block_s * blocks):.2%} of the export's {blocks:,.0f} blocks; "
                   f"loadavg {load:.2f} before, {os.getloadavg()[0]:.2f} after")

@@ -115,10 +115,11 @@ def measure(stack: Any, url: str, partner: str, pool: int, live: set[str]) -> di
     tis = stack.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100})["task_instances"]
     slices = [ti for ti in tis if ti["task_id"] == "harvest_changes"]
     spans = [(_instant(ti["start_date"]), _instant(ti["end_date"])) for ti in slices]
-    most, overlapped = overlap([s for s in spans if None not in s])
+    done = [(start, end) for start, end in spans if start is not None and end is not None]
+    most, overlapped = overlap(done)
     pools = {ti["task_id"]: ti["pool"] for ti in tis}
-    wall = _instant(run["end_date"]) - _instant(run["start_date"])
-    done = [s for s in spans if None not in s]
+    ended, started = _instant(run["end_date"]), _instant(run["start_date"])
+    wall = ended - started if ended is not None and started is not None else float("nan")
     phase = max(e for _, e in done) - min(s for s, _ in done) if done else float("nan")
     equal = support.held_ids(stack.aggregation_db, partner) == live
     import psycopg
@@ -127,7 +128,7 @@ def measure(stack: Any, url: str, partner: str, pool: int, live: set[str]) -> di
         fetched = [r[0] for r in conn.execute(
             "SELECT fetched FROM harvest_runs WHERE partner_id = %s AND run_id = %s AND channel LIKE 'changes/%%'"
             " ORDER BY channel", (partner, f"{dag_id}/{run_id}")).fetchall()]
-    apply = next((ti for ti in tis if ti["task_id"] == "apply_changes"), {})
+    apply: dict[str, Any] = next((ti for ti in tis if ti["task_id"] == "apply_changes"), {})
     return {"pool": pool, "state": run["state"], "max_in_flight": report["max_in_flight"],
             "delay_ms": report["response_delay_ms"], "slices": len(slices), "running_at_once": most,
             "overlapped": overlapped, "wall": wall, "apply_seconds": apply.get("duration") or 0.0,

@@ -31,6 +31,8 @@ import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from collections.abc import Iterator
+
 from benchmarks import support  # noqa: E402
 
 
@@ -61,7 +63,7 @@ def guard_memory(pages: int, token_bytes: int) -> tuple[float, float]:
     from partner_harvest.oai.chain_caps import ChainCaps
     from partner_harvest.oai.client import OaiClient, _Chain
 
-    def tokens():
+    def tokens() -> Iterator[str]:
         for n in range(pages):
             yield f"{n:08d}" + "x" * (token_bytes - 8)
 
@@ -76,7 +78,7 @@ def guard_memory(pages: int, token_bytes: int) -> tuple[float, float]:
     client = OaiClient("tokens", "http://127.0.0.1:9/oai", None,  # type: ignore[arg-type]
                        caps=ChainCaps(max_token_bytes=2 * token_bytes))
     chain = _Chain(client)
-    page = parse.ListPage(items=[object()])  # type: ignore[list-item]
+    page = parse.ListPage(items=[parse.OaiHeader("oai:x:1", None)])  # one item: the page is not empty
     before = tracemalloc.get_traced_memory()[0]
     for token in tokens():
         assert chain.check({"verb": "ListRecords", "resumptionToken": "t"}, token, page) is None

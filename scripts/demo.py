@@ -28,6 +28,7 @@ from include.simulators.process import control  # noqa: E402
 from include.simulators.process import simulator_process as simulator  # noqa: E402
 from partner_harvest.store import connect, ensure_schema  # noqa: E402
 from partner_harvest.store.admin import forget_partner, live_identifiers, run_summary  # noqa: E402
+from partner_harvest.store.db import one  # noqa: E402
 
 AIRFLOW = str(ROOT / ".venv" / "bin" / "airflow")
 
@@ -51,7 +52,7 @@ def airflow_env(pg_uri: str, oai_url: str, sierra_url: str, iiif_url: str) -> di
         "AIRFLOW_CONN_AGGREGATION_DB": json.dumps({
             "conn_type": "postgres",
             "host": pg.get("host"),
-            "port": int(pg["port"]) if pg.get("port") else None,
+            "port": int(str(pg["port"])) if pg.get("port") else None,
             "login": pg.get("user"),
             "password": pg.get("password") or None,
             "schema": pg.get("dbname"),
@@ -82,13 +83,13 @@ def mode_label(row: dict) -> str:
 def absent_deletions(conn: psycopg.Connection, partner_id: str, run_key: str) -> int:
     """Deletions this run saw of records the database never held (counted as ``unchanged``):
     the tombstones it remembered minus the records it purged."""
-    row = conn.execute(
+    row = one(conn.execute(
         """
         SELECT (SELECT count(*) FROM tombstones WHERE partner_id = %(p)s AND run_id = %(r)s)
              - (SELECT count(*) FROM deletions WHERE partner_id = %(p)s AND run_id = %(r)s AND reason = 'tombstone')
         """,
         {"p": partner_id, "r": run_key},
-    ).fetchone()
+    ))
     conn.commit()
     return max(int(row[0] or 0), 0)
 

@@ -35,7 +35,7 @@ def migrated_comments() -> dict:
     try:
         params = conninfo_to_dict(server)
         params["dbname"] = name
-        with connect(make_conninfo(**params)) as conn:
+        with connect(make_conninfo("", **params)) as conn:
             ensure_schema(conn)
             return docs_gen.table_comments(conn)
     finally:

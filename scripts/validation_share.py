@@ -61,7 +61,7 @@ def verdicts(path: Path) -> list[str | None]:
 
 
 def main(paths: list[str]) -> None:
-    total, reasons = 0, Counter()
+    total, reasons = 0, Counter[str]()
     for name in paths:
         found = verdicts(Path(name))
         total += len(found)

@@ -7,6 +7,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict
@@ -14,6 +15,9 @@ from psycopg.conninfo import conninfo_to_dict
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from tests.support.dags import set_cursor
 from tests.support.webhook import WebhookSink
+
+if TYPE_CHECKING:
+    from airflow.dag_processing.dagbag import DagBag
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +27,7 @@ os.environ.setdefault("AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT", "0")
 
 
 @pytest.fixture(scope="session")
-def dagbag(airflow_db: None):
+def dagbag(airflow_db: None) -> DagBag:
     from airflow.dag_processing.dagbag import DagBag
 
     return DagBag(dag_folder=str(ROOT / "dags"))
@@ -73,27 +77,27 @@ def webhook() -> Iterator[WebhookSink]:
 class AfterTask:
     """An Airflow listener that runs ``action`` once, right after ``task_id`` succeeded."""
 
-    def __init__(self, task_id: str, action) -> None:
+    def __init__(self, task_id: str, action: Callable[[], object]) -> None:
         self.task_id, self.action, self.fired = task_id, action, 0
 
     from airflow.listeners import hookimpl
 
     @hookimpl
-    def on_task_instance_success(self, previous_state, task_instance) -> None:
+    def on_task_instance_success(self, previous_state: Any, task_instance: Any) -> None:
         if task_instance.task_id == self.task_id and not self.fired:
             self.fired += 1
             self.action()
 
 
 @pytest.fixture
-def after_task():
+def after_task() -> Iterator[Callable[[str, Callable[[], object]], None]]:
     """``after_task(task_id, action)``: run ``action`` once, right after that task succeeded
     in this test's ``dag.test()`` (an Airflow listener, removed after the test)."""
     from airflow.sdk.listener import get_listener_manager
 
     manager = get_listener_manager()
 
-    def add(task_id: str, action) -> None:
+    def add(task_id: str, action: Callable[[], object]) -> None:
         manager.add_listener(AfterTask(task_id, action))
 
     yield add

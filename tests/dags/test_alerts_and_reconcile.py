@@ -6,6 +6,7 @@ import json
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -15,6 +16,9 @@ from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
 from tests.support.dags import task_states
 from tests.support.webhook import WebhookSink
+
+if TYPE_CHECKING:
+    from airflow.sdk import DAG
 
 pytestmark = pytest.mark.airflow
 
@@ -45,7 +49,7 @@ def env(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggreg
     Variable.delete("harvest_cursor__alertmuseum")
 
 
-def dag_for(kind: str, partner_id: str):
+def dag_for(kind: str, partner_id: str) -> DAG:
     from partner_harvest.airflow.dag_factory import build_harvest_dag, build_reconcile_dag
 
     partner = get_partner(partner_id)

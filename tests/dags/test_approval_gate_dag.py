@@ -12,6 +12,7 @@ import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.store import connect, fences
+from partner_harvest.store.db import one
 from tests.support.dags import build_dag, get_cursor, task_states
 from tests.support.db import held
 from tests.support.hitl import Responder
@@ -87,6 +88,6 @@ def test_an_operator_command_during_the_wait_makes_the_approved_apply_refuse(mus
     assert states["advance_cursor"] in ("upstream_failed", "skipped")
     assert held(aggregation_conn, "gatemuseum") == before and get_cursor("gatemuseum") == cursor
     with connect(aggregation_conn) as conn:
-        state, note = conn.execute("SELECT state, note FROM approval_requests").fetchone()
+        state, note = one(conn.execute("SELECT state, note FROM approval_requests"))
         assert state == "refused" and "reset-cursor" in note
         assert conn.execute("SELECT count(*) FROM staging").fetchone() == (0,)

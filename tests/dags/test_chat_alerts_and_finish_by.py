@@ -36,7 +36,7 @@ def chat(monkeypatch: pytest.MonkeyPatch) -> Iterator[WebhookSink]:
     sink.close()
 
 
-def test_apprise_url_receives_the_alert(chat: Sink) -> None:
+def test_apprise_url_receives_the_alert(chat: WebhookSink) -> None:
     sent = send_alert("[partner harvest] p: harvest_p.apply_changes failed (try 1)",
                       ["Partner: p", "Cause: boom"], {"kind": "failure", "partner": "p"})
     assert sent == ["apprise"]
@@ -45,7 +45,7 @@ def test_apprise_url_receives_the_alert(chat: Sink) -> None:
     assert body["message"] == "Partner: p\nCause: boom" and body["type"] == "failure"
 
 
-def test_a_failing_task_alerts_through_apprise(chat: Sink, registry: Callable[[str], Path], aggregation_conn: str, airflow_db: None,
+def test_a_failing_task_alerts_through_apprise(chat: WebhookSink, registry: Callable[[str], Path], aggregation_conn: str, airflow_db: None,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from partner_harvest.airflow.dag_factory import build_harvest_dag
 
@@ -98,7 +98,7 @@ def test_finish_by_is_an_offset_from_the_schedule(registry: Callable[[str], Path
     assert "one time of day" in errors["hourly"] and "finish_by" in errors["sloppy"]
 
 
-def test_late_alert_only_for_a_scheduled_run_still_unfinished(chat: Sink) -> None:
+def test_late_alert_only_for_a_scheduled_run_still_unfinished(chat: WebhookSink) -> None:
     kwargs = {"partner_id": "p", "dag_id": "harvest_p", "finish_by": "06:00"}
     assert run_late_alert(**kwargs, context={"dag_run": {"dag_run_id": "m", "run_type": "manual",
                                                          "state": "running"}}) == []
@@ -115,7 +115,7 @@ def test_late_alert_only_for_a_scheduled_run_still_unfinished(chat: Sink) -> Non
     assert body["title"] == "[partner harvest] p: harvest_p run s1 not finished by 06:00 UTC"
 
 
-def test_a_nightly_run_unfinished_at_finish_by_alerts(registry: Callable[[str], Path], chat: Sink, airflow_db: None) -> None:
+def test_a_nightly_run_unfinished_at_finish_by_alerts(registry: Callable[[str], Path], chat: WebhookSink, airflow_db: None) -> None:
     """Airflow's own deadline code: creating the scheduled run writes a Deadline at its
     logical date (the 02:00 tick) + 4 h; the scheduler's miss handling queues the callback;
     the executor's callback runner sends the alert."""
@@ -145,6 +145,7 @@ def test_a_nightly_run_unfinished_at_finish_by_alerts(registry: Callable[[str], 
             session.delete(old)  # an earlier session's run of the same night
         session.flush()
         dag = SerializedDagModel.get_dag("harvest_nightly", session=session)
+        assert dag is not None
         run = dag.create_dagrun(run_id=f"scheduled__{tick.isoformat()}", logical_date=tick,
                                 data_interval=(tick - timedelta(days=1), tick), run_after=tick,
                                 run_type=DagRunType.SCHEDULED, triggered_by=DagRunTriggeredByType.TIMETABLE,
@@ -158,7 +159,9 @@ def test_a_nightly_run_unfinished_at_finish_by_alerts(registry: Callable[[str], 
         # 06:00 passes with the run still waiting; what the scheduler loop does then:
         late.handle_miss(session)
         session.flush()
-        data = dict(session.get(Callback, late.callback_id).data)
+        callback = session.get(Callback, late.callback_id)
+        assert callback is not None
+        data = dict(callback.data)
 
     context = data["kwargs"]["context"]  # what the callback reads to tell a late run from a catch-up
     assert _instant(context["deadline"]["deadline_time"]) == tick + timedelta(hours=4)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -17,6 +18,9 @@ from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.window import format_instant
 from tests.support import dags
 from tests.support.dags import task_states
+
+if TYPE_CHECKING:
+    from airflow.models.dagrun import DagRun
 
 set_cursor = partial(dags.set_cursor, "dagmuseum")  # partner_env, repo: tests/dags/conftest.py
 get_cursor = partial(dags.get_cursor, "dagmuseum")
@@ -39,14 +43,14 @@ def cursor_outcome(run_id: str) -> dict:
     return json.loads(value) if isinstance(value, str) else value
 
 
-def run_with_a_concurrent_cursor_write(monkeypatch: pytest.MonkeyPatch, written: dict):
+def run_with_a_concurrent_cursor_write(monkeypatch: pytest.MonkeyPatch, written: dict[str, Any]) -> DagRun:
     """dag.test() a run that has frozen its window; while it applies, another run of the
     partner finishes and writes ``written`` to the cursor Variable."""
     from partner_harvest import pipeline
 
     real_apply = pipeline.apply_changes
 
-    def other_run_finishes_first(*args, **kwargs):
+    def other_run_finishes_first(*args: Any, **kwargs: Any) -> Any:
         set_cursor(written)
         return real_apply(*args, **kwargs)
 

@@ -37,4 +37,4 @@ def test_dags_test_of_a_dag_with_a_deadline_exits_0_and_the_run_succeeds(registr
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     with create_session() as session:
         newest = session.query(DagRun).filter(DagRun.dag_id == "harvest_clidemo").order_by(DagRun.id.desc()).first()
-        assert str(getattr(newest.state, "value", newest.state)) == "success"
+        assert newest is not None and str(getattr(newest.state, "value", newest.state)) == "success"

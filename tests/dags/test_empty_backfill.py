@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -22,6 +23,10 @@ from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.db import scalar
 from tests.support.dags import dag_test_as
+
+if TYPE_CHECKING:
+    from airflow.models.dagrun import DagRun
+    from airflow.sdk import DAG
 
 pytestmark = pytest.mark.airflow
 PARTNER = "backfilled"
@@ -45,13 +50,13 @@ def museum(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, agg
     Variable.delete(f"harvest_cursor__{PARTNER}")
 
 
-def build_dag():
+def build_dag() -> DAG:
     from partner_harvest.airflow.dag_factory import build_harvest_dag
 
     return build_harvest_dag(get_partner(PARTNER))
 
 
-def states(run) -> dict[str, str]:
+def states(run: DagRun) -> dict[str, str]:
     return {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -15,6 +16,9 @@ from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from tests.support import dags
 from tests.support.db import held as support_held
 from tests.support.webhook import Sink, WebhookSink
+
+if TYPE_CHECKING:
+    from airflow.models.dagrun import DagRun
 
 pytestmark = pytest.mark.airflow
 PARTNER = "firstmuseum"
@@ -47,7 +51,7 @@ states = dags.task_states
 held = partial(support_held, partner_id=PARTNER)
 
 
-def succeeded(run) -> bool:
+def succeeded(run: DagRun) -> bool:
     return str(getattr(run.state, "value", run.state)) == "success"
 
 
@@ -100,10 +104,10 @@ def test_params_say_a_backfill_ignores_them() -> None:
     from partner_harvest.airflow.dag_factory import RUN_PARAMS
 
     mode = RUN_PARAMS["mode"]
-    assert "backfill ignores" in mode.schema["title"] and "A backfill ignores Mode" in mode.description
+    assert "backfill ignores" in mode.schema["title"] and "A backfill ignores Mode" in (mode.description or "")
     for name in ("from", "until"):
         assert "mode=window only" in RUN_PARAMS[name].schema["title"]
-        assert "ignored by backfills" in RUN_PARAMS[name].description
+        assert "ignored by backfills" in (RUN_PARAMS[name].description or "")
 
 
 def test_dag_and_task_docs(registry: Callable[[str], Path]) -> None:
@@ -113,14 +117,14 @@ def test_dag_and_task_docs(registry: Callable[[str], Path]) -> None:
              "  - {id: library, protocol: sierra, conn_id: d, lag: 90m, run_deadline: 1d}\n")
     dags = {d.dag_id: d for kind in ("harvest", "reconcile") for d in build_dags(kind)}
     museum, library = dags["harvest_museum"], dags["harvest_library"]
-    assert "lag 10m," in museum.doc_md and "0:10:00" not in museum.doc_md
-    assert "nightly runs due by 06:00 UTC" in museum.doc_md and "due by" not in library.doc_md
-    assert "lag 1h 30m," in library.doc_md and "run deadline 1d after" in library.doc_md
-    assert "poll_deletions" not in museum.doc_md and "poll_deletions" in library.doc_md
+    assert "lag 10m," in (museum.doc_md or "") and "0:10:00" not in (museum.doc_md or "")
+    assert "nightly runs due by 06:00 UTC" in (museum.doc_md or "") and "due by" not in (library.doc_md or "")
+    assert "lag 1h 30m," in (library.doc_md or "") and "run deadline 1d after" in (library.doc_md or "")
+    assert "poll_deletions" not in (museum.doc_md or "") and "poll_deletions" in (library.doc_md or "")
     for dag in (museum, library):
-        assert "`check_quality`" in dag.doc_md and "**Params**" in dag.doc_md
-        assert "**When a task fails**" in dag.doc_md and "clear the failed task" in dag.doc_md
+        assert "`check_quality`" in (dag.doc_md or "") and "**Params**" in (dag.doc_md or "")
+        assert "**When a task fails**" in (dag.doc_md or "") and "clear the failed task" in (dag.doc_md or "")
         for task in dag.tasks:
             assert task.doc_md and len(task.doc_md) > 80, task.task_id
             assert "**Fails:**" in task.doc_md, task.task_id
-    assert "**Fails:**" in dags["reconcile_museum"].get_task("reconcile").doc_md
+    assert "**Fails:**" in (dags["reconcile_museum"].get_task("reconcile").doc_md or "")

@@ -11,7 +11,7 @@ import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.store import connect
-from partner_harvest.store.db import scalar
+from partner_harvest.store.db import one, scalar
 from tests.support import dags
 from tests.support.dags import task_states
 from tests.support.db import held as support_held
@@ -80,8 +80,8 @@ def test_failed_apply_keeps_the_cursor_and_a_rerun_completes(partner_env: OaiSim
     assert get_cursor() == before_cursor
     assert held(db) == before  # nothing half-applied (I4)
     with psycopg.connect(db, autocommit=True) as conn:
-        status, error = conn.execute(
-            "SELECT status, error FROM harvest_runs WHERE run_id = %s", (f"{failed.dag_id}/{failed.run_id}",)).fetchone()
+        status, error = one(conn.execute(
+            "SELECT status, error FROM harvest_runs WHERE run_id = %s", (f"{failed.dag_id}/{failed.run_id}",)))
         assert status == "failed" and "simulated failure during apply" in error
         conn.execute("DROP TRIGGER boom ON deletions")
     rerun = dag.test()
@@ -118,7 +118,7 @@ def test_non_retryable_errors_fail_at_once() -> None:
     from partner_harvest.reconcile import MassPurgeRefused
     from partner_harvest.registry import RegistryError
 
-    def raising(exc):
+    def raising(exc: Exception) -> Callable[[], object]:
         return _fail_fast(lambda: (_ for _ in ()).throw(exc))
 
     for error in (ConfigurationError("p", "POST /token", "bad credentials"),
@@ -131,7 +131,8 @@ def test_non_retryable_errors_fail_at_once() -> None:
 
 
 def test_a_long_retry_after_reschedules_the_harvest_which_then_lands_the_window(
-        partner_env: OaiSimulator, repo: SimulatedRepository, db: str, registry: Callable[[str], Path], after_task) -> None:
+        partner_env: OaiSimulator, repo: SimulatedRepository, db: str, registry: Callable[[str], Path],
+        after_task: Callable[[str, Callable[[], object]], None]) -> None:
     """For OAI-PMH, through Airflow: a 503 asking for 3 s, longer than
     options.http.max_wait_in_task (1 s here), ends the harvest's try at once
     (UP_FOR_RESCHEDULE, no retry used, the worker slot free); dag.test() runs it again after

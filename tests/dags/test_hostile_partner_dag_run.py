@@ -12,6 +12,7 @@ import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.registry import get_partner
+from partner_harvest.store.db import one
 
 pytestmark = pytest.mark.airflow
 
@@ -44,9 +45,9 @@ def test_a_slow_drip_fails_the_task_at_the_deadline_and_frees_the_partner(drippi
     assert [r["verb"] for r in dripping_partner.requests].count("ListRecords") == 1  # no urllib3 retry
     with psycopg.connect(db) as conn:
         leases = conn.execute("SELECT holder FROM partner_leases WHERE partner_id = 'dripmuseum'").fetchall()
-        status, error = conn.execute(
+        status, error = one(conn.execute(
             "SELECT status, error FROM harvest_runs WHERE partner_id = 'dripmuseum' AND run_id = %s",
-            (f"{run.dag_id}/{run.run_id}",)).fetchone()
+            (f"{run.dag_id}/{run.run_id}",)))
     assert leases == []  # released when the task failed: a reconcile is not kept waiting
     assert status == "failed"
     assert "request deadline of 1 s" in error and "verb=ListRecords" in error

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -18,6 +19,9 @@ from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
 from tests.support import dags
+
+if TYPE_CHECKING:
+    from airflow.models.dagrun import DagRun
 
 pytestmark = pytest.mark.airflow
 PARTNER = "dagrijks"
@@ -63,7 +67,7 @@ def held(db: str) -> set[str]:
         return live_identifiers(conn, PARTNER)
 
 
-def succeeded(run) -> bool:
+def succeeded(run: DagRun) -> bool:
     """The run succeeded: every task did, or was skipped (the reconcile's apply when it applied itself)."""
     return str(run.state).endswith("success") and set(states(run).values()) <= {"success", "skipped"}
 

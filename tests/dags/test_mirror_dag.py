@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -20,9 +21,12 @@ from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
-from partner_harvest.store.db import scalar
+from partner_harvest.store.db import one, scalar
 from tests.support.dags import task_states
 from tests.support.webhook import WebhookSink
+
+if TYPE_CHECKING:
+    from airflow.sdk import DAG
 
 pytestmark = pytest.mark.airflow
 PID = "mirrormuseum"
@@ -53,7 +57,7 @@ def env(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggreg
         Variable.delete(CURSOR)
 
 
-def harvest_dag():
+def harvest_dag() -> DAG:
     from partner_harvest.airflow.dag_factory import build_harvest_dag
 
     dag = build_harvest_dag(get_partner(PID))
@@ -62,7 +66,7 @@ def harvest_dag():
     return dag
 
 
-def reconcile_dag():
+def reconcile_dag() -> DAG:
     from partner_harvest.airflow.dag_factory import build_reconcile_dag
 
     dag = build_reconcile_dag(get_partner(PID))
@@ -74,7 +78,7 @@ def reconcile_dag():
 states = task_states
 
 
-def cursor() -> dict | None:
+def cursor() -> Any:  # the cursor Variable's JSON, or None
     from airflow.models import Variable
 
     return Variable.get(CURSOR, default_var=None, deserialize_json=True)
@@ -88,15 +92,16 @@ def crash_postgres(label: str, conninfo: str) -> None:
 
 @pytest.mark.skipif(bool(os.environ.get(embedded_pg.DATABASE_URL_ENV)), reason="needs the embedded server to crash it")
 def test_staging_lost_to_a_crash_between_harvest_and_apply_is_harvested_again(env: OaiSimulator, repo: SimulatedRepository, db: str,
-                                                                              after_task, pg_label: str) -> None:
+                                                                              after_task: Callable[[str, Callable[[], object]], None],
+                                                                              pg_label: str) -> None:
     after_task("harvest_changes", lambda: crash_postgres(pg_label, db))
     run = harvest_dag().test()
     assert set(states(run).values()) == {"success"}, states(run)
     with connect(db) as conn:
         ensure_schema(conn)
         assert live_identifiers(conn, PID) == repo.live_identifiers()
-        row = conn.execute("SELECT status, fetched, upserted, unchanged, purged, quarantined, attempts FROM harvest_runs"
-                           " WHERE partner_id = %s", (PID,)).fetchone()
+        row = one(conn.execute("SELECT status, fetched, upserted, unchanged, purged, quarantined, attempts"
+                               " FROM harvest_runs WHERE partner_id = %s", (PID,)))
     status, fetched, upserted, unchanged, purged, quarantined, attempts = row
     assert status == "applied" and attempts == 2  # harvested, lost, harvested again
     assert upserted + unchanged + purged + quarantined == fetched == len(repo.live_identifiers()) + len(repo.deleted_identifiers())
@@ -153,9 +158,9 @@ def test_a_reconcile_sharing_the_harvest_run_id_neither_takes_its_lease_nor_its_
     assert states(reconciled) == {"reconcile": "success", "approval_gate": "success", "apply_reconcile": "skipped"}
     with connect(db) as conn:
         ensure_schema(conn)
-        rows = dict(conn.execute("SELECT run_id || ' ' || channel, status FROM harvest_runs WHERE partner_id = %s",
+        rows: dict[str, str] = dict(conn.execute("SELECT run_id || ' ' || channel, status FROM harvest_runs WHERE partner_id = %s",
                                  (PID,)).fetchall())
-        staged = dict(conn.execute("SELECT run_id, count(*) FROM staging WHERE partner_id = %s GROUP BY run_id",
+        staged: dict[str, int] = dict(conn.execute("SELECT run_id, count(*) FROM staging WHERE partner_id = %s GROUP BY run_id",
                                    (PID,)).fetchall())
     key = f"harvest_{PID}/{harvested.run_id}"
     assert rows[f"{key} changes"] == "harvested"  # still waiting for its own apply

@@ -9,14 +9,19 @@ the request count.
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.store import connect
+from partner_harvest.store.db import one
 from tests.support import dags
 from tests.support.dags import task_states
 from tests.support.db import held as support_held
+
+if TYPE_CHECKING:
+    from airflow.models.dagrun import DagRun
 
 pytestmark = pytest.mark.airflow
 PARTNER = "dagmuseum"  # tests/dags/conftest.py (partner_env): metadata_prefix auto
@@ -24,14 +29,14 @@ get_cursor = partial(dags.get_cursor, PARTNER)
 held = partial(support_held, partner_id=PARTNER)
 
 
-def verbs(sim, since: int) -> list[str]:
+def verbs(sim: OaiSimulator, since: int) -> list[str]:
     return [r.get("verb", "?") for r in sim.requests[since:]]
 
 
-def run_row(db: str, run) -> tuple:
+def run_row(db: str, run: DagRun) -> tuple[Any, ...]:
     with connect(db) as conn:
-        return conn.execute("SELECT status, fetched, pages FROM harvest_runs WHERE partner_id = %s AND run_id = %s"
-                            " AND channel = 'changes'", (PARTNER, f"{run.dag_id}/{run.run_id}")).fetchone()
+        return one(conn.execute("SELECT status, fetched, pages FROM harvest_runs WHERE partner_id = %s AND run_id = %s"
+                            " AND channel = 'changes'", (PARTNER, f"{run.dag_id}/{run.run_id}")))
 
 
 def asset_event_sources() -> list[str]:

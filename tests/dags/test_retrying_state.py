@@ -20,12 +20,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.registry import get_partner
+
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 PARTNER = "retrier"
@@ -59,7 +62,7 @@ def status_lines() -> list[str]:
     return done.stdout.splitlines()
 
 
-def page_row(client) -> str:
+def page_row(client: TestClient) -> str:
     page = client.get("/").text
     return page[page.index(f'<tr data-partner="{PARTNER}"'):].split("</tr>")[0]
 
@@ -68,7 +71,7 @@ class Observer(threading.Thread):
     """While ``dag.test()`` runs in the main thread: wait for the real up_for_retry, bring the
     partner back, then read the page and `status` before the retry is due."""
 
-    def __init__(self, client, partner_url: str) -> None:
+    def __init__(self, client: TestClient, partner_url: str) -> None:
         super().__init__(daemon=True)
         self.client, self.partner_url = client, partner_url
         self.seen: dict[str, Any] = {}

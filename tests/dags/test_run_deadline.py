@@ -46,13 +46,15 @@ def test_every_partner_dag_carries_the_run_deadline(registry: Callable[[str], Pa
              "  - {id: usual, protocol: oai-pmh, conn_id: c}\n")
     dags = {d.dag_id: d for kind in ("harvest", "reconcile") for d in build_dags(kind)}
     for dag_id, hours in (("harvest_slow", 3), ("reconcile_slow", 3), ("harvest_usual", 20)):
-        (alert,) = dags[dag_id].deadline
+        deadline = dags[dag_id].deadline
+        assert isinstance(deadline, list)
+        (alert,) = deadline
         assert alert.interval == timedelta(hours=hours)
         assert type(alert.reference).__name__ == "DagRunQueuedAtDeadline"
         assert alert.callback.path == "partner_harvest.airflow.notifiers.run_overdue_alert"
 
 
-def test_missing_pool_run_alerts_when_its_deadline_passes(registry: Callable[[str], Path], sink: Sink, airflow_db: None) -> None:
+def test_missing_pool_run_alerts_when_its_deadline_passes(registry: Callable[[str], Path], sink: WebhookSink, airflow_db: None) -> None:
     import structlog
     from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
     from airflow.models import DagRun, Deadline
@@ -78,13 +80,14 @@ def test_missing_pool_run_alerts_when_its_deadline_passes(registry: Callable[[st
     run_id = f"manual__deadline_{utcnow().timestamp():.0f}"
     with create_session() as session:
         dag = SerializedDagModel.get_dag("harvest_poolless", session=session)
+        assert dag is not None
         now = utcnow()
         run = dag.create_dagrun(run_id=run_id, logical_date=now, data_interval=(now, now), run_after=now,
                                 run_type=DagRunType.MANUAL, triggered_by=DagRunTriggeredByType.TEST,
                                 state=DagRunState.QUEUED, session=session)
         session.flush()
         (deadline,) = session.query(Deadline).filter(Deadline.dagrun_id == run.id).all()
-        assert deadline.deadline_time == run.queued_at + timedelta(hours=2)
+        assert run.queued_at is not None and deadline.deadline_time == run.queued_at + timedelta(hours=2)
         # Two hours later, nothing has run (no pool); what the scheduler loop does then:
         deadline.deadline_time = utcnow() - timedelta(seconds=1)
         session.flush()
@@ -93,9 +96,9 @@ def test_missing_pool_run_alerts_when_its_deadline_passes(registry: Callable[[st
             missed.handle_miss(session)
         session.flush()
         callback = session.get(Callback, deadline.callback_id)
-        assert callback.state == CallbackState.PENDING
+        assert callback is not None and callback.state == CallbackState.PENDING
         data = dict(callback.data)
-        assert session.get(DagRun, run.id).state == DagRunState.QUEUED
+        assert getattr(session.get(DagRun, run.id), "state", None) == DagRunState.QUEUED
 
     # What the executor's callback runner does with it.
     ok, error = execute_callback(data["path"], data["kwargs"], Path("partner_harvest.py"), ROOT / "dags",

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,7 +54,7 @@ def sierra_env(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch,
             Variable.delete(key)
 
 
-def variable(key: str):
+def variable(key: str) -> Any:
     from airflow.models import Variable
 
     return Variable.get(key, default_var=None, deserialize_json=True)
@@ -107,7 +108,7 @@ def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env: Si
     with connect(db) as conn:
         ensure_schema(conn)
         assert live_identifiers(conn, "daglibrary") == catalogue.live_ids()
-        channels = dict(conn.execute(
+        channels: dict[str, Any] = dict(conn.execute(
             "SELECT channel, purged FROM harvest_runs WHERE partner_id = 'daglibrary' AND run_id = %s",
             (f"{second.dag_id}/{second.run_id}",)).fetchall())
     assert channels == {"changes": 0, "deletions": len(deleted)}
@@ -136,7 +137,7 @@ def test_bibs_holding_a_nul_character_are_quarantined_and_the_run_completes(sier
     with connect(db) as conn:
         ensure_schema(conn)
         assert live_identifiers(conn, "daglibrary") == catalogue.live_ids() - poisoned
-        held = dict(conn.execute("SELECT identifier, reason FROM quarantine WHERE partner_id = 'daglibrary'").fetchall())
+        held: dict[str, str] = dict(conn.execute("SELECT identifier, reason FROM quarantine WHERE partner_id = 'daglibrary'").fetchall())
     assert set(held) == poisoned
     assert all("NUL" in reason or "XML compatible" in reason for reason in held.values()), held
     assert variable(CURSOR)["until"] == catalogue.clock.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -165,7 +166,7 @@ def test_a_rate_limit_reschedules_harvest_changes_which_then_resumes_at_the_stop
     first_try = reschedules[0]
     assert (first_try.end_date - first_try.start_date).total_seconds() < wait / 2  # it did not sleep the wait
     assert (first_try.reschedule_date - first_try.end_date).total_seconds() >= wait - 1
-    assert ti.start_date >= first_try.reschedule_date  # the second try ran after the partner's wait
+    assert ti.start_date is not None and ti.start_date >= first_try.reschedule_date  # the second try ran after the wait
     exports = [r for r in sierra_env.requests if r["path"].endswith("/bibs/marc")]
     assert [r["status"] for r in exports].count(429) == 1
     served = [r["query"]["id"] for r in exports if r["status"] == 200]

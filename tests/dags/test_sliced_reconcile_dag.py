@@ -11,20 +11,26 @@ import json
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from airflow.sdk.definitions.mappedoperator import MappedOperator
 
+from include.simulators.loopback import Response
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.registry import get_partner
 from partner_harvest.run import run_partner
 from partner_harvest.store import connect, ensure_schema
-from partner_harvest.store.db import scalar
+from partner_harvest.store.db import one, scalar
 from tests.support.dags import get_cursor, set_cursor, task_states
 from tests.support.db import held
 from tests.support.hitl import Responder
 from tests.support.statsd import StatsdListener, parse, stats_sent_to
 from tests.support.webhook import WebhookSink
+
+if TYPE_CHECKING:
+    from airflow.sdk import DAG
 
 pytestmark = pytest.mark.airflow
 
@@ -56,7 +62,7 @@ def test_a_small_partners_reconcile_stays_one_task(museum: tuple[OaiSimulator, S
     assert [t.task_id for t in big.tasks] == ["plan_sweep", "sweep_ids", "reconcile", "approval_gate",
                                               "apply_reconcile"]
     assert big.get_task("apply_reconcile").upstream_task_ids == {"reconcile", "approval_gate"}
-    assert "every slice of `sweep_ids`" in big.get_task("reconcile").doc_md  # the settle's own doc
+    assert "every slice of `sweep_ids`" in (big.get_task("reconcile").doc_md or "")  # the settle's own doc
 
 
 @pytest.mark.slow  # a dag.test() of 6 tasks, 800 records
@@ -70,7 +76,7 @@ def test_a_sliced_reconcile_retries_only_the_slice_that_failed_and_converges(mus
     vanished, added = set(repo.delete(12)), set(repo.add(5))
     original, lists = sim.handle_oai, {"n": 0, "sweeping": False}
 
-    def fail_once(pairs):  # a list page inside a slice's sweep (not the plan's probes) answers 503 once
+    def fail_once(pairs: list[tuple[str, str]]) -> Response:  # a list page inside a slice's sweep (not the plan's probes) answers 503 once
         if (lists["sweeping"] and any(k == "verb" and v == "ListIdentifiers" for k, v in pairs)
                 and any(k == "resumptionToken" for k, _ in pairs)):
             lists["n"] += 1
@@ -78,13 +84,13 @@ def test_a_sliced_reconcile_retries_only_the_slice_that_failed_and_converges(mus
                 sim.fail_next(1, status=503)
         return original(pairs)
 
-    sim.handle_oai = fail_once
+    monkeypatch.setattr(sim, "handle_oai", fail_once)
     from partner_harvest.airflow import tasks as task_bodies
     from partner_harvest.airflow.dag_factory import build_reconcile_dag
 
     sweep_slice = task_bodies.sweep_reconcile_slice
 
-    def sweeping(*args, **kwargs):  # the plan's probes are done once the first slice starts
+    def sweeping(*args: Any, **kwargs: Any) -> Any:  # the plan's probes are done once the first slice starts
         lists["sweeping"] = True
         return sweep_slice(*args, **kwargs)
 
@@ -94,6 +100,7 @@ def test_a_sliced_reconcile_retries_only_the_slice_that_failed_and_converges(mus
     for task in dag.tasks:
         task.retries = 0
     mapped = dag.get_task("sweep_ids")
+    assert isinstance(mapped, MappedOperator)
     mapped.partial_kwargs.update(retries=1, retry_delay=timedelta(0), retry_exponential_backoff=0)
     run = dag.test()
     tis = sorted((ti.task_id, ti.map_index, str(getattr(ti.state, "value", ti.state)), ti.try_number)
@@ -141,7 +148,7 @@ def gated(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggr
     set_cursor("gatedmuseum", None)
 
 
-def _reconcile_dag():
+def _reconcile_dag() -> DAG:
     from partner_harvest.airflow.dag_factory import build_reconcile_dag
 
     dag = build_reconcile_dag(get_partner("gatedmuseum"))
@@ -198,7 +205,7 @@ def test_a_rejected_sliced_reconcile_leaves_mirror_and_cursor_untouched(gated: t
     assert held(aggregation_conn, "gatedmuseum") == before and get_cursor("gatedmuseum") == CURSOR
     with connect(aggregation_conn) as conn:
         assert conn.execute("SELECT state, decided_by FROM approval_requests").fetchall() == [("rejected", "grace")]
-        status, error = conn.execute("SELECT status, error FROM harvest_runs WHERE run_id LIKE 'reconcile_%'").fetchone()
+        status, error = one(conn.execute("SELECT status, error FROM harvest_runs WHERE run_id LIKE 'reconcile_%'"))
         assert status == "abandoned" and "rejected at the approval gate by grace" in error
         for table in ("staging", "reconcile_slices", "reconcile_ids", "deletions"):
             assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,), table

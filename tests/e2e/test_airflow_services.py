@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from tests.support.smtp_sink import ReceivedMail
 
 # The stack starts in the first test's setup and runs wait up to 180 s each: above pytest.ini's 120 s.
+from partner_harvest.store.db import one
 from tests.support.db import held as held_in
 
 pytestmark = pytest.mark.e2e
@@ -189,10 +190,10 @@ def test_clearing_a_task_reruns_it_with_the_same_frozen_window(airflow_stack: Ai
 
     def audit() -> tuple:
         with connect(stack.aggregation_db) as conn:
-            return conn.execute(
+            return one(conn.execute(
                 "SELECT window_from, window_until, attempts, fetched FROM harvest_runs"
                 " WHERE partner_id = %s AND run_id = %s AND channel = 'changes'",
-                (stack.museum, f"{dag_id}/{run_id}")).fetchone()
+                (stack.museum, f"{dag_id}/{run_id}")))
 
     window_from, window_until, attempts, fetched = audit()
     stack.repo.advance_clock(3600)  # the partner's clock moves on; the frozen window must not
@@ -291,7 +292,7 @@ def test_a_run_whose_pool_is_missing_alerts_at_its_deadline(airflow_stack: Airfl
     assert stack.http.get(f"{stack.base_url}/api/v2/pools/partner_{POOLLESS}", timeout=30).status_code == 404
     run = poolless_run["run"]
 
-    def overdue(mail) -> bool:
+    def overdue(mail: ReceivedMail) -> bool:
         return "not finished" in mail.subject and run["dag_run_id"] in mail.text
 
     mail = stack.sink.wait_for(overdue, timeout=240)

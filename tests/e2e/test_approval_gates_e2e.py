@@ -24,7 +24,7 @@ import requests
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
-from partner_harvest.store.db import scalar
+from partner_harvest.store.db import one, scalar
 from tests.support.approval_partners import ABANDON, OTHER, PARTNERS, PURGE, SHRINK, WAIT
 from tests.support.e2e_stack import AirflowStack
 from tests.support.webhook import WebhookSink
@@ -141,8 +141,8 @@ def held(stack: AirflowStack, partner: str) -> set[str]:
 
 def request_row(stack: AirflowStack, dag_id: str, run_id: str) -> tuple:
     with connect(stack.aggregation_db) as conn:
-        return conn.execute("SELECT state, decided_by, held, removals, absent FROM approval_requests "
-                            "WHERE run_id = %s", (f"{dag_id}/{run_id}",)).fetchone()
+        return one(conn.execute("SELECT state, decided_by, held, removals, absent FROM approval_requests "
+                            "WHERE run_id = %s", (f"{dag_id}/{run_id}",)))
 
 
 def run_statuses(stack: AirflowStack, dag_id: str, run_id: str) -> set[str]:

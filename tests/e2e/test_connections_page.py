@@ -73,14 +73,14 @@ def test_airflow_lists_the_provider(api_server: AirflowServices) -> None:
     assert "partner connection types" in listed["partner-harvest"]["description"]
 
 
-def _choose_type(page, label: str) -> None:
+def _choose_type(page: Any, label: str) -> None:  # a playwright Page
     """The Connection Type select (a searchable combobox): type its name, pick the option."""
     page.get_by_role("combobox").first.click()
     page.keyboard.type(label)
     page.get_by_role("option", name=label, exact=True).click()
 
 
-def _visible_labels(page) -> set[str]:
+def _visible_labels(page: Any) -> set[str]:
     return {t.replace("*", "").strip() for t in page.locator("label:visible").all_inner_texts() if t.strip()}
 
 

@@ -15,6 +15,7 @@ import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -47,15 +48,15 @@ def served(conn: psycopg.Connection, db: str, tmp_path: Path, monkeypatch: pytes
     health_app._index_cache.clear()
 
 
-def _ids(page) -> list[str]:
+def _ids(page: Any) -> list[str]:
     return page.eval_on_selector_all("#partners tbody tr", "rows => rows.map(r => r.dataset.partner)")
 
 
-def _states(page) -> set[str]:
+def _states(page: Any) -> set[str]:
     return set(page.eval_on_selector_all("#partners tbody tr", "rows => rows.map(r => r.dataset.state)"))
 
 
-def _pager(page) -> str:
+def _pager(page: Any) -> str:
     return " ".join(page.inner_text("#pager-top").split())
 
 

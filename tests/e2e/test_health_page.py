@@ -93,7 +93,7 @@ def test_health_page_shows_healthy_failing_and_behind_partners_and_a_partner_cha
     page.wait_for_selector("table#partners")
     page.screenshot(path=str(shots / "health.png"), full_page=True)
 
-    def row(partner_id: str):
+    def row(partner_id: str) -> Any:  # a playwright Locator
         return page.locator(f'tr[data-partner="{partner_id}"]')
 
     states = {p: row(p).get_attribute("data-state") for p in (stack.museum, stack.broken, stack.lagging)}

@@ -59,6 +59,7 @@ def export_records(*relatives: str) -> list[ExportRecord]:
             raw, data = data[:length], data[length:]
             record = next(iter(pymarc.MARCReader(raw, to_unicode=True, force_utf8=True)))
             match = next(_ID_907.match(v.strip()) for f in record.get_fields("907") for v in f.get_subfields("a"))
+            assert match is not None, record
             out.append(ExportRecord(int(match.group(1)), raw))
     return sorted(out, key=lambda r: r.bib_id)
 

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import airflow.jobs.scheduler_job_runner as scheduler_job_runner
@@ -46,7 +47,7 @@ def error_of(db: str, statement: str, *, hold_lock: bool) -> OperationalError:
 
 
 @pytest.fixture
-def unpatched(monkeypatch: pytest.MonkeyPatch):
+def unpatched(monkeypatch: pytest.MonkeyPatch) -> Callable[[BaseException], bool]:
     """Airflow's own check, bound where the scheduler reads it; both restored afterwards."""
     original = inspect.unwrap(airflow_sqlalchemy.is_lock_not_available_error)  # installed earlier in this process?
     monkeypatch.setattr(airflow_sqlalchemy, "is_lock_not_available_error", original)
@@ -54,9 +55,9 @@ def unpatched(monkeypatch: pytest.MonkeyPatch):
     return original
 
 
-def test_a_busy_row_lock_is_recognised_under_psycopg3_once_installed(db: str, unpatched) -> None:
+def test_a_busy_row_lock_is_recognised_under_psycopg3_once_installed(db: str, unpatched: Callable[[BaseException], bool]) -> None:
     busy = error_of(db, "SELECT id FROM lock_probe WHERE id = 1 FOR UPDATE NOWAIT", hold_lock=True)
-    assert busy.orig.sqlstate == "55P03"
+    assert getattr(busy.orig, "sqlstate", None) == "55P03"
     assert not unpatched(busy)  # Airflow 3.3.2's own check misses it: the scheduler would exit
     assert compat.recognise_psycopg3_lock_errors() is True
     assert airflow_sqlalchemy.is_lock_not_available_error(busy)
@@ -65,21 +66,23 @@ def test_a_busy_row_lock_is_recognised_under_psycopg3_once_installed(db: str, un
     assert compat.recognise_psycopg3_lock_errors() is True and airflow_sqlalchemy.is_lock_not_available_error is installed
 
 
-def test_a_blocked_import_in_sys_modules_does_not_stop_the_install(unpatched, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_blocked_import_in_sys_modules_does_not_stop_the_install(
+        unpatched: Callable[[BaseException], bool], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "airflow.partner_harvest_blocked", None)  # how an import is blocked
     assert compat.recognise_psycopg3_lock_errors() is True
 
 
-def test_other_operational_errors_are_still_errors(db: str, unpatched) -> None:
+def test_other_operational_errors_are_still_errors(db: str, unpatched: Callable[[BaseException], bool]) -> None:
     compat.recognise_psycopg3_lock_errors()
     cancelled = error_of(db, "SET statement_timeout = 1; SELECT pg_sleep(1)", hold_lock=False)
-    assert cancelled.orig.sqlstate == "57014"  # query_canceled: an OperationalError too
+    assert getattr(cancelled.orig, "sqlstate", None) == "57014"  # query_canceled: an OperationalError too
     assert not airflow_sqlalchemy.is_lock_not_available_error(cancelled)
 
 
-def test_an_airflow_that_reads_sqlstate_itself_is_left_alone(unpatched, monkeypatch: pytest.MonkeyPatch) -> None:
-    def fixed_upstream(error) -> bool:
-        return getattr(error.orig, "sqlstate", None) == "55P03" or unpatched(error)
+def test_an_airflow_that_reads_sqlstate_itself_is_left_alone(
+        unpatched: Callable[[BaseException], bool], monkeypatch: pytest.MonkeyPatch) -> None:
+    def fixed_upstream(error: BaseException) -> bool:
+        return getattr(getattr(error, "orig", None), "sqlstate", None) == "55P03" or unpatched(error)
 
     monkeypatch.setattr(airflow_sqlalchemy, "is_lock_not_available_error", fixed_upstream)
     assert compat.recognise_psycopg3_lock_errors() is False

@@ -12,17 +12,17 @@ from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import gates
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import apply_staged, reconcile
-from partner_harvest.records import Tombstone
+from partner_harvest.records import HarvestItem, Tombstone
 from partner_harvest.run import run_partner
 from partner_harvest.store import apply_run, ensure_schema, fences, leases
 from partner_harvest.store import gates as store_gates
-from partner_harvest.window import Window
+from partner_harvest.window import Window, WindowFacts
 from tests.support.db import held
 from tests.support.partners import oai_partner
 from tests.support.records import T0, WINDOW, live_titles, rec, stage
 
-INCREMENTAL = Window("incremental", T0, T0 + timedelta(days=10), "day", True, {"metadata_prefix": "oai_dc"})
-FULL = Window("full", None, T0 + timedelta(days=10), "day", False, {"metadata_prefix": "oai_dc"})
+INCREMENTAL = Window("incremental", T0, T0 + timedelta(days=10), "day", True, WindowFacts(metadata_prefix="oai_dc"))
+FULL = Window("full", None, T0 + timedelta(days=10), "day", False, WindowFacts(metadata_prefix="oai_dc"))
 
 
 def seed(conn: psycopg.Connection, n: int = 20) -> None:
@@ -36,7 +36,8 @@ def test_shrink_counts_held_records_the_tombstones_purge_and_what_a_full_harvest
     later = T0 + timedelta(days=1)
     # an incremental run: 6 tombstones of held records, one of a record never held, one
     # deletion superseded by a later re-add in the same run, and an edit
-    items = [Tombstone(f"r{i:02d}", later) for i in range(6)] + [Tombstone("never-held", later)]
+    items: list[HarvestItem] = [Tombstone(f"r{i:02d}", later) for i in range(6)]
+    items += [Tombstone("never-held", later)]
     items += [Tombstone("r10", later), rec("r10", later + timedelta(hours=1), "back"), rec("r11", later, "edited")]
     stage(conn, "p", "nightly", items, window=INCREMENTAL)
     shrink = store_gates.measure_shrink(conn, "p", "nightly", whole_collection=False)

@@ -11,16 +11,18 @@ import pytest
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import pipeline
 from partner_harvest.errors import PartnerCapExceeded
-from partner_harvest.store.db import scalar
+from partner_harvest.registry import Partner
+from partner_harvest.store.apply import ApplyResult
+from partner_harvest.store.db import one, scalar
 from tests.support.harness import run_once
 from tests.support.partners import oai_partner
 
 
-def partner(limits: dict | None = None):
+def partner(limits: dict[str, float] | None = None) -> Partner:
     return oai_partner(retries=1, options={"limits": limits} if limits else {})
 
 
-def harvest(sim: OaiSimulator, conn: psycopg.Connection, who, run_id: str = "r1"):
+def harvest(sim: OaiSimulator, conn: psycopg.Connection, who: Partner, run_id: str = "r1") -> ApplyResult:
     return run_once(sim, conn, who, run_id, request=pipeline.RunRequest("full")).applied
 
 
@@ -87,8 +89,8 @@ def test_a_run_cannot_stage_more_than_its_cap(conn: psycopg.Connection) -> None:
             harvest(sim, conn, partner({"max_run_bytes": 150_000}))
         text = one_line(caught.value)
         assert "max_run_bytes = 150000" in text and "staging of changes of run r1" in text, text
-        staged = conn.execute("SELECT count(*), max(staged_bytes) FROM staging s JOIN harvest_runs h"
-                              " USING (partner_id, run_id, channel) WHERE s.run_id = 'r1'").fetchone()
+        staged = one(conn.execute("SELECT count(*), max(staged_bytes) FROM staging s JOIN harvest_runs h"
+                                  " USING (partner_id, run_id, channel) WHERE s.run_id = 'r1'"))
         conn.commit()
         assert staged[0] % 100 == 0 and staged[1] <= 150_000  # whole pages under the cap, none past it
         assert records(conn) == 0

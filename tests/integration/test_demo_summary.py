@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import psycopg
 
@@ -16,8 +17,9 @@ from tests.support.partners import oai_partner
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def demo_module():
+def demo_module() -> ModuleType:
     spec = importlib.util.spec_from_file_location("demo_script", ROOT / "scripts" / "demo.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from partner_harvest.store import RunRef, connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
 from partner_harvest.store.db import scalar
 from partner_harvest.store.leases import HARVEST, LeaseKeeper, release
+from partner_harvest.window import WindowFacts
 from tests.support.harness import run_once
 from tests.support.partners import oai_partner
 
@@ -83,7 +85,7 @@ def lease_lapsed(db: str, holder: str) -> bool:
     return row is None or row[0]
 
 
-def wait_for(condition, timeout: float) -> None:
+def wait_for(condition: Callable[[], object], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -101,6 +103,7 @@ def test_a_reconcile_frozen_past_its_lease_never_purges_what_the_next_harvest_ap
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT)])}
         child = subprocess.Popen([sys.executable, "-c", CHILD, db, sim.base_url, str(TTL), RECONCILER],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))
+        assert child.stdin is not None and child.stdout is not None
         try:
             assert child.stdout.readline().strip() == "verified"
             child.send_signal(signal.SIGSTOP)  # its renewal thread stops too
@@ -181,6 +184,7 @@ def test_a_harvest_frozen_past_its_lease_stops_at_its_next_page(db: str) -> None
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT)])}
         child = subprocess.Popen([sys.executable, "-c", HARVEST_CHILD, db, sim.base_url, str(TTL), holder],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))
+        assert child.stdin is not None and child.stdout is not None
         try:
             assert child.stdout.readline().strip() == "paged"
             child.send_signal(signal.SIGSTOP)
@@ -235,14 +239,14 @@ def test_a_keeper_that_cannot_renew_stops_the_work_at_its_next_page(db: str) -> 
     with keeper, connect(db) as conn:
         fences.bind(conn, keeper.fence)
         run = RunRef("museum", "run-9")
-        window = Window("full", None, datetime(2026, 1, 1, tzinfo=timezone.utc), "seconds", False, {})
+        window = Window("full", None, datetime(2026, 1, 1, tzinfo=timezone.utc), "seconds", False, WindowFacts())
         attempt = begin_run(conn, run, window, "oai_dc")
         writer = StagingWriter(conn, run, attempt=attempt)
         stamp = window.until
         writer.write_page([Record("a", stamp, "oai_dc", "<x/>")])
         with psycopg.connect(db, autocommit=True) as other:
             other.execute("DELETE FROM partner_leases WHERE holder = 'run-9'")
-        assert keeper.fence.lost.wait(5), "the keeper never noticed"
+        assert keeper.fence is not None and keeper.fence.lost.wait(5), "the keeper never noticed"
         with pytest.raises(fences.LeaseLost, match="museum"):
             writer.write_page([Record("b", stamp, "oai_dc", "<y/>")])
         assert scalar(conn.execute("SELECT count(*) FROM staging WHERE run_id = 'run-9'")) == 1

@@ -15,7 +15,7 @@ from partner_harvest.registry import Partner
 from partner_harvest.run import run_partner
 from partner_harvest.store import RunRef, apply_run, begin_run, fail_run
 from partner_harvest.store.admin import forget_partner
-from partner_harvest.store.db import scalar
+from partner_harvest.store.db import one, scalar
 from partner_harvest.store.health import (
     BEHIND,
     FAILING,
@@ -26,7 +26,8 @@ from partner_harvest.store.health import (
     quarantine_today,
     recent_runs,
 )
-from partner_harvest.window import Window
+from partner_harvest.window import Window, WindowFacts
+from tests.support.checks import present
 from tests.support.partners import oai_partner, partner_from_entry
 from tests.support.records import seed_sliced_run
 from tests.support.records import stage as support_stage
@@ -34,11 +35,11 @@ from tests.support.records import stage as support_stage
 
 def counter_and_count(conn: psycopg.Connection, partner_id: str) -> tuple[int, int]:
     """(records_held, count(*) of records); also checks the quarantined_now counter."""
-    row = conn.execute(
+    row = one(conn.execute(
         "SELECT (SELECT records_held FROM partner_stats WHERE partner_id = %(p)s),"
         " (SELECT count(*) FROM records WHERE partner_id = %(p)s),"
         " (SELECT quarantined_now FROM partner_stats WHERE partner_id = %(p)s),"
-        " (SELECT count(*) FROM quarantine_current WHERE partner_id = %(p)s)", {"p": partner_id}).fetchone()
+        " (SELECT count(*) FROM quarantine_current WHERE partner_id = %(p)s)", {"p": partner_id}))
     conn.commit()
     assert row[2] == row[3], f"quarantined_now {row[2]} but quarantine_current holds {row[3]}"
     return row[:2]
@@ -103,7 +104,7 @@ def test_migration_fills_the_counter_from_existing_records(conn: psycopg.Connect
 # ---------------------------------------------------------------------- health
 def now_of(conn: psycopg.Connection) -> datetime:
     """The database's clock: started_at and quarantined_at come from it."""
-    (now,) = conn.execute("SELECT now()").fetchone()
+    (now,) = one(conn.execute("SELECT now()"))
     conn.commit()
     return now
 
@@ -115,7 +116,7 @@ def rec(ident: str, at: datetime | None = None, title: str = "t") -> Record:
 
 def stage(conn: psycopg.Connection, partner: str, run_id: str, items: list, *, until: datetime,
           channel: str = "changes", mode: str = "incremental") -> None:
-    window = Window(mode, None, until, "seconds", True, {"metadata_prefix": "oai_dc"})
+    window = Window(mode, None, until, "seconds", True, WindowFacts(metadata_prefix="oai_dc"))
     support_stage(conn, partner, run_id, items, channel, window)
 
 
@@ -134,7 +135,7 @@ def test_health_tells_healthy_failing_behind_warning_and_new_partners_apart(conn
     stage(conn, "bad", "harvest_bad/scheduled__1", [rec("b1")], until=now - timedelta(hours=30))
     apply_run(conn, "bad", "harvest_bad/scheduled__1")
     begin_run(conn, RunRef("bad", "harvest_bad/manual__2"),
-              Window("incremental", None, now, "seconds", True, {}), "oai_dc")
+              Window("incremental", None, now, "seconds", True, WindowFacts()), "oai_dc")
     fail_run(conn, RunRef("bad", "harvest_bad/manual__2"), "connection refused by 127.0.0.1:9")
     # behind: its newest run succeeded, but its window stops five days ago
     stage(conn, "slow", "harvest_slow/scheduled__1", [rec("s1"), rec("s2")], until=now - timedelta(days=5))
@@ -149,16 +150,16 @@ def test_health_tells_healthy_failing_behind_warning_and_new_partners_apart(conn
     good = health["good"]
     assert good.state == HEALTHY and good.alerts == ()
     assert good.records_held == 30 and good.quarantined_now == 0
-    assert good.last_run == good.last_success and good.last_run.status == "applied"
-    assert (good.last_run.dag_id, good.last_run.dag_run_id) == ("harvest_good", "scheduled__1")
-    assert (good.last_success.upserted, good.last_success.purged, good.last_success.quarantined) == (30, 0, 0)
+    assert good.last_run == good.last_success and present(good.last_run).status == "applied"
+    assert (present(good.last_run).dag_id, present(good.last_run).dag_run_id) == ("harvest_good", "scheduled__1")
+    assert (present(good.last_success).upserted, present(good.last_success).purged, present(good.last_success).quarantined) == (30, 0, 0)
     assert good.cursor_lag == timedelta(hours=1)
-    assert good.last_reconcile.run_id == "reconcile_good/scheduled__1" and good.last_reconcile.status == "applied"
+    assert present(good.last_reconcile).run_id == "reconcile_good/scheduled__1" and present(good.last_reconcile).status == "applied"
 
     bad = health["bad"]
     assert bad.state == FAILING
-    assert bad.last_run.status == "failed" and "connection refused" in bad.last_run.error
-    assert bad.last_success.run_id == "harvest_bad/scheduled__1" and bad.records_held == 1
+    assert present(bad.last_run).status == "failed" and "connection refused" in (present(bad.last_run).error or "")
+    assert present(bad.last_success).run_id == "harvest_bad/scheduled__1" and bad.records_held == 1
 
     slow = health["slow"]
     assert slow.state == BEHIND and slow.cursor_lag == timedelta(days=5) > slow.behind_after
@@ -215,11 +216,11 @@ def test_a_run_the_scheduler_saw_fail_before_any_audit_row_makes_the_partner_fai
     later = now_of(conn)
     down = SchedulerRun("harvest_p", "manual__2", "failed", later, later)
     (health,) = partner_health(conn, partners("p"), later, {"p": down})
-    assert health.state == FAILING and health.last_run.run_id == "harvest_p/manual__2"
-    assert health.last_success.run_id == "harvest_p/scheduled__1"
+    assert health.state == FAILING and present(health.last_run).run_id == "harvest_p/manual__2"
+    assert present(health.last_success).run_id == "harvest_p/scheduled__1"
     older = SchedulerRun("harvest_p", "manual__0", "failed", now - timedelta(days=3), now - timedelta(days=3))
     (health,) = partner_health(conn, partners("p"), now, {"p": older})
-    assert health.state == HEALTHY and health.last_run.run_id == "harvest_p/scheduled__1"
+    assert health.state == HEALTHY and present(health.last_run).run_id == "harvest_p/scheduled__1"
 
 
 def test_the_health_pages_refuse_a_request_without_airflow_login() -> None:

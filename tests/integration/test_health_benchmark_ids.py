@@ -11,13 +11,14 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import psycopg
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def _benchmark():
+def _benchmark() -> ModuleType:
     sys.path.insert(0, str(BENCHMARKS))
     try:
         spec = importlib.util.spec_from_file_location("health_page_benchmark", BENCHMARKS / "health_page.py")

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import SplitResult
 
 import psycopg
@@ -28,17 +29,19 @@ from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import pipeline
 from partner_harvest.errors import ConfigurationError, PartnerDataError, PartnerHttpError
 from partner_harvest.factory import Endpoint, build_adapter
-from partner_harvest.registry import RegistryError
+from partner_harvest.oai.harvester import OaiAdapter
+from partner_harvest.records import HarvestStats
+from partner_harvest.registry import Partner, RegistryError
 from partner_harvest.store import RunRef
-from partner_harvest.transport import HttpPolicy, Transport, build_session
-from tests.support.partners import fast_http, oai_partner
+from partner_harvest.transport import HttpPolicy, PartnerSession, Transport, build_session
+from tests.support.partners import built, fast_http, oai_partner
 
 
-def partner(**http):
+def partner(**http: Any) -> Partner:
     return oai_partner(conn_id="partner_museum", options={"http": fast_http(**{"retries": 3, **http})})
 
 
-def harvest(base_url: str, conn: psycopg.Connection, p, extra: dict | None = None):
+def harvest(base_url: str, conn: psycopg.Connection, p: Partner, extra: dict[str, Any] | None = None) -> HarvestStats:
     """freeze_window + harvest_window of a full run, as the DAG's tasks do."""
     adapter = build_adapter(p, Endpoint(base_url, extra=extra or {}))
     window = pipeline.freeze_window(adapter, p.lag, None, pipeline.RunRequest("full"))
@@ -59,7 +62,7 @@ def sim() -> Iterator[OaiSimulator]:
 
 
 @pytest.mark.parametrize("kind", ["gzip_bomb", "endless_body"])
-def test_a_body_past_the_cap_fails_naming_partner_request_and_cap(sim: OaiSimulator, conn: psycopg.Connection, kind) -> None:
+def test_a_body_past_the_cap_fails_naming_partner_request_and_cap(sim: OaiSimulator, conn: psycopg.Connection, kind: str) -> None:
     sim.attack_next(kind, size=64 << 20, verb="ListRecords")
     with pytest.raises(PartnerHttpError) as err:
         harvest(sim.base_url, conn, partner(max_response_bytes=1 << 20))
@@ -79,7 +82,7 @@ def test_honest_pages_under_the_cap_still_land(sim: OaiSimulator, conn: psycopg.
 
 
 @pytest.mark.parametrize("headers", [False, True], ids=["body-drips", "headers-drip"])
-def test_a_slow_drip_ends_at_the_deadline_and_is_not_retried_by_urllib3(sim: OaiSimulator, conn: psycopg.Connection, headers) -> None:
+def test_a_slow_drip_ends_at_the_deadline_and_is_not_retried_by_urllib3(sim: OaiSimulator, conn: psycopg.Connection, headers: bool) -> None:
     # One byte every 0.2 s never trips the 30 s read timeout; only the total deadline ends it.
     sim.attack_next("slow_drip", interval=0.2, headers=headers, verb="ListRecords")
     started = time.monotonic()
@@ -108,7 +111,8 @@ def test_waits_between_retries_do_not_count_against_the_deadline(sim: OaiSimulat
     ("wide_xml", 3_000_000, "more than the limit of 2,000,000"),
     ("many_attributes", 1_100_000, "more than the limit of 2,000,000"),
 ])
-def test_pathological_xml_fails_clearly(sim: OaiSimulator, conn: psycopg.Connection, kind, size, cause) -> None:
+def test_pathological_xml_fails_clearly(sim: OaiSimulator, conn: psycopg.Connection, kind: str, size: int,
+                                      cause: str) -> None:
     sim.attack_next(kind, size=size, verb="ListRecords")
     with pytest.raises(PartnerDataError) as err:
         harvest(sim.base_url, conn, partner())
@@ -165,7 +169,8 @@ def authorization(seen: list[dict[str, str]]) -> list[str | None]:
 
 
 @pytest.mark.parametrize("auth", ["basic", "bearer"])
-def test_a_redirect_to_another_origin_never_carries_credentials(partner_and_stranger: tuple[_Recorder, _Recorder], auth) -> None:
+def test_a_redirect_to_another_origin_never_carries_credentials(partner_and_stranger: tuple[_Recorder, _Recorder],
+                                                               auth: str) -> None:
     home, stranger = partner_and_stranger
     home.redirect_to = f"{stranger.base_url}/landing"  # same host, another port: another origin
     session = build_session("museum", home=home.base_url)
@@ -218,7 +223,8 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def _issue(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool = False, ip: str | None = None):
+def _issue(subject: str, key: ec.EllipticCurvePrivateKey, issuer_name: x509.Name, issuer_key: ec.EllipticCurvePrivateKey, *,
+           ca: bool = False, ip: str | None = None) -> x509.Certificate:
     now = dt.datetime.now(dt.timezone.utc)
     builder = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(issuer_name)
                .public_key(key.public_key()).serial_number(x509.random_serial_number())
@@ -230,7 +236,7 @@ def _issue(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool = 
     return builder.sign(issuer_key, hashes.SHA256())
 
 
-def _pem(cert, key=None) -> bytes:
+def _pem(cert: x509.Certificate, key: ec.EllipticCurvePrivateKey | None = None) -> bytes:
     out = cert.public_bytes(serialization.Encoding.PEM)
     if key is not None:
         out += key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -272,7 +278,8 @@ def test_tls_with_the_partners_ca_and_our_client_certificate(tls_sim: OaiSimulat
 
 
 @pytest.mark.parametrize("extra", [{}, {"verify": "ca"}], ids=["system-cas", "no-client-cert"])
-def test_tls_fails_without_the_partners_ca_or_our_certificate(tls_sim: OaiSimulator, conn: psycopg.Connection, pki: Pki, extra) -> None:
+def test_tls_fails_without_the_partners_ca_or_our_certificate(tls_sim: OaiSimulator, conn: psycopg.Connection, pki: Pki,
+                                                              extra: dict[str, str]) -> None:
     if extra:
         extra = {"verify": str(pki.ca)}
     with pytest.raises(PartnerHttpError, match="SSLError|ConnectionError"):
@@ -308,11 +315,11 @@ def test_connection_extras_reach_the_session(monkeypatch: pytest.MonkeyPatch, pk
     }))
     endpoint = partner_endpoint("partner_museum")
     assert "pw@" not in repr(endpoint)
-    session = build_adapter(partner(), endpoint).client.session
+    session = built(OaiAdapter, partner(), endpoint).client.session
     assert session.verify == str(pki.ca)
     assert session.cert == (str(pki.client_pem), str(pki.client_pem))
     assert session.proxies == {"https": "http://user:pw@proxy.example:3128"}
-    assert session.home == ("https", "museum.example", 443)
+    assert isinstance(session, PartnerSession) and session.home == ("https", "museum.example", 443)
 
 
 def test_connection_without_extras_verifies_with_the_system_cas(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -321,7 +328,7 @@ def test_connection_without_extras_verifies_with_the_system_cas(monkeypatch: pyt
     from partner_harvest.airflow.connections import partner_endpoint
 
     monkeypatch.setenv("AIRFLOW_CONN_PARTNER_MUSEUM", json.dumps({"conn_type": "http", "host": "museum.example"}))
-    session = build_adapter(partner(), partner_endpoint("partner_museum")).client.session
+    session = built(OaiAdapter, partner(), partner_endpoint("partner_museum")).client.session
     assert session.verify is True and session.cert is None and session.proxies == {}
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -15,10 +16,11 @@ import pytest
 from include.simulators.iiif.museum import Museum
 from include.simulators.iiif.server import IiifServer
 from partner_harvest.errors import PartnerAsksToWait
+from partner_harvest.run import RunResult
 from tests.support.iiif_harness import IiifHarness, iiif_partner
 
 
-def night(harness: IiifHarness):
+def night(harness: IiifHarness) -> RunResult:
     harness.sim.clear_requests()
     return harness.run()
 
@@ -156,7 +158,7 @@ def test_full_harvest_stops_at_a_refresh_and_says_so(conn: psycopg.Connection) -
 
 
 @pytest.mark.parametrize("total", ["missing", "wrong"])
-def test_total_items_missing_or_wrong(conn: psycopg.Connection, total) -> None:
+def test_total_items_missing_or_wrong(conn: psycopg.Connection, total: str) -> None:
     museum = Museum(page_sizes=(6,), total_items=total)
     museum.create(10)
     with IiifServer(museum) as sim:
@@ -180,7 +182,7 @@ def test_description_404_is_quarantined_not_deleted_and_invalid_is_quarantined(h
     assert result.applied.quarantined == 2
     held = harness.held()
     assert museum.identifier(sim.base_url, "o10") in held  # kept: its latest activity is no Delete
-    rows = dict(conn.execute("SELECT identifier, reason FROM quarantine WHERE partner_id = 'rijks'").fetchall())
+    rows: dict[str, str] = dict(conn.execute("SELECT identifier, reason FROM quarantine WHERE partner_id = 'rijks'").fetchall())
     conn.commit()
     assert "HTTP 404" in rows[museum.identifier(sim.base_url, "o10")]
     assert "not a Delete" in rows[museum.identifier(sim.base_url, "o10")]
@@ -222,7 +224,7 @@ def test_a_description_failing_with_5xx_fails_the_run_and_lands_on_its_retry(har
 
 
 @pytest.mark.parametrize("style", ["object", "bare"])
-def test_see_also_as_one_object_or_a_bare_url(conn: psycopg.Connection, style) -> None:
+def test_see_also_as_one_object_or_a_bare_url(conn: psycopg.Connection, style: str) -> None:
     museum = Museum(see_also_style=style)
     museum.create(3)
     with IiifServer(museum) as sim:
@@ -262,7 +264,7 @@ def test_static_files_stream(conn: psycopg.Connection, tmp_path: Path) -> None:
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
     class Quiet(SimpleHTTPRequestHandler):
-        def log_message(self, *args) -> None:  # noqa: ANN002
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
@@ -320,7 +322,7 @@ def test_objects_without_a_matching_see_also_are_quarantined_naming_the_offers(c
 
 
 @pytest.mark.parametrize("refresh", [False, True])
-def test_a_day_of_deletions_and_moves_before_a_refresh_that_keeps_the_history(conn: psycopg.Connection, refresh) -> None:
+def test_a_day_of_deletions_and_moves_before_a_refresh_that_keeps_the_history(conn: psycopg.Connection, refresh: bool) -> None:
     museum = Museum(page_sizes=(10, 7, 13), fractions=True)
     museum.create(80)
     with IiifServer(museum) as sim:

@@ -48,7 +48,7 @@ def load_both(sim: IiifServer, conn: psycopg.Connection) -> tuple[IiifHarness, I
     sliced = IiifHarness(sim, conn, iiif_partner("sliced", slicing=dict(SLICED)))
     sim.clear_requests()
     sliced.run()
-    sliced.pages_read = sim.count("/stream/page-")  # type: ignore[attr-defined]
+    sliced.pages_read = sim.count("/stream/page-")
     whole = IiifHarness(sim, conn, iiif_partner("whole"))
     whole.run()
     return sliced, whole
@@ -81,7 +81,7 @@ def cuts_are_strict(museum: Museum, planned: dict[str, dict]) -> None:
 
 
 @pytest.mark.parametrize("sizes", [(7, 3, 5), (1, 9)])
-def test_a_sliced_first_load_equals_an_unsliced_one(conn: psycopg.Connection, sizes) -> None:
+def test_a_sliced_first_load_equals_an_unsliced_one(conn: psycopg.Connection, sizes: tuple[int, ...]) -> None:
     museum = busy(Museum(page_sizes=sizes, fractions=True))
     with IiifServer(museum) as sim:
         sliced, whole = load_both(sim, conn)
@@ -112,7 +112,7 @@ def same_instant_over_a_boundary(recreated: bool = False) -> Museum:
 
 
 @pytest.mark.parametrize("recreated", [False, True])
-def test_equal_end_times_across_pages_never_straddle_two_slices(conn: psycopg.Connection, recreated) -> None:
+def test_equal_end_times_across_pages_never_straddle_two_slices(conn: psycopg.Connection, recreated: bool) -> None:
     """The unsliced walk takes o3's newer activity in the stream (the Delete; the re-Create);
     so must the sliced load: no slice boundary separates activities of one instant (the
     apply orders by stamp, then by when a version was staged)."""

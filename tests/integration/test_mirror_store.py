@@ -9,31 +9,33 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
 
 from partner_harvest.pipeline import apply_changes
-from partner_harvest.records import HarvestStats, Record, Rejected, Tombstone
+from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
 from partner_harvest.store import RunRef, apply_run, begin_run, finish_harvest
 from partner_harvest.store.apply import RunNotHarvested, StagingIncomplete
-from partner_harvest.store.db import scalar
+from partner_harvest.store.db import one, scalar
 from partner_harvest.store.runs import abandon_stale_runs, fail_apply
-from partner_harvest.window import Window
+from partner_harvest.window import Window, WindowFacts
 from tests.support.records import T0, WINDOW, rec
 from tests.support.records import live_titles as live
 from tests.support.records import stage as stage_for
 
 
-def stage(conn: psycopg.Connection, run_id: str, items: list, channel: str = "changes", partner: str = "p",
-          window: Window = WINDOW, **writer_options) -> HarvestStats:
+def stage(conn: psycopg.Connection, run_id: str, items: Sequence[HarvestItem], channel: str = "changes",
+          partner: str = "p", window: Window = WINDOW, **writer_options: Any) -> HarvestStats:
     return stage_for(conn, partner, run_id, items, channel, window, **writer_options)
 
 
 def status(conn: psycopg.Connection, run_id: str) -> tuple:
-    return conn.execute("SELECT status, error FROM harvest_runs WHERE partner_id = 'p' AND run_id = %s"
-                        " AND channel = 'changes'", (run_id,)).fetchone()
+    return one(conn.execute("SELECT status, error FROM harvest_runs WHERE partner_id = 'p' AND run_id = %s"
+                        " AND channel = 'changes'", (run_id,)))
 
 
 # -- I10: the outcome does not depend on the order in which runs apply --------------
@@ -120,7 +122,7 @@ def test_after_a_clock_jump_the_later_observation_wins_in_any_apply_order(db: st
     from partner_harvest.store import connect, ensure_schema
 
     jumped = Window("incremental", None, T0 + timedelta(days=2), "day", True,
-                    {"metadata_prefix": "oai_dc", "partner_clock": "2026-03-03T00:00:00Z", "clock_regressed": True})
+                    WindowFacts(metadata_prefix="oai_dc", partner_clock="2026-03-03T00:00:00Z", clock_regressed=True))
     outcomes = []
     with connect(db) as conn:
         ensure_schema(conn)
@@ -193,12 +195,12 @@ def test_apply_refuses_a_run_whose_channel_is_still_harvesting(conn: psycopg.Con
     (Record("i" * 3000, T0, "oai_dc", "<x/>"), "longer than"),
     (Rejected("y\x00", "bad \x00 reason", "raw \ud800"), "NUL"),
 ])
-def test_what_postgresql_cannot_store_is_quarantined_and_the_page_lands(conn: psycopg.Connection, bad, why: str) -> None:
+def test_what_postgresql_cannot_store_is_quarantined_and_the_page_lands(conn: psycopg.Connection, bad: Record, why: str) -> None:
     stage(conn, "n1", [rec("good1", T0), bad, rec("good2", T0)])
     result = apply_run(conn, "p", "n1")
     assert set(live(conn)) == {"good1", "good2"}
     assert result.quarantined == 1 and result.fetched == 3
-    reason, identifier = conn.execute("SELECT reason, identifier FROM quarantine").fetchone()
+    reason, identifier = one(conn.execute("SELECT reason, identifier FROM quarantine"))
     assert why in reason
     assert "\x00" not in identifier and len(identifier.encode()) <= 1000
 
@@ -213,7 +215,7 @@ def test_what_postgresql_cannot_store_is_quarantined_and_the_page_lands(conn: ps
     (Record("x", T0, "oai_dc", "<x>" + "é" * 496 + "</x>"), None),  # 999 bytes, under 1,000
     (Record("x", T0, "oai_dc", "<x>" + "é" * 497 + "</x>"), "exceeds"),  # 1,001 bytes
 ])
-def test_storable_decides_on_bytes_whatever_the_shortcut(item, why: str | None) -> None:
+def test_storable_decides_on_bytes_whatever_the_shortcut(item: Record, why: str | None) -> None:
     """A record that is plainly storable skips the detailed checks; at the limits and with
     non-ASCII text the decision must be the same as theirs (sizes count UTF-8 bytes)."""
     from partner_harvest.store.staging import storable
@@ -229,7 +231,7 @@ def test_an_oversized_payload_is_quarantined_with_the_limit(conn: psycopg.Connec
     big = Record("big", T0, "oai_dc", "<x>" + "a" * 5000 + "</x>")
     stage(conn, "n1", [rec("small", T0), big], max_record_bytes=1000)
     assert apply_run(conn, "p", "n1").quarantined == 1
-    reason, raw = conn.execute("SELECT reason, raw_payload FROM quarantine").fetchone()
+    reason, raw = one(conn.execute("SELECT reason, raw_payload FROM quarantine"))
     assert "5007 bytes exceeds" in reason and "1000" in reason and "max_record_bytes" in reason
     assert set(live(conn)) == {"small"}
 
@@ -258,7 +260,7 @@ def test_staging_of_abandoned_runs_is_dropped(conn: psycopg.Connection) -> None:
     conn.execute("UPDATE harvest_runs SET started_at = now() - interval '8 days' WHERE run_id = 'old'")
     conn.commit()
     assert abandon_stale_runs(conn, "p", timedelta(days=7)) == 1
-    left = dict(conn.execute("SELECT run_id, count(*) FROM staging GROUP BY run_id").fetchall())
+    left: dict[str, int] = dict(conn.execute("SELECT run_id, count(*) FROM staging GROUP BY run_id").fetchall())
     assert left == {"fresh": 1}
     assert status(conn, "old")[0] == "abandoned"
 

@@ -6,32 +6,40 @@ The simulator over loopback and real PostgreSQL: the check lands on the run's
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 import psycopg
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
-from partner_harvest.factory import Endpoint, build_adapter
+from partner_harvest.factory import Endpoint
+from partner_harvest.oai.harvester import OaiAdapter
 from partner_harvest.records import HarvestStats
-from partner_harvest.window import format_instant
+from partner_harvest.registry import Partner
+from partner_harvest.store.db import one
+from partner_harvest.window import Window, format_instant
 from tests.support.harness import run_once
+from tests.support.partners import built
 from tests.support.partners import oai_partner as support_oai_partner
 
-FAST: dict = {}  # the test partner's own quick HTTP retries (tests/support/partners.py)
+FAST: dict[str, Any] = {}  # the test partner's own quick HTTP retries (tests/support/partners.py)
 WITNESS = {"completeness": {"list_identifiers": True}}
 
 
-def oai_partner(options: dict, **kw):
+def oai_partner(options: dict[str, Any], **kw: Any) -> Partner:
     return support_oai_partner(options=options, **kw)
 
 
-def harvest(sim: OaiSimulator, conn: psycopg.Connection, partner, run_id: str = "full", cursor=None):
+def harvest(sim: OaiSimulator, conn: psycopg.Connection, partner: Partner, run_id: str = "full",
+            cursor: datetime | None = None) -> tuple[Window, HarvestStats]:
     result = run_once(sim, conn, partner, run_id, {"changes": cursor})
     return result.window, result.changes
 
 
 def check(conn: psycopg.Connection, run_id: str) -> tuple:
-    row = conn.execute(
+    row = one(conn.execute(
         "SELECT check_kind, check_expected, check_found, check_ok, check_detail, status, list_size_mismatch"
-        " FROM harvest_runs WHERE run_id = %s", (run_id,)).fetchone()
+        " FROM harvest_runs WHERE run_id = %s", (run_id,)))
     conn.commit()
     return row
 
@@ -98,7 +106,7 @@ def test_the_witness_counts_the_same_set(conn: psycopg.Connection) -> None:
 def test_a_witness_that_fails_proves_nothing_and_does_not_fail_the_harvest() -> None:
     repo = SimulatedRepository(records=300, page_size=100, deleted_fraction=0.0, seed=66)
     with OaiSimulator(repo) as sim:
-        adapter = build_adapter(oai_partner(WITNESS), Endpoint(sim.base_url))
+        adapter = built(OaiAdapter, oai_partner(WITNESS), Endpoint(sim.base_url))
         stats = HarvestStats(fetched=300, records=300)
         sim.fail_next(10, status=503)  # more than the HTTP retries
         kind, expected, found, ok, detail = adapter._list_identifiers_check("oai_dc", "2026-01-01T00:00:00Z", stats)

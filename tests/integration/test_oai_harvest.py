@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
+from typing import Any
 
 import psycopg
 import pytest
@@ -25,12 +26,13 @@ from partner_harvest.errors import (
     PartnerProtocolError,
 )
 from partner_harvest.oai.harvester import TokenRestartsExhausted
+from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef
 from tests.support.harness import OaiHarness as Harness
 from tests.support.partners import fast_http, oai_partner
 
 
-def partner(**kw):
+def partner(**kw: Any) -> Partner:
     """The module's museum: three quick HTTP retries."""
     return oai_partner(retries=3, **kw)
 
@@ -136,23 +138,24 @@ def test_token_expiring_mid_window_restarts_from_frozen_bounds(harness: Harness,
     assert harness.audit("run-1")["token_restarts"] == 1
 
 
-def test_token_expiring_every_time_gives_up_with_a_clear_error(conn: psycopg.Connection, sim: OaiSimulator) -> None:
+def test_token_expiring_every_time_gives_up_with_a_clear_error(conn: psycopg.Connection, sim: OaiSimulator,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     harness = Harness(sim, conn, partner(max_token_restarts=1))
     make_adapter = harness.adapter
 
-    def adapter_whose_tokens_always_expire():
+    def adapter_whose_tokens_always_expire() -> Any:
         adapter = make_adapter()
         fetch = adapter.client.fetch
 
-        def fetch_expiring(params):
+        def fetch_expiring(params: dict[str, str]) -> Any:
             if "resumptionToken" in params:
                 sim.expire_tokens()
             return fetch(params)
 
-        adapter.client.fetch = fetch_expiring
+        monkeypatch.setattr(adapter.client, "fetch", fetch_expiring)
         return adapter
 
-    harness.adapter = adapter_whose_tokens_always_expire
+    monkeypatch.setattr(harness, "adapter", adapter_whose_tokens_always_expire)
     with pytest.raises(TokenRestartsExhausted, match="museum.*expired 2 times"):
         harness.run()
     harness.conn.rollback()
@@ -216,8 +219,8 @@ def test_invalid_records_are_quarantined_and_the_rest_lands(conn: psycopg.Connec
 
 @pytest.mark.parametrize("fault,error", [("broken", PartnerDataError), ("html", PartnerDataError),
                                          ("billion_laughs", PartnerDataError), ("xxe", PartnerDataError)])
-def test_bad_input_mid_harvest_fails_clearly_and_keeps_stored_records(harness: Harness, repo: SimulatedRepository, sim: OaiSimulator, fault,
-                                                                      error) -> None:
+def test_bad_input_mid_harvest_fails_clearly_and_keeps_stored_records(harness: Harness, repo: SimulatedRepository, sim: OaiSimulator,
+                                                                      fault: str, error: type[Exception]) -> None:
     harness.run()
     held = harness.held()
     repo.edit(60)
@@ -273,27 +276,27 @@ def test_set_restricts_the_harvest(conn: psycopg.Connection) -> None:
         assert expected and harness.held() == expected
 
 
-def test_complete_list_size_mismatch_is_flagged(conn: psycopg.Connection) -> None:
+def test_complete_list_size_mismatch_is_flagged(conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
     """Records vanishing mid-list (deletedRecord=no) leave completeListSize too high."""
     repo = SimulatedRepository(records=300, page_size=50, deleted_record="no", deleted_fraction=0.0, seed=4)
     with OaiSimulator(repo) as sim:
         harness = Harness(sim, conn, partner())
         make_adapter = harness.adapter
 
-        def adapter_that_deletes_after_page_one():
+        def adapter_that_deletes_after_page_one() -> Any:
             adapter = make_adapter()
             fetch = adapter.client.fetch
 
-            def fetch_then_delete(params):
+            def fetch_then_delete(params: dict[str, str]) -> Any:
                 content = fetch(params)
                 if params.get("verb") == "ListRecords" and "resumptionToken" not in params:
                     repo.delete_ids([f"oai:sim.example:rec-{n:07d}" for n in range(290, 301)])
                 return content
 
-            adapter.client.fetch = fetch_then_delete
+            monkeypatch.setattr(adapter.client, "fetch", fetch_then_delete)
             return adapter
 
-        harness.adapter = adapter_that_deletes_after_page_one
+        monkeypatch.setattr(harness, "adapter", adapter_that_deletes_after_page_one)
         _, stats, _ = harness.run()
         assert stats.complete_list_size == 300 and stats.fetched == 289
         audit = harness.audit("run-1")

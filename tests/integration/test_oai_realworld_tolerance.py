@@ -8,17 +8,19 @@ or an OAI badArgument saying so). Harvests run the pipeline into real PostgreSQL
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.errors import HarvestError
+from partner_harvest.registry import Partner
 from tests.support.harness import OaiHarness as Runs
 from tests.support.partners import oai_partner
 
 
-def partner(**options):
+def partner(**options: Any) -> Partner:
     return oai_partner("refuser", retries=3, options=options)
 
 
@@ -90,6 +92,7 @@ def test_an_incremental_window_refused_is_bisected_within_its_bounds(sim: OaiSim
     sim.refuse_windows_longer_than(86400, "413")
     window, stats, _ = runs.run()
     asked = first_requests(sim)
+    assert window.from_ is not None
     low = window.from_.strftime("%Y-%m-%dT%H:%M:%SZ")
     high = window.until.strftime("%Y-%m-%dT%H:%M:%SZ")
     assert all(low <= r["from"] and r["until"] <= high for r in asked)

@@ -10,6 +10,7 @@ import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.factory import Endpoint, build_adapter
+from partner_harvest.oai.harvester import OaiAdapter
 from partner_harvest.politeness import Pacer
 from partner_harvest.store import ensure_schema
 from partner_harvest.store.db import scalar
@@ -96,7 +97,8 @@ def test_a_quiet_partner_without_a_delay_never_touches_the_database() -> None:
     """Healthy responses and no request_delay: no round trip at all (quiet nights stay cheap)."""
     with OaiSimulator(SimulatedRepository(records=30, page_size=10)) as sim:
         adapter = build_adapter(oai_partner(), Endpoint(sim.base_url), pacing=_NoDatabase())
-        pacer = adapter.client.session.pacer
+        assert isinstance(adapter, OaiAdapter)
+        pacer = getattr(adapter.client.session, "pacer", None)  # a paced session's
         assert isinstance(pacer, Pacer) and not pacer.engaged
         pages = list(adapter.client.list_pages("ListRecords", metadata_prefix="oai_dc", set_spec=None,
                                                from_=None, until=None))
@@ -110,7 +112,9 @@ def test_a_failed_response_engages_the_back_off_and_it_wears_off(pacing_db: psyc
     with OaiSimulator(SimulatedRepository(records=100, page_size=10)) as sim:
         partner = oai_partner(options=options)
         adapter = build_adapter(partner, Endpoint(sim.base_url), pacing=lambda: PgPacingStore(_conninfo(pacing_db)))
-        pacer = adapter.client.session.pacer
+        assert isinstance(adapter, OaiAdapter)
+        pacer = getattr(adapter.client.session, "pacer", None)
+        assert isinstance(pacer, Pacer)
         sim.fail_next(1, status=503)
         pages = list(adapter.client.list_pages("ListRecords", metadata_prefix="oai_dc", set_spec=None,
                                                from_=None, until=None))

@@ -10,15 +10,17 @@ import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
+from partner_harvest.adapters import Adapter
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import MassPurgeRefused, reconcile
 from partner_harvest.run import run_partner
+from partner_harvest.store.db import one
 from partner_harvest.store.leases import HARVEST, RECONCILE, PartnerBusy, acquire, release
 from tests.support.db import held
 from tests.support.partners import oai_partner, sierra_partner
 
 
-def full_harvest(adapter, conn: psycopg.Connection, partner_id: str, run_id: str = "full") -> None:
+def full_harvest(adapter: Adapter, conn: psycopg.Connection, partner_id: str, run_id: str = "full") -> None:
     run_partner(adapter.partner, adapter, conn, run_id)
 
 
@@ -60,8 +62,8 @@ def test_mass_purge_is_refused_and_nothing_changes(conn: psycopg.Connection) -> 
         conn.rollback()
         assert conn.execute("SELECT identifier, content_hash FROM records ORDER BY 1").fetchall() == before
         assert conn.execute("SELECT count(*) FROM deletions").fetchone() == (0,)
-        status, error = conn.execute(
-            "SELECT status, error FROM harvest_runs WHERE run_id = 'reconcile-1'").fetchone()
+        status, error = one(conn.execute(
+            "SELECT status, error FROM harvest_runs WHERE run_id = 'reconcile-1'"))
         assert status == "failed" and "mass-purge" in error
         allowed = reconcile(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, "reconcile-2",
                             allow_mass_purge=True)

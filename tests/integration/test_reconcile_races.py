@@ -13,7 +13,7 @@ from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository, identi
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import reconcile
 from partner_harvest.records import Record, Tombstone
-from partner_harvest.window import Window
+from partner_harvest.window import Window, WindowFacts
 from tests.support.db import held
 from tests.support.db import outcomes as audit
 from tests.support.harness import run_once
@@ -126,8 +126,9 @@ def test_verification_tells_gone_deleted_and_live_apart() -> None:
         adapter = build_adapter(oai_partner(), Endpoint(sim.base_url))
         deleted = repo.delete_ids([identifier_for(7)])[0]
         live, unknown = identifier_for(8), identifier_for(999)
-        window = Window("reconcile", None, repo.clock, "seconds", False, {"metadata_prefix": "oai_dc"})
+        window = Window("reconcile", None, repo.clock, "seconds", False, WindowFacts(metadata_prefix="oai_dc"))
         answers = dict(adapter.verify_vanished(window, [deleted, live, unknown]))
-        assert isinstance(answers[deleted], Tombstone) and answers[deleted].datestamp == repo.clock
-        assert isinstance(answers[live], Record) and answers[live].identifier == live
+        gone, kept = answers[deleted], answers[live]
+        assert isinstance(gone, Tombstone) and gone.datestamp == repo.clock
+        assert isinstance(kept, Record) and kept.identifier == live
         assert answers[unknown] is None

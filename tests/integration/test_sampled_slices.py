@@ -39,7 +39,8 @@ def _epoch(text: str) -> int:
 
 @pytest.mark.parametrize(("seed", "order"), [(1, "identifier"), (9, "identifier"),
                                              pytest.param(9, "datestamp", marks=pytest.mark.slow)])
-def test_a_clustered_repository_without_counts_is_cut_into_slices_of_similar_size(conn: psycopg.Connection, seed, order) -> None:
+def test_a_clustered_repository_without_counts_is_cut_into_slices_of_similar_size(conn: psycopg.Connection, seed: int,
+                                                                                  order: str) -> None:
     """Four equal time ranges of these repositories hold e.g. 9,090 / 1,393 / 27,914 / 11,602
     of 50,000 (seed 1): the run waits on the biggest. Listed by identifier, the cut by the
     first page keeps the biggest slice within 1.5x of an even share; listed by datestamp the

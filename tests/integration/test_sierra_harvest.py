@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import psycopg
 import pytest
@@ -18,12 +19,13 @@ from partner_harvest.errors import ConfigurationError, PartnerAsksToWait, Partne
 from partner_harvest.records import Tombstone
 from partner_harvest.registry import RegistryError
 from partner_harvest.store import RunRef
-from partner_harvest.store.db import scalar
+from partner_harvest.store.db import one, scalar
 from partner_harvest.window import Window
 from tests.support.harness import SIERRA_KEY as KEY
 from tests.support.harness import SIERRA_SECRET as SECRET
 from tests.support.harness import SierraHarness as Harness
 from tests.support.partners import sierra_partner as partner
+from tests.support.records import as_record
 
 
 @pytest.fixture
@@ -42,7 +44,7 @@ def harness(sim: SierraSimulator, conn: psycopg.Connection) -> Harness:
     return Harness(sim, conn, partner())
 
 
-def requests_to(sim, suffix: str) -> list[dict]:
+def requests_to(sim: SierraSimulator, suffix: str) -> list[dict[str, Any]]:
     return [r for r in sim.requests if r["path"].endswith(suffix)]
 
 
@@ -55,8 +57,8 @@ def test_full_load_through_the_export_then_incremental(harness: Harness, catalog
     exports = [r for r in sim.requests if r["path"].endswith("/bibs/marc")]
     starts = [int(r["query"]["id"].strip("[]").split(",")[0]) for r in exports]
     assert starts == sorted(starts) and len(set(starts)) == len(starts)  # keyset, no re-export
-    row = harness.conn.execute(
-        "SELECT metadata_prefix, metadata, title FROM records WHERE partner_id = 'library' LIMIT 1").fetchone()
+    row = one(harness.conn.execute(
+        "SELECT metadata_prefix, metadata, title FROM records WHERE partner_id = 'library' LIMIT 1"))
     assert row[0] == "marc21" and "<record" in row[1] and "http://www.loc.gov/MARC21/slim" in row[1] and row[2]
 
     catalogue.advance_clock(3600)
@@ -104,27 +106,28 @@ def test_empty_windows_are_zero_results_not_errors(harness: Harness, sim: Sierra
     assert ("false", 404) in statuses
 
 
-def test_token_expiring_mid_run_is_refreshed_once(harness: Harness, catalogue: SimulatedCatalogue, sim: SierraSimulator) -> None:
+def test_token_expiring_mid_run_is_refreshed_once(harness: Harness, catalogue: SimulatedCatalogue, sim: SierraSimulator,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     harness.run()
     catalogue.advance_clock(60)
     catalogue.edit(120)
     tokens_before = sim.tokens_issued
     adapter_factory = harness.adapter
 
-    def adapter_whose_token_expires_after_the_first_page():
+    def adapter_whose_token_expires_after_the_first_page() -> Any:
         adapter = adapter_factory()
         pages = adapter.client.bib_pages
 
-        def expiring(params, limit, start_id=0):
+        def expiring(params: dict[str, str], limit: int, start_id: int = 0) -> Iterator[Any]:
             for index, page in enumerate(pages(params, limit, start_id)):
                 yield page
                 if index == 0:
                     sim.expire_tokens()
 
-        adapter.client.bib_pages = expiring
+        monkeypatch.setattr(adapter.client, "bib_pages", expiring)
         return adapter
 
-    harness.adapter = adapter_whose_token_expires_after_the_first_page
+    monkeypatch.setattr(harness, "adapter", adapter_whose_token_expires_after_the_first_page)
     harness.run()
     assert harness.held() == catalogue.live_ids()
     assert any(r["status"] == 401 for r in sim.requests)
@@ -330,10 +333,10 @@ def test_token_is_renewed_before_it_expires(harness: Harness, catalogue: Simulat
 # -- a mirror that cannot silently diverge (Sierra) ----------------------------
 
 
-def check_row(conn: psycopg.Connection, run_id: str = "run-1") -> tuple:
-    row = conn.execute(
+def check_row(conn: psycopg.Connection, run_id: str = "run-1") -> tuple[Any, ...]:
+    row = one(conn.execute(
         "SELECT check_kind, check_expected, check_found, check_ok, check_detail FROM harvest_runs"
-        " WHERE partner_id = 'library' AND run_id = %s AND channel = 'changes'", (run_id,)).fetchone()
+        " WHERE partner_id = 'library' AND run_id = %s AND channel = 'changes'", (run_id,)))
     conn.commit()
     return row
 
@@ -343,7 +346,7 @@ def suppressed_live(catalogue: SimulatedCatalogue) -> set[str]:
 
 
 @pytest.mark.parametrize("limit", [2000, 5000])
-def test_full_load_with_deleted_and_suppressed_bibs_in_every_block_holds_the_live_set(conn: psycopg.Connection, limit) -> None:
+def test_full_load_with_deleted_and_suppressed_bibs_in_every_block_holds_the_live_set(conn: psycopg.Connection, limit: int) -> None:
     """Real blocks hold deleted bibs (outputRecords < inputRecords): the export must not stop
     after the first block, also when options.export.limit exceeds Sierra's 2000."""
     catalogue = SimulatedCatalogue(bibs=6000, deleted_fraction=0.05, suppressed_fraction=0.03, seed=21)
@@ -361,7 +364,7 @@ def test_full_load_with_deleted_and_suppressed_bibs_in_every_block_holds_the_liv
 
 
 @pytest.mark.parametrize("deleted_field", ["nonzero", "always", "never"])
-def test_a_block_of_only_deleted_bibs_is_not_the_end_of_the_export(conn: psycopg.Connection, deleted_field) -> None:
+def test_a_block_of_only_deleted_bibs_is_not_the_end_of_the_export(conn: psycopg.Connection, deleted_field: str) -> None:
     catalogue = SimulatedCatalogue(bibs=500, deleted_fraction=0.0, suppressed_fraction=0.0, seed=22)
     catalogue.delete_ids(str(n) for n in range(1000101, 1000301))  # blocks 2 and 3 (limit 100): all deleted
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET, deleted_records_field=deleted_field) as sim:
@@ -404,9 +407,9 @@ def test_bibs_without_005_or_without_ids_do_not_stop_the_full_load(conn: psycopg
         # quarantined; the completeness check fetches the bib by its Sierra id, which identifies it,
         # and it lands with the marc.no_001 warning.
         assert no_ids and no_005 and harness.held() == catalogue.live_ids()
-        warned = dict(conn.execute("SELECT identifier, warnings FROM records WHERE warnings IS NOT NULL").fetchall())
+        warned: dict[str, Any] = dict(conn.execute("SELECT identifier, warnings FROM records WHERE warnings IS NOT NULL").fetchall())
         assert set(warned) == no_ids and all(set(w) == {"marc.no_001"} for w in warned.values())
-        stamps = dict(conn.execute("SELECT identifier, datestamp FROM records WHERE identifier = ANY(%s)",
+        stamps: dict[str, Any] = dict(conn.execute("SELECT identifier, datestamp FROM records WHERE identifier = ANY(%s)",
                                    (sorted(no_005),)).fetchall())
         assert set(stamps) == no_005 and set(stamps.values()) == {window.until}  # no 005: the window's until
         reasons = conn.execute("SELECT identifier, reason FROM quarantine").fetchall()
@@ -428,16 +431,16 @@ def test_marc8_records_are_converted_not_replaced(conn: psycopg.Connection) -> N
         _, changes, _, result = harness.run()
         assert result.quarantined == 0 and harness.held() == catalogue.live_ids()
         assert scalar(conn.execute("SELECT count(*) FROM records WHERE metadata LIKE %s", ("%\ufffd%",))) == 0
-        marc8 = [catalogue.get(b) for b in sorted(catalogue.live_ids()) if catalogue.is_marc8(int(b))]
+        marc8 = [catalogue[b] for b in sorted(catalogue.live_ids()) if catalogue.is_marc8(int(b))]
         assert marc8 and all(not b.title.isascii() for b in marc8)
         for bib in marc8:
-            title, metadata = conn.execute("SELECT title, metadata FROM records WHERE identifier = %s",
-                                           (bib.id,)).fetchone()
+            title, metadata = one(conn.execute("SELECT title, metadata FROM records WHERE identifier = %s",
+                                           (bib.id,)))
             assert title.startswith(bib.title)
             # the converted export record is the same bib the JSON API serves, byte for byte
             from_json = sierra_marc.to_item(sierra_marc.from_marc_json(marc_in_json(bib, zero_leader=True)),
                                             bib.id, bib.updated_date)
-            assert metadata == from_json.metadata
+            assert metadata == as_record(from_json).metadata
 
 
 def test_invalid_utf8_or_marc8_is_quarantined_with_the_raw_bytes_escaped(conn: psycopg.Connection) -> None:
@@ -507,7 +510,8 @@ class _RecordingListener:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-        seen = self.requests = []
+        seen: list[dict[str, Any]] = []
+        self.requests = seen
 
         class Handler(BaseHTTPRequestHandler):
             def _record(self) -> None:
@@ -519,18 +523,18 @@ class _RecordingListener:
 
             do_GET = do_DELETE = do_POST = do_PUT = _record
 
-            def log_message(self, *args) -> None:
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.origin = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self):
+    def __enter__(self) -> _RecordingListener:
         self.thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
 
@@ -563,26 +567,27 @@ def test_export_query_parameters_come_only_from_options_export_params(conn: psyc
         Harness(sim, conn, partner(options={"export": {"params": {"id": "[1,2]"}}})).adapter()
 
 
-def test_a_bib_deleted_between_the_listing_and_the_fetch_is_staged_as_a_deletion(conn: psycopg.Connection) -> None:
+def test_a_bib_deleted_between_the_listing_and_the_fetch_is_staged_as_a_deletion(conn: psycopg.Connection,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     catalogue = SimulatedCatalogue(bibs=400, deleted_fraction=0.02, suppressed_fraction=0.05, seed=28)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET, export_omits_suppressed=True) as sim:
         harness = Harness(sim, conn, partner())
         victim = sorted(suppressed_live(catalogue))[0]
         make_adapter = harness.adapter
 
-        def adapter_that_sees_a_deletion_after_the_listing():
+        def adapter_that_sees_a_deletion_after_the_listing() -> Any:
             adapter = make_adapter()
             pages = adapter.client.bib_pages
 
-            def listing(params, limit, start_id=0, end_id=None):
+            def listing(params: dict[str, str], limit: int, start_id: int = 0, end_id: int | None = None) -> Iterator[Any]:
                 yield from pages(params, limit, start_id, end_id)
                 if params.get("fields") == "id":
                     catalogue.delete_ids([victim])
 
-            adapter.client.bib_pages = listing
+            monkeypatch.setattr(adapter.client, "bib_pages", listing)
             return adapter
 
-        harness.adapter = adapter_that_sees_a_deletion_after_the_listing
+        monkeypatch.setattr(harness, "adapter", adapter_that_sees_a_deletion_after_the_listing)
         harness.run()
         assert victim not in harness.held() and harness.held() == catalogue.live_ids()
         _, expected, found, ok, detail = check_row(conn)
@@ -590,7 +595,7 @@ def test_a_bib_deleted_between_the_listing_and_the_fetch_is_staged_as_a_deletion
 
 
 @pytest.mark.parametrize("style", ["138", "429"])
-def test_a_long_rate_limit_frees_the_task_and_the_next_try_resumes_at_the_stopped_block(conn: psycopg.Connection, style) -> None:
+def test_a_long_rate_limit_frees_the_task_and_the_next_try_resumes_at_the_stopped_block(conn: psycopg.Connection, style: str) -> None:
     """A rate limit longer than a task may sleep raises PartnerAsksToWait at once (no sleep);
     the next try of the same run keeps what was staged and asks only for the blocks not yet exported."""
     catalogue = SimulatedCatalogue(bibs=1000, deleted_fraction=0.05, suppressed_fraction=0.03, seed=31)
@@ -608,8 +613,8 @@ def test_a_long_rate_limit_frees_the_task_and_the_next_try_resumes_at_the_stoppe
         assert waited.value.resume_at >= before + timedelta(seconds=3600)
         staged = scalar(conn.execute("SELECT count(*) FROM staging WHERE run_id = 'run-1'"))
         assert staged > 0
-        status, error = conn.execute("SELECT status, error FROM harvest_runs WHERE run_id = 'run-1'"
-                                     " AND channel = 'changes'").fetchone()
+        status, error = one(conn.execute("SELECT status, error FROM harvest_runs WHERE run_id = 'run-1'"
+                                     " AND channel = 'changes'"))
         assert status == "waiting" and "resuming at" in error  # not "failed": the health page shows it running
 
         resumed = pipeline.harvest_window(harness.adapter(), conn, run, window)  # the rescheduled try

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
+from typing import Any
 
 import psycopg
 import pytest
@@ -26,7 +27,7 @@ from partner_harvest.errors import HarvestError
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.run import run_partner
 from partner_harvest.sierra.harvester import end_of_day
-from tests.integration.sierra_replay import Replay, ReplayServer, export_records, recorded, wiremock_body
+from tests.integration.sierra_replay import ExportRecord, Replay, ReplayServer, export_records, recorded, wiremock_body
 from tests.support.harness import SIERRA_KEY as KEY
 from tests.support.harness import SIERRA_SECRET as SECRET
 from tests.support.partners import sierra_partner as partner
@@ -128,7 +129,7 @@ SANDBOX_10 = json.loads(recorded("dcb-sandbox/bibs-slice-0-9.json"))["entries"]
 
 
 @pytest.mark.parametrize("entry", [pytest.param(e, id=e["id"]) for e in SANDBOX_10])
-def test_vendor_sandbox_bibs_land_by_their_sierra_id(conn: psycopg.Connection, entry) -> None:
+def test_vendor_sandbox_bibs_land_by_their_sierra_id(conn: psycopg.Connection, entry: dict[str, Any]) -> None:
     """dcb-sandbox/bibs-slice-0-9.json: MARC-in-JSON in storage order; 1000001 has no 245."""
     got = outcome(conn, "sandbox-10")
     if entry["id"] == "1000001":
@@ -138,7 +139,7 @@ def test_vendor_sandbox_bibs_land_by_their_sierra_id(conn: psycopg.Connection, e
 
 
 @pytest.mark.parametrize("bib_id", ["1000001", "1000002", "1000003"])
-def test_vendor_sandbox_bibs_without_updated_date_land_stamped(conn: psycopg.Connection, bib_id) -> None:
+def test_vendor_sandbox_bibs_without_updated_date_land_stamped(conn: psycopg.Connection, bib_id: str) -> None:
     """dcb-sandbox/bibs-slice-0-2.json: no ``updatedDate`` in the entries; identified by id."""
     got = outcome(conn, "sandbox-3")
     if bib_id == "1000001":
@@ -149,7 +150,7 @@ def test_vendor_sandbox_bibs_without_updated_date_land_stamped(conn: psycopg.Con
 
 @pytest.mark.parametrize("entry", json.loads(recorded("dcb-sandbox/sierra-api-deleted.json"))["entries"],
                          ids=lambda e: e["id"])
-def test_deleted_stubs_are_deletions_on_their_day(conn: psycopg.Connection, entry) -> None:
+def test_deleted_stubs_are_deletions_on_their_day(conn: psycopg.Connection, entry: dict[str, Any]) -> None:
     got = outcome(conn, "sandbox-deleted")
     assert got.error is None
     assert got.tombstones.get(entry["id"]) == end_of_day(date.fromisoformat(entry["deletedDate"]))
@@ -201,7 +202,7 @@ def test_404_code_107_is_an_empty_window(conn: psycopg.Connection) -> None:
 
 
 @pytest.mark.parametrize("scenario", ["sandbox-10", "wellcome-stubs"], ids=["dcb-token", "wellcome-token"])
-def test_recorded_token_responses_are_used(conn: psycopg.Connection, scenario) -> None:
+def test_recorded_token_responses_are_used(conn: psycopg.Connection, scenario: str) -> None:
     got = outcome(conn, scenario)
     tokens = [r for r in got.requests if r[1].endswith("v6/token")]
     assert got.error is None and len(tokens) == 1
@@ -219,7 +220,7 @@ NYPL = export_records(*NYPL_FILES)
 
 @pytest.mark.parametrize("rec", [pytest.param(r, id=str(r.bib_id))
                                  for r in NYPL])
-def test_nypl_export_records_with_8_digit_ids_land(conn: psycopg.Connection, rec) -> None:
+def test_nypl_export_records_with_8_digit_ids_land(conn: psycopg.Connection, rec: ExportRecord) -> None:
     """NYPL's ISO 2709 export: 907 $a .b116512684 and the like, 001s such as NYPG92-S7029."""
     got = outcome(conn, "nypl-export")
     assert got.error is None

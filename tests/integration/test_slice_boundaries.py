@@ -14,6 +14,7 @@ from datetime import timedelta
 import psycopg
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
+from partner_harvest.adapters import Adapter
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.window import format_instant, parse_instant
 from tests.support.db import held as held_by
@@ -47,7 +48,7 @@ def test_records_stored_just_after_each_slice_boundary_are_harvested(conn: psyco
     with OaiSimulator(repo) as sim:
         partner = oai_partner(slicing=SLICES)
 
-        def make():
+        def make() -> Adapter:
             return build_adapter(partner, Endpoint(sim.base_url))
 
         run = PieceRun(conn, partner, make)  # frozen and planned

@@ -19,6 +19,7 @@ from partner_harvest import sliced_reconcile as sliced
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.oai.errors import BadResumptionToken
 from partner_harvest.reconcile import MassPurgeRefused, apply_staged, purge_refusal
+from partner_harvest.registry import Partner
 from partner_harvest.store import apply_run, fences, leases
 from partner_harvest.store import gates as store_gates
 from partner_harvest.store.fences import PartnerChanged
@@ -32,7 +33,7 @@ SLICED = {"threshold_records": 300, "target_records": 150, "reconcile_slices": 4
 RUN = "reconcile_museum/manual__1"
 
 
-def harvested(sim, conn: psycopg.Connection, partner) -> None:
+def harvested(sim: OaiSimulator, conn: psycopg.Connection, partner: Partner) -> None:
     run_once(sim, conn, partner, run_id="first")
 
 
@@ -91,7 +92,7 @@ def test_a_failed_slice_is_retried_alone_and_converges_exactly(conn: psycopg.Con
     sim.clear_requests()
     sliced.sweep_slice(make(), conn, partner.id, RUN, plan, 2)
     assert {r.slice: r.status for r in rows(conn, partner.id, RUN)} == dict.fromkeys((1, 2, 3, 4), "swept")
-    attempts = dict(conn.execute("SELECT slice, attempts FROM reconcile_slices WHERE run_id = %s", (RUN,)).fetchall())
+    attempts: dict[int, int] = dict(conn.execute("SELECT slice, attempts FROM reconcile_slices WHERE run_id = %s", (RUN,)).fetchall())
     assert attempts == {1: 1, 2: 2, 3: 1, 4: 1}  # the refused apply marked nothing; slice 2 alone again
     firsts = [r for r in sim.requests if r.get("verb") == "ListIdentifiers" and "resumptionToken" not in r]
     assert len(firsts) == 1  # the retry listed its own range only
@@ -186,7 +187,7 @@ def small() -> Iterator[tuple[OaiSimulator, SimulatedRepository]]:
         yield sim, repo
 
 
-def _swept(sim, conn: psycopg.Connection, partner) -> sliced.SweepPlan:
+def _swept(sim: OaiSimulator, conn: psycopg.Connection, partner: Partner) -> sliced.SweepPlan:
     plan = sliced.plan_sweep(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, RUN)
     assert plan.slices == 2
     for index in range(1, plan.slices + 1):

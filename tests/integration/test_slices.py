@@ -8,18 +8,25 @@ them failing and retried on its own), apply_changes.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
+from unittest import mock
 
 import psycopg
 import pytest
 
+from include.simulators.loopback import Response
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
+from include.simulators.sierra.server import Headers
 from partner_harvest import pipeline
 from partner_harvest.errors import HarvestError
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.oai.parse import format_datestamp
+from partner_harvest.records import HarvestItem
+from partner_harvest.registry import Partner
 from partner_harvest.store import connect
 from partner_harvest.store.apply import RunNotHarvested, apply_run
+from partner_harvest.store.db import one
 from partner_harvest.store.slices import slice_rows
 from tests.support.db import held
 from tests.support.harness import PieceRun as Run
@@ -30,11 +37,11 @@ SLICES = {"threshold_records": 300, "target_records": 150, "max_slices": 6}
 KEY, SECRET = "slice-key", "slice-secret"
 
 
-def oai_partner(**kw):
+def oai_partner(**kw: Any) -> Partner:
     return _oai_partner(**{"slicing": SLICES, **kw})
 
 
-def sierra_partner(**kw):
+def sierra_partner(**kw: Any) -> Partner:
     options = {"sierra": {"server_error_backoff": 0.01, "server_error_tries": 2},
                "export": {"limit": 50, "rate_limit_wait": 0}}
     return _sierra_partner(**{"slicing": SLICES, "options": options, **kw})
@@ -157,7 +164,8 @@ def test_sets_above_the_target_are_harvested_as_time_slices_of_each_set(conn: ps
 
 @pytest.mark.parametrize("by", ["datestamp", "sets"])
 @pytest.mark.parametrize("earliest", ["late", "absent", "epoch"])
-def test_a_wrong_earliest_datestamp_neither_loses_records_nor_stops_the_cut(conn: psycopg.Connection, earliest, by) -> None:
+def test_a_wrong_earliest_datestamp_neither_loses_records_nor_stops_the_cut(conn: psycopg.Connection, earliest: str,
+                                                                            by: str) -> None:
     """Real repositories announce an earliestDatestamp later than records they hold, none at
     all, or the epoch (I13). The slices still cover every record (the first keeps the
     window's open start), and the cut still finds the records' span: bisecting from 1970
@@ -174,7 +182,7 @@ def test_a_wrong_earliest_datestamp_neither_loses_records_nor_stops_the_cut(conn
 
 @pytest.mark.parametrize("sets", [(), TYPE_SETS], ids=["no sets", "sets"])
 def test_a_repository_that_announces_no_list_size_is_cut_into_equal_time_ranges(conn: psycopg.Connection, caplog: pytest.LogCaptureFixture,
-                                                                                sets) -> None:
+                                                                                sets: tuple[str, ...]) -> None:
     """completeListSize is optional (I13). Without it the plan cannot count: a full harvest is
     cut into ``without_count`` ranges (by the first page: oai/sampled_cut.py; equal time ranges
     before it), registry sets are not trusted (they cannot be
@@ -194,7 +202,7 @@ def test_a_repository_that_announces_no_list_size_is_cut_into_equal_time_ranges(
 
 @pytest.mark.parametrize("case", ["a set missing from the list", "deleted records outside their sets"])
 def test_sets_that_do_not_partition_the_list_are_not_trusted(conn: psycopg.Connection, oai: tuple[OaiSimulator, SimulatedRepository],
-                                                             caplog: pytest.LogCaptureFixture, case) -> None:
+                                                             caplog: pytest.LogCaptureFixture, case: str) -> None:
     """The registry's sets are checked against the whole list: a set left out, or a
     repository that drops deleted records from their sets (I13; the simulator does so
     here), would lose records or tombstones. A full reharvest after deletions shows it:
@@ -240,21 +248,20 @@ def test_a_failed_oai_slice_is_harvested_again_alone(conn: psycopg.Connection, o
     original = sim.handle_oai
     served = {"n": 0}
 
-    def broken_mid_slice(pairs):  # the third slice dies on its second page
+    def broken_mid_slice(pairs: list[tuple[str, str]]) -> Response:  # the third slice dies on its second page
         if any(k == "verb" and v == "ListRecords" for k, v in pairs):
             served["n"] += 1
             if served["n"] == 2:
                 sim.fail_next(3, status=503)  # the try and its two HTTP retries
         return original(pairs)
 
-    sim.handle_oai = broken_mid_slice
-    with pytest.raises(HarvestError):
-        run.harvest(channels[2])
-    assert run.rows()[channels[2]]["status"] == "failed"
-    with pytest.raises(RunNotHarvested, match="changes/003 \\(failed\\)"):  # I4 while a slice failed
-        pipeline.apply_changes(conn, partner.id, run.run_id)
-    assert held(conn, partner.id) == set()
-    sim.handle_oai = original
+    with mock.patch.object(sim, "handle_oai", broken_mid_slice):
+        with pytest.raises(HarvestError):
+            run.harvest(channels[2])
+        assert run.rows()[channels[2]]["status"] == "failed"
+        with pytest.raises(RunNotHarvested, match="changes/003 \\(failed\\)"):  # I4 while a slice failed
+            pipeline.apply_changes(conn, partner.id, run.run_id)
+        assert held(conn, partner.id) == set()
     for channel in channels[2:]:  # the retry of the failed slice, then the rest
         run.harvest(channel)
     run.apply()
@@ -271,7 +278,7 @@ def test_a_failed_oai_slice_is_harvested_again_alone(conn: psycopg.Connection, o
 
 @pytest.mark.parametrize("by", ["datestamp", "set"])
 def test_lost_staging_of_one_slice_is_harvested_again_alone(conn: psycopg.Connection, oai: tuple[OaiSimulator, SimulatedRepository],
-                                                            by) -> None:
+                                                            by: str) -> None:
     """The apply harvests again exactly the slice whose staging was lost, from the bounds in
     its row: its datestamp range, or its set (read back from harvest_runs.slice_set)."""
     sim, repo = oai
@@ -299,15 +306,15 @@ def test_progress_is_visible_from_another_connection_while_a_slice_harvests(conn
     partner = oai_partner()
     run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
     channel = run.pieces[0]["channel"]
-    seen: list[tuple] = []
+    seen: list[tuple[Any, ...]] = []
     refusals: list[str] = []
     original = sim.handle_oai
     observer = connect(db)
 
-    def watch(pairs):  # before answering each page: what does an operator see?
-        row = observer.execute(
+    def watch(pairs: list[tuple[str, str]]) -> Response:  # before answering each page: what does an operator see?
+        row = one(observer.execute(
             "SELECT status, pages, fetched, progress_at, expected FROM harvest_runs WHERE partner_id = %s AND run_id = %s"
-            " AND channel = %s", (partner.id, run.run_id, channel)).fetchone()
+            " AND channel = %s", (partner.id, run.run_id, channel)))
         observer.commit()
         seen.append(row)
         if len(seen) == 2:  # I4: an apply now (another task, another connection) refuses
@@ -317,11 +324,10 @@ def test_progress_is_visible_from_another_connection_while_a_slice_harvests(conn
                 refusals.append(str(exc))
         return original(pairs)
 
-    sim.handle_oai = watch
     try:
-        stats = run.harvest(channel)
+        with mock.patch.object(sim, "handle_oai", watch):
+            stats = run.harvest(channel)
     finally:
-        sim.handle_oai = original
         observer.close()
     assert stats.pages >= 3
     assert [r[0] for r in seen] == ["harvesting"] * len(seen)
@@ -334,7 +340,7 @@ def test_progress_is_visible_from_another_connection_while_a_slice_harvests(conn
     assert len(refusals) == 1 and f"{channel} (harvesting)" in refusals[0]
 
 
-def sierra_run(conn: psycopg.Connection, sim, partner, run_id="run-1") -> Run:
+def sierra_run(conn: psycopg.Connection, sim: SierraSimulator, partner: Partner, run_id: str = "run-1") -> Run:
     return Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url, KEY, SECRET)), run_id)
 
 
@@ -367,17 +373,16 @@ def test_a_sierra_slice_failed_mid_way_resumes_from_its_checkpoint(conn: psycopg
     original = sim.handle
     exports = {"n": 0}
 
-    def fail_third_block(method, path, query, headers, body):
+    def fail_third_block(method: str, path: str, query: str, headers: Headers, body: bytes) -> Response | tuple[str, Any]:
         if method == "GET" and path.endswith("/bibs/marc"):
             exports["n"] += 1
             if exports["n"] == 3:
                 sim.fail_next(2, status=500, path_prefix="/bibs/marc")  # both tries (server_error_tries)
         return original(method, path, query, headers, body)
 
-    sim.handle = fail_third_block
-    with pytest.raises(HarvestError):
-        run.harvest(channel)
-    sim.handle = original
+    with mock.patch.object(sim, "handle", fail_third_block):
+        with pytest.raises(HarvestError):
+            run.harvest(channel)
     row = run.rows()[channel]
     assert row["status"] == "failed" and row["checkpoint"] == row["slice_lo"] + 100 and row["fetched"] > 0
     sim.requests.clear()
@@ -412,7 +417,7 @@ def test_a_killed_sierra_slice_resumes_from_its_checkpoint(conn: psycopg.Connect
     channel = run.pieces[2]["channel"]
     real_write, pages = staging.StagingWriter.write_page, {"n": 0}
 
-    def killed_on_the_third_page(self, items, checkpoint=None):
+    def killed_on_the_third_page(self: staging.StagingWriter, items: list[HarvestItem], checkpoint: int | None = None) -> None:
         pages["n"] += 1
         if pages["n"] == 3:
             raise KeyboardInterrupt("SIGKILL")
@@ -445,17 +450,16 @@ def test_a_sierra_slice_whose_staging_was_lost_starts_over(conn: psycopg.Connect
     channel = run.pieces[1]["channel"]
     original, exports = sim.handle, {"n": 0}
 
-    def fail_second_block(method, path, query, headers, body):
+    def fail_second_block(method: str, path: str, query: str, headers: Headers, body: bytes) -> Response | tuple[str, Any]:
         if method == "GET" and path.endswith("/bibs/marc"):
             exports["n"] += 1
             if exports["n"] == 2:
                 sim.fail_next(2, status=500, path_prefix="/bibs/marc")
         return original(method, path, query, headers, body)
 
-    sim.handle = fail_second_block
-    with pytest.raises(HarvestError):
-        run.harvest(channel)
-    sim.handle = original
+    with mock.patch.object(sim, "handle", fail_second_block):
+        with pytest.raises(HarvestError):
+            run.harvest(channel)
     assert run.rows()[channel]["checkpoint"] is not None
     with conn.transaction():  # a crash empties the UNLOGGED staging under the failed slice
         conn.execute("DELETE FROM staging WHERE run_id = %s AND channel = %s", (run.run_id, channel))

@@ -10,13 +10,13 @@ from psycopg.types.json import Jsonb
 
 from partner_harvest.records import Record, Rejected, Tombstone
 from partner_harvest.store import apply_run
-from partner_harvest.store.db import scalar
-from partner_harvest.window import Window
+from partner_harvest.store.db import one, scalar
+from partner_harvest.window import Window, WindowFacts
 from tests.support.records import rec as support_rec
 from tests.support.records import stage as stage_for
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
-WINDOW = Window("incremental", None, T0 + timedelta(days=10), "seconds", True, {"metadata_prefix": "oai_dc"})
+WINDOW = Window("incremental", None, T0 + timedelta(days=10), "seconds", True, WindowFacts(metadata_prefix="oai_dc"))
 
 
 def rec(ident: str, at: datetime, title: str = "t") -> Record:
@@ -40,8 +40,8 @@ def audit(conn: psycopg.Connection, partner: str, run_id: str) -> dict:
         " WHERE partner_id = %s AND run_id = %s AND channel = 'changes'",
         (partner, run_id),
     )
-    names = [d.name for d in cur.description]
-    return dict(zip(names, cur.fetchone()))
+    names = [d.name for d in cur.description or ()]
+    return dict(zip(names, one(cur)))
 
 
 def test_apply_upserts_purges_and_counts_add_up(conn: psycopg.Connection) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def test_a_client_holds_its_answer_before_the_server_counts_the_request_done(mon
         written, release = threading.Event(), threading.Event()
 
         @contextmanager
-        def held_after_writing():
+        def held_after_writing() -> Iterator[None]:
             with serving():
                 yield
                 written.set()

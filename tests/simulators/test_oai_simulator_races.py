@@ -23,19 +23,21 @@ def session() -> Iterator[requests.Session]:
         yield s
 
 
-def walk(sim: OaiSimulator, session: requests.Session, verb: str, **params: str) -> tuple[list[str], list]:
+def walk(sim: OaiSimulator, session: requests.Session, verb: str,
+         **params: str) -> tuple[list[str], list[etree._Element]]:
     """Follow a chain; returns (identifiers in order, resumptionToken elements)."""
     query = {"verb": verb, **params}
-    ids, tokens = [], []
+    ids: list[str] = []
+    tokens: list[etree._Element] = []
     while True:
         root = etree.fromstring(session.get(sim.base_url, params=query).content)
         assert root.find("o:error", NS) is None, etree.tostring(root)[:300]
-        ids += [h.text for h in root.iterfind(f"o:{verb}//o:header/o:identifier", NS)]
+        ids += [h.text or "" for h in root.iterfind(f"o:{verb}//o:header/o:identifier", NS)]
         token = root.find(f"o:{verb}/o:resumptionToken", NS)
         if token is None or not (token.text or "").strip():
             return ids, tokens + ([token] if token is not None else [])
         tokens.append(token)
-        query = {"verb": verb, "resumptionToken": token.text}
+        query = {"verb": verb, "resumptionToken": token.text or ""}
 
 
 def test_snapshot_chains_still_list_a_record_edited_mid_list(session: requests.Session) -> None:

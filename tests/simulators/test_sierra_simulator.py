@@ -79,7 +79,7 @@ def client(sim: SierraSimulator) -> Iterator[requests.Session]:
         yield session
 
 
-def get(client: requests.Session, sim: SierraSimulator, path: str, **params: object) -> requests.Response:
+def get(client: requests.Session, sim: SierraSimulator, path: str, **params: str | int) -> requests.Response:
     return client.get(f"{sim.base_url}{path}", params=params)
 
 
@@ -177,10 +177,11 @@ def test_marc_record_content_and_fast_encoder_matches_pymarc(catalogue: Simulate
     record = bib_marc(bib)
     assert record["001"].data == "b1000001"
     assert record["005"].data == bib.updated_date.strftime("%Y%m%d%H%M%S.0")
-    assert len(record["008"].data) == 40
+    assert len(record["008"].data or "") == 40
     assert record["245"]["a"] == bib.title
     assert record["100"]["a"].startswith(bib.author)
-    assert (record.get("264") or record.get("260"))["c"] == f"{bib.publish_year}."
+    imprint = record.get("264") or record.get("260")
+    assert imprint is not None and imprint["c"] == f"{bib.publish_year}."
     assert record["907"]["a"] == f".b1000001{check_digit(1000001)}"
     assert record["998"]["e"] == bib.bcode3
     assert len(record.get_fields("945")) == bib.items
@@ -747,6 +748,7 @@ def test_cli_serves_until_sigterm() -> None:
         [sys.executable, "-m", "include.simulators.sierra", "--bibs", "3000", "--deleted-fraction", "0.02",
          "--seed", "1", "--port", "0", "--export-quota", "1", "--oversized-every", "500"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 30)
         assert ready, "simulator did not start"
@@ -755,7 +757,7 @@ def test_cli_serves_until_sigterm() -> None:
         base_url = line.removeprefix("listening on ")
         token = requests.post(f"{base_url}/token", auth=("demo-key", "demo-secret")).json()["access_token"]
         headers = {"Authorization": f"Bearer {token}"}
-        body = requests.get(f"{base_url}/bibs/marc", params={"id": "[1000001,1000600]", "limit": 600},
+        body = requests.get(f"{base_url}/bibs/marc", params={"id": "[1000001,1000600]", "limit": "600"},
                             headers=headers).json()
         assert body["errors"] == 1 and body["outputRecords"] <= 600
         limited = requests.get(f"{base_url}/bibs/marc", params={"id": "[1000001,]"}, headers=headers)

@@ -78,7 +78,7 @@ def test_a_missing_deletion_is_reported(conn: psycopg.Connection, db: str, partn
     oracle = {**partner.snapshot(), "excused": set()}
     mirror(conn, oracle)
     soak._check(partner, Night(PID, 1, "none"), oracle, succeeded=True)
-    gone = partner.model.delete(2)
+    gone = partner.records.delete(2)  # an OAI-PMH partner (soak_persistent)
     conn.execute("DELETE FROM records WHERE identifier = ANY(%s)", (gone,))  # purged, but no deletions row
     conn.commit()
     night = Night(PID, 2, "none")

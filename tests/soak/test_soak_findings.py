@@ -34,7 +34,7 @@ def test_edits_made_while_the_partner_clock_is_behind_the_cursor_reach_the_mirro
         edited = repo.edit(3)  # stamped a day before our cursor
         repo.advance_clock(timedelta(hours=30))  # the partner's clock passes our cursor again
         harness.run()
-    held = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
+    held: dict[str, str] = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
     assert held == {i: title(repo[i]) for i in edited}
 
 
@@ -49,7 +49,7 @@ def test_edits_made_between_the_clock_jump_and_the_run_that_sees_it_reach_the_mi
         harness.run()
         repo.advance_clock(timedelta(hours=30))
         harness.run()
-    held = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
+    held: dict[str, str] = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
     assert held == {i: title(repo[i]) for i in edited}
 
 
@@ -79,7 +79,7 @@ def test_versions_stamped_before_the_held_ones_after_a_clock_jump_reach_the_mirr
         assert harness.held() == repo.live_identifiers()
         repo.advance_clock(timedelta(hours=30))  # the clock passes the old one again
         harness.run()
-    held = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)",
+    held: dict[str, str] = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)",
                              (edited + deleted,)).fetchall())
     assert held == {i: title(repo[i]) for i in edited}
     assert harness.held() == repo.live_identifiers()
@@ -106,7 +106,7 @@ def test_a_clock_behind_stamps_a_full_export_already_held_is_a_regression_too(co
         catalogue.advance_clock(timedelta(hours=1))
         window, *_ = harness.run()
     assert window.protocol.clock_regressed  # its clock trails stamps already held: set back too
-    held = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
+    held: dict[str, str] = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
     assert held == {i: catalogue[i].title.strip() for i in edited}
     assert harness.held() == catalogue.live_ids()
 
@@ -137,6 +137,6 @@ def test_a_version_stamped_while_the_clock_was_behind_beats_one_stamped_before_t
         catalogue.advance_clock(timedelta(hours=1))
         catalogue.advance_clock(timedelta(hours=20))  # the clock passes the held stamps: not regressed
         harness.run()
-    held = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
+    held: dict[str, str] = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
     assert held == {i: catalogue[i].title.strip() for i in edited}
     assert harness.held() == catalogue.live_ids()

@@ -16,8 +16,11 @@ import psycopg
 
 from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
+from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner
 from partner_harvest.run import CHANGES, DELETIONS, RunResult, freeze, run_partner, stage_channel
+from partner_harvest.sierra.harvester import SierraAdapter
+from partner_harvest.store.apply import ApplyResult
 from partner_harvest.window import Window
 from tests.support.db import audit_row, held
 
@@ -83,7 +86,8 @@ class Harness:
 class OaiHarness(Harness):
     """An OAI-PMH partner: ``run`` returns (window, changes harvested, applied)."""
 
-    def run(self, mode: str = "incremental", window: Window | None = None, **kw: Any):
+    def run(self, mode: str = "incremental", window: Window | None = None,
+            **kw: Any) -> tuple[Window, HarvestStats, ApplyResult]:
         result = self.run_through(mode, window=window, **kw)
         return result.window, result.changes, result.applied
 
@@ -111,10 +115,12 @@ class SierraHarness(Harness):
             self.sleeps.append(seconds)
             self.on_sleep()
 
+        assert isinstance(adapter, SierraAdapter)
         adapter.sleep = sleep
         return adapter
 
-    def run(self, mode: str = "incremental", between: Callable[[], None] | None = None, **kw: Any):
+    def run(self, mode: str = "incremental", between: Callable[[], None] | None = None,
+            **kw: Any) -> tuple[Window, HarvestStats, HarvestStats, ApplyResult]:
         """``between`` runs after the change harvest, before the deletion poll."""
 
         def staged(channel: str) -> None:
@@ -122,6 +128,7 @@ class SierraHarness(Harness):
                 between()
 
         result = self.run_through(mode, on_staged=staged, **kw)
+        assert result.deletions is not None  # a Sierra run always has its deletion channel
         return result.window, result.changes, result.deletions, result.applied
 
 
@@ -137,7 +144,7 @@ class PieceRun:
         self.window = freeze(partner, make(), conn, {}, pipeline.RunRequest(mode))
         self.pieces = pipeline.pieces(pipeline.plan_slices(make(), conn, partner.id, run_id, self.window, partner.slicing))
 
-    def harvest(self, channel: str):
+    def harvest(self, channel: str) -> HarvestStats:
         return stage_channel(self.make(), self.conn, self.partner.id, self.run_id, self.window, channel)
 
     def harvest_all(self, but: str | None = None) -> None:
@@ -146,7 +153,7 @@ class PieceRun:
             if piece["channel"] != but:
                 self.harvest(piece["channel"])
 
-    def apply(self, reharvested: list[str] | None = None):
+    def apply(self, reharvested: list[str] | None = None) -> ApplyResult:
         def reharvest(channels: list[str]) -> None:
             if reharvested is not None:
                 reharvested.extend(channels)

@@ -6,6 +6,7 @@ database: tests/integration/test_docs_tables.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pydantic
 import pytest
@@ -17,7 +18,7 @@ PAGES = [docs_gen.REGISTRY_PAGE, docs_gen.CLI_PAGE, docs_gen.LIMITS_PAGE, docs_g
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_the_generated_page_is_current(page) -> None:
+def test_the_generated_page_is_current(page: Path) -> None:
     render = docs_gen.pages(None)[page]
     text = page.read_text(encoding="utf-8")
     assert render(text) == text, f"{page.relative_to(docs_gen.ROOT)} is stale: run scripts/gen_docs.py"

@@ -30,7 +30,7 @@ from partner_harvest.durations import human
     (679.6, "11m 19s"),  # seconds as a number (a rate's estimate)
     (0, "0s"),
 ])
-def test_human(value, text) -> None:
+def test_human(value: timedelta | float, text: str) -> None:
     assert human(value) == text
 
 

@@ -13,8 +13,9 @@ from urllib.parse import unquote
 import pytest
 
 from partner_harvest.airflow import hooks, lineage, provider
-from partner_harvest.factory import build_adapter
-from tests.support.partners import oai_partner, sierra_partner
+from partner_harvest.oai.harvester import OaiAdapter
+from partner_harvest.sierra.harvester import SierraAdapter
+from tests.support.partners import built, oai_partner, sierra_partner
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
@@ -84,7 +85,7 @@ def test_an_oai_pmh_partner_reads_http_and_oai_pmh_connections_alike(monkeypatch
           extra={"verify": str(ca), "proxies": {"https": "http://user:pw@proxy.example:3128"}})
     endpoint = hooks.hook_for("oai-pmh", "partner_museum").endpoint()
     assert endpoint.base_url == "https://museum.example/oai"
-    session = build_adapter(oai_partner("museum"), endpoint).client.session
+    session = built(OaiAdapter, oai_partner("museum"), endpoint).client.session
     assert session.verify == str(ca) and session.proxies == {"https": "http://user:pw@proxy.example:3128"}
 
 
@@ -99,7 +100,7 @@ def test_the_form_fields_reach_the_session_and_empty_ones_mean_unset(monkeypatch
           extra={"verify": None, "cert": str(cert), "client_key": str(key), "proxy": "http://proxy.example:3128"})
     endpoint = hooks.hook_for("sierra", "partner_lib").endpoint()
     assert (endpoint.login, endpoint.password) == ("key", "secret")
-    session = build_adapter(sierra_partner("lib", conn_id="partner_lib"), endpoint).client.session
+    session = built(SierraAdapter, sierra_partner("lib", conn_id="partner_lib"), endpoint).client.session
     assert session.verify is True
     assert session.cert == (str(cert), str(key))
     assert session.proxies == {"http": "http://proxy.example:3128", "https": "http://proxy.example:3128"}
@@ -125,7 +126,7 @@ def test_a_connection_saved_by_the_form_with_the_ca_bundle_left_empty_verifies_w
 
     _conn(monkeypatch, "partner_museum", conn_type="http", host="https://museum.example/oai",
           extra={"verify": None, "cert": None, "proxy": None})
-    session = build_adapter(oai_partner("museum"), partner_endpoint("partner_museum")).client.session
+    session = built(OaiAdapter, oai_partner("museum"), partner_endpoint("partner_museum")).client.session
     assert session.verify is True and session.cert is None and session.proxies == {}
 
 

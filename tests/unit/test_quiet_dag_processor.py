@@ -12,6 +12,8 @@ from airflow.dag_processing.manager import DagFileProcessorManager
 
 from partner_harvest.airflow.dag_processor import QuietDagFileProcessorManager, Throttle
 
+NOTHING: list[str] = []  # what a held-back call answers
+
 
 class Clock:
     def __init__(self) -> None:
@@ -31,17 +33,17 @@ def test_an_empty_answer_holds_the_next_call_for_the_interval() -> None:
 
     for now in (100.0, 101.0, 109.9, 110.0, 115.0, 120.5):
         clock.now = now
-        assert throttle.call(fetch, lambda found: not found, []) == []
+        assert throttle.call(fetch, lambda found: not found, NOTHING) == []
     assert asked == [100.0, 110.0, 120.5]
 
 
 def test_an_answer_with_work_is_asked_again_at_the_next_loop() -> None:
     clock, answers = Clock(), iter([["a"], ["b"], [], ["c"]])
     throttle = Throttle(10.0, clock)
-    seen = []
+    seen: list[list[str]] = []
     for now in (100.0, 100.5, 101.0, 101.5, 111.0):
         clock.now = now
-        seen.append(throttle.call(lambda: next(answers), lambda found: not found, []))
+        seen.append(throttle.call(lambda: next(answers), lambda found: not found, NOTHING))
     assert seen == [["a"], ["b"], [], [], ["c"]]
 
 
@@ -54,7 +56,7 @@ def test_an_interval_of_zero_asks_every_time() -> None:
 
     throttle = Throttle(0.0, clock)
     for _ in range(5):
-        throttle.call(fetch, lambda found: not found, [])
+        throttle.call(fetch, lambda found: not found, NOTHING)
     assert calls[0] == 5
 
 

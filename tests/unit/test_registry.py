@@ -320,4 +320,4 @@ def test_a_registry_shaped_mapping_parses_like_the_file() -> None:
                                             {"id": "bad", "protocol": "oai-pmh", "conn_id": "c", "lag": "soon"}]})
     assert [p.id for p in registry.partners] == ["m"] and registry.partners[0].set_spec == "s"
     assert [(e.partner, e.field) for e in registry.errors] == [("bad", "lag")]
-    assert Partner(id="m", protocol="oai-pmh", conn_id="c", set="s") == registry.partners[0]
+    assert Partner.model_validate({"id": "m", "protocol": "oai-pmh", "conn_id": "c", "set": "s"}) == registry.partners[0]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from partner_harvest.oai import parse
-from partner_harvest.oai.client import OaiClient, _Chain, _continuation
+from partner_harvest.oai.client import OaiClient
 from partner_harvest.sierra import marc
 
 
@@ -19,19 +19,9 @@ class SequentialOaiClient(OaiClient):
     """The chain one page at a time: page N+1 is requested only after the caller is done
     with page N (the client before pipelining: its gain is measured against this)."""
 
-    def _pipelined_pages(self, verb: str, prefix: str | None, params: dict[str, str]) -> Iterator[parse.ListPage]:
-        chain = _Chain(self)
-        while True:
-            content = self.fetch(params)
-            with self._named_errors(params):
-                page = parse.parse_list_page(content, verb, prefix, self.validation)
-            yield page
-            loop = chain.check(params, page.token, page)
-            if loop is not None:
-                raise loop
-            if not page.token:
-                return
-            params = _continuation(params, page.token)
+    def _pipelined_pages(self, verb: str, prefix: str | None, params: dict[str, str],
+                         ahead: bool = True) -> Iterator[parse.ListPage]:
+        return super()._pipelined_pages(verb, prefix, params, ahead=False)
 
 
 def sequential(client: OaiClient) -> OaiClient:

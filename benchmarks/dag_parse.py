@@ -98,7 +98,7 @@ def main() -> None:
                    "AIRFLOW__CORE__UNIT_TEST_MODE": "False", "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "0",
                    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{work / 'airflow.db'}"}
             if args.shards:
-                subprocess.run([sys.executable, "-m", "partner_harvest.airflow.shards", "--shards", str(args.shards),
+                subprocess.run([sys.executable, "-m", "partner_harvest.cli", "shards", "--shards", str(args.shards),
                                 str(dags)], env=env, check=True, capture_output=True)
             files = sorted(p for p in dags.glob("*.py") if not _ignored(dags, p) and args.only in p.name
                            and not (args.sample and "_shard_" in p.name and not p.name.endswith("_00.py")))

@@ -98,14 +98,14 @@ def top_frames(collapsed: Path, count: int = 25) -> str:
 
 # ---------------------------------------------------------------------------- what must still work
 def reactions(stack: ManyPartners) -> dict[str, float]:
-    """Seconds until a partner added to the registry has its DAG (after ``shards --touch``, the
+    """Seconds until a partner added to the registry has its DAG (after ``partner-harvest shards --touch``, the
     documented step), and the wall time of one partner's first run (six tasks, each handed on
     by the scheduler's loop)."""
     added = "pnew01"
     registry = stack.work / "partners.yaml"
     write_registry(registry, [*stack.ids, added])
     started = time.monotonic()
-    subprocess.run([sys.executable, "-m", "partner_harvest.airflow.shards", "--touch", str(stack.work / "dags")],
+    subprocess.run([sys.executable, "-m", "partner_harvest.cli", "shards", "--touch", str(stack.work / "dags")],
                    env=stack.stack.env, check=True, stdout=subprocess.DEVNULL)
     stack.stack.poll(lambda: stack.stack.dag_parsed(f"harvest_{added}"), 600, "the added partner's DAG")
     seen = time.monotonic() - started

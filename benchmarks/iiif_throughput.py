@@ -39,10 +39,15 @@ from tests.support.iiif_harness import iiif_partner
 
 
 class ListSink:
+    """A staging sink that is no database (adapters.StagingSink): what is staged, in a list."""
+
+    conn = run = attempt = None
+    seq = 0
+
     def __init__(self) -> None:
         self.items: list[HarvestItem] = []
 
-    def write_page(self, items: list[HarvestItem]) -> None:
+    def write_page(self, items: list[HarvestItem], checkpoint: int | None = None) -> None:
         self.items.extend(items)
 
     def reset(self) -> None:

@@ -40,7 +40,6 @@ from benchmarks.support import ROOT  # noqa: E402 (a runtime directory for Postg
 from include import embedded_pg  # noqa: E402
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository  # noqa: E402
 from tests.support.airflow_stack import (  # noqa: E402
-    QUIET_DAG_PROCESSOR,
     SERVICES,
     AirflowServices,
     Keys,
@@ -132,9 +131,8 @@ class ManyPartners:
 
     def __init__(self, count: int, shards: int, work: Path, *, settings: dict[str, str] | None = None,
                  services: tuple[str, ...] = SERVICES, pg_label: str = PG_LABEL,
-                 quiet_dag_processor: bool = False, connections: str = "environment") -> None:
+                 connections: str = "environment") -> None:
         self.count, self.shards, self.work, self.connections = count, shards, work, connections
-        self.quiet_dag_processor = quiet_dag_processor
         self.settings = dag_processor_settings() if settings is None else settings
         self.services, self.pg_label = services, pg_label
         self.ids = [f"p{i:05d}" for i in range(count)]
@@ -155,7 +153,7 @@ class ManyPartners:
         home.mkdir()
         port = free_loopback_port()
         env = clean_environ()
-        env.update({"AIRFLOW_HOME": str(home), "PYTHONPATH": code_path(ROOT / "config"), "PYTHONUNBUFFERED": "1"})
+        env.update({"AIRFLOW_HOME": str(home), "PYTHONPATH": code_path(), "PYTHONUNBUFFERED": "1"})
         env.update(airflow_settings(home=home, port=port, metadata_db=self.meta_db, keys=Keys.fresh(),
                                     triggered_only=True, timing=TIMING))
         for key in ("PARSING_PROCESSES", "REFRESH_INTERVAL"):  # the checkout's settings or Airflow's
@@ -167,11 +165,9 @@ class ManyPartners:
             for pid in self.ids:
                 env[f"AIRFLOW_CONN_PARTNER_{pid.upper()}"] = http_connection(self.simulator.base_url)
         if self.shards > 1:
-            subprocess.run([sys.executable, "-m", "partner_harvest.airflow.shards", "--shards", str(self.shards),
+            subprocess.run([sys.executable, "-m", "partner_harvest.cli", "shards", "--shards", str(self.shards),
                             str(dags)], env=env, check=True)
         self.stack = AirflowServices(env, self.work, port, self.services)
-        if self.quiet_dag_processor:  # partner_harvest/airflow/dag_processor.py, its default poll interval
-            self.stack.launchers = {"dag-processor": QUIET_DAG_PROCESSOR}
         self.stack.migrate(timeout=900)
         self.stack.start()
         self.stack.wait_healthy(300)
@@ -293,8 +289,7 @@ def report(count: int, shards: int, idle_s: float, stack: ManyPartners, nights: 
            idle: dict[str, float]) -> None:
     per_hour = {k: v * 3600 / idle_s for k, v in idle.items()}
     print(f"\n== {count} partners, code {ROOT}, shards {shards or 1}, "
-          f"[dag_processor] {dag_processor_settings() or 'Airflow defaults'}, "
-          f"dag-processor: {'partner_harvest.airflow.dag_processor' if stack.quiet_dag_processor else 'airflow'}")
+          f"[dag_processor] {dag_processor_settings() or 'Airflow defaults'}")
     print(f"first parse of every harvest DAG: {stack.first_parse:.0f} s wall")
     print("idle CPU-s per hour: " + ", ".join(f"{k} {v:.0f}" for k, v in per_hour.items()))
     daily_share = per_hour["dag-processor"] * 24 / count
@@ -317,8 +312,6 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=120.0, help="seconds of the idle measurement")
     parser.add_argument("--nights", type=int, choices=range(4), default=3,
                         help="how many of the nights first, quiet1, quiet to run (0: the parse and the idle hour only)")
-    parser.add_argument("--quiet-dag-processor", action="store_true",
-                        help="run python -m partner_harvest.airflow.dag_processor instead of airflow dag-processor")
     parser.add_argument("--history", choices=("airflow", "seeded"), default="airflow",
                         help="seeded: the first and quiet1 nights run through the library (not measured), then two "
                              "quiet nights on the scheduler, the second the steady one (for 1,000 partners and more)")
@@ -332,8 +325,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="many-partners-") as tmp:
             work = Path(tmp) if args.keep is None else Path(tempfile.mkdtemp(prefix=f"{count}-", dir=args.keep))
             print(f"work directory {work}", flush=True)
-            stack = ManyPartners(count, args.shards, work, quiet_dag_processor=args.quiet_dag_processor,
-                                 connections=args.connections)
+            stack = ManyPartners(count, args.shards, work, connections=args.connections)
             try:
                 stack.start()
                 idle = stack.idle(args.idle)

@@ -38,6 +38,7 @@ def main() -> int:
 
     from partner_harvest.factory import Endpoint, build_adapter
     from partner_harvest.registry import Partner
+    from partner_harvest.sierra.export import expected_bibs
     from partner_harvest.sierra.harvester import SierraAdapter
 
     logging.basicConfig(level=logging.WARNING)
@@ -51,16 +52,16 @@ def main() -> int:
             support.control(url, "warm_export", {})
             adapter = build_adapter(partner, Endpoint(url, KEY, SECRET))
             assert isinstance(adapter, SierraAdapter)
-            adapter._first_id_from(0)  # the token and the connection, outside the measurement
+            adapter.first_id_from(0)  # the token and the connection, outside the measurement
             estimates: list[int | None] = []
             block_times: list[float] = []
             seconds: list[float] = []
             load = os.getloadavg()[0]
-            with mock.patch.object(adapter, "_first_id_from", wraps=adapter._first_id_from) as probe:
+            with mock.patch.object(adapter, "first_id_from", wraps=adapter.first_id_from) as probe:
                 for _ in range(args.repeat):
                     probe.reset_mock()
                     began = time.perf_counter()
-                    estimates.append(adapter._expected_bibs())
+                    estimates.append(expected_bibs(adapter, BLOCK))
                     seconds.append(time.perf_counter() - began)
                 count = probe.call_count
             for _ in range(args.repeat):

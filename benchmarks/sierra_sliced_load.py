@@ -45,8 +45,9 @@ def child(args: argparse.Namespace) -> None:
     """One worker's part: ``plan`` (freeze + plan), ``piece`` (one slice) or ``finish``
     (deletion poll + apply)."""
     from partner_harvest import pipeline
+    from partner_harvest import run as recipe
     from partner_harvest.factory import Endpoint, build_adapter
-    from partner_harvest.store import RunRef, connect
+    from partner_harvest.store import connect
     from partner_harvest.window import Window
 
     if os.environ.get("HARVEST_BENCH_LOG"):  # each worker's log with times, on its stderr
@@ -58,20 +59,19 @@ def child(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     with connect(args.db) as conn:
         if args.step == "plan":
-            window = pipeline.freeze_window(adapter, partner.lag, None, pipeline.RunRequest("incremental"),
-                                            {"deletions": None})
-            pieces = pipeline.pieces(pipeline.plan_slices(adapter, conn, PARTNER, args.run_id, window, partner.slicing))
+            window = recipe.freeze(partner, adapter, conn, request=pipeline.RunRequest("incremental"))
+            pieces = recipe.plan(partner, adapter, conn, args.run_id, window)
             print(json.dumps({"window": window.to_dict(), "pieces": pieces}))
             return
         window = Window.from_dict(json.loads(args.window))
         if args.step == "piece":
-            stats = pipeline.harvest_piece(adapter, conn, PARTNER, args.run_id, window, args.channel)
+            stats = recipe.stage_channel(adapter, conn, args.run_id, window, args.channel)
             print(json.dumps({"fetched": stats.fetched, "seconds": time.perf_counter() - started,
                               "cpu_seconds": time.process_time(), "peak_rss_mib": support.peak_rss_mib()}))
             return
-        pipeline.poll_deletions(adapter, conn, RunRef(PARTNER, args.run_id, "deletions"), window)
+        recipe.stage_channel(adapter, conn, args.run_id, window, "deletions")
         applied = time.perf_counter()
-        result = pipeline.apply_changes(conn, PARTNER, args.run_id)
+        result = recipe.apply(conn, PARTNER, args.run_id, window, recipe.Kept(), None)
         checks = conn.execute("SELECT channel, check_ok FROM harvest_runs WHERE partner_id = %s AND run_id = %s"
                               " AND check_kind IS NOT NULL", (PARTNER, args.run_id)).fetchall()
         print(json.dumps({**result.as_dict(), "apply_seconds": time.perf_counter() - applied,

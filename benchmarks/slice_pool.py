@@ -5,7 +5,7 @@ tests/support/e2e_stack.py, the e2e tests' stack) runs ``harvest_e2emuseum`` in 
 OAI-PMH simulator in a process of its own (``--records`` records, 500 a page, 5% deleted,
 ``--delay-ms`` per response, so that requests overlap). The registry slices the full
 harvest into ``--slices`` slices (``slicing``) and gives the partner ``pool_slots:
---pool``; ``python -m partner_harvest.airflow.pools`` syncs the pool from it. Airflow's
+--pool``; ``partner-harvest sync-pools`` syncs the pool from it. Airflow's
 parallelism is above the number of slices, so only the pool holds the slices back.
 
 Printed per run: the most requests the simulator had in flight at once over the whole run
@@ -49,7 +49,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from benchmarks import support  # noqa: E402
 
 PAGE_SIZE = 500
-SETTINGS_DIR = Path(__file__).resolve().parents[1] / "config"  # the deployment's airflow_local_settings.py
 RUN_TIMEOUT = 1800.0
 
 
@@ -72,7 +71,8 @@ def write_registry(path: Path, partner: str, slices: int, records: int, pool: in
 
 def sync_pools(stack: Any) -> str:
     """The deployment step: pools from the registry (``pool_slots``)."""
-    done = subprocess.run([sys.executable, "-m", "partner_harvest.airflow.pools"], env=stack.env,
+    done = subprocess.run([sys.executable, "-m", "partner_harvest.cli", "sync-pools"],
+                          env={**stack.env, "HARVEST_AIRFLOW_API_URL": stack.base_url},
                           capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise SystemExit(f"pool sync failed:\n{done.stderr[-3000:]}")
@@ -181,8 +181,7 @@ def main() -> int:
         registry = base / "sliced.yaml"
         write_registry(registry, partner, args.slices, args.records, args.pool)
         overrides = {"AIRFLOW__CORE__PARALLELISM": str(parallelism), "HARVEST_PARTNERS_FILE": str(registry),
-                     # config/airflow_local_settings.py: Airflow 3.3.2 + psycopg 3 lock check
-                     "PYTHONPATH": os.pathsep.join(str(p) for p in (SETTINGS_DIR, args.plugins, support.ROOT)),
+                     "PYTHONPATH": os.pathsep.join(str(p) for p in (args.plugins, support.ROOT)),
                      f"AIRFLOW_CONN_PARTNER_{partner.upper()}": json.dumps({"conn_type": "http", "host": url})}
         started = time.perf_counter()
         stack = e2e_stack.start_airflow(embedded_pg.start("bench"), base, cleanup, overrides)
@@ -201,9 +200,6 @@ def main() -> int:
                 failures.append(f"{label}: run {figures['state']}, records == live set: {figures['exact']}")
             if label == "control" and figures["max_in_flight"] <= args.pool:
                 print(f"  note: the control run never went above {args.pool} in flight (the machine held it back)")
-        shimmed = sum(path.read_text(errors="replace").count("lock shim:") for path in stack.logs.values()
-                      if path.exists())
-        print(f"  busy slot_pool locks the scheduler skipped (psycopg 3 shim, else it exits): {shimmed}")
     for failure in failures:
         print(f"FAIL {failure}")
     if not failures:

@@ -70,7 +70,7 @@ def airflow_env(home: Path, port: int, meta_db: str, aggregation_db: str, oai_ur
     kept (a new DAG starts paused), the keys survive a restart (kept in AIRFLOW_HOME), the
     log servers listen on the next two ports, the services poll at Airflow's own pace."""
     env = clean_environ(strip=("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_"))  # HARVEST_* are the user's
-    env["PYTHONPATH"] = code_path(ROOT / "config")
+    env["PYTHONPATH"] = code_path()
     env.update(airflow_settings(home=home, port=port, metadata_db=meta_db, keys=Keys.kept_in(home),
                                 triggered_only=False, timing=RELAXED, log_ports=(port + 1, port + 2)))
     env.update({
@@ -90,10 +90,10 @@ def airflow_env(home: Path, port: int, meta_db: str, aggregation_db: str, oai_ur
 # the CLI does not use.
 CLI_KEYS = ("AIRFLOW_HOME", "AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__PLUGINS_FOLDER",
             "AIRFLOW__CORE__LOAD_EXAMPLES", "AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC", "HARVEST_PARTNERS_FILE", "AIRFLOW_CONN_AGGREGATION_DB")
+            "HARVEST_PARTNERS_FILE", "AIRFLOW_CONN_AGGREGATION_DB")
 
 
-def print_env(home: Path, db_prefix: str) -> int:
+def print_env(home: Path, db_prefix: str, port: int) -> int:
     """The exports for `eval "$(bash scripts/airflow_ui.sh env)"` (starts the embedded PostgreSQL
     when it is not running; creates nothing else)."""
     if not (home / "ui-secrets.json").exists():
@@ -104,6 +104,7 @@ def print_env(home: Path, db_prefix: str) -> int:
                       "", "")
     for key in CLI_KEYS:
         print(f"export {key}={shlex.quote(env[key])}")
+    print(f"export HARVEST_AIRFLOW_API_URL=http://127.0.0.1:{port}")  # the REST API the command line talks to
     print(f"export PATH={shlex.quote(str(ROOT / '.venv' / 'bin'))}:\"$PATH\"")
     return 0
 
@@ -141,7 +142,7 @@ def main() -> int:
                              "embedded PostgreSQL")
     args = parser.parse_args()
     if args.action == "env":
-        return print_env(args.home, args.db_prefix)
+        return print_env(args.home, args.db_prefix, args.port)
     if args.action == "stop-db":
         embedded_pg.stop(UI_LABEL)
         print("==> the embedded PostgreSQL of the local UI is stopped")
@@ -168,8 +169,6 @@ def main() -> int:
         where = "HARVEST_DATABASE_URL" if os.environ.get(embedded_pg.DATABASE_URL_ENV) else "the embedded PostgreSQL"
         print(f"==> Airflow metadata DB and aggregation DB on {where}", flush=True)
         services.migrate(timeout=600)
-        subprocess.run([sys.executable, "-m", "partner_harvest.airflow.pools"], env=env, cwd=ROOT, check=True,
-                       stdout=subprocess.DEVNULL)
         stack.callback(services.stop)
         services.start()
         base_url = f"http://127.0.0.1:{args.port}"
@@ -181,6 +180,10 @@ def main() -> int:
                     print(f"Airflow did not come up ({', '.join(dead) or 'timeout'}); see {args.home}/*.log", flush=True)
                     return 1
                 time.sleep(1)
+            # The deployment step, through the REST API like an operator's: the partners' pools.
+            subprocess.run([sys.executable, "-m", "partner_harvest.cli", "sync-pools"],
+                           env={**env, "HARVEST_AIRFLOW_API_URL": base_url}, cwd=ROOT, check=True,
+                           stdout=subprocess.DEVNULL)
             print(f"==> Airflow UI ready at {base_url} (every visitor is admin: loopback only)", flush=True)
             print(f"    partners: demo (OAI-PMH) at {oai_url}, demo_library (Sierra) at {sierra_url}; their clock "
                   "stands at 2026-01-01 (the simulators' fixed clock: the health page shows it)", flush=True)

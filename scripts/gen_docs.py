@@ -1,4 +1,4 @@
-"""Regenerate the docs' reference pages (partner_harvest.docs_gen) from the code and schema.
+"""Regenerate the docs' reference pages (scripts/docs_gen.py) from the code and schema.
 
     .venv/bin/python scripts/gen_docs.py            # rewrite the stale pages, name them
     .venv/bin/python scripts/gen_docs.py --check    # only name them; exit 1 if any is stale
@@ -23,8 +23,8 @@ from psycopg import sql  # noqa: E402
 from psycopg.conninfo import conninfo_to_dict, make_conninfo  # noqa: E402
 
 from include import embedded_pg  # noqa: E402
-from partner_harvest import docs_gen  # noqa: E402
 from partner_harvest.store import connect, ensure_schema  # noqa: E402
+from scripts import docs_gen  # noqa: E402
 
 
 def migrated_comments() -> dict:

@@ -136,7 +136,8 @@ SLOWEST_FIRST = (
 # Modules on one shared Airflow stack (tests/e2e/conftest.py, ``shared_airflow_stack``): one
 # xdist scope, so one worker runs them one after the other (adjacent in SLOWEST_FIRST too) and
 # starts the stack once. Apart, each worker would start a stack of its own: slower, still right.
-SHARED_STACK_MODULES = ("tests/e2e/test_airflow_services.py", "tests/e2e/test_approval_gates_e2e.py")
+SHARED_STACK_MODULES = ("tests/e2e/test_airflow_services.py", "tests/e2e/test_approval_gates_e2e.py",
+                        "tests/e2e/test_rerun_from_the_ui.py")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

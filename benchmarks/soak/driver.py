@@ -56,6 +56,10 @@ START = datetime(2026, 6, 1, tzinfo=timezone.utc)
 LAG = timedelta(minutes=5)
 LEASE_TTL_SECONDS = 3
 RERUNS = 2  # a killed night is run again at most this often before the next night takes over
+# The reconcile of an approved_after_quiet_night night: its purge asks (any purge is over the
+# limit), and the night's process stops while it waits, then approves (night.py).
+APPROVAL_ARGS = ("--max-purge-fraction", "0.001", "--approve-after-stop")
+KEEP_ALIVE_TIMEOUT = 5.0  # the Sierra simulator's default (Apache's): restored after a night that shortens it
 RETRIES = 2  # Airflow task retries (the registry's default is 3; the soak keeps nights short)
 HTTP_RETRIES = 2
 # Registry keys retry_delay and max_retry_delay: on --scheduler nights the scheduler itself waits this
@@ -105,6 +109,7 @@ PARTNERS: dict[str, PartnerSpec] = {p.id: p for p in (
     PartnerSpec("soak_daily", "oai-pmh", "persistent", "day"),
     PartnerSpec("soak_sierra", "sierra"),
     PartnerSpec("soak_sierra_b", "sierra"),  # a second library: its own full load, so both export faults meet one
+    PartnerSpec("soak_sierra_c", "sierra"),  # a third: its full load meets idle keep-alive closing and poison bibs
     PartnerSpec("soak_iiif", IIIF, sliced=True),  # a Refresh now and then keeps the stream's history; loads in slices
     PartnerSpec("soak_iiif_refresh", IIIF, "no"),  # its Refresh truncates the history: the reconcile finds the lost Deletes
 )}
@@ -220,6 +225,11 @@ class Partner:
     @property
     def museum(self) -> Museum:
         assert isinstance(self.model, Museum), self.spec.protocol
+        return self.model
+
+    @property
+    def catalogue(self) -> SimulatedCatalogue:
+        assert isinstance(self.model, SimulatedCatalogue), self.spec.protocol
         return self.model
 
     @property
@@ -358,8 +368,9 @@ class Partner:
                 deleted = {m.identifier(base, slug) for slug in m.gone - set(m.live)}
             elif isinstance(m, SimulatedCatalogue):
                 for bib in m.bibs(int(i) for i in m.sorted_live_ids()):
-                    expect[bib.id] = (bib.title.strip(), ())
-                deleted = set(m.deleted_ids())
+                    if not (bib.suppressed or bib.no_marc):  # options.sierra.suppressed: purge (the default)
+                        expect[bib.id] = (bib.title.strip(), ())
+                deleted = m.deleted_ids()
             else:
                 from include.simulators.oai_pmh import payloads
 
@@ -548,7 +559,8 @@ class Soak:
 
     def _child(self, env: dict[str, str], partner: Partner, night: int, kind: str, moment: str = "",
                action: str = "", forget: bool = False, on_stop: Callable[[int], None] | None = None, tag: str = "",
-               logical: datetime | None = None, lease_ttl: float | None = None) -> tuple[dict[str, Any] | None, int]:
+               logical: datetime | None = None, lease_ttl: float | None = None,
+               extra: tuple[str, ...] = ()) -> tuple[dict | None, int]:
         """One DAG run in a process forked from the warm zygote; (result or None, exit code).
 
         ``on_stop(pid)``: called while the process is stopped (SIGSTOP); SIGCONT after it."""
@@ -565,6 +577,7 @@ class Soak:
             argv.append("--forget-cursors")
         if lease_ttl is not None:
             argv += ["--lease-ttl", str(lease_ttl)]
+        argv += list(extra)
         log = str(self.workdir / f"{name}.log")
         outer = partner.child
         pid = self._fork({"argv": argv, "log": log})
@@ -631,6 +644,8 @@ class Soak:
 
         # The day: staff work, then the night's clock (the window closes `LAG` before it).
         model = partner.model
+        if kind == "refused_after_quiet_outage":
+            self._quiet_then_outage(env, partner, night, record)
         if night > 1 and not settle:
             model.advance_clock(timedelta(hours=20))
             partner.day_of_changes(rng, scale=max(5, self.size // 20))
@@ -649,6 +664,7 @@ class Soak:
         mid_page = rng.randint(1, 2)  # staff edit as the harvest asks for page mid_page + 1
         fault_page = rng.randint(1, 2)
         partner.full_load_night = full_load
+        strains = self._host_strains()
         self._arm(partner, fault, rng, record, mid_page, fault_page)
 
         attempt_data: dict | None = None
@@ -680,6 +696,9 @@ class Soak:
                 attempt_data = data
                 break
         self._disarm(partner)
+        if kind == "sierra_keep_alive_poison" and self._host_strains() > strains:
+            record.divergence.append(f"the host's back-off fed itself: {self._host_strains() - strains} strains in a "
+                                     "night without an answer the host failed")
         if attempt_data is not None:
             record.task_retries = sum(max(0, t["tries"] - 1) for t in attempt_data["tasks"].values())
             succeeded = attempt_data["state"] == "success"
@@ -697,11 +716,13 @@ class Soak:
         if spec.reconciled and (night % self.reconcile_every == 0 or settle or fault.reconcile_only):
             record.reconcile = True
             moment = pause_moment if fault.reconcile_only else ""
+            approval = kind == "approved_after_quiet_night"
+            on_stop = ((lambda pid: self._quiet_night_in_wait(env, partner, night, record)) if approval else
+                       (lambda pid: self._paused(env, partner, night, fault, rng, record, oracle, "reconcile")))
             data = (self._scheduled(partner, night, "reconcile")[0] if self.scheduler
                     else self._child(env, partner, night, "reconcile", moment, "pause" if moment else "",
-                                     lease_ttl=paused_ttl if moment else None,
-                                     on_stop=lambda pid: self._paused(env, partner, night, fault, rng, record,
-                                                                      oracle, "reconcile"))[0])
+                                     lease_ttl=paused_ttl if moment else None, on_stop=on_stop,
+                                     extra=APPROVAL_ARGS if approval else ())[0])
             if fault.reconcile_only and data:
                 record.task_retries += sum(max(0, t["tries"] - 1) for t in data["tasks"].values())
             if not data or data["state"] != "success":
@@ -761,6 +782,10 @@ class Soak:
         elif fault.kind == "sierra_export_135":
             partner.sierra.fail_export_next(135, HTTP_RETRIES + 1)  # outlasts the client's own retries: the task's
             record.fired = True
+        elif fault.kind == "sierra_keep_alive_poison":
+            partner.catalogue.poison_every = 40  # bibs bib2Marc cannot convert: 500/135 for every block holding one
+            partner.sierra.keep_alive_timeout = 0.05  # a connection idle 50 ms is closed: every pacing wait outlasts it
+            record.fired = True
         elif fault.kind == "sierra_deletion_poll_500":
             partner.sierra.fail_next((HTTP_RETRIES + 1) * 2, 500, path_prefix="deletedDate")
             record.fired = True
@@ -791,8 +816,41 @@ class Soak:
             pass
         elif partner.spec.protocol == "oai-pmh":
             partner.oai.repeat_token(False)
+            partner.oai.refuse_windows_longer_than(None)
         else:
             partner.sierra.set_faults(fail_export_next=None)
+            partner.sierra.keep_alive_timeout = KEEP_ALIVE_TIMEOUT
+
+    def _host_strains(self) -> int:
+        """Strains recorded on the simulators' host (every soak partner is on 127.0.0.1)."""
+        with psycopg.connect(self.conninfo) as conn:
+            try:
+                row = conn.execute("SELECT coalesce(sum(strains), 0) FROM host_pacing").fetchone()
+            except psycopg.errors.UndefinedTable:  # before the first night made the schema
+                return 0
+        return int(row[0]) if row else 0
+
+    def _quiet_then_outage(self, env: dict[str, str], partner: Partner, night: int, record: Night) -> None:
+        """Quiet nights (nothing changed: the last fetches nothing, so the night after looks
+        first), then the server is down for four nights and, back, refuses windows longer
+        than a day: tonight's window has grown past that."""
+        for hour in (6, 7):  # the second is quiet for certain (the first may see the last night's late edits)
+            partner.model.advance_clock(timedelta(hours=1))
+            self._child(env, partner, night, "harvest", tag=f"quiet{hour}",
+                        logical=START + timedelta(days=night - 1, hours=hour))
+        partner.model.advance_clock(timedelta(days=4))
+        partner.oai.refuse_windows_longer_than(86400, "413")
+        record.fired = True
+        record.notes.append("two quiet nights, four nights down, windows over a day refused")
+
+    def _quiet_night_in_wait(self, env: dict[str, str], partner: Partner, night: int, record: Night) -> None:
+        """The reconcile waits at its approval gate (its process stopped): the partner's nightly
+        harvest runs and changes nothing; then the soak lets the approval go on."""
+        record.fired = True
+        partner.model.advance_clock(timedelta(hours=1))
+        second, _ = self._child(env, partner, night, "harvest", tag="quiet-in-wait",
+                                logical=START + timedelta(days=night, hours=12))
+        record.interloper = f"quiet harvest {second['state'] if second else 'killed'}"
 
     # ---------------------------------------------------------------- pauses
     def _stop(self, partner: Partner, record: Night, page: int) -> None:

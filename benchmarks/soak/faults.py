@@ -23,7 +23,7 @@ from dataclasses import dataclass
 class Fault:
     kind: str
     protocols: tuple[str, ...]  # "oai-pmh", "sierra", "iiif-change-discovery"
-    where: str  # "page" | "child" | "partner" | "before"
+    where: str  # "page" | "child" | "partner" | "before" | "pause" | "retry_wait" | "approval"
     moment: str = ""  # child: running:<task> | success:<task> | apply:audit
     action: str = ""  # page/child: kill | pg_restart | drop_conn
     full_load_only: bool = False  # only a full load meets it (Sierra's export)
@@ -81,6 +81,15 @@ FAULTS: dict[str, Fault] = {f.kind: f for f in (
     Fault("pause_reconcile_before_removals", OAI, "pause", action="pause", dag_test_only=True,
           reconcile_only=True, moments=("reconcile:removals", "reconcile:apply")),
     # An operator command while the run waits for its retry (its first try failed).
+    # A quiet partner's server, down for four nights, then refusing windows longer than a day:
+    # the night's quiet-night look asks for the whole grown window (a quiet night ran first).
+    Fault("refused_after_quiet_outage", OAI, "before", incremental_only=True, dag_test_only=True),
+    # The reconcile's purge waits at its approval gate (its limit lowered for the night); the
+    # partner's quiet nightly harvest applies during the wait, then a person approves.
+    Fault("approved_after_quiet_night", OAI, "approval", reconcile_only=True, dag_test_only=True),
+    # A full load against a server closing idle keep-alive connections at once, with poison
+    # bibs (500/135 from bibs/marc): the host's back-off must not feed itself.
+    Fault("sierra_keep_alive_poison", SIERRA, "partner", full_load_only=True),
     Fault("forget_in_retry_wait", ALL, "retry_wait", "failed:*", "forget", incremental_only=True,
           dag_test_only=True),
     Fault("reset_cursor_in_retry_wait", ALL, "retry_wait", "failed:*", "reset-cursor", incremental_only=True,

@@ -164,6 +164,52 @@ def _arm(moment: str, action: str, pg_label: str) -> None:
     get_listener_manager().add_listener(Trip())
 
 
+def _purge_limit(partner_id: str, fraction: float) -> None:
+    """This process's registry: a copy with the partner's max_purge_fraction set (every task
+    of the run reads the registry again, so the copy is what they all see)."""
+    import tempfile
+
+    import yaml
+
+    from partner_harvest.registry import PARTNERS_FILE_ENV, partners_file
+
+    registry = yaml.safe_load(partners_file().read_text(encoding="utf-8"))
+    for entry in registry["partners"]:
+        if entry.get("id") == partner_id:
+            entry["max_purge_fraction"] = fraction
+    copy = Path(tempfile.mkdtemp(prefix="soak-registry-")) / "partners.yaml"
+    copy.write_text(yaml.safe_dump(registry, sort_keys=False), encoding="utf-8")
+    os.environ[PARTNERS_FILE_ENV] = str(copy)
+
+
+def _approve_after_a_stop(task_id: str = "approval_gate") -> None:
+    """When the run's approval gate waits for input: stop this process (the soak runs the
+    partner's nightly harvest meanwhile, then sends SIGCONT), then answer Approve as the
+    REST API does."""
+    import threading
+    import time
+
+    def approve() -> None:
+        from airflow.models.taskinstance import TaskInstance
+        from airflow.utils.session import create_session
+        from airflow.utils.state import TaskInstanceState
+        from sqlalchemy import select
+
+        from tests.support.hitl import Responder
+
+        while True:
+            with create_session() as session:
+                waiting = session.scalar(select(TaskInstance.id).where(
+                    TaskInstance.task_id == task_id, TaskInstance.state == TaskInstanceState.AWAITING_INPUT))
+            if waiting is not None:
+                break
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        Responder(task_id, "Approve", user="soak")._answer()
+
+    threading.Thread(target=approve, name="soak-approve", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--partner", required=True)
@@ -178,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--forget-cursors", action="store_true", help="night 1: no cursor yet")
     parser.add_argument("--lease-ttl", type=float, default=None,
                         help="seconds: this run's lease TTL (a run the soak stops; default: the environment's)")
+    parser.add_argument("--max-purge-fraction", type=float, default=None,
+                        help="this run's partner with another max_purge_fraction (a reconcile made to ask)")
+    parser.add_argument("--approve-after-stop", action="store_true",
+                        help="when the approval gate waits: stop this process (SIGSTOP), then Approve")
     parser.add_argument("--result", required=True)
     args = parser.parse_args(argv)
 
@@ -185,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from partner_harvest.airflow.dag_factory import build_harvest_dag, build_reconcile_dag
     from partner_harvest.registry import get_partner
+
+    if args.max_purge_fraction is not None:
+        _purge_limit(args.partner, args.max_purge_fraction)
+    if args.approve_after_stop:
+        _approve_after_a_stop()
 
     partner = get_partner(args.partner)
     keys = [partner.cursor_key, f"{partner.cursor_key}__deletions"]

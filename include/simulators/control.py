@@ -37,8 +37,9 @@ class ControlledServer(LoopbackServer, Generic[F]):
     _fault_actions: Mapping[str, FaultAction] = {}
 
     def __init__(self, host: str, port: int, handler: type[LoopbackHandler],
-                 model: SimulatedModel[Any], faults: F) -> None:
-        super().__init__(host, port, handler)
+                 model: SimulatedModel[Any], faults: F, *, keep_alive_timeout: float | None = None,
+                 keep_alive_max: int | None = None) -> None:
+        super().__init__(host, port, handler, keep_alive_timeout=keep_alive_timeout, keep_alive_max=keep_alive_max)
         self._model = model
         self.faults = faults  # replaced whole (under the lock), never changed in place
 
@@ -107,6 +108,14 @@ class ControlledServer(LoopbackServer, Generic[F]):
         if report is None:
             return self._json_reply(404, {"error": f"unknown report: {action}"})
         return report
+
+    def _control_close_idle_connections(self, data: dict[str, Any]) -> dict[str, Any]:
+        return {"closed": self.close_idle_connections()}
+
+    def _control_keep_alive(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Set the idle timeout (``timeout`` seconds, null: never) out of process."""
+        self.keep_alive_timeout = None if data.get("timeout") is None else float(data["timeout"])
+        return {"keep_alive_timeout": self.keep_alive_timeout}
 
     def _control_mutate(self, data: dict[str, Any]) -> dict[str, Any]:
         model = self._model

@@ -4,10 +4,18 @@ A simulator subclasses `LoopbackServer` (lifecycle, request log, error record)
 and `LoopbackHandler` (its routes and how it writes a response), so what stays
 in the simulator is its protocol. Stopping is clean: keep-alive handler threads
 blocked on a read are woken, so tests never wait for idle connections.
+
+What real servers do to idle connections is here too, for every simulator:
+``keep_alive_timeout`` closes a keep-alive connection that waited that long for its
+next request (Apache's ``KeepAliveTimeout``, 5 s by default) and announces it in a
+``Keep-Alive: timeout=N`` header; ``keep_alive_max`` closes one after that many
+responses. ``close_idle_connections()`` does at once what the timeout does, so a
+test drives it at the moment it chooses instead of sleeping past the timeout.
 """
 
 from __future__ import annotations
 
+import math
 import socket
 import ssl
 import sys
@@ -72,9 +80,14 @@ class LoopbackServer:
     _thread_prefix = "loopback-server"
 
     def __init__(self, host: str, port: int, handler: type[LoopbackHandler], *,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, keep_alive_timeout: float | None = None,
+                 keep_alive_max: int | None = None) -> None:
         self.host = host
         self.tls = tls  # serve HTTPS with this server-side context (tests of a partner's own CA)
+        # Idle keep-alive connections close after this many wall-clock seconds (None: never),
+        # and any connection after this many responses (None: no limit); see the module doc.
+        self.keep_alive_timeout = keep_alive_timeout
+        self.keep_alive_max = keep_alive_max
         self.requests: list[dict[str, Any]] = []
         self.errors: list[str] = []  # unexpected server-side exceptions (should stay empty)
         self._requested_port = port
@@ -84,6 +97,10 @@ class LoopbackServer:
         self._httpd: QuietServer | None = None
         self._thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
+        self._idle: set[socket.socket] = set()  # connections waiting for their next request
+        self._busy: set[socket.socket] = set()  # connections answering a request
+        self._answering = threading.Condition(self._lock)
+        self.idle_closed = 0  # idle connections closed, by the timeout or close_idle_connections()
 
     def start(self) -> Self:
         if self._httpd is not None:
@@ -137,9 +154,36 @@ class LoopbackServer:
         with self._lock:
             self.requests.clear()
 
+    def close_idle_connections(self) -> int:
+        """Close every keep-alive connection waiting for its next request now, as the server
+        does when ``keep_alive_timeout`` passes; returns how many. The client's next request
+        on one of them meets a connection its server has closed."""
+        with self._answering:  # a response being written (the client may hold it already) ends first
+            self._answering.wait_for(lambda: not self._busy, timeout=5)
+            idle = list(self._idle)
+            self._idle.clear()
+            self.idle_closed += len(idle)
+        for conn in idle:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        return len(idle)
+
     def _track(self, conn: socket.socket, opened: bool) -> None:
         with self._lock:
             (self._connections.add if opened else self._connections.discard)(conn)
+            if not opened:
+                self._idle.discard(conn)
+                self._busy.discard(conn)
+                self._answering.notify_all()
+
+    def _mark(self, conn: socket.socket, state: str) -> None:
+        """``conn`` is "busy" answering a request, "idle" waiting for the next, or "done"."""
+        with self._lock:
+            (self._busy.add if state == "busy" else self._busy.discard)(conn)
+            (self._idle.add if state == "idle" else self._idle.discard)(conn)
+            self._answering.notify_all()
 
     def _record_error(self, exc: BaseException) -> None:
         with self._lock:
@@ -177,7 +221,42 @@ class LoopbackHandler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        self.served_on_connection = 0
         self.server.sim._track(self.connection, True)
+
+    def handle_one_request(self) -> None:
+        """Wait for the next request at most ``keep_alive_timeout`` (once one was served)."""
+        sim = self.sim
+        if self.served_on_connection:
+            self.connection.settimeout(sim.keep_alive_timeout)
+        try:
+            super().handle_one_request()  # a timeout while idle: "Request timed out" (log_error), closed
+        finally:
+            sim._mark(self.connection, "idle" if self.served_on_connection and not self.close_connection else "done")
+
+    def parse_request(self) -> bool:
+        """The request line came: busy until answered; the answer is not bound by the idle timeout."""
+        self.sim._mark(self.connection, "busy")
+        self.connection.settimeout(None)
+        return super().parse_request()
+
+    def log_error(self, format: str, *args: Any) -> None:
+        """An idle connection timed out (http.server's "Request timed out"): closed as idle."""
+        if format.startswith("Request timed out"):
+            with self.sim._lock:
+                self.sim.idle_closed += 1
+
+    def end_headers(self) -> None:
+        """Every response says how long its connection may idle, or that it closes."""
+        sim = self.sim
+        self.served_on_connection += 1
+        left = None if sim.keep_alive_max is None else sim.keep_alive_max - self.served_on_connection + 1
+        if left is not None and left <= 0:
+            self.send_header("Connection", "close")
+        elif sim.keep_alive_timeout is not None and not self.close_connection:
+            limit = f", max={left}" if left is not None else ""  # counting down, as Apache's
+            self.send_header("Keep-Alive", f"timeout={math.ceil(sim.keep_alive_timeout)}{limit}")
+        super().end_headers()
 
     def finish(self) -> None:
         try:

@@ -35,11 +35,11 @@ def simulator_process(module: str, *args: str) -> Iterator[str]:
 
 def control(url: str, action: str, body: dict[str, Any] | None = None) -> Any:
     """POST (with a body) or GET (without) ``/_control/<action>``: the answer's JSON, or for
-    ``live_ids`` the set of identifiers."""
+    ``live_ids`` and ``public_ids`` the set of identifiers."""
     base = url.split("/iii/")[0] if "/iii/" in url else url.rsplit("/", 1)[0]
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(f"{base}/_control/{action}", data=data,
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=300) as response:
         payload = response.read().decode()
-    return set(payload.split()) if action == "live_ids" else json.loads(payload)
+    return set(payload.split()) if action in ("live_ids", "public_ids") else json.loads(payload)

@@ -25,10 +25,29 @@ if TYPE_CHECKING:
     from partner_harvest.store import RunRef
 
 
-class ItemSink(Protocol):
-    """Where harvested pages go (the staging table in production)."""
+class StagingSink(Protocol):
+    """Where an adapter streams a channel, page by page: in a run, the run channel's staging
+    in PostgreSQL (store.staging.StagingWriter).
 
-    def write_page(self, items: list[HarvestItem]) -> None: ...
+    ``write_page`` stores one page in its own transaction; a resumable adapter passes its
+    position after the page (``checkpoint``: where a retried slice resumes). ``reset`` drops
+    what the channel staged (a restarted token chain). ``conn`` and ``run`` name the staging
+    for an adapter that compares in SQL (Sierra's completeness proof and its resume after
+    the staged prefix, IIIF's held versions); None for a sink that is no database (a
+    benchmark's list), where such an adapter says what it cannot do."""
+
+    seq: int  # the last staged item's position; a resumed try continues after it
+
+    @property
+    def conn(self) -> psycopg.Connection[Any] | None: ...
+
+    @property
+    def run(self) -> RunRef | None: ...
+
+    @property
+    def attempt(self) -> int | None: ...
+
+    def write_page(self, items: list[HarvestItem], checkpoint: int | None = None) -> None: ...
 
     def reset(self) -> None: ...
 
@@ -43,14 +62,6 @@ class IdSink(Protocol):
     def write_page(self, headers: list[SweptId]) -> None: ...
 
     def reset(self) -> None: ...
-
-
-class StagingSink(ItemSink, Protocol):
-    """A sink staging into PostgreSQL (``StagingWriter``): an adapter that proves its
-    completeness (I12) compares in SQL on ``conn`` and records the check on ``run``."""
-
-    conn: psycopg.Connection[Any]
-    run: RunRef
 
 
 @dataclass(frozen=True)
@@ -72,20 +83,16 @@ class Adapter(ABC):
     """One partner's protocol: built by factory.build_adapter from the registry entry.
 
     Must provide: :meth:`clock`, :meth:`harvest`, :meth:`sweep_ids`, :meth:`fetch_records`.
-    May provide (defaults below): extra channels with cursors of their own
-    (:attr:`extra_channels`, :meth:`plan_channels`, :meth:`poll_deletions`), slices
+    May provide (defaults below): the extra channels its spec declares
+    (protocols.ProtocolSpec.channels; :meth:`plan_channels`, :meth:`harvest_channel`), slices
     (:meth:`plan_slices`, :attr:`resumes_slices`), resuming an interrupted try's staging
-    (:meth:`resumes_staging`), verifying vanished records (:attr:`verify_limit`,
-    :meth:`verify_vanished`) and a bulk fetch of many missing records
-    (:attr:`bulk_missing_threshold`).
+    (:meth:`resumes_staging`), a cheap look at a quiet window (:meth:`window_is_empty`),
+    verifying vanished records (:attr:`verify_limit`, :meth:`verify_vanished`) and a bulk
+    fetch of many missing records (:attr:`bulk_missing_threshold`).
     """
 
     fetch_chunk: ClassVar[int] = 100
     """Identifiers per :meth:`fetch_records` / :meth:`verify_vanished` call (bounds memory and URLs)."""
-
-    extra_channels: ClassVar[tuple[str, ...]] = ()
-    """Channels besides ``changes`` with cursors of their own; default none. Today only
-    ``deletions`` exists (Sierra's deletion poll, :meth:`poll_deletions`)."""
 
     resumes_slices: ClassVar[bool] = False
     """Whether a slice interrupted mid-way resumes from its checkpoint (store/slices.resumable)
@@ -110,7 +117,7 @@ class Adapter(ABC):
         """Ask the partner for its clock; called once per run, by pipeline.freeze_window."""
 
     @abstractmethod
-    def harvest(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
+    def harvest(self, window: Window, sink: StagingSink, stats: HarvestStats) -> None:
         """Stream the window's changes page by page into ``sink`` (a slice's window too)."""
 
     def window_is_empty(self, window: Window) -> bool:
@@ -130,12 +137,12 @@ class Adapter(ABC):
     # -- may --------------------------------------------------------------------------
 
     def plan_channels(self, window: Window, cursors: dict[str, datetime | None]) -> ChannelPlans:
-        """The own window of each of :attr:`extra_channels`, from its cursor; default none."""
+        """The own window of each of its spec's extra channels, from its cursor; default none."""
         return {}
 
-    def poll_deletions(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
-        """Stream the ``deletions`` channel; called only when :attr:`extra_channels` names it."""
-        raise NotImplementedError(f"{type(self).__name__} has no deletions channel")
+    def harvest_channel(self, channel: str, window: Window, sink: StagingSink, stats: HarvestStats) -> None:
+        """Stream the extra channel ``channel`` (one its spec declares and ``plan_channels`` planned)."""
+        raise NotImplementedError(f"{type(self).__name__} has no channel {channel!r}")
 
     def plan_slices(self, window: Window, settings: SliceSettings) -> Sequence[Slice]:
         """How to cut a big window into slices (registry ``slicing``); default: never (whole)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from partner_harvest.credentials import redact
+
 
 class HarvestError(RuntimeError):
     """A harvest step failed; ``retryable`` tells the task whether a retry can help."""
@@ -12,8 +14,8 @@ class HarvestError(RuntimeError):
 
     def __init__(self, partner_id: str, request: str, cause: str):
         self.partner_id = partner_id
-        self.request = request
-        self.cause = cause
+        self.request = request = redact(request)  # a request URL may carry a query credential
+        self.cause = cause = redact(cause)
         super().__init__(f"partner '{partner_id}': {cause} (request: {request})")
 
 

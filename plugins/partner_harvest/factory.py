@@ -9,14 +9,12 @@ from typing import Any
 import requests
 
 from partner_harvest.adapters import Adapter
+from partner_harvest.credentials import Credentials, from_connection
 from partner_harvest.errors import ConfigurationError
-from partner_harvest.oai.chain_caps import ChainCaps
-from partner_harvest.oai.client import OaiClient
-from partner_harvest.oai.harvester import OaiAdapter
 from partner_harvest.politeness import Pacer, PacingStore, endpoint_host
+from partner_harvest.protocols import spec_of
 from partner_harvest.registry import Partner
 from partner_harvest.transport import HttpPolicy, Transport, build_session
-from partner_harvest.xmlsafe import XmlLimits
 
 
 @dataclass(frozen=True)
@@ -29,19 +27,31 @@ class Endpoint:
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # may name proxy credentials
 
 
+@dataclass(frozen=True)
+class Wiring:
+    """What a protocol's ``build`` (protocols.ProtocolSpec) makes its client and adapter from."""
+
+    partner: Partner
+    endpoint: Endpoint
+    session: requests.Session  # the partner's session: its policy, transport, credentials, pacing, response hooks
+    policy: HttpPolicy  # the session's policy (http_policy)
+    credentials: Credentials | None  # the session's (credentials())
+
+    def new_session(self) -> requests.Session:
+        """Another session of the same policy, transport and credentials, unpaced (a client's worker threads)."""
+        return build_session(self.partner.id, self.policy, home=self.endpoint.base_url,
+                             transport=transport(self.partner, self.endpoint), credentials=self.credentials)
+
+
 def http_policy(partner: Partner) -> HttpPolicy:
-    """The partner's ``options.http`` (validated by the registry), with Sierra's one rule.
-
-    Sierra 500s carry error codes (138 rate limit, 135 export failure) that the client
-    must see, so unless the registry says otherwise the transport does not retry 500 for
-    Sierra, nor 429, whose Retry-After the client weighs (a long wait frees the worker slot
-    instead of sleeping): sierra.client.TRANSPORT_RETRY_STATUSES.
-    """
+    """The partner's ``options.http`` (validated by the registry), without the statuses its
+    protocol's client reads itself (``ProtocolSpec.client_statuses``: Sierra's 500s carry error
+    codes the client must see, and its 429s a wait the harvester weighs, freeing the worker
+    slot instead of sleeping) unless the registry lists ``retry_statuses`` itself."""
     policy = partner.options.http
-    if partner.protocol == "sierra" and "retry_statuses" not in policy.model_fields_set:
-        from partner_harvest.sierra.client import TRANSPORT_RETRY_STATUSES
-
-        return policy.model_copy(update={"retry_statuses": TRANSPORT_RETRY_STATUSES})
+    own = spec_of(partner.protocol).client_statuses
+    if own and "retry_statuses" not in policy.model_fields_set:
+        return policy.model_copy(update={"retry_statuses": policy.retry_statuses - own})
     return policy
 
 
@@ -49,6 +59,18 @@ def transport(partner: Partner, endpoint: Endpoint) -> Transport:
     """TLS and proxy settings from the Connection's extras (``verify``, ``cert``, ``proxies``)."""
     try:
         return Transport.from_extra(endpoint.extra)
+    except ValueError as exc:
+        raise ConfigurationError(partner.id, f"Connection '{partner.conn_id}'", str(exc)) from None
+
+
+def credentials(partner: Partner, endpoint: Endpoint) -> Credentials | None:
+    """The Connection's credentials (credentials.py: Basic, Bearer, a header or a query
+    parameter); none for a protocol whose client logs in itself (``ProtocolSpec.session_credentials``:
+    Sierra's login and password are its API client's key and secret)."""
+    if not spec_of(partner.protocol).session_credentials:
+        return None
+    try:
+        return from_connection(endpoint.login, endpoint.password, endpoint.extra)
     except ValueError as exc:
         raise ConfigurationError(partner.id, f"Connection '{partner.conn_id}'", str(exc)) from None
 
@@ -64,38 +86,15 @@ def pacer(partner: Partner, endpoint: Endpoint, store: Callable[[], PacingStore]
 
 def build_adapter(partner: Partner, endpoint: Endpoint, *, pacing: Callable[[], PacingStore] | None = None,
                   on_response: Callable[[requests.Response], Any] | None = None) -> Adapter:
-    """``pacing`` opens the shared pacing state (``store.pacing.PgPacingStore``), called only
-    when a request first needs it; without it the partner's requests are not paced.
-    ``on_response``: called with every response the partner's session receives (the Airflow
-    layer counts requests and bytes with it)."""
+    """The partner's adapter, built by its protocol's spec (``protocols.ProtocolSpec.build``,
+    which imports only its own stack). ``pacing`` opens the shared pacing state
+    (``store.pacing.PgPacingStore``), called only when a request first needs it; without it
+    the partner's requests are not paced. ``on_response``: called with every response the
+    partner's session receives (the Airflow layer counts requests and bytes with it)."""
     policy = http_policy(partner)
+    auth = credentials(partner, endpoint)
     session = build_session(partner.id, policy, home=endpoint.base_url, transport=transport(partner, endpoint),
-                            pacer=pacer(partner, endpoint, pacing))
+                            pacer=pacer(partner, endpoint, pacing), credentials=auth)
     if on_response is not None:
         session.hooks["response"].append(lambda response, *args, **kwargs: on_response(response))
-    if partner.protocol == "oai-pmh":
-        oai = OaiClient(partner.id, endpoint.base_url, session, xml_limits=XmlLimits(policy.max_xml_nodes),
-                        caps=ChainCaps.from_limits(partner.options.limits))
-        return OaiAdapter(partner, oai)
-    if partner.protocol == "sierra":
-        # Imported here: an OAI-PMH worker process (a slice's) need not load the Sierra stack.
-        from partner_harvest.sierra.client import SierraClient
-        from partner_harvest.sierra.harvester import SierraAdapter
-
-        options = partner.options.sierra
-        sierra = SierraClient(partner.id, endpoint.base_url, session, endpoint.login or "", endpoint.password or "",
-                              refresh_margin=options.refresh_margin, server_error_tries=options.server_error_tries,
-                              server_error_backoff=options.server_error_backoff,
-                              transport_retries=policy.retry_statuses)
-        return SierraAdapter(partner, sierra)
-    if partner.protocol == "iiif-change-discovery":
-        from partner_harvest.iiif.client import IiifClient
-        from partner_harvest.iiif.harvester import IiifAdapter
-
-        iiif = partner.options.iiif
-        client = IiifClient(partner.id, endpoint.base_url, session, page_delay=iiif.page_delay,
-                            max_pages=iiif.max_pages,
-                            session_factory=lambda: build_session(partner.id, policy, home=endpoint.base_url,
-                                                                  transport=transport(partner, endpoint)))
-        return IiifAdapter(partner, client)
-    raise ConfigurationError(partner.id, "registry", f"protocol {partner.protocol!r} is not supported yet")
+    return spec_of(partner.protocol).build(Wiring(partner, endpoint, session, policy, auth))

@@ -58,10 +58,10 @@ def reconcile_shrink(conn: psycopg.Connection, partner: Partner, run_id: str, ou
 
 
 def approval_since(request: Request, outcome: Mapping[str, Any]) -> datetime:
-    """From when no other run of the partner may have applied for the approved apply to write
-    (store/fences.Fence.applied_before): the request's instant, or a sliced reconcile's plan
-    (``planned_at``) when earlier. Its lease ends with its settle task, before the gate asks:
-    a harvest applied in between changed what the sweep compared, as one during the wait."""
+    """From when no other run of the partner may have changed a record the approved apply
+    purges (store/fences.Fence.applied_before): the request's instant, or a sliced reconcile's
+    plan (``planned_at``) when earlier. Its lease ends with its settle task, before the gate
+    asks: a harvest applied in between may have changed what the sweep compared, as one during the wait."""
     planned = outcome.get("planned_at")
     since = parse_instant(planned) if isinstance(planned, str) else planned
     return min(since, request.requested_at) if isinstance(since, datetime) else request.requested_at
@@ -103,7 +103,8 @@ def body(request: Request, partner: Partner, links: Mapping[str, str], timeout_n
     lines += [
         "",
         "**Approve** applies exactly this staged run (nothing harvested again). It refuses, and applies "
-        "nothing, if the partner changed while it waited (`forget`, `reset-cursor`, or another run applied).",
+        "nothing, if the partner changed while it waited (`forget`, `reset-cursor`, or another run changed one of "
+        "the records this run would purge; quiet nights and other records' changes do not count).",
         "**Reject** abandons the run: its staging is dropped, no record changes, no cursor moves; "
         "`harvest_runs` and `approval_requests` record it.",
         timeout_note,

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -38,7 +39,6 @@ from partner_harvest.store.slices import Resumable
 from partner_harvest.window import (
     ClockBehind,
     Slice,
-    SliceFacts,
     Window,
     WindowFacts,
     channel_window,
@@ -155,10 +155,11 @@ def harvest_window(
     return _stage(adapter, adapter.harvest, conn, run, window)
 
 
-def poll_deletions(adapter: Adapter, conn: psycopg.Connection, run: RunRef, window: Window) -> HarvestStats:
-    """Stream the separate deletions channel (Sierra) into the same run's staging."""
-    return _stage(adapter, adapter.poll_deletions, conn, run, window,
-                  audit_window=channel_window(window, "deletions"))
+def harvest_channel(adapter: Adapter, conn: psycopg.Connection, run: RunRef, window: Window) -> HarvestStats:
+    """Stream one of the protocol's extra channels (``run.channel``, e.g. Sierra's deletion
+    poll) into the same run's staging; its audit row carries the channel's own window."""
+    return _stage(adapter, partial(adapter.harvest_channel, run.channel), conn, run, window,
+                  audit_window=channel_window(window, run.channel))
 
 
 def _stage(
@@ -235,7 +236,7 @@ def pieces(planned: list[Slice]) -> list[dict[str, Any]]:
     return [s.to_json() for s in planned] if planned else [dict(WHOLE)]
 
 
-def _describe_slice(bounds: slices.SliceBounds) -> str:
+def _describe_slice(bounds: Slice) -> str:
     if bounds.pages:
         return f"{bounds.channel} pages {bounds.lo}..{bounds.hi} (~{bounds.estimate} activities)"
     if bounds.lo is not None:
@@ -247,11 +248,10 @@ def _describe_slice(bounds: slices.SliceBounds) -> str:
     return f"{bounds.channel} {where}" + (f" (~{bounds.estimate})" if bounds.estimate is not None else "")
 
 
-def slice_window(window: Window, bounds: slices.SliceBounds, resume_at: int | None = None) -> Window:
+def slice_window(window: Window, bounds: Slice, resume_at: int | None = None) -> Window:
     """The sub-window one slice harvests: its own range, the run's frozen facts."""
-    piece = SliceFacts(channel=bounds.channel, lo=bounds.lo, hi=bounds.hi, set_spec=bounds.set_spec,
-                       resume_at=resume_at, estimate=bounds.estimate, pages=bounds.pages, page_items=bounds.page_items,
-                       of_full=window.is_full)  # a slice of a full harvest proves its own range (I12)
+    piece = bounds.model_copy(update={"resume_at": resume_at,
+                                      "of_full": window.is_full})  # a slice of a full harvest proves its own range (I12)
     return replace(window, from_=bounds.from_, until=bounds.until, protocol=window.protocol.with_(slice=piece))
 
 

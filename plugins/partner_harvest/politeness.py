@@ -13,6 +13,14 @@ The back-off grows when responses are slow (``options.politeness.slow_response``
 ``max_backoff``, at most once per gap however many slices saw the strain at once. Each
 healthy response takes ``recovery`` of it away again: it recovers slowly.
 
+It must not feed itself. What is no strain on the host does not count: an answer whose body
+the protocol client reads as one record's failure (Sierra's 500/135 on a bib its exporter
+cannot convert: :meth:`Pacer.excuse` inside :meth:`Pacer.judged_by_caller`),
+and a pooled connection the server closed while it idled (the transport replaces it, and
+its answer on the new connection is what counts). Otherwise a back-off longer than the
+server's keep-alive timeout would make every request meet a closed connection, each one
+counted as strain again.
+
 Quiet nights stay cheap: a partner with ``request_delay`` 0 touches the database only once
 a response of its own was slow or failed, and stops again when the host's back-off has
 worn off. The transport calls :class:`Pacer` around every request on the wire (retries
@@ -24,7 +32,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Protocol
 from urllib.parse import urlsplit
@@ -106,6 +115,10 @@ class Pacer:
         self._lock = threading.Lock()
         self._penalty_ms = 0.0  # the host's back-off as this session last saw it
         self._healthy = 0  # healthy responses not yet reported (folded into the next reservation)
+        # Threads inside judged_by_caller(), and the strained answer each got there: recorded
+        # when the block ends, unless the client excused it after reading its body.
+        self._judging: set[int] = set()
+        self._pending: dict[int, tuple[float, int]] = {}
         self.slept = 0.0  # seconds this session waited for its slots
         self.reservations = 0
 
@@ -122,6 +135,7 @@ class Pacer:
 
     def before(self) -> float:
         """Wait for this request's slot at the host; returns the seconds waited."""
+        self._settle(threading.get_ident())  # a second request in a judged block: the first answer stands
         with self._lock:
             if not self.engaged:
                 return 0.0
@@ -139,17 +153,51 @@ class Pacer:
         strained = status is None or status in STRAIN_STATUSES or seconds > self.options.slow_response
         if not self.options.adaptive:
             return
+        thread = threading.get_ident()
         with self._lock:
             if not strained:
                 if self.engaged:
                     self._healthy += 1
                 return
-            penalty = self._db().strain(self.host, self.options.backoff_step, self.options.max_backoff)
-            if penalty > self._penalty_ms:
-                log.warning("%s: host %s strained (%s after %.1f s); every request to it now waits at least "
-                            "%.0f ms (options.politeness)", self.partner_id, self.host,
-                            f"HTTP {status}" if status is not None else "no response", seconds, penalty)
-            self._penalty_ms = penalty
+            if status is not None and thread in self._judging:
+                self._pending[thread] = (seconds, status)
+                return
+            self._strain(seconds, status)
+
+    @contextmanager
+    def judged_by_caller(self) -> Iterator[None]:
+        """A strained answer to a request made in this block (this thread) waits for the
+        caller to read its body: recorded when the block ends, unless :meth:`excuse` came."""
+        thread = threading.get_ident()
+        with self._lock:
+            self._judging.add(thread)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._judging.discard(thread)
+            self._settle(thread)
+
+    def excuse(self) -> None:
+        """The answer just read failed for one record, not for the host (Sierra's 500/135 on
+        a bib its exporter cannot convert): not a strain."""
+        with self._lock:
+            self._pending.pop(threading.get_ident(), None)
+
+    def _settle(self, thread: int) -> None:
+        with self._lock:
+            pending = self._pending.pop(thread, None)
+            if pending is not None:
+                self._strain(*pending)
+
+    def _strain(self, seconds: float, status: int | None) -> None:
+        """Record a strain on the host (the lock held)."""
+        penalty = self._db().strain(self.host, self.options.backoff_step, self.options.max_backoff)
+        if penalty > self._penalty_ms:
+            log.warning("%s: host %s strained (%s after %.1f s); every request to it now waits at least "
+                        "%.0f ms (options.politeness)", self.partner_id, self.host,
+                        f"HTTP {status}" if status is not None else "no response", seconds, penalty)
+        self._penalty_ms = penalty
 
     def close(self) -> None:
         with self._lock:

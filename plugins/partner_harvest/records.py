@@ -35,10 +35,16 @@ class Record:
 
 @dataclass(frozen=True, slots=True)
 class Tombstone:
-    """The partner says this record is gone as of ``datestamp``."""
+    """The partner says this record is gone as of ``datestamp``, or it is no longer one to hold.
+
+    ``reason``: why, when it is not the partner's own deletion notice (a Sierra bib
+    suppressed or listed without MARC, an OAI-PMH record outside the partner's sets); the
+    purge's ``deletions.reason``, which the change feed carries. None: ``tombstone``.
+    """
 
     identifier: str
     datestamp: datetime
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,11 +15,12 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from croniter import CroniterError, croniter
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -30,10 +31,12 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     WithJsonSchema,
+    create_model,
     field_validator,
     model_validator,
 )
 
+from partner_harvest import protocols
 from partner_harvest.formats.checks import CHECKS, UnknownCheck, check_overrides
 from partner_harvest.politeness import MAX_DELAY_MS, PolitenessOptions
 from partner_harvest.schedule_spread import WINDOW_PATTERN, spread_schedule
@@ -44,7 +47,6 @@ PARTNERS_FILE_ENV = "HARVEST_PARTNERS_FILE"
 DEFAULT_PARTNERS_FILE = Path(__file__).resolve().parents[2] / "include" / "partners.yaml"
 SCHEMA_FILE = DEFAULT_PARTNERS_FILE.with_name("partners.schema.json")
 
-PROTOCOLS = ("oai-pmh", "sierra")
 # Words of lowercase letters and digits joined by single '_': never '__' (the separator of
 # cursor keys, harvest_cursor__<id>__<channel>) and never a trailing '_'.
 ID_PATTERN = r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$"
@@ -162,64 +164,22 @@ Cron = Annotated[
 Fraction = Annotated[float, Field(ge=0, le=1, strict=True)]
 
 
-class _Strict(BaseModel):
-    """Unknown keys are errors everywhere: a typo must never be silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-HttpOptions = HttpPolicy  # options.http is the transport's own model
-
-
-class SierraOptions(_Strict):
-    """options.sierra (Sierra only): keyword arguments of SierraClient."""
-
-    refresh_margin: Annotated[float, Field(ge=0, strict=True, description=(
-        "seconds before an access token's expiry at which a new one is fetched (tokens cannot be "
-        "refreshed)"))] = 60.0
-    server_error_tries: Annotated[StrictInt, Field(ge=1, description=(
-        "tries of one request answered HTTP 500 (its body carries Sierra's error code, which the client "
-        "reads); 502/503/504 and broken connections are retried by options.http.retries instead"))] = 3
-    server_error_backoff: Annotated[float, Field(ge=0, strict=True, description=(
-        "seconds before the second try of a 500, doubling after each (at most 60)"))] = 2.0
-
-
-RESERVED_EXPORT_PARAMS = ("id", "limit", "offset")  # the export keyset owns these
-
-
-def _query_value(value: object) -> str | int:
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise ValueError(f"must be a string or an integer, got {value!r}")
+def _protocol(value: str) -> str:
+    if value not in protocols.names():
+        raise ValueError(f"must be one of {', '.join(protocols.names())}")
     return value
 
 
-QueryValue = Annotated[str | int, BeforeValidator(_query_value),
-                       WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "integer"}]})]
+# One of the protocols' names (protocols.specs()).
+ProtocolName = Annotated[StrictStr, AfterValidator(_protocol),
+                         WithJsonSchema({"type": "string", "enum": list(protocols.names())})]
 
 
-class ExportOptions(_Strict):
-    """options.export (Sierra only): the bibs/marc full-load export."""
+class _Strict(BaseModel):
+    """Unknown keys are errors everywhere: a typo must never be silently ignored (as in
+    protocols.StrictOptions, the base of a protocol's own options)."""
 
-    limit: Annotated[StrictInt, Field(ge=1)] | None = Field(default=None, description=(
-        "ids per bibs/marc export block; default the partner's page_size; above 2000 (Sierra's cap) "
-        "2000 is sent"))
-    rate_limit_wait: Annotated[float, Field(ge=0, strict=True, description=(
-        "seconds to wait on a rate limit (code 138, HTTP 429) that names no wait of its own"))] = 300.0
-    max_rate_limit_waits: Annotated[StrictInt, Field(ge=0, description=(
-        "rate-limit waits slept in one try at the same id before the try fails"))] = 12
-    max_sleep_seconds: Annotated[float, Field(ge=0, strict=True, description=(
-        "a rate-limit wait up to this long sleeps in the task; a longer one frees the worker slot "
-        "(the task is rescheduled and resumes where it stopped)"))] = 30.0
-    params: dict[StrictStr, QueryValue] = Field(
-        default_factory=dict, description="extra query parameters of bibs/marc, passed through as given")
-
-    @field_validator("params")
-    @classmethod
-    def _no_reserved(cls, value: dict[str, str | int]) -> dict[str, str | int]:
-        clash = sorted(set(value) & set(RESERVED_EXPORT_PARAMS))
-        if clash:
-            raise ValueError(f"{', '.join(clash)} are set by the harvester, not by params")
-        return value
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class LimitsOptions(_Strict):
@@ -250,17 +210,6 @@ class CompletenessOptions(_Strict):
         "ListIdentifiers stream (oai-list-identifiers) and compare"))
 
 
-class ReconcileOptions(_Strict):
-    """options.reconcile (OAI-PMH): how much of a reconcile's work one run does."""
-
-    verify_limit: Annotated[StrictInt, Field(ge=1, description=(
-        "vanished records confirmed with GetRecord per reconcile before they are purged; the rest are "
-        "kept and verified by the next reconcile"))] = 1000
-    bulk_missing_threshold: Annotated[StrictInt, Field(ge=1, description=(
-        "more records missing locally than this come back through one ListRecords stream instead of "
-        "one GetRecord each"))] = 500
-
-
 def _validation_overrides(value: object) -> object:
     if isinstance(value, dict):
         try:
@@ -281,73 +230,33 @@ ValidationOverrides = Annotated[
                        "(docs/operator/validation.md), e.g. {marc.no_001: reject}",
     }),
 ]
-class OaiOptions(_Strict):
-    """options.oai (OAI-PMH): how far a window the repository refuses as too large is cut."""
-
-    max_window_splits: Annotated[StrictInt, Field(ge=0, le=30, description=(
-        "halvings of a window the repository refuses as too large (HTTP 413, 422, or badArgument saying "
-        "so) before the run fails; 12 cut a year into pieces of about two hours"))] = 12
-
-
-class SeeAlsoChoice(_Strict):
-    """One entry of options.iiif.descriptions: a seeAlso matched by media type and/or profile."""
-
-    prefix: StrictStr = Field(description=(
-        "the format the description is stored and validated as (linked_art, lido, or another prefix: "
-        "stored unchecked by the generic rules)"))
-    format: StrictStr | None = Field(default=None, description=(
-        "the seeAlso's format (media type) must start with this, parameters ignored (e.g. application/ld+json)"))
-    profile: StrictStr | None = Field(default=None, description=(
-        "the seeAlso's profile must contain this (e.g. linked.art, lido-schema.org)"))
-
-
-DEFAULT_SEE_ALSO = (
-    SeeAlsoChoice(prefix="linked_art", profile="linked.art"),
-    SeeAlsoChoice(prefix="lido", profile="lido-schema.org"),
-    SeeAlsoChoice(prefix="linked_art", format="application/ld+json"),
-)
-
-
-class IiifOptions(_Strict):
-    """options.iiif (IIIF Change Discovery only): which description to fetch, and how politely."""
-
-    descriptions: tuple[SeeAlsoChoice, ...] = Field(default=DEFAULT_SEE_ALSO, min_length=1, description=(
-        "the object's seeAlso to fetch, in order of preference (the first entry any seeAlso matches wins); "
-        "metadata_prefix auto uses the whole list, a named prefix only its entries"))
-    description_concurrency: Annotated[StrictInt, Field(ge=1, le=64, description=(
-        "descriptions fetched at once within one task; never more than the partner's pool_slots (a slice of a "
-        "sliced full harvest fetches one at a time: up to pool_slots slices run at once)"))] = 4
-    page_delay: Annotated[float, Field(ge=0, le=60, strict=True, description=(
-        "seconds between two requests for stream pages (politeness; descriptions are paced by the pool)"))] = 0.0
-    max_pages: Annotated[StrictInt, Field(ge=1, description=(
-        "stream pages one run may walk; a longer walk fails naming the cap"))] = 100_000
-    object_types: tuple[StrictStr, ...] = Field(default=(), description=(
-        "object types harvested (e.g. HumanMadeObject, Manifest); empty: every type"))
-    object_itself: StrictStr | None = Field(default=None, description=(
-        "when no seeAlso matches (or none is given), fetch the object's own id as this format "
-        "(e.g. linked_art: the Getty's stream links each object's Linked Art record by its id alone); "
-        "null: such an object is quarantined naming what was offered"))
-
-
-class Options(_Strict):
-    """options: per-partner settings, each typed; an unknown key anywhere is an error naming it."""
+class CommonOptions(_Strict):
+    """options: per-partner settings, each typed; an unknown key anywhere is an error naming it.
+    The keys of a protocol's own (``options.sierra``, ``options.oai``...) are its spec's
+    (protocols.ProtocolSpec.options): :data:`Options` adds them."""
 
     http: HttpPolicy = Field(default_factory=HttpPolicy, description=(
         "the HTTP transport: timeouts, retries, caps on responses (every key optional)"))
-    oai: OaiOptions = Field(default_factory=OaiOptions, description="OAI-PMH only: window splitting")
-    sierra: SierraOptions = Field(default_factory=SierraOptions, description="Sierra only: the API client")
-    export: ExportOptions = Field(default_factory=ExportOptions, description="Sierra only: the full-load export")
     limits: LimitsOptions = Field(default_factory=LimitsOptions, description=(
         "what one partner may cost a worker and the database"))
     completeness: CompletenessOptions = Field(default_factory=CompletenessOptions, description=(
         "OAI-PMH: the completeness proof of a harvest"))
-    reconcile: ReconcileOptions = Field(default_factory=ReconcileOptions, description=(
-        "OAI-PMH only: how much of a reconcile's work one run does"))
-    iiif: IiifOptions = Field(default_factory=IiifOptions, description=(
-        "IIIF Change Discovery only: descriptions and politeness"))
     validation: ValidationOverrides = Field(default_factory=dict)
     politeness: PolitenessOptions = Field(default_factory=PolitenessOptions, description=(
         "the adaptive back-off at the partner's endpoint host, shared with every partner on that host"))
+
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Any:
+            """A protocol's own options (typed where its package reads them)."""
+
+
+if TYPE_CHECKING:
+    Options = CommonOptions
+else:
+    Options = create_model(
+        "Options", __base__=CommonOptions, __doc__=CommonOptions.__doc__,
+        **{key: (option.model, Field(default_factory=option.model, description=option.description))
+           for spec in protocols.specs() for key, option in spec.options.items()})
 
 
 class SliceSettings(_Strict):
@@ -400,10 +309,13 @@ class SliceSettings(_Strict):
 
 
 
-SlicingEntry = SliceSettings  # the name the registry model had
-
-
 _Text = Annotated[str, Field(min_length=1, pattern=r"\S", strict=True)]
+SetSpec = Annotated[str, Field(min_length=1, pattern=r"^\S+$", strict=True)]
+
+
+def _with_sets() -> str:
+    """The protocols whose spec says partners select sets (``ProtocolSpec.sets``)."""
+    return ", ".join(spec.name for spec in protocols.specs() if spec.sets)
 
 
 # The shortest value a duration field takes (and how its error shows it).
@@ -424,8 +336,7 @@ class Partner(_Strict):
     id: Annotated[str, Field(pattern=ID_PATTERN, max_length=ID_MAX_LENGTH, strict=True, description=(
         "slug: lowercase letters and digits in words joined by single '_'; DAGs harvest_<id> and "
         "reconcile_<id>, pool partner_<id>, cursor harvest_cursor__<id>"))]
-    protocol: Literal["oai-pmh", "sierra", "iiif-change-discovery"] = Field(
-        description="oai-pmh, sierra or iiif-change-discovery")
+    protocol: ProtocolName = Field(description=f"one of {', '.join(protocols.names())}")
     conn_id: Annotated[str, Field(min_length=1, pattern=r"\S", strict=True, description=(
         "Airflow Connection whose host is the endpoint's base URL (Sierra: login the client key, "
         "password the client secret)"))]
@@ -443,9 +354,16 @@ class Partner(_Strict):
     lag: Duration = Field(default=timedelta(minutes=10), description=(
         "overlap of windows: the next window starts at the previous until minus this"))
     metadata_prefix: _Text = Field(default=None, validate_default=True, description=(
-        "a prefix, or auto (OAI-PMH: LIDO when advertised, else oai_dc); default auto (OAI-PMH) / "
-        "marc21 (Sierra)"))
-    set_spec: _Text | None = Field(default=None, alias="set", description="OAI-PMH: harvest this set only")
+        "a prefix, or auto (OAI-PMH: LIDO when advertised, else oai_dc); default the protocol's: "
+        + ", ".join(f"{spec.default_prefix} ({spec.title})" for spec in protocols.specs())))
+    set_spec: _Text | None = Field(default=None, alias="set", description=(
+        "OAI-PMH: harvest this set only (sets with one set)"))
+    sets: tuple[SetSpec, ...] = Field(default=(), description=(
+        "OAI-PMH: harvest the union of these sets (one list each; a record in several is one record); "
+        "a record that leaves them is deleted here"))
+    exclude_sets: tuple[SetSpec, ...] = Field(default=(), description=(
+        "OAI-PMH: records in any of these sets, or in a set below one (a:b is below a), are not held; "
+        "one that moves into one is deleted here"))
     description: StrictStr = Field(default="", description="free text shown with the partner's DAGs")
     max_token_restarts: Annotated[StrictInt, Field(ge=0, le=100, description=(
         "OAI-PMH: restarts of a run's chain from its frozen bounds after badResumptionToken"))] = 3
@@ -482,8 +400,8 @@ class Partner(_Strict):
         "alert when nothing was fetched from the partner for longer than this"))
     run_deadline: Duration = Field(
         default=DEFAULT_RUN_DEADLINE,
-        description="alert when a run has not finished this long after it was queued "
-        "(a missing pool, a stuck task); at least 1m")
+        description="alert when a run has not finished this long after its logical date (a nightly "
+        "run's cron tick): a missing pool, a stuck task; at least 1m")
     finish_by: Annotated[str, Field(pattern=FINISH_BY_PATTERN, strict=True)] | None = Field(
         default=None,
         description="HH:MM (UTC): alert when a scheduled run has not finished by then, counted from "
@@ -525,9 +443,10 @@ class Partner(_Strict):
     @field_validator("metadata_prefix", mode="before")
     @classmethod
     def _default_prefix(cls, value: object, info: ValidationInfo) -> object:
-        """The default depends on the protocol: auto-detected (OAI-PMH), marc21 (Sierra)."""
-        if value is None:
-            return "marc21" if info.data.get("protocol") == "sierra" else "auto"
+        """The default is the protocol's (ProtocolSpec.default_prefix): auto for most, marc21 for Sierra."""
+        if value is None:  # an unknown protocol fails on its own: nothing to add here
+            protocol = info.data.get("protocol")
+            return protocols.spec_of(protocol).default_prefix if protocol is not None else "auto"
         return value
 
     @field_validator("metadata_prefix")
@@ -553,11 +472,34 @@ class Partner(_Strict):
     @model_validator(mode="after")
     def _slicing_sets_fit_the_partner(self) -> Partner:
         if self.slicing.sets:
-            if self.protocol != "oai-pmh":
-                raise ValueError("slicing.sets applies to protocol oai-pmh only")
-            if self.set_spec is not None:
-                raise ValueError("slicing.sets partitions the whole repository: it cannot be combined with set")
+            if not protocols.spec_of(self.protocol).sets:
+                raise ValueError(f"slicing.sets applies to protocol {_with_sets()} only")
+            if self.set_spec is not None or self.sets:
+                raise ValueError("slicing.sets partitions the whole repository: it cannot be combined with set "
+                                 "or sets")
         return self
+
+    @model_validator(mode="after")
+    def _set_selection(self) -> Partner:
+        """``set`` is ``sets`` of one; an exclusion must leave something of every listed set."""
+        if (self.sets or self.exclude_sets) and not protocols.spec_of(self.protocol).sets:
+            raise ValueError(f"sets and exclude_sets apply to protocol {_with_sets()} only")
+        if self.set_spec is not None and self.sets:
+            raise ValueError("give set (one set) or sets, not both")
+        for name in ("sets", "exclude_sets"):
+            listed = getattr(self, name)
+            if len(set(listed)) != len(listed):
+                raise ValueError(f"{name}: a set is listed twice")
+        for spec in self.selected_sets:
+            for excluded in self.exclude_sets:
+                if spec == excluded or spec.startswith(excluded + ":"):
+                    raise ValueError(f"exclude_sets: {excluded} excludes all of the listed set {spec}")
+        return self
+
+    @property
+    def selected_sets(self) -> tuple[str, ...]:
+        """The sets harvested (their union): ``sets``, or ``set``; () for the whole repository."""
+        return self.sets or ((self.set_spec,) if self.set_spec else ())
 
     @model_validator(mode="after")
     def _finish_by_fits_the_schedule(self) -> Partner:
@@ -579,16 +521,13 @@ class Partner(_Strict):
     @field_validator("options")
     @classmethod
     def _protocol_options(cls, value: Options, info: ValidationInfo) -> Options:
+        """A protocol's own options (its spec's) are refused for a partner of another protocol."""
         protocol = info.data.get("protocol")
-        if protocol is not None and protocol != "sierra":
-            for name in ("sierra", "export"):
-                if name in value.model_fields_set:
-                    raise ValueError(f"options.{name} applies to protocol sierra only")
-        for name in ("reconcile", "oai"):
-            if protocol is not None and protocol != "oai-pmh" and name in value.model_fields_set:
-                raise ValueError(f"options.{name} applies to protocol oai-pmh only")
-        if protocol is not None and protocol != "iiif-change-discovery" and "iiif" in value.model_fields_set:
-            raise ValueError("options.iiif applies to protocol iiif-change-discovery only")
+        if protocol is not None:
+            for spec in protocols.specs():
+                for name in spec.options:
+                    if spec.name != protocol and name in value.model_fields_set:
+                        raise ValueError(f"options.{name} applies to protocol {spec.name} only")
         return value
 
     @property
@@ -619,9 +558,6 @@ class Partner(_Strict):
         """A copy with ``changes`` (registry keys or attribute names), validated again."""
         current = {name: getattr(self, name) for name in type(self).model_fields}
         return type(self).model_validate({**current, **changes})
-
-
-PartnerEntry = Partner  # the name the registry model had
 
 
 class RegistryFile(_Strict):
@@ -823,8 +759,6 @@ def _describe(err: Any) -> str:
     if kind == "string_pattern_mismatch" and err["loc"] == ("id",):
         message = ("must be a slug: lowercase letters and digits in words joined by single '_', starting with a "
                    "letter (no '__', no trailing '_')")
-    if kind == "literal_error" and err["loc"] == ("protocol",):
-        message = f"must be one of {', '.join(PROTOCOLS)}"
     return message
 
 

@@ -1,44 +1,239 @@
-"""One run of one partner without Airflow: the harvest DAG's steps, in its order.
+"""One run of one partner, told once: the recipe the Airflow tasks, the tests and the benchmarks call.
 
-The DAG's tasks (airflow/tasks.py) freeze the window, plan the pieces, harvest each piece
-and the extra channels, apply, then move the cursors; between them sit what only Airflow
-gives (leases fenced by epochs, Variables, retries, Asset events). This module runs the
-same steps through the same library calls in one process, with the cursors held by the
-caller, so that tests, benchmarks and tools drive a partner the way a run does instead of
-each retelling the recipe (and drifting from it when a step is added).
+    freeze  ->  plan  ->  stage_channel (each piece, each extra channel)  ->  apply  ->  move_cursors
+                                                                            \\___ finish ____________/
+
+Each Airflow task (airflow/tasks.py) is its lease, its fence and Airflow's plumbing around
+exactly one of these functions; a quiet night (airflow/quiet.py) stages its one channel and
+calls :func:`finish`, as :func:`run_partner` does, so an ordinary and a quiet night end the
+same way. What a run hands beyond the aggregation goes to its :class:`Outlets`: the cursors
+(read by freeze, moved by finish), the staging and apply it reports (metrics, lineage, the
+Asset event). Airflow's are the cursor Variables, its Stats, its hook lineage collector and
+the partner's Asset (airflow/outlets.py); a plain run's (:class:`Kept`) keep the cursors in a
+dict and report nothing.
 
 Which step does what:
-  freeze   abandon stale runs, the resume point of each cursor (a restored database covers
-           less than the cursor says), the clock high water, ``pipeline.freeze_window``
-  stage    ``pipeline.plan_slices``, then ``pipeline.harvest_piece`` per piece and
-           ``pipeline.poll_deletions`` for the deletions channel
-  apply    ``pipeline.apply_changes``; channels whose staging was lost are staged again
-  advance  ``window.next_cursor`` for the main cursor and each channel's own
+  freeze        abandon stale runs, the resume point of each cursor (a restored database covers
+                less than the cursor says), the clock high water, ``pipeline.freeze_window``
+  plan          ``pipeline.plan_slices``: the pieces of the changes channel (XCom form)
+  stage_channel one piece (``pipeline.harvest_piece``) or one extra channel (``pipeline.harvest_channel``)
+  apply         ``pipeline.apply_changes``; channels whose staging was lost are staged again
+  move_cursors  the main cursor and each channel's own, forward only (I1), in a fenced transaction
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
 from partner_harvest import pipeline
 from partner_harvest.adapters import Adapter
+from partner_harvest.protocols import Channel, spec_of
 from partner_harvest.records import HarvestStats
-from partner_harvest.registry import Partner
-from partner_harvest.store import ApplyResult, RunRef, ensure_schema
+from partner_harvest.registry import Partner, cursor_key, cursor_value
+from partner_harvest.store import ApplyResult, RunRef, ensure_schema, fences
 from partner_harvest.store.runs import abandon_stale_runs, clock_high_water
-from partner_harvest.window import Window, channel_windows, next_cursor
+from partner_harvest.window import Window, channel_windows, format_instant, next_cursor, parse_instant
+
+log = logging.getLogger(__name__)
 
 CHANGES = "changes"
-DELETIONS = "deletions"
-ABANDON_AFTER = timedelta(days=7)  # as the DAG's freeze task: a run not applied within it is closed
+ABANDON_AFTER = timedelta(days=7)  # a run not applied within it is closed by the next freeze
 
-Cursors = dict[str, "datetime | None"]  # channel ('changes', 'deletions') -> the cursor's until
+Cursors = dict[str, "datetime | None"]  # channel ('changes', or an extra channel's name) -> the cursor's until
+
+
+class Outlets(Protocol):
+    """Where a run's results go beyond the aggregation, and where its cursors live."""
+
+    def cursor(self, channel: str) -> datetime | None:
+        """The cursor of ``channel`` ('changes' or an extra channel), None when unset."""
+
+    def write_cursor(self, channel: str, value: dict[str, str]) -> None:
+        """Store the cursor of ``channel`` (registry.cursor_value's dict)."""
+
+    def staging(self, conn: psycopg.Connection, channel: str) -> None:
+        """``channel`` of the run is about to be staged."""
+
+    def applied(self, conn: psycopg.Connection, partner_id: str, run_id: str, result: ApplyResult) -> None:
+        """The run applied (its transaction committed): report it. Never fails the run."""
+
+    def moved(self, partner_id: str, moved: dict[str, dict[str, Any]]) -> None:
+        """The cursors moved (or were left, and why): report it. Never fails the run."""
+
+
+@dataclass
+class Kept:
+    """A plain run's outlets: the cursors in a dict, nothing reported (tests, benchmarks, tools)."""
+
+    cursors: Cursors = field(default_factory=dict)
+    values: dict[str, dict[str, str]] = field(default_factory=dict)  # what each cursor write stored
+    staged: list[str] = field(default_factory=list)  # the channels staged, in order (a lost one again)
+
+    def cursor(self, channel: str) -> datetime | None:
+        return self.cursors.get(channel)
+
+    def write_cursor(self, channel: str, value: dict[str, str]) -> None:
+        self.values[channel] = value
+        self.cursors[channel] = parse_instant(value["until"])
+
+    def staging(self, conn: psycopg.Connection, channel: str) -> None:
+        self.staged.append(channel)
+
+    def applied(self, conn: psycopg.Connection, partner_id: str, run_id: str, result: ApplyResult) -> None:
+        pass
+
+    def moved(self, partner_id: str, moved: dict[str, dict[str, Any]]) -> None:
+        pass
+
+
+def channels_of(partner: Partner) -> tuple[Channel, ...]:
+    """The partner's extra channels: its protocol's (protocols.ProtocolSpec.channels)."""
+    return spec_of(partner.protocol).channels
+
+
+def freeze(partner: Partner, adapter: Adapter, conn: psycopg.Connection, outlets: Outlets | None = None,
+           request: pipeline.RunRequest | None = None, *, epoch: int | None = None) -> Window:
+    """Where each cursor resumes (none given: no cursor), then the partner's clock once;
+    ``epoch``: the operator epoch the run's later writes are fenced by (the freeze task's lease)."""
+    request = request or pipeline.RunRequest()
+    outlets = outlets or Kept()
+    ensure_schema(conn)
+    abandoned = abandon_stale_runs(conn, partner.id, ABANDON_AFTER)
+    if abandoned:
+        log.warning("%s: %d run channel(s) never applied within %s were abandoned and their staging dropped",
+                    partner.id, abandoned, ABANDON_AFTER)
+    cursor = None
+    if request.mode == "incremental":
+        cursor = pipeline.resume_point(conn, partner.id, outlets.cursor(CHANGES), CHANGES)
+    channels = {c.name: pipeline.resume_point(conn, partner.id, outlets.cursor(c.name), c.name)
+                for c in channels_of(partner)}
+    high_water = clock_high_water(conn, partner.id)
+    conn.commit()
+    window = pipeline.freeze_window(adapter, partner.lag, cursor, request, channels, high_water)
+    return window.with_facts(epoch=epoch) if epoch is not None else window
+
+
+def plan(partner: Partner, adapter: Adapter, conn: psycopg.Connection, run_id: str, window: Window) -> list[dict[str, Any]]:
+    """The pieces the changes channel is harvested in: the whole window, or its slices (XCom form)."""
+    return pipeline.pieces(pipeline.plan_slices(adapter, conn, partner.id, run_id, window, partner.slicing))
+
+
+def stage_channel(adapter: Adapter, conn: psycopg.Connection, run_id: str, window: Window, channel: str,
+                  outlets: Outlets | None = None) -> HarvestStats:
+    """One channel into staging: the whole window (``changes``), one slice, or an extra channel."""
+    if outlets is not None:
+        outlets.staging(conn, channel)
+    run = RunRef(adapter.partner_id, run_id, channel)
+    if channel in {c.name for c in channels_of(adapter.partner)}:
+        return pipeline.harvest_channel(adapter, conn, run, window)
+    return pipeline.harvest_piece(adapter, conn, adapter.partner_id, run_id, window, channel)
+
+
+def stage(
+    partner: Partner, adapter: Adapter, conn: psycopg.Connection, run_id: str, window: Window,
+    on_staged: Callable[[str], None] | None = None, outlets: Outlets | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, HarvestStats]]:
+    """Plan the pieces, harvest each, then the extra channels the window planned.
+
+    ``on_staged(channel)`` runs after each channel is staged: where a test changes the
+    partner between two tasks of the same run."""
+    pieces = plan(partner, adapter, conn, run_id, window)
+    staged: dict[str, HarvestStats] = {}
+    for channel in [piece["channel"] for piece in pieces] + list(window.protocol.channels):
+        staged[channel] = stage_channel(adapter, conn, run_id, window, channel, outlets)
+        if on_staged is not None:
+            on_staged(channel)
+    return pieces, staged
+
+
+def apply(conn: psycopg.Connection, partner_id: str, run_id: str, window: Window, outlets: Outlets,
+          reharvest: Callable[[], Adapter] | None) -> ApplyResult:
+    """Apply the run in one transaction, then report it. Channels whose staging the database
+    lost are staged again first (the same frozen window) by the adapter ``reharvest`` builds,
+    only then; without it (an approved run applies exactly what was approved) the apply fails."""
+
+    def again(channels: list[str]) -> None:
+        assert reharvest is not None
+        adapter = reharvest()
+        for channel in channels:
+            stage_channel(adapter, conn, run_id, window, channel, outlets)
+
+    result = pipeline.apply_changes(conn, partner_id, run_id, again if reharvest is not None else None)
+    outlets.applied(conn, partner_id, run_id, result)
+    return result
+
+
+def move_cursors(conn: psycopg.Connection, partner_id: str, window: Window, run_id: str,
+                 outlets: Outlets) -> dict[str, dict[str, Any]]:
+    """The main cursor, then each channel's own, to the frozen ``until``: only after the apply
+    committed, only for incremental runs, never backwards (I1). ``run_id`` names the run in
+    the cursor's value (registry.cursor_value: Airflow's DAG run id).
+
+    Fenced like every other write, though the cursors may live outside the aggregation (Airflow
+    Variables): they are written inside an aggregation transaction that checked the run's lease
+    and epoch first and holds them locked until after the writes (store/fences.fenced). A
+    command's epoch bump (``reset-cursor``, ``forget``) waits for it; a move that starts after
+    the bump fails naming the command."""
+    with fences.fenced(conn, f"cursor move of run {run_id}"):
+        moved = {CHANGES: _move(outlets, partner_id, window, run_id, CHANGES)}
+        for channel, own in channel_windows(window).items():
+            moved[channel] = _move(outlets, partner_id, own, run_id, channel)
+    outlets.moved(partner_id, moved)
+    return moved
+
+
+def _move(outlets: Outlets, partner_id: str, window: Window, run_id: str, channel: str) -> dict[str, Any]:
+    """One cursor to ``window.until`` when that is later; what happened, for the task's XCom."""
+    key = cursor_key(partner_id, None if channel == CHANGES else channel)
+    current = outlets.cursor(channel)
+    shown = format_instant(current) if current else None
+    if not window.advances_cursor:
+        log.info("%s: %s run leaves %s where it is (%s)", partner_id, window.mode, key, shown or "unset")
+        return {"key": key, "moved": False, "cursor": shown, "reason": f"{window.mode} runs never move the cursor"}
+    target = next_cursor(current, window)
+    if target is None or target == current:
+        log.info("%s: %s already at %s; not moving it backwards to %s", partner_id, key, shown or "unset",
+                 format_instant(window.until))
+        return {"key": key, "moved": False, "cursor": shown, "reason": "never backwards"}
+    value = cursor_value(target, window.granularity, run_id)
+    outlets.write_cursor(channel, value)
+    log.info("%s: %s moved from %s to %s", partner_id, key, shown or "unset", value["until"])
+    return {"key": key, "moved": True, "cursor": value["until"], "previous": shown}
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What the end of a run did: the apply, and each cursor's move."""
+
+    applied: ApplyResult
+    moved: dict[str, dict[str, Any]]
+
+
+def finish(adapter: Adapter, conn: psycopg.Connection, run_id: str, window: Window, outlets: Outlets, *,
+           writer: str | None = None) -> Finished:
+    """The end of every run that applies: the apply (lost staging staged again), its report,
+    then the cursors (``writer``: the run's name in their values; default ``run_id``). An
+    ordinary night's DAG runs the two halves as two tasks (apply_changes, advance_cursor)."""
+    applied = apply(conn, adapter.partner_id, run_id, window, outlets, lambda: adapter)
+    return Finished(applied, move_cursors(conn, adapter.partner_id, window, writer or run_id, outlets))
+
+
+def quiet_night(adapter: Adapter, conn: psycopg.Connection, run_id: str, window: Window, outlets: Outlets, *,
+                writer: str | None = None) -> Finished | None:
+    """A window the adapter's one cheap look (``window_is_empty``) shows empty: staged whole
+    (without asking again) and finished at once, as any run; None when it holds changes (the
+    usual way harvests them). airflow/quiet.py says when the look is worth it."""
+    if not adapter.window_is_empty(window):
+        return None
+    stage_channel(adapter, conn, run_id, window, CHANGES, outlets)
+    return finish(adapter, conn, run_id, window, outlets, writer=writer)
 
 
 @dataclass
@@ -47,7 +242,7 @@ class RunResult:
 
     window: Window
     pieces: list[dict[str, Any]]
-    staged: dict[str, HarvestStats]  # channel ('changes', 'changes/00N', 'deletions') -> its harvest
+    staged: dict[str, HarvestStats]  # channel ('changes', 'changes/00N', an extra channel) -> its harvest
     applied: ApplyResult
     cursors: Cursors
     seconds: dict[str, float] = field(default_factory=dict)  # freeze, stage, apply: wall time of each step
@@ -68,94 +263,21 @@ class RunResult:
                 total.restarts += stats.restarts
         return total
 
-    @property
-    def deletions(self) -> HarvestStats | None:
-        return self.staged.get(DELETIONS)
-
-
-def extra_channels(adapter: Adapter) -> tuple[str, ...]:
-    """Channels with cursors of their own (Sierra's deletion poll), as the DAG decides them."""
-    return adapter.extra_channels
-
-
-def freeze(
-    partner: Partner, adapter: Adapter, conn: psycopg.Connection, cursors: Mapping[str, datetime | None] | None = None,
-    request: pipeline.RunRequest | None = None,
-) -> Window:
-    """The freeze task without its lease: where each cursor resumes, then the partner's clock once."""
-    request = request or pipeline.RunRequest()
-    cursors = cursors or {}
-    ensure_schema(conn)
-    abandon_stale_runs(conn, partner.id, ABANDON_AFTER)
-    cursor = None
-    if request.mode == "incremental":
-        cursor = pipeline.resume_point(conn, partner.id, cursors.get(CHANGES), CHANGES)
-    channels = {name: pipeline.resume_point(conn, partner.id, cursors.get(name), name)
-                for name in extra_channels(adapter)}
-    high_water = clock_high_water(conn, partner.id)
-    conn.commit()
-    return pipeline.freeze_window(adapter, partner.lag, cursor, request, channels, high_water)
-
-
-def stage_channel(adapter: Adapter, conn: psycopg.Connection, partner_id: str, run_id: str, window: Window,
-                  channel: str) -> HarvestStats:
-    """One channel into staging: the whole window, one slice, or the deletion poll."""
-    if channel == DELETIONS:
-        return pipeline.poll_deletions(adapter, conn, RunRef(partner_id, run_id, DELETIONS), window)
-    return pipeline.harvest_piece(adapter, conn, partner_id, run_id, window, channel)
-
-
-def stage(
-    partner: Partner, adapter: Adapter, conn: psycopg.Connection, run_id: str, window: Window,
-    on_staged: Callable[[str], None] | None = None,
-) -> tuple[list[dict[str, Any]], dict[str, HarvestStats]]:
-    """Plan the pieces, harvest each, then the extra channels the window planned.
-
-    ``on_staged(channel)`` runs after each channel is staged: where a test changes the
-    partner between two tasks of the same run."""
-    pieces = pipeline.pieces(pipeline.plan_slices(adapter, conn, partner.id, run_id, window, partner.slicing))
-    staged: dict[str, HarvestStats] = {}
-    channels = [piece["channel"] for piece in pieces] + list(window.protocol.channels)
-    for channel in channels:
-        staged[channel] = stage_channel(adapter, conn, partner.id, run_id, window, channel)
-        if on_staged is not None:
-            on_staged(channel)
-    return pieces, staged
-
-
-def apply(adapter: Adapter, conn: psycopg.Connection, partner_id: str, run_id: str, window: Window) -> ApplyResult:
-    """The apply task: channels whose staging the database lost are harvested again first."""
-
-    def reharvest(channels: list[str]) -> None:
-        for channel in channels:
-            stage_channel(adapter, conn, partner_id, run_id, window, channel)
-
-    return pipeline.apply_changes(conn, partner_id, run_id, reharvest)
-
-
-def advance(cursors: Mapping[str, datetime | None], window: Window) -> Cursors:
-    """The cursors after the window applied: the main one and each channel's, forward only (I1)."""
-    moved: Cursors = dict(cursors)
-    moved[CHANGES] = next_cursor(cursors.get(CHANGES), window)
-    for channel, own in channel_windows(window).items():
-        moved[channel] = next_cursor(cursors.get(channel), own)
-    return moved
-
 
 def run_partner(
     partner: Partner, adapter: Adapter, conn: psycopg.Connection, run_id: str,
     cursors: Mapping[str, datetime | None] | None = None, request: pipeline.RunRequest | None = None,
     *, window: Window | None = None, on_staged: Callable[[str], None] | None = None,
 ) -> RunResult:
-    """Freeze (unless ``window`` is given: a retried run reuses its frozen window), stage,
-    apply and advance the cursors, as one DAG run does; the caller keeps the cursors."""
-    cursors = dict(cursors or {})
+    """Freeze (unless ``window`` is given: a retried run reuses its frozen window), stage and
+    finish, as one DAG run does; the caller keeps the cursors (``RunResult.cursors``)."""
+    outlets = Kept(dict(cursors or {}))
     started = time.perf_counter()
-    window = window or freeze(partner, adapter, conn, cursors, request)
+    window = window or freeze(partner, adapter, conn, outlets, request)
     frozen = time.perf_counter()
-    pieces, staged = stage(partner, adapter, conn, run_id, window, on_staged)
+    pieces, staged = stage(partner, adapter, conn, run_id, window, on_staged, outlets)
     harvested = time.perf_counter()
-    applied = apply(adapter, conn, partner.id, run_id, window)
+    finished = finish(adapter, conn, run_id, window, outlets)
     done = time.perf_counter()
-    return RunResult(window, pieces, staged, applied, advance(cursors, window),
+    return RunResult(window, pieces, staged, finished.applied, outlets.cursors,
                      {"freeze": frozen - started, "stage": harvested - frozen, "apply": done - harvested})

@@ -33,7 +33,7 @@ from partner_harvest.store import RunRef, begin_run, ensure_schema, fail_run, fe
 from partner_harvest.store import reconcile as sql
 from partner_harvest.store import reconcile_slices as store
 from partner_harvest.store.runs import record_failed_try
-from partner_harvest.window import Slice, SliceFacts, Window, as_utc, format_instant, parse_instant
+from partner_harvest.window import Slice, Window, as_utc, format_instant, parse_instant
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,7 @@ def sweep_slice(adapter: Adapter, conn: psycopg.Connection, partner_id: str, run
                 index: int) -> HarvestStats:
     """Sweep slice ``index`` from its own start into reconcile_ids (its earlier rows dropped)."""
     bounds = store.start(conn, partner_id, run_id, index, plan.planned_at)
-    piece = SliceFacts(channel=f"{CHANNEL}/{index:03d}", lo=bounds.lo, hi=bounds.hi, estimate=bounds.estimate,
-                       open_end=bounds.open_end)
+    piece = bounds.model_copy(update={"channel": f"{CHANNEL}/{index:03d}"})
     sub = replace(plan.window, from_=bounds.from_, until=bounds.until, protocol=plan.window.protocol.with_(slice=piece))
     stats = HarvestStats()
     try:

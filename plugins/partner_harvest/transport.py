@@ -11,8 +11,10 @@ a worker (see the README, "What a partner cannot do to you"):
   kept (a small gzip can expand to gigabytes; a body can be endless);
 - every request ends within ``request_deadline`` seconds of talking to the server, even
   when the server drips one byte at a time (which never trips a read timeout);
-- credentials (an ``Authorization`` header, Basic auth) never leave the partner's origin
-  (scheme, host and port): not on a redirect, not on a URL the partner hands us;
+- credentials (the Connection's, ``credentials.py``: Basic, Bearer, a header or a query
+  parameter) go on every request to the partner's origin (scheme, host and port) and never
+  leave it: not on a redirect, not on a URL the partner hands us; a URL printed anywhere
+  is redacted;
 - TLS is verified; a partner's own CA bundle, client certificate or proxy come from its
   Connection's extras (:class:`Transport`), never from code.
 """
@@ -23,10 +25,11 @@ import http.client
 import io
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -42,6 +45,7 @@ from urllib3.connectionpool import ConnectionPool, HTTPConnectionPool, HTTPSConn
 from urllib3.response import BaseHTTPResponse
 from urllib3.util.retry import Retry
 
+from partner_harvest.credentials import Credentials, redact
 from partner_harvest.errors import HarvestError, PartnerAsksToWait, PartnerHttpError
 
 log = logging.getLogger(__name__)
@@ -150,7 +154,10 @@ def partner_request(
                                 "(options.http.max_wait_in_task)",
                                 datetime.now(timezone.utc) + timedelta(seconds=exc.seconds)) from None
     except requests.RequestException as exc:
-        raise PartnerHttpError(partner_id, request, f"{type(exc).__name__}: {exc}") from exc
+        cause = f"{type(exc).__name__}: {exc}"
+        if redact(cause) != cause:  # a URL with the query credential: keep it out of tracebacks too
+            raise PartnerHttpError(partner_id, request, cause) from None
+        raise PartnerHttpError(partner_id, request, cause) from exc
 
 
 class _DeadlinePassed(Exception):
@@ -242,6 +249,14 @@ class RequestPacer(Protocol):
         """The response's headers came after ``seconds`` (``status`` None: the request failed)."""
         ...
 
+    def judged_by_caller(self) -> AbstractContextManager[None]:
+        """A block whose strained answers wait for the caller's reading of their body."""
+        ...
+
+    def excuse(self) -> None:
+        """The answer just read was about a record (its body said so), not strain on the host."""
+        ...
+
     def close(self) -> None:
         """The session is done: give back what the pacing holds (a database connection)."""
         ...
@@ -250,39 +265,73 @@ class RequestPacer(Protocol):
 _PACER: ContextVar[RequestPacer | None] = ContextVar("partner_http_pacer", default=None)
 
 
+# A request on a reused connection that fails this way before any answer met a connection
+# the server had closed (its idle keep-alive timeout passed): urllib3 sends it again on a new one.
+_STALE_CONNECTION_ERRORS = (ConnectionError,)  # RemoteDisconnected, resets, broken pipes
+_KEEP_ALIVE_TIMEOUT = re.compile(r"(?:^|[,;\s])timeout\s*=\s*(\d+)", re.IGNORECASE)
+
+
+def keep_alive_timeout(header: str | None) -> float | None:
+    """The idle timeout a server announces (``Keep-Alive: timeout=5, max=100``), or None."""
+    match = _KEEP_ALIVE_TIMEOUT.search(header or "")
+    return float(match.group(1)) if match else None
+
+
 class _Paced:
-    """A connection whose every request waits for its slot and reports how the host answered."""
+    """A connection that reports how the host answered each request to the pacer, and knows
+    how long its server keeps it open while idle (the ``Keep-Alive`` header).
+
+    The wait for the request's pacing slot happens in the pool (:class:`_PacedPool`), before
+    a connection is handed out: a connection the server closed during the wait is then seen
+    closed and replaced, instead of carrying the request into a reset. A request that still
+    meets a closed connection (sent just as the server closed it) is no strain on the host:
+    urllib3 sends it again at once on a new connection, whose answer is what counts.
+    """
 
     _pace_started: float | None = None
+    _answered_on: object = None  # the socket of the last response: a request sent on it reuses it
+    _reused = False
+    keep_alive: float | None = None  # the idle timeout the server announced on its last response
+    idle_since: float | None = None  # when the connection went back to the pool
 
     def request(self, *args: Any, **kwargs: Any) -> None:
-        pacer = _PACER.get()
-        if pacer is not None:
-            waited = pacer.before()
-            deadline = _DEADLINE.get()
-            if deadline is not None and waited:
-                deadline.extend(waited)  # waiting for the slot is politeness, not the server's time
+        self._reused = self.sock is not None and self.sock is self._answered_on  # type: ignore[attr-defined]
+        if _PACER.get() is not None:
             self._pace_started = time.monotonic()
         try:
             super().request(*args, **kwargs)  # type: ignore[misc]
-        except BaseException:
-            self._report(None)
+        except BaseException as exc:
+            self._report(None, exc)
             raise
 
     def getresponse(self) -> Any:
         try:
             response = super().getresponse()  # type: ignore[misc]
-        except BaseException:
-            self._report(None)
+        except BaseException as exc:
+            self._report(None, exc)
             raise
+        self._answered_on = self.sock  # type: ignore[attr-defined]
+        self.keep_alive = keep_alive_timeout(response.headers.get("Keep-Alive"))
         self._report(response.status)
         return response
 
-    def _report(self, status: int | None) -> None:
+    def idle_expired(self) -> bool:
+        """Idle so long that its server has closed it, or is about to (its announced timeout,
+        less a second for the request's way there)."""
+        if self.keep_alive is None or self.idle_since is None:
+            return False
+        return time.monotonic() - self.idle_since >= max(self.keep_alive - 1.0, self.keep_alive / 2)
+
+    def _report(self, status: int | None, error: BaseException | None = None) -> None:
         started, self._pace_started = self._pace_started, None
         pacer = _PACER.get()
-        if started is not None and pacer is not None:
-            pacer.after(time.monotonic() - started, status)
+        if started is None or pacer is None:
+            return
+        if status is None and self._reused and isinstance(error, _STALE_CONNECTION_ERRORS):
+            log.info("%s: the server had closed the pooled connection (%s); the request goes again on a new one",
+                     getattr(pacer, "partner_id", "partner"), type(error).__name__)
+            return
+        pacer.after(time.monotonic() - started, status)
 
 
 class _HTTPConnection(_Paced, HTTPConnection):
@@ -293,13 +342,36 @@ class _HTTPSConnection(_Paced, HTTPSConnection):
     response_class = _DeadlineResponse
 
 
-class PartnerHTTPConnectionPool(HTTPConnectionPool):
-    """urllib3's pool, with connections whose responses read through the deadline."""
+class _PacedPool:
+    """A pool whose requests wait for their pacing slot before a connection is handed out
+    (urllib3 then sees whether the server closed it meanwhile), and that drops a connection
+    idle past its server's announced keep-alive timeout before using it again."""
+
+    def _get_conn(self, timeout: float | None = None) -> Any:
+        pacer = _PACER.get()
+        if pacer is not None:
+            waited = pacer.before()
+            deadline = _DEADLINE.get()
+            if deadline is not None and waited:
+                deadline.extend(waited)  # waiting for the slot is politeness, not the server's time
+        conn = super()._get_conn(timeout)  # type: ignore[misc]
+        if isinstance(conn, _Paced) and conn.idle_expired():
+            conn.close()  # type: ignore[attr-defined]  # as urllib3 does with a dropped one: the request connects anew
+        return conn
+
+    def _put_conn(self, conn: Any) -> None:
+        if isinstance(conn, _Paced):
+            conn.idle_since = time.monotonic()
+        super()._put_conn(conn)  # type: ignore[misc]
+
+
+class PartnerHTTPConnectionPool(_PacedPool, HTTPConnectionPool):
+    """urllib3's pool, paced, with connections whose responses read through the deadline."""
 
     ConnectionCls = _HTTPConnection
 
 
-class PartnerHTTPSConnectionPool(HTTPSConnectionPool):
+class PartnerHTTPSConnectionPool(_PacedPool, HTTPSConnectionPool):
     ConnectionCls = _HTTPSConnection
 
 
@@ -367,8 +439,8 @@ class CappedRetry(Retry):
         beyond = self._asked_beyond_task(response)
         if beyond is not None:  # sleep() raises ServerAsksToWait
             log.warning("%s: %s %s failed (%s); the server asks for a wait of %.0f s, longer than a task may "
-                        "sleep (options.http.max_wait_in_task = %g s)", self.label or "partner", method, url,
-                        cause, beyond, self.max_wait_in_task)
+                        "sleep (options.http.max_wait_in_task = %g s)", self.label or "partner", method,
+                        redact(url or ""), redact(cause), beyond, self.max_wait_in_task)
             return new
         asked = new.get_retry_after(response) if response is not None else None
         wait = asked if asked is not None else new.get_backoff_time()
@@ -377,7 +449,8 @@ class CappedRetry(Retry):
         allowed = done + new.total if isinstance(new.total, int) else None
         log.warning(
             "%s: %s %s failed (%s); retry %d of %s in %.1fs",
-            self.label or "partner", method, url, cause, done, allowed if allowed is not None else "?", wait,
+            self.label or "partner", method, redact(url or ""), redact(cause), done,
+            allowed if allowed is not None else "?", wait,
         )
         return new
 
@@ -392,7 +465,20 @@ class _OneLinePerRetry(logging.Filter):
         return not (str(record.msg).startswith("Retrying (") and args and isinstance(args[0], CappedRetry))
 
 
+class _NoSecrets(logging.Filter):
+    """urllib3 logs request URLs (at DEBUG): a query credential's secret becomes ***."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        shown = redact(message)
+        if shown != message:
+            record.msg, record.args = shown, None
+        return True
+
+
 logging.getLogger("urllib3.connectionpool").addFilter(_OneLinePerRetry())
+for _name in ("urllib3.connectionpool", "urllib3.util.retry"):
+    logging.getLogger(_name).addFilter(_NoSecrets())
 
 
 # ------------------------------------------------------------------------ transport
@@ -518,7 +604,7 @@ class PartnerAdapter(HTTPAdapter):
     def _too_large(self, response: requests.Response, detail: str) -> ResponseTooLarge:
         cap = self.max_response_bytes
         log.warning("%s: response to %s %s exceeds %d bytes", self.label, response.request.method,
-                    response.request.url, cap)
+                    redact(response.request.url or ""), cap)
         return ResponseTooLarge(
             f"the response body exceeds the cap of {cap:,} bytes ({cap / MiB:g} MiB) after decoding "
             f"(options.http.max_response_bytes); {detail}",
@@ -529,9 +615,10 @@ class PartnerAdapter(HTTPAdapter):
 class PartnerSession(requests.Session):
     """A Session bound to one partner: timeouts, a deadline, TLS, and no credential leaks.
 
-    ``home`` is the partner's base URL: an ``Authorization`` header (a Bearer token, Basic
-    auth) is only ever sent to its origin; anywhere else, including every redirect that
-    changes scheme, host or port, it is removed before the request leaves.
+    ``home`` is the partner's base URL: ``credentials`` (and any ``Authorization`` header)
+    are only ever sent to its origin; anywhere else, including every redirect that changes
+    scheme, host or port, they are removed before the request leaves. Without ``home`` no
+    credential is sent at all.
     """
 
     def __init__(
@@ -543,8 +630,10 @@ class PartnerSession(requests.Session):
         deadline: float | None = None,
         transport: Transport | None = None,
         pacer: RequestPacer | None = None,
+        credentials: Credentials | None = None,
     ):
         super().__init__()
+        self.credentials = credentials
         self.pacer = pacer  # politeness at the partner's host (politeness.Pacer), or none
         self.default_timeout = timeout
         self.label = label
@@ -596,10 +685,19 @@ class PartnerSession(requests.Session):
 
     def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
         """Every hop passes here: credentials go to the partner's origin and nowhere else."""
-        if self.home is not None and "Authorization" in request.headers:
-            target = origin(request.url or "")
-            if target != self.home:
+        if self.home is None:  # an origin unknown: the session's own credentials are never sent
+            return super().send(request, **kwargs)
+        target = origin(request.url or "")
+        if target == self.home:
+            if self.credentials is not None:
+                self.credentials.apply(request)
+        else:
+            withheld = "Authorization" in request.headers
+            if withheld:
                 del request.headers["Authorization"]
+            if self.credentials is not None:
+                withheld = self.credentials.withhold(request) or withheld
+            if withheld:
                 log.warning("%s: credentials withheld from %s (not the partner's origin %s)",
                             self.label or "partner", _show(target), _show(self.home))
         return super().send(request, **kwargs)
@@ -616,6 +714,15 @@ class PartnerSession(requests.Session):
             del prepared_request.headers["Authorization"]
 
 
+def widen(session: requests.Session, connections: int) -> None:
+    """Keep ``connections`` connections to the partner open, for a client that sends that many
+    requests at once (OAI-PMH GetRecords): a smaller pool discards one after each request."""
+    for prefix, adapter in list(session.adapters.items()):
+        if isinstance(adapter, PartnerAdapter) and connections > 2:
+            session.mount(prefix, PartnerAdapter(adapter.label, adapter.max_response_bytes, max_retries=adapter.max_retries,
+                                                 pool_connections=1, pool_maxsize=connections))
+
+
 def build_session(
     label: str,
     policy: HttpPolicy | None = None,
@@ -623,8 +730,10 @@ def build_session(
     home: str | None = None,
     transport: Transport | None = None,
     pacer: RequestPacer | None = None,
+    credentials: Credentials | None = None,
 ) -> PartnerSession:
-    """A session for one partner's harvest: gzip accepted, retries with backoff, limits."""
+    """A session for one partner's harvest: gzip accepted, retries with backoff, limits;
+    ``credentials`` on every request to ``home``'s origin (credentials.py)."""
     policy = policy or HttpPolicy()
     retry = CappedRetry(
         total=policy.retries,
@@ -644,7 +753,7 @@ def build_session(
     )
     session = PartnerSession(
         (policy.connect_timeout, policy.read_timeout), label=label, home=home,
-        deadline=policy.request_deadline, transport=transport, pacer=pacer,
+        deadline=policy.request_deadline, transport=transport, pacer=pacer, credentials=credentials,
     )
     adapter = PartnerAdapter(label, policy.max_response_bytes, max_retries=retry, pool_connections=1, pool_maxsize=2)
     session.mount("http://", adapter)

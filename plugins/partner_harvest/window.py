@@ -90,19 +90,31 @@ class ChannelPlan(_Facts):
     clock_regressed: bool = False
 
 
-class SliceFacts(_Facts):
-    """What a slice's sub-window knows of its slice (pipeline.slice_window)."""
+class Slice(_Facts):
+    """One slice of a big window, in every role it has: what an adapter plans (``channel``
+    still empty), what harvest_runs records (store/slices), one piece of the mapped harvest
+    as JSON (:meth:`to_json`, the XCom), and what a slice's sub-window knows of its slice
+    (``WindowFacts.slice``, with ``resume_at`` and ``of_full``; pipeline.slice_window), as
+    well as a reconcile sweep's slice (sliced_reconcile)."""
 
-    channel: str
-    lo: int | None = None  # a Sierra id range [lo, hi] (hi None: open-ended)
+    channel: str = ""  # changes/001, ... once planned
+    from_: Instant | None = Field(default=None, alias="from")
+    until: Instant
+    lo: int | None = None  # a Sierra id range [lo, hi] (hi None: open-ended); IIIF: page positions
     hi: int | None = None
-    set_spec: str | None = Field(default=None, alias="set")  # an OAI slice that is one set
-    resume_at: int | None = None  # the checkpoint a retried Sierra (or IIIF) slice resumes at
-    estimate: int | None = None  # what the plan expected of the slice (a count or an id span), for progress only
-    of_full: bool = False  # a slice of a full harvest proves its own range (I12)
-    open_end: bool = False  # a reconcile sweep's last slice: no until (records edited meanwhile land in it)
-    pages: tuple[str, ...] = ()  # an IIIF slice: its page URLs, newest first (positions lo..hi)
-    page_items: tuple[int, ...] = ()  # the activities the plan counted on each of them
+    estimate: int | None = None  # records the plan expected (a count or an id span), for progress only
+    set_spec: str | None = Field(default=None, alias="set")  # an OAI slice that is one set of the repository
+    open_end: bool = False  # a reconcile sweep's last slice: listed without an until
+    # An IIIF slice: its stream pages newest first (position lo is pages[0]; 0 is the frozen
+    # last page) and the activities the plan counted on each; kept in harvest_runs, not XCom.
+    pages: tuple[str, ...] = ()
+    page_items: tuple[int, ...] = ()
+    resume_at: int | None = None  # in a sub-window: the checkpoint a retried Sierra (or IIIF) slice resumes at
+    of_full: bool = False  # in a sub-window: a slice of a full harvest proves its own range (I12)
+
+    def to_json(self) -> dict[str, Any]:
+        """The XCom form of a planned slice (page lists stay in harvest_runs: a slice reads them there)."""
+        return self.model_dump(mode="json", by_alias=True, exclude={"pages", "page_items", "resume_at", "of_full"})
 
 
 class IiifEntry(_Facts):
@@ -138,7 +150,7 @@ class WindowFacts(_Facts):
     clock_behind_cursor: ClockBehind | None = None
     epoch: int | None = None  # the operator epoch the run's writes are fenced by
     channels: dict[str, ChannelPlan] = Field(default_factory=dict)
-    slice: SliceFacts | None = None
+    slice: Slice | None = None
     skip: bool = False  # a channel window with nothing to poll (ChannelPlan.skip)
     # OAI-PMH: what Identify and the prefix resolution said
     metadata_prefix: str | None = None
@@ -212,28 +224,6 @@ class Window:
         start = format_instant(self.from_) if self.from_ else "the beginning"
         kind = "requested" if self.mode == "window" else self.mode  # never "window window"
         return f"{kind} window from {start} until {format_instant(self.until)} ({self.granularity})"
-
-
-class Slice(_Facts):
-    """One slice of a big window: what an adapter plans (``channel`` still empty), what
-    harvest_runs records (store/slices), and, as JSON, one piece of the mapped harvest."""
-
-    channel: str = ""  # changes/001, ... once planned
-    from_: Instant | None = Field(default=None, alias="from")
-    until: Instant
-    lo: int | None = None  # a Sierra id range [lo, hi] (hi None: open-ended); IIIF: page positions
-    hi: int | None = None
-    estimate: int | None = None  # records the plan expected (a count or an id span)
-    set_spec: str | None = Field(default=None, alias="set")  # an OAI slice that is one set of the repository
-    open_end: bool = False  # a reconcile sweep's last slice: listed without an until
-    # An IIIF slice: its stream pages newest first (position lo is pages[0]; 0 is the frozen
-    # last page) and the activities the plan counted on each; kept in harvest_runs, not XCom.
-    pages: tuple[str, ...] = ()
-    page_items: tuple[int, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        """The XCom form of a planned slice (page lists stay in harvest_runs: a slice reads them there)."""
-        return self.model_dump(mode="json", by_alias=True, exclude={"pages", "page_items"})
 
 
 def plan_window(

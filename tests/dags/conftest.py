@@ -33,6 +33,45 @@ def dagbag(airflow_db: None) -> DagBag:
     return DagBag(dag_folder=str(ROOT / "dags"))
 
 
+@pytest.fixture(scope="session")
+def airflow_api_url(airflow_db: None) -> Iterator[str]:
+    """Airflow's REST API (the api-server's core app) in this process on a loopback port, over
+    the tests' metadata database: what the command line talks to. Everyone is an admin."""
+    import threading
+
+    import uvicorn
+
+    from tests.support.airflow_stack import free_loopback_port, poll
+
+    saved = os.environ.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS")
+    os.environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = "True"
+    from airflow.api_fastapi.app import create_app
+
+    port = free_loopback_port()
+    server = uvicorn.Server(uvicorn.Config(create_app("core"), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="airflow-api", daemon=True)
+    thread.start()
+    poll(lambda: server.started, 60, "the in-process Airflow API to listen")
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=30)
+    if saved is None:
+        os.environ.pop("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", None)
+    else:
+        os.environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = saved
+
+
+@pytest.fixture
+def airflow_api(airflow_api_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The command line pointed at :func:`airflow_api_url` (a fresh client for this test)."""
+    from partner_harvest.airflow import api
+
+    monkeypatch.setenv(api.URL_ENV, airflow_api_url)
+    api.api_client.cache_clear()
+    yield airflow_api_url
+    api.api_client.cache_clear()
+
+
 @pytest.fixture
 def aggregation_conn(monkeypatch: pytest.MonkeyPatch, db: str) -> str:
     """Point the Connection `aggregation_db` at this test's fresh database."""

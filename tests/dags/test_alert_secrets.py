@@ -42,6 +42,10 @@ def test_overdue_alert_only_for_a_run_still_unfinished(monkeypatch: pytest.Monke
         kwargs = {"partner_id": "p", "dag_id": "harvest_p", "pool": "partner_p", "run_deadline": "20:00:00"}
         assert run_overdue_alert(**kwargs, context={"dag_run": {"dag_run_id": "r1", "state": "failed"}}) == []
         assert run_overdue_alert(**kwargs, context={"dag_run": {"dag_run_id": "r2", "state": "queued"}}) == ["webhook"]
+        # A backfill's day: queued after its deadline (logical date + run_deadline) had passed.
+        backfill = {"dag_run": {"dag_run_id": "r3", "state": "queued", "queued_at": "2026-03-05T10:00:00Z"},
+                    "deadline": {"deadline_time": "2026-03-02T22:00:00Z"}}
+        assert run_overdue_alert(**kwargs, context=backfill) == []
     finally:
         sink.close()
     assert [b["harvest"]["run_id"] for b in sink.bodies] == ["r2"]

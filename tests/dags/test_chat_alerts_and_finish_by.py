@@ -155,7 +155,7 @@ def test_a_nightly_run_unfinished_at_finish_by_alerts(registry: Callable[[str], 
         session.flush()
         deadlines = session.query(Deadline).filter(Deadline.dagrun_id == run.id).all()
         (late,) = [d for d in deadlines if d.deadline_time == tick + timedelta(hours=4)]
-        assert len(deadlines) == 2  # and the run_deadline, from queued_at
+        assert len(deadlines) == 2  # and the run_deadline, from the logical date
         # 06:00 passes with the run still waiting; what the scheduler loop does then:
         late.handle_miss(session)
         session.flush()

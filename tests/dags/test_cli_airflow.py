@@ -1,5 +1,6 @@
-"""`partner-harvest` with Airflow in-process: pools, cursor Variables, the Connection
-aggregation_db (a real metadata DB, a real PostgreSQL aggregation)."""
+"""`partner-harvest` against Airflow's REST API (the api-server's app in this process, a real
+metadata DB): pools, cursor Variables; the Connection aggregation_db from the environment;
+a real PostgreSQL aggregation."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.airflow
 
 
 @pytest.fixture
-def ids(airflow_db: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+def ids(airflow_api: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Fresh partner ids (the metadata DB is shared by the session); their pools and
     Variables are removed afterwards. The aggregation comes from the Connection only."""
     monkeypatch.delenv("HARVEST_DATABASE_URL", raising=False)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from partner_harvest.registry import load_partners
+from tests.support.checks import present
 
 if TYPE_CHECKING:
     from airflow.dag_processing.dagbag import DagBag
@@ -200,31 +201,32 @@ def test_the_plugin_refuses_a_plugins_folder_holding_its_sources(tmp_path: Path)
     assert [p for p in (root / "plugins").rglob(".airflowignore")] == []
 
 
-def test_pools_are_synced_from_the_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: None) -> None:
+def test_pools_are_synced_from_the_registry(tmp_path: Path, airflow_api: str) -> None:
     from airflow.models.pool import Pool
 
     from partner_harvest.airflow.pools import sync_pools
+    from partner_harvest.registry import load_registry
 
     registry = tmp_path / "partners.yaml"
     registry.write_text("partners:\n  - {id: pooled, protocol: oai-pmh, conn_id: c, pool_slots: 2}\n"
                         "  - {id: unpooled, protocol: oai-pmh, conn_id: c, lag: never}\n")
-    monkeypatch.setenv("HARVEST_PARTNERS_FILE", str(registry))
-    assert sync_pools() == [("partner_pooled", 2, "Concurrent requests to partner pooled (oai-pmh, Connection c)")]
-    sync_pools()  # idempotent
-    assert getattr(Pool.get_pool("partner_pooled"), "slots", None) == 2
+    loaded = load_registry(registry)
+    assert sync_pools(loaded) == [("partner_pooled", 2, "Concurrent requests to partner pooled (oai-pmh, Connection c)")]
+    sync_pools(loaded)  # idempotent
+    assert present(Pool.get_pool("partner_pooled")).slots == 2
     assert Pool.get_pool("partner_unpooled") is None  # an invalid entry runs nothing
 
 
-def test_pool_check_names_a_missing_pool(registry: Callable[[str], Path], airflow_db: None, capsys: pytest.CaptureFixture[str]) -> None:
+def test_pool_check_names_a_missing_pool(registry: Callable[[str], Path], airflow_api: str, capsys: pytest.CaptureFixture[str]) -> None:
     from airflow.models.pool import Pool
 
-    from partner_harvest.airflow.pools import main
+    from partner_harvest.cli import main
 
     registry("partners:\n  - {id: forgotten, protocol: oai-pmh, conn_id: c}\n")
     Pool.delete_pool("partner_forgotten") if Pool.get_pool("partner_forgotten") else None
-    assert main(["--check"]) == 1
+    assert main(["sync-pools", "--check"]) == 1
     assert "pool partner_forgotten is missing: the tasks of partner forgotten will never be scheduled" in capsys.readouterr().err
-    assert main([]) == 0 and main(["--check"]) == 0
+    assert main(["sync-pools"]) == 0 and main(["sync-pools", "--check"]) == 0
 
 
 def test_task_arguments_follow_the_registry(registry: Callable[[str], Path]) -> None:

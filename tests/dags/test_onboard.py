@@ -21,6 +21,7 @@ from partner_harvest.airflow import admin
 from partner_harvest.cli import main
 from partner_harvest.registry import cursor_key, load_registry
 from partner_harvest.store import connect, ensure_schema
+from tests.support.checks import present
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ def _state(dag_ids: list[str]) -> dict:
 
 
 @pytest.fixture
-def fleet(airflow_db: None, aggregation_conn: str, tmp_path: Path,
+def fleet(airflow_api: str, aggregation_conn: str, tmp_path: Path,
           monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, list[str], Path]]:
     """Two new partners whose DAGs the dag-processor has parsed (serialized, paused)."""
     from airflow.dag_processing.bundles.manager import DagBundlesManager
@@ -107,9 +108,10 @@ def test_onboard_brings_airflow_in_line_once_and_a_second_pass_changes_nothing(f
     after = _state(dag_ids)
     assert set(after["paused"].values()) == {False}
     assert [dag for dag, _ in after["runs"]] == [f"harvest_{a}"]  # b has a cursor: no first harvest
-    pools = {pid: Pool.get_pool(f"partner_{pid}") for pid in (a, b)}
-    assert [getattr(pools[pid], "slots", None) for pid in (a, b)] == [2, 1]
-    stored = admin.Connection.get_connection_from_secrets(f"partner_{a}")
+    assert present(Pool.get_pool(f"partner_{a}")).slots == 2 and present(Pool.get_pool(f"partner_{b}")).slots == 1
+    from airflow.models.connection import Connection
+
+    stored = Connection.get_connection_from_secrets(f"partner_{a}")
     assert stored.password == "s3cret-pw" and stored.extra_dejson == {"verify": "/etc/ssl/partner-ca.pem"}
 
     assert main(["onboard", "--connections", str(file)]) == 0

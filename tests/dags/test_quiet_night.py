@@ -85,3 +85,60 @@ def test_a_quiet_night_is_one_task_and_two_requests(partner_env: OaiSimulator, r
     assert run_row(db, fourth)[:2] == ("applied", 3)
     assert held(db) == repo.live_identifiers()
     assert get_cursor()["until"] == repo.clock.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Sent:
+    """What the run's tasks report to Airflow's surface: Stats (metrics) and the hook lineage
+    collector (lineage), recorded in this process (dag.test() runs every task here)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from airflow.sdk import lineage
+        from airflow.sdk.observability import stats
+
+        self.metrics: list[tuple[str, str]] = []
+        self.lineage: list[tuple[str, str]] = []
+        for kind in ("incr", "gauge", "timing"):
+            monkeypatch.setattr(stats, kind, partial(self._metric, kind))
+        monkeypatch.setattr(lineage, "get_hook_lineage_collector", lambda: self)
+
+    def _metric(self, kind: str, name: str, *args: Any, **kwargs: Any) -> None:
+        self.metrics.append((kind, name))
+
+    def add_input_asset(self, context: Any = None, uri: str = "", **kwargs: Any) -> None:
+        self.lineage.append(("input", uri))
+
+    def add_output_asset(self, context: Any = None, uri: str = "", **kwargs: Any) -> None:
+        self.lineage.append(("output", uri))
+
+    def night(self, dag: Any) -> tuple[DagRun, set[tuple[str, str]], set[tuple[str, str]]]:
+        """One run, with the metrics and lineage its tasks reported (as sets: which, not how often)."""
+        self.metrics.clear()
+        self.lineage.clear()
+        return dag.test(), set(self.metrics), set(self.lineage)
+
+
+@pytest.mark.timeout(600)
+def test_a_quiet_night_reports_the_metrics_and_lineage_of_an_ordinary_night(partner_env: OaiSimulator, repo: SimulatedRepository,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quiet night applies a run as an ordinary night does: it reports the same metrics
+    (runs_applied, run_seconds, cursor_lag_seconds, the apply's counts) and the same lineage
+    (staging written and read, the live tables written)."""
+    sent = Sent(monkeypatch)
+    dag = dags.build_dag(PARTNER)
+    first, _, _ = sent.night(dag)  # the first harvest fetches the collection
+    assert str(first.state).endswith("success"), task_states(first)
+
+    repo.advance_clock(600)
+    ordinary, ordinary_metrics, ordinary_lineage = sent.night(dag)  # nothing changed: the usual tasks
+    assert set(task_states(ordinary).values()) == {"success"}, task_states(ordinary)
+
+    repo.advance_clock(600)
+    quiet, quiet_metrics, quiet_lineage = sent.night(dag)  # quiet after quiet: freeze_window does it all
+    states = task_states(quiet)
+    assert states.pop("freeze_window") == "success" and set(states.values()) == {"skipped"}, task_states(quiet)
+
+    assert {name for _, name in ordinary_metrics} >= {f"partner_harvest.{key}.{PARTNER}" for key in (
+        "runs_applied", "run_seconds", "cursor_lag_seconds", "fetched", "upserted", "warnings")}
+    assert sorted(quiet_metrics) == sorted(ordinary_metrics)
+    assert {direction for direction, _ in ordinary_lineage} == {"input", "output"}
+    assert sorted(quiet_lineage) == sorted(ordinary_lineage)

@@ -107,8 +107,8 @@ def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env: Si
     assert set(states.values()) == {"success"}, states
     with connect(db) as conn:
         ensure_schema(conn)
-        assert live_identifiers(conn, "daglibrary") == catalogue.live_ids()
-        channels: dict[str, Any] = dict(conn.execute(
+        assert live_identifiers(conn, "daglibrary") == catalogue.public_ids()
+        channels: dict[str, int] = dict(conn.execute(
             "SELECT channel, purged FROM harvest_runs WHERE partner_id = 'daglibrary' AND run_id = %s",
             (f"{second.dag_id}/{second.run_id}",)).fetchall())
     assert channels == {"changes": 0, "deletions": len(deleted)}
@@ -132,11 +132,11 @@ def test_bibs_holding_a_nul_character_are_quarantined_and_the_run_completes(sier
     states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
     assert set(states.values()) == {"success"}, states
     poisoned = {str(n) for n in range(catalogue.first_id, catalogue.first_id + 300)
-                if catalogue._every(catalogue.nul_every, n) and str(n) in catalogue.live_ids()}
+                if catalogue._every(catalogue.nul_every, n) and str(n) in catalogue.public_ids()}
     assert poisoned
     with connect(db) as conn:
         ensure_schema(conn)
-        assert live_identifiers(conn, "daglibrary") == catalogue.live_ids() - poisoned
+        assert live_identifiers(conn, "daglibrary") == catalogue.public_ids() - poisoned
         held: dict[str, str] = dict(conn.execute("SELECT identifier, reason FROM quarantine WHERE partner_id = 'daglibrary'").fetchall())
     assert set(held) == poisoned
     assert all("NUL" in reason or "XML compatible" in reason for reason in held.values()), held
@@ -173,7 +173,7 @@ def test_a_rate_limit_reschedules_harvest_changes_which_then_resumes_at_the_stop
     assert len(served) == len(set(served)) and len(served) <= 6 + 1  # no block twice; +1 for the shifted keyset
     with connect(db) as conn:
         ensure_schema(conn)
-        assert live_identifiers(conn, "daglibrary") == catalogue.live_ids()
+        assert live_identifiers(conn, "daglibrary") == catalogue.public_ids()
         check = conn.execute("SELECT check_ok, attempts FROM harvest_runs WHERE partner_id = 'daglibrary'"
                              " AND channel = 'changes'").fetchone()
     assert check == (True, 2)

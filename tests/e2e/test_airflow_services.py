@@ -302,21 +302,3 @@ def test_a_run_whose_pool_is_missing_alerts_at_its_deadline(airflow_stack: Airfl
     # Nothing ran: the tasks still wait for the pool.
     states = stack.task_states(dag_id, run["dag_run_id"])
     assert states.get("freeze_window") in (None, "scheduled"), states
-
-
-def test_the_quiet_dag_processor_serves_a_reparse_request(airflow_stack: AirflowStack) -> None:
-    """This stack's dag-processor is partner_harvest's (its idle polls every 2 s,
-    tests/support/e2e_stack.py). A "Reparse" from the UI or the API still reaches it: the file
-    is parsed again and the DAG's last parse moves on."""
-    stack = airflow_stack
-    dag_id = f"harvest_{stack.museum}"
-    assert stack.launchers.get("dag-processor", [])[-1:] == ["partner_harvest.airflow.dag_processor"]
-    details = stack.api("GET", f"/dags/{dag_id}/details")
-    parsed_before = details["last_parsed_time"]
-    stack.api("PUT", f"/parseDagFile/{details['file_token']}", expect=(201,))
-
-    def parsed_again() -> str | None:
-        parsed = stack.api("GET", f"/dags/{dag_id}")["last_parsed_time"]
-        return parsed if parsed > parsed_before else None
-
-    stack.poll(parsed_again, 60, f"{dag_id}'s file to be parsed again after the reparse request")

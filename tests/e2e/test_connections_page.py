@@ -3,7 +3,7 @@
 An api-server alone (no scheduler: nothing runs) with the package's entry points
 (tests/support/provider.py): Airflow lists the provider `partner-harvest`, and the
 React UI's "Add Connection" offers "OAI-PMH partner" and "Sierra ILS partner" with their
-fields (relabelled host, the TLS and proxy fields, login and password hidden for OAI-PMH).
+fields (relabelled host, the TLS and proxy fields, for OAI-PMH the credential fields).
 A Connection saved from the form is read by the partner hooks into the endpoint the
 harvest uses. Screenshots go to a temporary directory the test prints.
 """
@@ -96,19 +96,21 @@ def test_add_connection_offers_both_partner_types_with_their_fields(
     page.set_default_timeout(BROWSER_TIMEOUT_MS)  # the UI's bundle is large; a busy machine is slow
     page.set_default_navigation_timeout(BROWSER_TIMEOUT_MS)
     try:
-        # OAI-PMH: the base URL (relabelled host), no login or password, the TLS and proxy fields
+        # OAI-PMH: the base URL (relabelled host), the credentials, the TLS and proxy fields
         page.goto(f"{api_server.base_url}/connections")
         page.get_by_role("button", name="Add Connection").click()
         _choose_type(page, "OAI-PMH partner")
         base_url = page.get_by_placeholder("https://museum.example/oai (the URL before ?verb=)")
         base_url.wait_for()
         labels = _visible_labels(page)
-        assert "Base URL" in labels and not {"Host", "Login", "Password", "Schema", "Port"} & labels, labels
+        assert {"Base URL", "Login (HTTP Basic)", "Secret (password, token or key)"} <= labels, labels
+        assert not {"Host", "Login", "Password", "Schema", "Port"} & labels, labels
         page.get_by_role("textbox", name="Connection ID").fill("partner_museum")
         base_url.fill("https://museum.example/oai")
         page.get_by_role("button", name="Extra Fields", exact=True).click()  # the provider's fields
         page.locator("input[name=element_verify]").wait_for()
-        assert {"CA bundle", "Client certificate", "Client key file", "Proxy"} <= _visible_labels(page)
+        assert {"CA bundle", "Client certificate", "Client key file", "Proxy", "Credential form",
+                "Credential header", "Credential query parameter"} <= _visible_labels(page)
         assert "system's CAs" in page.get_by_text("Path, on every worker, of the partner's CA bundle").inner_text()
         page.locator("input[name=element_verify]").fill(str(ca))
         page.screenshot(path=str(shots / "oai_pmh_form.png"), full_page=True)

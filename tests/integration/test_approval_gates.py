@@ -4,6 +4,7 @@ the shrink a staged run would cause, a reject's cleanup, and the fence across th
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
@@ -20,6 +21,9 @@ from partner_harvest.window import Window, WindowFacts
 from tests.support.db import held
 from tests.support.partners import oai_partner
 from tests.support.records import T0, WINDOW, live_titles, rec, stage
+
+if TYPE_CHECKING:
+    from partner_harvest.adapters import Adapter
 
 INCREMENTAL = Window("incremental", T0, T0 + timedelta(days=10), "day", True, WindowFacts(metadata_prefix="oai_dc"))
 FULL = Window("full", None, T0 + timedelta(days=10), "day", False, WindowFacts(metadata_prefix="oai_dc"))
@@ -100,12 +104,13 @@ def _approved_fence(conn: psycopg.Connection, run_id: str, epoch: int) -> fences
 
 
 def test_a_run_applied_during_the_wait_makes_the_approved_apply_refuse(conn: psycopg.Connection) -> None:
-    """The fence across the wait: another run's apply after the request, then the approval."""
+    """The fence across the wait: another run's apply after the request changed a record the
+    gated run would purge (it is back upstream), then the approval."""
     seed(conn)
     stage(conn, "p", "gated", [Tombstone(f"r{i:02d}", T0 + timedelta(days=1)) for i in range(10)], window=INCREMENTAL)
     shrink = store_gates.measure_shrink(conn, "p", "gated", whole_collection=False)
     store_gates.open_request(conn, "p", "gated", "harvest_p", "shrink", shrink, 0.25, 0)
-    stage(conn, "p", "backfill", [rec("r15", T0 + timedelta(days=2), "newer")], window=WINDOW)
+    stage(conn, "p", "backfill", [rec("r05", T0 + timedelta(days=2), "newer")], window=WINDOW)
     apply_run(conn, "p", "backfill")  # during the wait: the state the request measured is gone
     store_gates.decide(conn, "p", "gated", store_gates.APPROVED, "ada")
     fences.bind(conn, _approved_fence(conn, "gated", 0))
@@ -163,16 +168,17 @@ def test_a_gated_reconcile_stages_everything_and_applies_only_when_approved(conn
 
 def test_a_harvest_applied_between_a_reconciles_settle_and_its_request_makes_the_approval_refuse(conn: psycopg.Connection) -> None:
     """The reconcile's lease ends with its task, before the gate opens the request: a harvest
-    that applies in between changed what the sweep compared (a record it would purge may be
+    that applies in between changed what the sweep compared (here a record it would purge is
     back), so the approved apply's fence starts at the sweep, as a sliced reconcile's does."""
     repo = SimulatedRepository(records=100, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=62)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
         run_partner(partner, build_adapter(partner, Endpoint(sim.base_url)), conn, "full")
-        repo.delete(20)
+        gone = sorted(repo.delete(20))
         outcome = reconcile(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, "rec", gate=True).as_dict()
     assert outcome["awaiting_approval"]
-    stage(conn, "museum", "harvest-meanwhile", [rec("fresh-1", T0, "new upstream")], window=WINDOW)
+    back = rec(gone[0], T0 + timedelta(days=3650), "back upstream")
+    stage(conn, "museum", "harvest-meanwhile", [back], window=WINDOW)
     apply_run(conn, "museum", "harvest-meanwhile")  # after the settle, before the gate's request
     shrink = gates.reconcile_shrink(conn, partner, "rec", outcome)
     request = store_gates.open_request(conn, "museum", "rec", "reconcile_museum", gates.PURGE, shrink, 0.05, 0)
@@ -189,3 +195,63 @@ def test_a_harvest_applied_between_a_reconciles_settle_and_its_request_makes_the
     conn.rollback()
     fences.bind(conn, None)
     assert held(conn, "museum") == before
+
+
+def test_a_quiet_night_and_a_night_of_other_edits_during_the_wait_leave_the_approval_valid(conn: psycopg.Connection) -> None:
+    """Sunday's reconcile asks to purge 10 withdrawn records; Monday's nightly harvests run while
+    it waits (a quiet one, then one that edits other records): the approval given after them
+    still applies exactly the staged purge. Only a run that changed a record it would purge
+    voids it; one that landed the records it would add (found missing) does not."""
+    repo = SimulatedRepository(records=100, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=63)
+    with OaiSimulator(repo) as sim:
+        partner = oai_partner()
+
+        def adapter() -> Adapter:
+            return build_adapter(partner, Endpoint(sim.base_url))
+
+        cursors = run_partner(partner, adapter(), conn, "full").cursors
+        gone = set(repo.delete(10))  # withdrawn: 10% against the 5% purge limit
+        added = set(repo.add(2))  # new: the reconcile stages them as missing
+        outcome = reconcile(adapter(), conn, partner, "rec", gate=True).as_dict()
+        assert outcome["awaiting_approval"] and outcome["staged_removals"] == 10
+        shrink = gates.reconcile_shrink(conn, partner, "rec", outcome)
+        request = store_gates.open_request(conn, "museum", "rec", "reconcile_museum", gates.PURGE, shrink, 0.05, 0)
+        repo.advance_clock(3600)
+        night = run_partner(partner, adapter(), conn, "night-of-the-new", cursors)
+        assert night.applied.upserted == 2 and added <= held(conn, "museum")
+        repo.advance_clock(3600)
+        quiet = run_partner(partner, adapter(), conn, "quiet-night", night.cursors)
+        assert quiet.applied.fetched == 0 and quiet.applied.upserted == 0
+        repo.advance_clock(3600)
+        edited = set(repo.edit(5))
+        busy = run_partner(partner, adapter(), conn, "busy-night", quiet.cursors)
+        assert busy.applied.upserted == 5 and not edited & gone
+    store_gates.decide(conn, "museum", "rec", store_gates.APPROVED, "curator")
+    with conn.transaction():
+        token = leases.acquire(conn, "museum", "rec", leases.RECONCILE, timedelta(minutes=5))
+    fence = fences.Fence("museum", "rec", token, 0)
+    fence.applied_before = gates.approval_since(request, outcome)
+    fences.bind(conn, fence)
+    applied = apply_staged(conn, "museum", "rec")
+    fences.bind(conn, None)
+    assert applied["purged"] == 10
+    assert held(conn, "museum") == repo.live_identifiers()
+
+
+def test_a_request_waiting_past_the_stale_run_limit_keeps_its_staging(conn: psycopg.Connection) -> None:
+    """A run waiting for a person is not a stale run: the next night's freeze (which closes runs
+    not applied within 7 days and drops their staging) leaves it for the answer, whatever
+    approval_timeout says (``wait`` keeps a request open with no deadline)."""
+    from partner_harvest.store.runs import abandon_stale_runs
+
+    seed(conn)
+    stage(conn, "p", "gated", [Tombstone(f"r{i:02d}", T0 + timedelta(days=1)) for i in range(10)], window=INCREMENTAL)
+    shrink = store_gates.measure_shrink(conn, "p", "gated", whole_collection=False)
+    store_gates.open_request(conn, "p", "gated", "harvest_p", "shrink", shrink, 0.25, 0)
+    conn.execute("UPDATE harvest_runs SET started_at = now() - interval '8 days' WHERE run_id = 'gated'")
+    conn.commit()
+    assert abandon_stale_runs(conn, "p", timedelta(days=7)) == 0
+    assert conn.execute("SELECT count(*) FROM staging WHERE run_id = 'gated'").fetchone() == (10,)
+    store_gates.decide(conn, "p", "gated", store_gates.APPROVED, "ada")
+    fences.bind(conn, _approved_fence(conn, "gated", 0))
+    assert apply_run(conn, "p", "gated").purged == 10

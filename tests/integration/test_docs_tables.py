@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import psycopg
 
-from partner_harvest import docs_gen
+from scripts import docs_gen
 
 
 def test_the_tables_page_is_what_the_migrated_database_says(conn: psycopg.Connection) -> None:

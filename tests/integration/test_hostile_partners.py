@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import json
 import ssl
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import SplitResult
+from urllib.parse import SplitResult, quote_plus
 
 import psycopg
 import pytest
@@ -27,6 +28,7 @@ from cryptography.x509.oid import NameOID
 from include.simulators.loopback import TEXT_TYPE, LoopbackHandler, LoopbackServer, Response
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import pipeline
+from partner_harvest.credentials import Credentials
 from partner_harvest.errors import ConfigurationError, PartnerDataError, PartnerHttpError
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.oai.harvester import OaiAdapter
@@ -143,7 +145,7 @@ class _RecorderHandler(LoopbackHandler):
         sim = self.sim
         assert isinstance(sim, _Recorder)
         with sim._lock:
-            sim.seen.append({"path": url.path, **dict(self.headers.items())})
+            sim.seen.append({"path": url.path, "query": url.query, **dict(self.headers.items())})
         if sim.redirect_to and url.path == "/start":
             return Response(302, b"", TEXT_TYPE, {"Location": sim.redirect_to})
         return Response(200, b"ok\n", TEXT_TYPE)
@@ -178,6 +180,26 @@ def test_a_redirect_to_another_origin_never_carries_credentials(partner_and_stra
     assert session.get(f"{home.base_url}/start", **kwargs).status_code == 200
     assert authorization(home.seen) != [None]  # the partner itself got them
     assert authorization(stranger.seen) == [None]
+
+
+@pytest.mark.parametrize("form", ["basic", "bearer", "header", "query"])
+def test_the_connections_credentials_go_to_the_partner_and_nowhere_else(partner_and_stranger: tuple[_Recorder, _Recorder],
+                                                                       form: str) -> None:
+    """A redirect to another origin (whose Location even repeats the key) gets none of them;
+    one within the origin, and a second request, get them again."""
+    home, stranger = partner_and_stranger
+    secret = "k3y+of/the=museum"
+    credentials = Credentials(form, secret, login="harvester" if form == "basic" else None,
+                              name={"header": "Token", "query": "apikey"}.get(form))
+    session = build_session("museum", home=home.base_url, credentials=credentials)
+    home.redirect_to = f"{stranger.base_url}/landing?apikey={quote_plus(secret)}&verb=Identify"
+    session.get(f"{home.base_url}/start", params={"verb": "Identify"})
+    home.redirect_to = f"{home.base_url}/elsewhere"
+    session.get(f"{home.base_url}/start")
+    carried = [(h.get(credentials.header or "") or "") + h["query"] for h in home.seen]
+    assert len(carried) == 3 and all(quote_plus(secret) in c or "Basic " in c or secret in c for c in carried), carried
+    assert stranger.seen and not any("k3y" in json.dumps(h) or "Authorization" in h or "Token" in h
+                                     for h in stranger.seen), stranger.seen
 
 
 def test_a_same_origin_redirect_keeps_credentials(partner_and_stranger: tuple[_Recorder, _Recorder]) -> None:

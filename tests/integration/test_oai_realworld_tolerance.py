@@ -70,7 +70,7 @@ def test_a_window_refused_as_too_large_is_bisected_until_it_answers(sim: OaiSimu
     window, stats, result = runs.run()
     assert window.is_full
     assert runs.held() == repo.live_identifiers()
-    # the pieces do not overlap: every record fetched once, nothing double-counted
+    # the halves share only the granule of each cut (no record here is stamped at one): each fetched once
     assert stats.fetched == len(repo.live_identifiers()) + len(repo.deleted_identifiers())
     assert result.fetched == stats.fetched
     asked = first_requests(sim)
@@ -107,3 +107,36 @@ def test_bisection_has_a_cap_and_then_fails_naming_the_refusal(sim: OaiSimulator
     with pytest.raises(HarvestError, match=r"HTTP 413.*split 3 times"):
         runs.run()
     assert len(first_requests(sim)) <= 2 ** 4  # at most 1 + 2 + 4 + 8 pieces asked
+
+
+def test_a_quiet_nights_probe_of_a_refused_window_falls_back_to_the_bisecting_harvest(sim: OaiSimulator, repo: SimulatedRepository,
+                                                                                      conn: psycopg.Connection) -> None:
+    """The quiet-night probe (OaiAdapter.window_is_empty) asks the whole frozen window in one
+    request. After an outage the window has grown past what the repository answers: the probe
+    must send the night the ordinary way (which bisects the window), not fail every try."""
+    runs = Runs(sim, conn, partner())
+    runs.run()
+    repo.advance_clock(600)
+    _, stats, _ = runs.run()
+    assert stats.fetched == 0  # a quiet night: the next one probes
+    repo.advance_clock(4 * 86400)  # the partner's server was down for four nights
+    added = repo.add(3)
+    sim.refuse_windows_longer_than(86400, "413")
+    window = runs.freeze()
+    assert runs.adapter().window_is_empty(window) is False
+    _, stats, _ = runs.run(window=window)
+    assert stats.fetched == 3 and set(added) <= runs.held()
+    assert runs.held() == repo.live_identifiers()
+
+
+def test_a_sliced_full_harvest_whose_count_probe_is_refused_is_harvested_whole_and_bisected(sim: OaiSimulator, repo: SimulatedRepository,
+                                                                                            conn: psycopg.Connection) -> None:
+    """The slice planner's count probe (one ListIdentifiers of the whole list) is refused as too
+    large like the harvest's own request: the plan goes on without a count, not fails."""
+    span = repo.clock_epoch - repo.earliest_stamp()
+    sim.refuse_windows_longer_than(span // 6, "413")
+    runs = Runs(sim, conn, oai_partner("refuser", retries=3, slicing={"threshold_records": 100,
+                                                                       "target_records": 50, "max_slices": 4}))
+    window, stats, _ = runs.run()
+    assert window.is_full
+    assert runs.held() == repo.live_identifiers()

@@ -18,6 +18,7 @@ from partner_harvest import pipeline
 from partner_harvest.errors import ConfigurationError, PartnerAsksToWait, PartnerHttpError
 from partner_harvest.records import Tombstone
 from partner_harvest.registry import RegistryError
+from partner_harvest.run import stage_channel
 from partner_harvest.store import RunRef
 from partner_harvest.store.db import one, scalar
 from partner_harvest.window import Window
@@ -625,7 +626,7 @@ def test_a_long_rate_limit_frees_the_task_and_the_next_try_resumes_at_the_stoppe
         starts = [r["query"]["id"] for r in served]
         assert len(starts) == len(set(starts))  # no block exported twice
         assert len(served) <= 10 + 1  # 10 blocks of 100 ids; +1: the resumed keyset starts after the highest staged id
-        pipeline.poll_deletions(adapter, conn, RunRef("library", "run-1", "deletions"), window)
+        stage_channel(adapter, conn, "run-1", window, "deletions")
         result = pipeline.apply_changes(conn, "library", "run-1")
         assert harness.held() == catalogue.live_ids() and result.upserted == len(catalogue.live_ids())
         check = conn.execute("SELECT check_ok, fetched FROM harvest_runs WHERE run_id = 'run-1' AND channel = 'changes'"

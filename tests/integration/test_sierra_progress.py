@@ -107,7 +107,7 @@ def test_an_unsliced_full_load_shows_its_expected_total_and_time_left(conn: psyc
 
         monkeypatch.setattr(sim, "_export", watch)
         try:
-            with task_log("partner_harvest.sierra.harvester") as messages:
+            with task_log("partner_harvest.sierra") as messages:  # the adapter and its export
                 stats = full_load(conn, sim)
         finally:
             observer.close()

@@ -10,6 +10,7 @@ that both slices return). Real PostgreSQL, the simulator over loopback.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import psycopg
 
@@ -20,6 +21,11 @@ from partner_harvest.window import format_instant, parse_instant
 from tests.support.db import held as held_by
 from tests.support.harness import PieceRun
 from tests.support.partners import oai_partner
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from partner_harvest.window import Window
 
 SLICES = {"threshold_records": 300, "target_records": 150, "max_slices": 6}
 
@@ -67,3 +73,44 @@ def test_records_stored_just_after_each_slice_boundary_are_harvested(conn: psyco
         assert held(conn) == repo.live_identifiers()
         assert result.fetched == len(repo.live_identifiers()) + 1  # the boundary record twice, merged
         assert result.upserted == len(repo.live_identifiers()) and result.unchanged == 1
+
+
+def test_records_stored_just_after_each_cut_of_a_refused_window_are_harvested(conn: psycopg.Connection) -> None:
+    """A window the repository refuses as too large is bisected: the halves overlap at the cut
+    as slices do, so a repository comparing sub-second stamps raw loses nothing there."""
+    repo = SimulatedRepository(records=300, page_size=50, seed=4, deleted_fraction=0.0, stamps="raw")
+    with OaiSimulator(repo) as sim:
+        sim.refuse_windows_longer_than((repo.clock_epoch - repo.earliest_stamp()) // 5, "413")
+        partner = oai_partner()
+        adapter = build_adapter(partner, Endpoint(sim.base_url))
+        run = PieceRun(conn, partner, lambda: adapter)
+        window = run.window
+        cuts = _bisection_cuts(adapter, window, sim)
+        assert len(cuts) >= 3, cuts
+        victims = sorted(repo.live_identifiers())[:len(cuts)]
+        for identifier, m in zip(victims, cuts):  # stored half a second past the cut
+            repo.restamp([identifier], m + timedelta(milliseconds=500))
+        run.harvest_all()
+        run.apply()
+        lost = set(victims) - held(conn)
+        assert not lost, f"{len(lost)} record(s) stored just after a cut of the refused window were harvested by no half"
+        assert held(conn) == repo.live_identifiers()
+
+
+def _bisection_cuts(adapter: Adapter, window: Window, sim: OaiSimulator) -> list[datetime]:
+    """The instants the adapter cuts the refused window at: the until of every answered lower half."""
+    from partner_harvest.records import HarvestItem, HarvestStats
+
+    class Nowhere:  # a StagingSink that keeps nothing
+        conn = run = attempt = None
+        seq = 0
+
+        def write_page(self, items: list[HarvestItem], checkpoint: int | None = None) -> None: ...
+
+        def reset(self) -> None: ...
+
+    mark = len(sim.requests)
+    adapter.harvest(window, Nowhere(), HarvestStats())
+    asked = [r for r in sim.requests[mark:] if r.get("verb") == "ListRecords" and "resumptionToken" not in r]
+    top = format_instant(window.until)
+    return sorted({parse_instant(r["until"]) for r in asked if r["until"] != top})

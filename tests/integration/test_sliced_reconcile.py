@@ -244,15 +244,17 @@ def test_a_harvest_applied_between_the_sweep_and_the_request_makes_the_approval_
         conn: psycopg.Connection, small: tuple[OaiSimulator, SimulatedRepository]) -> None:
     """The fence across the wait of a sliced reconcile starts at its plan, not at the request:
     the reconcile's lease ends with its settle task, and a harvest may apply before the gate
-    opens the request; the approved apply then refuses as stale and nothing is purged."""
+    opens the request; when it changed a record the reconcile staged, the approved apply then
+    refuses as stale and nothing is purged."""
     sim, repo = small
     partner = oai_partner(slicing=GATED)
     harvested(sim, conn, partner)
-    repo.delete(16)
+    gone = sorted(repo.delete(16))
     plan = _swept(sim, conn, partner)
     assert sliced.apply_sweep(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, RUN, plan,
                               gate=True).awaiting_approval
-    stage(conn, partner.id, "harvest-meanwhile", [rec("fresh-1", T0, "new upstream")])
+    back = rec(gone[0], T0 + timedelta(days=3650), "back upstream")  # a record the sweep would purge is back
+    stage(conn, partner.id, "harvest-meanwhile", [back])
     apply_run(conn, partner.id, "harvest-meanwhile")  # a harvest after the settle, before the gate's request
     shrink = gates.reconcile_shrink(conn, partner, RUN, {"local": 200, "staged_removals": 16})
     request = store_gates.open_request(conn, partner.id, RUN, "reconcile_museum", gates.PURGE, shrink, 0.05, 0)
@@ -268,7 +270,7 @@ def test_a_harvest_applied_between_the_sweep_and_the_request_makes_the_approval_
         apply_run(conn, partner.id, RUN)
     conn.rollback()
     fences.bind(conn, None)
-    assert held(conn, partner.id) == before and "fresh-1" in before  # nothing of the reconcile applied
+    assert held(conn, partner.id) == before and gone[0] in before  # nothing of the reconcile applied
 
 
 def test_the_purge_decision_is_one_function() -> None:

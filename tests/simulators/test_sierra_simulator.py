@@ -677,7 +677,7 @@ def test_date_header_follows_the_simulated_clock(sim: SierraSimulator, client: r
     catalogue.advance_clock(3.5)
     response = get(client, sim, "/bibs")
     assert response.headers["Date"] == "Thu, 01 Jan 2026 00:01:03 GMT"
-    assert response.headers["Keep-Alive"] == "timeout=5, max=100"
+    assert response.headers["Keep-Alive"].startswith("timeout=5, max=")  # counting down, as Apache's
     unauthorised = requests.post(f"{sim.base_url}/token")
     assert parsedate_to_datetime(unauthorised.headers["Date"]) == catalogue.clock.replace(microsecond=0)
 
@@ -697,7 +697,7 @@ def test_idle_keep_alive_connection_is_closed(catalogue: SimulatedCatalogue) -> 
 def test_connection_closes_after_keep_alive_max(catalogue: SimulatedCatalogue) -> None:
     with SierraSimulator(catalogue, keep_alive_max=2) as sim:
         conn = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=5)
-        for expected in ("timeout=5, max=2", None):
+        for expected in ("timeout=5, max=2", "timeout=5, max=1", None):  # counting down, as Apache's
             conn.request("POST", "/iii/sierra-api/v6/token")
             response = conn.getresponse()
             response.read()

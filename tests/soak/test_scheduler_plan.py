@@ -34,7 +34,9 @@ def test_per_kind_plan_meets_every_kind_once_on_a_night_it_can_fire() -> None:
     on_scheduler = set(per_kind_plan(list(PARTNERS), scheduler=True).values())
     assert not {k for k in on_scheduler if k != "none" and FAULTS[k].dag_test_only}
     assert {k for k in kinds if FAULTS[k].dag_test_only} == {k for k in FAULTS if k.startswith("pause_")
-                                                             or k.endswith("_in_retry_wait")}
+                                                             or k.endswith("_in_retry_wait")
+                                                             or k.endswith("_quiet_outage")
+                                                             or k.endswith("_after_quiet_night")}
 
 
 def test_an_armed_fault_is_claimed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

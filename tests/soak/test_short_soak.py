@@ -19,10 +19,10 @@ from include import embedded_pg
 
 pytestmark = [pytest.mark.soak, pytest.mark.airflow]
 
-SOAK_TIMEOUT = 600  # 27 nights of a few seconds each, plus Airflow's start: ~3 min, more when loaded
+SOAK_TIMEOUT = 600  # 30 nights of a few seconds each, plus Airflow's start: ~3 min, more when loaded
 SEED = 8
 
-# Every fault kind exactly once (27 kinds, 27 nights): night 1 of a Sierra partner is its full load (the export's faults),
+# Every fault kind exactly once (30 kinds, 30 nights): night 1 of a Sierra partner is its full load (the export's faults),
 # a failed night is followed by one that must converge, deletedRecord=no reconciles every 3rd
 # (and on the night of its reconcile's pause). The pauses here stop a task holding its lease
 # (``kind@moment``), so its resumed write meets the fence; the long soak draws the moment.
@@ -33,11 +33,13 @@ PLAN = {
     ("soak_persistent", 4): "throttle_503_retry_after",
     ("soak_persistent", 5): "token_expired",
     ("soak_persistent", 6): "pause_after_freeze@lease:plan_slices",
+    ("soak_persistent", 7): "refused_after_quiet_outage",
     ("soak_no_deletions", 1): "throttle_429_retry_after",
     ("soak_no_deletions", 2): "storm_5xx",
     ("soak_no_deletions", 3): "pg_restart_mid_apply",
     ("soak_no_deletions", 4): "broken_xml",
     ("soak_no_deletions", 5): "pause_reconcile_before_removals@reconcile:removals",
+    ("soak_no_deletions", 6): "approved_after_quiet_night",
     ("soak_daily", 1): "kill_mid_apply",
     ("soak_daily", 2): "clock_backwards",
     ("soak_daily", 3): "pg_restart_before_apply",
@@ -54,6 +56,7 @@ PLAN = {
     ("soak_sierra_b", 3): "pg_restart_mid_page",
     ("soak_sierra_b", 4): "reset_cursor_in_retry_wait",
     ("soak_sierra_b", 5): "pause_before_apply@lease:apply_changes",
+    ("soak_sierra_c", 1): "sierra_keep_alive_poison",
     ("soak_iiif", 1): "throttle_503_retry_after",  # a stream's first load, in slices of its page chain
 }
 
@@ -82,6 +85,11 @@ def test_short_soak_converges_after_every_night(airflow_db: None, db: str, tmp_p
             assert r.task_retries >= 1, (r.partner, r.night, "the resumed task's write should have met the fence")
         if r.fault.endswith("_in_retry_wait"):  # the retry is fenced: nothing of the run applies
             assert r.outcome == "next-night", (r.partner, r.night, r.outcome, r.notes)
+        if r.fault == "refused_after_quiet_outage":  # the night itself harvests the grown window
+            assert r.outcome in ("clean", "retried"), (r.partner, r.night, r.outcome, r.notes)
+        if r.fault == "approved_after_quiet_night":  # the quiet night ran during the wait; the approval held
+            assert r.interloper == "quiet harvest success" and "reconcile failed" not in r.notes, (
+                r.partner, r.night, r.interloper, r.notes)
     last = {}
     for r in results:
         last[r.partner] = r

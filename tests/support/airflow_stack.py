@@ -38,8 +38,6 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("api-server", "scheduler", "dag-processor")
 TRIGGERER = "triggerer"
-# partner_harvest/airflow/dag_processor.py: Airflow's dag-processor with a throttled idle loop.
-QUIET_DAG_PROCESSOR = [sys.executable, "-m", "partner_harvest.airflow.dag_processor"]
 STOP_TIMEOUT = 20.0  # for all services, after SIGTERM, before SIGKILL
 # Environment a developer's shell (or an earlier test) may carry that must not reach a stack.
 FOREIGN_SETTINGS = ("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_", "HARVEST_")
@@ -124,14 +122,15 @@ def drop_database(server_uri: str, name: str) -> None:
 
 
 def sqlalchemy_url(conninfo: str) -> str:
-    """psycopg 3 URL for Airflow; a socket directory host goes in the query string (``?host=/dir``)."""
+    """Airflow's metadata URL as Airflow documents it (psycopg2; Airflow derives its async twin with
+    asyncpg); a socket directory host goes in the query string (``?host=/dir``)."""
     from sqlalchemy.engine import URL
 
     p = {key: str(value) for key, value in conninfo_to_dict(conninfo).items() if value is not None}
     host = p.get("host") or None
     socket_dir = host if host and host.startswith("/") else None
     return URL.create(
-        "postgresql+psycopg", username=p.get("user") or None, password=p.get("password") or None,
+        "postgresql+psycopg2", username=p.get("user") or None, password=p.get("password") or None,
         host=None if socket_dir else host, port=int(p["port"]) if p.get("port") else None,
         database=p["dbname"], query={"host": socket_dir} if socket_dir else {},
     ).render_as_string(hide_password=False)
@@ -277,8 +276,6 @@ def airflow_settings(*, home: Path, port: int, metadata_db: str, keys: Keys, tri
         "AIRFLOW__CORE__PARALLELISM": "4",
         "AIRFLOW__CORE__FERNET_KEY": keys.fernet,
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata_url,
-        # Airflow derives the async URL as postgresql+asyncpg (not installed); psycopg 3 does async.
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": metadata_url,
         "AIRFLOW__CORE__AUTH_MANAGER":
             "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
@@ -315,8 +312,8 @@ def airflow_settings(*, home: Path, port: int, metadata_db: str, keys: Keys, tri
 
 
 def code_path(*first: Path) -> str:
-    """PYTHONPATH of the services: ``first`` (config/: the airflow_local_settings.py a
-    deployment installs), then plugins/ and the repository (include/)."""
+    """PYTHONPATH of the services: ``first`` (a module's own airflow_local_settings.py), then
+    plugins/ and the repository (include/)."""
     return os.pathsep.join([*(str(p) for p in first), str(ROOT / "plugins"), str(ROOT)])
 
 
@@ -326,8 +323,6 @@ class AirflowServices:
     REST API v2 calls every user of a stack makes. ``error`` is what a refused call raises."""
 
     probe_timeout = 10.0  # seconds one readiness probe waits for an answer before it reads "not yet"
-    # A service started by another command than ``airflow <name>`` (the quiet dag-processor).
-    launchers: dict[str, list[str]] = {}
 
     def __init__(self, env: dict[str, str], workdir: Path, port: int, services: tuple[str, ...] = SERVICES, *,
                  cwd: Path | None = None, log_prefix: str = "", append_logs: bool = False,
@@ -359,7 +354,7 @@ class AirflowServices:
             extra = ["--host", "127.0.0.1", "--port", str(self.port)] if name == "api-server" else []
             self.logs[name] = self.workdir / f"{self.log_prefix}{name}.log"
             with self.logs[name].open("ab" if self.append_logs else "wb") as out:  # the child keeps its own handle
-                command = [*self.launchers.get(name, self.airflow(name)), *extra]
+                command = [*self.airflow(name), *extra]
                 self.processes[name] = subprocess.Popen(
                     command, env=self.env, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, start_new_session=True,  # own group: stop its workers too

@@ -181,7 +181,7 @@ def celery_env(broker_url: str, concurrency: int) -> dict[str, str]:
     """What turns the e2e stack into a CeleryExecutor stack (for ``airflow_env_overrides``).
 
     The result backend is left unset: Airflow then uses its metadata database (PostgreSQL
-    here, ``db+postgresql+psycopg://``), as in a production deployment.
+    here, ``db+postgresql+psycopg2://``), as in a production deployment.
     """
     return {
         "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",

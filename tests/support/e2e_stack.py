@@ -21,8 +21,6 @@ from typing import Any
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from tests.support.airflow_stack import (
     QUICK,
-    QUIET_DAG_PROCESSOR,
-    ROOT,
     AirflowServices,
     Keys,
     airflow_settings,
@@ -51,6 +49,9 @@ DAG_IDS = (f"harvest_{MUSEUM}", f"harvest_{BROKEN}", f"reconcile_{MUSEUM}", f"ha
 # tests/e2e/test_airflow_services.py triggers it; its DAG is not among those the stack waits
 # for, so the stack creates no pool for it.
 POOLLESS = "e2epoolless"
+# The shared stack's partner whose server the rerun tests break and mend (tests/e2e/
+# test_rerun_from_the_ui.py, test_airflow_services.py): no retries, a 20 s task timeout.
+FLAKY = "e2eflaky"
 
 
 class AirflowStack(AirflowServices):
@@ -64,6 +65,7 @@ class AirflowStack(AirflowServices):
     metadata_db: str  # conninfo of Airflow's metadata database (a test may move a deadline in it)
     registry: Path
     approval: Any = None  # the approval partners (tests/support/approval_partners.py) on the shared stack
+    flaky: OaiSimulator | None = None  # the FLAKY partner's server on the shared stack
     museum = MUSEUM  # the healthy partner
     broken = BROKEN  # the partner whose endpoint is a closed port
     lagging = LAGGING
@@ -100,13 +102,11 @@ def write_registry(path: Path) -> None:
 
 
 def base_env(home: Path) -> dict[str, str]:
-    """This process's environment without any Airflow setting a developer or test left in it;
-    config/ first on the path: the airflow_local_settings.py a deployment installs (the
-    psycopg 3 lock check)."""
+    """This process's environment without any Airflow setting a developer or test left in it."""
     env = clean_environ()
     env["AIRFLOW_HOME"] = str(home)
     env.setdefault("XDG_RUNTIME_DIR", f"/tmp/ph-runtime-{os.getuid()}")
-    env["PYTHONPATH"] = code_path(ROOT / "config")
+    env["PYTHONPATH"] = code_path()
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -116,8 +116,7 @@ def migrate_metadata_template(server_uri: str, base: Path) -> str:
     name = f"e2e_airflow_template_{uuid.uuid4().hex[:8]}"
     url = sqlalchemy_url(create_database(server_uri, name))
     env = base_env(base / "airflow_home")
-    env.update({"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": url,
-                "AIRFLOW__CORE__LOAD_EXAMPLES": "False"})
+    env.update({"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url, "AIRFLOW__CORE__LOAD_EXAMPLES": "False"})
     try:
         AirflowServices(env, base, 0).migrate()
     except Exception:
@@ -129,15 +128,13 @@ def migrate_metadata_template(server_uri: str, base: Path) -> str:
 def start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
                   overrides: dict[str, str] | None = None, metadata_template: str | None = None, *,
                   registry_writer: Callable[[Path], None] = write_registry,
-                  dag_ids: Iterable[str] = DAG_IDS, startup_timeout: float = STARTUP_TIMEOUT,
-                  quiet_dag_processor: bool = False) -> AirflowStack:
+                  dag_ids: Iterable[str] = DAG_IDS, startup_timeout: float = STARTUP_TIMEOUT) -> AirflowStack:
     """Start everything, registering each piece's undo on ``cleanup`` as soon as it exists.
 
     With ``metadata_template`` (an already migrated metadata database) the stack's metadata
     database is a copy of it; otherwise ``airflow db migrate`` runs on a new one. A module
     with partners of its own passes ``registry_writer`` (their Connections in ``overrides``)
-    and the ``dag_ids`` to wait for; ``startup_timeout`` bounds the wait for healthy services;
-    ``quiet_dag_processor`` runs partner_harvest's dag-processor (its idle polls every 2 s)."""
+    and the ``dag_ids`` to wait for; ``startup_timeout`` bounds the wait for healthy services."""
     home = base / "airflow_home"
     home.mkdir()
     suffix = uuid.uuid4().hex[:8]
@@ -175,11 +172,7 @@ def start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
     })
     env.update(overrides or {})
 
-    if quiet_dag_processor:
-        env["AIRFLOW__PARTNER_HARVEST__DAG_PROCESSOR_POLL_INTERVAL"] = "2"
     stack = AirflowStack(env, base, port)
-    if quiet_dag_processor:
-        stack.launchers = {"dag-processor": QUIET_DAG_PROCESSOR}
     stack.repo, stack.simulator, stack.sink = repo, simulator, sink
     stack.aggregation_db, stack.registry, stack.metadata_db = aggregation_db, registry, meta_db
     cleanup.callback(stack.stop)  # runs before the rest
@@ -204,17 +197,21 @@ def start_shared_airflow(pg_server: str, base: Path, cleanup: ExitStack,
     from tests.support.approval_partners import ApprovalPartners, registry_lines
 
     approval = cleanup.enter_context(ApprovalPartners())
+    flaky = cleanup.enter_context(OaiSimulator(SimulatedRepository(records=60, page_size=50, seed=8)))
 
     def registry(path: Path) -> None:
         write_registry(path)
         with path.open("a", encoding="utf-8") as out:
             out.write(f"  - {{id: {POOLLESS}, protocol: oai-pmh, conn_id: partner_{MUSEUM}, run_deadline: 1m}}\n")
+            out.write(f"  - {{id: {FLAKY}, protocol: oai-pmh, conn_id: partner_{FLAKY}, metadata_prefix: oai_dc,"
+                      " retries: 0, execution_timeout: 20s,"
+                      " options: {http: {backoff_factor: 0.01, retries: 1, read_timeout: 60}}}\n")
             out.write(registry_lines())
 
-    stack = start_airflow(pg_server, base, cleanup, approval.overrides(), metadata_template,
-                          registry_writer=registry, dag_ids=(*DAG_IDS, *APPROVAL_DAG_IDS), startup_timeout=300,
-                          quiet_dag_processor=True)  # test_airflow_services.py's reparse test runs against it
-    stack.approval = approval
+    overrides = {**approval.overrides(), f"AIRFLOW_CONN_PARTNER_{FLAKY.upper()}": http_connection(flaky.base_url)}
+    stack = start_airflow(pg_server, base, cleanup, overrides, metadata_template, registry_writer=registry,
+                          dag_ids=(*DAG_IDS, f"harvest_{FLAKY}", *APPROVAL_DAG_IDS), startup_timeout=300)
+    stack.approval, stack.flaky = approval, flaky
     return stack
 
 
@@ -240,5 +237,5 @@ def log_in(stack: AirflowServices) -> None:
 
 
 __all__ = ["AirflowStack", "poll", "start_airflow", "start_shared_airflow", "write_registry", "MUSEUM", "BROKEN",
-           "LAGGING", "POOLLESS",
+           "LAGGING", "POOLLESS", "FLAKY",
            "LEASE_TTL_SECONDS", "ALERTS_CONN_ID", "DOWNSTREAM_DAG", "migrate_metadata_template"]

@@ -18,8 +18,9 @@ from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner
-from partner_harvest.run import CHANGES, DELETIONS, RunResult, freeze, run_partner, stage_channel
+from partner_harvest.run import CHANGES, Kept, RunResult, apply, freeze, plan, run_partner, stage_channel
 from partner_harvest.sierra.harvester import SierraAdapter
+from partner_harvest.sierra.spec import DELETIONS
 from partner_harvest.store.apply import ApplyResult
 from partner_harvest.window import Window
 from tests.support.db import audit_row, held
@@ -63,7 +64,8 @@ class Harness:
 
     def freeze(self, mode: str = "incremental", from_: datetime | None = None,
                until: datetime | None = None) -> Window:
-        return freeze(self.partner, self.adapter(), self.conn, self.cursors, pipeline.RunRequest(mode, from_, until))
+        return freeze(self.partner, self.adapter(), self.conn, Kept(dict(self.cursors)),
+                      pipeline.RunRequest(mode, from_, until))
 
     def run_through(self, mode: str = "incremental", *, window: Window | None = None,
                     from_: datetime | None = None, until: datetime | None = None,
@@ -128,8 +130,7 @@ class SierraHarness(Harness):
                 between()
 
         result = self.run_through(mode, on_staged=staged, **kw)
-        assert result.deletions is not None  # a Sierra run always has its deletion channel
-        return result.window, result.changes, result.deletions, result.applied
+        return result.window, result.changes, result.staged[DELETIONS], result.applied  # a Sierra run always has it
 
 
 class PieceRun:
@@ -141,11 +142,11 @@ class PieceRun:
     def __init__(self, conn: psycopg.Connection, partner: Partner, make: Callable[[], Any], run_id: str = "run-1",
                  mode: str = "incremental") -> None:
         self.conn, self.partner, self.make, self.run_id = conn, partner, make, run_id
-        self.window = freeze(partner, make(), conn, {}, pipeline.RunRequest(mode))
-        self.pieces = pipeline.pieces(pipeline.plan_slices(make(), conn, partner.id, run_id, self.window, partner.slicing))
+        self.window = freeze(partner, make(), conn, request=pipeline.RunRequest(mode))
+        self.pieces = plan(partner, make(), conn, run_id, self.window)
 
     def harvest(self, channel: str) -> HarvestStats:
-        return stage_channel(self.make(), self.conn, self.partner.id, self.run_id, self.window, channel)
+        return stage_channel(self.make(), self.conn, self.run_id, self.window, channel)
 
     def harvest_all(self, but: str | None = None) -> None:
         """Harvest every piece of the plan (``but`` one, already harvested by the test)."""
@@ -154,13 +155,11 @@ class PieceRun:
                 self.harvest(piece["channel"])
 
     def apply(self, reharvested: list[str] | None = None) -> ApplyResult:
-        def reharvest(channels: list[str]) -> None:
-            if reharvested is not None:
-                reharvested.extend(channels)
-            for channel in channels:
-                self.harvest(channel)
-
-        return pipeline.apply_changes(self.conn, self.partner.id, self.run_id, reharvest)
+        outlets = Kept()
+        applied = apply(self.conn, self.partner.id, self.run_id, self.window, outlets, self.make)
+        if reharvested is not None:
+            reharvested.extend(outlets.staged)  # the channels the apply staged again
+        return applied
 
     def rows(self) -> dict[str, dict]:
         from partner_harvest.store.slices import slice_rows

@@ -21,8 +21,10 @@ from partner_harvest.registry import Partner, load_partners
 
 # HTTP retries without waiting: a test sees a retried request in milliseconds, not seconds.
 FAST_BACKOFF = {"backoff_factor": 0.01, "backoff_max": 0.05, "read_timeout": 30}
-# Sierra's own 5xx retries (options.sierra), as fast.
-FAST_SIERRA = {"server_error_backoff": 0.01, "server_error_tries": 3}
+# Sierra's own 5xx retries (options.sierra), as fast. The simulated catalogues suppress a
+# share of their bibs; the tests of the export and the polls hold every live bib (keep), the
+# suppression tests (test_sierra_suppressed.py) ask for purge, the registry's default, or flag.
+FAST_SIERRA = {"server_error_backoff": 0.01, "server_error_tries": 3, "suppressed": "keep"}
 # The Sierra export in blocks small enough for a few hundred bibs, never sleeping on a 429.
 SMALL_EXPORT = {"limit": 100, "rate_limit_wait": 0}
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from partner_harvest.formats.linked_art import LINKED_ART, NotAJsonRecord, load
+from partner_harvest.iiif.spec import DEFAULT_SEE_ALSO, SeeAlsoChoice
 from partner_harvest.iiif.stream import StreamError, choose, parse_collection, parse_page, parse_time
-from partner_harvest.registry import DEFAULT_SEE_ALSO, SeeAlsoChoice
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "iiif"
 

@@ -107,3 +107,15 @@ def test_installed_package_finds_the_registry_under_airflow_home(tmp_path: Path,
     assert registry.partners_file() == tmp_path / "include" / "partners.yaml"
     monkeypatch.setenv("HARVEST_PARTNERS_FILE", "/etc/harvest/partners.yaml")
     assert str(registry.partners_file()) == "/etc/harvest/partners.yaml"
+
+
+def test_every_package_of_the_library_is_in_the_wheel() -> None:
+    """Regression: ``sierra/`` had no ``__init__.py``, so the package discovery pyproject.toml
+    configures (``[tool.setuptools.packages.find]``, not namespace packages) left the Sierra
+    protocol out of a built wheel; an editable install hid it."""
+    from setuptools import find_packages
+
+    found = set(find_packages(str(ROOT / "plugins"), include=["partner_harvest*"]))
+    folders = {".".join(path.parent.relative_to(ROOT / "plugins").parts) for path in PACKAGE.rglob("*.py")
+               if "__pycache__" not in path.parts}
+    assert folders - found == set()

@@ -45,15 +45,22 @@ def test_the_entry_point_is_get_provider_info() -> None:
 def test_each_connection_type_names_a_hook_of_that_type() -> None:
     import importlib
 
+    from partner_harvest import protocols
+
     declared = {c["connection-type"]: c for c in provider.get_provider_info()["connection-types"]}
-    assert set(declared) == {hooks.OAI_PMH, hooks.SIERRA} == set(hooks.PROTOCOL_CONN_TYPES.values())
+    assert set(declared) == {spec.connection.conn_type for spec in protocols.specs()}  # one per protocol
+    assert len(declared) == len(protocols.specs()) == len(hooks.PROTOCOL_HOOKS) >= 3  # IIIF's too
     for conn_type, conn in declared.items():
         module, _, name = conn["hook-class-name"].rpartition(".")
         hook = getattr(importlib.import_module(module), name)
         assert hook.conn_type == conn_type and hook.hook_name == conn["hook-name"]
         assert hooks.LEGACY in hook.accepted  # Connections of type http keep working
-        # every form field is an extra the hooks turn into what the transport reads
-        assert set(conn["conn-fields"]) == {"verify", "cert", "client_key", "proxy"}
+        # every form field is an extra the hooks turn into what the transport reads, and for
+        # OAI-PMH (and IIIF) how the password is sent (credentials.py); Sierra's client logs in itself
+        spec = next(spec for spec in protocols.specs() if spec.connection.conn_type == conn_type)
+        credentials = {"auth", "auth_header", "auth_param"} if spec.session_credentials else set()
+        assert bool(credentials) == (conn_type != "sierra")
+        assert set(conn["conn-fields"]) == {"verify", "cert", "client_key", "proxy"} | credentials
 
 
 def test_the_lineage_schemes_convert_to_openlineage_names() -> None:
@@ -133,10 +140,8 @@ def test_a_connection_saved_by_the_form_with_the_ca_bundle_left_empty_verifies_w
 def test_every_registry_protocol_has_a_lineage_scheme() -> None:
     """A third protocol (IIIF) failed every task with KeyError 'iiif-change-discovery' once
     lineage named endpoints by a hand-kept table of the first two."""
-    from typing import get_args
+    from partner_harvest.registry import registry_schema
 
-    from partner_harvest.registry import Partner
-
-    for protocol in get_args(Partner.model_fields["protocol"].annotation):
+    for protocol in registry_schema()["$defs"]["Partner"]["properties"]["protocol"]["enum"]:
         assert lineage.endpoint_uri(protocol, "https://museum.example/stream").startswith(f"{protocol}+https://")
         assert f"{protocol}+https" in provider.get_provider_info()["asset-uris"][0]["schemes"]

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from partner_harvest.sierra.harvester import one_ahead
+from partner_harvest.sierra.export import one_ahead
 
 
 def test_the_next_page_is_fetched_while_the_current_one_is_used_and_never_more() -> None:

@@ -23,8 +23,9 @@ _OBJECT = re.compile(r"/objects/(o\d+)(?:/(linked-art\.json|lido\.xml))?")
 class IiifServer(LoopbackServer):
     _thread_prefix = "iiif-sim"
 
-    def __init__(self, museum: Museum | None = None, host: str = "127.0.0.1", port: int = 0):
-        super().__init__(host, port, _Handler)
+    def __init__(self, museum: Museum | None = None, host: str = "127.0.0.1", port: int = 0, *,
+                 keep_alive_timeout: float | None = 5.0):
+        super().__init__(host, port, _Handler, keep_alive_timeout=keep_alive_timeout)
         self.museum = museum or Museum()
         self.throttle: dict[str, list[tuple[int, int]]] = {}  # path -> [(status, retry_after)], consumed in order
         self.on_request: Callable[[str], None] | None = None

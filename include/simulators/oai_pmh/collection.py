@@ -53,6 +53,10 @@ SPREADS = ("uniform", "clustered")
 # id), or by datestamp (repositories that page with a datestamp index).
 LIST_ORDERS = ("identifier", "datestamp")
 SUPPORTED_FORMATS = ("oai_dc", "lido")
+# Which setSpecs a header lists (I13): every level of each set's path ("type",
+# "type:painting"), or only the deepest ("type:painting"), which places the record in
+# "type" too by the set hierarchy; set=type selects it either way.
+HEADER_SETS = ("path", "leaf")
 
 LIVE, TOMBSTONE, GONE = 0, 1, 2
 _YEAR = 365 * 86400
@@ -82,6 +86,7 @@ def _sets_for_kind(kind: int) -> tuple[str, ...]:
 SET_SPECS_BY_KIND: dict[int, tuple[str, ...]] = {
     t * 4 + d: _sets_for_kind(t * 4 + d) for t in range(len(TYPES)) for d in range(len(DEPARTMENTS))
 }
+LEAF_SPECS_BY_KIND: dict[int, tuple[str, ...]] = {kind: specs[1::2] for kind, specs in SET_SPECS_BY_KIND.items()}
 
 
 def identifier_for(number: int) -> str:
@@ -185,6 +190,7 @@ class SimulatedRepository(SimulatedModel[str]):
         stamps: str = "granular",
         spread: str = "uniform",
         list_order: str = "identifier",
+        header_sets: str = "path",
     ) -> None:
         if granularity not in GRANULARITY_SECONDS:
             raise ValueError(f"granularity must be one of {sorted(GRANULARITY_SECONDS)}")
@@ -197,6 +203,9 @@ class SimulatedRepository(SimulatedModel[str]):
             raise ValueError(f"stamps must be one of {STAMP_COMPARISONS}")
         if spread not in SPREADS or list_order not in LIST_ORDERS:
             raise ValueError(f"spread must be one of {SPREADS}, list_order one of {LIST_ORDERS}")
+        if header_sets not in HEADER_SETS:
+            raise ValueError(f"header_sets must be one of {HEADER_SETS}")
+        self.header_sets = header_sets
         if earliest_datestamp not in EARLIEST_DATESTAMPS:
             raise ValueError(f"earliest_datestamp must be one of {EARLIEST_DATESTAMPS}")
         if records < 0 or page_size < 1 or invalid_every < 0 or not 0 <= deleted_fraction <= 1:
@@ -320,6 +329,30 @@ class SimulatedRepository(SimulatedModel[str]):
                 self._kind[i] = (((kind >> 2) + 1) % len(TYPES)) * 4 + ((kind & 3) + 1) % len(DEPARTMENTS)
                 self._stamp[i] = now
             return [identifier_for(i + 1) for i in picked]
+
+    def move_to(self, identifiers: Iterable[str], object_type: str | None = None,
+                department: str | None = None) -> list[str]:
+        """Move these live records to ``object_type`` and/or ``department`` (their sets change,
+        the datestamp with them); the ones already there are left alone."""
+        with self.lock:
+            moved = []
+            indices = self._live_indices_for(identifiers)
+            now = self._tick()
+            for i in indices:
+                kind = self._kind[i]
+                type_index = TYPES.index(object_type) if object_type is not None else kind >> 2
+                dept_index = DEPARTMENTS.index(department) if department is not None else kind & 3
+                if type_index * 4 + dept_index != kind:
+                    self._kind[i] = type_index * 4 + dept_index
+                    self._stamp[i] = now
+                    self._fraction.pop(i, None)
+                    moved.append(identifier_for(i + 1))
+            return moved
+
+    def in_sets(self, identifier: str) -> tuple[str, ...]:
+        """Every set the record is in, each level of the hierarchy included."""
+        record = self.get(identifier)
+        return SET_SPECS_BY_KIND[record.kind] if record is not None else ()
 
     # --------------------------------------------------------------- queries
     def is_invalid(self, number: int) -> bool:

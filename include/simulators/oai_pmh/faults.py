@@ -29,6 +29,9 @@ LIST_SIZES: tuple[str, ...] = get_args(ListSize)
 # harvesters report HTTP 413 "please restrict the request period" from a national library
 # and 422 on monthly windows from a research repository; others answer badArgument).
 WindowRefusalStyle = Literal["413", "422", "badArgument"]
+# The credential forms a repository may require (docs/operator/connections.md): HTTP Basic,
+# a Bearer token, a header of its own (Axiell's Token), a query parameter (FOLIO's apikey).
+CredentialForm = Literal["basic", "bearer", "header", "query"]
 HostileKind = Literal["billion_laughs", "xxe"]
 # Bodies that try to exhaust the harvesting worker rather than fool its parser.
 AttackKind = Literal["gzip_bomb", "endless_body", "slow_drip", "deep_xml", "wide_xml", "many_attributes"]
@@ -48,6 +51,17 @@ class WindowRefusal(Frozen):
 
     longer_than: int
     how: WindowRefusalStyle = "413"
+
+
+class Credentials(Frozen):
+    """What an OAI request must carry. ``basic``: login (`name`) and secret; ``bearer``:
+    Authorization: Bearer; ``header``: header `name` carries the secret; ``query``: parameter
+    `name` on every request, continuations too (taken off before the OAI-PMH arguments are
+    checked, as an API gateway in front does)."""
+
+    form: CredentialForm
+    secret: str = ""
+    name: str | None = None
 
 
 class Attack(Shot):
@@ -114,6 +128,15 @@ class OaiFaults(Faults):
     """New list chains re-run their query on every page (offset paging, as many
     database-backed servers do): a record edited past ``until`` or deleted mid-list shifts
     every later one back by one, so one of them is never served."""
+    credentials: Credentials | None = None
+    """OAI requests without this credential are answered 401 (none: every request is admitted)."""
+    broken_verbs: dict[str, int] = {}
+    """verb -> the HTTP status it always answers with an HTML page, the others as usual: a
+    ListRecords that breaks while ListIdentifiers and GetRecord work, a GetRecord route that
+    answers 403."""
+    delete_on_get: frozenset[str] = frozenset()
+    """Records deleted the moment their GetRecord arrives (one shot each): listed by
+    ListIdentifiers and gone by the GetRecord that follows."""
     # -- the next request(s)
     fail_next: Failure | None = None
     """The next `count` OAI requests get `status` with a small HTML body."""
@@ -158,4 +181,10 @@ FAULT_ACTIONS: dict[str, FaultAction] = {
     "expire_tokens_after": lambda f, d: {"expire_tokens_after": d["pages"]},
     "end_list_after": lambda f, d: {"end_list_after": d["pages"]},
     "mutate_after_pages": lambda f, d: {"mutate_after_pages": d},
+    "require_credentials": lambda f, d: {"credentials": None if d.get("form") is None else {
+        "form": d["form"], "secret": str(d.get("secret", "")),
+        "name": d.get("login") if d["form"] == "basic" else d.get("name")}},
+    "break_verb": lambda f, d: {"broken_verbs": {**{v: s for v, s in f.broken_verbs.items() if v != d["verb"]},
+                                                 **({} if d.get("status", 500) is None
+                                                    else {str(d["verb"]): int(d.get("status", 500))})}},
 }

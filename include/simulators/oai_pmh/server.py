@@ -10,7 +10,9 @@ field of `OaiFaults` (``faults.py``), read where it takes effect.
 
 from __future__ import annotations
 
+import base64
 import gzip
+import hmac
 import itertools
 import json
 import re
@@ -30,8 +32,8 @@ from ..clock import iso_seconds
 from ..control import CONTROL_PREFIX, ControlledServer
 from ..loopback import TEXT_TYPE, LoopbackHandler, Response, query_log_form, status_phrase
 from . import payloads
-from .collection import ID_PREFIX, SET_SPECS_BY_KIND, SETS, SimulatedRepository, parse_oai_date
-from .faults import FAULT_ACTIONS, TOKEN_MARKUPS, Attack, Failure, Mutation, OaiFaults
+from .collection import ID_PREFIX, LEAF_SPECS_BY_KIND, SET_SPECS_BY_KIND, SETS, SimulatedRepository, parse_oai_date
+from .faults import FAULT_ACTIONS, TOKEN_MARKUPS, Attack, Credentials, Failure, Mutation, OaiFaults
 
 OAI_NS = "http://www.openarchives.org/OAI/2.0/"
 XML_CONTENT_TYPE = "text/xml; charset=utf-8"
@@ -55,8 +57,8 @@ _VERB_ARGS: dict[str, tuple[frozenset[str], frozenset[str]]] = {  # verb -> (req
 _RESUMABLE = frozenset({"ListSets", "ListIdentifiers", "ListRecords"})
 # Token text needs URL encoding on purpose: "!", "/" and "+" (a raw "+" decodes to a space).
 _TOKEN_RE = re.compile(r"c(\d+)!(\d+)/([A-Za-z0-9_]+)\+([0-9a-z]+)(?:~x*)?")
-_SET_XML = {kind: "".join(f"<setSpec>{s}</setSpec>" for s in specs)
-            for kind, specs in SET_SPECS_BY_KIND.items()}
+_SET_XML = {header_sets: {kind: "".join(f"<setSpec>{s}</setSpec>" for s in specs) for kind, specs in by_kind.items()}
+            for header_sets, by_kind in (("path", SET_SPECS_BY_KIND), ("leaf", LEAF_SPECS_BY_KIND))}
 
 
 class OaiError(Exception):
@@ -160,7 +162,9 @@ class OaiSimulator(ControlledServer[OaiFaults]):
     """Serve `repo` as an OAI-PMH repository on loopback; use as a context manager.
 
     `faults` (or its fields as keywords: ``token_markup="cdata"``) are the switches it
-    starts with; ``set_faults`` and ``POST /_control/faults`` change them while it runs."""
+    starts with; ``set_faults`` and ``POST /_control/faults`` change them while it runs.
+    ``keep_alive_timeout``: idle keep-alive connections close after this many seconds,
+    as Apache's default 5 (loopback.py; None: never)."""
 
     _base_path = "/oai"
     _thread_prefix = "oai-simulator"
@@ -169,8 +173,9 @@ class OaiSimulator(ControlledServer[OaiFaults]):
 
     def __init__(self, repo: SimulatedRepository, host: str = "127.0.0.1", port: int = 0, *,
                  token_lifetime: timedelta = timedelta(hours=1), max_chains: int = 64,
-                 faults: OaiFaults | None = None, **switches: Any) -> None:
-        super().__init__(host, port, _Handler, repo, (faults or OaiFaults()).changed(**switches))
+                 keep_alive_timeout: float | None = 5.0, faults: OaiFaults | None = None, **switches: Any) -> None:
+        super().__init__(host, port, _Handler, repo, (faults or OaiFaults()).changed(**switches),
+                         keep_alive_timeout=keep_alive_timeout)
         self.repo = repo
         self.token_lifetime = token_lifetime
         self.max_chains = max_chains
@@ -183,9 +188,35 @@ class OaiSimulator(ControlledServer[OaiFaults]):
         self._next_chain = 1
         self._nonce = 0
         self.mutations: list[dict[str, list[str]]] = []  # what mutate_after_pages did, in order
+        self.refused_credentials = 0  # OAI requests answered 401 for missing or wrong credentials
 
     def _faults_changed(self) -> None:
         self._changed.notify_all()  # a lowered response delay releases the requests waiting on it
+
+    # ------------------------------------------------- access: credentials
+    def admit(self, headers: Any, pairs: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], Response | None]:
+        """The OAI arguments without a query credential, and the 401 a request without the
+        required credential gets (None: admitted)."""
+        required = self.faults.credentials
+        if required is None:
+            return pairs, None
+        form, secret, name = required.form, required.secret, required.name
+        if form == "query":
+            given = [value for key, value in pairs if key == name]
+            pairs = [(key, value) for key, value in pairs if key != name]
+            ok = len(given) == 1 and hmac.compare_digest(given[0], secret)
+        else:
+            expected = {"basic": "Basic " + base64.b64encode(f"{name}:{secret}".encode()).decode(),
+                        "bearer": f"Bearer {secret}", "header": secret}[form]
+            given_header = headers.get("Authorization" if form != "header" else str(name)) or ""
+            ok = hmac.compare_digest(given_header.encode(), expected.encode())
+        if ok:
+            return pairs, None
+        with self._lock:
+            self.refused_credentials += 1
+        challenge = {"WWW-Authenticate": 'Basic realm="oai"'} if form == "basic" else {}
+        return pairs, Response(401, b"<html><body><h1>401 Unauthorized</h1></body></html>\n", HTML_CONTENT_TYPE,
+                               challenge)
 
     # ------------------------------------------------- latency and concurrency
     def reset_in_flight(self) -> None:
@@ -312,6 +343,17 @@ class OaiSimulator(ControlledServer[OaiFaults]):
                     verb: str | None = None, headers: bool = False) -> None:
         self.set_faults(attack_next=Attack(kind=kind, size=size, interval=interval, verb=verb, headers=headers))
 
+    def require_credentials(self, form: str | None, secret: str = "", *, login: str | None = None,
+                            name: str | None = None) -> None:
+        self.set_faults(credentials=None if form is None else Credentials(
+            form=form, secret=secret, name=login if form == "basic" else name))
+
+    def break_verb(self, verb: str, status: int | None = 500) -> None:
+        self.change_faults(lambda faults: FAULT_ACTIONS["break_verb"](faults, {"verb": verb, "status": status}))
+
+    def delete_on_get(self, identifiers: list[str]) -> None:
+        self.change_faults(lambda faults: {"delete_on_get": faults.delete_on_get | set(identifiers)})
+
     def _window_refusal(self, pairs: list[tuple[str, str]]) -> Response | None:
         """The refusal of a too-large window, or None."""
         refuse = self.faults.refuse_windows
@@ -385,6 +427,9 @@ class OaiSimulator(ControlledServer[OaiFaults]):
                                        applies=lambda name, fault: name != "attack_next" or fault.fits(pairs))
         if mode == "attack_next":
             return self._attack_response(detail, pairs)
+        broken = self.faults.broken_verbs.get(dict(pairs).get("verb", ""))
+        if broken is not None and mode != "fail_next":
+            mode, detail = "fail_next", Failure(status=broken)
         if mode == "fail_next":
             fail: Failure = detail
             phrase = status_phrase(fail.status)
@@ -511,6 +556,13 @@ class OaiSimulator(ControlledServer[OaiFaults]):
         return [f"<ListSets>{sets}</ListSets>\n"]
 
     def _verb_GetRecord(self, args: dict[str, str]) -> list[str]:
+        identifier = args["identifier"]
+        with self._lock:
+            vanish = identifier in self.faults.delete_on_get
+            if vanish:  # one shot each
+                self.faults = self.faults.model_copy(update={"delete_on_get": self.faults.delete_on_get - {identifier}})
+        if vanish:
+            self.repo.delete_ids([args["identifier"]])
         record = self.repo.get(args["identifier"])
         if record is None:
             raise OaiError("idDoesNotExist", f"unknown identifier: {args['identifier']}")
@@ -635,11 +687,12 @@ class OaiSimulator(ControlledServer[OaiFaults]):
         repo = self.repo
         fmt = repo.format_stamp
         render = payloads.RENDERERS[prefix]
+        set_xml = _SET_XML[repo.header_sets]
         out = []
         for record in repo.records(numbers):
             if record is None:
                 continue
-            sets = "" if record.deleted and not repo.deleted_in_sets else _SET_XML[record.kind]
+            sets = "" if record.deleted and not repo.deleted_in_sets else set_xml[record.kind]
             head = (f"<identifier>{ID_PREFIX}{record.number:07d}</identifier>"
                     f"<datestamp>{fmt(record.stamp)}</datestamp>{sets}")
             if record.deleted:
@@ -678,6 +731,9 @@ class OaiSimulator(ControlledServer[OaiFaults]):
         self.expire_tokens()
         return {"ok": True}
 
+    def _control_move_records(self, data: dict[str, Any]) -> dict[str, Any]:
+        return {"moved": self.repo.move_to(list(data["ids"]), data.get("type"), data.get("dept"))}
+
 
 class _Handler(LoopbackHandler):
     server_version = "OaiSimulator/1.0"
@@ -697,7 +753,8 @@ class _Handler(LoopbackHandler):
     def _respond(self, url: SplitResult, body: bytes | None) -> Response:
         if url.path == "/oai":
             query = url.query if body is None else body.decode("utf-8", "replace")
-            return self.sim.handle_oai(parse_qsl(query, keep_blank_values=True))
+            pairs, refused = self.sim.admit(self.headers, parse_qsl(query, keep_blank_values=True))
+            return refused if refused is not None else self.sim.handle_oai(pairs)
         if url.path.startswith(CONTROL_PREFIX):
             return self.sim.handle_control(self.command, url.path[len(CONTROL_PREFIX):], body)
         return Response(404, b"not found\n", TEXT_TYPE)

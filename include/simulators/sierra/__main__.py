@@ -35,6 +35,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-005-every", type=int, default=0)
     parser.add_argument("--no-id-every", type=int, default=0, help="every n-th bib lacks 001 and 907")
     parser.add_argument("--bad-utf8-every", type=int, default=0)
+    parser.add_argument("--poison-every", type=int, default=0,
+                        help="every n-th bib makes a bibs/marc block holding it answer 500/135")
+    parser.add_argument("--keep-alive-timeout", type=float, default=5.0,
+                        help="seconds an idle keep-alive connection stays open (0: never closed)")
     add_listen_arguments(parser)
     add_fault_arguments(parser, SierraFaults)
     return parser
@@ -47,10 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         suppressed_fraction=args.suppressed_fraction, oversized_every=args.oversized_every,
         invalid_every=args.invalid_every, mutation_step=timedelta(seconds=args.mutation_step),
         marc8_every=args.marc8_every, no_005_every=args.no_005_every, no_id_every=args.no_id_every,
-        bad_utf8_every=args.bad_utf8_every,
+        bad_utf8_every=args.bad_utf8_every, poison_every=args.poison_every,
     )
     sim = SierraSimulator(catalogue, host=args.host, port=args.port, client_key=args.client_key,
                           client_secret=args.client_secret, token_lifetime=args.token_lifetime,
+                          keep_alive_timeout=args.keep_alive_timeout or None,
                           faults=faults_from_arguments(args, SierraFaults))
     return serve_until_signalled(sim)
 

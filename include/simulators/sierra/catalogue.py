@@ -23,7 +23,7 @@ from .marc8 import encodable
 
 _YEAR = 365 * 86400
 _DAY = 86400
-_DELETED, _SUPPRESSED = 1, 2
+_DELETED, _SUPPRESSED, _NO_MARC = 1, 2, 4
 MAX_ID = 999_999_999  # 7 digits on most catalogues, 8 on large ones (.b116512684): never compare ids as text
 OVERSIZED_ITEMS = 1400  # enough 945s to push an export record past 99,999 bytes
 
@@ -125,6 +125,7 @@ class Bib(NamedTuple):
     no_005: bool = False  # its MARC lacks the 005 transaction stamp
     no_ids: bool = False  # its MARC lacks both 001 and (in the export) 907
     bad_utf8: bool = False  # the export writes a 0xFF byte into its 245 (bad UTF-8, or unmapped MARC-8)
+    no_marc: bool = False  # listed without MARC (deleted in Sierra, still listed): no marc field, no export
 
     @property
     def number(self) -> int:
@@ -365,7 +366,7 @@ class SimulatedCatalogue(SimulatedModel[str | int]):
             subject=SUBJECTS[(h >> 23) % len(SUBJECTS)],
             isbn=None if h % 5 == 0 else f"978{number:07d}{h % 1000:03d}",
             marc8=marc8, no_005=self.lacks_005(number), no_ids=self.lacks_ids(number),
-            bad_utf8=self.has_bad_utf8(number),
+            bad_utf8=self.has_bad_utf8(number), no_marc=bool(flags & _NO_MARC),
         )
 
     def __getitem__(self, bib_id: str | int) -> Bib:
@@ -388,6 +389,36 @@ class SimulatedCatalogue(SimulatedModel[str | int]):
         """Snapshots of many bibs under one lock acquisition (numbers must exist)."""
         with self.lock:
             return [self._bib(n - self.first_id) for n in numbers]
+
+    def suppress(self, ids: Iterable[str | int], on: bool = True) -> list[str]:
+        """Suppress (``on``) or unsuppress these live bibs: BCODE3 changes, an edit, so their
+        updatedDate moves to the new clock; the content stays."""
+        with self.lock:
+            indices = self._live_indices_for(ids)
+            now = self._tick()
+            for i in indices:
+                self._flags[i] = self._flags[i] | _SUPPRESSED if on else self._flags[i] & ~_SUPPRESSED
+                self._updated[i] = now
+                _index_add(self._upd_keys, self._upd_idx, now, [i])
+            return [self._id(i) for i in indices]
+
+    def strip_marc(self, ids: Iterable[str | int], touch: bool = True) -> list[str]:
+        """These live bibs lose their MARC but stay listed (deleted in Sierra, still listed): no
+        ``marc`` field, left out of the export; ``touch`` moves their updatedDate too."""
+        with self.lock:
+            indices = self._live_indices_for(ids)
+            now = self._tick()
+            for i in indices:
+                self._flags[i] |= _NO_MARC
+                if touch:
+                    self._updated[i] = now
+                    _index_add(self._upd_keys, self._upd_idx, now, [i])
+            return [self._id(i) for i in indices]
+
+    def public_ids(self) -> set[str]:
+        """Live bibs that are not suppressed and have MARC: what a discovery layer shows."""
+        with self.lock:
+            return {self._id(i) for i in self._live_indices() if not self._flags[i] & (_SUPPRESSED | _NO_MARC)}
 
     def live_ids(self) -> set[str]:
         with self.lock:

@@ -273,7 +273,7 @@ _RENDER: dict[str, Callable[[Bib], Any]] = {
     "isbn": lambda b: b.isbn,
     "fixedFields": _fixed_fields,
     "varFields": _var_fields,
-    "marc": lambda b: marc.marc_in_json(b, zero_leader=True),
+    "marc": lambda b: None if b.no_marc else marc.marc_in_json(b, zero_leader=True),
 }
 
 
@@ -299,7 +299,8 @@ class SierraSimulator(ControlledServer[SierraFaults]):
     An export block is the lowest ``limit`` ids of the range, deleted bibs included (as
     on a real server): they count in ``inputRecords``, not in ``outputRecords``.
     ``keep_alive_timeout``/``keep_alive_max``: idle connections close after this many
-    wall-clock seconds; a connection closes after this many requests.
+    wall-clock seconds (Apache's default, announced as ``Keep-Alive: timeout=5``); a
+    connection closes after this many requests (loopback.py; None: never).
     """
 
     _base_path = API_PATH
@@ -309,15 +310,14 @@ class SierraSimulator(ControlledServer[SierraFaults]):
 
     def __init__(self, catalogue: SimulatedCatalogue, host: str = "127.0.0.1", port: int = 0,
                  client_key: str = "demo-key", client_secret: str = "demo-secret", token_lifetime: int = 3600,
-                 *, keep_alive_timeout: float = 5.0, keep_alive_max: int = 100,
+                 *, keep_alive_timeout: float | None = 5.0, keep_alive_max: int | None = 100,
                  faults: SierraFaults | None = None, **switches: Any) -> None:
-        super().__init__(host, port, _Handler, catalogue, (faults or SierraFaults()).changed(**switches))
+        super().__init__(host, port, _Handler, catalogue, (faults or SierraFaults()).changed(**switches),
+                         keep_alive_timeout=keep_alive_timeout, keep_alive_max=keep_alive_max)
         self.catalogue = catalogue
         self.client_key = client_key
         self.client_secret = client_secret
         self.token_lifetime = token_lifetime
-        self.keep_alive_timeout = keep_alive_timeout
-        self.keep_alive_max = keep_alive_max
         self.tokens_issued = 0
         self.exports_created = 0
         self._tokens: dict[str, _Token] = {}
@@ -599,7 +599,7 @@ class SierraSimulator(ControlledServer[SierraFaults]):
         if kind is None:
             raise ApiError(400, 108, "Unknown content type")
         bib = self.catalogue.get(bib_id)
-        if bib is None or bib.deleted:
+        if bib is None or bib.deleted or bib.no_marc:
             raise ApiError(404, 107)
         if kind == "application/marc-xml":
             return Response(200, marc.marc_xml(bib), f"{kind};charset=UTF-8")
@@ -650,8 +650,8 @@ class SierraSimulator(ControlledServer[SierraFaults]):
         if any(self.catalogue.is_poison(bib.number) for bib in block if not bib.deleted):
             raise ApiError(500, 135, EXPORT_FAILED_135)  # on every try, as long as the block holds it
         deleted = sum(1 for bib in block if bib.deleted)
-        output = [bib for bib in block
-                  if not bib.deleted and not (bib.suppressed and faults.export_omits_suppressed)]
+        output = [bib for bib in block if not bib.deleted and not bib.no_marc
+                  and not (bib.suppressed and faults.export_omits_suppressed)]
         records = [self._export_record(bib) for bib in output]
         data = b"".join(r for r, _ in records)
         summary: dict[str, Any] = {"inputRecords": len(block), "outputRecords": len(records),
@@ -720,8 +720,9 @@ class SierraSimulator(ControlledServer[SierraFaults]):
     # --------------------------------------------------------- control API
     def _report(self, action: str) -> Response | None:
         catalogue = self.catalogue
-        if action in ("live_ids", "deleted_ids"):
-            ids = catalogue.sorted_live_ids() if action == "live_ids" else sorted(catalogue.deleted_ids())
+        if action in ("live_ids", "deleted_ids", "public_ids"):
+            ids = (catalogue.sorted_live_ids() if action == "live_ids" else
+                   sorted(catalogue.deleted_ids() if action == "deleted_ids" else catalogue.public_ids()))
             return Response(200, "".join(f"{i}\n" for i in ids).encode(), "text/plain; charset=utf-8")
         if action == "state":
             with self._lock:
@@ -734,6 +735,12 @@ class SierraSimulator(ControlledServer[SierraFaults]):
             return _json(200, {**catalogue.counts(), "clock": iso_z(catalogue.clock_epoch),
                                "base_url": self.base_url, **state})
         return None
+
+    def _control_suppress(self, data: dict[str, Any]) -> dict[str, Any]:
+        return {"changed": self.catalogue.suppress(list(data["ids"]), bool(data.get("on", True)))}
+
+    def _control_strip_marc(self, data: dict[str, Any]) -> dict[str, Any]:
+        return {"changed": self.catalogue.strip_marc(list(data["ids"]), bool(data.get("touch", True)))}
 
     def _control_expire_tokens(self, data: dict[str, Any]) -> dict[str, Any]:
         self.expire_tokens()
@@ -800,11 +807,6 @@ class _Handler(LoopbackHandler):
     def sim(self) -> SierraSimulator:
         return cast(SierraSimulator, self.server.sim)
 
-    def setup(self) -> None:
-        self.served_on_connection = 0
-        super().setup()
-        self.connection.settimeout(self.sim.keep_alive_timeout)  # idle keep-alive connections get closed
-
     def version_string(self) -> str:
         return self.server_version
 
@@ -831,19 +833,11 @@ class _Handler(LoopbackHandler):
         return result
 
     def _send(self, response: loopback.Response) -> None:
-        sim = self.sim
-        self.served_on_connection += 1
         self.send_response(response.status)
         if response.content_type:
             self.send_header("Content-Type", response.content_type)
         for name, value in response.headers.items():
             self.send_header(name, value)
-        if self.served_on_connection >= sim.keep_alive_max:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        else:
-            timeout = math.ceil(sim.keep_alive_timeout)
-            self.send_header("Keep-Alive", f"timeout={timeout}, max={sim.keep_alive_max}")
         self.send_header("Content-Length", str(len(response.body)))
         self.end_headers()
         self.wfile.write(response.body)

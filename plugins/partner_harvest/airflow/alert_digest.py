@@ -108,7 +108,9 @@ def _minutes(window: timedelta) -> str:
 
 
 def flush_digests(conn: Any, send: Callable[..., list[str]], who: str | None = None) -> int:
-    """Send every digest that is due and not claimed by another process; how many went out."""
+    """Send every digest that is due and not claimed by another process; how many went out. A
+    digest no configured channel delivered is not settled: the next flush after its claim
+    runs out sends it again."""
     from partner_harvest.store.alert_digest import claim_due, mark_sent, still_held
 
     sent = 0
@@ -126,12 +128,23 @@ def flush_digests(conn: Any, send: Callable[..., list[str]], who: str | None = N
                   f"run {m.get('run_id')}: {m.get('cause')} (log: {m.get('log_url')})" for m in claim.members]
         fields = {"kind": "digest", "group_key": claim.group_key, "first_partner": claim.first_partner,
                   "partners": partners, "failures": claim.members}
-        send(subject, lines, fields)
+        if not send(subject, lines, fields) and _has_channels():
+            log.error("digest %s: no alert channel delivered it; it stays due and goes out again once its "
+                      "claim runs out (at least once)", claim.group_key)
+            continue
         if mark_sent(conn, claim):
             sent += 1
         else:
             log.warning("digest %s: another process took the claim over while this one sent", claim.group_key)
     return sent
+
+
+def _has_channels() -> bool:
+    """Whether an alert channel is configured: without one, the logged ALERT line is the delivery."""
+    from partner_harvest.airflow import notifiers
+
+    return any(notifiers._connection(conn_id) is not None
+               for conn_id in (notifiers.SMTP_CONN_ID, notifiers.WEBHOOK_CONN_ID, notifiers.APPRISE_CONN_ID))
 
 
 def flush_task() -> int:

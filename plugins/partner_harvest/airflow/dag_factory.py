@@ -20,12 +20,13 @@ from airflow.sdk.definitions.callback import SyncCallback  # airflow.sdk exports
 from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
 from airflow.sdk.definitions.mappedoperator import MappedOperator
 
-from partner_harvest import durations
+from partner_harvest import durations, protocols
 from partner_harvest.airflow import compat, tasks
 from partner_harvest.airflow.assets import partner_asset
 from partner_harvest.airflow.gates import PartnerApprovalGate
 from partner_harvest.airflow.notifiers import PartnerAlertNotifier, run_late_alert, run_overdue_alert
 from partner_harvest.airflow.quiet import quiet_alias
+from partner_harvest.protocols import Channel
 from partner_harvest.registry import Partner, RegistryError, get_partner, load_registry
 
 START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
@@ -62,8 +63,10 @@ WHEN_A_TASK_FAILS = (
     "**When a task fails** (an alert names the partner, the task, the window and the cause): read "
     "the cause in the alert or the task's log, fix what it names (the partner's server, the "
     "Connection, the registry), then **clear the failed task and its downstream tasks**: the rerun "
-    "reuses the frozen window, so nothing is skipped or applied twice. Clear `freeze_window` too "
-    "only to start over from the cursor. docs/operator/alerts.md says what each cause means."
+    "reuses the frozen window, so nothing is skipped or applied twice (or clear the whole failed run, "
+    "only failed tasks). Clear `freeze_window` too only to start over from the cursor. The run deadline "
+    "counts from the logical date, which Airflow's clear leaves alone (docs/operator/operating.md). "
+    "docs/operator/alerts.md says what each cause means."
 )
 
 PARAMS_DOC = (
@@ -75,15 +78,15 @@ PARAMS_DOC = (
 
 
 def _doc(partner: Partner) -> str:
-    sierra = partner.protocol == "sierra"
+    channels = protocols.spec_of(partner.protocol).channels
     tasks_line = (
         "`freeze_window` fixes the window from the partner's clock; `plan_slices` keeps it whole or "
         "cuts a big one into slices; `harvest_changes` (mapped, one per slice) streams it into staging"
-        + (" and `poll_deletions` the deleted bibs, on their own day cursor" if sierra else "")
+        + "".join(f" and `{channel.task_id}` {channel.summary}" for channel in channels)
         + "; `approval_gate` passes unless the run would shrink the live set by more than "
         f"{partner.max_shrink_fraction:.0%} (then it waits for a person in Required Actions)"
         + "; `apply_changes` merges it in one transaction; `advance_cursor` moves the cursor"
-        + ("s" if sierra else "") + " (incremental runs only); `check_quality` alerts on "
+        + ("s" if channels else "") + " (incremental runs only); `check_quality` alerts on "
         "data-quality findings without failing the run. Each task's own docs say more."
     )
     return (
@@ -91,7 +94,7 @@ def _doc(partner: Partner) -> str:
         f"{partner.description}\n\n"
         f"Connection `{partner.conn_id}`, cursor Variable `{partner.cursor_key}`, "
         f"lag {durations.human(partner.lag)}, schedule `{partner.schedule}` (UTC), "
-        f"pool `{partner.pool}`, run deadline {durations.human(partner.run_deadline)} after queueing"
+        f"pool `{partner.pool}`, run deadline {durations.human(partner.run_deadline)} after the logical date"
         + (f", nightly runs due by {partner.finish_by} UTC" if partner.finish_by else "")
         + ".\n\n"
         f"{tasks_line}\n\n"
@@ -127,11 +130,6 @@ TASK_DOCS = {
         "from its checkpoint. **Fails:** HTTP errors after retries, broken or hostile XML, "
         "pagination loops (no retries), a response over the limits. Nothing stored is touched; "
         "clear it (or one slice) to harvest it again."
-    ),
-    "poll_deletions": (
-        "Sierra only: polls the deleted bibs of the window's days (its own day cursor) into "
-        "the same staging. **Fails:** a 5xx after retries (never taken for an empty day); "
-        "clear it to poll again."
     ),
     "apply_changes": (
         "Merges the run's staging into `records`, `deletions` and `quarantine` in one "
@@ -238,15 +236,21 @@ def default_args(partner: Partner) -> dict[str, Any]:
 
 
 def run_deadline(partner: Partner, dag_id: str) -> DeadlineAlert:
-    """Alert when a run has not finished ``run_deadline`` after it was queued.
+    """Alert when a run has not finished ``run_deadline`` after its logical date.
 
     Airflow never schedules a task whose pool is missing and says so only in the
     scheduler's log; the run then waits forever. The scheduler checks deadlines itself,
     whatever the pool, and the executor runs the callback (no triggerer needed).
+
+    Anchored on the logical date, not the queued-at time: clearing a run whose deadline is
+    anchored on queued-at fails in Airflow 3.3 (docs/design/airflow-surface.md), and a
+    failed run keeps its deadline, so every rerun of a failed night would. A nightly run's
+    logical date is its cron tick, when it is queued; a run queued after its deadline (a
+    backfill's day, a manual run dated in the past) is not alerted (``run_overdue_alert``).
     """
     compat.tolerate_encoded_deadline_alerts()  # else `airflow dags test` ends in a traceback
     return DeadlineAlert(
-        reference=DeadlineReference.DAGRUN_QUEUED_AT,
+        reference=DeadlineReference.DAGRUN_LOGICAL_DATE,
         interval=partner.run_deadline,
         callback=SyncCallback(run_overdue_alert, kwargs={
             "partner_id": partner.id, "dag_id": dag_id, "pool": partner.pool,
@@ -283,6 +287,7 @@ def harvest_deadlines(partner: Partner) -> list[DeadlineAlert]:
 
 def build_harvest_dag(partner: Partner) -> DAG:
     pid = partner.id
+    spec = protocols.spec_of(partner.protocol)
     pool = partner.pool  # tasks that send requests to the partner
     with DAG(
         dag_id=partner.dag_id,
@@ -316,10 +321,6 @@ def build_harvest_dag(partner: Partner) -> DAG:
             context["harvest_channel"] = piece.get("channel", "changes")  # type: ignore[typeddict-unknown-key]
             return tasks.harvest_changes(pid, window, context, piece)
 
-        @task(task_id="poll_deletions", pool=pool)
-        def poll_deletions(window: dict[str, Any]) -> dict[str, Any]:
-            return tasks.poll_deletions(pid, window, get_current_context())
-
         # In the pool too: a channel whose staging the database lost is harvested again here.
         # After the gate: runs when it passed (nothing over a limit) or approved; a Reject skips it.
         @task(task_id="apply_changes", outlets=[partner_asset(pid)], pool=pool)  # the event: airflow/assets.py
@@ -336,16 +337,25 @@ def build_harvest_dag(partner: Partner) -> DAG:
 
         window = freeze_window()
         staged = [harvest_changes.partial(window=window).expand(piece=plan_slices(window))]
-        if partner.protocol == "sierra":
-            staged.append(poll_deletions(window))
+        staged += [_channel_task(pid, channel, pool)(window) for channel in spec.channels]
         gate = PartnerApprovalGate(partner=partner, kind="shrink")  # airflow/gates.py
         staged >> gate
         applied = apply_changes(window, *staged)
         gate >> applied
         advance_cursor(window, applied)
         check_quality(applied)
-    _describe_tasks(dag)
+    _describe_tasks(dag, docs={channel.task_id: channel.doc for channel in spec.channels})
     return dag
+
+
+def _channel_task(pid: str, channel: Channel, pool: str) -> Any:
+    """The task that stages one of the protocol's extra channels (``poll_deletions``...)."""
+
+    @task(task_id=channel.task_id, pool=pool)
+    def stage_channel(window: dict[str, Any]) -> dict[str, Any]:
+        return tasks.harvest_channel(pid, window, get_current_context(), channel.name)
+
+    return stage_channel
 
 
 RECONCILE_PARAMS = {
@@ -436,7 +446,7 @@ KINDS = {"harvest": build_harvest_dag, "reconcile": build_reconcile_dag}
 def build_dags(kind: str, wanted: str | None = None, shard: tuple[int, int] | None = None) -> list[DAG]:
     """Every ``<kind>_<id>`` DAG of the registry (only ``wanted`` when the parsing context
     names one; only the ``shard=(index, count)`` share by :func:`shard_of` for a shard file
-    of partner_harvest.airflow.shards): the real DAG for a valid entry, an error DAG for an
+    of partner-harvest shards): the real DAG for a valid entry, an error DAG for an
     invalid one. A file that is unusable as a whole raises, which Airflow shows as the DAG
     file's import error."""
     builder = KINDS[kind]

@@ -28,7 +28,7 @@ from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import Context, conf
 from airflow.sdk.exceptions import TaskAwaitingInput
 
-from partner_harvest import gates
+from partner_harvest import gates, protocols
 from partner_harvest.airflow import tasks
 from partner_harvest.airflow.notifiers import send_alert
 from partner_harvest.registry import Partner, get_partner
@@ -93,8 +93,7 @@ class PartnerApprovalGate(ApprovalOperator):
             return None
         staged = ti.xcom_pull(task_ids="harvest_changes") or []
         pieces = staged if isinstance(staged, list) else [staged]
-        if partner.protocol == "sierra":
-            pieces = [*pieces, ti.xcom_pull(task_ids="poll_deletions")]
+        pieces += [ti.xcom_pull(task_ids=channel.task_id) for channel in protocols.spec_of(partner.protocol).channels]
         window = Window.from_dict(window_data)
         tombstones = gates.staged_tombstones(pieces)
         if tombstones == 0 and not gates.covers_whole_collection(window):

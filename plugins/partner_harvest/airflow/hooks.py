@@ -1,4 +1,4 @@
-"""The partner connection types: ``oai_pmh`` and ``sierra`` (and the older ``http``).
+"""The partner connection types: one per protocol (its spec's ``connection``), and the older ``http``.
 
 A partner's Connection says where it lives and how to log in; these hooks are the one
 place that reads it (``connections.partner_endpoint`` goes through them), so a Connection
@@ -6,7 +6,9 @@ made from the Connections page (the form fields declared in ``provider.py``) and
 type ``http`` written as JSON before the connection types existed are read alike:
 
 - host: the endpoint's base URL (a bare host gets ``schema`` as scheme and ``port``);
-- login/password: Sierra's client key and secret (an OAI-PMH partner needs none);
+- login/password: Sierra's client key and secret; for an OAI-PMH (or IIIF) partner its
+  credentials, sent as the extras ``auth``, ``auth_header``, ``auth_param`` say
+  (``credentials.py``, which ``factory.credentials`` calls);
 - extras ``verify`` (true, or the path of the partner's CA bundle), ``cert`` (a PEM with
   certificate and key, or ``[cert, key]``), ``proxies`` (``{"https": "http://proxy:3128"}``),
   or, from the form, ``proxy`` (one proxy URL for both schemes) and ``client_key`` (the key
@@ -22,12 +24,10 @@ from typing import Any, ClassVar
 
 from airflow.sdk import BaseHook
 
+from partner_harvest import protocols
 from partner_harvest.factory import Endpoint
 
-OAI_PMH = "oai_pmh"
-SIERRA = "sierra"
 LEGACY = "http"  # every partner Connection before the connection types; still accepted
-PROTOCOL_CONN_TYPES = {"oai-pmh": OAI_PMH, "sierra": SIERRA}
 
 
 def transport_extra(extra: dict[str, Any]) -> dict[str, Any]:
@@ -55,7 +55,7 @@ class PartnerEndpointHook(BaseHook):
     default_conn_name = "partner_default"
     conn_type = LEGACY
     hook_name = "Partner endpoint"
-    accepted: ClassVar[frozenset[str]] = frozenset({LEGACY, OAI_PMH, SIERRA})
+    accepted: ClassVar[frozenset[str]] = frozenset({LEGACY, *(spec.connection.conn_type for spec in protocols.specs())})
 
     def __init__(self, conn_id: str = default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -81,28 +81,25 @@ class PartnerEndpointHook(BaseHook):
                         extra=transport_extra(conn.extra_dejson))
 
 
-class OaiPmhHook(PartnerEndpointHook):
-    """An OAI-PMH repository: host = the base URL (``https://museum.example/oai``)."""
+def _protocol_hook(connection: protocols.ConnectionType) -> type[PartnerEndpointHook]:
+    """The hook class of a protocol's connection type, importable as ``hooks.<hook_class>``
+    (the provider names it so; Airflow checks its ``conn_type``)."""
+    return type(connection.hook_class, (PartnerEndpointHook,), {
+        "__module__": __name__, "__qualname__": connection.hook_class, "__doc__": connection.doc,
+        "conn_type": connection.conn_type, "hook_name": connection.hook_name,
+        "accepted": frozenset({LEGACY, connection.conn_type})})
 
-    conn_type = OAI_PMH
-    hook_name = "OAI-PMH partner"
-    accepted = frozenset({LEGACY, OAI_PMH})
 
-
-class SierraHook(PartnerEndpointHook):
-    """A Sierra ILS REST API: host = the API's base URL, login/password = client key/secret."""
-
-    conn_type = SIERRA
-    hook_name = "Sierra ILS partner"
-    accepted = frozenset({LEGACY, SIERRA})
+# protocol name -> its hook class; each also a name of this module (OaiPmhHook, SierraHook, ...)
+PROTOCOL_HOOKS = {spec.name: _protocol_hook(spec.connection) for spec in protocols.specs()}
+globals().update({cls.__name__: cls for cls in PROTOCOL_HOOKS.values()})
 
 
 @functools.cache
 def hook_for(protocol: str, conn_id: str) -> PartnerEndpointHook:
     """The hook of the partner's protocol (the registry's ``protocol``); one per process, so
     the lineage a task reports through it is one input however often it builds an adapter."""
-    cls = {"oai-pmh": OaiPmhHook, "sierra": SierraHook}.get(protocol, PartnerEndpointHook)
-    return cls(conn_id=conn_id)
+    return PROTOCOL_HOOKS.get(protocol, PartnerEndpointHook)(conn_id=conn_id)
 
 
 class AggregationHook(BaseHook):

@@ -20,16 +20,15 @@ info (``provider.py``: ``asset-uris``), so OpenLineage names them by its own con
 from __future__ import annotations
 
 import logging
-from typing import Any, get_args
+from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from partner_harvest.registry import Partner
+from partner_harvest import protocols
 
 log = logging.getLogger(__name__)
 
-# Every protocol the registry knows (a new adapter needs nothing here): its name is the scheme.
-PROTOCOL_SCHEMES = {p: p for p in get_args(Partner.model_fields["protocol"].annotation)}
-ENDPOINT_SCHEMES = tuple(f"{p}+{s}" for p in PROTOCOL_SCHEMES.values() for s in ("https", "http"))
+# Every protocol (a new one needs nothing here): its name is the scheme.
+ENDPOINT_SCHEMES = tuple(f"{spec.name}+{scheme}" for spec in protocols.specs() for scheme in spec.schemes)
 TABLE_SCHEME = "partner-harvest+postgres"
 STAGING = ("staging",)
 APPLIED = ("records", "deletions", "quarantine")
@@ -40,7 +39,7 @@ def endpoint_uri(protocol: str, base_url: str) -> str:
     parts = urlsplit(base_url)
     host = parts.hostname or ""
     port = f":{parts.port}" if parts.port else ""
-    return f"{PROTOCOL_SCHEMES[protocol]}+{parts.scheme.lower()}://{host}{port}{parts.path or '/'}"
+    return f"{protocols.spec_of(protocol).name}+{parts.scheme.lower()}://{host}{port}{parts.path or '/'}"
 
 
 def table_uri(host: str | None, port: int | None, database: str, schema: str, table: str) -> str:

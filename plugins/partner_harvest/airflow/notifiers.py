@@ -102,9 +102,10 @@ class PartnerAlertNotifier(BaseNotifier):
 def run_overdue_alert(
     partner_id: str, dag_id: str, pool: str, run_deadline: str, context: dict[str, Any] | None = None
 ) -> list[str]:
-    """Deadline callback (executor): a run has not finished ``run_deadline`` after it was
-    queued. The usual cause is a missing pool (Airflow never schedules its tasks, and only
-    the scheduler's log says so), else a stuck task or a very slow partner."""
+    """Deadline callback (executor): a run has not finished ``run_deadline`` after its
+    logical date (a nightly run's cron tick). The usual cause is a missing pool (Airflow
+    never schedules its tasks, and only the scheduler's log says so), else a stuck task or a
+    very slow partner."""
     context = context or {}
     dag_run = context.get("dag_run") or {}
     run_id = dag_run.get("dag_run_id") or dag_run.get("run_id") or "?"
@@ -113,13 +114,22 @@ def run_overdue_alert(
         # alerted by its task's failure notifier.
         log.info("%s: run %s of %s is %s; no overdue alert", partner_id, run_id, dag_id, dag_run["state"])
         return []
-    subject = f"[partner harvest] {partner_id}: {dag_id} run {run_id} not finished {run_deadline} after it was queued"
+    due, queued = _instant((context.get("deadline") or {}).get("deadline_time")), _instant(dag_run.get("queued_at"))
+    if due is not None and queued is not None and queued >= due:
+        # A backfill's day or a manual run dated in the past: its deadline had passed when it
+        # was queued; its tasks' own failures alert.
+        log.info("%s: run %s of %s was queued at %s, after its run deadline %s; no overdue alert",
+                 partner_id, run_id, dag_id, queued.isoformat(), due.isoformat())
+        return []
+    subject = (f"[partner harvest] {partner_id}: {dag_id} run {run_id} not finished {run_deadline} "
+               "after its logical date")
     lines = [
         f"Partner: {partner_id}",
         f"DAG: {dag_id}   run: {run_id}   state: {dag_run.get('state', '?')}",
-        f"Queued at: {dag_run.get('queued_at', '?')}   deadline: {run_deadline}",
+        f"Logical date: {dag_run.get('logical_date', '?')}   queued at: {dag_run.get('queued_at', '?')}   "
+        f"deadline: {run_deadline}",
         f"Check first that the pool {pool} exists (Admin > Pools): Airflow never schedules a task "
-        "whose pool is missing. Create it with `python -m partner_harvest.airflow.pools`.",
+        "whose pool is missing. Create it with `partner-harvest sync-pools`.",
         "Otherwise a task is stuck or the partner is very slow: see the run's tasks in the UI.",
     ]
     fields = {"kind": "overdue", "partner": partner_id, "dag_id": dag_id, "run_id": run_id,

@@ -6,9 +6,12 @@ its Connection (from a JSON/YAML file in the shape ``airflow connections export`
 or found in a secrets backend: the environment, the metastore or a configured backend),
 its two DAGs unpaused, and a first harvest triggered when it has no cursor, no row in the
 aggregation's ``harvest_runs`` and no DAG run at all. Each step decides from what is there
-now, so a second pass finds nothing to do and changes nothing. Through Airflow's own models
-in-process (as ``airflow pools``/``connections``/``dags trigger`` do), where the Airflow CLI
-runs. Never prints a password or an extra: a Connection is named by id and fields changed.
+now, so a second pass finds nothing to do and changes nothing. Through Airflow's stable REST
+API (``api.py``); a Connection defined in the environment or a secrets backend is found with
+the Task SDK. The API never returns a password or a secret extra: a Connection in the
+metastore is compared, and updated, by the fields it shows (a changed password alone is
+written only with the Connection's next other change, or after deleting it). Never prints a
+password or an extra: a Connection is named by id and fields changed.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from typing import Any
 
 import yaml
 
-from partner_harvest.airflow.pools import pool_specs
+from partner_harvest.airflow import api
+from partner_harvest.airflow.pools import existing_pools, pool_specs, write_pool
 from partner_harvest.registry import Partner, cursor_key
 
 CONNECTION_FIELDS = ("conn_type", "host", "login", "password", "schema", "port", "extra")
@@ -76,9 +80,9 @@ def read_connections_file(path: Path) -> dict[str, dict[str, Any]]:
     entries: dict[str, dict[str, Any]] = {}
     for conn_id, value in data.items():
         if isinstance(value, str):
-            from airflow.models.connection import Connection
+            from airflow.sdk import Connection
 
-            value = _fields(Connection(conn_id=str(conn_id), uri=value))
+            value = _fields(Connection.from_uri(value, conn_id=str(conn_id)))
         if not isinstance(value, dict) or not value.get("conn_type"):
             raise ConnectionFileError(f"{path}: Connection {conn_id!r} needs at least a conn_type")
         unknown = set(value) - set(CONNECTION_FIELDS) - {"description", "conn_id"}
@@ -142,7 +146,7 @@ def plan_connections(needed: Iterable[str], from_file: dict[str, dict[str, Any]]
             elif stored is None:
                 steps.append(Step("connection", conn_id, "create", f"{wanted['conn_type']}, from the file"))
             else:
-                changed = [k for k in CONNECTION_FIELDS if _normal(stored)[k] != wanted[k]]
+                changed = [k for k in CONNECTION_FIELDS if k in stored and _normal(stored)[k] != wanted[k]]
                 steps.append(Step("connection", conn_id, "update" if changed else "ok",
                                   f"fields {', '.join(changed)}" if changed else "as in the file"))
         elif stored is not None:
@@ -156,93 +160,98 @@ def plan_connections(needed: Iterable[str], from_file: dict[str, dict[str, Any]]
     return steps, problems
 
 
-# -- Airflow's side -------------------------------------------------------------------------
-
-def _existing_pools() -> dict[str, tuple[int, str]]:
-    from airflow.models.pool import Pool
-
-    return {str(p.pool): (p.slots, p.description or "") for p in Pool.get_pools()}
-
+# -- Airflow's side (the REST API) ------------------------------------------------------
 
 def _metastore_connection(conn_id: str) -> dict[str, Any] | None:
-    from airflow.models.connection import Connection
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
+    """The fields the API shows of a Connection in the metastore (never its password, nor an
+    extra it redacts: those are left out of the comparison)."""
+    from airflow_client.client.exceptions import ApiException
 
-    with create_session() as session:
-        conn = session.scalar(select(Connection).where(Connection.conn_id == conn_id))
-        return _fields(conn) if conn is not None else None
+    with api.calling(f"GET /api/v2/connections/{conn_id}"):
+        try:
+            conn = api.connections().get_connection(conn_id)
+        except ApiException as exc:
+            if api.absent(exc):
+                return None
+            raise
+    fields: dict[str, Any] = {"conn_type": conn.conn_type, "host": conn.host, "login": conn.login,
+                              "schema": conn.var_schema, "port": conn.port}
+    extra = _extra(conn.extra)
+    if "***" not in json.dumps(extra):
+        fields["extra"] = extra
+    return fields
 
 
 def _in_backends(conn_id: str) -> bool:
-    """Defined in a secrets backend other than the metastore (the environment, a vault...)."""
-    from airflow.configuration import ensure_secrets_loaded
-    from airflow.secrets.metastore import MetastoreBackend
+    """Defined in the environment or a secrets backend (the Task SDK, outside a task, reads
+    those and not the metastore)."""
+    from airflow.sdk import BaseHook
 
-    for backend in ensure_secrets_loaded():
-        if isinstance(backend, MetastoreBackend):
-            continue
-        try:
-            if backend.get_connection(conn_id) is not None:
-                return True
-        except Exception:  # a backend that cannot answer does not define it
-            continue
-    return False
+    try:
+        BaseHook.get_connection(conn_id)
+    except Exception:  # AirflowNotFoundException, a backend that cannot answer
+        return False
+    return True
 
 
-def _write_connection(conn_id: str, entry: dict[str, Any]) -> None:
-    from airflow.models.connection import Connection
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
+def _write_connection(conn_id: str, entry: dict[str, Any], exists: bool) -> None:
+    from airflow_client import client as airflow_client
 
     wanted = _normal(entry)
-    extra = json.dumps(wanted["extra"]) if wanted["extra"] else None
-    with create_session() as session:
-        conn = session.scalar(select(Connection).where(Connection.conn_id == conn_id))
-        if conn is None:
-            conn = Connection(conn_id=conn_id)
-            session.add(conn)
-        conn.conn_type, conn.host, conn.login = wanted["conn_type"], wanted["host"], wanted["login"]
-        conn.schema, conn.port = wanted["schema"], wanted["port"]
-        conn.set_password(wanted["password"])
-        conn.set_extra(extra)
+    body = airflow_client.ConnectionBody(
+        connection_id=conn_id, conn_type=wanted["conn_type"], host=wanted["host"], login=wanted["login"],
+        password=wanted["password"], port=wanted["port"], var_schema=wanted["schema"],
+        extra=json.dumps(wanted["extra"]) if wanted["extra"] else None)
+    with api.calling(f"{'PATCH' if exists else 'POST'} /api/v2/connections/{conn_id}"):
+        if exists:
+            api.connections().patch_connection(conn_id, body)
+        else:
+            api.connections().post_connection(body)
 
 
 def _dag_states(dag_ids: list[str]) -> dict[str, bool]:
     """dag_id -> is_paused, for the DAGs the dag-processor has parsed."""
-    from airflow.models.dag import DagModel
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
+    from airflow_client.client.exceptions import ApiException
 
-    with create_session() as session:
-        rows = session.execute(select(DagModel.dag_id, DagModel.is_paused).where(DagModel.dag_id.in_(dag_ids))).all()
-    return {dag_id: bool(paused) for dag_id, paused in rows}
+    states = {}
+    for dag_id in dag_ids:
+        with api.calling(f"GET /api/v2/dags/{dag_id}"):
+            try:
+                states[dag_id] = bool(api.dags().get_dag(dag_id).is_paused)
+            except ApiException as exc:
+                if not api.absent(exc):
+                    raise
+    return states
 
 
 def _unpause(dag_ids: list[str]) -> None:
-    from airflow.models.dag import DagModel
-    from airflow.utils.session import create_session
-    from sqlalchemy import update
+    from airflow_client import client as airflow_client
 
-    with create_session() as session:
-        session.execute(update(DagModel).where(DagModel.dag_id.in_(dag_ids)).values(is_paused=False))
+    for dag_id in dag_ids:
+        with api.calling(f"PATCH /api/v2/dags/{dag_id}"):
+            api.dags().patch_dag(dag_id, airflow_client.DAGPatchBody(is_paused=False))
 
 
-def _dags_with_runs(dag_ids: list[str]) -> set[str]:
-    from airflow.models.dagrun import DagRun
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    with create_session() as session:
-        return set(session.scalars(select(DagRun.dag_id).where(DagRun.dag_id.in_(dag_ids)).distinct()).all())
+def _dags_with_runs(dag_ids: list[str], parsed: set[str]) -> set[str]:
+    found = set()
+    for dag_id in dag_ids:
+        if dag_id in parsed:
+            with api.calling(f"GET /api/v2/dags/{dag_id}/dagRuns"):
+                if api.dag_runs().get_dag_runs(dag_id, limit=1).total_entries:
+                    found.add(dag_id)
+    return found
 
 
 def _trigger(dag_id: str) -> str:
-    from airflow.api.common.trigger_dag import trigger_dag
-    from airflow.utils.types import DagRunTriggeredByType
+    """A first harvest, dated now (its run deadline counts from its logical date)."""
+    from datetime import datetime, timezone
 
-    run = trigger_dag(dag_id, triggered_by=DagRunTriggeredByType.CLI, note="first harvest (partner-harvest onboard)")
-    return run.run_id if run is not None else "?"
+    from airflow_client import client as airflow_client
+
+    body = airflow_client.TriggerDAGRunPostBody(logical_date=datetime.now(timezone.utc),
+                                                note="first harvest (partner-harvest onboard)")
+    with api.calling(f"POST /api/v2/dags/{dag_id}/dagRuns"):
+        return str(api.dag_runs().trigger_dag_run(dag_id, body).dag_run_id)
 
 
 def onboard(partners: list[Partner], connections: dict[str, dict[str, Any]], partners_with_runs: set[str],
@@ -251,7 +260,8 @@ def onboard(partners: list[Partner], connections: dict[str, dict[str, Any]], par
     from partner_harvest.airflow.admin import read_variable
 
     plan = Plan()
-    plan.steps += plan_pools(partners, _existing_pools())
+    pools = existing_pools()
+    plan.steps += plan_pools(partners, pools)
     steps, problems = plan_connections([p.conn_id for p in partners], connections, _metastore_connection,
                                        _in_backends)
     plan.steps += steps
@@ -266,7 +276,7 @@ def onboard(partners: list[Partner], connections: dict[str, dict[str, Any]], par
                                                               "again once it shows in the UI"))
         else:
             plan.steps.append(Step("unpause", dag_id, "unpause" if paused[dag_id] else "ok"))
-    with_runs = _dags_with_runs([p.dag_id for p in partners])
+    with_runs = _dags_with_runs([p.dag_id for p in partners], set(paused))
     for p in partners:
         if p.dag_id in with_runs or p.id in partners_with_runs or read_variable(cursor_key(p.id)) is not None:
             plan.steps.append(Step("trigger", p.dag_id, "ok", "has a cursor or a run already"))
@@ -281,12 +291,10 @@ def onboard(partners: list[Partner], connections: dict[str, dict[str, Any]], par
 
     for step in plan.changes:
         if step.kind == "pool":
-            from airflow.models.pool import Pool
-
             name, slots, description = next(s for s in pool_specs(partners) if s[0] == step.subject)
-            Pool.create_or_update_pool(name, slots, description, include_deferred=False)
+            write_pool(name, slots, description, exists=name in pools)
         elif step.kind == "connection":
-            _write_connection(step.subject, connections[step.subject])
+            _write_connection(step.subject, connections[step.subject], exists=step.action == "update")
     _unpause([s.subject for s in plan.changes if s.kind == "unpause"])
     for step in plan.changes:
         if step.kind == "trigger":

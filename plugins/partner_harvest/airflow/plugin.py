@@ -49,9 +49,9 @@ class PartnerHarvestPlugin(AirflowPlugin):
 
     @classmethod
     def on_load(cls, *args: object, **kwargs: object) -> None:
-        from airflow import settings
+        from airflow.sdk import conf
 
-        refuse_plugins_folder_with_sources(settings.PLUGINS_FOLDER)
+        refuse_plugins_folder_with_sources(conf.get("core", "plugins_folder", fallback=None))
         from partner_harvest.airflow import preload  # forked task and parse processes inherit the library
 
         preload.register()

@@ -1,23 +1,19 @@
-"""Create or update one Airflow pool per registry partner (``partner_<id>``), or check them.
+"""One Airflow pool per registry partner (``partner_<id>``): what ``partner-harvest sync-pools``
+creates or updates, and what ``sync-pools --check`` reports missing, through Airflow's REST API.
 
 The tasks that send requests to a partner run in its pool, so its ``pool_slots`` (default
 1) bound the concurrent requests to that endpoint across the harvest DAG, the reconcile
 DAG and backfills. Airflow never schedules a task whose pool does not exist, and says so
-only in the scheduler's log (3.3.2 raises no DAG warning for it): run this after every
-registry change (it is idempotent), and ``--check`` in deployment checks::
-
-    python -m partner_harvest.airflow.pools           # create/update; PYTHONPATH=plugins, AIRFLOW_HOME set
-    python -m partner_harvest.airflow.pools --check   # exit 1, naming them, when pools are missing
-
-A run that waits anyway is reported by its run deadline (registry ``run_deadline``).
+only in the scheduler's log (3.3.2 raises no DAG warning for it). A run that waits anyway
+is reported by its run deadline (registry ``run_deadline``).
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
+from airflow_client import client as airflow_client
 
-from partner_harvest.registry import Partner, Registry, load_registry
+from partner_harvest.airflow import api
+from partner_harvest.registry import Partner, Registry
 
 
 def pool_specs(partners: list[Partner]) -> list[tuple[str, int, str]]:
@@ -27,46 +23,33 @@ def pool_specs(partners: list[Partner]) -> list[tuple[str, int, str]]:
     ]
 
 
-def sync_pools(registry: Registry | None = None) -> list[tuple[str, int, str]]:
-    """Create/update the pools of the valid partners (an invalid entry has no DAG to run)."""
-    from airflow.models.pool import Pool
+def existing_pools() -> dict[str, tuple[int, str]]:
+    """pool name -> (slots, description) of every pool Airflow has."""
+    return {p.name: (p.slots, p.description or "") for p in api.all_pools()}
 
-    registry = registry or load_registry()
+
+def write_pool(name: str, slots: int, description: str, exists: bool) -> None:
+    with api.calling(f"{'PATCH' if exists else 'POST'} /api/v2/pools/{name}"):
+        if exists:
+            api.pools().patch_pool(name, airflow_client.PoolPatchBody(pool=name, slots=slots, description=description,
+                                                                      include_deferred=False))
+        else:
+            api.pools().post_pool(airflow_client.PoolBody(name=name, slots=slots, description=description,
+                                                          include_deferred=False))
+
+
+def sync_pools(registry: Registry) -> list[tuple[str, int, str]]:
+    """Create/update the pools of the valid partners (an invalid entry has no DAG to run);
+    a pool already as the registry says is left alone."""
+    have = existing_pools()
     specs = pool_specs(registry.partners)
     for name, slots, description in specs:
-        Pool.create_or_update_pool(name, slots, description, include_deferred=False)
+        if have.get(name) != (slots, description):
+            write_pool(name, slots, description, exists=name in have)
     return specs
 
 
-def missing_pools(registry: Registry | None = None) -> list[tuple[str, str]]:
+def missing_pools(registry: Registry) -> list[tuple[str, str]]:
     """(pool, partner id) of every valid partner whose pool does not exist."""
-    from airflow.models.pool import Pool
-
-    registry = registry or load_registry()
-    existing = {pool.pool for pool in Pool.get_pools()}
-    return [(p.pool, p.id) for p in registry.partners if p.pool not in existing]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m partner_harvest.airflow.pools", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="only report missing pools (exit 1 if any)")
-    args = parser.parse_args(argv)
-    registry = load_registry()
-    status = 0
-    for error in registry.errors:
-        print(f"invalid registry entry (no pool, no DAG): {error}", file=sys.stderr)
-        status = 1
-    if args.check:
-        for pool, partner_id in missing_pools(registry):
-            print(f"pool {pool} is missing: the tasks of partner {partner_id} will never be scheduled",
-                  file=sys.stderr)
-            status = 1
-        return status
-    for name, slots, _ in sync_pools(registry):
-        print(f"pool {name}: {slots} slot(s)")
-    return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    have = existing_pools()
+    return [(p.pool, p.id) for p in registry.partners if p.pool not in have]

@@ -13,13 +13,13 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
+from partner_harvest import protocols  # light: the protocols' specs, no HTTP stack
 from partner_harvest.airflow import lineage  # light: no Airflow, no protocol stack
 
 PACKAGE = "partner-harvest"
 # Every Airflow process reads this on start: it names the hooks (airflow/hooks.py) without
 # importing them, so the protocol stack loads only where a partner is harvested.
-OAI_PMH, OAI_PMH_HOOK = "oai_pmh", "partner_harvest.airflow.hooks.OaiPmhHook"
-SIERRA, SIERRA_HOOK = "sierra", "partner_harvest.airflow.hooks.SierraHook"
+HOOKS_MODULE = "partner_harvest.airflow.hooks"
 
 
 def _text(label: str, description: str) -> dict[str, Any]:
@@ -42,32 +42,39 @@ TLS_AND_PROXY_FIELDS: dict[str, dict[str, Any]] = {
 }
 
 
+# How the secret (the Connection's password) is sent (credentials.py reads them from the extras).
+CREDENTIAL_FIELDS: dict[str, dict[str, Any]] = {
+    "auth": _text("Credential form", "How the password is sent: empty with a login for HTTP Basic; bearer "
+                  "(Authorization: Bearer <password>); header (the header named below carries it); query (the "
+                  "query parameter named below, on every request). Empty without login or password: none."),
+    "auth_header": _text("Credential header", "With form header: the header's name, e.g. Token or X-API-Key."),
+    "auth_param": _text("Credential query parameter", "With form query: the parameter's name, e.g. apikey. "
+                        "Sent only to the partner's own host; every URL we print shows it as ***."),
+}
+
+
+# The login and password of a protocol whose Connection authenticates its session (credentials.py).
+CREDENTIAL_LABELS = {"login": "Login (HTTP Basic)", "password": "Secret (password, token or key)"}
+CREDENTIAL_PLACEHOLDERS = {"login": "only for HTTP Basic; empty for no credentials or another form",
+                           "password": "the secret the partner gave you; empty: none"}
+
+
 def connection_types() -> list[dict[str, Any]]:
+    """One connection type per protocol (its spec's ``connection``), with the TLS and proxy fields."""
     return [
         {
-            "connection-type": OAI_PMH,
-            "hook-class-name": OAI_PMH_HOOK,
-            "hook-name": "OAI-PMH partner",
-            "conn-fields": TLS_AND_PROXY_FIELDS,
+            "connection-type": spec.connection.conn_type,
+            "hook-class-name": f"{HOOKS_MODULE}.{spec.connection.hook_class}",
+            "hook-name": spec.connection.hook_name,
+            "conn-fields": {**(CREDENTIAL_FIELDS if spec.session_credentials else {}), **TLS_AND_PROXY_FIELDS},
             "ui-field-behaviour": {
-                "hidden-fields": ["schema", "port", "login", "password"],
-                "relabeling": {"host": "Base URL"},
-                "placeholders": {"host": "https://museum.example/oai (the URL before ?verb=)"},
+                "hidden-fields": list(spec.connection.hidden_fields),
+                "relabeling": {**(CREDENTIAL_LABELS if spec.session_credentials else {}), **spec.connection.relabeling},
+                "placeholders": {**(CREDENTIAL_PLACEHOLDERS if spec.session_credentials else {}),
+                                 **spec.connection.placeholders},
             },
-        },
-        {
-            "connection-type": SIERRA,
-            "hook-class-name": SIERRA_HOOK,
-            "hook-name": "Sierra ILS partner",
-            "conn-fields": TLS_AND_PROXY_FIELDS,
-            "ui-field-behaviour": {
-                "hidden-fields": ["schema", "port"],
-                "relabeling": {"host": "API base URL", "login": "Client key", "password": "Client secret"},
-                "placeholders": {"host": "https://catalogue.example/iii/sierra-api (before /v6/...)",
-                                 "login": "the API client key (Sierra Admin App, API Keys)",
-                                 "password": "the client secret"},
-            },
-        },
+        }
+        for spec in protocols.specs()
     ]
 
 
@@ -78,36 +85,15 @@ def _version() -> str:
         return "0.0.0"
 
 
-def config() -> dict[str, Any]:
-    """The ``[partner_harvest]`` settings, listed by ``airflow config list`` with Airflow's own."""
-    return {"partner_harvest": {
-        "description": "Settings of the partner harvest package (docs/operator/many-partners.md).",
-        "options": {
-            "dag_processor_poll_interval": {
-                "description": "Seconds between the idle dag-processor's asks for callbacks, parse requests "
-                               "and stale DAG warnings, when it runs as python -m "
-                               "partner_harvest.airflow.dag_processor (a full batch of callbacks or a parse "
-                               "request is followed at once by the next ask). 0: every loop, as "
-                               "airflow dag-processor does.",
-                "version_added": "0.1.0",
-                "type": "float",
-                "example": "10",
-                "default": "10",
-            },
-        },
-    }}
-
-
 def get_provider_info() -> dict[str, Any]:
     """What ProvidersManager reads (airflow/provider_info.schema.json)."""
     return {
         "package-name": PACKAGE,
         "name": "Partner harvest",
-        "description": "OAI-PMH and Sierra ILS partners harvested into a PostgreSQL aggregation: "
-                       "partner connection types, lineage, metrics",
+        "description": f"{', '.join(spec.title for spec in protocols.specs())} partners harvested into a "
+                       "PostgreSQL aggregation: partner connection types, lineage, metrics",
         "versions": [_version()],
         "connection-types": connection_types(),
-        "config": config(),
         "asset-uris": [{
             "schemes": [*lineage.ENDPOINT_SCHEMES, lineage.TABLE_SCHEME],
             "handler": "partner_harvest.airflow.lineage.normalize",

@@ -2,13 +2,15 @@
 
 Most nights most partners changed nothing, and a task process costs more than the work:
 about 0.2 CPU-s in the task and 0.3 in Airflow around it, six tasks a run. So
-``freeze_window`` asks once more when a quiet night is likely (the partner's newest applied
-run fetched nothing): one ListRecords of the frozen window. When it is empty, freeze
-applies that empty window, moves the cursor after the apply committed, runs the quality
-checks and emits the Asset event itself (tasks._finish_quiet_run: the same statements
-under the same lease and fences), then skips the later tasks: Airflow marks them skipped
-without starting a process, and the run keeps its shape in the grid. A window that holds
-changes goes the usual way (that night costs the one extra request).
+``freeze_window`` asks once more when a quiet night is likely (the protocol's spec allows it
+and the partner's newest applied run fetched nothing): the adapter's one cheap look
+(``window_is_empty``; OAI-PMH: one ListRecords of the frozen window). When it is empty,
+freeze runs the rest of the run itself (``run.quiet_night``: the window staged, then the
+same ``run.finish`` as every run: the apply, its metrics, lineage and Asset event, the cursor
+after the apply committed, through the same outlets, under the same lease and fences), runs
+the quality checks, then skips the later tasks: Airflow marks them skipped without starting
+a process, and the run keeps its shape in the grid. A window that holds changes goes the
+usual way (that night costs the one extra request).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, NoReturn
 from airflow.sdk import AssetAlias, Context
 from airflow.sdk.exceptions import DownstreamTasksSkipped
 
+from partner_harvest import protocols
 from partner_harvest.airflow.assets import partner_asset
 from partner_harvest.pipeline import RunRequest
 from partner_harvest.registry import Partner
@@ -32,11 +35,12 @@ def quiet_alias(partner_id: str) -> AssetAlias:
 
 def may_be_quiet(partner: Partner, window: Window, request: RunRequest) -> bool:
     """A nightly incremental window of a partner whose newest applied run fetched nothing;
-    never a full, window or backfill run, a set-back clock, slices or extra channels."""
+    never a full, window or backfill run, a set-back clock, slices or extra channels; only for a
+    protocol whose spec says a quiet night applies (its adapter's window_is_empty can tell)."""
     facts = window.protocol
     return (request.mode == "incremental" and request.may_advance_cursor and window.advances_cursor
             and window.from_ is not None and not facts.clock_regressed and facts.clock_behind_cursor is None
-            and not facts.channels and facts.slice is None and partner.protocol == "oai-pmh"
+            and not facts.channels and facts.slice is None and protocols.spec_of(partner.protocol).quiet_night
             and _newest_run_fetched_nothing(partner.id))
 
 

@@ -1,6 +1,6 @@
 """Split the partners' DAGs over N thin DAG files, so that no file's parse nears Airflow's timeouts.
 
-    python -m partner_harvest.airflow.shards --shards 16 dags/
+    partner-harvest shards --shards 16 dags/
 
 writes ``partner_harvest_shard_00.py`` ... ``partner_reconcile_shard_15.py``, each building
 the partners whose stable hash of the id falls in its share (dag_factory.shard_of), and
@@ -9,7 +9,7 @@ lists ``partner_harvest.py`` / ``partner_reconcile.py`` in the folder's ``.airfl
 so the dag-processor parses them all at once (modified_time order): a DAG never sits in two
 files for longer than one pass. docs/operator/many-partners.md says how many to choose.
 
-    python -m partner_harvest.airflow.shards --touch dags/
+    partner-harvest shards --touch dags/
 
 after an edit of the registry: with a long ``min_file_process_interval`` the dag-processor
 parses a file again only when its mtime is newer than its last parse, and the registry is
@@ -18,7 +18,6 @@ not a DAG file; this sets the partner DAG files' mtime to now.
 
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 
@@ -27,7 +26,7 @@ SHARD_FILE = re.compile(r"^partner_(harvest|reconcile)_shard_\d+\.py$")
 IGNORE_MARK = "# partner harvest shards (python -m partner_harvest.airflow.shards)"
 UNSHARDED = ("partner_harvest.py", "partner_reconcile.py")
 
-TEMPLATE = '''"""Shard {index} of {count} of the {kind} DAGs (written by python -m partner_harvest.airflow.shards).
+TEMPLATE = '''"""Shard {index} of {count} of the {kind} DAGs (written by partner-harvest shards).
 
 The partners whose stable id hash falls in this share; docs/operator/many-partners.md.
 """
@@ -77,23 +76,3 @@ def touch_dag_files(dags_folder: Path) -> list[Path]:
             path.touch()
             touched.append(path)
     return touched
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shards", type=int, help="how many files per DAG kind (1: no shards)")
-    parser.add_argument("--touch", action="store_true", help="after a registry edit: have every partner DAG file parsed")
-    parser.add_argument("dags_folder", type=Path)
-    args = parser.parse_args(argv)
-    if args.touch:
-        print(f"{len(touch_dag_files(args.dags_folder))} partner DAG files marked changed in {args.dags_folder}")
-        return
-    if args.shards is None:
-        parser.error("--shards N or --touch")
-    written = write_shards(args.dags_folder, args.shards)
-    print(f"{len(written)} shard files in {args.dags_folder}"
-          + ("; partner_harvest.py and partner_reconcile.py listed in .airflowignore" if written else ""))
-
-
-if __name__ == "__main__":
-    main()

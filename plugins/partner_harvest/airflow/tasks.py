@@ -1,4 +1,6 @@
-"""Bodies of the harvest DAG's tasks: read the Airflow context, call the pipeline.
+"""Bodies of the harvest DAG's tasks: each is the run's lease, its fence and Airflow's plumbing
+(context, Params, XCom, skips, alerts) around one call of the run recipe (partner_harvest.run),
+whose results leave through the task's outlets (airflow/outlets.py).
 
 Errors that retrying cannot fix (bad configuration, pagination loops) fail the task at
 once; everything else is left to the task's retries with exponential backoff.
@@ -17,30 +19,30 @@ import psycopg
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
-from partner_harvest import pipeline, quality, sliced_reconcile
+from partner_harvest import pipeline, quality, run, sliced_reconcile
 from partner_harvest.adapters import Adapter
 from partner_harvest.airflow import assets, lineage, metrics, quiet
 from partner_harvest.airflow.connections import aggregation_conninfo, read_once_per_task
-from partner_harvest.airflow.cursor import advance_cursor, read_cursor
+from partner_harvest.airflow.cursor import read_cursor
 from partner_harvest.airflow.hooks import AGGREGATION, hook_for
 from partner_harvest.airflow.notifiers import failure_fields, send_alert
+from partner_harvest.airflow.outlets import TaskOutlets
 from partner_harvest.errors import ConfigurationError, HarvestError, PartnerAsksToWait
 from partner_harvest.factory import build_adapter
 from partner_harvest.gates import approval_since
 from partner_harvest.reconcile import apply_staged as reconcile_apply_staged
 from partner_harvest.reconcile import reconcile
 from partner_harvest.registry import Partner, RegistryError, get_partner
-from partner_harvest.store import RunRef, connect, ensure_schema, events, fences, gates, leases, prefix_choices, runs
+from partner_harvest.store import connect, ensure_schema, events, fences, gates, leases, prefix_choices, runs
 from partner_harvest.store.pacing import PgPacingStore
 from partner_harvest.store.quality import run_figures
-from partner_harvest.store.runs import abandon_stale_runs, clock_high_water, last_applied_until
-from partner_harvest.window import ClockBehind, Window, WindowError, channel_windows, format_instant, parse_instant
+from partner_harvest.store.runs import last_applied_until
+from partner_harvest.window import ClockBehind, Window, WindowError, format_instant, parse_instant
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 # How long a dead task's lease blocks its partner; the deployment may shorten it.
 LEASE_TTL = timedelta(seconds=float(os.environ.get("HARVEST_LEASE_TTL_SECONDS") or leases.DEFAULT_TTL.total_seconds()))
-ABANDON_AFTER = timedelta(days=7)
 
 
 def _fail_fast(func: Callable[..., T]) -> Callable[..., T]:
@@ -230,6 +232,7 @@ def first_harvest_waits(partner: Partner, context: Context, request: pipeline.Ru
 
 @_fail_fast
 def freeze_window(partner_id: str, context: Context) -> dict[str, Any]:
+    """The run's window (its XCom). A quiet night: the run, whole (quiet.py)."""
     partner = _partner(partner_id)
     request = run_request(context)
     first_harvest_waits(partner, context, request)
@@ -243,20 +246,10 @@ def freeze_window(partner_id: str, context: Context) -> dict[str, Any]:
         else:
             asked = partner.metadata_prefix == "auto"
         adapter = _adapter(partner, keeper.conninfo)
-        with aggregation(keeper.fence) as conn:
-            abandoned = abandon_stale_runs(conn, partner_id, ABANDON_AFTER)
-            if abandoned:
-                log.warning("%s: %d run channel(s) never applied within %s were abandoned and their staging dropped",
-                            partner_id, abandoned, ABANDON_AFTER)
-            cursor = None
-            if request.mode == "incremental":
-                cursor = pipeline.resume_point(conn, partner_id, read_cursor(partner_id), "changes")
-            channels = {name: pipeline.resume_point(conn, partner_id, read_cursor(partner_id, name), name)
-                        for name in extra_channels(adapter)}
-            high_water = clock_high_water(conn, partner_id)
-        window = pipeline.freeze_window(adapter, partner.lag, cursor, request, channels, high_water)
-        fence = keeper.fence  # set once the lease is held
-        window = window.with_facts(epoch=fence.epoch if fence else None)  # every later write of the run is fenced by it
+        fence = keeper.fence  # set once the lease is held: every later write of the run is fenced by its epoch
+        with aggregation(fence) as conn:
+            window = run.freeze(partner, adapter, conn, TaskOutlets(partner_id, context), request,
+                                epoch=fence.epoch if fence else None)
         if asked and window.protocol.metadata_prefix:
             with aggregation() as conn:
                 prefix_choices.remember(conn, partner_id, window.protocol.metadata_prefix)
@@ -265,33 +258,29 @@ def freeze_window(partner_id: str, context: Context) -> dict[str, Any]:
             behind = window.protocol.clock_behind_cursor
             if behind:
                 _alert_clock_behind(partner, context, behind)
-            if quiet.may_be_quiet(partner, window, request) and adapter.window_is_empty(window):
-                _finish_quiet_run(partner, adapter, window, context, keeper)  # raises: the rest is skipped
+            if quiet.may_be_quiet(partner, window, request):
+                _quiet_night(partner, adapter, window, context, keeper)  # the rest is skipped when it was
             return window.to_dict()
     release_lease(partner_id, run_key(context))  # nothing follows: let a reconcile in now
     _skip(partner_id, context, events.EMPTY, empty)
 
 
-def _finish_quiet_run(partner: Partner, adapter: Adapter, window: Window, context: Context,
-                      keeper: leases.LeaseKeeper) -> NoReturn:
-    """A quiet night in this one task process: the window (shown empty by the request
-    window_is_empty just made) staged and applied, the cursor moved after the apply
-    committed, the quality checks run, the Asset event emitted: the statements the later
-    tasks run, under the same lease and fences. Those tasks are then skipped (no process)."""
-    partner_id, window_data = partner.id, window.to_dict()
+def _quiet_night(partner: Partner, adapter: Adapter, window: Window, context: Context,
+                 keeper: leases.LeaseKeeper) -> None:
+    """When the adapter's one look shows the window empty: the run staged and finished here
+    (``run.quiet_night``: the apply, its metrics, lineage and Asset event, the cursor, through
+    the outlets every run reports through), under the freeze's lease and fence, then the
+    quality checks; the later tasks are skipped (no process). Returns when it holds changes."""
     with aggregation(keeper.fence) as conn:
-        pipeline.harvest_piece(adapter, conn, partner_id, run_key(context), window, "changes")
-        applied = pipeline.apply_changes(conn, partner_id, run_key(context)).as_dict()
-        extra = assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id)
+        finished = run.quiet_night(adapter, conn, run_key(context), window,
+                                   TaskOutlets(partner.id, context, quiet=True), writer=context["dag_run"].run_id)
+    if finished is None:
+        return
     log.info("%s: quiet night: the window %s holds no change; applied (%s) here, so the later tasks are skipped",
-             partner_id, window.describe(), applied)
-    run_id = context["dag_run"].run_id
-    with aggregation(keeper.fence) as conn, fences.fenced(conn, f"cursor move of run {run_id}"):
-        advance_cursor(partner_id, window, run_id)
-    check_quality(partner_id, context)
-    quiet.emit_event(context, partner_id, extra)
+             partner.id, window.describe(), finished.applied.as_dict())
+    _check_quality(partner, context)
     keeper.release_on_exit = True  # nothing follows: let a reconcile in now
-    quiet.skip_the_rest(context, window_data)
+    quiet.skip_the_rest(context, window.to_dict())
 
 
 def _empty_window(partner_id: str, window: Window, request: pipeline.RunRequest) -> str | None:
@@ -316,15 +305,37 @@ def _alert_clock_behind(partner: Partner, context: Context, behind: ClockBehind)
                {"kind": "clock_behind", "partner": partner.id, "dag_id": partner.dag_id, **behind.model_dump()})
 
 
-def extra_channels(adapter: Adapter) -> tuple[str, ...]:
-    """Channels with cursors of their own (Sierra's deletion poll)."""
-    return adapter.extra_channels
+@_fail_fast
+def plan_slices(partner_id: str, window_data: dict[str, Any], context: Context) -> list[dict[str, Any]]:
+    """The pieces the mapped harvest runs over: the whole window, or its slices."""
+    partner = _partner(partner_id)
+    with hold_lease(partner_id, context, window_data=window_data) as keeper:
+        adapter = _adapter(partner, keeper.conninfo)
+        with aggregation(keeper.fence) as conn:
+            return run.plan(partner, adapter, conn, run_key(context), Window.from_dict(window_data))
+
+
+@_fail_fast
+def harvest_changes(partner_id: str, window_data: dict[str, Any], context: Context,
+                    piece: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One piece of the plan (mapped): the whole window, or one slice retried on its own."""
+    channel = (piece or {}).get("channel") or run.CHANGES
+    return {"channel": channel, **_stage_channel(partner_id, window_data, context, channel)}
+
+
+@_fail_fast
+def harvest_channel(partner_id: str, window_data: dict[str, Any], context: Context, channel: str) -> dict[str, Any]:
+    """One of the protocol's extra channels (Sierra's deletion poll), on its own cursor."""
+    return _stage_channel(partner_id, window_data, context, channel)
 
 
 def _stage_channel(partner_id: str, window_data: dict[str, Any], context: Context, channel: str) -> dict[str, Any]:
     """Stream one channel of the frozen window into staging (retries reuse the window)."""
     with hold_lease(partner_id, context, window_data=window_data) as keeper:
-        stats = _stage(partner_id, window_data, context, channel, keeper.fence, keeper.conninfo)
+        adapter = _adapter(_partner(partner_id), keeper.conninfo)
+        with aggregation(keeper.fence) as conn:
+            stats = run.stage_channel(adapter, conn, run_key(context), Window.from_dict(window_data), channel,
+                                      TaskOutlets(partner_id, context))
     return {
         "pages": stats.pages, "fetched": stats.fetched, "records": stats.records,
         "tombstones": stats.tombstones, "rejected": stats.rejected,
@@ -332,116 +343,46 @@ def _stage_channel(partner_id: str, window_data: dict[str, Any], context: Contex
     }
 
 
-def _stage(partner_id: str, window_data: dict[str, Any], context: Context, channel: str,
-           fence: fences.Fence | None, conninfo: str) -> Any:
-    partner = _partner(partner_id)
-    window = Window.from_dict(window_data)
-    adapter = _adapter(partner, conninfo)
-    with aggregation(fence) as conn:
-        lineage.wrote(AGGREGATION, lineage.tables(conn, lineage.STAGING))
-        if channel == "deletions":
-            return pipeline.poll_deletions(adapter, conn, RunRef(partner_id, run_key(context), channel), window)
-        # 'changes' (the whole window) or one of its slices 'changes/00N'
-        return pipeline.harvest_piece(adapter, conn, partner_id, run_key(context), window, channel)
-
-
-@_fail_fast
-def plan_slices(partner_id: str, window_data: dict[str, Any], context: Context) -> list[dict[str, Any]]:
-    """The pieces the mapped harvest runs over: the whole window, or its slices."""
-    partner = _partner(partner_id)
-    window = Window.from_dict(window_data)
-    with hold_lease(partner_id, context, window_data=window_data) as keeper:
-        adapter = _adapter(partner, keeper.conninfo)
-        with aggregation(keeper.fence) as conn:
-            planned = pipeline.plan_slices(adapter, conn, partner_id, run_key(context), window, partner.slicing)
-    return pipeline.pieces(planned)  # JSON here, at the XCom boundary
-
-
-@_fail_fast
-def harvest_changes(partner_id: str, window_data: dict[str, Any], context: Context,
-                    piece: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One piece of the plan (mapped): the whole window, or one slice retried on its own."""
-    channel = (piece or {}).get("channel") or "changes"
-    return {"channel": channel, **_stage_channel(partner_id, window_data, context, channel)}
-
-
-@_fail_fast
-def poll_deletions(partner_id: str, window_data: dict[str, Any], context: Context) -> dict[str, Any]:
-    return _stage_channel(partner_id, window_data, context, "deletions")
-
-
 @_fail_fast
 def apply_changes(partner_id: str, window_data: dict[str, Any], context: Context) -> dict[str, int]:
     """Apply the run; channels whose staging the database lost are harvested again first."""
     with hold_lease(partner_id, context, window_data=window_data) as keeper, aggregation(keeper.fence) as conn:
-
-        def reharvest(channels: list[str]) -> None:
-            for channel in channels:
-                _stage(partner_id, window_data, context, channel, keeper.fence, keeper.conninfo)
-
         with approved_apply(conn, partner_id, run_key(context), keeper.fence) as approved:
             # An approved run applies exactly what was staged: lost staging fails, never re-harvests.
-            applied = pipeline.apply_changes(conn, partner_id, run_key(context),
-                                             None if approved else reharvest).as_dict()
-        _report_apply(conn, partner_id, context, applied)
-        # The event Airflow emits on the partner's Asset when this task succeeds (airflow/assets.py).
-        extra = assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id)
-        assets.emit(context, partner_id, extra)
-        return applied
-
-
-def _report_apply(conn: psycopg.Connection, partner_id: str, context: Context, applied: dict[str, int]) -> None:
-    """The applied run's metrics and lineage (staging read, the live tables written); the
-    run is applied already, so nothing here may fail the task."""
-    lineage.read(AGGREGATION, lineage.tables(conn, lineage.STAGING))
-    lineage.wrote(AGGREGATION, lineage.tables(conn, lineage.APPLIED))
-    try:
-        warnings = run_figures(conn, partner_id, run_key(context)).warnings
-    except Exception as exc:
-        conn.rollback()
-        log.warning("%s: the run's warnings are not in its metrics: %s", partner_id, exc)
-        warnings = {}
-    metrics.send_apply(partner_id, applied, warnings, getattr(context["dag_run"], "start_date", None))
+            return run.apply(conn, partner_id, run_key(context), Window.from_dict(window_data),
+                             TaskOutlets(partner_id, context),
+                             None if approved else lambda: _adapter(_partner(partner_id), keeper.conninfo)).as_dict()
 
 
 @_fail_fast
 def move_cursor(partner_id: str, window_data: dict[str, Any], context: Context) -> dict[str, Any]:
-    """The main cursor, then each channel's own (day-granular) cursor.
-
-    Fenced like every other write, though the cursor is an Airflow Variable: the Variables
-    are written inside an aggregation transaction that checked the run's lease and epoch
-    first and holds them locked until after the writes (store/fences.fenced). A command's
-    epoch bump (``reset-cursor``, ``forget``) waits for that transaction, so it writes its
-    cursor after this one; a move that starts after the bump fails naming the command.
-    """
-    window = Window.from_dict(window_data)
-    run_id = context["dag_run"].run_id
+    """The main cursor, then each channel's own (run.move_cursors: fenced, forward only)."""
     with hold_lease(partner_id, context, window_data=window_data) as keeper, aggregation(keeper.fence) as conn:
-        with fences.fenced(conn, f"cursor move of run {run_id}"):
-            moved = {"changes": advance_cursor(partner_id, window, run_id)}
-            for channel, own in channel_windows(window).items():
-                moved[channel] = advance_cursor(partner_id, own, run_id, channel)
-    release_lease(partner_id, run_key(context))
-    metrics.send_cursor_lag(partner_id, read_cursor(partner_id))
+        moved = run.move_cursors(conn, partner_id, Window.from_dict(window_data), context["dag_run"].run_id,
+                                 TaskOutlets(partner_id, context))
+        keeper.release_on_exit = True  # nothing of the run follows: let a reconcile in now
     return moved
 
 
 @_fail_fast
 def check_quality(partner_id: str, context: Context) -> list[str]:
     """Alert (without failing) when a successful run crossed a data-quality threshold."""
-    partner = _partner(partner_id)
+    return _check_quality(_partner(partner_id), context)
+
+
+def _check_quality(partner: Partner, context: Context) -> list[str]:
     run_id = context["dag_run"].run_id
     with aggregation() as conn:
-        figures = run_figures(conn, partner_id, run_key(context))
+        figures = run_figures(conn, partner.id, run_key(context))
     found = quality.findings(partner, figures, datetime.now(timezone.utc))
     if found:
         send_alert(
-            f"[partner harvest] {partner_id}: data-quality warning ({len(found)})",
-            [f"Partner: {partner_id}", f"DAG: {partner.dag_id}   run: {run_id}", *found],
-            {"kind": "quality", "partner": partner_id, "dag_id": partner.dag_id, "run_id": run_id, "findings": found},
+            f"[partner harvest] {partner.id}: data-quality warning ({len(found)})",
+            [f"Partner: {partner.id}", f"DAG: {partner.dag_id}   run: {run_id}", *found],
+            {"kind": "quality", "partner": partner.id, "dag_id": partner.dag_id, "run_id": run_id, "findings": found},
         )
     else:
-        log.info("%s: run %s passed the data-quality checks", partner_id, run_id)
+        log.info("%s: run %s passed the data-quality checks", partner.id, run_id)
     return found
 
 

@@ -9,11 +9,13 @@
     partner-harvest migrate [--check]            apply the aggregation schema (for HARVEST_SCHEMA_MANAGED=external)
     partner-harvest onboard [--connections F]    pools, Connections, unpaused DAGs, first harvests (--dry-run)
     partner-harvest report ID [--format json|csv] a report for the partner's own staff: runs, quarantine, warnings, proofs
+    partner-harvest shards --shards N|--touch DIR split the partner DAGs over N files; have them parsed again
 
 The aggregation database is ``--database-url``, else ``$HARVEST_DATABASE_URL``, else the
-Airflow Connection ``aggregation_db``. Variables, pools and that Connection go through
-Airflow's own models in-process: run the commands that need them where the Airflow CLI
-runs (same ``AIRFLOW_HOME`` and configuration, access to the metadata database).
+Airflow Connection ``aggregation_db`` (the environment or a secrets backend). Variables,
+pools, DAGs and DAG runs go through Airflow's stable REST API: ``$HARVEST_AIRFLOW_API_URL``
+(else Airflow's ``[api] base_url``) with ``$HARVEST_AIRFLOW_API_TOKEN``, or
+``$HARVEST_AIRFLOW_API_USER`` and ``$HARVEST_AIRFLOW_API_PASSWORD``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from partner_harvest import protocols
 from partner_harvest.registry import PARTNERS_FILE_ENV, Partner, Registry, RegistryError, cursor_key, cursor_value, load_registry
 from partner_harvest.store import connect
 from partner_harvest.store.admin import _PARTNER_TABLES, FEED_DELETIONS, forget_partner, unfinished_runs
@@ -35,10 +38,10 @@ from partner_harvest.store.db import scalar
 from partner_harvest.store.fences import bump_epoch
 from partner_harvest.store.runs import last_applied_until
 from partner_harvest.store.schema import apply_migrations, migration_files, pending_migrations
-from partner_harvest.window import DAY, SECONDS, WindowError, floor_to, format_instant, parse_instant
+from partner_harvest.window import SECONDS, WindowError, floor_to, format_instant, parse_instant
 
 DATABASE_URL_ENV = "HARVEST_DATABASE_URL"
-CURSOR_CHANNELS = {"changes": None, "deletions": "deletions"}
+CURSOR_CHANNELS: dict[str, str | None] = {"changes": None, **{name: name for name in protocols.channels()}}
 
 
 class CliError(Exception):
@@ -63,13 +66,12 @@ def _registry_naming_invalid(args: argparse.Namespace, consequence: str) -> tupl
 
 
 def _airflow(purpose: str) -> ModuleType:
-    """The Airflow side (Variables, pools, Connections); only where Airflow is installed and configured."""
-    from partner_harvest.cli.airflow_side import AirflowUnreachable, admin
-
+    """The Airflow side (Variables, pools, DAG runs through the REST API; Connections)."""
     try:
-        return admin(purpose)
-    except AirflowUnreachable as exc:
-        raise CliError(str(exc)) from None
+        from partner_harvest.airflow import admin
+    except ImportError as exc:
+        raise CliError(f"{purpose} needs Airflow and apache-airflow-client in this environment ({exc})") from None
+    return admin
 
 
 def _conninfo(args: argparse.Namespace) -> str:
@@ -247,7 +249,8 @@ def cmd_sync_pools(args: argparse.Namespace) -> int:
 
 def cmd_reset_cursor(args: argparse.Namespace) -> int:
     partner = _partner(_registry(args), args.partner)
-    channels: list[str | None] = [None, "deletions"] if partner.protocol == "sierra" else [None]
+    own = protocols.spec_of(partner.protocol).channels
+    channels: list[str | None] = [None, *(channel.name for channel in own)]
     if args.channel != "all":
         if CURSOR_CHANNELS[args.channel] not in channels:
             raise CliError(f"partner {partner.id} ({partner.protocol}) has no {args.channel} cursor")
@@ -271,7 +274,7 @@ def _reset_cursor(args: argparse.Namespace, partner: Partner, channels: list[str
         key = cursor_key(partner.id, channel)
         current = admin.read_variable(key)
         granularity = current.get("granularity") if isinstance(current, dict) else None
-        granularity = granularity or (DAY if channel == "deletions" else SECONDS)
+        granularity = granularity or (protocols.channels()[channel].granularity if channel else SECONDS)
         new = floor_to(target, granularity) if target else None
         plan.append((key, current, new, granularity))
         after = f"{format_instant(new)}" if new else "deleted (the next incremental run harvests everything)"
@@ -291,7 +294,7 @@ def _reset_cursor(args: argparse.Namespace, partner: Partner, channels: list[str
         for key, _, new, granularity in plan:
             if new is None:
                 admin.delete_variable(key)
-                if admin.read_variable(key) is not None:
+                if admin.defined_outside_the_metastore(key):
                     print(f"{key} is still defined outside the metadata database (AIRFLOW_VAR_* or a secrets "
                           "backend): remove it there", file=sys.stderr)
                     return 1
@@ -315,7 +318,7 @@ def _row_counts(conn: psycopg.Connection, partner_id: str) -> dict[str, int]:
 def cmd_forget(args: argparse.Namespace) -> int:
     partner_id = args.partner
     try:
-        keys = [cursor_key(partner_id), cursor_key(partner_id, "deletions")]
+        keys = [cursor_key(partner_id), *(cursor_key(partner_id, channel) for channel in protocols.channels())]
     except ValueError as exc:
         raise CliError(str(exc)) from None
     registry = _registry(args)
@@ -406,12 +409,13 @@ def cmd_onboard(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from partner_harvest.airflow.api import URL_ENV as API_URL_ENV
     from partner_harvest.cli.airflow_side import configured
     from partner_harvest.report import build_report, report_csv
 
     partner = _partner(_registry(args), args.partner)
     endpoint = args.endpoint
-    if endpoint is None and configured():  # the partner's own endpoint, from its Connection when Airflow is here
+    if endpoint is None and (configured() or os.environ.get(API_URL_ENV)):  # the partner's endpoint, from its Connection
         endpoint = _airflow("report (reading the partner's Connection; --endpoint skips it)").connection_base_url(
             partner.conn_id)
     with _connect(args) as conn:
@@ -428,6 +432,23 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"report of {partner.id} ({args.format}, {args.days} days): {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def cmd_shards(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from partner_harvest.airflow.shards import touch_dag_files, write_shards
+
+    folder = Path(args.dags_folder)
+    if args.touch:
+        print(f"{len(touch_dag_files(folder))} partner DAG files marked changed in {folder}")
+        return 0
+    if args.shards is None:
+        raise CliError("give --shards N (1: no shards) or --touch")
+    written = write_shards(folder, args.shards)
+    print(f"{len(written)} shard files in {folder}"
+          + ("; partner_harvest.py and partner_reconcile.py listed in .airflowignore" if written else ""))
     return 0
 
 
@@ -463,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("partner", metavar="PARTNER")
     p.add_argument("--to", metavar="WHEN", help="YYYY-MM-DD or ISO 8601 time (UTC unless an offset is given)")
     p.add_argument("--channel", choices=["all", *CURSOR_CHANNELS], default="all",
-                   help="which cursor (Sierra has changes and deletions; default all)")
+                   help="which cursor (a protocol's extra channels have their own; default all)")
     p.set_defaults(func=cmd_reset_cursor)
     p = sub.add_parser("forget", parents=[common, confirm],
                        help="remove a partner's rows, its cursor Variables and (once out of the registry) its pool")
@@ -492,6 +513,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the partner's endpoint to name (default: its Connection's host, when Airflow is configured)")
     p.add_argument("--output", metavar="FILE", help="write to FILE instead of standard output")
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("shards", help="split the partner DAGs over N DAG files (docs/operator/many-partners.md), or "
+                                      "--touch them after a registry edit so the dag-processor parses them again")
+    p.add_argument("dags_folder", metavar="DAGS_FOLDER")
+    p.add_argument("--shards", type=int, metavar="N", help="how many files per DAG kind (1: no shards)")
+    p.add_argument("--touch", action="store_true", help="mark every partner DAG file changed now")
+    p.set_defaults(func=cmd_shards)
     return parser
 
 
@@ -511,6 +538,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     except Exception as exc:  # anything else: one line, never a traceback (PARTNER_HARVEST_DEBUG=1 shows it)
+        if type(exc).__name__ == "AirflowApiError":  # partner_harvest.airflow.api: says what to do already
+            print(f"partner-harvest {args.command}: {exc}", file=sys.stderr)
+            return 1
         if os.environ.get("PARTNER_HARVEST_DEBUG"):
             raise
         print(f"partner-harvest {args.command}: {type(exc).__name__}: {one_line(exc)} ({_hint(exc)})",

@@ -1,9 +1,10 @@
-"""Reaching Airflow from the command line, or saying in one line why not and what to do.
+"""Reaching Airflow's metadata database from ``partner-harvest status``, or saying in one line
+why not and what to do.
 
-The commands that need Variables, pools or the Connection run Airflow's models in-process;
-a wrong environment would otherwise end in a traceback (Airflow's default SQLite database
-in a fresh ``AIRFLOW_HOME``, an asyncpg URL Airflow derives from a psycopg one) and leave a
-stray SQLite file behind. Imports Airflow only when a command asks for it.
+``status`` reads the DAG runs as the health page does (``airflow/health/source.py``); a
+wrong environment would otherwise end in a traceback (Airflow's default SQLite database in
+a fresh ``AIRFLOW_HOME``) and leave a stray SQLite file behind. Imports Airflow only when
+asked. The other commands go through the REST API (``airflow/api.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from types import ModuleType
 
 LOCAL_UI_HINT = 'for the local UI\'s Airflow run `eval "$(bash scripts/airflow_ui.sh env)"` first'
 SYNC_URL_ENV = "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"
-ASYNC_URL_ENV = "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"
 
 
 class AirflowUnreachable(Exception):
@@ -32,36 +32,19 @@ def configured() -> bool:
 
 
 def admin(purpose: str) -> ModuleType:
-    """``partner_harvest.airflow.admin`` once Airflow's metadata database is known to be usable."""
-    _check_async_twin()
+    """``partner_harvest.airflow.health.source`` once Airflow's metadata database is known to be usable."""
     try:
-        from partner_harvest.airflow import admin as module
+        from partner_harvest.airflow.health import source as module
     except ImportError as exc:
-        if getattr(exc, "name", None) == "asyncpg":
-            raise AirflowUnreachable(_async_message()) from None
         raise AirflowUnreachable(f"{purpose} needs Airflow in this environment ({exc}); run it where the "
                                  f"Airflow CLI runs, or {LOCAL_UI_HINT}") from None
     _check_metadata_database()
     return module
 
 
-def _async_message() -> str:
-    return (f"Airflow derives its async metadata URL as postgresql+asyncpg from {SYNC_URL_ENV}, and asyncpg is "
-            f"not installed: set {ASYNC_URL_ENV} to the same postgresql+psycopg URL ({LOCAL_UI_HINT})")
-
-
-def _check_async_twin() -> None:
-    url = os.environ.get(SYNC_URL_ENV, "")
-    if url.startswith(("postgresql+psycopg:", "postgresql+psycopg2:", "postgresql:")) and not os.environ.get(ASYNC_URL_ENV):
-        from importlib.util import find_spec
-
-        if find_spec("asyncpg") is None:  # what Airflow would import for the derived URL
-            raise AirflowUnreachable(_async_message())
-
-
 def _check_metadata_database() -> None:
     """A SQLite metadata database that does not exist, or was never migrated, is the wrong Airflow."""
-    from airflow.configuration import conf
+    from airflow.sdk import conf
 
     url = conf.get("database", "sql_alchemy_conn")
     if not url.startswith("sqlite"):

@@ -107,6 +107,11 @@ _CHECK_LIST = (
     Check("generic.no_title", WARN,
           "no element named title (in any namespace) with text, in a format without its own rules",
           "the format's title field is unknown here; the record is stored as delivered, untitled"),
+    # -- Sierra ----------------------------------------------------------------------------
+    Check("sierra.suppressed", WARN,
+          "the bib is suppressed in the catalogue (not public), with options.sierra.suppressed: flag",
+          "the partner's choice is options.sierra.suppressed (purge, flag or keep), not a validation override",
+          overridable=False),
     # -- never overridable: what cannot be read, identified or stored -----------------------
     Check("oai.bad_record", REJECT,
           "an OAI record without a header, identifier or parseable datestamp, without metadata, or with "

@@ -57,7 +57,6 @@ class LinkedArtFormat:
     """Reads one Linked Art record: its title, and what it lacks."""
 
     prefix = "linked_art"
-    media_type = "application/ld+json"
 
     def check_document(self, document: dict[str, Any]) -> Checked:
         findings: list[Finding] = []

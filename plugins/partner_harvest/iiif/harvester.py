@@ -28,7 +28,7 @@ from datetime import datetime, timedelta, timezone
 
 from lxml import etree
 
-from partner_harvest.adapters import Adapter, IdSink, ItemSink, PartnerClock, SweptId
+from partner_harvest.adapters import Adapter, IdSink, PartnerClock, StagingSink, SweptId
 from partner_harvest.durations import human
 from partner_harvest.errors import ConfigurationError, HarvestLoopError, PartnerDataError
 from partner_harvest.formats import JSON_FORMATS, get_format
@@ -37,6 +37,7 @@ from partner_harvest.formats.checks import policy_of
 from partner_harvest.formats.linked_art import NotAJsonRecord, load
 from partner_harvest.iiif.client import Fetched, IiifClient
 from partner_harvest.iiif.slicing import cut, walk_chain
+from partner_harvest.iiif.spec import SeeAlsoChoice
 from partner_harvest.iiif.stream import (
     INCLUSIONS,
     REMOVALS,
@@ -49,9 +50,10 @@ from partner_harvest.iiif.stream import (
     parse_time,
 )
 from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
-from partner_harvest.registry import Partner, SeeAlsoChoice, SliceSettings
-from partner_harvest.store import StagingWriter, slices
-from partner_harvest.window import SECONDS, IiifEntry, IiifFacts, Slice, SliceFacts, Window
+from partner_harvest.registry import Partner, SliceSettings
+from partner_harvest.store import slices
+from partner_harvest.store.staging import held_stamps
+from partner_harvest.window import SECONDS, IiifEntry, IiifFacts, Slice, Window
 from partner_harvest.xmlsafe import XmlInputError, parse_document
 
 log = logging.getLogger(__name__)
@@ -110,14 +112,14 @@ class IiifAdapter(Adapter):
 
     # -- changes ---------------------------------------------------------------------
 
-    def harvest(self, window: Window, sink: ItemSink, stats: HarvestStats) -> None:
+    def harvest(self, window: Window, sink: StagingSink, stats: HarvestStats) -> None:
         facts = self._facts(window)
         upper = parse_time(facts.newest) if facts.newest else None
         lower = window.from_
         piece = window.protocol.slice
         sliced = piece is not None and bool(piece.pages)
         processed: set[str] = set()
-        if sliced and piece is not None and piece.resume_at is not None and isinstance(sink, StagingWriter):
+        if sliced and piece is not None and piece.resume_at is not None and sink.conn is not None and sink.run is not None:
             processed = slices.staged_identifiers(sink.conn, sink.run)  # its newer pages decided these
         pages = self._slice_pages(facts, piece) if sliced and piece is not None else enumerate(self._walk(facts))
         # A slice fetches one description at a time: up to pool_slots slices run at once, so the
@@ -158,10 +160,7 @@ class IiifAdapter(Adapter):
                 stats.pages += 1
                 for item in items:
                     stats.add(item)
-                if sliced and piece is not None and isinstance(sink, StagingWriter):
-                    sink.write_page(items, checkpoint=position + 1)  # a retry resumes at the next page
-                else:
-                    sink.write_page(items)
+                sink.write_page(items, checkpoint=position + 1 if sliced else None)  # a retry resumes at the next page
                 if witness is not None and piece is not None:
                     witness.saw(position, on_page, piece.page_items[position - (piece.lo or 0)])
                 if progress is not None:
@@ -234,7 +233,7 @@ class IiifAdapter(Adapter):
             yield url, page
             url = page.prev or ""
 
-    def _slice_pages(self, facts: IiifFacts, piece: SliceFacts) -> Iterator[tuple[int, Page]]:
+    def _slice_pages(self, facts: IiifFacts, piece: Slice) -> Iterator[tuple[int, Page]]:
         """The slice's pages as planned, from its checkpoint, each checked against the plan's
         chain: a page whose prev is not the next page planned means the stream was rebuilt."""
         lo = piece.lo or 0
@@ -328,11 +327,11 @@ class IiifAdapter(Adapter):
             return Description(identifier, self.object_itself)
         return chosen
 
-    def _describe(self, pool: ThreadPoolExecutor, wanted: list[Wanted], sink: ItemSink, *,
+    def _describe(self, pool: ThreadPoolExecutor, wanted: list[Wanted], sink: StagingSink, *,
                   every: bool) -> list[HarvestItem]:
         """The wanted descriptions, fetched ``concurrency`` at a time; versions already held
         skipped unless ``every`` (a full harvest)."""
-        held = {} if every else _held(sink, self.partner_id, [w.identifier for w in wanted])
+        held = {} if every else held_stamps(sink.conn, self.partner_id, [w.identifier for w in wanted])
         todo = [w for w in wanted if not (w.identifier in held and held[w.identifier] >= w.when)]
         self.descriptions_skipped += len(wanted) - len(todo)
         return list(pool.map(self._one, todo))
@@ -468,7 +467,7 @@ class _SliceWitness:
         if found != planned:
             self.differ.append(f"page {position}: {found} (planned {planned})")
 
-    def check(self, piece: SliceFacts) -> tuple:
+    def check(self, piece: Slice) -> tuple:
         lo, hi = piece.lo or 0, (piece.lo or 0) + len(piece.pages) - 1
         resumed = f"; resumed at page {self.first}" if piece.resume_at is not None else ""
         detail = (f"pages {lo}..{hi}: {self.found} activities on the {self.pages} pages read, {self.expected} "
@@ -481,7 +480,7 @@ class _SliceWitness:
 class _Progress:
     """A slice's progress in the log: pages done of its range, items, rate and time left."""
 
-    def __init__(self, partner_id: str, piece: SliceFacts) -> None:
+    def __init__(self, partner_id: str, piece: Slice) -> None:
         self.partner_id, self.piece = partner_id, piece
         self.lo = piece.lo or 0
         self.started = time.monotonic()
@@ -517,12 +516,3 @@ def _activity(entry: IiifEntry) -> Activity:
                     target_id=entry.target_id, target_see_also=tuple(SeeAlso(*s) for s in entry.target_see_also),
                     origin_id=entry.origin_id)
 
-
-def _held(sink: ItemSink, partner_id: str, identifiers: list[str]) -> dict[str, datetime]:
-    """The stamps the mirror holds for ``identifiers`` (only a PostgreSQL staging sink knows)."""
-    if not identifiers or not isinstance(sink, StagingWriter):
-        return {}
-    with sink.conn.transaction():
-        rows = sink.conn.execute("SELECT identifier, datestamp FROM records WHERE partner_id = %s "
-                                 "AND identifier = ANY(%s)", (partner_id, identifiers)).fetchall()
-    return {row[0]: row[1] for row in rows}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from partner_harvest.registry import SeeAlsoChoice
+from partner_harvest.iiif.spec import SeeAlsoChoice
 
 REMOVALS = ("Delete", "Remove")
 INCLUSIONS = ("Create", "Update", "Add")

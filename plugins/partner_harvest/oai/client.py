@@ -87,6 +87,10 @@ class WindowTooLarge(PartnerHttpError):
     """The repository refused a list request's window as too large: ask for smaller ones."""
 
 
+class Forbidden(PartnerHttpError):
+    """HTTP 403: the repository refuses this request (one record restricted, or the route gone)."""
+
+
 def _carries_window(params: dict[str, str]) -> bool:
     return params.get("verb") in ("ListRecords", "ListIdentifiers") and "resumptionToken" not in params
 
@@ -138,6 +142,8 @@ class OaiClient:
             cause = f"HTTP {response.status_code} {response.reason}: {snippet}"
             if response.status_code in WINDOW_REFUSAL_STATUSES and _carries_window(params):
                 raise WindowTooLarge(self.partner_id, request, cause)
+            if response.status_code == 403:
+                raise Forbidden(self.partner_id, request, cause)
             raise PartnerHttpError(self.partner_id, request, cause)
         return response.content
 
@@ -188,13 +194,16 @@ class OaiClient:
         set_spec: str | None,
         from_: str | None,
         until: str | None,
+        ahead: bool = True,
     ) -> Generator[parse.ListPage, None, None]:
         """Yield each page of a ListRecords/ListIdentifiers chain until the token runs out.
 
         Raises BadResumptionToken unchanged: the caller restarts the window. Pipelined,
         the next page is already being fetched while the caller holds this one; close
         the generator (``contextlib.closing``) when leaving early, so the fetcher thread
-        is stopped then and not when the generator is collected.
+        is stopped then and not when the generator is collected. ``ahead`` False: the next
+        page is asked for only once the caller is done with this one (a caller that sends
+        requests of its own per page stays within the partner's concurrency).
         """
         params: dict[str, str] = {"verb": verb, "metadataPrefix": metadata_prefix}
         if set_spec:
@@ -205,9 +214,10 @@ class OaiClient:
             params["until"] = until
         prefix = metadata_prefix if verb == "ListRecords" else None
         with _prompt_thread_switches():
-            yield from self._pipelined_pages(verb, prefix, params)
+            yield from self._pipelined_pages(verb, prefix, params, ahead)
 
-    def _pipelined_pages(self, verb: str, prefix: str | None, params: dict[str, str]) -> Iterator[parse.ListPage]:
+    def _pipelined_pages(self, verb: str, prefix: str | None, params: dict[str, str],
+                         ahead: bool = True) -> Iterator[parse.ListPage]:
         """One worker, and a request submitted only once the page before it arrived: at
         most one page ahead. The next request leaves on the guessed token, before this page
         is parsed; a guess the parse contradicts (or a loop) is awaited and dropped, then
@@ -222,7 +232,7 @@ class OaiClient:
                 content = pending.result()  # a fetch error surfaces here with its own type
                 pending = None
                 asked = params
-                guess = parse.guess_token(content)
+                guess = parse.guess_token(content) if ahead else None
                 if guess is not None and self.caps.token_problem(guess) is None:
                     params = _continuation(asked, guess)
                     pending = pool.submit(self.fetch, params)
@@ -239,12 +249,15 @@ class OaiClient:
                         pending = None
                     if token and loop is None:
                         params = _continuation(asked, token)
-                        pending = pool.submit(self.fetch, params)
+                        if ahead:
+                            pending = pool.submit(self.fetch, params)
                 yield page
                 if loop is not None:
                     raise loop
                 if not token:
                     return
+                if pending is None:  # not ahead: the next page once the caller is done with this one
+                    pending = pool.submit(self.fetch, params)
         finally:
             if pending is not None:
                 pending.cancel()

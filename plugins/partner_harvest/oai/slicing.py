@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from partner_harvest.oai import sampled_cut
-from partner_harvest.oai.client import OaiClient
+from partner_harvest.oai.client import OaiClient, WindowTooLarge
 from partner_harvest.oai.errors import BadResumptionToken
 from partner_harvest.oai.parse import DAY_GRANULARITY, OaiHeader, format_datestamp
 from partner_harvest.registry import SliceSettings
@@ -71,6 +71,9 @@ def first_page(client: OaiClient, prefix: str, set_spec: str | None, oai_granula
     try:
         page = next(iter(pages))
     except BadResumptionToken:  # cannot happen on a first page; counted as unknown
+        return None, None
+    except WindowTooLarge as exc:  # unknown: the harvest bisects what the repository refuses
+        log.info("a count probe was refused as too large (%s); that range's size is unknown", exc.cause)
         return None, None
     finally:
         pages.close()

@@ -2,7 +2,7 @@
 
 Facts of production catalogues this encodes (see the Sierra reference):
 - tokens last an hour and cannot be refreshed: fetch a new one before expiry, and once
-  more on a 401 with code 123/120;
+  more on any 401 (codes 123/120 documented, 113 seen on expired tokens);
 - 404 with code 107 on a list query means "no results";
 - pages end on a short page; ``total`` is only the size of this page;
 - ``bibs/marc`` is two-phase: a summary naming a file, the file, then DELETE the file.
@@ -17,6 +17,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
@@ -33,21 +34,20 @@ from partner_harvest.errors import (
     PartnerHttpError,
     PartnerProtocolError,
 )
+from partner_harvest.sierra.spec import CLIENT_STATUSES
 from partner_harvest.transport import RETRY_STATUSES, ServerAsksToWait, partner_request
 
 log = logging.getLogger(__name__)
 
-AUTH_EXPIRED_CODES = frozenset({120, 123})  # documented; a 401 with another code (113) is retried once too
 NOT_FOUND = 107
 EXPORT_FAILED = 135  # "External Process Failed : bib2Marc process failed twice..."
 RATE_LIMITED = 138
 MAX_LIMIT = 2000
-# One retry layer per failure kind. A 500 carries Sierra's error code (135 export failed,
-# 138 rate limited) that only this client can read, and a 429 names a wait the harvester
-# weighs (a long one frees the worker slot): the transport hands both over at once and
-# this client retries the 500s (``server_error_tries``). The gateway answers (502, 503,
-# 504) and broken connections are the transport's alone (``options.http.retries``).
-TRANSPORT_RETRY_STATUSES = RETRY_STATUSES - {500, 429}
+# One retry layer per failure kind: the transport hands the statuses this client reads over
+# at once (spec.CLIENT_STATUSES) and this client retries the 500s (``server_error_tries``).
+# The gateway answers (502, 503, 504) and broken connections are the transport's alone
+# (``options.http.retries``).
+TRANSPORT_RETRY_STATUSES = RETRY_STATUSES - CLIENT_STATUSES
 _FILE_ID = re.compile(r"[A-Za-z0-9._-]+")
 
 
@@ -78,7 +78,6 @@ class RateLimited(PartnerProtocolError):
         self.retry_after = retry_after
 
 
-ExportRateLimited = RateLimited  # the name the export loop has always caught
 _TRY_AGAIN = re.compile(r"try again in (\d+) (second|minute|hour)s?", re.IGNORECASE)
 _UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600}
 
@@ -267,11 +266,22 @@ class SierraClient:
         return lambda exc: RateLimited(self.partner_id, what, str(exc), exc.seconds)
 
     def _ours_to_retry(self, exc: BaseException) -> bool:
-        """A server error the transport did not already retry (one layer per failure kind)."""
-        return isinstance(exc, SierraServerError) and exc.status not in self.transport_retries
+        """A server error the transport did not already retry (one layer per failure kind).
+        Not 135: bib2Marc already "failed twice" on the server, and the export's bisection is
+        its retry (a block that fails for no bib of its own passes at half the size)."""
+        return (isinstance(exc, SierraServerError) and exc.status not in self.transport_retries
+                and exc.code != EXPORT_FAILED)
 
     def _request_once(
         self, method: str, url: str, what: str, params: dict[str, Any] | None, accept: str | None, empty_ok: bool
+    ) -> requests.Response | None:
+        pacer = getattr(self.session, "pacer", None)  # a 500's body may say it was one bib's failure
+        with pacer.judged_by_caller() if pacer is not None else nullcontext():
+            return self._answer(method, url, what, params, accept, empty_ok, pacer)
+
+    def _answer(
+        self, method: str, url: str, what: str, params: dict[str, Any] | None, accept: str | None, empty_ok: bool,
+        pacer: Any,
     ) -> requests.Response | None:
         with partner_request(self.partner_id, what, self._rate_limited(what)):
             response = self._send(method, url, params, accept)
@@ -292,6 +302,8 @@ class SierraClient:
             raise RateLimited(self.partner_id, what, f"rate limited ({why}): {_body_snippet(response)}",
                               retry_after_seconds(response))
         if response.status_code >= 500:
+            if code == EXPORT_FAILED and pacer is not None:  # a bib bib2Marc cannot convert: no strain on the host
+                pacer.excuse()
             log.warning("%s: %s answered HTTP %d: %s", self.partner_id, what, response.status_code, _body_snippet(response))
             raise SierraServerError(self.partner_id, what, f"HTTP {response.status_code}: {_body_snippet(response)}",
                                     code, response.status_code)

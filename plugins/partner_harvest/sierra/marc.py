@@ -285,16 +285,6 @@ def split_iso2709(data: bytes) -> Iterator[tuple[bytes, str | None]]:
         position += max(length, 1)
 
 
-def read_iso2709(data: bytes) -> Iterator[tuple[pymarc.Record | None, bytes, str | None]]:
-    """Each record of an export file with its raw bytes; a broken one yields (None, raw, why)."""
-    for raw, problem in split_iso2709(data):
-        if problem:
-            yield None, raw, problem
-            return
-        record, problem = decode_record(raw)
-        yield record, raw, problem
-
-
 def decode_record(raw: bytes) -> tuple[pymarc.Record | None, str | None]:
     """One ISO 2709 record in its declared character set, or (None, why)."""
     coding = chr(raw[9]) if len(raw) > 9 else ""

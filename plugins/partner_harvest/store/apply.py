@@ -78,7 +78,7 @@ class RunNotHarvested(HarvestError):
 _BATCH = """
 CREATE TEMP TABLE apply_batch ON COMMIT DROP AS
 SELECT DISTINCT ON (s.identifier) s.kind, s.identifier, s.datestamp, s.observed_at, s.metadata_prefix,
-       s.metadata, s.set_specs, s.title, s.content_hash, s.channel, s.warnings,
+       s.metadata, s.set_specs, s.title, s.content_hash, s.channel, s.warnings, s.reason,
        (%(regressed)s::jsonb ->> s.channel)::timestamptz AS regressed_clock
 FROM staging s
 WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.kind IN ('R', 'T')
@@ -209,11 +209,12 @@ WITH gone AS (
     WHERE b.kind = 'T' AND r.partner_id = %(pid)s AND r.identifier = b.identifier
       AND NOT harvest_version_newer(r.datestamp, r.observed_at, r.regressed_clock,
                                     b.datestamp, b.observed_at, b.regressed_clock)
-    RETURNING r.identifier, b.datestamp, b.channel
+    RETURNING r.identifier, b.datestamp, b.channel, b.reason
 ), logged AS (
     INSERT INTO deletions (partner_id, identifier, upstream_datestamp, run_id, reason, change_seq)
     SELECT %(pid)s, identifier, datestamp, %(run)s,
-           CASE WHEN channel = 'reconcile' THEN 'reconcile' ELSE 'tombstone' END, nextval('change_seq')
+           COALESCE(reason, CASE WHEN channel = 'reconcile' THEN 'reconcile' ELSE 'tombstone' END),
+           nextval('change_seq')
     FROM gone
 ), """ + _REMEMBER.format(unbeaten=_NOT_BEATEN_BY_A_RECORD) + """
 SELECT channel, count(*) FROM gone GROUP BY channel

@@ -51,8 +51,9 @@ class PartnerChanged(HarvestError):
 
 
 class NewerRunApplied(HarvestError):
-    """Another run of the partner applied while this one waited at its approval gate: what the
-    person approved was measured against a state that is gone. Not retried (docs/operator/approvals.md)."""
+    """Another run of the partner applied while this one waited at its approval gate and changed
+    a record this one would purge: what the person approved was measured against a state that
+    is gone. Not retried (docs/operator/approvals.md)."""
 
     retryable = False
 
@@ -72,8 +73,9 @@ class Fence:
     epoch: int | None = None
     lost: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     lost_reason: str = ""
-    # Set after an approval gate's wait (store/gates.py): no other run of the partner may have
-    # applied since this instant (the request's, or a sliced reconcile's plan), or the approved write refuses.
+    # Set after an approval gate's wait (store/gates.py): no other run of the partner applied since
+    # this instant (the request's, or a sliced reconcile's plan) may have changed a record this
+    # run would purge, or the approved write refuses.
     applied_before: datetime | None = None
 
     def lose(self, reason: str) -> None:
@@ -126,17 +128,15 @@ def check_fence(conn: psycopg.Connection, fence: Fence, request: str) -> None:
             "the partner's next run plans from its new state",
         )
     if fence.applied_before is not None:
-        newer = conn.execute(
-            "SELECT run_id, applied_at FROM harvest_runs WHERE partner_id = %s AND run_id <> %s"
-            " AND status = 'applied' AND applied_at > %s ORDER BY applied_at LIMIT 1",
-            (fence.partner_id, fence.holder, fence.applied_before),
-        ).fetchone()
+        newer = _newer_run_touching_staged(conn, fence)
         if newer is not None:
+            run_id, applied_at, identifier = newer
             raise NewerRunApplied(
                 fence.partner_id, request,
-                f"run {newer[0]} applied at {newer[1]:%Y-%m-%d %H:%M:%S}Z, after this run asked for approval "
-                f"(of what it measured from {fence.applied_before:%Y-%m-%d %H:%M:%S}Z on): what was approved was measured against a state "
-                "that is gone, so nothing of this run is applied and no cursor moves — run it again",
+                f"run {run_id} applied at {applied_at:%Y-%m-%d %H:%M:%S}Z, after this run asked for approval "
+                f"(of what it measured from {fence.applied_before:%Y-%m-%d %H:%M:%S}Z on), and changed {identifier}, "
+                "which this run would purge: what was approved was measured against a state that is gone, so "
+                "nothing of this run is applied and no cursor moves — run it again",
             )
     held = conn.execute(
         "SELECT 1 FROM partner_leases WHERE partner_id = %s AND holder = %s AND token = %s FOR KEY SHARE",
@@ -147,6 +147,45 @@ def check_fence(conn: psycopg.Connection, fence: Fence, request: str) -> None:
         raise LeaseLost(fence.partner_id, request,
                         f"the lease of {fence.holder} (token {fence.token}) is no longer held: it lapsed and was "
                         "taken or removed; nothing of this write landed, a retry takes a new lease")
+
+
+# Runs of the partner applied since the instant that changed something (change feed ranges).
+_NEWER_CHANGING = """
+SELECT DISTINCT run_id, applied_at, change_seq_after, change_seq_until FROM harvest_runs
+ WHERE partner_id = %s AND run_id <> %s AND status = 'applied' AND applied_at > %s
+   AND change_seq_until > change_seq_after
+"""
+# The first of those runs' changes (records keep their newest change_seq, deletions one
+# row each) to a record the fenced run would purge (its staged tombstones). What it would
+# upsert needs no such check: the apply lands a version only over an older one.
+_TOUCHED = """
+WITH staged AS (SELECT DISTINCT identifier FROM staging WHERE partner_id = %(pid)s AND run_id = %(run)s
+                AND kind = 'T'),
+changed AS (
+    SELECT r.identifier, r.change_seq FROM records r
+     WHERE r.partner_id = %(pid)s AND r.change_seq > %(after)s AND r.identifier IN (SELECT identifier FROM staged)
+    UNION ALL
+    SELECT d.identifier, d.change_seq FROM deletions d
+     WHERE d.partner_id = %(pid)s AND d.change_seq > %(after)s AND d.identifier IN (SELECT identifier FROM staged))
+SELECT identifier, change_seq FROM changed ORDER BY change_seq LIMIT 1
+"""
+
+
+def _newer_run_touching_staged(conn: psycopg.Connection, fence: Fence) -> tuple[str, datetime, str] | None:
+    """A run applied after ``fence.applied_before`` that changed a record the fenced run would
+    purge: (its run_id, when it applied, the identifier). A run that changed nothing (a quiet
+    night) or only other records leaves what was approved as it was measured."""
+    newer = conn.execute(_NEWER_CHANGING, (fence.partner_id, fence.holder, fence.applied_before)).fetchall()
+    if not newer:
+        return None
+    row = conn.execute(_TOUCHED, {"pid": fence.partner_id, "run": fence.holder,
+                                  "after": min(after for _, _, after, _ in newer)}).fetchone()
+    if row is None:
+        return None
+    identifier, seq = row
+    run_id, applied_at = next(((r, at) for r, at, after, until in newer if after < seq <= until),
+                              (newer[0][0], newer[0][1]))
+    return run_id, applied_at, identifier
 
 
 @contextmanager

@@ -23,6 +23,7 @@ from partner_harvest.records import Tombstone
 from partner_harvest.store import fences
 from partner_harvest.store.db import one
 from partner_harvest.store.runs import RunRef
+from partner_harvest.store.staging import StagingWriter
 
 _COPY_IDS = "COPY reconcile_ids (partner_id, run_id, identifier, datestamp, deleted, slice) FROM STDIN"
 
@@ -182,12 +183,21 @@ class MissingOnlySink:
     stays bounded by a page: each page asks the database which of its ids are held.
     """
 
-    def __init__(self, conn: psycopg.Connection, writer: Any, partner_id: str):
+    def __init__(self, conn: psycopg.Connection, writer: StagingWriter, partner_id: str):
         self.conn, self.writer, self.partner_id = conn, writer, partner_id
+        self.run, self.attempt = writer.run, writer.attempt
         self.first_seq = writer.seq
         self.staged = 0
 
-    def write_page(self, items: list[Any]) -> None:
+    @property
+    def seq(self) -> int:
+        return self.writer.seq
+
+    @seq.setter
+    def seq(self, value: int) -> None:
+        self.writer.seq = value
+
+    def write_page(self, items: list[Any], checkpoint: int | None = None) -> None:
         if not items:
             return
         held = {

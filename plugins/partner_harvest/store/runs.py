@@ -232,7 +232,9 @@ def clock_high_water(conn: psycopg.Connection, partner_id: str) -> datetime | No
 
 
 def abandon_stale_runs(conn: psycopg.Connection, partner_id: str, older_than: timedelta) -> int:
-    """Close runs that never applied within ``older_than`` and drop their staging."""
+    """Close runs that never applied within ``older_than`` and drop their staging; a run whose
+    approval request is open (pending, or approved with its apply under way) waits for its
+    answer however long that takes (docs/operator/approvals.md)."""
     with conn.transaction():
         abandoned = conn.execute(
             """
@@ -240,6 +242,8 @@ def abandon_stale_runs(conn: psycopg.Connection, partner_id: str, older_than: ti
                 error = COALESCE(error || ' — ', '') || 'abandoned: not applied within ' || %s::text
             WHERE partner_id = %s AND status IN ('planned', 'harvesting', 'waiting', 'harvested', 'failed')
               AND started_at < now() - %s
+              AND NOT EXISTS (SELECT 1 FROM approval_requests a WHERE a.partner_id = harvest_runs.partner_id
+                              AND a.run_id = harvest_runs.run_id AND a.state IN ('pending', 'approved'))
             """,
             (str(older_than), partner_id, older_than),
         ).rowcount

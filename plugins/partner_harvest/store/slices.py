@@ -32,12 +32,9 @@ def is_slice(channel: str) -> bool:
     return channel.startswith(SLICE_PREFIX)
 
 
-SliceBounds = Slice  # one slice as planned: a datestamp (or updatedDate) range and/or a Sierra id range
-
-
 def write_plan(
     conn: psycopg.Connection, partner_id: str, run_id: str, window: Window,
-    metadata_prefix: str | None, slices: list[SliceBounds],
+    metadata_prefix: str | None, slices: list[Slice],
 ) -> None:
     """Record the run's plan in one transaction, replacing any earlier plan of the run.
 
@@ -87,7 +84,7 @@ def write_plan(
             )
 
 
-def read_bounds(conn: psycopg.Connection, run: RunRef) -> SliceBounds:
+def read_bounds(conn: psycopg.Connection, run: RunRef) -> Slice:
     """A slice's bounds as planned (a reharvest after lost staging reads them here), with an
     IIIF slice's pages."""
     row = conn.execute(
@@ -97,7 +94,7 @@ def read_bounds(conn: psycopg.Connection, run: RunRef) -> SliceBounds:
     conn.commit()
     if row is None:
         raise LookupError(f"{run.partner_id}: run {run.run_id} has no slice {run.channel} in harvest_runs")
-    return SliceBounds(channel=run.channel, from_=row[0], until=row[1], lo=row[2], hi=row[3], set_spec=row[4],
+    return Slice(channel=run.channel, from_=row[0], until=row[1], lo=row[2], hi=row[3], set_spec=row[4],
                        pages=tuple(row[5] or ()), page_items=tuple(row[6] or ()))
 
 

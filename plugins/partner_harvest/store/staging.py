@@ -9,6 +9,7 @@ never blocks its page, its window or the cursor (I8, I11).
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime
 from typing import overload
 
 import psycopg
@@ -123,6 +124,17 @@ class StagingWriter:
             )
 
 
+def held_stamps(conn: psycopg.Connection | None, partner_id: str, identifiers: list[str]) -> dict[str, datetime]:
+    """The stamps the aggregation holds for ``identifiers``, read on a staging sink's ``conn``
+    (adapters.StagingSink; a sink that is no database, None, holds nothing)."""
+    if not identifiers or conn is None:
+        return {}
+    with conn.transaction():
+        rows = conn.execute("SELECT identifier, datestamp FROM records WHERE partner_id = %s "
+                            "AND identifier = ANY(%s)", (partner_id, identifiers)).fetchall()
+    return {row[0]: row[1] for row in rows}
+
+
 def _payload_bytes(item: HarvestItem) -> int:
     text = item.metadata if isinstance(item, Record) else item.raw if isinstance(item, Rejected) else None
     if not text:
@@ -231,7 +243,7 @@ def _row(pid: str, run_id: str, channel: str, seq: int, item: HarvestItem) -> tu
         )
     if isinstance(item, Tombstone):
         return (pid, run_id, channel, seq, "T", item.identifier, item.datestamp,
-                None, None, None, None, None, None, None)
+                None, None, None, None, None, item.reason, None)
     if isinstance(item, Rejected):
         return (
             pid, run_id, channel, seq, "Q", item.identifier, item.datestamp, item.metadata_prefix,

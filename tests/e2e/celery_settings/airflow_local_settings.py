@@ -1,19 +1,13 @@
 """Airflow local settings of the Celery e2e stack only (its services get this folder on PYTHONPATH).
 
 A cluster policy, as an operator would write one: retries wait one second instead of the
-DAGs' two minutes with backoff, so a retry after a killed worker shows up in seconds. It
-also carries the two lines of config/airflow_local_settings.py, as a deployment's own
-local settings would (only one airflow_local_settings module is imported).
+DAGs' two minutes with backoff, so a retry after a killed worker shows up in seconds.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
-
-from partner_harvest.airflow.compat import recognise_psycopg3_lock_errors
-
-recognise_psycopg3_lock_errors()
 
 
 def task_policy(task: Any) -> None:

@@ -10,7 +10,9 @@ fail when a checked-in page differs from what this module renders now.
     PYTHONPATH=plugins:. python scripts/gen_docs.py            # rewrite every page
     PYTHONPATH=plugins:. python scripts/gen_docs.py --check    # exit 1 naming the stale ones
 
-Plain Python: no Airflow import (the library's rule), psycopg only for the tables page.
+Docs tooling, not part of the installed package: the one generator of every reference page
+(scripts/gen_docs.py is its command). Plain Python: no Airflow import, psycopg only for the
+tables page.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pydantic import BaseModel
 # module moves.
 from partner_harvest.transport import HttpPolicy
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "include" / "partners.schema.json"
 REGISTRY_PAGE = ROOT / "docs" / "operator" / "registry-reference.md"
 CLI_PAGE = ROOT / "docs" / "operator" / "cli-reference.md"

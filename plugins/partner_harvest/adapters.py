@@ -109,6 +109,7 @@ class Adapter(ABC):
     def __init__(self, partner: Partner):
         self.partner = partner
         self.partner_id = partner.id
+        self.responses = 0  # responses the partner's session received (factory.build_adapter counts them)
 
     # -- must -------------------------------------------------------------------------
 
@@ -121,8 +122,9 @@ class Adapter(ABC):
         """Stream the window's changes page by page into ``sink`` (a slice's window too)."""
 
     def window_is_empty(self, window: Window) -> bool:
-        """Whether one cheap request shows the window holds no change (a quiet night); the
-        adapter then harvests that window without asking again. Default: cannot tell."""
+        """Whether one cheap request (one per extra channel the window planned) shows the
+        window holds no change (a quiet night); the adapter then harvests that window, and
+        those channels, without asking again. Default: cannot tell."""
         return False
 
     @abstractmethod
@@ -132,7 +134,9 @@ class Adapter(ABC):
 
     @abstractmethod
     def fetch_records(self, window: Window, identifiers: list[str]) -> list[HarvestItem]:
-        """The current version of each identifier (the reconcile's missing records)."""
+        """The current version of each identifier, fetched by identifier: the reconcile's
+        missing records and the content check's sample (content_check.py). An identifier the
+        partner no longer holds is left out (or comes back as a Tombstone)."""
 
     # -- may --------------------------------------------------------------------------
 

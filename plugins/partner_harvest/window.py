@@ -81,11 +81,13 @@ class ClockBehind(_Facts):
 
 
 class ChannelPlan(_Facts):
-    """The own (day-granular) window of a run's extra channel (Sierra's deletion poll)."""
+    """The own window of a run's extra channel (Sierra's day-granular deletion polls, its item
+    change polls to the second); ``from`` None: everything (a first load of the channel)."""
 
     from_: Instant | None = Field(default=None, alias="from")
     until: Instant
     skip: bool = False  # nothing to poll (a full load from scratch: deletions start tomorrow)
+    granularity: str = DAY  # its cursor's (protocols.Channel.granularity)
     partner_clock: Instant | None = None
     clock_regressed: bool = False
 
@@ -152,6 +154,7 @@ class WindowFacts(_Facts):
     channels: dict[str, ChannelPlan] = Field(default_factory=dict)
     slice: Slice | None = None
     skip: bool = False  # a channel window with nothing to poll (ChannelPlan.skip)
+    refresh: str | None = None  # why this run is a content refresh (a full harvest the content check asked for)
     # OAI-PMH: what Identify and the prefix resolution said
     metadata_prefix: str | None = None
     oai_granularity: str | None = None
@@ -160,6 +163,9 @@ class WindowFacts(_Facts):
     earliest_datestamp: Instant | None = None
     # Sierra: the bib fields the change poll asks for
     fields: str | None = None
+    # A reconcile's sweep and fetch of an attached table (protocols.Channel.entity: items,
+    # holdings) instead of the records
+    entity: str | None = None
     # IIIF Change Discovery: the stream as it stood (upper bound, last page, totalItems)
     iiif: IiifFacts | None = None
 
@@ -277,9 +283,9 @@ def channel_windows(window: Window) -> dict[str, Window]:
 
 
 def channel_window(window: Window, channel: str) -> Window | None:
-    """The own (day-granular) window of a run's extra channel, e.g. Sierra's deletions."""
+    """The own window of a run's extra channel, e.g. Sierra's deletions (a day window)."""
     plan = window.protocol.channels.get(channel)
     if plan is None:
         return None
     facts = WindowFacts(partner_clock=plan.partner_clock, clock_regressed=plan.clock_regressed, skip=plan.skip)
-    return Window(window.mode, plan.from_, plan.until, DAY, window.advances_cursor, facts)
+    return Window(window.mode, plan.from_, plan.until, plan.granularity, window.advances_cursor, facts)

@@ -137,6 +137,14 @@ class OaiFaults(Faults):
     delete_on_get: frozenset[str] = frozenset()
     """Records deleted the moment their GetRecord arrives (one shot each): listed by
     ListIdentifiers and gone by the GetRecord that follows."""
+    ignore_from: bool = False
+    """ListRecords and ListIdentifiers accept ``from`` and list as if it were not given (a
+    repository whose database query drops the argument): every incremental window lists
+    everything up to ``until``."""
+    announced_granularity: Literal["day", "seconds"] | None = None
+    """What Identify declares (None: the repository's own granularity), while the lists keep
+    accepting only the repository's: a day repository declaring seconds answers a
+    seconds-granular ``from`` with badArgument."""
     # -- the next request(s)
     fail_next: Failure | None = None
     """The next `count` OAI requests get `status` with a small HTML body."""
@@ -187,4 +195,6 @@ FAULT_ACTIONS: dict[str, FaultAction] = {
     "break_verb": lambda f, d: {"broken_verbs": {**{v: s for v, s in f.broken_verbs.items() if v != d["verb"]},
                                                  **({} if d.get("status", 500) is None
                                                     else {str(d["verb"]): int(d.get("status", 500))})}},
+    "ignore_from": lambda f, d: {"ignore_from": d.get("on", True)},
+    "announce_granularity": lambda f, d: {"announced_granularity": d.get("granularity")},
 }

@@ -354,6 +354,12 @@ class OaiSimulator(ControlledServer[OaiFaults]):
     def delete_on_get(self, identifiers: list[str]) -> None:
         self.change_faults(lambda faults: {"delete_on_get": faults.delete_on_get | set(identifiers)})
 
+    def ignore_from(self, on: bool = True) -> None:
+        self.set_faults(ignore_from=on)
+
+    def announce_granularity(self, granularity: str | None) -> None:
+        self.set_faults(announced_granularity=granularity)
+
     def _window_refusal(self, pairs: list[tuple[str, str]]) -> Response | None:
         """The refusal of a too-large window, or None."""
         refuse = self.faults.refuse_windows
@@ -524,7 +530,8 @@ class OaiSimulator(ControlledServer[OaiFaults]):
 
     def _verb_Identify(self, args: dict[str, str]) -> list[str]:
         repo = self.repo
-        granularity = "YYYY-MM-DD" if repo.granularity == "day" else "YYYY-MM-DDThh:mm:ssZ"
+        declared = self.faults.announced_granularity or repo.granularity
+        granularity = "YYYY-MM-DD" if declared == "day" else "YYYY-MM-DDThh:mm:ssZ"
         earliest = repo.announced_earliest_stamp()
         return [
             "<Identify><repositoryName>Simulated Museum of Art - collection online</repositoryName>"
@@ -636,7 +643,8 @@ class OaiSimulator(ControlledServer[OaiFaults]):
             prefix, cursor = args["metadataPrefix"], 0
             self._check_window(args)
             self._check_prefix(prefix)
-            numbers = self.repo.select_numbers(args.get("from"), args.get("until"), args.get("set"))
+            numbers = self.repo.select_numbers(None if self.faults.ignore_from else args.get("from"), args.get("until"),
+                                               args.get("set"))
             if not numbers:
                 raise OaiError("noRecordsMatch", "no records match the request")
         faults = self.faults
@@ -693,7 +701,7 @@ class OaiSimulator(ControlledServer[OaiFaults]):
             if record is None:
                 continue
             sets = "" if record.deleted and not repo.deleted_in_sets else set_xml[record.kind]
-            head = (f"<identifier>{ID_PREFIX}{record.number:07d}</identifier>"
+            head = (f"<identifier>{payloads.escape(record.identifier)}</identifier>"
                     f"<datestamp>{fmt(record.stamp)}</datestamp>{sets}")
             if record.deleted:
                 header = f'<header status="deleted">{head}</header>'

@@ -78,7 +78,7 @@ PARAMS_DOC = (
 
 
 def _doc(partner: Partner) -> str:
-    channels = protocols.spec_of(partner.protocol).channels
+    channels = protocols.channels_for(partner)
     tasks_line = (
         "`freeze_window` fixes the window from the partner's clock; `plan_slices` keeps it whole or "
         "cuts a big one into slices; `harvest_changes` (mapped, one per slice) streams it into staging"
@@ -287,7 +287,7 @@ def harvest_deadlines(partner: Partner) -> list[DeadlineAlert]:
 
 def build_harvest_dag(partner: Partner) -> DAG:
     pid = partner.id
-    spec = protocols.spec_of(partner.protocol)
+    channels = protocols.channels_for(partner)
     pool = partner.pool  # tasks that send requests to the partner
     with DAG(
         dag_id=partner.dag_id,
@@ -337,14 +337,14 @@ def build_harvest_dag(partner: Partner) -> DAG:
 
         window = freeze_window()
         staged = [harvest_changes.partial(window=window).expand(piece=plan_slices(window))]
-        staged += [_channel_task(pid, channel, pool)(window) for channel in spec.channels]
+        staged += [_channel_task(pid, channel, pool)(window) for channel in channels]
         gate = PartnerApprovalGate(partner=partner, kind="shrink")  # airflow/gates.py
         staged >> gate
         applied = apply_changes(window, *staged)
         gate >> applied
         advance_cursor(window, applied)
         check_quality(applied)
-    _describe_tasks(dag, docs={channel.task_id: channel.doc for channel in spec.channels})
+    _describe_tasks(dag, docs={channel.task_id: channel.doc for channel in channels})
     return dag
 
 

@@ -19,6 +19,7 @@ from functools import lru_cache
 
 import psycopg
 from croniter import croniter
+from psycopg import sql
 
 from partner_harvest import partner_state, quality
 from partner_harvest.partner_state import (  # noqa: F401  (the states, re-exported for the page and tests)
@@ -32,8 +33,10 @@ from partner_harvest.partner_state import (  # noqa: F401  (the states, re-expor
     RUNNING,
     WARNING,
 )
+from partner_harvest.protocols import channels_for
 from partner_harvest.registry import Partner, RegistryError
-from partner_harvest.store import events
+from partner_harvest.store import attached, events
+from partner_harvest.store.db import scalar
 from partner_harvest.store.quality import RunFigures
 
 # Partner states, worst first (partner_state.TABLE): what the health page sorts and colours by.
@@ -531,3 +534,54 @@ def warnings_today(conn: psycopg.Connection, partner_id: str, now: datetime) -> 
     ).fetchall()
     conn.commit()
     return [(check, int(n)) for check, n in rows]
+
+
+@dataclass(frozen=True)
+class ChannelRow:
+    """One channel of a partner (``changes``, or an extra channel: protocols.channels_for): its
+    cursor (the newest applied incremental window's until), its newest applied run's counts,
+    and for a channel filling an attached table (items, holdings) how many rows it holds."""
+
+    channel: str
+    table: str
+    held: int | None
+    cursor: datetime | None
+    last_applied: datetime | None
+    fetched: int | None
+    upserted: int | None
+    purged: int | None
+
+
+_CHANNEL_NEWEST = """
+SELECT DISTINCT ON (channel) channel, applied_at, fetched, upserted, purged FROM harvest_runs
+WHERE partner_id = %(pid)s AND status = 'applied' AND channel = ANY(%(channels)s)
+ORDER BY channel, applied_at DESC
+"""
+_CHANNEL_CURSORS = """
+SELECT DISTINCT ON (channel) channel, window_until FROM harvest_runs
+WHERE partner_id = %(pid)s AND status = 'applied' AND mode = 'incremental' AND channel = ANY(%(channels)s)
+ORDER BY channel, started_at DESC, window_until DESC
+"""
+
+
+def channel_rows(conn: psycopg.Connection, partner: Partner) -> list[ChannelRow]:
+    """The partner's channels, each with its own cursor, newest counts and (items, holdings) rows held."""
+    channels = [("changes", None), *((c.name, c.entity) for c in channels_for(partner))]
+    params = {"pid": partner.id, "channels": [name for name, _ in channels]}
+    newest = {row[0]: row[1:] for row in conn.execute(_CHANNEL_NEWEST, params).fetchall()}
+    cursors: dict[str, datetime] = {row[0]: row[1] for row in conn.execute(_CHANNEL_CURSORS, params).fetchall()}
+    held: dict[str, int] = {}
+    for name, entity in channels:
+        if entity is not None and name == entity:  # the change channel of an attached table
+            held[name] = int(scalar(conn.execute(
+                sql.SQL("SELECT count(*) FROM {} WHERE partner_id = %s").format(attached.table(entity)),
+                (partner.id,))))
+    records = conn.execute("SELECT records_held FROM partner_stats WHERE partner_id = %s", (partner.id,)).fetchone()
+    conn.commit()
+    held["changes"] = int(records[0]) if records else 0
+    rows = []
+    for name, entity in channels:
+        applied_at, fetched, upserted, purged = newest.get(name, (None, None, None, None))
+        rows.append(ChannelRow(name, entity or "records", held.get(name), cursors.get(name), applied_at,
+                               fetched, upserted, purged))
+    return rows

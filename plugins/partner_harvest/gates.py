@@ -17,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 
+from partner_harvest import durations
 from partner_harvest.registry import Partner
 from partner_harvest.store import gates as sql
 from partner_harvest.store import moves
@@ -81,6 +83,16 @@ def approval_since(request: Request, outcome: Mapping[str, Any]) -> datetime:
     return min(since, request.requested_at) if isinstance(since, datetime) else request.requested_at
 
 
+def required_action_path(dag_id: str, dag_run_id: str, task_id: str = "approval_gate") -> str:
+    """The request's page in the Airflow UI, from its root (Browse > Required Actions lists it too)."""
+    return f"/dags/{quote(dag_id, safe='')}/runs/{quote(dag_run_id, safe='')}/tasks/{task_id}/required_actions"
+
+
+def request_path(request: Request) -> str:
+    """:func:`required_action_path` of a stored request (its run_id is ``<dag_id>/<Airflow run id>``)."""
+    return required_action_path(request.dag_id, request.run_id.split("/", 1)[-1])
+
+
 def subject(request: Request) -> str:
     what = "reconcile purge" if request.kind == PURGE else "shrinking harvest"
     share = (request.removals + request.absent) / request.held if request.held else 0.0
@@ -94,8 +106,11 @@ def options(request: Request) -> list[str]:
     return [APPROVE, REJECT, MOVE] if request.movable else [APPROVE, REJECT]
 
 
-def body(request: Request, partner: Partner, links: Mapping[str, str], timeout_note: str) -> str:
-    """The request's Markdown: partner, counts, a sample of what would go, links, what each answer does."""
+def body(request: Request, partner: Partner, links: Mapping[str, str], timeout_note: str,
+         whole_collection: bool = False) -> str:
+    """The request's Markdown: partner, counts, a sample of what would go, links, what each answer does.
+    ``whole_collection``: a full harvest, whose records not returned are counted (an incremental
+    run returns only what changed: the row would mislead)."""
     share = (request.removals + request.absent) / request.held if request.held else 0.0
     if request.kind == PURGE:
         why = (f"The weekly reconcile would remove **{request.removals}** of the **{request.held}** records it holds "
@@ -116,7 +131,7 @@ def body(request: Request, partner: Partner, links: Mapping[str, str], timeout_n
         f"| held now | {request.held} |",
         f"| purged by the apply (tombstones) | {request.removals} |",
     ]
-    if request.kind == SHRINK:
+    if request.kind == SHRINK and whole_collection:
         lines.append(f"| not returned by this full harvest (kept by the apply; a reconcile decides) | {request.absent} |")
     if request.movable:
         lines += ["", f"**{request.movable} of these records come back under new identifiers** with identical content "
@@ -143,4 +158,4 @@ def body(request: Request, partner: Partner, links: Mapping[str, str], timeout_n
 def timeout_note(partner: Partner) -> str:
     action = ("then it alerts and keeps waiting" if partner.approval_timeout_action == "wait"
               else "then it alerts and the run is abandoned as if rejected")
-    return f"No answer within `approval_timeout` ({partner.approval_timeout}): {action}."
+    return f"No answer within `approval_timeout` ({durations.human(partner.approval_timeout)}): {action}."

@@ -232,6 +232,15 @@ class Window:
         return f"{kind} window from {start} until {format_instant(self.until)} ({self.granularity})"
 
 
+def backfill_day(tick: datetime) -> tuple[datetime, datetime]:
+    """The window a backfill run harvests: the UTC day of its date (its cron tick), midnight to
+    midnight. A backfill From 2024-11-01 To 2024-11-04 of a nightly 02:00 schedule makes the
+    runs of Nov 1, 2 and 3 (02:00 ticks); they harvest Nov 1 00:00 .. Nov 4 00:00, the days
+    the form names, not each tick's data interval (the day before the date in its name)."""
+    day = as_utc(tick).replace(hour=0, minute=0, second=0, microsecond=0)
+    return day, day + timedelta(days=1)
+
+
 def plan_window(
     *,
     mode: str,

@@ -97,7 +97,7 @@ def repo() -> SimulatedRepository:
 
 @pytest.fixture
 def partner_env(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo: SimulatedRepository,
-                airflow_db: None) -> Iterator[tuple[OaiSimulator, Path]]:
+                airflow_db: None, airflow_api: str) -> Iterator[tuple[OaiSimulator, Path]]:
     from partner_harvest.airflow import tasks
 
     monkeypatch.setattr(tasks, "LEASE_TTL", TTL)  # a short lease, so a retry's wait outlives it quickly

@@ -238,3 +238,27 @@ def pending(conn: psycopg.Connection, partner_id: str | None = None) -> list[Req
     ).fetchall()
     conn.commit()
     return [Request(*row) for row in rows]
+
+
+def pending_by_partner(conn: psycopg.Connection, partner_ids: list[str]) -> dict[str, Request]:
+    """Each partner's newest request still waiting for an answer (the health page's
+    ``awaiting approval``)."""
+    rows = conn.execute(
+        f"SELECT DISTINCT ON (partner_id) {_COLUMNS} FROM approval_requests"
+        " WHERE state = 'pending' AND partner_id = ANY(%s) ORDER BY partner_id, requested_at DESC",
+        (partner_ids,),
+    ).fetchall()
+    return {row[0]: Request(*row) for row in rows}
+
+
+def approved_runs(conn: psycopg.Connection, runs: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Of the (partner, run) pairs, those whose purges a person approved at the gate."""
+    if not runs:
+        return set()
+    rows = conn.execute(
+        "SELECT a.partner_id, a.run_id FROM approval_requests a"
+        " JOIN unnest(%s::text[], %s::text[]) AS k(partner_id, run_id) USING (partner_id, run_id)"
+        " WHERE a.state IN ('approved', 'applied')",
+        ([p for p, _ in runs], [r for _, r in runs]),
+    ).fetchall()
+    return {(p, r) for p, r in rows}

@@ -25,6 +25,7 @@ from markupsafe import Markup
 from partner_harvest import durations
 from partner_harvest.airflow.health import source
 from partner_harvest.airflow.health.chart import runs_chart
+from partner_harvest.failures import shorten
 from partner_harvest.health_index import IndexQuery, partners_to_read, select_page
 from partner_harvest.partner_state import slug
 from partner_harvest.registry import Partner, Registry
@@ -231,7 +232,7 @@ def _render(template: str, request: Request, **context: object) -> HTMLResponse:
     ui_root = here[: -len(URL_PREFIX)] if here.endswith(URL_PREFIX) else ""
     page = _templates.get_template(template).render(
         ui_root=ui_root, here=here, run_url=lambda run: _run_url(ui_root, run), ago=_ago, when=_when,
-        span=_span, ago_span=_ago_span, slug=slug, **context,
+        span=_span, ago_span=_ago_span, slug=slug, short=shorten, **context,
     )
     return HTMLResponse(page)
 

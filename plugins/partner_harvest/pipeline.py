@@ -204,7 +204,7 @@ def _stage(
     return stats
 
 
-# -- slices (issue 9) ---------------------------------------------------------------------
+# -- slices ---------------------------------------------------------------------
 
 WHOLE = {"channel": slices.PARENT}  # the plan of a run that is not sliced: one piece, the window (XCom)
 # Pieces asked of the adapter per lane, merged into slices of falling size: the lanes start on

@@ -1,4 +1,4 @@
-"""Lanes and the run's batch (issue 45): a sliced run cut finer than its lanes, each lane taking
+"""Lanes and the run's batch: a sliced run cut finer than its lanes, each lane taking
 slice after slice (store/slices.claim), each slice merged into the run's batch as it ends
 (store/run_batch.py); the apply reads the batch, or builds it again from staging when a slice
 was harvested again after its merge or the database lost it."""
@@ -6,20 +6,26 @@ was harvested again after its merge or the database lost it."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import psycopg
 import pytest
 
+from include.simulators.loopback import Response
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import pipeline
 from partner_harvest import run as recipe
 from partner_harvest.errors import PartnerHttpError
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.records import HarvestItem, Record, Tombstone
+from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef, connect, run_batch
+from partner_harvest.store.db import scalar
 from partner_harvest.store.slices import claim, slice_rows
 from partner_harvest.store.staging import StagingWriter
+from partner_harvest.window import Window
 from tests.support.db import held
 from tests.support.partners import oai_partner
 
@@ -32,13 +38,14 @@ def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def oai():
+def oai() -> Iterator[tuple[OaiSimulator, SimulatedRepository]]:
     repo = SimulatedRepository(records=900, page_size=50, seed=9, deleted_fraction=0.05)
     with OaiSimulator(repo) as sim:
         yield sim, repo
 
 
-def planned(conn: psycopg.Connection, sim: OaiSimulator, run_id: str = "run-1"):
+def planned(conn: psycopg.Connection, sim: OaiSimulator,
+            run_id: str = "run-1") -> tuple[Partner, Window, list[dict[str, Any]]]:
     partner = oai_partner(slicing=SLICES, pool_slots=3, retries=0)
     adapter = build_adapter(partner, Endpoint(sim.base_url))
     window = recipe.freeze(partner, adapter, conn, request=pipeline.RunRequest("full"))
@@ -46,11 +53,12 @@ def planned(conn: psycopg.Connection, sim: OaiSimulator, run_id: str = "run-1"):
     return partner, window, lanes
 
 
-def rows(conn: psycopg.Connection, partner_id: str, run_id: str = "run-1") -> dict[str, dict]:
+def rows(conn: psycopg.Connection, partner_id: str, run_id: str = "run-1") -> dict[str, dict[str, Any]]:
     return {r["channel"]: r for r in slice_rows(conn, partner_id, run_id) if r["channel"] != "changes"}
 
 
-def test_lanes_take_the_slices_between_them_and_the_merged_batch_applies_exactly(db, conn, oai) -> None:
+def test_lanes_take_the_slices_between_them_and_the_merged_batch_applies_exactly(db: str, conn: psycopg.Connection,
+                                                                               oai: tuple[OaiSimulator, SimulatedRepository]) -> None:
     sim, repo = oai
     partner, window, lanes = planned(conn, sim)
     assert [piece["lane"] for piece in lanes] == [1, 2, 3]
@@ -79,27 +87,29 @@ def test_lanes_take_the_slices_between_them_and_the_merged_batch_applies_exactly
     assert held(conn, partner.id) == repo.live_identifiers()
     assert applied.fetched == len(repo.live_identifiers()) + len(repo.deleted_identifiers())
     assert applied.upserted == len(repo.live_identifiers())  # a first load: every live record lands once
-    assert conn.execute("SELECT count(*) FROM run_batch").fetchone()[0] == 0  # dropped once applied
+    assert scalar(conn.execute("SELECT count(*) FROM run_batch")) == 0  # dropped once applied
     conn.commit()
 
 
-def test_a_lane_retried_takes_its_failed_slice_again_then_the_rest(conn, oai) -> None:
+def test_a_lane_retried_takes_its_failed_slice_again_then_the_rest(conn: psycopg.Connection,
+                                                                   oai: tuple[OaiSimulator, SimulatedRepository],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     sim, repo = oai
     partner, window, _ = planned(conn, sim)
     adapter = lambda: build_adapter(partner, Endpoint(sim.base_url))  # noqa: E731
     original, lists = sim.handle_oai, {"n": 0}
 
-    def fail_once(pairs):  # the third list page answers 503 once, inside lane 1's first slice
+    def fail_once(pairs: list[tuple[str, str]]) -> Response:  # the third list page answers 503 once, inside lane 1's first slice
         if any(k == "verb" and v == "ListRecords" for k, v in pairs):
             lists["n"] += 1
             if lists["n"] == 3:
                 sim.fail_next(1, status=503)
         return original(pairs)
 
-    sim.handle_oai = fail_once
+    monkeypatch.setattr(sim, "handle_oai", fail_once)
     with pytest.raises(PartnerHttpError):
         recipe.stage_lane(adapter(), conn, "run-1", window, 1)
-    sim.handle_oai = original
+    monkeypatch.setattr(sim, "handle_oai", original)
     failed = [c for c, r in rows(conn, partner.id).items() if r["status"] == "failed"]
     assert len(failed) == 1 and rows(conn, partner.id)[failed[0]]["lane"] == 1
     recipe.stage_lane(adapter(), conn, "run-1", window, 2)  # another lane takes the rest, never the failed slice
@@ -113,7 +123,8 @@ def test_a_lane_retried_takes_its_failed_slice_again_then_the_rest(conn, oai) ->
 
 
 @pytest.mark.parametrize("how", ["harvested again", "lost"])
-def test_a_stale_or_lost_batch_is_built_again_from_staging(conn, oai, how: str) -> None:
+def test_a_stale_or_lost_batch_is_built_again_from_staging(conn: psycopg.Connection, oai: tuple[OaiSimulator, SimulatedRepository],
+                                                           how: str) -> None:
     sim, repo = oai
     partner, window, _ = planned(conn, sim)
     adapter = lambda: build_adapter(partner, Endpoint(sim.base_url))  # noqa: E731
@@ -133,7 +144,7 @@ def test_a_stale_or_lost_batch_is_built_again_from_staging(conn, oai, how: str) 
     assert applied.fetched == sum(r["fetched"] for r in rows(conn, partner.id).values())
 
 
-def test_the_batch_merged_slice_by_slice_is_the_apply_s_own_choice_of_versions(conn) -> None:
+def test_the_batch_merged_slice_by_slice_is_the_apply_s_own_choice_of_versions(conn: psycopg.Connection) -> None:
     """Merged channel by channel, in any order, the batch holds per identifier the version the
     apply's sort of the whole staging picks: newest datestamp, then the later observation."""
     day = datetime(2025, 6, 1, tzinfo=timezone.utc)
@@ -153,15 +164,15 @@ def test_the_batch_merged_slice_by_slice_is_the_apply_s_own_choice_of_versions(c
         writer.write_page(items)
     for channel in ("changes/003", "changes/001", "changes/002"):
         run_batch.merge(conn, RunRef("p", "r", channel))
-    merged = dict(conn.execute("SELECT identifier, channel FROM run_batch").fetchall())
-    picked = dict(conn.execute(
+    merged: dict[str, str] = dict(conn.execute("SELECT identifier, channel FROM run_batch").fetchall())
+    picked: dict[str, str] = dict(conn.execute(
         "SELECT DISTINCT ON (identifier) identifier, channel FROM staging WHERE kind IN ('R', 'T')"
         " ORDER BY identifier, datestamp DESC, observed_at DESC, seq DESC").fetchall())
     conn.commit()
     assert merged == picked == {"a": "changes/002", "b": "changes/001", "c": "changes/002", "d": "changes/003"}
 
 
-def test_a_slice_taken_but_not_begun_stays_its_lanes(conn, oai) -> None:
+def test_a_slice_taken_but_not_begun_stays_its_lanes(conn: psycopg.Connection, oai: tuple[OaiSimulator, SimulatedRepository]) -> None:
     """Between a lane's claim and its slice's first write the slice is still planned: another
     lane takes the next one, and the first lane's retry takes its own again."""
     sim, _ = oai

@@ -4,6 +4,8 @@ a time, within the tolerance asked and in fewer rounds when a round goes out at 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -28,7 +30,7 @@ class Catalogue:
 def highest(width: int, within: int) -> tuple[int, int, list[int]]:
     catalogue, rounds = Catalogue(), []
 
-    def run(call, items):
+    def run(call: Callable[[Any], Any], items: list[Any]) -> list[Any]:
         rounds.append(len(items))
         return [call(item) for item in items]
 

@@ -39,6 +39,7 @@ from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner, cursor_key, cursor_value
 from partner_harvest.store import ApplyResult, RunRef, ensure_schema, fences
 from partner_harvest.store.runs import abandon_stale_runs, clock_high_water
+from partner_harvest.store.staging import NOT_LISTED
 from partner_harvest.window import Window, channel_windows, format_instant, next_cursor, parse_instant
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,9 @@ def freeze(partner: Partner, adapter: Adapter, conn: psycopg.Connection, outlets
                 for c in channels_of(partner)}
     high_water = clock_high_water(conn, partner.id)
     conn.commit()
-    window = pipeline.freeze_window(adapter, partner.lag, cursor, request, channels, high_water)
+    window = adapter.settle_window(pipeline.freeze_window(adapter, partner.lag, cursor, request, channels, high_water),
+                                   conn)
+    conn.commit()
     return window.with_facts(epoch=epoch) if epoch is not None else window
 
 
@@ -155,16 +158,20 @@ def stage(
 
 def apply(conn: psycopg.Connection, partner_id: str, run_id: str, window: Window, outlets: Outlets,
           reharvest: Callable[[], Adapter] | None) -> ApplyResult:
-    """Apply the run in one transaction, then report it. Channels whose staging the database
-    lost are staged again first (the same frozen window) by the adapter ``reharvest`` builds,
+    """Apply the run in one transaction, then report it. A run that lists the partner's whole
+    collection first stages what it did not list (``pipeline.stage_unlisted``). Channels whose
+    staging the database lost are staged again first (the same frozen window) by the adapter ``reharvest`` builds,
     only then; without it (an approved run applies exactly what was approved) the apply fails."""
 
     def again(channels: list[str]) -> None:
         assert reharvest is not None
         adapter = reharvest()
         for channel in channels:
-            stage_channel(adapter, conn, run_id, window, channel, outlets)
+            if channel != NOT_LISTED:
+                stage_channel(adapter, conn, run_id, window, channel, outlets)
+        pipeline.stage_unlisted(conn, partner_id, run_id, window)  # after what it compares with
 
+    pipeline.stage_unlisted(conn, partner_id, run_id, window)
     result = pipeline.apply_changes(conn, partner_id, run_id, again if reharvest is not None else None)
     outlets.applied(conn, partner_id, run_id, result)
     return result

@@ -124,6 +124,32 @@ class StagingWriter:
             )
 
 
+NOT_LISTED = "not_listed"  # the reason (deletions.reason) of what a whole list did not name
+
+
+def stage_not_listed(conn: psycopg.Connection, run: RunRef, at: datetime, attempt: int | None = None) -> int:
+    """Stage a tombstone in ``run``'s channel for each held record stamped no later than
+    ``at`` that no channel of the run staged (a quarantined row counts as listed), dated at
+    the stored version's own stamp as the reconcile's removals are: the apply purges exactly
+    that version, reason ``not_listed``. Returns how many."""
+    pid, run_id, channel = run.key()
+    with conn.transaction():
+        check_attempt(conn, run, attempt)
+        fences.check(conn, f"staging of {channel} of run {run_id}")
+        conn.execute("DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key())
+        return conn.execute(
+            """
+            INSERT INTO staging (partner_id, run_id, channel, seq, kind, identifier, datestamp, reason)
+            SELECT %(pid)s, %(run)s, %(channel)s, row_number() OVER (ORDER BY r.identifier), 'T', r.identifier,
+                   r.datestamp, %(reason)s
+            FROM records r
+            WHERE r.partner_id = %(pid)s AND r.datestamp <= %(at)s
+              AND NOT EXISTS (SELECT 1 FROM staging s WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s
+                              AND s.identifier = r.identifier)
+            """, {"pid": pid, "run": run_id, "channel": channel, "at": at, "reason": NOT_LISTED},
+        ).rowcount
+
+
 def held_stamps(conn: psycopg.Connection | None, partner_id: str, identifiers: list[str]) -> dict[str, datetime]:
     """The stamps the aggregation holds for ``identifiers``, read on a staging sink's ``conn``
     (adapters.StagingSink; a sink that is no database, None, holds nothing)."""

@@ -1,0 +1,145 @@
+"""A partner publishing dated CSV dumps and deltas, end to end: the publisher simulator
+writing to a local folder, an S3-compatible server on loopback (moto) or a folder served as
+an HTTP directory; real PostgreSQL; each day one DAG run through partner_harvest.run.
+
+The days: a full dump; a delta; a delta that is late (written, its done-marker not yet); the
+next day's delta beside it; the late marker; the delta re-uploaded in place with other
+content; a delta with deletions; a new full dump missing records no delta deleted. After
+every day ``records`` holds what the deliveries published so far say the partner holds,
+each delivery applied once (the re-uploaded one twice), the late one waited for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+
+from include.simulators.files.publisher import Publisher
+from include.simulators.files.server import DirectoryServer
+from tests.support.files_harness import FilesHarness, files_partner
+
+DAY0 = datetime(2026, 6, 15, tzinfo=timezone.utc)
+
+
+def day(n: int) -> datetime:
+    return DAY0 + timedelta(days=n)
+
+
+class Place:
+    """Where the publisher writes and how the partner's Connection reaches it."""
+
+    def __init__(self, fs: Any, root: str, url: str, login: str | None = None, password: str | None = None,
+                 extra: dict[str, Any] | None = None, server: Any = None):
+        self.fs, self.root, self.url = fs, root, url
+        self.login, self.password, self.extra, self.server = login, password, extra or {}, server
+
+
+@pytest.fixture(params=["local", "http", "s3"])
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
+    local = fsspec.filesystem("file")
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    if request.param == "local":
+        yield Place(local, str(folder), f"file://{folder}")
+    elif request.param == "http":
+        with DirectoryServer(folder) as server:
+            yield Place(local, str(folder), f"{server.base_url}/", server=server)
+    else:
+        moto = request.getfixturevalue("moto_s3")
+        yield Place(moto.fs, "exports/museum", "s3://exports/museum", "test-key", "test-secret",
+                    {"endpoint_url": moto.endpoint})
+
+
+def test_dumps_and_deltas_day_by_day(place: Place, conn) -> None:
+    museum = Publisher(place.fs, place.root)
+    harness = FilesHarness(place.url, conn, files_partner(), login=place.login, password=place.password,
+                           extra=place.extra)
+
+    museum.create(60)
+    museum.full(day(0), parts=2)
+    first = harness.run()
+    assert harness.held() == museum.published_ids() and len(harness.held()) == 60
+    assert first.applied.upserted == 60 and first.applied.quarantined == 0
+    assert harness.cursor == day(0)
+
+    museum.edit(5)
+    museum.create(3)
+    museum.delete(2)
+    museum.delta(day(1))
+    harness.run()
+    assert harness.held() == museum.published_ids()
+    assert harness.cursor == day(1)
+
+    # Day 2's delta is written, its done-marker is not: it waits.
+    museum.edit(4)
+    museum.delete(1)
+    museum.delta(day(2), marker=False)
+    after_day1 = held_now = harness.held()
+    waited = harness.run()
+    assert waited.changes.fetched == 0 and harness.cursor == day(1)
+    assert "not complete" in (waited.window.protocol.files.waiting or "")
+    assert harness.held() == held_now
+
+    # Day 3's delta arrives complete while day 2's is still missing its marker: still waiting.
+    museum.edit(2)
+    museum.create(2)
+    museum.delta(day(3))
+    assert harness.run().changes.fetched == 0 and harness.held() == after_day1
+
+    # Day 2's marker comes late: days 2 and 3 apply, in date order, in one run.
+    museum.mark_done(day(2))
+    caught_up = harness.run()
+    assert harness.held() == museum.published_ids()
+    assert [d.date for d in caught_up.window.protocol.files.deliveries] == [day(2), day(3)]
+    assert harness.cursor == day(3)
+
+    # Day 3's delta re-uploaded in place with other content: applied again, and only it.
+    edited = museum.reupload_delta(day(3), edits=3)
+    again = harness.run()
+    assert [d.date for d in again.window.protocol.files.deliveries] == [day(3)], edited
+    assert harness.held() == museum.published_ids()
+    assert titles(conn, harness) == {i: r["title"] for i, r in museum.published.items()}
+
+    # A quiet day: nothing new, nothing applied.
+    assert harness.run().changes.fetched == 0
+
+    # Day 4: a delta of deletions.
+    gone = museum.delete(6)
+    museum.delta(day(4))
+    deleted = harness.run()
+    assert deleted.applied.purged == 6 and not set(gone) & harness.held()
+
+    # Day 5: a full dump that lacks records no delta deleted: they are purged (not_listed).
+    silently = museum.delete(4, announce=False)
+    museum.edit(2)
+    museum.full(day(5), parts=3)
+    full = harness.run()
+    assert harness.held() == museum.published_ids() and not set(silently) & harness.held()
+    assert full.window.protocol.whole_list_at == day(5)
+    assert reasons(conn, harness) == {"not_listed": 4}
+
+    applied = harness.applied_deliveries()
+    dates = [(date, kind) for _, date, kind in applied]
+    assert dates.count(("20260618", "delta")) == 2  # the re-upload
+    assert len(dates) == len(set(dates)) + 1  # every other delivery once
+    assert {d for d in set(dates)} == {(d, k) for d, k in museum.deliveries}
+    assert harness.cursor == day(5)
+
+
+def titles(conn, harness: FilesHarness) -> dict[str, str]:
+    rows = conn.execute("SELECT identifier, title FROM records WHERE partner_id = %s", (harness.partner.id,)).fetchall()
+    conn.commit()
+    return dict(rows)
+
+
+def reasons(conn, harness: FilesHarness) -> dict[str, int]:
+    """Why the last run purged what it purged (deletions.reason)."""
+    rows = conn.execute("SELECT reason, count(*) FROM deletions WHERE partner_id = %s AND run_id = %s GROUP BY 1",
+                        (harness.partner.id, f"run-{harness.runs}")).fetchall()
+    conn.commit()
+    return dict(rows)

@@ -22,6 +22,7 @@ import pytest
 from include.simulators.files.publisher import Publisher
 from include.simulators.files.server import DirectoryServer
 from tests.support.files_harness import FilesHarness, files_partner
+from tests.support.s3 import KEY, SECRET, moto_endpoint, moto_s3  # noqa: F401 (fixtures)
 
 DAY0 = datetime(2026, 6, 15, tzinfo=timezone.utc)
 
@@ -51,7 +52,7 @@ def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
             yield Place(local, str(folder), f"{server.base_url}/", server=server)
     else:
         moto = request.getfixturevalue("moto_s3")
-        yield Place(moto.fs, "exports/museum", "s3://exports/museum", "test-key", "test-secret",
+        yield Place(moto.fs, f"{moto.bucket}/museum", f"s3://{moto.bucket}/museum", KEY, SECRET,
                     {"endpoint_url": moto.endpoint})
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -37,6 +38,7 @@ from partner_harvest.formats.checks import policy_of
 from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
 from partner_harvest.registry import Partner, SliceSettings
 from partner_harvest.store import deliveries
+from partner_harvest.store.staging import held_versions, holds_any
 from partner_harvest.window import SECONDS, Delivery, DeliveryFacts, DeliveryFile, Slice, Window, format_instant
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,7 @@ class FileDeliveryAdapter(Adapter):
 
     def __init__(self, partner: Partner, storage: Storage, now: Callable[[], datetime] | None = None):
         super().__init__(partner)
+        self._holds = False
         options: FilesOptions = partner.options.files
         if options.format is None or (options.full is None and options.delta is None):
             raise ConfigurationError(partner.id, "registry options.files",
@@ -180,6 +183,7 @@ class FileDeliveryAdapter(Adapter):
             raise ConfigurationError(self.partner_id, "window", "the window was frozen without its deliveries "
                                      "(WindowFacts.files): freeze it again")
         units = units_of(facts)
+        self._holds = holds_any(sink.conn, self.partner_id)  # a first load compares nothing
         piece = window.protocol.slice
         lo, hi = (piece.lo or 0, piece.hi if piece.hi is not None else len(units) - 1) if piece and piece.lo is not None \
             else (0, len(units) - 1)
@@ -236,12 +240,23 @@ class FileDeliveryAdapter(Adapter):
             deliveries.record_file(sink.conn, sink.run, deliveries.ReadFile(
                 delivery.date, delivery.kind, file.path, file.size, file.etag, file.checksum, read))
 
-    @staticmethod
-    def _flush(page: list[HarvestItem], sink: StagingSink, stats: HarvestStats, at: int) -> None:
+    def _flush(self, page: list[HarvestItem], sink: StagingSink, stats: HarvestStats, at: int) -> None:
+        if self._holds:
+            self._keep_stamps(page, sink)
         for item in page:
             stats.add(item)
         stats.pages += 1
         sink.write_page(page, checkpoint=at)
+
+    def _keep_stamps(self, page: list[HarvestItem], sink: StagingSink) -> None:
+        """A record a delivery restates unchanged keeps the stamp it is held with: a daily full
+        dump is no daily change of every record (no upsert, no change-feed event)."""
+        held = held_versions(sink.conn, self.partner_id, [i.identifier for i in page if isinstance(i, Record)])
+        for index, item in enumerate(page):
+            if isinstance(item, Record) and item.identifier in held:
+                stamp, digest = held[item.identifier]
+                if stamp < item.datestamp and digest == item.content_hash:
+                    page[index] = replace(item, datestamp=stamp)
 
     def _progress(self, file: DeliveryFile, done: int, read: int, started: float, stats: HarvestStats) -> None:
         elapsed = max(time.monotonic() - started, 1e-6)

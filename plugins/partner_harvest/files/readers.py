@@ -41,6 +41,7 @@ from partner_harvest.xmlsafe import XmlInputError, iter_elements
 Positioned = Iterator[tuple[HarvestItem, int]]
 csv.field_size_limit(64 * 1024 * 1024)  # one field may be large; the record cap (max_record_bytes) still quarantines
 RAW_KEPT = 64 * 1024  # what a quarantined row keeps of its raw text
+_TRAILER = b" \r\n\t\x00\x1a"  # what MARC files carry after their last record
 
 
 class Counting(io.RawIOBase):
@@ -306,6 +307,9 @@ class FileReader:
             if not head:
                 return
             number += 1
+            if not head.strip(_TRAILER):  # a newline, NUL or ^Z after the last record: the end
+                if not stream.read(64 * 1024).strip(_TRAILER):
+                    return
             if len(head) < 5 or not head.isdigit() or int(head) < 24:
                 raise PartnerDataError(self.partner_id, f"read {path}", f"MARC record at byte {position} has no "
                                        f"readable length ({head!r}): the file is damaged or not ISO 2709")

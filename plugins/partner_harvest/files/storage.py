@@ -66,7 +66,7 @@ class Storage:
             if extra.get("region_name"):
                 client["region_name"] = extra["region_name"]
             options = {"key": endpoint.login or None, "secret": endpoint.password or None, "client_kwargs": client,
-                       "anon": not endpoint.login and not extra.get("endpoint_url")}
+                       "anon": not endpoint.login and not extra.get("endpoint_url"), "use_listings_cache": False}
         elif scheme in ("http", "https"):
             if endpoint.login:
                 import aiohttp
@@ -77,7 +77,7 @@ class Storage:
             raise ConfigurationError(partner_id, f"location {where}", f"the scheme {scheme!r} has no filesystem here: "
                                      "use s3, http(s) or file (other schemes through a provider's object storage)")
         try:
-            fs, root = fsspec.core.url_to_fs(url, **options)
+            fs, root = fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
         except (ImportError, ValueError) as exc:
             raise ConfigurationError(partner_id, f"location {where}", f"cannot open it: {exc}") from None
         return cls(partner_id, fs, root, where)
@@ -87,6 +87,7 @@ class Storage:
     def find(self, prefix: str, depth: int) -> list[Entry]:
         """The files below ``prefix`` (relative), at most ``depth`` levels down."""
         base = f"{self.root}/{prefix}".rstrip("/") if prefix else self.root
+        self.fs.invalidate_cache()  # a listing is read now, never from an earlier one
         try:
             found = self.fs.find(base, maxdepth=depth, detail=True)
         except FileNotFoundError:
@@ -110,6 +111,7 @@ class Storage:
 
     def info(self, path: str) -> Entry | None:
         """One file now, or None when it is not there."""
+        self.fs.invalidate_cache(self._full(path))
         try:
             info = self.fs.info(self._full(path))
         except FileNotFoundError:

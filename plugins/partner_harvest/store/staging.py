@@ -161,6 +161,26 @@ def held_stamps(conn: psycopg.Connection | None, partner_id: str, identifiers: l
     return {row[0]: row[1] for row in rows}
 
 
+def held_versions(conn: psycopg.Connection | None, partner_id: str,
+                  identifiers: list[str]) -> dict[str, tuple[datetime, str]]:
+    """The stamp and content hash the aggregation holds for each of ``identifiers`` (read as
+    :func:`held_stamps` reads)."""
+    if not identifiers or conn is None:
+        return {}
+    with conn.transaction():
+        rows = conn.execute("SELECT identifier, datestamp, content_hash FROM records WHERE partner_id = %s "
+                            "AND identifier = ANY(%s)", (partner_id, identifiers)).fetchall()
+    return {row[0]: (row[1], row[2]) for row in rows}
+
+
+def holds_any(conn: psycopg.Connection | None, partner_id: str) -> bool:
+    """Whether the aggregation holds any record of the partner."""
+    if conn is None:
+        return False
+    with conn.transaction():
+        return bool(scalar(conn.execute("SELECT EXISTS (SELECT 1 FROM records WHERE partner_id = %s)", (partner_id,))))
+
+
 def _payload_bytes(item: HarvestItem) -> int:
     text = item.metadata if isinstance(item, Record) else item.raw if isinstance(item, Rejected) else None
     if not text:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any, cast
 
 from lxml import etree
 
@@ -166,7 +166,7 @@ def iter_elements(stream: IO[bytes], tag: str) -> Iterator[etree._Element]:
     The caller clears each element it is done with, so memory stays bounded by one. A head
     that is not XML or declares entities is refused before anything is parsed; a document
     that breaks later raises where it breaks."""
-    buffered = stream if isinstance(stream, io.BufferedReader) else io.BufferedReader(stream)  # type: ignore[arg-type]
+    buffered = stream if isinstance(stream, io.BufferedReader) else io.BufferedReader(cast(Any, stream))
     head = buffered.peek(64 * 1024)[:64 * 1024]
     _refuse_non_xml(head)
     _refuse_entity_declarations(head)

@@ -144,3 +144,71 @@ def reasons(conn, harness: FilesHarness) -> dict[str, int]:
                         (harness.partner.id, f"run-{harness.runs}")).fetchall()
     conn.commit()
     return dict(rows)
+
+
+class Killed(Exception):
+    """The worker died here (a BaseException in Airflow; any exception ends the try alike)."""
+
+
+def test_a_try_killed_inside_a_file_resumes_at_its_checkpoint(tmp_path: Path, conn, monkeypatch) -> None:
+    from partner_harvest import run
+    from partner_harvest.files import harvester
+
+    folder = tmp_path / "dumps"
+    museum = Publisher(fsspec.filesystem("file"), str(folder))
+    museum.create(5000)
+    museum.full(day(0))
+    harness = FilesHarness(f"file://{folder}", conn, files_partner())
+    window = harness.freeze()
+    monkeypatch.setattr(harvester, "PAGE_ITEMS", 500)
+    real_flush = harvester.FileDeliveryAdapter._flush
+    flushed = []
+
+    def dying(self, page, sink, stats, at):  # the fourth page never lands
+        if len(flushed) == 3:
+            raise Killed("worker lost")
+        flushed.append(at)
+        real_flush(self, page, sink, stats, at)
+
+    monkeypatch.setattr(harvester.FileDeliveryAdapter, "_flush", dying)
+    with pytest.raises(Killed):
+        run.stage_channel(harness.adapter(), conn, "run-1", window, run.CHANGES)
+    staged = staged_rows(conn, "run-1")
+    assert staged == 1500 and flushed[-1] % harvester.UNIT > 0  # a byte offset inside the file
+
+    monkeypatch.setattr(harvester.FileDeliveryAdapter, "_flush", real_flush)
+    read: list[int] = []
+    real_read = harvester.FileReader.read
+
+    def counting(self, storage, path, stamp, start, digest=None):
+        read.append(start)
+        return real_read(self, storage, path, stamp, start, digest)
+
+    monkeypatch.setattr(harvester.FileReader, "read", counting)
+    stats = run.stage_channel(harness.adapter(), conn, "run-1", window, run.CHANGES)
+    assert read == [flushed[-1] % harvester.UNIT]  # entered the file at the checkpoint's byte offset
+    assert stats.fetched == 5000 and staged_rows(conn, "run-1") == 5000
+    applied = run.apply(conn, harness.partner.id, "run-1", window, run.Kept(), None)
+    assert applied.upserted == 5000 and harness.held() == museum.published_ids()
+
+
+def test_a_dump_in_parts_is_harvested_as_slices(tmp_path: Path, conn) -> None:
+    folder = tmp_path / "dumps"
+    museum = Publisher(fsspec.filesystem("file"), str(folder))
+    museum.create(900)
+    museum.full(day(0), parts=4, gz=True)
+    partner = files_partner(slicing={"threshold_records": 1, "target_records": 1, "max_slices": 3})
+    harness = FilesHarness(f"file://{folder}", conn, partner)
+    first = harness.run()
+    assert len(first.pieces) == 3 and harness.held() == museum.published_ids()
+    museum.delete(30, announce=False)
+    museum.edit(10)
+    museum.full(day(1), parts=4, gz=True)
+    second = harness.run()
+    assert len(second.pieces) == 3 and second.applied.purged == 30 and harness.held() == museum.published_ids()
+
+
+def staged_rows(conn, run_id: str) -> int:
+    count = conn.execute("SELECT count(*) FROM staging WHERE run_id = %s", (run_id,)).fetchone()[0]
+    conn.commit()
+    return count

@@ -74,7 +74,7 @@ class FileDeliveryAdapter(Adapter):
         if options.format is None or (options.full is None and options.delta is None):
             raise ConfigurationError(partner.id, "registry options.files",
                                      "a file-delivery partner needs options.files with full or delta and format")
-        self.options, self.storage = options, storage
+        self.options, self.storage, self.format = options, storage, options.format
         self.layout = layout.Layout(partner.id, options, storage)
         self.now = now or (lambda: datetime.now(timezone.utc))
         prefix = partner.metadata_prefix if partner.metadata_prefix != "auto" else PREFIXES[options.format.kind]
@@ -223,7 +223,7 @@ class FileDeliveryAdapter(Adapter):
                 if stats.pages % 50 == 0:
                     self._progress(file, counting.count, read, started, stats)
         self._flush(page, sink, stats, checkpoint(index, last))
-        if seeks(file.path, self.options.format) and counting.count != file.size:
+        if seeks(file.path, self.format) and counting.count != file.size:
             raise PartnerDataError(self.partner_id, f"read {where}", f"read {counting.count} bytes, the listing said "
                                    f"{file.size}: the file changed while it was read")
         if digest is not None and file.checksum is not None:

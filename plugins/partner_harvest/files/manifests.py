@@ -53,7 +53,7 @@ def resourcesync(data: bytes, base: str, where: str) -> Listed:
     except XmlInputError as exc:
         raise PartnerDataError("", f"read {where}/{base}", f"ResourceSync list: {exc.cause}") from None
     if root.tag != f"{{{SITEMAP}}}urlset":
-        raise PartnerDataError("", f"read {where}/{base}", f"ResourceSync list: the root is {root.tag}, not a "
+        raise PartnerDataError("", f"read {where}/{base}", f"ResourceSync list: the root is {root.tag!s}, not a "
                                "sitemap urlset")
     listed: Listed = {}
     for url in root.iterfind(f"{{{SITEMAP}}}url"):

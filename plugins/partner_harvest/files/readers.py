@@ -23,7 +23,7 @@ import json
 import zipfile
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import pymarc
 from lxml import etree
@@ -98,14 +98,14 @@ class FileReader:
         counting.count = offset
         stream: IO[bytes]
         if compression == "gzip":
-            stream = gzip.GzipFile(fileobj=counting, mode="rb")  # type: ignore[arg-type]
+            stream = cast(IO[bytes], gzip.GzipFile(fileobj=counting, mode="rb"))
         elif compression == "zip":
             return self._zip(storage, path, stamp, start), counting
         else:
             stream = io.BufferedReader(counting, 1024 * 1024)
         items = self._items(stream, path, stamp, offset, header)
         if not seeks(path, self.fmt):
-            items = _skip_records(items, start)
+            items = _numbered(items, start)
         return items, counting
 
     def _items(self, stream: IO[bytes], path: str, stamp: datetime, offset: int, header: list[str] | None) -> Positioned:
@@ -125,8 +125,8 @@ class FileReader:
             number = 0
             for name in names:
                 with archive.open(name) as member:
-                    for item, _ in self._items(io.BufferedReader(member, 1024 * 1024), f"{path}!{name}",  # type: ignore[arg-type]
-                                               stamp, 0, None):
+                    for item, _ in self._items(io.BufferedReader(cast(Any, member), 1024 * 1024),
+                                               f"{path}!{name}", stamp, 0, None):
                         number += 1
                         if number > start:
                             yield item, number
@@ -138,7 +138,7 @@ class FileReader:
 
     def _csv_header(self, storage: Storage, path: str) -> list[str]:
         with storage.open(path) as handle:
-            lines = (line.decode(self.fmt.encoding, "surrogateescape") for line in io.BufferedReader(handle))  # type: ignore[arg-type]
+            lines = (line.decode(self.fmt.encoding, "surrogateescape") for line in io.BufferedReader(cast(Any, handle)))
             header = next(csv.reader(lines, **self._dialect()), None)
         if header is None:
             raise PartnerDataError(self.partner_id, f"read {storage.where}/{path}", "the file is empty: no header row")
@@ -170,17 +170,19 @@ class FileReader:
         width, prefix, deleted_values, dumps = len(header), self.prefix, self.deleted_values, json.dumps
         no_title_reject, no_title_warn = self._no_title
         keys = header
+        next_row = consumed
         for row in reader:
-            position = consumed
+            begun, position = next_row, consumed  # where the row starts and where the file continues
+            next_row = position
             if not row:
                 continue
             if len(row) != width:
-                yield self._bad_row(row, id_at, path, position, stamp,
+                yield self._bad_row(row, id_at, path, begun, stamp,
                                     f"row has {len(row)} fields, the header {width}"), position
                 continue
             identifier = row[id_at].strip()
             if not identifier:
-                yield self._bad_row(row, id_at, path, position, stamp, f"no identifier in column {fmt.identifier!r}"), position
+                yield self._bad_row(row, id_at, path, begun, stamp, f"no identifier in column {fmt.identifier!r}"), position
                 continue
             when = self._stamp(row[stamp_at], stamp) if stamp_at is not None else stamp
             if deleted_at is not None and row[deleted_at].strip().lower() in deleted_values:
@@ -356,9 +358,9 @@ def new_digest(checksum: str | None) -> Any:
     return hashlib.new(checksum.split(":", 1)[0])
 
 
-def _skip_records(items: Positioned, start: int) -> Positioned:
-    """Past the first ``start`` records (a resumed try of a file without byte offsets)."""
-    for item, number in items:
+def _numbered(items: Positioned, start: int) -> Positioned:
+    """Positions as record numbers, past the first ``start`` (a file without byte offsets)."""
+    for number, (item, _) in enumerate(items, 1):
         if number > start:
             yield item, number
 

@@ -122,6 +122,7 @@ SPEC = ProtocolSpec(
         hidden_fields=("schema", "port"),
         relabeling={"host": "Location URL", "login": "Access key or user", "password": "Secret or password"},
         placeholders={"host": "s3://bucket/exports/ or https://museum.example/opendata/ or file:///srv/dumps"},
+        object_storage=True,
     ),
     docs="docs/design/files.md",
     default_prefix="auto",

@@ -41,6 +41,7 @@ from partner_harvest.xmlsafe import XmlInputError, iter_elements
 Positioned = Iterator[tuple[HarvestItem, int]]
 csv.field_size_limit(64 * 1024 * 1024)  # one field may be large; the record cap (max_record_bytes) still quarantines
 RAW_KEPT = 64 * 1024  # what a quarantined row keeps of its raw text
+_ENCODE = json.JSONEncoder(ensure_ascii=False).encode  # one encoder: json.dumps with arguments builds one a row
 _TRAILER = b" \r\n\t\x00\x1a"  # what MARC files carry after their last record
 
 
@@ -167,7 +168,7 @@ class FileReader:
         deleted_at = self._column(columns, fmt.deleted, "deleted", path) if fmt.deleted else None
         title_at = self._column(columns, fmt.title, "title", path) if fmt.title else None
         stamp_at = self._column(columns, fmt.datestamp, "datestamp", path) if fmt.datestamp else None
-        width, prefix, deleted_values, dumps = len(header), self.prefix, self.deleted_values, json.dumps
+        width, prefix, deleted_values, dumps = len(header), self.prefix, self.deleted_values, _ENCODE
         no_title_reject, no_title_warn = self._no_title
         keys = header
         next_row = consumed
@@ -188,7 +189,7 @@ class FileReader:
             if deleted_at is not None and row[deleted_at].strip().lower() in deleted_values:
                 yield Tombstone(identifier, when), position
                 continue
-            metadata = dumps(dict(zip(keys, row)), ensure_ascii=False)
+            metadata = dumps(dict(zip(keys, row)))
             if title_at is not None:
                 title = row[title_at].strip() or None
                 if title is None:

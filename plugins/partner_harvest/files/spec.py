@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import BeforeValidator, Field, StrictStr, model_validator
+from pydantic import Field, StrictStr, model_validator
 
+from partner_harvest.durations import Duration
 from partner_harvest.protocols import ConnectionType, OptionsKey, ProtocolSpec, StrictOptions
 
 if TYPE_CHECKING:
@@ -16,15 +17,6 @@ if TYPE_CHECKING:
 PATTERN_HELP = ("relative to the location; {date:FORMAT} is the delivery's date in strftime codes (%Y %m %d %H %M "
                 "%S %j %y %b), * any characters within a path segment")
 Pattern = Annotated[str, Field(min_length=1, pattern=r"\{date:[^}]+\}", strict=True)]
-
-
-def _duration(value: object) -> object:
-    from partner_harvest.registry import parse_duration  # the registry's own reading of durations
-
-    return parse_duration(value) if value is not None else None
-
-
-Duration = Annotated[timedelta, BeforeValidator(_duration)]
 
 
 class FormatOptions(StrictOptions):
@@ -123,6 +115,9 @@ SPEC = ProtocolSpec(
         relabeling={"host": "Location URL", "login": "Access key or user", "password": "Secret or password"},
         placeholders={"host": "s3://bucket/exports/ or https://museum.example/opendata/ or file:///srv/dumps"},
         object_storage=True,
+        fields={"endpoint_url": ("Endpoint URL", "An S3-compatible store's URL (MinIO, Ceph, a cloud's S3 API), e.g. "
+                                 "https://s3.example.org. Empty: AWS itself."),
+                "region_name": ("Region", "The bucket's region, e.g. eu-west-1. Empty: the store's default.")},
     ),
     docs="docs/design/files.md",
     default_prefix="auto",

@@ -212,3 +212,31 @@ def staged_rows(conn, run_id: str) -> int:
     count = conn.execute("SELECT count(*) FROM staging WHERE run_id = %s", (run_id,)).fetchone()[0]
     conn.commit()
     return count
+
+
+def test_the_reconcile_compares_the_chain_with_what_is_held(tmp_path: Path, conn) -> None:
+    from partner_harvest.reconcile import reconcile
+
+    folder = tmp_path / "dumps"
+    museum = Publisher(fsspec.filesystem("file"), str(folder))
+    museum.create(40)
+    museum.full(day(0))
+    museum.edit(3)
+    museum.delete(2)
+    museum.delta(day(1))
+    harness = FilesHarness(f"file://{folder}", conn, files_partner(max_purge_fraction=0.5))
+    harness.run()
+    lost, stray = sorted(museum.published_ids())[:3], "RM-999999"
+    conn.execute("DELETE FROM records WHERE partner_id = %s AND identifier = ANY(%s)", (harness.partner.id, lost))
+    conn.execute("INSERT INTO records (partner_id, identifier, datestamp, metadata_prefix, metadata, content_hash, run_id,"
+                 " observed_at, change_seq) SELECT partner_id, %s, datestamp, metadata_prefix, metadata, content_hash,"
+                 " run_id, observed_at, nextval('change_seq') FROM records WHERE partner_id = %s LIMIT 1",
+                 (stray, harness.partner.id))
+    conn.commit()
+    museum.edit(2)
+    gone = museum.delete(1)
+    museum.delta(day(2))  # published before the reconcile, not yet applied by a harvest
+    outcome = reconcile(harness.adapter(), conn, harness.partner, "reconcile-1")
+    assert outcome.purged == 1 and outcome.upserted >= 3 and not set(lost) - harness.held()
+    harness.run()  # the reconcile's read applied no delivery: the next run still applies day 2's delta
+    assert harness.held() == museum.published_ids() and not set(gone) & harness.held()

@@ -192,14 +192,15 @@ class FileDeliveryAdapter(Adapter):
         if resume is not None:
             log.info("%s: resuming at file %d of %d..%d, position %d", self.partner_id, start_unit, lo, hi,
                      start_position)
+        audit = window.mode != "reconcile"  # a reconcile's read applies no delivery: no delivery_files row
         for index in range(max(lo, start_unit), hi + 1):
             delivery, file = units[index]
-            self._read(index, delivery, file, start_position if index == start_unit else 0, sink, stats)
+            self._read(index, delivery, file, start_position if index == start_unit else 0, sink, stats, audit)
         if facts.waiting:
             log.info("%s: waiting: %s", self.partner_id, facts.waiting)
 
     def _read(self, index: int, delivery: Delivery, file: DeliveryFile, position: int, sink: StagingSink,
-              stats: HarvestStats) -> None:
+              stats: HarvestStats, audit: bool = True) -> None:
         """One file from ``position``: its items staged page by page, each page with its checkpoint."""
         where = f"{self.storage.where}/{file.path}"
         now = self.storage.info(file.path)
@@ -236,7 +237,7 @@ class FileDeliveryAdapter(Adapter):
         log.info("%s: %s (%s of %s): %d items read (%d records, %d deleted, %d rejected so far in this piece)",
                  self.partner_id, file.path, delivery.kind, format_instant(delivery.date), read, stats.records,
                  stats.tombstones, stats.rejected)
-        if sink.conn is not None and sink.run is not None:
+        if audit and sink.conn is not None and sink.run is not None:
             deliveries.record_file(sink.conn, sink.run, deliveries.ReadFile(
                 delivery.date, delivery.kind, file.path, file.size, file.etag, file.checksum, read))
 

@@ -17,10 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import psycopg
 import pytest
 
 from include.simulators.files.publisher import Publisher
 from include.simulators.files.server import DirectoryServer
+from partner_harvest.run import RunResult
+from partner_harvest.window import DeliveryFacts
 from tests.support.files_harness import FilesHarness, files_partner
 from tests.support.s3 import KEY, SECRET, moto_endpoint, moto_s3  # noqa: F401 (fixtures)
 
@@ -56,7 +59,7 @@ def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
                     {"endpoint_url": moto.endpoint})
 
 
-def test_dumps_and_deltas_day_by_day(place: Place, conn) -> None:
+def test_dumps_and_deltas_day_by_day(place: Place, conn: psycopg.Connection) -> None:
     museum = Publisher(place.fs, place.root)
     harness = FilesHarness(place.url, conn, files_partner(), login=place.login, password=place.password,
                            extra=place.extra)
@@ -83,7 +86,7 @@ def test_dumps_and_deltas_day_by_day(place: Place, conn) -> None:
     after_day1 = held_now = harness.held()
     waited = harness.run()
     assert waited.changes.fetched == 0 and harness.cursor == day(1)
-    assert "not complete" in (waited.window.protocol.files.waiting or "")
+    assert "not complete" in (frozen(waited).waiting or "")
     assert harness.held() == held_now
 
     # Day 3's delta arrives complete while day 2's is still missing its marker: still waiting.
@@ -96,13 +99,13 @@ def test_dumps_and_deltas_day_by_day(place: Place, conn) -> None:
     museum.mark_done(day(2))
     caught_up = harness.run()
     assert harness.held() == museum.published_ids()
-    assert [d.date for d in caught_up.window.protocol.files.deliveries] == [day(2), day(3)]
+    assert [d.date for d in frozen(caught_up).deliveries] == [day(2), day(3)]
     assert harness.cursor == day(3)
 
     # Day 3's delta re-uploaded in place with other content: applied again, and only it.
     edited = museum.reupload_delta(day(3), edits=3)
     again = harness.run()
-    assert [d.date for d in again.window.protocol.files.deliveries] == [day(3)], edited
+    assert [d.date for d in frozen(again).deliveries] == [day(3)], edited
     assert harness.held() == museum.published_ids()
     assert titles(conn, harness) == {i: r["title"] for i, r in museum.published.items()}
 
@@ -132,13 +135,19 @@ def test_dumps_and_deltas_day_by_day(place: Place, conn) -> None:
     assert harness.cursor == day(5)
 
 
-def titles(conn, harness: FilesHarness) -> dict[str, str]:
+def frozen(result: RunResult) -> DeliveryFacts:
+    """The deliveries a run froze (and why it waits)."""
+    assert result.window.protocol.files is not None
+    return result.window.protocol.files
+
+
+def titles(conn: psycopg.Connection, harness: FilesHarness) -> dict[str, str]:
     rows = conn.execute("SELECT identifier, title FROM records WHERE partner_id = %s", (harness.partner.id,)).fetchall()
     conn.commit()
     return dict(rows)
 
 
-def reasons(conn, harness: FilesHarness) -> dict[str, int]:
+def reasons(conn: psycopg.Connection, harness: FilesHarness) -> dict[str, int]:
     """Why the last run purged what it purged (deletions.reason)."""
     rows = conn.execute("SELECT reason, count(*) FROM deletions WHERE partner_id = %s AND run_id = %s GROUP BY 1",
                         (harness.partner.id, f"run-{harness.runs}")).fetchall()
@@ -150,7 +159,8 @@ class Killed(Exception):
     """The worker died here (a BaseException in Airflow; any exception ends the try alike)."""
 
 
-def test_a_try_killed_inside_a_file_resumes_at_its_checkpoint(tmp_path: Path, conn, monkeypatch) -> None:
+def test_a_try_killed_inside_a_file_resumes_at_its_checkpoint(tmp_path: Path, conn: psycopg.Connection,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from partner_harvest import run
     from partner_harvest.files import harvester
 
@@ -162,9 +172,9 @@ def test_a_try_killed_inside_a_file_resumes_at_its_checkpoint(tmp_path: Path, co
     window = harness.freeze()
     monkeypatch.setattr(harvester, "PAGE_ITEMS", 500)
     real_flush = harvester.FileDeliveryAdapter._flush
-    flushed = []
+    flushed: list[int] = []
 
-    def dying(self, page, sink, stats, at):  # the fourth page never lands
+    def dying(self: Any, page: Any, sink: Any, stats: Any, at: int) -> None:  # the fourth page never lands
         if len(flushed) == 3:
             raise Killed("worker lost")
         flushed.append(at)
@@ -180,7 +190,7 @@ def test_a_try_killed_inside_a_file_resumes_at_its_checkpoint(tmp_path: Path, co
     read: list[int] = []
     real_read = harvester.FileReader.read
 
-    def counting(self, storage, path, stamp, start, digest=None):
+    def counting(self: Any, storage: Any, path: str, stamp: Any, start: int, digest: Any = None) -> Any:
         read.append(start)
         return real_read(self, storage, path, stamp, start, digest)
 
@@ -192,7 +202,7 @@ def test_a_try_killed_inside_a_file_resumes_at_its_checkpoint(tmp_path: Path, co
     assert applied.upserted == 5000 and harness.held() == museum.published_ids()
 
 
-def test_a_dump_in_parts_is_harvested_as_slices(tmp_path: Path, conn) -> None:
+def test_a_dump_in_parts_is_harvested_as_slices(tmp_path: Path, conn: psycopg.Connection) -> None:
     folder = tmp_path / "dumps"
     museum = Publisher(fsspec.filesystem("file"), str(folder))
     museum.create(900)
@@ -208,13 +218,13 @@ def test_a_dump_in_parts_is_harvested_as_slices(tmp_path: Path, conn) -> None:
     assert len(second.pieces) == 3 and second.applied.purged == 30 and harness.held() == museum.published_ids()
 
 
-def staged_rows(conn, run_id: str) -> int:
-    count = conn.execute("SELECT count(*) FROM staging WHERE run_id = %s", (run_id,)).fetchone()[0]
+def staged_rows(conn: psycopg.Connection, run_id: str) -> int:
+    count = int(conn.execute("SELECT count(*) FROM staging WHERE run_id = %s", (run_id,)).fetchone()[0])  # type: ignore[index]
     conn.commit()
     return count
 
 
-def test_the_reconcile_compares_the_chain_with_what_is_held(tmp_path: Path, conn) -> None:
+def test_the_reconcile_compares_the_chain_with_what_is_held(tmp_path: Path, conn: psycopg.Connection) -> None:
     from partner_harvest.reconcile import reconcile
 
     folder = tmp_path / "dumps"

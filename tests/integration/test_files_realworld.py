@@ -11,6 +11,8 @@ import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
+import psycopg
+
 from tests.support.files_harness import FilesHarness, files_partner
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "realworld" / "files"
@@ -26,7 +28,7 @@ def deliver(folder: Path, date: str, name: str, source: Path, *, gz: bool = Fals
     (folder / date / "_SUCCESS").write_bytes(b"")
 
 
-def test_three_exports_of_the_national_gallery(tmp_path: Path, conn) -> None:
+def test_three_exports_of_the_national_gallery(tmp_path: Path, conn: psycopg.Connection) -> None:
     partner = files_partner("nga", files={
         "full": "{date:%Y%m%d}/constituents.csv*", "delta": None, "every": None,
         "format": {"kind": "csv", "identifier": "constituentid", "title": "preferreddisplayname"}})
@@ -51,7 +53,7 @@ def test_three_exports_of_the_national_gallery(tmp_path: Path, conn) -> None:
     assert harness.cursor == datetime(2025, 3, 7, tzinfo=timezone.utc)
 
 
-def test_library_of_congress_marc_and_damaged_records(tmp_path: Path, conn) -> None:
+def test_library_of_congress_marc_and_damaged_records(tmp_path: Path, conn: psycopg.Connection) -> None:
     partner = files_partner("loc", files={
         "full": "{date:%Y%m%d}/full.mrc", "delta": "{date:%Y%m%d}/delta.mrc", "every": None,
         "format": {"kind": "marc", "identifier": "001"}})
@@ -73,7 +75,7 @@ def test_library_of_congress_marc_and_damaged_records(tmp_path: Path, conn) -> N
     assert len(harness.held()) == 21
 
 
-def test_cooper_hewitt_exhibitions_as_json_lines(tmp_path: Path, conn) -> None:
+def test_cooper_hewitt_exhibitions_as_json_lines(tmp_path: Path, conn: psycopg.Connection) -> None:
     partner = files_partner("cooper", files={
         "full": "exhibitions-{date:%Y-%m-%d}.jsonl", "delta": None, "done_marker": None, "every": None,
         "format": {"kind": "jsonl", "identifier": "id", "title": "title"}})
@@ -84,15 +86,15 @@ def test_cooper_hewitt_exhibitions_as_json_lines(tmp_path: Path, conn) -> None:
     assert title_of(conn, "cooper", "35349401") == "More than Meets the Eye"
 
 
-def title_of(conn, partner_id: str, identifier: str) -> str | None:
+def title_of(conn: psycopg.Connection, partner_id: str, identifier: str) -> str | None:
     row = conn.execute("SELECT title FROM records WHERE partner_id = %s AND identifier = %s",
                        (partner_id, identifier)).fetchone()
     conn.commit()
-    return row[0] if row else None
+    return str(row[0]) if row and row[0] is not None else None
 
 
-def metadata_of(conn, partner_id: str, identifier: str) -> str:
+def metadata_of(conn: psycopg.Connection, partner_id: str, identifier: str) -> str:
     row = conn.execute("SELECT metadata FROM records WHERE partner_id = %s AND identifier = %s",
                        (partner_id, identifier)).fetchone()
     conn.commit()
-    return row[0] if row else ""
+    return str(row[0]) if row else ""

@@ -9,6 +9,7 @@ import psycopg
 from include.simulators.files.publisher import OPTIONS
 from partner_harvest.factory import Endpoint
 from partner_harvest.registry import Partner
+from partner_harvest.run import RunResult
 from tests.support.harness import Harness
 from tests.support.partners import WHOLE, _entry, partner_from_entry
 
@@ -32,7 +33,7 @@ class FilesHarness(Harness):
     def endpoint(self) -> Endpoint:
         return Endpoint(self.url, self.login, self.password, self.extra)
 
-    def run(self, mode: str = "incremental", **kw: Any):
+    def run(self, mode: str = "incremental", **kw: Any) -> RunResult:
         return self.run_through(mode, **kw)
 
     def applied_deliveries(self) -> list[tuple[str, str, str]]:
@@ -44,4 +45,4 @@ class FilesHarness(Harness):
             WHERE d.partner_id = %s AND h.status = 'applied' ORDER BY 1, 2, 3
             """, (self.partner.id,)).fetchall()
         self.conn.commit()
-        return [tuple(r) for r in rows]
+        return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]

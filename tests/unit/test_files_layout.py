@@ -10,6 +10,7 @@ import os
 import zipfile
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pymarc
 import pytest
@@ -39,7 +40,7 @@ def put(root: Path, path: str, data: bytes = b"id\n1\n", mtime: datetime | None 
         os.utime(target, (mtime.timestamp(), mtime.timestamp()))
 
 
-def options(**given) -> FilesOptions:
+def options(**given: Any) -> FilesOptions:
     given.setdefault("format", {"kind": "csv", "identifier": "id"})
     return FilesOptions.model_validate(given)
 
@@ -143,7 +144,7 @@ def test_a_resourcesync_list_says_which_files_and_their_lengths(tmp_path: Path) 
 
 # -- readers ------------------------------------------------------------------------------
 
-def read(tmp_path: Path, name: str, data: bytes, start: int = 0, **fmt) -> list:
+def read(tmp_path: Path, name: str, data: bytes, start: int = 0, **fmt: Any) -> list[Any]:
     put(tmp_path, name, data)
     reader = FileReader("p", FormatOptions.model_validate(fmt), "csv", DEFAULT_POLICY)
     items, _ = reader.read(storage(tmp_path), name, DAY, start)
@@ -199,7 +200,7 @@ LIDO = b"""<?xml version="1.0" encoding="UTF-8"?>
 
 
 def test_xml_records_streamed_and_hostile_documents_refused(tmp_path: Path) -> None:
-    fmt = {"kind": "xml", "record": "lido:lido", "identifier": "lido:lidoRecID",
+    fmt: dict[str, Any] = {"kind": "xml", "record": "lido:lido", "identifier": "lido:lidoRecID",
            "namespaces": {"lido": "http://www.lido-schema.org"}}
     items = read(tmp_path, "x.xml", LIDO, **fmt)
     assert [(type(i).__name__, i.identifier) for i, _ in items] == [("Record", "obj-1"), ("Rejected", "x.xml#2")]
@@ -225,6 +226,7 @@ def test_marc_leader_deleted_and_named_identifier(tmp_path: Path) -> None:
 
 
 def test_unusable_rows_are_quarantined_never_dropped(tmp_path: Path) -> None:
-    items = read(tmp_path, "q.csv", b"id,title\n\x00bad,x\n2,ok\n", kind="csv", identifier="id")
-    assert len(items) == 2 and all(isinstance(i, (Record, Rejected)) for i, _ in items)
+    items = read(tmp_path, "q.csv", b"id,title\n\x00bad,x\n2,ok\n3,caf\xe9\n", kind="csv", identifier="id")
+    assert len(items) == 3 and all(isinstance(i, (Record, Rejected)) for i, _ in items)
+    assert isinstance(items[2][0], Rejected) and "not valid utf-8" in items[2][0].reason  # Latin-1 in a UTF-8 file
     assert layout.FULL == "full"

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import IO, Any, cast
 
+import msgspec
 import pymarc
 from lxml import etree
 
@@ -41,7 +42,7 @@ from partner_harvest.xmlsafe import XmlInputError, iter_elements
 Positioned = Iterator[tuple[HarvestItem, int]]
 csv.field_size_limit(64 * 1024 * 1024)  # one field may be large; the record cap (max_record_bytes) still quarantines
 RAW_KEPT = 64 * 1024  # what a quarantined row keeps of its raw text
-_ENCODE = json.JSONEncoder(ensure_ascii=False).encode  # one encoder: json.dumps with arguments builds one a row
+_ENCODER = msgspec.json.Encoder()  # a row's JSON: four times json's speed (msgspec comes with Airflow)
 _TRAILER = b" \r\n\t\x00\x1a"  # what MARC files carry after their last record
 
 
@@ -168,7 +169,7 @@ class FileReader:
         deleted_at = self._column(columns, fmt.deleted, "deleted", path) if fmt.deleted else None
         title_at = self._column(columns, fmt.title, "title", path) if fmt.title else None
         stamp_at = self._column(columns, fmt.datestamp, "datestamp", path) if fmt.datestamp else None
-        width, prefix, deleted_values, dumps = len(header), self.prefix, self.deleted_values, _ENCODE
+        width, prefix, deleted_values, encode = len(header), self.prefix, self.deleted_values, _ENCODER.encode
         no_title_reject, no_title_warn = self._no_title
         keys = header
         next_row = consumed
@@ -189,7 +190,11 @@ class FileReader:
             if deleted_at is not None and row[deleted_at].strip().lower() in deleted_values:
                 yield Tombstone(identifier, when), position
                 continue
-            metadata = dumps(dict(zip(keys, row)))
+            try:
+                metadata = encode(dict(zip(keys, row))).decode()
+            except (msgspec.EncodeError, UnicodeEncodeError):  # a byte the encoding does not know (a lone surrogate)
+                yield self._bad_row(row, id_at, path, begun, stamp, f"a field is not valid {encoding}"), position
+                continue
             if title_at is not None:
                 title = row[title_at].strip() or None
                 if title is None:
@@ -232,8 +237,8 @@ class FileReader:
             if not text:
                 continue
             try:
-                document = json.loads(text)
-            except ValueError as exc:
+                document = _decode_json(text)
+            except (ValueError, msgspec.DecodeError) as exc:
                 yield Rejected(f"{path}@{position}", f"json.unreadable: {path}: {exc}", text[:RAW_KEPT], stamp, prefix), position
                 continue
             if not isinstance(document, dict):
@@ -350,6 +355,9 @@ class FileReader:
             checked.repair()
             text = etree.tostring(element, encoding="unicode")
         return Record(identifier, stamp, "marc21", text, (), checked.title, warnings)
+
+
+_decode_json = msgspec.json.Decoder().decode
 
 
 def new_digest(checksum: str | None) -> Any:

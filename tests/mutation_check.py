@@ -101,14 +101,14 @@ MUTATIONS: tuple[Mutation, ...] = (
       (APPLY + "test_tombstone_older_than_stored_version_does_not_purge",),
       "a tombstone purges whatever the stored version's datestamp"),
     M("I3-deletion-recorded", "store/apply.py",
-      "    FROM gone\n), \"\"\" + _REMEMBER.format", "    FROM gone WHERE false\n), \"\"\" + _REMEMBER.format",
+      "    FROM gone\n), kept AS (", "    FROM gone WHERE false\n), kept AS (",
       (OAI + "test_full_then_incremental_matches_live_set",),
       "purged records are no longer written to the deletions log"),
     # I4 -- one transaction
     Mutation("I4-one-transaction", "store/apply.py", (
         ("CREATE TEMP TABLE apply_batch ON COMMIT DROP AS", "CREATE TEMP TABLE apply_batch AS"),
-        ("        upserted = Counter(updated) + Counter(inserted)\n",
-         "        upserted = Counter(updated) + Counter(inserted)\n"
+        ("        upserted = Counter(updated) + Counter(inserted) + Counter(moved)\n",
+         "        upserted = Counter(updated) + Counter(inserted) + Counter(moved)\n"
          "        conn.execute('COMMIT')\n        conn.execute('BEGIN')\n"),
     ), (APPLY + "test_failed_apply_leaves_nothing_half_applied",),
         "the upserts commit on their own, before the purge"),

@@ -88,6 +88,10 @@ class ControlledServer(LoopbackServer):
                 result["added"] += model.add(int(data["add"]))
             if data.get("recreate") and hasattr(model, "recreate"):
                 result["recreated"] = model.recreate(int(data["recreate"]))
+            if data.get("edit_silently") and hasattr(model, "edit_silently"):
+                result["edited_silently"] = model.edit_silently(int(data["edit_silently"]))
+            if data.get("rename") and hasattr(model, "rename"):
+                result["renamed"] = model.rename(str(data["rename"]), restamp=bool(data.get("restamp", True)))
             if data.get("move_sets") and hasattr(model, "move_sets"):
                 result["moved"] = model.move_sets(int(data["move_sets"]))
             result["clock"] = iso_seconds(model.clock)

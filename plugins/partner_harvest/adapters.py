@@ -114,6 +114,7 @@ class Adapter(ABC):
     def __init__(self, partner: Partner):
         self.partner = partner
         self.partner_id = partner.id
+        self.responses = 0  # responses the partner's session received (factory.build_adapter counts them)
 
     # -- must -------------------------------------------------------------------------
 
@@ -137,7 +138,9 @@ class Adapter(ABC):
 
     @abstractmethod
     def fetch_records(self, window: Window, identifiers: list[str]) -> list[HarvestItem]:
-        """The current version of each identifier (the reconcile's missing records)."""
+        """The current version of each identifier, fetched by identifier: the reconcile's
+        missing records and the content check's sample (content_check.py). An identifier the
+        partner no longer holds is left out (or comes back as a Tombstone)."""
 
     # -- may --------------------------------------------------------------------------
 

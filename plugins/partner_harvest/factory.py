@@ -14,7 +14,7 @@ from partner_harvest.errors import ConfigurationError
 from partner_harvest.politeness import Pacer, PacingStore, endpoint_host
 from partner_harvest.protocols import spec_of
 from partner_harvest.registry import Partner
-from partner_harvest.transport import HttpPolicy, Transport, build_session
+from partner_harvest.transport import HttpPolicy, RequestPacer, Transport, build_session
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,16 @@ class Wiring:
     session: requests.Session  # the partner's session: its policy, transport, credentials, pacing, response hooks
     policy: HttpPolicy  # the session's policy (http_policy)
     credentials: Credentials | None  # the session's (credentials())
+    counted: Callable[..., None] | None = None  # the response hook counting Adapter.responses
 
     def new_session(self) -> requests.Session:
-        """Another session of the same policy, transport and credentials, unpaced (a client's worker threads)."""
-        return build_session(self.partner.id, self.policy, home=self.endpoint.base_url,
-                             transport=transport(self.partner, self.endpoint), credentials=self.credentials)
+        """Another session of the same policy, transport and credentials, unpaced (a client's
+        worker threads); its responses count as the adapter's too."""
+        session = build_session(self.partner.id, self.policy, home=self.endpoint.base_url,
+                                transport=transport(self.partner, self.endpoint), credentials=self.credentials)
+        if self.counted is not None:
+            session.hooks["response"].append(self.counted)
+        return session
 
 
 def http_policy(partner: Partner) -> HttpPolicy:
@@ -88,16 +93,27 @@ def pacer(partner: Partner, endpoint: Endpoint, store: Callable[[], PacingStore]
 
 
 def build_adapter(partner: Partner, endpoint: Endpoint, *, pacing: Callable[[], PacingStore] | None = None,
-                  on_response: Callable[[requests.Response], Any] | None = None) -> Adapter:
+                  on_response: Callable[[requests.Response], Any] | None = None,
+                  paced_by: RequestPacer | None = None) -> Adapter:
     """The partner's adapter, built by its protocol's spec (``protocols.ProtocolSpec.build``,
     which imports only its own stack). ``pacing`` opens the shared pacing state
     (``store.pacing.PgPacingStore``), called only when a request first needs it; without it
-    the partner's requests are not paced. ``on_response``: called with every response the
-    partner's session receives (the Airflow layer counts requests and bytes with it)."""
+    the partner's requests are not paced. ``paced_by``: a pacer of the caller's own instead
+    (the readiness check's budget, readiness.py). ``on_response``: called with every response
+    the partner's session receives (the Airflow layer counts requests and bytes with it)."""
     policy = http_policy(partner)
     auth = credentials(partner, endpoint)
     session = build_session(partner.id, policy, home=endpoint.base_url, transport=transport(partner, endpoint),
-                            pacer=pacer(partner, endpoint, pacing), credentials=auth)
+                            pacer=paced_by or pacer(partner, endpoint, pacing), credentials=auth)
     if on_response is not None:
         session.hooks["response"].append(lambda response, *args, **kwargs: on_response(response))
-    return spec_of(partner.protocol).build(Wiring(partner, endpoint, session, policy, auth))
+    built: list[Adapter] = []
+
+    def count(response: requests.Response, *args: Any, **kwargs: Any) -> None:
+        if built:  # Adapter.responses: what a step spent (the content check reports it)
+            built[0].responses += 1
+
+    session.hooks["response"].append(count)
+    adapter = spec_of(partner.protocol).build(Wiring(partner, endpoint, session, policy, auth, count))
+    built.append(adapter)
+    return adapter

@@ -38,6 +38,7 @@ class Exported:
     deletes: int
     path: str
     resumed: bool
+    moves: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -48,14 +49,18 @@ def file_name(span: feed.ExportRange) -> str:
 
 
 def line(partner_id: str, change: dict[str, Any]) -> dict[str, Any]:
-    """One change as a JSON object: ``op`` is ``upsert`` (the record's current version) or ``delete``."""
+    """One change as a JSON object: ``op`` is ``upsert`` (the record's current version), ``delete``
+    or ``moved`` (the record held as ``from_identifier`` is ``identifier`` from now on; with its
+    current version unless it changed again since, in a later change)."""
     out: dict[str, Any] = {"seq": change["change_seq"], "op": change["op"], "partner_id": partner_id,
                            "identifier": change["identifier"]}
-    if change["op"] == "upsert":
+    if change["op"] == "moved":
+        out["from_identifier"] = change["moved_from"]
+    if change["op"] in ("upsert", "moved") and change["metadata"] is not None:
         out.update(datestamp=_iso(change["datestamp"]), metadata_prefix=change["metadata_prefix"],
                    set_specs=list(change["set_specs"] or []), title=change["title"],
                    content_hash=change["content_hash"], metadata=change["metadata"])
-    else:
+    elif change["op"] == "delete":
         out.update(upstream_datestamp=_iso(change["datestamp"]), reason=change["reason"])
     out.update(run_id=change["run_id"], changed_at=_iso(change["changed_at"]))
     return out
@@ -70,7 +75,7 @@ def write_range(conn: psycopg.Connection, span: feed.ExportRange, directory: str
     folder = Path(directory) / span.partner_id
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / file_name(span)
-    counts = {"upsert": 0, "delete": 0}
+    counts = {"upsert": 0, "delete": 0, "moved": 0}
     fd, temp = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
@@ -89,7 +94,7 @@ def write_range(conn: psycopg.Connection, span: feed.ExportRange, directory: str
     finally:
         os.close(dir_fd)
     return Exported(span.partner_id, span.after, span.until, counts["upsert"], counts["delete"], str(target),
-                    span.resumed)
+                    span.resumed, counts["moved"])
 
 
 def export_jsonl(conn: psycopg.Connection, consumer: str, partner_id: str,

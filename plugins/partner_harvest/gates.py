@@ -22,10 +22,12 @@ import psycopg
 
 from partner_harvest.registry import Partner
 from partner_harvest.store import gates as sql
+from partner_harvest.store import moves
 from partner_harvest.store.gates import Request, Shrink
 from partner_harvest.window import Window, parse_instant
 
 PURGE, SHRINK = "purge", "shrink"
+APPROVE, REJECT, MOVE = "Approve", "Reject", "Move"  # the answers a request offers (HITL options)
 
 
 def covers_whole_collection(window: Window) -> bool:
@@ -54,8 +56,10 @@ def harvest_shrink(conn: psycopg.Connection, partner: Partner, run_id: str, wind
 def reconcile_shrink(conn: psycopg.Connection, partner: Partner, run_id: str, outcome: Mapping[str, Any],
                      channel: str = "reconcile") -> Shrink:
     """A gated reconcile's request figures: what its plan held and what it staged to purge."""
+    movable = moves.count_staged(conn, partner.id, run_id, whole_collection=False)
+    conn.commit()
     return Shrink(int(outcome["local"]), int(outcome["staged_removals"]), 0,
-                  sql.reconcile_sample(conn, partner.id, run_id, channel))
+                  sql.reconcile_sample(conn, partner.id, run_id, channel), movable)
 
 
 def approval_since(request: Request, outcome: Mapping[str, Any]) -> datetime:
@@ -71,8 +75,14 @@ def approval_since(request: Request, outcome: Mapping[str, Any]) -> datetime:
 def subject(request: Request) -> str:
     what = "reconcile purge" if request.kind == PURGE else "shrinking harvest"
     share = (request.removals + request.absent) / request.held if request.held else 0.0
+    moved = f"; {request.movable} reappear under new identifiers: Move?" if request.movable else ""
     return (f"{request.partner_id}: approve a {what}? {request.removals + request.absent} of {request.held} "
-            f"records ({share:.1%}, limit {request.limit_fraction:.0%})")
+            f"records ({share:.1%}, limit {request.limit_fraction:.0%}){moved}")
+
+
+def options(request: Request) -> list[str]:
+    """The answers the request offers: Move beside Approve and Reject when records would move."""
+    return [APPROVE, REJECT, MOVE] if request.movable else [APPROVE, REJECT]
 
 
 def body(request: Request, partner: Partner, links: Mapping[str, str], timeout_note: str) -> str:
@@ -100,6 +110,9 @@ def body(request: Request, partner: Partner, links: Mapping[str, str], timeout_n
     if request.kind == SHRINK:
         lines.append("| not returned by this full harvest (kept by the apply and left to a reconcile; a file "
                      f"partner's full dump purges them, reason not_listed) | {request.absent} |")
+    if request.movable:
+        lines += ["", f"**{request.movable} of these records come back under new identifiers** with identical content "
+                  "(the same content hash): the partner renamed them (a new OAI base or identifier scheme?)."]
     lines += ["", f"**A sample of what would go** (first {len(request.sample)} by identifier):", ""]
     lines += [f"- `{item['identifier']}` {item.get('title') or '(no title)'}: {item['why']}" for item in request.sample]
     lines += [
@@ -109,6 +122,9 @@ def body(request: Request, partner: Partner, links: Mapping[str, str], timeout_n
         "the records this run would purge; quiet nights and other records' changes do not count).",
         "**Reject** abandons the run: its staging is dropped, no record changes, no cursor moves; "
         "`harvest_runs` and `approval_requests` record it.",
+        *(["**Move** applies the run too, but each matched record moves to its new identifier instead of a purge "
+           "and an addition: it keeps its history and first-harvested time, and the change feed says `moved` "
+           "(old → new). Unmatched records are purged and added as with Approve."] if request.movable else []),
         timeout_note,
         "",
         " · ".join(f"[{label}]({url})" for label, url in links.items()),

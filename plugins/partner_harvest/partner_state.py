@@ -2,8 +2,8 @@
 
 Both call :func:`decide` with the same facts (``store.health.partner_health`` gathers them),
 so the terminal and the browser can never disagree. The operator docs' list of states is
-generated from :data:`TABLE` (``python -m partner_harvest.partner_state``; a test fails
-when docs/operator/operating.md's copy is stale).
+generated from :data:`TABLE` (``scripts/gen_docs.py``; a test fails when
+docs/operator/health.md's copy is stale).
 
 The states are listed worst first: the first whose condition holds is the partner's state.
 """
@@ -85,7 +85,3 @@ def markdown_table() -> str:
     rows = ["| state | when | what to do |", "|---|---|---|"]
     rows += [f"| `{s.name}` | {s.condition} | {s.action} |" for s in TABLE]
     return "\n".join(rows)
-
-
-if __name__ == "__main__":
-    print(markdown_table())

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 if TYPE_CHECKING:
     from partner_harvest.adapters import Adapter
     from partner_harvest.factory import Wiring
+    from partner_harvest.readiness import Probe
 
 
 class StrictOptions(BaseModel):
@@ -98,6 +99,10 @@ class ProtocolSpec:
     """HTTP statuses the protocol's client reads itself: the transport does not retry them unless
     the registry's options.http.retry_statuses says otherwise (Sierra's 500s carry error codes,
     its 429s a wait the harvester weighs)."""
+    check: Callable[[Probe], None] | None = None
+    """Its readiness probes (``partner-harvest check``, readiness.py): what the harvest will rely
+    on, asked of the endpoint in a few paced requests, each answer a finding on the probe
+    (imports its stack lazily, as ``build``). None: the command says there is none yet."""
 
 
 @cache

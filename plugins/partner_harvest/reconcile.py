@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 
+from partner_harvest import content_check
 from partner_harvest.adapters import Adapter
 from partner_harvest.errors import HarvestError
 from partner_harvest.records import HarvestStats, Tombstone
@@ -57,11 +58,14 @@ class ReconcileResult:
     # When the sweep began (the database's clock): an approved apply refuses if another run of
     # the partner applied since (gates.approval_since), the lease having ended with the task.
     planned_at: datetime | None = None
+    # The content check (content_check.py): sampled, silent changes, requests, a refresh due
+    content: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         out = {**self.plan.as_dict(), "fetched_missing": self.fetched_missing, "purged": self.purged,
                "upserted": self.upserted, "verified": dict(self.verified), "bulk_fetch": self.bulk_fetch,
-               "awaiting_approval": self.awaiting_approval, "staged_removals": self.staged_removals}
+               "awaiting_approval": self.awaiting_approval, "staged_removals": self.staged_removals,
+               "content": dict(self.content)}
         if self.planned_at is not None:  # to the microsecond, as a sliced plan's (sliced_reconcile.SweepPlan)
             out["planned_at"] = as_utc(self.planned_at).isoformat()
         return out
@@ -123,12 +127,13 @@ def settle(adapter: Adapter, conn: psycopg.Connection, partner: Partner, run: Ru
         removals = sql.stage_removals(conn, run, first_seq=writer.seq)
         writer.seq += removals
         fetched, bulk = _fetch_missing(adapter, conn, partner, run, window, writer)
+        found = content_check.check(adapter, conn, partner, run, window, writer).as_dict()
         stats.fetched = writer.seq  # everything staged: the apply's four outcomes add up to it
         finish_harvest(conn, run, stats)
         if held_back:
             log.warning("%s: reconcile staged %d removals and waits for approval before its apply", partner.id, removals)
             return ReconcileResult(plan, fetched, 0, 0, verified, bulk, awaiting_approval=True,
-                                   staged_removals=removals)
+                                   staged_removals=removals, content=found)
         result = apply_run(conn, partner.id, run.run_id)
     except BaseException as exc:  # a task timeout too (store.runs.record_failed_try)
         if isinstance(exc, MassPurgeRefused):
@@ -138,7 +143,7 @@ def settle(adapter: Adapter, conn: psycopg.Connection, partner: Partner, run: Ru
         raise
     finally:
         sql.clear(conn, partner.id, run.run_id)
-    outcome = ReconcileResult(plan, fetched, result.purged, result.upserted, verified, bulk)
+    outcome = ReconcileResult(plan, fetched, result.purged, result.upserted, verified, bulk, content=found)
     log.info("%s: reconcile applied: %s", partner.id, outcome.as_dict())
     return outcome
 

@@ -37,10 +37,13 @@ from partner_harvest.adapters import Adapter
 from partner_harvest.protocols import Channel, spec_of
 from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner, cursor_key, cursor_value
-from partner_harvest.store import ApplyResult, RunRef, ensure_schema, fences
+from partner_harvest.store import ApplyResult, RunRef, ensure_schema, fences, history
+from partner_harvest.store.content import refresh_due
 from partner_harvest.store.runs import abandon_stale_runs, clock_high_water
 from partner_harvest.store.staging import NOT_LISTED
 from partner_harvest.window import Window, channel_windows, format_instant, next_cursor, parse_instant
+
+log = logging.getLogger(__name__)
 
 log = logging.getLogger(__name__)
 
@@ -110,17 +113,29 @@ def freeze(partner: Partner, adapter: Adapter, conn: psycopg.Connection, outlets
     if abandoned:
         log.warning("%s: %d run channel(s) never applied within %s were abandoned and their staging dropped",
                     partner.id, abandoned, ABANDON_AFTER)
+    history.prune(conn, partner.id, partner.history_retention)
     cursor = None
-    if request.mode == "incremental":
+    refresh = refresh_due(conn, partner.id) if request.mode == "incremental" else None
+    if request.mode == "incremental" and refresh is None:
         cursor = pipeline.resume_point(conn, partner.id, outlets.cursor(CHANGES), CHANGES)
     channels = {c.name: pipeline.resume_point(conn, partner.id, outlets.cursor(c.name), c.name)
                 for c in channels_of(partner)}
     high_water = clock_high_water(conn, partner.id)
     conn.commit()
-    window = adapter.settle_window(pipeline.freeze_window(adapter, partner.lag, cursor, request, channels, high_water),
-                                   conn)
+    window = as_refresh(partner.id, pipeline.freeze_window(adapter, partner.lag, cursor, request, channels,
+                                                           high_water), refresh)
+    window = adapter.settle_window(window, conn)
     conn.commit()
     return window.with_facts(epoch=epoch) if epoch is not None else window
+
+
+def as_refresh(partner_id: str, window: Window, refresh: str | None) -> Window:
+    """A content refresh is due (content_check.py): this incremental night harvests everything
+    (its cursor still moves, forward only), and its audit rows say why."""
+    if refresh is None:
+        return window
+    log.warning("%s: this run is a content refresh, a full harvest: %s", partner_id, refresh)
+    return window.with_facts(refresh=refresh)
 
 
 def plan(partner: Partner, adapter: Adapter, conn: psycopg.Connection, run_id: str, window: Window) -> list[dict[str, Any]]:
@@ -288,3 +303,20 @@ def run_partner(
     done = time.perf_counter()
     return RunResult(window, pieces, staged, finished.applied, outlets.cursors,
                      {"freeze": frozen - started, "stage": harvested - frozen, "apply": done - harvested})
+
+
+def rollback(conn: psycopg.Connection, partner_id: str, to_before: str, cursors: Cursors, *,
+             requested_by: str, via: str = "run.rollback") -> history.RollbackResult:
+    """Roll the partner back to before run ``to_before`` (store/history.py), its cursors in
+    ``cursors`` (changed in place: each set back to where it was before that run)."""
+
+    def set_back(places: dict[str, history.CursorPlace]) -> dict[str, Any]:
+        done: dict[str, Any] = {}
+        for channel, place in places.items():
+            before = cursors.get(channel)
+            cursors[channel] = place[0] if place else None
+            done[channel] = {"from": before.isoformat() if before else None,
+                             "to": place[0].isoformat() if place else None}
+        return done
+
+    return history.rollback(conn, partner_id, to_before, requested_by, via, set_back)

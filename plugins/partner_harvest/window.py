@@ -177,6 +177,7 @@ class WindowFacts(_Facts):
     channels: dict[str, ChannelPlan] = Field(default_factory=dict)
     slice: Slice | None = None
     skip: bool = False  # a channel window with nothing to poll (ChannelPlan.skip)
+    refresh: str | None = None  # why this run is a content refresh (a full harvest the content check asked for)
     # OAI-PMH: what Identify and the prefix resolution said
     metadata_prefix: str | None = None
     oai_granularity: str | None = None

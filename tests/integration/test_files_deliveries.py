@@ -250,3 +250,22 @@ def test_the_reconcile_compares_the_chain_with_what_is_held(tmp_path: Path, conn
     assert outcome.purged == 1 and outcome.upserted >= 3 and not set(lost) - harness.held()
     harness.run()  # the reconcile's read applied no delivery: the next run still applies day 2's delta
     assert harness.held() == museum.published_ids() and not set(gone) & harness.held()
+
+
+def test_the_readiness_check_lists_judges_and_samples(tmp_path: Path) -> None:
+    from partner_harvest.factory import Endpoint
+    from partner_harvest.readiness import FAIL, WARN, CheckSettings, run_check
+
+    folder = tmp_path / "dumps"
+    museum = Publisher(fsspec.filesystem("file"), str(folder))
+    settings = CheckSettings(delay=0, pause=0, max_requests=20)
+    empty = run_check(files_partner(), Endpoint(f"file://{folder}"), settings)
+    assert empty.verdict == "not ready" and [f.fault for f in empty.findings if f.status == FAIL] == ["no-deliveries"]
+    museum.create(30)
+    museum.full(day(0))
+    museum.edit(2)
+    museum.delta(day(1), marker=False)
+    report = run_check(files_partner(), Endpoint(f"file://{folder}"), settings)
+    assert report.verdict == "ready", report.text()
+    assert [f.fault for f in report.findings if f.status == WARN] == ["delivery-incomplete"]
+    assert "30 of the first 30 record(s)" in report.text() or "pass validation" in report.text()

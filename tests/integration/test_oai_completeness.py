@@ -7,13 +7,15 @@ The simulator over loopback and real PostgreSQL: the check lands on the run's
 from __future__ import annotations
 
 
+from datetime import datetime, timezone
+
 import psycopg
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.records import HarvestStats
 from tests.support.harness import run_once
-from partner_harvest.window import format_instant
+from partner_harvest.window import SECONDS, Window, format_instant
 from tests.support.partners import oai_partner as support_oai_partner
 
 FAST: dict = {}  # the test partner's own quick HTTP retries (tests/support/partners.py)
@@ -102,6 +104,8 @@ def test_a_witness_that_fails_proves_nothing_and_does_not_fail_the_harvest() -> 
         adapter = build_adapter(oai_partner(WITNESS), Endpoint(sim.base_url))
         stats = HarvestStats(fetched=300, records=300)
         sim.fail_next(10, status=503)  # more than the HTTP retries
-        kind, expected, found, ok, detail = adapter._list_identifiers_check("oai_dc", "2026-01-01T00:00:00Z", stats)
+        window = Window("full", None, datetime(2026, 1, 1, tzinfo=timezone.utc), SECONDS, True,
+                        {"metadata_prefix": "oai_dc", "oai_granularity": "YYYY-MM-DDThh:mm:ssZ"})
+        kind, expected, found, ok, detail = adapter._list_identifiers_check("oai_dc", window, stats)
         assert (kind, expected, found, ok) == ("oai-list-identifiers", None, 300, False)
         assert "could not count" in detail and "HTTP 503" in detail and "nothing proven" in detail

@@ -127,3 +127,39 @@ def test_a_sliced_full_harvest_whose_count_probe_is_refused_is_harvested_whole_a
     window, stats, _ = runs.run()
     assert window.is_full
     assert runs.held() == repo.live_identifiers()
+
+
+def test_the_reconcile_sweep_of_a_repository_refusing_long_windows_is_bisected(sim, repo, conn) -> None:
+    """The reconcile's sweep (one ListIdentifiers, no from, no until) meets the same refusal as
+    the harvest: it is cut like the harvest's windows, the last piece still open-ended."""
+    from partner_harvest.factory import Endpoint, build_adapter
+    from partner_harvest.reconcile import reconcile
+
+    span = repo.clock_epoch - repo.earliest_stamp()
+    sim.refuse_windows_longer_than(span // 6, "413")
+    runs = Runs(sim, conn, partner())
+    runs.run()
+    vanished = set(repo.delete(4))
+    added = set(repo.add(3))
+    sim.clear_requests()
+    result = reconcile(build_adapter(runs.partner, Endpoint(sim.base_url)), conn, runs.partner, "reconcile-1")
+    assert runs.held() == repo.live_identifiers() and not vanished & runs.held() and added <= runs.held()
+    assert result.plan.missing == 3
+    sweep = [r for r in sim.requests if r.get("verb") == "ListIdentifiers" and "resumptionToken" not in r]
+    assert sweep[0] == {"verb": "ListIdentifiers", "metadataPrefix": "oai_dc"}  # the whole list first, refused
+    assert any("from" in r and "until" not in r for r in sweep[1:])  # the last piece open-ended
+
+
+def test_the_list_identifiers_witness_of_a_refused_window_counts_the_bisected_list(sim, repo, conn) -> None:
+    """The completeness witness (a separate ListIdentifiers count) tolerates the refusal the
+    harvest bisected: it proves the harvest, not 'could not count'."""
+    span = repo.clock_epoch - repo.earliest_stamp()
+    sim.refuse_windows_longer_than(span // 6, "422")
+    runs = Runs(sim, conn, oai_partner("refuser", retries=3, options={"completeness": {"list_identifiers": True}}))
+    window, stats, _ = runs.run()
+    kind, expected, found, ok, detail = conn.execute(
+        "SELECT check_kind, check_expected, check_found, check_ok, check_detail FROM harvest_runs"
+        " WHERE partner_id = 'refuser' ORDER BY started_at DESC LIMIT 1").fetchone()
+    conn.commit()
+    assert (kind, ok) == ("oai-list-identifiers", True), detail
+    assert expected == found == stats.fetched == len(repo.live_identifiers()) + len(repo.deleted_identifiers())

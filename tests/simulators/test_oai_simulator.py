@@ -732,3 +732,13 @@ def test_control_mutate_recreates_and_moves(session: requests.Session) -> None:
         done = session.post(f"{base}/_control/mutate", json={"recreate": 1, "move_sets": 2}, timeout=10).json()
     assert len(done["recreated"]) == 1 and len(done["moved"]) == 2
     assert set(done["recreated"]) <= repo.live_identifiers()
+
+
+def test_a_repository_may_ignore_from(session: requests.Session) -> None:
+    repo = SimulatedRepository(records=120, page_size=500, seed=3)
+    with OaiSimulator(repo) as sim:
+        middle = iso(sorted(r.datestamp for r in repo.select())[60])
+        honest, _ = walk(sim, session, verb="ListIdentifiers", metadataPrefix="oai_dc", from_=middle)
+        sim.ignore_from()
+        ignored, _ = walk(sim, session, verb="ListIdentifiers", metadataPrefix="oai_dc", from_=middle)
+    assert len(honest) < len(ignored) == 120

@@ -1,6 +1,6 @@
-"""The generated reference pages are current: registry (from the JSON Schema), command line
-(from its parser), HTTP limits (from the policy's defaults) and partner states (from their
-table). Regenerate with `.venv/bin/python scripts/gen_docs.py`. The tables page needs a
+"""The generated reference pages are current: the registry's JSON Schema (from its models),
+registry (from the JSON Schema), command line (from its parser), HTTP limits (from the
+policy's defaults), partner states and validation checks (from their tables). Regenerate with `.venv/bin/python scripts/gen_docs.py`. The tables page needs a
 database: tests/integration/test_docs_tables.py."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 from partner_harvest.cli import build_parser
 from scripts import docs_gen
 
-PAGES = [docs_gen.REGISTRY_PAGE, docs_gen.CLI_PAGE, docs_gen.LIMITS_PAGE, docs_gen.STATES_PAGE, docs_gen.METRICS_PAGE]
+PAGES = [docs_gen.SCHEMA, docs_gen.REGISTRY_PAGE, docs_gen.CLI_PAGE, docs_gen.LIMITS_PAGE, docs_gen.STATES_PAGE,
+         docs_gen.METRICS_PAGE, docs_gen.VALIDATION_PAGE]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

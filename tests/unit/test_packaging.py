@@ -117,3 +117,12 @@ def test_every_package_of_the_library_is_in_the_wheel() -> None:
     folders = {".".join(path.parent.relative_to(ROOT / "plugins").parts) for path in PACKAGE.rglob("*.py")
                if "__pycache__" not in path.parts}
     assert folders - found == set()
+
+
+def test_one_door_per_job_no_module_of_the_package_runs_as_a_script() -> None:
+    """Commands are `partner-harvest` subcommands and generated files come from
+    scripts/gen_docs.py: no module of the package is a second entry point of its own
+    (`python -m partner_harvest.cli` is the command line itself)."""
+    doors = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+                   if '__name__ == "__main__"' in path.read_text(encoding="utf-8") or path.name == "__main__.py")
+    assert doors == ["cli/__main__.py"]

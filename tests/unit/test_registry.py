@@ -131,7 +131,7 @@ def test_cursor_keys_are_unique_per_partner_and_channel() -> None:
     ("{sierra: {token_ttl: 5}}", "options.sierra.token_ttl", "unknown field"),
     ("{limits: {max_record_bytes: big}}", "options.limits.max_record_bytes", "valid integer"),
     ("{completeness: {list_identifiers: 'yes'}}", "options.completeness.list_identifiers", "valid boolean"),
-    ("{colour: blue}", "options.colour", "unknown field (known: completeness, export, files, http, iiif, limits, oai, politeness, reconcile, sierra, validation)"),
+    ("{colour: blue}", "options.colour", "unknown field (known: completeness, content_check, export, files, http, iiif, limits, oai, politeness, reconcile, sierra, validation)"),
     ("{validation: {marc.no_01: warn}}", "options.validation", "unknown validation check 'marc.no_01'; known checks:"),
     ("{validation: {store.unstorable: warn}}", "options.validation", "cannot be overridden"),
     ("{validation: {marc.no_001: ignore}}", "options.validation", "must be reject or warn"),
@@ -192,7 +192,7 @@ def test_sierra_only_options_on_an_oai_partner(tmp_path: Path) -> None:
 # -- the published JSON Schema -------------------------------------------------------------
 
 def test_committed_schema_is_the_generated_one() -> None:
-    """Regenerate with: PYTHONPATH=plugins python -m partner_harvest.registry --write-schema"""
+    """Regenerate with: .venv/bin/python scripts/gen_docs.py"""
     assert SCHEMA_FILE.read_text(encoding="utf-8") == schema_text()
 
 

@@ -12,7 +12,7 @@ DOC = ROOT / "docs" / "operator" / "validation.md"
 
 
 def test_the_operator_page_lists_every_check_as_the_code_defines_it() -> None:
-    """Regenerate with: PYTHONPATH=plugins python -m partner_harvest.formats.checks --write-docs docs/operator/validation.md"""
+    """Regenerate with: .venv/bin/python scripts/gen_docs.py"""
     text = DOC.read_text(encoding="utf-8")
     assert with_table(text) == text, "docs/operator/validation.md is stale: regenerate its table"
     assert all(f"`{name}`" in text for name in CHECKS)

@@ -142,10 +142,17 @@ class Record(NamedTuple):
     deleted: bool
     kind: int
     invalid: bool
+    alias: str = ""  # the identifier of a record renamed under a new prefix (rename)
+    content: int = 0  # the number whose content it carries (a renamed record: its original's)
 
     @property
     def identifier(self) -> str:
-        return identifier_for(self.number)
+        return self.alias or identifier_for(self.number)
+
+    @property
+    def content_number(self) -> int:
+        """What its payload is made from: its own number, or a renamed record's original."""
+        return self.content or self.number
 
     @property
     def datestamp(self) -> datetime:
@@ -225,6 +232,10 @@ class SimulatedRepository(SimulatedModel[str]):
         self.spread = spread
         self.list_order = list_order
         self._fraction: dict[int, int] = {}  # index -> milliseconds past the stored second (restamp)
+        # Records renamed under another prefix (rename): index -> (identifier, content number),
+        # and identifier -> number to find them by.
+        self._aliases: dict[int, tuple[str, int]] = {}
+        self._by_alias: dict[str, int] = {}
         super().__init__(start_clock, mutation_step, mutation_seed=seed * 1_000_003 + 17)
         self._unit = GRANULARITY_SECONDS[granularity]
         self._build(records, deleted_fraction)
@@ -249,10 +260,17 @@ class SimulatedRepository(SimulatedModel[str]):
     def _live_indices(self) -> list[int]:
         return [i for i, state in enumerate(self._state) if state == LIVE]
 
+    def _identifier(self, index: int) -> str:
+        alias = self._aliases.get(index)
+        return alias[0] if alias else identifier_for(index + 1)
+
+    def _number(self, identifier: str) -> int | None:
+        return self._by_alias.get(identifier) or number_for(identifier)
+
     def _live_indices_for(self, ids: Iterable[str]) -> list[int]:
         indices = []
         for identifier in ids:
-            number = number_for(identifier)
+            number = self._number(identifier)
             if number is None or not 1 <= number <= len(self._state):
                 raise KeyError(identifier)
             if self._state[number - 1] != LIVE:
@@ -267,7 +285,54 @@ class SimulatedRepository(SimulatedModel[str]):
             self._version[i] += 1
             self._stamp[i] = now
             self._fraction.pop(i, None)
-        return [identifier_for(i + 1) for i in indices]
+        return [self._identifier(i) for i in indices]
+
+    def edit_silently(self, n: int) -> list[str]:
+        """Edit n random live records WITHOUT moving their datestamps (I13): a new version, so
+        new content, under the old stamp, as repositories whose bulk jobs or database fixes
+        bypass the stamp do. No incremental harvest can see it."""
+        with self.lock:
+            return self._edit_in_place(self._pick_live(n))
+
+    def edit_silently_ids(self, identifiers: Iterable[str]) -> list[str]:
+        """:meth:`edit_silently` of these live records."""
+        with self.lock:
+            return self._edit_in_place(self._live_indices_for(identifiers))
+
+    def _edit_in_place(self, indices: list[int]) -> list[str]:
+        for i in indices:
+            self._version[i] += 1
+        return [self._identifier(i) for i in indices]
+
+    def rename(self, prefix: str, *, restamp: bool = True) -> list[tuple[str, str]]:
+        """Every live record gets a new identifier under ``prefix`` (a new OAI base or identifier
+        scheme): the old identifier is deleted (a tombstone, or vanished under deletedRecord=no)
+        and a record with the same content appears under ``prefix`` + its number, stamped now
+        (``restamp``) or keeping its stamp. Returns (old, new) pairs."""
+        if not prefix or prefix == ID_PREFIX:
+            raise ValueError("rename needs a prefix other than the repository's own")
+        with self.lock:
+            live = self._live_indices()
+            now = self._tick()
+            gone = GONE if self.deleted_record == "no" else TOMBSTONE
+            pairs = []
+            for i in live:
+                content = self._aliases.get(i, ("", i + 1))[1]
+                new_identifier = f"{prefix}{content:07d}"
+                if new_identifier in self._by_alias:
+                    raise ValueError(f"{new_identifier} exists already: rename to another prefix")
+                stamp = now if restamp else self._stamp[i]
+                self._state[i] = gone
+                self._stamp[i] = now
+                index = len(self._state)
+                self._stamp.append(stamp)
+                self._version.append(self._version[i])
+                self._kind.append(self._kind[i])
+                self._state.append(LIVE)
+                self._aliases[index] = (new_identifier, content)
+                self._by_alias[new_identifier] = index + 1
+                pairs.append((self._identifier(i), new_identifier))
+            return pairs
 
     def restamp(self, identifiers: Iterable[str], when: datetime) -> None:
         """Store ``when`` (sub-second: its milliseconds are kept) as these records' stamp;
@@ -289,7 +354,7 @@ class SimulatedRepository(SimulatedModel[str]):
         for i in indices:
             self._state[i] = gone
             self._stamp[i] = now
-        return [identifier_for(i + 1) for i in indices]
+        return [self._identifier(i) for i in indices]
 
     def add(self, n: int) -> list[str]:
         """Append n new live records numbered after the highest existing one."""
@@ -316,7 +381,7 @@ class SimulatedRepository(SimulatedModel[str]):
                 self._state[i] = LIVE
                 self._version[i] += 1
                 self._stamp[i] = now
-            return [identifier_for(i + 1) for i in picked]
+            return [self._identifier(i) for i in picked]
 
     def move_sets(self, n: int) -> list[str]:
         """Move n random live records to another type and department (sets change, the
@@ -328,7 +393,7 @@ class SimulatedRepository(SimulatedModel[str]):
                 kind = self._kind[i]
                 self._kind[i] = (((kind >> 2) + 1) % len(TYPES)) * 4 + ((kind & 3) + 1) % len(DEPARTMENTS)
                 self._stamp[i] = now
-            return [identifier_for(i + 1) for i in picked]
+            return [self._identifier(i) for i in picked]
 
     def move_to(self, identifiers: Iterable[str], object_type: str | None = None,
                 department: str | None = None) -> list[str]:
@@ -346,7 +411,7 @@ class SimulatedRepository(SimulatedModel[str]):
                     self._kind[i] = type_index * 4 + dept_index
                     self._stamp[i] = now
                     self._fraction.pop(i, None)
-                    moved.append(identifier_for(i + 1))
+                    moved.append(self._identifier(i))
             return moved
 
     def in_sets(self, identifier: str) -> tuple[str, ...]:
@@ -366,12 +431,13 @@ class SimulatedRepository(SimulatedModel[str]):
         state = self._state[i]
         if state == GONE:
             return None
+        alias, content = self._aliases.get(i, ("", 0))
         return Record(number, self._stamp[i], self._version[i], state == TOMBSTONE, self._kind[i],
-                      self.is_invalid(number))
+                      self.is_invalid(content or number), alias, content)
 
     def get(self, identifier: str) -> Record | None:
         """The live record or tombstone, or None (unknown, or vanished under 'no')."""
-        number = number_for(identifier)
+        number = self._number(identifier)
         if number is None:
             return None
         with self.lock:
@@ -384,16 +450,16 @@ class SimulatedRepository(SimulatedModel[str]):
 
     def live_identifiers(self) -> set[str]:
         with self.lock:
-            return {identifier_for(i + 1) for i in self._live_indices()}
+            return {self._identifier(i) for i in self._live_indices()}
 
     def sorted_live_identifiers(self) -> list[str]:
         with self.lock:
-            return [identifier_for(i + 1) for i in self._live_indices()]
+            return [self._identifier(i) for i in self._live_indices()]
 
     def deleted_identifiers(self) -> set[str]:
         """Every deleted record: tombstones, plus vanished ones under deletedRecord=no."""
         with self.lock:
-            return {identifier_for(i + 1) for i, s in enumerate(self._state) if s != LIVE}
+            return {self._identifier(i) for i, s in enumerate(self._state) if s != LIVE}
 
     def counts(self) -> dict[str, int]:
         with self.lock:

@@ -81,18 +81,18 @@ def title(record: Record) -> str:
     """The unescaped title a client should end up with ("" when deliberately invalid)."""
     if record.invalid:
         return ""
-    return f"Object {record.number}, version {record.version}: {subject(record.number)}"
+    return f"Object {record.content_number}, version {record.version}: {subject(record.content_number)}"
 
 
 def _title_xml(record: Record, subject_xml: str) -> str:
     if record.invalid:
         return ""
-    return f"Object {record.number}, version {record.version}: {subject_xml}"
+    return f"Object {record.content_number}, version {record.version}: {subject_xml}"
 
 
 def oai_dc(record: Record) -> str:
     """Simple Dublin Core payload, as every OAI-PMH repository must offer."""
-    n = record.number
+    n = record.content_number
     h = _mix(n)
     subject_xml = _SUBJECTS_XML[h % len(SUBJECTS)]
     return (
@@ -110,7 +110,7 @@ def oai_dc(record: Record) -> str:
 
 def lido(record: Record) -> str:
     """A small LIDO 1.0 record with the elements museum aggregators map first."""
-    n = record.number
+    n = record.content_number
     h = _mix(n)
     subject_xml = _SUBJECTS_XML[h % len(SUBJECTS)]
     kind = record.object_type

@@ -232,6 +232,8 @@ class OaiSimulator(ControlledServer):
         self.refused_credentials = 0  # OAI requests answered 401 for missing or wrong credentials
         self.broken_verbs: dict[str, int] = {}  # verb -> the HTTP status it always answers
         self._delete_on_get: set[str] = set()  # records deleted when their GetRecord arrives
+        self.ignores_from = False  # list requests answer as if they carried no from (ignore_from)
+        self.announced_granularity: str | None = None  # what Identify declares, if not the truth
 
     # ------------------------------------------------- access: credentials, broken routes
     def require_credentials(self, form: str | None, secret: str = "", *, login: str | None = None,
@@ -254,6 +256,22 @@ class OaiSimulator(ControlledServer):
                 self.broken_verbs.pop(verb, None)
             else:
                 self.broken_verbs[verb] = int(status)
+
+    def ignore_from(self, on: bool = True) -> None:
+        """While on, ListRecords and ListIdentifiers accept ``from`` and list as if it were not
+        given (a repository whose database query drops the argument): every incremental
+        window lists everything up to ``until``."""
+        with self._lock:
+            self.ignores_from = on
+
+    def announce_granularity(self, granularity: str | None) -> None:
+        """Identify declares ``granularity`` ("day" or "seconds"; None: the repository's own)
+        while the lists keep accepting only the repository's: a day repository declaring
+        seconds answers a seconds-granular from with badArgument."""
+        if granularity is not None and granularity not in ("day", "seconds"):
+            raise ValueError("granularity must be day or seconds")
+        with self._lock:
+            self.announced_granularity = granularity
 
     def delete_on_get(self, identifiers: list[str]) -> None:
         """These records are deleted the moment their GetRecord arrives (one shot each): a
@@ -678,7 +696,8 @@ class OaiSimulator(ControlledServer):
 
     def _verb_Identify(self, args: dict[str, str]) -> list[str]:
         repo = self.repo
-        granularity = "YYYY-MM-DD" if repo.granularity == "day" else "YYYY-MM-DDThh:mm:ssZ"
+        declared = self.announced_granularity or repo.granularity
+        granularity = "YYYY-MM-DD" if declared == "day" else "YYYY-MM-DDThh:mm:ssZ"
         earliest = repo.announced_earliest_stamp()
         return [
             "<Identify><repositoryName>Simulated Museum of Art - collection online</repositoryName>"
@@ -791,7 +810,8 @@ class OaiSimulator(ControlledServer):
             prefix, cursor = args["metadataPrefix"], 0
             self._check_window(args)
             self._check_prefix(prefix)
-            numbers = self.repo.select_numbers(args.get("from"), args.get("until"), args.get("set"))
+            numbers = self.repo.select_numbers(None if self.ignores_from else args.get("from"), args.get("until"),
+                                               args.get("set"))
             if not numbers:
                 raise OaiError("noRecordsMatch", "no records match the request")
         with self._lock:
@@ -847,7 +867,7 @@ class OaiSimulator(ControlledServer):
             if record is None:
                 continue
             sets = "" if record.deleted and not repo.deleted_in_sets else set_xml[record.kind]
-            head = (f"<identifier>{ID_PREFIX}{record.number:07d}</identifier>"
+            head = (f"<identifier>{payloads.escape(record.identifier)}</identifier>"
                     f"<datestamp>{fmt(record.stamp)}</datestamp>{sets}")
             if record.deleted:
                 header = f'<header status="deleted">{head}</header>'
@@ -953,6 +973,14 @@ class OaiSimulator(ControlledServer):
         status = data.get("status", 500)
         self.break_verb(str(data["verb"]), None if status is None else int(status))
         return {"broken_verbs": dict(self.broken_verbs)}
+
+    def _control_announce_granularity(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.announce_granularity(data.get("granularity"))
+        return {"announced_granularity": self.announced_granularity}
+
+    def _control_ignore_from(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.ignore_from(bool(data.get("on", True)))
+        return {"ignores_from": self.ignores_from}
 
     def _control_move_records(self, data: dict[str, Any]) -> dict[str, Any]:
         return {"moved": self.repo.move_to(list(data["ids"]), data.get("type"), data.get("dept"))}

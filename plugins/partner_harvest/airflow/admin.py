@@ -16,6 +16,7 @@ from airflow_client.client.exceptions import ApiException
 
 from partner_harvest.airflow import api
 from partner_harvest.airflow.connections import AGGREGATION_CONN_ID, conninfo_from_connection
+from partner_harvest.factory import Endpoint
 
 
 def aggregation_conninfo(conn_id: str = AGGREGATION_CONN_ID) -> str:
@@ -116,6 +117,14 @@ def _state(value: Any) -> str:
     return str(getattr(value, "value", value))
 
 
+def partner_endpoint(conn_id: str) -> Endpoint:
+    """The partner's endpoint with its credentials, as a worker reads it (the environment or a
+    secrets backend: the REST API never returns a Connection's password)."""
+    from partner_harvest.airflow.connections import partner_endpoint as endpoint
+
+    return endpoint(conn_id)
+
+
 def connection_base_url(conn_id: str) -> str | None:
     """The partner Connection's base URL as ``connections.partner_endpoint`` builds it, from the
     environment, a secrets backend or (through the API) the metastore; None when it cannot be
@@ -137,3 +146,22 @@ def connection_base_url(conn_id: str) -> str | None:
         return host
     schema = getattr(conn, "schema", None) or getattr(conn, "var_schema", None)
     return f"{schema or 'https'}://{host}{':' + str(conn.port) if conn.port else ''}"
+
+
+def pause_dags(dag_ids: list[str]) -> list[str]:
+    """Pause those of ``dag_ids`` that are unpaused (PATCH /api/v2/dags/{dag_id}); returns them.
+    A DAG Airflow has not parsed (yet, or any more) is left out."""
+    paused = []
+    for dag_id in dag_ids:
+        with api.calling(f"GET /api/v2/dags/{dag_id}"):
+            try:
+                if api.dags().get_dag(dag_id).is_paused:
+                    continue
+            except ApiException as exc:
+                if api.absent(exc):
+                    continue
+                raise
+        with api.calling(f"PATCH /api/v2/dags/{dag_id}"):
+            api.dags().patch_dag(dag_id, airflow_client.DAGPatchBody(is_paused=True))
+        paused.append(dag_id)
+    return paused

@@ -12,6 +12,8 @@ triggerer, no lease. The answer resumes it in a worker:
 - **Approve**: the request is marked approved and the apply runs; it applies exactly the
   staged run, fenced by the run's epoch and by "no other run of the partner applied since
   the request" (store/fences.Fence.applied_before): otherwise it refuses and writes nothing.
+- **Move** (offered when records the run would purge come back under new identifiers with the
+  same content, store/moves.py): approved as above, and the apply moves those records.
 - **Reject**: the run is abandoned here (staging dropped, channels ``abandoned``, request
   ``rejected``); the operator skips the apply and the cursor task.
 - **No answer within** ``approval_timeout``: an alert; then ``wait`` parks again without a
@@ -67,6 +69,7 @@ class PartnerApprovalGate(ApprovalOperator):
             return None
         self.subject = gates.subject(request)
         self.body = gates.body(request, partner, self._links(context, partner), gates.timeout_note(partner))
+        self.options = gates.options(request)  # Move beside Approve and Reject when records would move
         tasks.release_lease(partner.id, key)  # the wait holds nothing: other work on the partner may run
         log.warning("%s: waiting for approval in Required Actions: %s", partner.id, self.subject)
         send_alert(f"[partner harvest] {partner.id}: approval needed", [
@@ -132,6 +135,11 @@ class PartnerApprovalGate(ApprovalOperator):
         chosen = list(event.get("chosen_options") or [])
         by = event.get("responded_by_user")
         who = (by or {}).get("name") or (by or {}).get("id") if by else None
+        if chosen == [gates.MOVE]:  # an approval whose apply moves the matched records (store/moves.py)
+            with tasks.aggregation() as conn:
+                store_gates.decide(conn, partner.id, key, store_gates.APPROVED, who, move=True)
+            log.info("%s: run %s approved with Move by %s; the apply follows", partner.id, dag_run.run_id, who)
+            return super().execute_complete(context, {**event, "chosen_options": [self.APPROVE]})
         if chosen == [self.REJECT]:
             if by is None:  # the scheduler applied the default at the deadline (abandon)
                 self._alert_timeout(partner, context, "the run is abandoned")
@@ -149,6 +157,11 @@ class PartnerApprovalGate(ApprovalOperator):
                 store_gates.decide(conn, partner.id, key, store_gates.APPROVED, who)
             log.info("%s: run %s approved by %s; the apply follows", partner.id, dag_run.run_id, who)
         return super().execute_complete(context, event)
+
+    def validate_chosen_options(self, chosen_options: list[str]) -> None:
+        """Move is offered only by a request whose records would move (set at ``execute``,
+        after the task's own options were fixed)."""
+        super().validate_chosen_options([option for option in chosen_options if option != gates.MOVE])
 
     def _alert_timeout(self, partner: Partner, context: Context, then: str) -> None:
         dag_run = context["dag_run"]

@@ -409,6 +409,7 @@ def _reconcile_settled(conn: psycopg.Connection, partner_id: str, context: Conte
     applied within its limit (metrics, lineage, the Asset event), or staged over it and
     ``awaiting_approval``, with the epoch (and ``facts``: a sliced plan's ``planned_at``) that
     the approved apply is fenced by (apply_approved_reconcile)."""
+    _alert_unreliable_datestamps(partner_id, context, outcome.get("content") or {})
     if outcome["awaiting_approval"]:  # the task's Asset event says so: nothing applied yet
         assets.emit(context, partner_id, {"partner_id": partner_id, "run_id": run_key(context),
                                           "changed": False, "awaiting_approval": True})
@@ -416,6 +417,23 @@ def _reconcile_settled(conn: psycopg.Connection, partner_id: str, context: Conte
     _reconcile_applied(conn, partner_id, outcome)
     assets.emit(context, partner_id, assets.event_extra(conn, partner_id, run_key(context), context["dag_run"].run_id))
     return outcome
+
+
+def _alert_unreliable_datestamps(partner_id: str, context: Context, found: dict[str, Any]) -> None:
+    """The content check found records changed without a new datestamp (content_check.py)."""
+    if not found.get("silent"):
+        return
+    dag_run = context["dag_run"]
+    examples = [f"  {e['identifier']} (datestamp {e['datestamp']}, held {e['held_hash']}, partner {e['partner_hash']})"
+                for e in found.get("examples") or []]
+    send_alert(f"[partner harvest] {partner_id}: datestamps unreliable", [
+        f"Partner: {partner_id}", f"DAG: {dag_run.dag_id}   run: {dag_run.run_id}",
+        f"{found['refresh']}.", "Examples (identifier, datestamp, content hash held / at the partner):", *examples,
+        "A content refresh (a full harvest, through the shrink gate) runs on the partner's next incremental night; "
+        "docs/operator/content-check.md.",
+    ], {"kind": "datestamps_unreliable", "partner": partner_id, "dag_id": dag_run.dag_id, "run_id": dag_run.run_id,
+        "sampled": found.get("sampled"), "silent": found.get("silent"),
+        "examples": [e["identifier"] for e in found.get("examples") or []]})
 
 
 def _reconcile_applied(conn: psycopg.Connection, partner_id: str, outcome: dict[str, Any]) -> None:

@@ -1,11 +1,13 @@
 """``partner-harvest``: the operator's command line, installed with the package.
 
     partner-harvest validate                     check the registry; exit 1 listing every invalid entry
+    partner-harvest check ID | --url URL --protocol P  probe a partner's endpoint before onboarding; exit 1 if not ready
     partner-harvest status [--partner ID]        one line per partner, from the aggregation database
     partner-harvest progress ID [--run RUN]      the newest (or named) run's channels and slices: records, rate, time left
     partner-harvest sync-pools [--check]         create/update the Airflow pools partner_<id>
     partner-harvest reset-cursor ID [--to WHEN]  delete or set the partner's cursor Variables (asks first)
     partner-harvest forget ID                    drop a partner's rows, pool and Variables (asks first)
+    partner-harvest rollback ID --to-before RUN    restore the records to before a run, cursors back, DAGs paused (asks first)
     partner-harvest migrate [--check]            apply the aggregation schema (for HARVEST_SCHEMA_MANAGED=external)
     partner-harvest onboard [--connections F]    pools, Connections, unpaused DAGs, first harvests (--dry-run)
     partner-harvest report ID [--format json|csv] a report for the partner's own staff: runs, quarantine, warnings, proofs
@@ -191,8 +193,30 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    from partner_harvest.cli import check
+
+    partner = endpoint = None
+    if args.partner:
+        partner = _partner(_registry(args), args.partner)
+        if not args.url:
+            admin = _airflow("check (reading the partner's Connection; --url and the credential options skip it)")
+            try:
+                endpoint = admin.partner_endpoint(partner.conn_id)
+            except Exception as exc:  # not in the environment nor a secrets backend, a bad extra, ...
+                raise CliError(f"cannot read the Connection {partner.conn_id!r} of partner {partner.id} from the "
+                               f"environment or a secrets backend ({type(exc).__name__}: {one_line(exc, 160)}); the "
+                               "REST API never returns a password: run where the workers' secrets are, or give --url "
+                               "with --login, --password-env and --auth") from None
+    try:
+        return check.run(args, partner, endpoint)
+    except check.CheckError as exc:
+        raise CliError(str(exc)) from None
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from partner_harvest.cli.status import partner_overview, render_table, scheduler_runs
+    from partner_harvest.store.content import notes as content_notes
 
     registry = _registry(args)
     partners = [_partner(registry, args.partner)] if args.partner else registry.partners
@@ -200,9 +224,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     scheduled, unread = scheduler_runs(partners)
     with _connect(args) as conn:
         rows, causes = partner_overview(conn, partners, datetime.now(timezone.utc), scheduled, errors)
+        trust = content_notes(conn, [p.id for p in partners])
     print(render_table(rows))
     for partner_id, state, cause in causes:
         print(f"{partner_id} {state}: {cause}")
+    for partner_id, note in trust:
+        print(f"{partner_id}: {note}")
     if unread:
         print(f"(Airflow's metadata database not read: {unread})")
     return 0
@@ -435,6 +462,36 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rollback(args: argparse.Namespace) -> int:
+    """Restore the partner's records to before a run (undoing it and every later run), its
+    cursors to where they were, its DAGs paused; fenced and recorded (docs/operator/rollback.md)."""
+    import getpass
+
+    from partner_harvest import rollback
+    from partner_harvest.store.history import RollbackRefused, plan_rollback
+
+    partner = _partner(_registry(args), args.partner)
+    with _connect(args) as conn:
+        try:
+            plan = plan_rollback(conn, partner.id, args.to_before)
+        except RollbackRefused as exc:
+            raise CliError(exc.cause) from None
+        for line in plan.describe():
+            print(line)
+        print(f"  DAGs paused: {', '.join(rollback.dag_ids(partner))} (unpause them when the partner has fixed its data)")
+        if not _confirm(args, partner.id):
+            return 1
+        admin = _airflow("rollback")
+        try:
+            done = rollback.roll_back(conn, partner, args.to_before, admin, requested_by=getpass.getuser(),
+                                      via="cli", expected=plan)
+        except RollbackRefused as exc:
+            raise CliError(exc.cause) from None
+    for line in done.lines():
+        print(line)
+    return 0
+
+
 def cmd_shards(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -455,9 +512,10 @@ def cmd_shards(args: argparse.Namespace) -> int:
 # -- parser -----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--registry", metavar="PATH",
-                        help=f"registry file (default ${PARTNERS_FILE_ENV}, else include/partners.yaml)")
+    registry = argparse.ArgumentParser(add_help=False)
+    registry.add_argument("--registry", metavar="PATH",
+                          help=f"registry file (default ${PARTNERS_FILE_ENV}, else include/partners.yaml)")
+    common = argparse.ArgumentParser(add_help=False, parents=[registry])
     common.add_argument("--database-url", metavar="URL",
                         help=f"aggregation database (default ${DATABASE_URL_ENV}, else the Connection aggregation_db)")
     confirm = argparse.ArgumentParser(add_help=False)
@@ -468,6 +526,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("validate", parents=[common], help="check the registry; exit 1 listing every invalid entry")
     p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("check", parents=[registry],
+                       help="probe a partner's endpoint before onboarding (a registry entry, or a bare --url): what "
+                            "the harvest relies on works, what will not, what to fix; a few paced requests; exit 1 "
+                            "when something will not work")
+    from partner_harvest.cli import check
+
+    check.add_arguments(p)
+    p.set_defaults(func=cmd_check)
     p = sub.add_parser("status", parents=[common], help="one line per partner: records, quarantine, last runs")
     p.add_argument("--partner", metavar="ID")
     p.set_defaults(func=cmd_status)
@@ -491,6 +557,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("partner", metavar="PARTNER")
     p.add_argument("--database-only", action="store_true", help="leave Airflow's Variables and pool alone")
     p.set_defaults(func=cmd_forget)
+    p = sub.add_parser("rollback", parents=[common, confirm],
+                       help="restore the partner's records to before a run (undoing it and every later run), set its "
+                            "cursors back, pause its DAGs")
+    p.add_argument("partner", metavar="PARTNER")
+    p.add_argument("--to-before", metavar="RUN_ID", required=True,
+                   help="harvest_runs.run_id (<dag_id>/<Airflow run id>) of the first run to undo")
+    p.set_defaults(func=cmd_rollback)
     p = sub.add_parser("migrate", parents=[common], help="apply pending schema migrations to the aggregation database")
     p.add_argument("--check", action="store_true", help="only list pending migrations (exit 1 if any)")
     p.set_defaults(func=cmd_migrate)

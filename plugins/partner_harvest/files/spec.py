@@ -13,6 +13,7 @@ from partner_harvest.protocols import ConnectionType, OptionsKey, ProtocolSpec, 
 if TYPE_CHECKING:
     from partner_harvest.adapters import Adapter
     from partner_harvest.factory import Wiring
+    from partner_harvest.readiness import Probe
 
 PATTERN_HELP = ("relative to the location; {date:FORMAT} is the delivery's date in strftime codes (%Y %m %d %H %M "
                 "%S %j %y %b), * any characters within a path segment")
@@ -102,10 +103,17 @@ def build(wiring: Wiring) -> Adapter:
     return FileDeliveryAdapter(wiring.partner, Storage.for_endpoint(wiring.partner.id, wiring.endpoint))
 
 
+def check(probe: Probe) -> None:
+    from partner_harvest.files.readiness import check as probes
+
+    probes(probe)
+
+
 SPEC = ProtocolSpec(
     name="file-delivery",
     title="File deliveries",
     build=build,
+    check=check,
     connection=ConnectionType(
         conn_type="file_delivery", hook_class="FileDeliveryHook", hook_name="File-delivery partner",
         doc=("Dated dumps and deltas: host = the location's URL (s3://bucket/prefix, https://host/dumps/, "

@@ -9,7 +9,7 @@ payload's own identifiers rejects it. No check is stricter than the format's sta
 Names are stable: they are stored with the records (``records.warnings``), counted per
 run (``harvest_runs.warnings``) and written in the registry (``options.validation``).
 The table in ``docs/operator/validation.md`` is generated from :data:`CHECKS`
-(``python -m partner_harvest.formats.checks --write-docs docs/operator/validation.md``).
+(``scripts/gen_docs.py``).
 """
 
 from __future__ import annotations
@@ -216,15 +216,3 @@ def with_table(document: str) -> str:
     if not start or not end:
         raise ValueError(f"the document lacks the markers {TABLE_START!r} ... {TABLE_END!r}")
     return f"{head}{TABLE_START}\n{checks_table()}\n{TABLE_END}{tail}"
-
-
-if __name__ == "__main__":  # python -m partner_harvest.formats.checks --write-docs docs/operator/validation.md
-    import sys
-    from pathlib import Path
-
-    if len(sys.argv) == 3 and sys.argv[1] == "--write-docs":
-        target = Path(sys.argv[2])
-        target.write_text(with_table(target.read_text(encoding="utf-8")), encoding="utf-8")
-        print(f"wrote {target}")
-    else:
-        print(checks_table())

@@ -11,6 +11,7 @@ from partner_harvest.protocols import ConnectionType, OptionsKey, ProtocolSpec, 
 if TYPE_CHECKING:
     from partner_harvest.adapters import Adapter
     from partner_harvest.factory import Wiring
+    from partner_harvest.readiness import Probe
 
 
 class SeeAlsoChoice(StrictOptions):
@@ -63,10 +64,17 @@ def build(wiring: Wiring) -> Adapter:
     return IiifAdapter(wiring.partner, client)
 
 
+
+def check(probe: Probe) -> None:
+    from partner_harvest.iiif.readiness import check as probes
+
+    probes(probe)
+
 SPEC = ProtocolSpec(
     name="iiif-change-discovery",
     title="IIIF Change Discovery",
     build=build,
+    check=check,
     connection=ConnectionType(
         conn_type="iiif_change_discovery", hook_class="IiifChangeDiscoveryHook",
         hook_name="IIIF Change Discovery partner",

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import islice
 from typing import TypeVar, cast
@@ -175,7 +176,7 @@ class OaiAdapter(Adapter):
                 # a full harvest, or one slice of it (its own range), never the reconcile's bulk fetch
                 piece = window.protocol.slice
                 if (piece.of_full if piece is not None else window.is_full) and window.mode != "reconcile":
-                    stats.checks = self._completeness(prefix, until, stats, from_, lists)
+                    stats.checks = self._completeness(prefix, window, stats, lists)
                 return
             except BadResumptionToken as exc:
                 restarts += 1
@@ -199,45 +200,56 @@ class OaiAdapter(Adapter):
     def _stream_refusable(self, prefix: str, window: Window, set_spec: str | None, sink: StagingSink,
                           stats: HarvestStats) -> None:
         """The window's stream; bisected while the repository refuses it as too large."""
-        oai_granularity = window.protocol.oai_granularity or DAY_GRANULARITY
         sizes: list[int | None] = []
-        self._stream_piece(prefix, window.from_, window.until, oai_granularity, set_spec, sink, stats,
-                           _lower_guess(window), 0, sizes)
+
+        def piece(from_: str | None, until: str | None) -> None:
+            assert until is not None  # a harvest's window always has its frozen until
+            stats.complete_list_size = None
+            self._stream(prefix, from_, until, set_spec, sink, stats)
+            sizes.append(stats.complete_list_size)
+
+        self._in_pieces(piece, lambda: stats.pages, window.from_, window.until, window)
         if len(sizes) > 1:  # each piece's completeListSize counts its own list only
             stats.complete_list_size = None if None in sizes else sum(sizes)  # type: ignore[arg-type]
 
-    def _stream_piece(self, prefix: str, low: datetime | None, high: datetime, oai_granularity: str,
-                      set_spec: str | None, sink: StagingSink, stats: HarvestStats, guess: datetime,
-                      depth: int, sizes: list[int | None]) -> None:
+    def _in_pieces(self, list_piece: Callable[[str | None, str | None], None], pages: Callable[[], int],
+                   low: datetime | None, high: datetime | None, window: Window, depth: int = 0) -> None:
+        """``list_piece(from, until)`` of ``low..high`` (None: open), or, while the repository
+        refuses it as too large before its first page (``pages()`` unchanged), of two halves
+        sharing the granule of the cut, each cut again while refused, down to
+        ``max_window_splits`` levels. Every list of a window goes through here (the harvest,
+        the leavers' sweep, the completeness witness, the reconcile's sweep): a shortcut is
+        refused the same way the ordinary path is. An open end is cut below the window's
+        frozen until, the upper half staying open; an open start keeps its first piece open
+        (a wrong earliestDatestamp loses nothing)."""
+        oai_granularity = window.protocol.oai_granularity or DAY_GRANULARITY
         from_ = format_datestamp(low, oai_granularity) if low else None
-        until = format_datestamp(high, oai_granularity)
-        pages = stats.pages
-        stats.complete_list_size = None
+        until = format_datestamp(high, oai_granularity) if high else None
+        before = pages()
         try:
-            self._stream(prefix, from_, until, set_spec, sink, stats)
-            sizes.append(stats.complete_list_size)
+            list_piece(from_, until)
             return
         except WindowTooLarge as exc:
-            if stats.pages != pages:
+            if pages() != before:
                 raise  # refused in the middle of its chain: not a window the repository finds too large
             step = timedelta(days=1) if oai_granularity == DAY_GRANULARITY else timedelta(seconds=1)
-            start = low or min(guess, high - 2 * step)
-            if depth >= self.max_window_splits or high - start < 2 * step:  # halves sharing a granule: 3 at least
+            top = high or window.until
+            start = low or min(_lower_guess(window), top - 2 * step)
+            if depth >= self.max_window_splits or top - start < 2 * step:  # halves sharing a granule: 3 at least
                 raise WindowTooLarge(
                     self.partner_id, exc.request,
                     f"{exc.cause}; the window was split {depth} times (options.oai.max_window_splits="
                     f"{self.max_window_splits}) and the repository still refuses it") from exc
-            middle = start + (high - start) / 2
+            middle = start + (top - start) / 2
             middle = middle.replace(microsecond=0) if step < timedelta(days=1) else middle.replace(
                 hour=0, minute=0, second=0, microsecond=0)
-            log.warning("%s: the repository refuses the window %s..%s as too large (%s); harvesting it as "
-                        "two halves sharing the granule of the cut, %s..%s and %s..%s (split %d of at most %d)",
-                        self.partner_id, from_ or "the beginning", until, exc.cause, from_ or "the beginning",
-                        format_datestamp(middle, oai_granularity),
-                        format_datestamp(middle, oai_granularity), until, depth + 1,
-                        self.max_window_splits)
-        self._stream_piece(prefix, low, middle, oai_granularity, set_spec, sink, stats, guess, depth + 1, sizes)
-        self._stream_piece(prefix, middle, high, oai_granularity, set_spec, sink, stats, guess, depth + 1, sizes)
+            cut = format_datestamp(middle, oai_granularity)
+            log.warning("%s: the repository refuses the window %s..%s as too large (%s); listing it as two halves "
+                        "sharing the granule of the cut, %s..%s and %s..%s (split %d of at most %d)",
+                        self.partner_id, from_ or "the beginning", until or "now", exc.cause,
+                        from_ or "the beginning", cut, cut, until or "now", depth + 1, self.max_window_splits)
+        self._in_pieces(list_piece, pages, low, middle, window, depth + 1)
+        self._in_pieces(list_piece, pages, middle, high, window, depth + 1)
 
     @property
     def _verb(self) -> str:
@@ -438,7 +450,7 @@ class OaiAdapter(Adapter):
 
     # -- completeness (I12) --------------------------------------------------------------
 
-    def _completeness(self, prefix: str, until: str, stats: HarvestStats, from_: str | None = None,
+    def _completeness(self, prefix: str, window: Window, stats: HarvestStats,
                       lists: tuple[str | None, ...] = (None,)) -> list[Check]:
         """Second witnesses of a full harvest, as record_check arguments, failures last
         (the audit row keeps the last one recorded).
@@ -446,7 +458,8 @@ class OaiAdapter(Adapter):
         ``oai-complete-list-size``: the repository's own count on the list's last page
         (summed over the selection's lists). ``oai-list-identifiers``
         (``options.completeness.list_identifiers``): a separate ListIdentifiers count of the
-        same prefix, sets and until, against everything fetched (records + tombstones +
+        same prefix, sets and window (cut as the harvest's lists were, when the repository
+        refuses it as too large), against everything fetched (records + tombstones +
         rejects). Either differing means a list stopped short, repeated itself, or changed
         while it was read. Records of excluded sets that were not staged (none held) are
         taken off both counts.
@@ -460,26 +473,32 @@ class OaiAdapter(Adapter):
                 f"({stats.records} records, {stats.tombstones} deleted, {stats.rejected} rejected)",
             ))
         if self.partner.options.completeness.list_identifiers:
-            checks.append(self._list_identifiers_check(prefix, until, stats, from_, lists))
+            checks.append(self._list_identifiers_check(prefix, window, stats, lists))
         checks.sort(key=lambda check: check[3], reverse=True)
         return checks
 
-    def _list_identifiers_check(self, prefix: str, until: str, stats: HarvestStats, from_: str | None = None,
+    def _list_identifiers_check(self, prefix: str, window: Window, stats: HarvestStats,
                                 lists: tuple[str | None, ...] = (None,)) -> Check:
+        oai_granularity = window.protocol.oai_granularity or DAY_GRANULARITY
         request = (f"ListIdentifiers metadataPrefix={prefix} set={','.join(str(spec) for spec in lists)} "
-                   f"until={until}")
-        if from_:
-            request += f" from={from_}"
+                   f"until={format_datestamp(window.until, oai_granularity)}")
+        if window.from_:
+            request += f" from={format_datestamp(window.from_, oai_granularity)}"
         restarts = 0
         while True:
-            listed = -self._not_held
+            tally = _Tally(-self._not_held)
             try:
                 for set_spec in lists:
-                    with closing(self.client.list_pages("ListIdentifiers", metadata_prefix=prefix,
-                                                        set_spec=set_spec, from_=from_,
-                                                        until=until)) as pages:
-                        for page in pages:
-                            listed += len(page.items)
+                    def piece(from_: str | None, until: str | None, set_spec: str | None = set_spec,
+                              tally: _Tally = tally) -> None:
+                        with closing(self.client.list_pages("ListIdentifiers", metadata_prefix=prefix,
+                                                            set_spec=set_spec, from_=from_,
+                                                            until=until)) as chain:
+                            for page in chain:
+                                tally.pages += 1
+                                tally.headers += len(page.items)
+
+                    self._in_pieces(piece, tally.pages_so_far, window.from_, window.until, window)
                 break
             except BadResumptionToken:
                 restarts += 1
@@ -491,6 +510,7 @@ class OaiAdapter(Adapter):
                 log.warning("%s: the ListIdentifiers count failed: %s", self.partner_id, exc)
                 return ("oai-list-identifiers", None, stats.fetched, False,
                         f"{request}: could not count ({' '.join(str(exc).split())}); nothing proven")
+        listed = tally.headers
         ok = listed == stats.fetched
         detail = (f"{request} lists {listed} headers; the harvest fetched {stats.fetched} "
                   f"({stats.records} records, {stats.tombstones} deleted, {stats.rejected} rejected)")
@@ -521,30 +541,34 @@ class OaiAdapter(Adapter):
         The selection's: one sweep per set of the partner's (a record in two is listed twice;
         the plan counts it once); a header in an excluded set is listed as deleted (held, it
         is removed); a record that left the sets is not listed, and its GetRecord shows it
-        outside them (verify_vanished).
+        outside them (verify_vanished). A sweep the repository refuses as too large is cut as a
+        harvest's window is (``_in_pieces``; the last piece still open-ended; a record listed
+        in two pieces is one row of the plan, as one in two sets).
         """
         prefix = _prefix(window)
-        oai_granularity = window.protocol.oai_granularity or DAY_GRANULARITY
         piece = window.protocol.slice
-        from_ = format_datestamp(window.from_, oai_granularity) if piece is not None and window.from_ else None
-        until = None if piece is None or piece.open_end else format_datestamp(window.until, oai_granularity)
+        low = window.from_ if piece is not None else None
+        high = None if piece is None or piece.open_end else window.until
         restarts = 0
         while True:
             try:
                 for set_spec in self.selection.lists:
-                    with closing(self.client.list_pages("ListIdentifiers", metadata_prefix=prefix,
-                                                        set_spec=set_spec, from_=from_,
-                                                        until=until)) as pages:
-                        for page in pages:
-                            stats.pages += 1
-                            rows = [(h.identifier, _stamp(h),
-                                     h.deleted or self.selection.excluded_by(h.set_specs) is not None)
-                                    for h in page.items if isinstance(h, parse.OaiHeader) and h.identifier]
-                            stats.fetched += len(rows)
-                            sink.write_page(rows)
-                            if stats.pages % 20 == 0 or not page.token:
-                                log.info("%s: reconcile sweep page %d: %d headers so far",
-                                         self.partner_id, stats.pages, stats.fetched)
+                    def sweep(from_: str | None, until: str | None, set_spec: str | None = set_spec) -> None:
+                        with closing(self.client.list_pages("ListIdentifiers", metadata_prefix=prefix,
+                                                            set_spec=set_spec, from_=from_,
+                                                            until=until)) as pages:
+                            for page in pages:
+                                stats.pages += 1
+                                rows = [(h.identifier, _stamp(h),
+                                         h.deleted or self.selection.excluded_by(h.set_specs) is not None)
+                                        for h in page.items if isinstance(h, parse.OaiHeader) and h.identifier]
+                                stats.fetched += len(rows)
+                                sink.write_page(rows)
+                                if stats.pages % 20 == 0 or not page.token:
+                                    log.info("%s: reconcile sweep page %d: %d headers so far",
+                                             self.partner_id, stats.pages, stats.fetched)
+
+                    self._in_pieces(sweep, lambda: stats.pages, low, high, window)
                 return
             except BadResumptionToken:
                 restarts += 1
@@ -590,6 +614,17 @@ class OaiAdapter(Adapter):
             if leaves:
                 return Tombstone(item.identifier, item.datestamp, reason)
         return item
+
+
+@dataclass
+class _Tally:
+    """Headers and pages a witness's lists counted."""
+
+    headers: int = 0
+    pages: int = 0
+
+    def pages_so_far(self) -> int:
+        return self.pages
 
 
 def _in_order(pool: ThreadPoolExecutor, call: Callable[[T], R], inputs: list[T], ahead: int) -> Generator[R, None, None]:

@@ -11,6 +11,7 @@ from partner_harvest.protocols import ConnectionType, OptionsKey, ProtocolSpec, 
 if TYPE_CHECKING:
     from partner_harvest.adapters import Adapter
     from partner_harvest.factory import Wiring
+    from partner_harvest.readiness import Probe
 
 
 class OaiOptions(StrictOptions):
@@ -51,10 +52,17 @@ def build(wiring: Wiring) -> Adapter:
     return OaiAdapter(partner, client)
 
 
+
+def check(probe: Probe) -> None:
+    from partner_harvest.oai.readiness import check as probes
+
+    probes(probe)
+
 SPEC = ProtocolSpec(
     name="oai-pmh",
     title="OAI-PMH",
     build=build,
+    check=check,
     connection=ConnectionType(
         conn_type="oai_pmh", hook_class="OaiPmhHook", hook_name="OAI-PMH partner",
         doc="An OAI-PMH repository: host = the base URL (``https://museum.example/oai``).",

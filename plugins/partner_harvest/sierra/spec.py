@@ -12,6 +12,7 @@ from partner_harvest.window import DAY
 if TYPE_CHECKING:
     from partner_harvest.adapters import Adapter
     from partner_harvest.factory import Wiring
+    from partner_harvest.readiness import Probe
 
 DELETIONS = "deletions"  # the deletion poll's channel, on its own day cursor
 RESERVED_EXPORT_PARAMS = ("id", "limit", "offset")  # the export keyset owns these
@@ -87,10 +88,17 @@ def build(wiring: Wiring) -> Adapter:
     return SierraAdapter(partner, client)
 
 
+
+def check(probe: Probe) -> None:
+    from partner_harvest.sierra.readiness import check as probes
+
+    probes(probe)
+
 SPEC = ProtocolSpec(
     name="sierra",
     title="Sierra ILS",
     build=build,
+    check=check,
     connection=ConnectionType(
         conn_type="sierra", hook_class="SierraHook", hook_name="Sierra ILS partner",
         doc="A Sierra ILS REST API: host = the API's base URL, login/password = client key/secret.",

@@ -31,7 +31,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from partner_harvest.errors import HarvestError
-from partner_harvest.store import feed, fences
+from partner_harvest.store import content, feed, fences, moves
 from partner_harvest.store.db import one, scalar
 from partner_harvest.store.partner_stats import update_partner_stats
 
@@ -118,6 +118,17 @@ _LANDED_TAIL = """), superseded AS (
 {tally}
 """
 
+# The version a change ends goes to record_history (kept for the partner's history_retention,
+# store/history.py): what an update replaced, with the change that replaced it. The UPDATE
+# reads the replaced row through a second reference ``o``, which sees the statement's snapshot.
+HISTORY_COLUMNS = """partner_id, identifier, datestamp, metadata_prefix, metadata, set_specs, title, content_hash,
+    warnings, first_harvested_at, harvested_at, run_id, observed_at, regressed_clock, change_seq,
+    superseded_seq, superseded_by, ended_by"""
+_OLD_VERSION = """o.datestamp, o.metadata_prefix, o.metadata, o.set_specs, o.title, o.content_hash, o.warnings,
+    o.first_harvested_at, o.harvested_at, o.run_id, o.observed_at, o.regressed_clock, o.change_seq"""
+_VERSION = """datestamp, metadata_prefix, metadata, set_specs, title, content_hash, warnings,
+    first_harvested_at, harvested_at, run_id, observed_at, regressed_clock, change_seq"""
+
 _UPDATE = """
 WITH landed AS (
 UPDATE records r SET
@@ -125,13 +136,17 @@ UPDATE records r SET
     set_specs = b.set_specs, title = b.title, content_hash = b.content_hash, warnings = b.warnings, harvested_at = now(),
     run_id = %(run)s, observed_at = b.observed_at, change_seq = nextval('change_seq'),
     regressed_clock = b.regressed_clock
-FROM apply_batch b
+FROM apply_batch b, records o
 WHERE b.kind = 'R' AND r.partner_id = %(pid)s AND r.identifier = b.identifier
+  AND o.partner_id = r.partner_id AND o.identifier = r.identifier
   AND harvest_version_newer(b.datestamp, b.observed_at, b.regressed_clock,
                             r.datestamp, r.observed_at, r.regressed_clock)
   AND (r.datestamp <> b.datestamp OR r.content_hash <> b.content_hash)
   AND """ + _NOT_BEATEN_BY_A_TOMBSTONE + """
-RETURNING r.identifier
+RETURNING r.identifier, r.change_seq AS superseded_seq, """ + _OLD_VERSION + """
+), kept AS (
+INSERT INTO record_history (""" + HISTORY_COLUMNS + """)
+SELECT %(pid)s, identifier, """ + _VERSION + """, superseded_seq, %(run)s, 'updated' FROM landed
 """ + _LANDED_TAIL
 
 # The batch's records as new rows of the partner (both inserts below).
@@ -209,13 +224,16 @@ WITH gone AS (
     WHERE b.kind = 'T' AND r.partner_id = %(pid)s AND r.identifier = b.identifier
       AND NOT harvest_version_newer(r.datestamp, r.observed_at, r.regressed_clock,
                                     b.datestamp, b.observed_at, b.regressed_clock)
-    RETURNING r.identifier, b.datestamp, b.channel, b.reason
+    RETURNING r.identifier, b.datestamp AS deleted_stamp, b.channel, b.reason, nextval('change_seq') AS seq,
+              """ + _OLD_VERSION.replace("o.", "r.") + """
 ), logged AS (
     INSERT INTO deletions (partner_id, identifier, upstream_datestamp, run_id, reason, change_seq)
-    SELECT %(pid)s, identifier, datestamp, %(run)s,
-           COALESCE(reason, CASE WHEN channel = 'reconcile' THEN 'reconcile' ELSE 'tombstone' END),
-           nextval('change_seq')
+    SELECT %(pid)s, identifier, deleted_stamp, %(run)s,
+           COALESCE(reason, CASE WHEN channel = 'reconcile' THEN 'reconcile' ELSE 'tombstone' END), seq
     FROM gone
+), kept AS (
+    INSERT INTO record_history (""" + HISTORY_COLUMNS + """)
+    SELECT %(pid)s, identifier, """ + _VERSION + """, seq, %(run)s, 'purged' FROM gone
 ), """ + _REMEMBER.format(unbeaten=_NOT_BEATEN_BY_A_RECORD) + """
 SELECT channel, count(*) FROM gone GROUP BY channel
 """
@@ -294,6 +312,10 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         one_channel = len(fetched) == 1
         tally_params = {**params, "channel": next(iter(fetched), None)}
         updated: dict[str, int] = {}
+        moved: dict[str, int] = {}
+        if holds_records and moves.move_chosen(conn, partner_id, run_id):  # a person answered Move
+            moved = moves.apply_moves(conn, partner_id, run_id, _OLD_VERSION, HISTORY_COLUMNS, _VERSION)
+            log.info("%s: run %s moved %d records to new identifiers", partner_id, run_id, sum(moved.values()))
         if holds_records or holds_tombstones:
             tally = _TALLY_ONE_CHANNEL if one_channel else _TALLY_BY_CHANNEL
             if holds_tombstones:
@@ -305,7 +327,7 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         else:
             tally = _TALLY_ONE_CHANNEL if one_channel else _TALLY_BATCH_BY_CHANNEL
             inserted = dict(conn.execute(_INSERT_ALL.format(tally=tally), tally_params).fetchall())
-        upserted = Counter(updated) + Counter(inserted)
+        upserted = Counter(updated) + Counter(inserted) + Counter(moved)
         purged: dict[str, int] = {}
         if staged.tombstones:
             if holds_records:
@@ -330,8 +352,9 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
             )
             for channel, n in fetched.items()
         }
-        _audit(conn, partner_id, run_id, per_channel, warnings)
+        _audit(conn, partner_id, run_id, per_channel, warnings, moved)
         conn.execute(_MAX_DATESTAMP, params)
+        conn.execute(content.REFRESHED, params)  # a content refresh that applies settles what asked for it
         # Under the lock, in this transaction: the change feed's high water (store/feed.py).
         feed.mark_applied(conn, partner_id, run_id)
         conn.execute("DELETE FROM staging WHERE partner_id = %(pid)s AND run_id = %(run)s", params)
@@ -424,15 +447,15 @@ def _check_staged(conn: psycopg.Connection, partner_id: str, run_id: str) -> _St
 
 
 def _audit(conn: psycopg.Connection, partner_id: str, run_id: str, per_channel: dict[str, ApplyResult],
-           warnings: dict[str, dict[str, int]] | None = None) -> None:
+           warnings: dict[str, dict[str, int]] | None = None, moved: dict[str, int] | None = None) -> None:
     """Close every harvested channel of the run with its own outcome counts (and warnings per check)."""
     for channel, result in per_channel.items():
         conn.execute(
             """
             UPDATE harvest_runs SET upserted = %s, unchanged = %s, purged = %s, quarantined = %s,
-                warnings = %s, status = 'applied', applied_at = now(), error = NULL
+                warnings = %s, moved = %s, status = 'applied', applied_at = now(), error = NULL
             WHERE partner_id = %s AND run_id = %s AND channel = %s
             """,
             (result.upserted, result.unchanged, result.purged, result.quarantined,
-             Jsonb((warnings or {}).get(channel, {})), partner_id, run_id, channel),
+             Jsonb((warnings or {}).get(channel, {})), (moved or {}).get(channel, 0), partner_id, run_id, channel),
         )

@@ -48,7 +48,8 @@ def mark_applied(conn: psycopg.Connection, partner_id: str, run_id: str) -> tupl
         """
         SELECT (SELECT high_water FROM partner_feed WHERE partner_id = %(pid)s FOR UPDATE),
                GREATEST((SELECT max(change_seq) FROM records WHERE partner_id = %(pid)s),
-                        (SELECT max(change_seq) FROM deletions WHERE partner_id = %(pid)s))
+                        (SELECT max(change_seq) FROM deletions WHERE partner_id = %(pid)s),
+                        (SELECT max(change_seq) FROM moves WHERE partner_id = %(pid)s))
         """,
         {"pid": partner_id},
     ))
@@ -66,6 +67,12 @@ def mark_applied(conn: psycopg.Connection, partner_id: str, run_id: str) -> tupl
     conn.execute(
         "UPDATE harvest_runs SET change_seq_after = %s, change_seq_until = %s WHERE partner_id = %s AND run_id = %s",
         (after, until, partner_id, run_id),
+    )
+    # Where the partner stood before and after this write, in commit order: an "as of" read
+    # and a rollback read the state at a mark (store/history.py).
+    conn.execute(
+        "INSERT INTO feed_marks (partner_id, run_id, change_seq_after, high_water) VALUES (%s, %s, %s, %s)",
+        (partner_id, run_id, after, until),
     )
     return after, until
 
@@ -123,14 +130,27 @@ def run_changes(conn: psycopg.Connection, partner_id: str, run_id: str) -> RunCh
     return RunChanges(partner_id, run_id, first[1], first[2], first[3], first[4] or 0, first[5] or 0, counts)
 
 
+# A moved record's row carries its move's change_seq until its next change: one event, op
+# "moved", with the record's current version. A move superseded since (the record changed
+# again, or went) is still an event of its own (no version: its newer change follows).
 _CHANGES = """
-SELECT change_seq, 'upsert' AS op, identifier, datestamp, metadata_prefix, metadata, set_specs, title,
-       content_hash, run_id, harvested_at AS changed_at, NULL AS reason
-FROM records WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
+SELECT r.change_seq, CASE WHEN m.old_identifier IS NULL THEN 'upsert' ELSE 'moved' END AS op, r.identifier,
+       r.datestamp, r.metadata_prefix, r.metadata, r.set_specs, r.title,
+       r.content_hash, r.run_id, r.harvested_at AS changed_at, NULL AS reason, m.old_identifier AS moved_from
+FROM records r
+LEFT JOIN moves m ON m.partner_id = r.partner_id AND m.change_seq = r.change_seq AND m.new_identifier = r.identifier
+WHERE r.partner_id = %(pid)s AND r.change_seq > %(after)s AND r.change_seq <= %(until)s
 UNION ALL
 SELECT change_seq, 'delete', identifier, upstream_datestamp, NULL, NULL, NULL, NULL,
-       NULL, run_id, deleted_at, reason
+       NULL, run_id, deleted_at, reason, NULL
 FROM deletions WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
+UNION ALL
+SELECT m.change_seq, 'moved', m.new_identifier, NULL, NULL, NULL, NULL, NULL,
+       m.content_hash, m.run_id, m.moved_at, NULL, m.old_identifier
+FROM moves m
+WHERE m.partner_id = %(pid)s AND m.change_seq > %(after)s AND m.change_seq <= %(until)s
+  AND NOT EXISTS (SELECT 1 FROM records r WHERE r.partner_id = m.partner_id AND r.identifier = m.new_identifier
+                  AND r.change_seq = m.change_seq)
 ORDER BY change_seq
 """
 

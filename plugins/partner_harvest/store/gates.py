@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from partner_harvest.store import moves
 from partner_harvest.store.db import one
 
 SAMPLE_SIZE = 10
@@ -36,6 +37,7 @@ class Shrink:
     removals: int
     absent: int = 0
     sample: list[dict[str, Any]] = field(default_factory=list)
+    movable: int = 0  # of those, records that come back under a new identifier with the same content (store/moves.py)
 
     @property
     def fraction(self) -> float:
@@ -90,8 +92,13 @@ def measure_shrink(conn: psycopg.Connection, partner_id: str, run_id: str, *, wh
         params["n"] = sample_size - len(sample)
         sample += [{"identifier": i, "title": t, "why": "not returned by the full harvest (kept)"}
                    for i, t in conn.execute(_SAMPLE_ABSENT, params).fetchall()]
+    movable = moves.count_staged(conn, partner_id, run_id, whole_collection=whole_collection) if removals or absent else 0
+    if movable:
+        sample = [{"identifier": old, "title": None, "why": f"moves to {new} (same content)"}
+                  for old, new in moves.sample_staged(conn, partner_id, run_id, whole_collection=whole_collection,
+                                                      limit=sample_size)] + sample[:max(0, sample_size - movable)]
     conn.commit()
-    return Shrink(held, removals, absent, sample)
+    return Shrink(held, removals, absent, sample, movable)
 
 
 def reconcile_sample(conn: psycopg.Connection, partner_id: str, run_id: str, channel: str,
@@ -127,10 +134,12 @@ class Request:
     decided_by: str | None = None
     decided_at: datetime | None = None
     note: str | None = None
+    movable: int = 0
+    move: bool = False
 
 
 _COLUMNS = ("partner_id, run_id, dag_id, kind, held, removals, absent, limit_fraction, sample, epoch, "
-            "requested_at, state, decided_by, decided_at, note")
+            "requested_at, state, decided_by, decided_at, note, movable, move")
 
 
 def open_request(conn: psycopg.Connection, partner_id: str, run_id: str, dag_id: str, kind: str, shrink: Shrink,
@@ -140,16 +149,17 @@ def open_request(conn: psycopg.Connection, partner_id: str, run_id: str, dag_id:
         row = one(conn.execute(
             f"""
             INSERT INTO approval_requests (partner_id, run_id, dag_id, kind, held, removals, absent,
-                                           limit_fraction, sample, epoch)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                                           limit_fraction, sample, epoch, movable)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
             ON CONFLICT (partner_id, run_id) DO UPDATE SET
                 kind = EXCLUDED.kind, held = EXCLUDED.held, removals = EXCLUDED.removals, absent = EXCLUDED.absent,
                 limit_fraction = EXCLUDED.limit_fraction, sample = EXCLUDED.sample, epoch = EXCLUDED.epoch,
+                movable = EXCLUDED.movable, move = false,
                 requested_at = now(), state = 'pending', decided_by = NULL, decided_at = NULL, note = NULL
             RETURNING {_COLUMNS}
             """,
             (partner_id, run_id, dag_id, kind, shrink.held, shrink.removals, shrink.absent, limit_fraction,
-             Jsonb(shrink.sample), epoch),
+             Jsonb(shrink.sample), epoch, shrink.movable),
         ))
     return Request(*row)
 
@@ -162,13 +172,14 @@ def get_request(conn: psycopg.Connection, partner_id: str, run_id: str) -> Reque
 
 
 def decide(conn: psycopg.Connection, partner_id: str, run_id: str, state: str, by: str | None = None,
-           note: str | None = None) -> None:
+           note: str | None = None, move: bool = False) -> None:
+    """``move``: the person chose Move (an approval whose apply moves the matched records)."""
     with conn.transaction():
         conn.execute(
             "UPDATE approval_requests SET state = %s, decided_by = COALESCE(%s, decided_by),"
-            " decided_at = COALESCE(decided_at, now()), note = COALESCE(%s, note)"
+            " decided_at = COALESCE(decided_at, now()), note = COALESCE(%s, note), move = move OR %s"
             " WHERE partner_id = %s AND run_id = %s",
-            (state, by, note, partner_id, run_id),
+            (state, by, note, move, partner_id, run_id),
         )
 
 

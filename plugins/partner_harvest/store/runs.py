@@ -75,13 +75,13 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
             """
             INSERT INTO harvest_runs (partner_id, run_id, channel, mode, window_from, window_until,
                                       granularity, metadata_prefix, status, attempts, partner_clock,
-                                      clock_regressed, harvesting_since, progress_at)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'harvesting', 1, %s, %s, now(), now())
+                                      clock_regressed, refresh, harvesting_since, progress_at)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'harvesting', 1, %s, %s, %s, now(), now())
             ON CONFLICT (partner_id, run_id, channel) DO UPDATE SET
                 mode = EXCLUDED.mode, window_from = EXCLUDED.window_from,
                 window_until = EXCLUDED.window_until, granularity = EXCLUDED.granularity,
                 partner_clock = EXCLUDED.partner_clock, clock_regressed = EXCLUDED.clock_regressed,
-                metadata_prefix = EXCLUDED.metadata_prefix, status = 'harvesting',
+                refresh = EXCLUDED.refresh, metadata_prefix = EXCLUDED.metadata_prefix, status = 'harvesting',
                 attempts = harvest_runs.attempts + 1, error = NULL, pages = 0, fetched = 0,
                 upserted = 0, unchanged = 0, purged = 0, quarantined = 0,
                 complete_list_size = NULL, list_size_mismatch = false, token_restarts = 0,
@@ -91,7 +91,7 @@ def begin_run(conn: psycopg.Connection, run: RunRef, window: Window, metadata_pr
             RETURNING attempts
             """,
             (*run.key(), window.mode, window.from_, window.until, window.granularity, metadata_prefix,
-             window.partner_clock, window.protocol.clock_regressed),
+             window.partner_clock, window.protocol.clock_regressed, window.protocol.refresh),
         ))
         if not keep:
             conn.execute(

@@ -15,9 +15,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, Form, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
@@ -27,8 +27,10 @@ from partner_harvest.airflow.health import source
 from partner_harvest.airflow.health.chart import runs_chart
 from partner_harvest.health_index import IndexQuery, partners_to_read, select_page
 from partner_harvest.partner_state import slug
-from partner_harvest.registry import Registry
+from partner_harvest.registry import Partner, Registry
 from partner_harvest.report import build_report, report_csv
+from partner_harvest.rollback import roll_back
+from partner_harvest.store.content import state as content_state
 from partner_harvest.store.health import (
     INVALID,
     STATES,
@@ -39,6 +41,8 @@ from partner_harvest.store.health import (
     recent_runs,
     warnings_today,
 )
+from partner_harvest.store.history import RollbackRefused, plan_rollback, rollback_points
+from partner_harvest.store.history import rollbacks as history_rollbacks
 from partner_harvest.store.pacing import partner_rate
 from partner_harvest.store.progress import current_progress, summary_line
 
@@ -60,8 +64,11 @@ def _require_user() -> Callable[..., Any]:
 
 
 def create_app() -> FastAPI:
+    from airflow.api_fastapi.core_api.security import get_user
+
     app = FastAPI(title="Partner health", docs_url=None, redoc_url=None, openapi_url=None)
     guard = [Depends(_require_user())]
+    current_user = Depends(get_user)  # who confirms a rollback
 
     @app.exception_handler(HTTPException)
     async def to_login(request: Request, exc: HTTPException) -> Response:
@@ -98,10 +105,50 @@ def create_app() -> FastAPI:
             warned = warnings_today(conn, partner_id, now)
             progress = current_progress(conn, partner_id, unfinished=True)  # a run going on now, slice by slice
             rate = partner_rate(conn, partner_id)  # politeness at its endpoint host
+            trust = content_state(conn, partner_id)  # the content check: datestamps unreliable?
+            points = rollback_points(conn, partner_id)
+            undone = history_rollbacks(conn, partner_id, limit=5)
         return _render("partner.html", request, h=health, runs=runs, chart=Markup(runs_chart(runs)),
+                       trust=trust, points=points, rollbacks=undone, retention=entry.history_retention,
                        reasons=reasons, entries=entries, warned=warned, now=now, progress=progress, rate=rate,
                        progress_line=summary_line(progress) if progress else None,
                        progress_run=_audit_run(progress.run_id) if progress else None)
+
+    @app.get("/partner/{partner_id}/rollback", response_class=HTMLResponse, dependencies=guard)
+    def rollback_page(request: Request, partner_id: str, to_before: str) -> HTMLResponse:
+        """What rolling the partner back to before a run would do, and the form that confirms it."""
+        entry = _entry(partner_id)
+        with source.connection() as conn:
+            try:
+                plan = plan_rollback(conn, partner_id, to_before)
+            except RollbackRefused as exc:
+                return _render("rollback.html", request, partner=entry, plan=None, error=exc.cause, done=None)
+        return _render("rollback.html", request, partner=entry, plan=plan, error=None, done=None)
+
+    @app.post("/partner/{partner_id}/rollback", response_class=HTMLResponse, dependencies=guard)
+    def rollback_confirmed(request: Request, partner_id: str, user: Any = current_user, to_before: str = Form(...),
+                           undone: str = Form(...), confirm: str = Form("")) -> HTMLResponse:
+        """A person's confirmation: the partner id typed back, the plan they saw unchanged."""
+        entry = _entry(partner_id)
+        origin = request.headers.get("origin")
+        if origin and urlsplit(origin).netloc != request.url.netloc:
+            raise HTTPException(403, "a rollback is confirmed from the partner's own health page")
+        if not source.may_edit_dag(user, entry.dag_id):
+            raise HTTPException(403, f"you may not change {entry.dag_id}: a rollback pauses the partner's DAGs")
+        with source.connection() as conn:
+            try:
+                plan = plan_rollback(conn, partner_id, to_before)
+                if confirm.strip() != partner_id:
+                    return _render("rollback.html", request, partner=entry, plan=plan, done=None,
+                                   error="type the partner id to confirm; nothing changed")
+                if ",".join(plan.undone_runs) != undone:
+                    return _render("rollback.html", request, partner=entry, plan=plan, done=None,
+                                   error="the partner changed since this page was shown; nothing changed: check again")
+                done = roll_back(conn, entry, to_before, source.ServerSide(), requested_by=user.get_name(),
+                                 via="health page", expected=plan)
+            except RollbackRefused as exc:
+                return _render("rollback.html", request, partner=entry, plan=None, error=exc.cause, done=None)
+        return _render("rollback.html", request, partner=entry, plan=plan, error=None, done=done.lines())
 
     @app.get("/partner/{partner_id}/report.{fmt}", dependencies=guard)
     def report(partner_id: str, fmt: str) -> Response:
@@ -132,6 +179,14 @@ INDEX_ROWS_FOR = timedelta(seconds=30)
 CACHE_FROM_PARTNERS = 1000
 _index_cache: dict[tuple[int, str | None], tuple[datetime, list[PartnerHealth]]] = {}
 _index_lock = threading.Lock()
+
+
+def _entry(partner_id: str) -> Partner:
+    registry = source.registry()
+    entry = next((p for p in registry.partners if p.id == partner_id), None)
+    if entry is None:
+        raise HTTPException(404, f"partner {partner_id!r} is not in the registry {registry.path}")
+    return entry
 
 
 def _index_rows(registry: Registry, query: IndexQuery) -> tuple[datetime, list[PartnerHealth]]:

@@ -99,3 +99,53 @@ def latest_harvest_runs(partners: list[Partner]) -> dict[str, SchedulerRun]:
 
 
 WAITING_STATES = ("up_for_retry", "up_for_reschedule")  # between tries (Airflow's TaskInstanceState values)
+
+
+class ServerSide:
+    """Airflow as the api-server reaches it in-process (its own models, its metadata database):
+    what a rollback confirmed on the health page needs (rollback.AirflowSide)."""
+
+    @staticmethod
+    def read_variable(key: str) -> object | None:
+        import json
+
+        from airflow.models.variable import Variable
+
+        raw = Variable.get(key, default_var=None)
+        try:
+            return json.loads(raw) if raw is not None else None
+        except (TypeError, ValueError):
+            return raw
+
+    @staticmethod
+    def write_variable(key: str, value: dict[str, object], description: str) -> None:
+        from airflow.models.variable import Variable
+
+        Variable.set(key, value, description=description, serialize_json=True)
+
+    @staticmethod
+    def delete_variable(key: str) -> bool:
+        from airflow.models.variable import Variable
+
+        return bool(Variable.delete(key))
+
+    @staticmethod
+    def pause_dags(dag_ids: list[str]) -> list[str]:
+        from airflow.models.dag import DagModel
+        from airflow.utils.session import create_session
+        from sqlalchemy import select, update
+
+        with create_session() as session:
+            running = list(session.scalars(select(DagModel.dag_id).where(DagModel.dag_id.in_(dag_ids),
+                                                                         DagModel.is_paused.is_(False))))
+            if running:
+                session.execute(update(DagModel).where(DagModel.dag_id.in_(running)).values(is_paused=True))
+        return sorted(running)
+
+
+def may_edit_dag(user: object, dag_id: str) -> bool:
+    """The user may change the DAG (what pausing it in Airflow's UI takes)."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+
+    return bool(get_auth_manager().is_authorized_dag(method="PUT", details=DagDetails(id=dag_id), user=user))

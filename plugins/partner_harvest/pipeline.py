@@ -36,7 +36,7 @@ from partner_harvest.store import (
 from partner_harvest.store.apply import StagingIncomplete
 from partner_harvest.store.runs import last_applied_until, record_failed_try
 from partner_harvest.store.slices import Resumable
-from partner_harvest.store.staging import NOT_LISTED, stage_not_listed
+from partner_harvest.store.staging import NOT_LISTED, holds_any, stage_not_listed
 from partner_harvest.window import (
     ClockBehind,
     Slice,
@@ -295,6 +295,8 @@ def stage_unlisted(conn: psycopg.Connection, partner_id: str, run_id: str, windo
     if at is None:
         return None
     ensure_schema(conn)
+    if not holds_any(conn, partner_id):  # a first load: nothing held, nothing to compare
+        return 0
     run = RunRef(partner_id, run_id, NOT_LISTED)
     attempt = begin_run(conn, run, window, window.protocol.metadata_prefix)
     staged = stage_not_listed(conn, run, at, attempt)

@@ -230,3 +230,21 @@ def test_unusable_rows_are_quarantined_never_dropped(tmp_path: Path) -> None:
     assert len(items) == 3 and all(isinstance(i, (Record, Rejected)) for i, _ in items)
     assert isinstance(items[2][0], Rejected) and "not valid utf-8" in items[2][0].reason  # Latin-1 in a UTF-8 file
     assert layout.FULL == "full"
+
+
+@pytest.mark.parametrize("ranges", [True, False])
+def test_an_http_directory_lists_and_resumes_with_or_without_ranges(tmp_path: Path, ranges: bool) -> None:
+    from include.simulators.files.server import DirectoryServer
+
+    data = b"id\n" + b"".join(b"%d\n" % i for i in range(1000))
+    put(tmp_path, "20260619/full/objects-001.csv", data)
+    with DirectoryServer(tmp_path, ranges=ranges, etags=ranges) as server:
+        where = Storage.for_endpoint("p", Endpoint(f"http://u:s3cret@127.0.0.1:{server.port}/"))
+        assert "s3cret" not in where.where
+        [entry] = where.find("", 3)
+        assert entry.size == -1 or entry.size > 0  # a directory page says no size: asked with HEAD when needed
+        assert where.complete(entry).size == len(data) and where.complete(entry).etag
+        with where.open(entry.path, data.index(b"\n250\n") + 1) as handle:
+            assert handle.read(4) == b"250\n"
+        asked = [r["range"] for r in server.requests if r["method"] == "GET" and r["path"].endswith(".csv")]
+        assert any(asked) == ranges  # without ranges the read went past the bytes before itself

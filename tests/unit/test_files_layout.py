@@ -180,6 +180,10 @@ def test_tsv_gzip_and_zip_read_alike(tmp_path: Path) -> None:
     assert [(i.identifier, n) for i, n in zipped] == [("1", 1), ("2", 2), ("3", 3)]  # record numbers
     assert [i.identifier for i, _ in read(tmp_path, "a.tsv.gz", gzip.compress(text), start=1, kind="tsv",
                                           identifier="id")] == ["2"]
+    reader = FileReader("p", FormatOptions.model_validate({"kind": "tsv", "identifier": "id"}), "csv", DEFAULT_POLICY)
+    digest = hashlib.sha256()
+    items, counted = reader.read(storage(tmp_path), "a.zip", DAY, 0, digest)
+    assert len(list(items)) == 3 and digest.hexdigest() == hashlib.sha256(buffer.getvalue()).hexdigest()
 
 
 def test_json_lines_paths_and_quarantine(tmp_path: Path) -> None:

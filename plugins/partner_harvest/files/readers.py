@@ -31,7 +31,7 @@ from lxml import etree
 
 from partner_harvest.errors import PartnerDataError
 from partner_harvest.files.spec import FormatOptions
-from partner_harvest.files.storage import Storage
+from partner_harvest.files.storage import BLOCK, Storage
 from partner_harvest.formats import get_format
 from partner_harvest.formats.base import checked_by
 from partner_harvest.formats.checks import Finding, Policy
@@ -101,7 +101,10 @@ class FileReader:
         stream: IO[bytes]
         if compression == "gzip":
             stream = cast(IO[bytes], gzip.GzipFile(fileobj=counting, mode="rb"))
-        elif compression == "zip":
+        elif compression == "zip":  # read at random by zipfile: a published digest is checked by one read ahead
+            if counting.digest is not None:
+                while counting.read(BLOCK):
+                    pass
             return self._zip(storage, path, stamp, start), counting
         else:
             stream = io.BufferedReader(counting, 1024 * 1024)

@@ -103,8 +103,8 @@ def forget(db: str, partner_id: str) -> None:
 
     with connect(db) as conn:
         with conn.transaction():
-            conn.execute("DELETE FROM records WHERE partner_id = %s", (partner_id,))
-            conn.execute("DELETE FROM deletions WHERE partner_id = %s", (partner_id,))
+            for table in ("records", "deletions", "items", "holdings", "attached_deletions", "attachment_events"):
+                conn.execute(f"DELETE FROM {table} WHERE partner_id = %s", (partner_id,))
         forget_partner(conn, partner_id)
 
 

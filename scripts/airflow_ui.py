@@ -1,8 +1,8 @@
 """Run the partner DAGs in a local Airflow with its UI, on loopback (scripts/airflow_ui.sh).
 
 Starts (or reuses) the embedded PostgreSQL (or uses HARVEST_DATABASE_URL) with two
-databases of its own, Airflow's metadata and the aggregation, the two demo partner
-simulators, an alert inbox (alerts.log and a page), and Airflow's api-server, scheduler,
+databases of its own, Airflow's metadata and the aggregation, the three demo partner
+simulators (every partner of include/partners.yaml), an alert inbox (alerts.log and a page), and Airflow's api-server, scheduler,
 dag-processor and triggerer (LocalExecutor), all on 127.0.0.1, through the stack starter
 the end-to-end tests and the soak share (tests/support/airflow_stack.py), with the settings
 of a UI left running (schedules kept, keys kept, Airflow's own polling pace). Ctrl-C stops
@@ -48,6 +48,8 @@ from tests.support.airflow_stack import (  # noqa: E402
 SERVICES = (*CORE_SERVICES, TRIGGERER)
 UI_LABEL = "ui"  # the embedded PostgreSQL's data directory label
 SIERRA_KEY, SIERRA_SECRET = "demo-key", "demo-secret"
+# The IIIF stream simulator as the demo runs it (scripts/demo.py); the partner's Connection names the collection.
+IIIF_ARGS, IIIF_STREAM = ("--page-sizes", "100", "--fractions"), "/stream/collection.json"
 
 
 def database(server_uri: str, name: str) -> str:
@@ -69,7 +71,7 @@ def demo_files_folder(folder: Path, records: int) -> None:
 
 
 def airflow_env(home: Path, port: int, meta_db: str, aggregation_db: str, oai_url: str, sierra_url: str,
-                alerts_url: str | None = None) -> dict[str, str]:
+                iiif_url: str = "", alerts_url: str | None = None) -> dict[str, str]:
     """The settings the tests' stacks run with, but for a UI left running: the schedules are
     kept (a new DAG starts paused), the keys survive a restart (kept in AIRFLOW_HOME), the
     log servers listen on the next two ports, the services poll at Airflow's own pace."""
@@ -84,6 +86,7 @@ def airflow_env(home: Path, port: int, meta_db: str, aggregation_db: str, oai_ur
         "AIRFLOW_CONN_PARTNER_DEMO_LIBRARY": http_connection(sierra_url, SIERRA_KEY, SIERRA_SECRET),
         # demo_files: dated CSV deliveries in a folder of AIRFLOW_HOME (demo_files_folder)
         "AIRFLOW_CONN_PARTNER_DEMO_FILES": json.dumps({"conn_type": "file_delivery", "host": f"file://{home / 'files'}"}),
+        "AIRFLOW_CONN_PARTNER_DEMO_STREAM": http_connection(iiif_url),
     })
     if alerts_url:  # the alert inbox: alerts.log and its page
         env["AIRFLOW_CONN_HARVEST_ALERTS_WEBHOOK"] = json.dumps({"conn_type": "http", "host": f"{alerts_url}/alerts"})
@@ -166,12 +169,13 @@ def main() -> int:
                                                 "--granularity", "seconds", "--formats", "oai_dc,lido"))
         sierra_url = stack.enter_context(simulator("sierra", "--bibs", n, "--client-key", SIERRA_KEY,
                                                    "--client-secret", SIERRA_SECRET))
+        iiif_url = stack.enter_context(simulator("iiif", *IIIF_ARGS, "--objects", n)) + IIIF_STREAM
         try:
             inbox = stack.enter_context(AlertInbox(args.home / "alerts.log", args.port + 3))
         except OSError:  # the port is taken: any free one (the ready lines name it)
             inbox = stack.enter_context(AlertInbox(args.home / "alerts.log"))
         demo_files_folder(args.home / "files", int(n))
-        env = airflow_env(args.home, args.port, meta_db, aggregation_db, oai_url, sierra_url, inbox.url)
+        env = airflow_env(args.home, args.port, meta_db, aggregation_db, oai_url, sierra_url, iiif_url, inbox.url)
         services = AirflowServices(env, args.home, args.port, SERVICES, cwd=ROOT, append_logs=True)
         print(f"==> Airflow metadata DB and aggregation DB on {'HARVEST_DATABASE_URL' if os.environ.get(embedded_pg.DATABASE_URL_ENV) else 'the embedded PostgreSQL'}", flush=True)
         services.migrate(timeout=600)
@@ -191,9 +195,10 @@ def main() -> int:
                            env={**env, "HARVEST_AIRFLOW_API_URL": base_url}, cwd=ROOT, check=True,
                            stdout=subprocess.DEVNULL)
             print(f"==> Airflow UI ready at {base_url} (every visitor is admin: loopback only)", flush=True)
-            print(f"    partners: demo (OAI-PMH) at {oai_url}, demo_library (Sierra) at {sierra_url}; their clock "
-                  "stands at 2026-01-01 (the simulators' fixed clock: the health page shows it); demo_files (dated "
-                  f"CSV deliveries) in {args.home / 'files'}", flush=True)
+            print(f"    partners: demo (OAI-PMH) at {oai_url}, demo_library (Sierra) at {sierra_url}, demo_stream "
+                  f"(IIIF Change Discovery) at {iiif_url}; their clock stands at 2026-01-01 (the simulators' fixed "
+                  f"clock: the health page shows it); demo_files (dated CSV deliveries) in {args.home / 'files'}",
+                  flush=True)
             print(f"    alerts: {inbox.url}/ and {args.home}/alerts.log", flush=True)
             print('    command line: eval "$(bash scripts/airflow_ui.sh env)"; partner-harvest status', flush=True)
             print(f"    logs: {args.home}/<service>.log; Ctrl-C stops everything but the PostgreSQL", flush=True)

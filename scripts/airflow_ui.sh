@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the partner DAGs in a local Airflow with its UI on http://127.0.0.1:8080 (loopback only):
-# embedded PostgreSQL, the two demo partner simulators, an alert inbox, api-server, scheduler,
+# embedded PostgreSQL, the three demo partner simulators, an alert inbox, api-server, scheduler,
 # dag-processor, triggerer. Ctrl-C (or kill <pid>) stops everything it started but the embedded
 # PostgreSQL. Arguments go to scripts/airflow_ui.py (--port, --home, --records, --db-prefix;
 # `env`: the exports for partner-harvest, eval "$(bash scripts/airflow_ui.sh env)"; `stop-db`).

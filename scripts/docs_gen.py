@@ -38,6 +38,7 @@ CLI_PAGE = ROOT / "docs" / "operator" / "cli-reference.md"
 TABLES_PAGE = ROOT / "docs" / "tables.md"
 LIMITS_PAGE = ROOT / "docs" / "operator" / "limits.md"
 STATES_PAGE = ROOT / "docs" / "operator" / "health.md"
+ALERTS_PAGE = ROOT / "docs" / "operator" / "alerts.md"
 METRICS_PAGE = ROOT / "docs" / "operator" / "metrics.md"
 VALIDATION_PAGE = ROOT / "docs" / "operator" / "validation.md"
 
@@ -385,6 +386,56 @@ def metrics_reference() -> str:
     ])
 
 
+def failure_causes_table() -> str:
+    """docs/operator/alerts.md: the causes a failed try is classified by (partner_harvest.failures.RULES)."""
+    from partner_harvest import failures
+
+    lines = ["| cause | the alert, the index and `status` say | retried? | usually means | what to do |",
+             "|---|---|---|---|---|"]
+    for rule in (*failures.RULES, failures.OTHER):
+        retried = "yes, Airflow's retries" if rule.retry else "**no**: the try fails at once and alerts"
+        lines.append("| " + " | ".join(_cell(p) for p in (
+            rule.name, _code(rule.example), retried, rule.meaning, rule.action)) + " |")
+    return "\n".join(lines)
+
+
+def alert_timing() -> str:
+    """docs/operator/alerts.md: how long until the first alert with the defaults, from the
+    declared defaults (the registry's retries, failures' retry delays, the HTTP policy)."""
+    from partner_harvest import failures
+    from partner_harvest.durations import human
+    from partner_harvest.registry import Partner
+
+    retries = int(Partner.model_fields["retries"].default)
+    http = HttpPolicy()
+    per_try = failures.transport_wait(http.retries, http.backoff_factor, http.backoff_max)
+    waits = [failures.retry_wait(failures.RETRY_DELAY, failures.RETRY_BACKOFF, failures.MAX_RETRY_DELAY, n)
+             for n in range(1, retries + 1)]
+    low = (retries + 1) * per_try + sum(w[0].total_seconds() for w in waits)
+    high = (retries + 1) * per_try + sum(w[1].total_seconds() for w in waits)
+    spans = ", ".join(f"{human(a)}–{human(b)}" for a, b in waits)
+    return "\n".join([
+        f"With the defaults (registry `retries` {retries}, `retry_delay` {human(failures.RETRY_DELAY)} growing "
+        f"{failures.RETRY_BACKOFF:g}× per try up to `max_retry_delay` {human(failures.MAX_RETRY_DELAY)}; "
+        f"`options.http` `retries` {http.retries}, `backoff_factor` {http.backoff_factor:g}, `backoff_max` "
+        f"{http.backoff_max:g}):",
+        "",
+        "| failure | first alert | last alert (the run fails) |",
+        "|---|---|---|",
+        f"| an outage (connection refused; a 5xx) | after the first try: its transport retries wait "
+        f"{human(per_try)}, plus the task's start (\"retrying, attempt 1 of {retries + 1}\") | after try {retries + 1}: "
+        f"{retries + 1} tries of {human(per_try)} and Airflow's waits of {spans}: {human(low)} to {human(high)} |",
+        "| an undefined Connection, 401/403, a certificate error, any cause marked **no** below | at once: the "
+        "first try fails without retries (seconds after it starts) | the same alert |",
+        "",
+        "A server that hangs instead of refusing adds its timeouts to every try (`connect_timeout`, "
+        "`read_timeout`, `request_deadline`). To alert sooner, lower the partner's `options.http.retries` or "
+        "`backoff_factor` (fewer or shorter transport retries per try); to give an outage more or less time "
+        "before the run fails, change `retries`, `retry_delay` and `max_retry_delay` (registry reference). "
+        "Folding (below) never delays a group's first alert.",
+    ])
+
+
 def _states_table() -> str:
     from partner_harvest import partner_state
 
@@ -407,6 +458,8 @@ def pages(comments: dict[str, Any] | None) -> dict[Path, Callable[[str], str]]:
         CLI_PAGE: lambda _: cli_reference(build_parser()) + "\n",
         LIMITS_PAGE: lambda text: replace_block(text, "http-limits", limits_table()),
         STATES_PAGE: lambda text: replace_block(text, "partner-states", _states_table()),
+        ALERTS_PAGE: lambda text: replace_block(replace_block(text, "failure-causes", failure_causes_table()),
+                                                "alert-timing", alert_timing()),
         METRICS_PAGE: lambda _: metrics_reference(),
     }
     if comments is not None:

@@ -122,6 +122,7 @@ SLOWEST_FIRST = (
     "tests/soak/test_short_soak.py",          # ~230
     "tests/e2e/test_airflow_services.py",     # ~120
     "tests/e2e/test_approval_gates_e2e.py",   # ~110
+    "tests/e2e/test_health_index_states.py",  # ~40 (on the same stack)
     "tests/e2e/test_celery_executor.py",      # ~100
     "tests/e2e/test_change_feed_e2e.py",      # ~85
     "tests/e2e/test_local_ui_browser.py",     # ~85
@@ -136,7 +137,7 @@ SLOWEST_FIRST = (
 # xdist scope, so one worker runs them one after the other (adjacent in SLOWEST_FIRST too) and
 # starts the stack once. Apart, each worker would start a stack of its own: slower, still right.
 SHARED_STACK_MODULES = ("tests/e2e/test_airflow_services.py", "tests/e2e/test_approval_gates_e2e.py",
-                        "tests/e2e/test_rerun_from_the_ui.py")
+                        "tests/e2e/test_rerun_from_the_ui.py", "tests/e2e/test_health_index_states.py")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

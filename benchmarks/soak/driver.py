@@ -84,6 +84,7 @@ class PartnerSpec:
     deleted_record: str = "persistent"
     granularity: str = "seconds"
     sliced: bool = False  # a full load in slices (IIIF: ranges of the page chain, checkpointed by page)
+    items: bool = False  # Sierra: items and holdings too (options.sierra.channels), checked table by table
 
     @property
     def reconciled(self) -> bool:
@@ -99,6 +100,7 @@ PARTNERS: dict[str, PartnerSpec] = {p.id: p for p in (
     PartnerSpec("soak_sierra", "sierra"),
     PartnerSpec("soak_sierra_b", "sierra"),  # a second library: its own full load, so both export faults meet one
     PartnerSpec("soak_sierra_c", "sierra"),  # a third: its full load meets idle keep-alive closing and poison bibs
+    PartnerSpec("soak_sierra_items", "sierra", items=True),  # items and holdings: checkouts, transfers, deletions
     PartnerSpec("soak_iiif", IIIF, sliced=True),  # a Refresh now and then keeps the stream's history; loads in slices
     PartnerSpec("soak_iiif_refresh", IIIF, "no"),  # its Refresh truncates the history: the reconcile finds the lost Deletes
 )}
@@ -120,12 +122,15 @@ def registry_yaml(partners: list[PartnerSpec], waits: Waits = Waits(), timeout: 
     # night's check shows what it left) instead of waiting for a person who never comes.
     airflow = (f"retries: {RETRIES}, retry_delay: {waits.retry_delay}, max_retry_delay: {waits.max_retry_delay},"
                f" execution_timeout: {timeout}, approval_timeout: 10m, approval_timeout_action: abandon")
-    sierra = ("" if waits.sierra_server_error_backoff is None
-              else f" sierra: {{server_error_backoff: {waits.sierra_server_error_backoff}}},")
     for p in partners:
         if p.protocol == "sierra":
+            sierra = ([] if waits.sierra_server_error_backoff is None
+                      else [f"server_error_backoff: {waits.sierra_server_error_backoff}"])
+            if p.items:
+                sierra.append("channels: [bibs, items, holdings]")
+            options = f" sierra: {{{', '.join(sierra)}}}," if sierra else ""
             lines.append(f"  - {{id: {p.id}, protocol: sierra, conn_id: partner_{p.id}, page_size: 10, lag: 5m,"
-                         f" {airflow}, deletion_overlap_days: 1, options: {{{http},{sierra}"
+                         f" {airflow}, deletion_overlap_days: 1, options: {{{http},{options}"
                          " export: {limit: 100, rate_limit_wait: 0}}}")
         elif p.protocol == IIIF:
             # sliced: a full load of more than 100 activities in up to 4 slices (the short soak's 200: 2)
@@ -156,12 +161,20 @@ class Partner:
 
             self.model = SimulatedCatalogue(bibs=size, deleted_fraction=0.03, seed=seed, invalid_every=0,
                                             start_clock=START - timedelta(days=1))
-            self.sim = SierraSimulator(self.model, client_key=SIERRA_KEY, client_secret=SIERRA_SECRET)
+            if spec.items:  # mixed fixedFields types, as some servers send them
+                self.model.attach("items", size * 2)
+                self.model.attach("holdings", max(10, size // 5))
+            self.sim = SierraSimulator(self.model, client_key=SIERRA_KEY, client_secret=SIERRA_SECRET,
+                                       mixed_fixed_types=spec.items)
             original = self.sim.handle
 
             def handle(method, path, query, headers, body):
-                if method == "GET" and (path.endswith("/bibs") or path.endswith("/bibs/marc")):
+                if method == "GET" and path.endswith(("/bibs", "/bibs/marc")):
                     self._page_request("poll_deletions" if "deletedDate" in query else "harvest_changes")
+                elif method == "GET" and path.endswith(("/items", "/holdings")):  # their polls' pages count too
+                    kind = path.rsplit("/", 1)[-1]
+                    singular = "item" if kind == "items" else "holding"
+                    self._page_request(f"poll_{singular}_deletions" if "deletedDate" in query else f"poll_{kind}")
                 return original(method, path, query, headers, body)
 
             self.sim.handle = handle
@@ -228,6 +241,16 @@ class Partner:
                 done["recreated"] = m.recreate(rng.randint(0, 2))
                 done["moved"] = m.move_sets(rng.randint(0, 3))
             self._stamp(i for ids in done.values() for i in ids)
+            if self.spec.items:  # a library's day at the desk: checkouts, transfers, weeding, suppressions
+                items, holdings = m.attached["items"], m.attached["holdings"]
+                items.checkout(rng.randint(scale, 2 * scale))
+                items.transfer(rng.randint(1, 3))
+                items.delete(rng.randint(1, 3))
+                items.suppress(rng.randint(0, 2))
+                items.suppress(rng.randint(0, 1), on=False)
+                items.add(rng.randint(0, 3))
+                holdings.checkout(rng.randint(1, 3))
+                holdings.delete(rng.randint(0, 1))
         return done
 
     def _museum_day(self, rng: random.Random, scale: int) -> dict[str, list[str]]:
@@ -319,6 +342,9 @@ class Partner:
                     if not (bib.suppressed or bib.no_marc):  # options.sierra.suppressed: purge (the default)
                         expect[bib.id] = (bib.title.strip(), ())
                 deleted = m.deleted_ids()
+                if self.spec.items:
+                    return {"expect": expect, "invalid": invalid, "deleted": deleted,
+                            "attached": {kind: m.attached[kind].live(public_only=True) for kind in ("items", "holdings")}}
             else:
                 from include.simulators.oai_pmh import payloads
                 from include.simulators.oai_pmh.collection import number_for
@@ -559,7 +585,7 @@ class Soak:
         rng = random.Random(f"{self.seed}/{spec.id}/{night}")
         full_load = night == 1
         kinds = applicable(spec.protocol, full_load, self.known_gaps, spec.reconciled, self.scheduler,
-                           self.only) or ["none"]
+                           self.only, spec.items) or ["none"]
         kind = "none" if settle else self.plan.get((spec.id, night)) or rng.choice(kinds)
         kind, _, planned_moment = kind.partition("@")  # a plan may fix a pause's moment: kind@moment
         fault = fault_of(kind)
@@ -727,6 +753,9 @@ class Soak:
         elif fault.kind == "sierra_deletion_poll_500":
             sim.fail_next((HTTP_RETRIES + 1) * 2, 500, path_prefix="deletedDate")
             record.fired = True
+        elif fault.kind == "sierra_item_poll_500":  # the items' change poll fails past every retry of the night
+            sim.fail_next((HTTP_RETRIES + 1) * (RETRIES + 1) * 3, 500, path_prefix="/items?deleted=false")
+            record.fired = True
         steps.sort(key=lambda s: s[0])
         self._chain(partner, steps)
 
@@ -891,6 +920,9 @@ class Soak:
             bad_counts = conn.execute(
                 "SELECT run_id, channel FROM harvest_runs WHERE partner_id = %s AND status = 'applied'"
                 " AND upserted + unchanged + purged + quarantined <> fetched", (pid,)).fetchall()
+            attached = {kind: {i: tuple(sorted(b)) for i, b in conn.execute(
+                f"SELECT identifier, bib_ids FROM {kind} WHERE partner_id = %s", (pid,))}
+                for kind in oracle.get("attached", {})}
         problems = record.divergence
         for holder, left in leases:  # every run of the night has ended (a killed one > TTL ago at worst)
             if left > timedelta(0):
@@ -936,6 +968,11 @@ class Soak:
         wrongly = (quarantined & set(expect)) - excused
         if wrongly:
             problems.append(f"{len(wrongly)} valid records quarantined: {sorted(wrongly)[:3]}")
+        for kind, live in oracle.get("attached", {}).items():  # items, holdings: exactly the public live set
+            if attached[kind] != live:
+                wrong = sorted(set(attached[kind]) ^ set(live)) or sorted(
+                    i for i in live if attached[kind].get(i) != live[i])
+                problems.append(f"{kind}: {len(wrong)} differ from the live set, e.g. {wrong[:3]}")
         self.reported_deleted[pid + ":held"] = set(held)
 
     @staticmethod
@@ -979,7 +1016,8 @@ def per_kind_plan(partners: list[str], known_gaps: bool = False, scheduler: bool
 
     for kind in kinds:
         candidates = sorted((s for s in specs if s.protocol in FAULTS[kind].protocols
-                             and (s.reconciled or not FAULTS[kind].reconcile_only)),
+                             and (s.reconciled or not FAULTS[kind].reconcile_only)
+                             and (s.items or not FAULTS[kind].items_only)),
                             key=lambda s: (used[s.id], specs.index(s)))
         if not candidates:
             continue

@@ -39,6 +39,7 @@ class Fault:
     moments: tuple[str, ...] = ()
     reconcile_only: bool = False
     dag_test_only: bool = False  # not on --scheduler nights (their task processes are the scheduler's)
+    items_only: bool = False  # only a partner with items and holdings meets it
 
 
 BOTH = ("oai-pmh", "sierra")
@@ -70,6 +71,9 @@ FAULTS: dict[str, Fault] = {f.kind: f for f in (
     Fault("sierra_export_138", SIERRA, "partner", full_load_only=True),
     Fault("sierra_export_135", SIERRA, "partner", full_load_only=True),
     Fault("sierra_deletion_poll_500", SIERRA, "partner", incremental_only=True),
+    # The items' change poll answers 500 past every retry: the night fails with nothing applied
+    # (bibs neither), no cursor moves, and the next night brings the items in.
+    Fault("sierra_item_poll_500", SIERRA, "partner", incremental_only=True, items_only=True),
     # Pauses past the lease's TTL at each boundary of a run, a second harvest in between.
     Fault("pause_after_freeze", ALL, "pause", action="pause", dag_test_only=True,
           moments=("success:freeze_window", "lease:plan_slices")),
@@ -104,12 +108,13 @@ def fault(kind: str) -> Fault:
 
 
 def applicable(protocol: str, full_load: bool, known_gaps: bool = False, reconciled: bool = False,
-               scheduler: bool = False, only: tuple[str, ...] = ()) -> list[str]:
+               scheduler: bool = False, only: tuple[str, ...] = (), items: bool = False) -> list[str]:
     """Fault kinds that can meet a night of this protocol (sorted, for determinism).
 
     ``reconciled``: the partner has a reconcile (a reconcile-only fault makes its night a
-    reconcile night); ``only``: draw from these kinds alone (``--only``)."""
+    reconcile night); ``only``: draw from these kinds alone (``--only``); ``items``: the
+    partner has items and holdings."""
     return sorted(k for k, f in FAULTS.items() if protocol in f.protocols and (known_gaps or not f.known_gap)
                   and not (f.full_load_only and not full_load) and not (f.incremental_only and full_load)
                   and not (f.reconcile_only and not reconciled) and not (f.dag_test_only and scheduler)
-                  and (not only or k in only))
+                  and not (f.items_only and not items) and (not only or k in only))

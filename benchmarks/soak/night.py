@@ -269,10 +269,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def operator_command(argv: list[str]) -> int:
-    """An operator's ``partner-harvest`` command, in a process of its own (the real CLI)."""
+    """An operator's ``partner-harvest`` command, in a process of its own (the real CLI),
+    talking to Airflow's REST API as it would (served here: the soak runs no api-server)."""
+    from partner_harvest.airflow import api
     from partner_harvest.cli import main as cli
+    from tests.support.airflow_stack import airflow_rest_api
 
-    return cli(argv)
+    with airflow_rest_api() as url:
+        os.environ[api.URL_ENV] = url
+        return cli(argv)
 
 
 def zygote() -> int:

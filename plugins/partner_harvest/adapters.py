@@ -127,8 +127,9 @@ class Adapter(ABC):
         """Stream the window's changes page by page into ``sink`` (a slice's window too)."""
 
     def window_is_empty(self, window: Window) -> bool:
-        """Whether one cheap request shows the window holds no change (a quiet night); the
-        adapter then harvests that window without asking again. Default: cannot tell."""
+        """Whether one cheap request (one per extra channel the window planned) shows the
+        window holds no change (a quiet night); the adapter then harvests that window, and
+        those channels, without asking again. Default: cannot tell."""
         return False
 
     @abstractmethod

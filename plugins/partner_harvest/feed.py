@@ -39,6 +39,7 @@ class Exported:
     path: str
     resumed: bool
     moves: int = 0
+    attached: int = 0  # attachments, attached_upsert and attached_delete lines (items and holdings)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -49,19 +50,30 @@ def file_name(span: feed.ExportRange) -> str:
 
 
 def line(partner_id: str, change: dict[str, Any]) -> dict[str, Any]:
-    """One change as a JSON object: ``op`` is ``upsert`` (the record's current version), ``delete``
-    or ``moved`` (the record held as ``from_identifier`` is ``identifier`` from now on; with its
-    current version unless it changed again since, in a later change)."""
+    """One change as a JSON object: ``op`` is ``upsert`` (the record's current version), ``delete``,
+    ``moved`` (the record held as ``from_identifier`` is ``identifier`` from now on; with its
+    current version unless it changed again since, in a later change), ``attachments`` (the
+    record's items or holdings changed), ``attached_upsert`` or ``attached_delete`` (one item
+    or holdings record, with ``entity``)."""
     out: dict[str, Any] = {"seq": change["change_seq"], "op": change["op"], "partner_id": partner_id,
                            "identifier": change["identifier"]}
-    if change["op"] == "moved":
+    op = change["op"]
+    if op == "moved":
         out["from_identifier"] = change["moved_from"]
-    if change["op"] in ("upsert", "moved") and change["metadata"] is not None:
+    if op in ("upsert", "moved") and change["metadata"] is not None:
         out.update(datestamp=_iso(change["datestamp"]), metadata_prefix=change["metadata_prefix"],
                    set_specs=list(change["set_specs"] or []), title=change["title"],
                    content_hash=change["content_hash"], metadata=change["metadata"])
-    elif change["op"] == "delete":
+    elif op == "delete":
         out.update(upstream_datestamp=_iso(change["datestamp"]), reason=change["reason"])
+    elif op == "attached_upsert":  # an item or holdings record: its table, its records, its JSON
+        out.update(entity=change["metadata_prefix"], bib_ids=list(change["set_specs"] or []),
+                   datestamp=_iso(change["datestamp"]), content_hash=change["content_hash"],
+                   content=json.loads(change["metadata"]))
+    elif op == "attached_delete":
+        out.update(entity=change["metadata_prefix"], bib_ids=list(change["set_specs"] or []),
+                   upstream_datestamp=_iso(change["datestamp"]), reason=change["reason"])
+    # op "attachments": the record ``identifier`` whose items or holdings changed: nothing more
     out.update(run_id=change["run_id"], changed_at=_iso(change["changed_at"]))
     return out
 
@@ -75,7 +87,7 @@ def write_range(conn: psycopg.Connection, span: feed.ExportRange, directory: str
     folder = Path(directory) / span.partner_id
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / file_name(span)
-    counts = {"upsert": 0, "delete": 0, "moved": 0}
+    counts = {"upsert": 0, "delete": 0, "moved": 0, "attachments": 0, "attached_upsert": 0, "attached_delete": 0}
     fd, temp = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
@@ -94,7 +106,8 @@ def write_range(conn: psycopg.Connection, span: feed.ExportRange, directory: str
     finally:
         os.close(dir_fd)
     return Exported(span.partner_id, span.after, span.until, counts["upsert"], counts["delete"], str(target),
-                    span.resumed, counts["moved"])
+                    span.resumed, counts["moved"],
+                    counts["attachments"] + counts["attached_upsert"] + counts["attached_delete"])
 
 
 def export_jsonl(conn: psycopg.Connection, consumer: str, partner_id: str,

@@ -17,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 
+from partner_harvest import durations
 from partner_harvest.registry import Partner
 from partner_harvest.store import gates as sql
 from partner_harvest.store import moves
@@ -50,16 +52,26 @@ def harvest_shrink(conn: psycopg.Connection, partner: Partner, run_id: str, wind
     if tombstones == 0 and not whole:
         return None
     shrink = sql.measure_shrink(conn, partner.id, run_id, whole_collection=whole)
-    return shrink if shrink.fraction > partner.max_shrink_fraction else None
+    if shrink.fraction > partner.max_shrink_fraction:
+        return shrink
+    for entity in sql.staged_entities(conn, partner.id, run_id):  # items, holdings: each against its own table
+        shrink = sql.measure_shrink(conn, partner.id, run_id, whole_collection=False, entity=entity)
+        if shrink.fraction > partner.max_shrink_fraction:
+            return shrink
+    return None
 
 
 def reconcile_shrink(conn: psycopg.Connection, partner: Partner, run_id: str, outcome: Mapping[str, Any],
                      channel: str = "reconcile") -> Shrink:
-    """A gated reconcile's request figures: what its plan held and what it staged to purge."""
-    movable = moves.count_staged(conn, partner.id, run_id, whole_collection=False)
+    """A gated reconcile's request figures: what its plan held and what it staged to purge
+    (of the records, or of the attached table, items or holdings, whose share is largest)."""
+    candidates = [(int(outcome["local"]), int(outcome["staged_removals"]), channel),
+                  *((int(f["local"]), int(f["staged_removals"]), f"{channel}/{entity}")
+                    for entity, f in (outcome.get("attached") or {}).items())]
+    held, removals, worst = max(candidates, key=lambda c: c[1] / c[0] if c[0] else 0.0)
+    movable = moves.count_staged(conn, partner.id, run_id, whole_collection=False) if worst == channel else 0
     conn.commit()
-    return Shrink(int(outcome["local"]), int(outcome["staged_removals"]), 0,
-                  sql.reconcile_sample(conn, partner.id, run_id, channel), movable)
+    return Shrink(held, removals, 0, sql.reconcile_sample(conn, partner.id, run_id, worst), movable)
 
 
 def approval_since(request: Request, outcome: Mapping[str, Any]) -> datetime:
@@ -70,6 +82,16 @@ def approval_since(request: Request, outcome: Mapping[str, Any]) -> datetime:
     planned = outcome.get("planned_at")
     since = parse_instant(planned) if isinstance(planned, str) else planned
     return min(since, request.requested_at) if isinstance(since, datetime) else request.requested_at
+
+
+def required_action_path(dag_id: str, dag_run_id: str, task_id: str = "approval_gate") -> str:
+    """The request's page in the Airflow UI, from its root (Browse > Required Actions lists it too)."""
+    return f"/dags/{quote(dag_id, safe='')}/runs/{quote(dag_run_id, safe='')}/tasks/{task_id}/required_actions"
+
+
+def request_path(request: Request) -> str:
+    """:func:`required_action_path` of a stored request (its run_id is ``<dag_id>/<Airflow run id>``)."""
+    return required_action_path(request.dag_id, request.run_id.split("/", 1)[-1])
 
 
 def subject(request: Request) -> str:
@@ -85,8 +107,11 @@ def options(request: Request) -> list[str]:
     return [APPROVE, REJECT, MOVE] if request.movable else [APPROVE, REJECT]
 
 
-def body(request: Request, partner: Partner, links: Mapping[str, str], timeout_note: str) -> str:
-    """The request's Markdown: partner, counts, a sample of what would go, links, what each answer does."""
+def body(request: Request, partner: Partner, links: Mapping[str, str], timeout_note: str,
+         whole_collection: bool = False) -> str:
+    """The request's Markdown: partner, counts, a sample of what would go, links, what each answer does.
+    ``whole_collection``: a full harvest, whose records not returned are counted (an incremental
+    run returns only what changed: the row would mislead)."""
     share = (request.removals + request.absent) / request.held if request.held else 0.0
     if request.kind == PURGE:
         why = (f"The weekly reconcile would remove **{request.removals}** of the **{request.held}** records it holds "
@@ -107,7 +132,7 @@ def body(request: Request, partner: Partner, links: Mapping[str, str], timeout_n
         f"| held now | {request.held} |",
         f"| purged by the apply (tombstones) | {request.removals} |",
     ]
-    if request.kind == SHRINK:
+    if request.kind == SHRINK and whole_collection:
         lines.append("| not returned by this full harvest (kept by the apply and left to a reconcile; a file "
                      f"partner's full dump purges them, reason not_listed) | {request.absent} |")
     if request.movable:
@@ -135,4 +160,4 @@ def body(request: Request, partner: Partner, links: Mapping[str, str], timeout_n
 def timeout_note(partner: Partner) -> str:
     action = ("then it alerts and keeps waiting" if partner.approval_timeout_action == "wait"
               else "then it alerts and the run is abandoned as if rejected")
-    return f"No answer within `approval_timeout` ({partner.approval_timeout}): {action}."
+    return f"No answer within `approval_timeout` ({durations.human(partner.approval_timeout)}): {action}."

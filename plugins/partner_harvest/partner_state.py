@@ -29,10 +29,15 @@ TABLE: tuple[State, ...] = (
     State("failing", "the newest harvest run failed: a task failed its last try (or the run was abandoned); "
           "the cause is the task's error, as in the alert",
           "read the cause; clear the task once the partner is back"),
-    State("retrying", "the newest run is between tries: a task failed a try and waits for the next "
-          "(Airflow `up_for_retry`), or waits for the time the partner named or for another run's lease "
-          "(`up_for_reschedule`); the cause is the last try's error",
-          "nothing yet; it becomes `failing` when the tries run out"),
+    State("awaiting approval", "a run waits at its approval gate for a person (a reconcile over "
+          "`max_purge_fraction`, a harvest shrinking the live set by more than `max_shrink_fraction`); the "
+          "cause is the request, with a link to it in Airflow's Required Actions",
+          "answer it: Approve applies the staged run, Reject abandons it (docs/operator/approvals.md)"),
+    State("retrying", "a task of the newest run failed a try and Airflow runs it again: from the failed try "
+          "until the run ends (waiting in `up_for_retry`, or its next try running), or it waits for the time "
+          "the partner named or for another run's lease (`up_for_reschedule`); the cause is the failed try's "
+          "error, with the attempt and when the next comes",
+          "nothing yet (the first failed try alerted); it becomes `failing` when the tries run out"),
     State("running", "a harvest run is going on now", "`partner-harvest progress ID` shows how far it is"),
     State("behind", "the cursor trails the partner's clock (as the newest run saw it, moved on by the time "
           "since) by more than one schedule interval + the run deadline + the partner's lag",
@@ -46,20 +51,23 @@ TABLE: tuple[State, ...] = (
     State("ok", "the newest run applied, the cursor keeps up with the partner's clock, no open alert", "nothing"),
 )
 NAMES: tuple[str, ...] = tuple(state.name for state in TABLE)
-INVALID, FAILING, RETRYING, RUNNING, BEHIND, QUIET, WARNING, NEVER_RUN, OK = NAMES
+INVALID, FAILING, AWAITING_APPROVAL, RETRYING, RUNNING, BEHIND, QUIET, WARNING, NEVER_RUN, OK = NAMES
 
 
 def decide(*, invalid: bool, newest_run: str | None, ever_applied: bool, behind: bool, quiet: bool,
-           alerts: bool) -> str:
+           alerts: bool, awaiting_approval: bool = False) -> str:
     """The partner's state from its facts, by the table's order (worst first).
 
     ``newest_run`` is what the partner's newest harvest run is doing (``RUN_*``, None when
-    it never ran); ``ever_applied`` whether any harvest run applied.
+    it never ran); ``ever_applied`` whether any harvest run applied; ``awaiting_approval``
+    whether a run of the partner waits at its approval gate.
     """
     if invalid:
         return INVALID
     if newest_run == RUN_FAILED:
         return FAILING
+    if awaiting_approval:
+        return AWAITING_APPROVAL
     if newest_run == RUN_RETRYING:
         return RETRYING
     if newest_run == RUN_RUNNING:

@@ -13,7 +13,7 @@ command line. Adding a protocol is one package with its ``spec.py`` (docs/design
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from partner_harvest.adapters import Adapter
     from partner_harvest.factory import Wiring
     from partner_harvest.readiness import Probe
+    from partner_harvest.registry import Partner
 
 
 class StrictOptions(BaseModel):
@@ -46,6 +47,7 @@ class Channel:
     granularity: str  # its cursor's: window.DAY or window.SECONDS
     summary: str  # how the DAG's description names it ("the deleted bibs, on their own day cursor")
     doc: str  # the task's documentation in the Airflow UI
+    entity: str | None = None  # the attached records' table its items land in (items, holdings); None: records
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,16 @@ class ProtocolSpec:
     """Its readiness probes (``partner-harvest check``, readiness.py): what the harvest will rely
     on, asked of the endpoint in a few paced requests, each answer a finding on the probe
     (imports its stack lazily, as ``build``). None: the command says there is none yet."""
+    chosen_channels: Callable[[Partner], Collection[str]] | None = None
+    """The names of the extra channels a partner's registry entry asks for (Sierra's
+    options.sierra.channels); None: every channel, for every partner."""
+
+    def channels_for(self, partner: Partner) -> tuple[Channel, ...]:
+        """The extra channels of ``partner``: the DAG's tasks, the run's windows and cursors."""
+        if self.chosen_channels is None:
+            return self.channels
+        chosen = set(self.chosen_channels(partner))
+        return tuple(channel for channel in self.channels if channel.name in chosen)
 
 
 @cache
@@ -131,3 +143,8 @@ def spec_of(name: str) -> ProtocolSpec:
 def channels() -> dict[str, Channel]:
     """Every protocol's extra channels by name (the command line's cursor choices)."""
     return {channel.name: channel for spec in specs() for channel in spec.channels}
+
+
+def channels_for(partner: Partner) -> tuple[Channel, ...]:
+    """The partner's extra channels: those of its protocol its registry entry asks for."""
+    return spec_of(partner.protocol).channels_for(partner)

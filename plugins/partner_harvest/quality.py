@@ -27,7 +27,8 @@ def findings(partner: Partner, figures: RunFigures, now: datetime) -> list[str]:
             )
     found.extend(_new_warnings(partner, figures))
     before = figures.held + figures.purged
-    if before and figures.purged / before > partner.purge_alert_fraction:
+    # A purge a person approved at the run's approval gate is not news to anyone.
+    if before and figures.purged / before > partner.purge_alert_fraction and not figures.purge_approved:
         found.append(
             f"purge spike: {figures.purged} of {before} records ({figures.purged / before:.1%}) removed in one run, "
             f"over {partner.purge_alert_fraction:.0%}"

@@ -23,6 +23,7 @@ import psycopg
 from partner_harvest import content_check
 from partner_harvest.adapters import Adapter
 from partner_harvest.errors import HarvestError
+from partner_harvest.protocols import channels_for
 from partner_harvest.records import HarvestStats, Tombstone
 from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, ensure_schema, fail_run, finish_harvest
@@ -60,12 +61,15 @@ class ReconcileResult:
     planned_at: datetime | None = None
     # The content check (content_check.py): sampled, silent changes, requests, a refresh due
     content: dict[str, Any] = field(default_factory=dict)
+    # Each attached table it also settled (items, holdings): what it held, the removals staged.
+    attached: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         out = {**self.plan.as_dict(), "fetched_missing": self.fetched_missing, "purged": self.purged,
                "upserted": self.upserted, "verified": dict(self.verified), "bulk_fetch": self.bulk_fetch,
                "awaiting_approval": self.awaiting_approval, "staged_removals": self.staged_removals,
-               "content": dict(self.content)}
+               "content": dict(self.content),
+               "attached": {entity: dict(figures) for entity, figures in self.attached.items()}}
         if self.planned_at is not None:  # to the microsecond, as a sliced plan's (sliced_reconcile.SweepPlan)
             out["planned_at"] = as_utc(self.planned_at).isoformat()
         return out
@@ -130,10 +134,17 @@ def settle(adapter: Adapter, conn: psycopg.Connection, partner: Partner, run: Ru
         found = content_check.check(adapter, conn, partner, run, window, writer).as_dict()
         stats.fetched = writer.seq  # everything staged: the apply's four outcomes add up to it
         finish_harvest(conn, run, stats)
+        attached: dict[str, dict[str, int]] = {}
+        for entity in attached_entities(partner):  # items, holdings: swept and settled the same way
+            local, entity_removals, entity_held_back = _settle_attached(adapter, conn, partner, run, window, entity,
+                                                                        allow_mass_purge, gate)
+            attached[entity] = {"local": local, "staged_removals": entity_removals}
+            held_back = held_back or entity_held_back
         if held_back:
-            log.warning("%s: reconcile staged %d removals and waits for approval before its apply", partner.id, removals)
+            log.warning("%s: reconcile staged %d removals (%s) and waits for approval before its apply", partner.id,
+                        removals, attached or "no items or holdings")
             return ReconcileResult(plan, fetched, 0, 0, verified, bulk, awaiting_approval=True,
-                                   staged_removals=removals, content=found)
+                                   staged_removals=removals, content=found, attached=attached)
         result = apply_run(conn, partner.id, run.run_id)
     except BaseException as exc:  # a task timeout too (store.runs.record_failed_try)
         if isinstance(exc, MassPurgeRefused):
@@ -143,9 +154,43 @@ def settle(adapter: Adapter, conn: psycopg.Connection, partner: Partner, run: Ru
         raise
     finally:
         sql.clear(conn, partner.id, run.run_id)
-    outcome = ReconcileResult(plan, fetched, result.purged, result.upserted, verified, bulk, content=found)
+    outcome = ReconcileResult(plan, fetched, result.purged, result.upserted, verified, bulk, content=found,
+                              attached=attached)
     log.info("%s: reconcile applied: %s", partner.id, outcome.as_dict())
     return outcome
+
+
+def attached_entities(partner: Partner) -> list[str]:
+    """The attached tables (items, holdings) the partner's channels fill (protocols.Channel.entity)."""
+    return sorted({channel.entity for channel in channels_for(partner) if channel.entity})
+
+
+def _settle_attached(adapter: Adapter, conn: psycopg.Connection, partner: Partner, run: RunRef, window: Window,
+                     entity: str, allow_mass_purge: bool, gate: bool) -> tuple[int, int, bool]:
+    """One attached table: its ids swept (the adapter walks id ranges: ``window.protocol.entity``
+    names the table), planned against what is held, guarded by the same mass-purge limit,
+    its removals staged and its missing rows fetched, on a channel of its own
+    (``reconcile/<table>``) of the same run, applied in the same transaction. Returns what
+    it held, the removals staged and whether the guard holds the apply back for a person."""
+    own = RunRef(partner.id, run.run_id, f"{CHANNEL}/{entity}")
+    key = sql.sweep_key(run.run_id, entity)
+    sub = window.with_facts(entity=entity)
+    begin_run(conn, own, sub, None)
+    sweep = sql.IdSweepWriter(conn, partner.id, key)
+    sweep.reset()
+    adapter.sweep_ids(sub, sweep, HarvestStats())
+    plan = sql.plan(conn, partner.id, key, entity)
+    log.info("%s: reconcile plan of %s: %s", partner.id, entity, plan.as_dict())
+    held_back = _guard(conn, own, partner, plan, allow_mass_purge, gate, entity)
+    writer = StagingWriter(conn, own)
+    removals = sql.stage_removals(conn, own, 0, entity, key)
+    writer.seq = removals
+    for identifiers in sql.missing_identifiers(conn, partner.id, key, adapter.fetch_chunk, entity, own):
+        writer.write_page(adapter.fetch_records(sub, identifiers))
+    stats = HarvestStats()
+    stats.fetched = writer.seq
+    finish_harvest(conn, own, stats)
+    return plan.local, removals, held_back
 
 
 def _verify_vanished(
@@ -236,16 +281,17 @@ def apply_staged(conn: psycopg.Connection, partner_id: str, run_id: str) -> dict
     return result.as_dict()
 
 
-def purge_refusal(partner: Partner, plan: sql.ReconcilePlan) -> str | None:
-    """Why the plan would purge more than ``max_purge_fraction`` of the partner's records
-    (the message an operator reads), or None when it stays within. The one place that decides
-    it: the guard below, and anything that asks a human first, call this."""
+def purge_refusal(partner: Partner, plan: sql.ReconcilePlan, what: str = "records") -> str | None:
+    """Why the plan would purge more than ``max_purge_fraction`` of the partner's records (or
+    of its ``what``: items, holdings) (the message an operator reads), or None when it stays
+    within. The one place that decides it: the guard below, and anything that asks a human
+    first, call this."""
     limit = partner.max_purge_fraction * plan.local
     if plan.local == 0 or plan.removals <= limit:
         return None
     share = plan.removals / plan.local
     return (
-        f"reconcile would remove {plan.removals} of {plan.local} records ({share:.1%}; "
+        f"reconcile would remove {plan.removals} of {plan.local} {what} ({share:.1%}; "
         f"{plan.vanished} absent upstream, {plan.deleted_upstream} listed as deleted), over the "
         f"{partner.max_purge_fraction:.0%} mass-purge limit; nothing was applied. If the partner "
         f"really removed them, trigger {partner.reconcile_dag_id} with the Param allow_mass_purge=true"
@@ -253,9 +299,9 @@ def purge_refusal(partner: Partner, plan: sql.ReconcilePlan) -> str | None:
 
 
 def _guard(conn: psycopg.Connection, run: RunRef, partner: Partner, plan: sql.ReconcilePlan, allowed: bool,
-           gate: bool = False) -> bool:
+           gate: bool = False, what: str = "records") -> bool:
     """True when the plan is over the limit and a gate will ask a person; raises without a gate."""
-    message = purge_refusal(partner, plan)
+    message = purge_refusal(partner, plan, what)
     if message is None:
         return False
     if allowed:

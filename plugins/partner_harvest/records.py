@@ -25,12 +25,20 @@ class Record:
     title: str | None = None
     # What is odd but usable about it (formats/checks.py): stored with the record, counted per run
     warnings: tuple[Finding, ...] = ()
+    # An attached record (a library's item or holdings record) lands in the table ``entity``
+    # names instead of ``records``, with ``metadata`` its JSON and ``parents`` the records
+    # (bibs) it belongs to (store/attached.py). None: a record.
+    entity: str | None = None
+    parents: tuple[str, ...] = ()
 
     @property
     def content_hash(self) -> str:
         """Identifies the payload so a replay with the same datestamp is a no-op."""
         # SHA-256 of the payload's UTF-8, a NUL, and the set specs joined by US (one encode)
-        return hashlib.sha256((self.metadata + "\x00" + "\x1f".join(self.set_specs)).encode("utf-8")).hexdigest()
+        text = self.metadata + "\x00" + "\x1f".join(self.set_specs)
+        if self.parents:  # an attached record moved to other records is another version
+            text += "\x00" + "\x1f".join(self.parents)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +53,7 @@ class Tombstone:
     identifier: str
     datestamp: datetime
     reason: str | None = None
+    entity: str | None = None  # an attached record's table (Record.entity); None: a record
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ import psycopg
 
 from partner_harvest import pipeline
 from partner_harvest.adapters import Adapter
-from partner_harvest.protocols import Channel, spec_of
+from partner_harvest.protocols import Channel, channels_for
 from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner, cursor_key, cursor_value
 from partner_harvest.store import ApplyResult, RunRef, ensure_schema, fences, history
@@ -98,8 +98,8 @@ class Kept:
 
 
 def channels_of(partner: Partner) -> tuple[Channel, ...]:
-    """The partner's extra channels: its protocol's (protocols.ProtocolSpec.channels)."""
-    return spec_of(partner.protocol).channels
+    """The partner's extra channels: those of its protocol's it asks for (protocols.channels_for)."""
+    return channels_for(partner)
 
 
 def freeze(partner: Partner, adapter: Adapter, conn: psycopg.Connection, outlets: Outlets | None = None,
@@ -249,12 +249,14 @@ def finish(adapter: Adapter, conn: psycopg.Connection, run_id: str, window: Wind
 
 def quiet_night(adapter: Adapter, conn: psycopg.Connection, run_id: str, window: Window, outlets: Outlets, *,
                 writer: str | None = None) -> Finished | None:
-    """A window the adapter's one cheap look (``window_is_empty``) shows empty: staged whole
-    (without asking again) and finished at once, as any run; None when it holds changes (the
-    usual way harvests them). airflow/quiet.py says when the look is worth it."""
+    """A window the adapter's one cheap look (``window_is_empty``: of the changes and of every
+    extra channel the window planned) shows empty: each staged whole (without asking again)
+    and finished at once, as any run; None when it holds changes (the usual way harvests
+    them). airflow/quiet.py says when the look is worth it."""
     if not adapter.window_is_empty(window):
         return None
-    stage_channel(adapter, conn, run_id, window, CHANGES, outlets)
+    for channel in [CHANGES, *window.protocol.channels]:
+        stage_channel(adapter, conn, run_id, window, channel, outlets)
     return finish(adapter, conn, run_id, window, outlets, writer=writer)
 
 

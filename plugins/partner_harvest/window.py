@@ -81,11 +81,13 @@ class ClockBehind(_Facts):
 
 
 class ChannelPlan(_Facts):
-    """The own (day-granular) window of a run's extra channel (Sierra's deletion poll)."""
+    """The own window of a run's extra channel (Sierra's day-granular deletion polls, its item
+    change polls to the second); ``from`` None: everything (a first load of the channel)."""
 
     from_: Instant | None = Field(default=None, alias="from")
     until: Instant
     skip: bool = False  # nothing to poll (a full load from scratch: deletions start tomorrow)
+    granularity: str = DAY  # its cursor's (protocols.Channel.granularity)
     partner_clock: Instant | None = None
     clock_regressed: bool = False
 
@@ -186,6 +188,9 @@ class WindowFacts(_Facts):
     earliest_datestamp: Instant | None = None
     # Sierra: the bib fields the change poll asks for
     fields: str | None = None
+    # A reconcile's sweep and fetch of an attached table (protocols.Channel.entity: items,
+    # holdings) instead of the records
+    entity: str | None = None
     # IIIF Change Discovery: the stream as it stood (upper bound, last page, totalItems)
     iiif: IiifFacts | None = None
     # File deliveries: the dated dumps and deltas the run applies
@@ -260,6 +265,15 @@ class Window:
         return f"{kind} window from {start} until {format_instant(self.until)} ({self.granularity})"
 
 
+def backfill_day(tick: datetime) -> tuple[datetime, datetime]:
+    """The window a backfill run harvests: the UTC day of its date (its cron tick), midnight to
+    midnight. A backfill From 2024-11-01 To 2024-11-04 of a nightly 02:00 schedule makes the
+    runs of Nov 1, 2 and 3 (02:00 ticks); they harvest Nov 1 00:00 .. Nov 4 00:00, the days
+    the form names, not each tick's data interval (the day before the date in its name)."""
+    day = as_utc(tick).replace(hour=0, minute=0, second=0, microsecond=0)
+    return day, day + timedelta(days=1)
+
+
 def plan_window(
     *,
     mode: str,
@@ -311,9 +325,9 @@ def channel_windows(window: Window) -> dict[str, Window]:
 
 
 def channel_window(window: Window, channel: str) -> Window | None:
-    """The own (day-granular) window of a run's extra channel, e.g. Sierra's deletions."""
+    """The own window of a run's extra channel, e.g. Sierra's deletions (a day window)."""
     plan = window.protocol.channels.get(channel)
     if plan is None:
         return None
     facts = WindowFacts(partner_clock=plan.partner_clock, clock_regressed=plan.clock_regressed, skip=plan.skip)
-    return Window(window.mode, plan.from_, plan.until, DAY, window.advances_cursor, facts)
+    return Window(window.mode, plan.from_, plan.until, plan.granularity, window.advances_cursor, facts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,31 +29,13 @@ def dagbag(airflow_db: None):
 
 
 @pytest.fixture(scope="session")
-def airflow_api_url(airflow_db: None):
-    """Airflow's REST API (the api-server's core app) in this process on a loopback port, over
-    the tests' metadata database: what the command line talks to. Everyone is an admin."""
-    import threading
+def airflow_api_url(airflow_db: None) -> Iterator[str]:
+    """Airflow's REST API in this process over the tests' metadata database: what the
+    command line talks to."""
+    from tests.support.airflow_stack import airflow_rest_api
 
-    import uvicorn
-
-    from tests.support.airflow_stack import free_loopback_port, poll
-
-    saved = os.environ.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS")
-    os.environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = "True"
-    from airflow.api_fastapi.app import create_app
-
-    port = free_loopback_port()
-    server = uvicorn.Server(uvicorn.Config(create_app("core"), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="airflow-api", daemon=True)
-    thread.start()
-    poll(lambda: server.started, 60, "the in-process Airflow API to listen")
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=30)
-    if saved is None:
-        os.environ.pop("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", None)
-    else:
-        os.environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = saved
+    with airflow_rest_api() as url:
+        yield url
 
 
 @pytest.fixture

@@ -60,7 +60,8 @@ def test_a_failing_partner_alerts_with_partner_dag_task_try_and_cause(env, webho
     alert = failures[0]
     assert alert["partner"] == "deadmuseum" and alert["dag_id"] == "harvest_deadmuseum"
     assert alert["task_id"] == "freeze_window" and alert["try_number"] == 1
-    assert "partner 'deadmuseum'" in alert["cause"] and "verb=Identify" in alert["cause"]
+    assert alert["cause"].startswith("connection refused at 127.0.0.1:"), alert["cause"]  # the short cause
+    assert "partner 'deadmuseum'" in alert["details"] and "verb=Identify" in alert["details"]  # and in full
     assert "\n" not in alert["cause"] and alert["log_url"]
     assert "harvest_deadmuseum.freeze_window failed" in webhook.bodies[0]["text"]
 

@@ -155,7 +155,8 @@ def test_error_dag_fails_and_alerts_with_the_entrys_message(registry, airflow_db
         sink.close()
     (alert,) = sink.bodies
     assert alert["harvest"]["partner"] == "broken" and alert["harvest"]["task_id"] == "registry_error"
-    assert f"{path}: partner 'broken', field 'lag'" in alert["harvest"]["cause"]
+    assert alert["harvest"]["cause"].startswith("registry entry invalid: "), alert["harvest"]["cause"]
+    assert f"{path}: partner 'broken', field 'lag'" in alert["harvest"]["details"]
 
 
 def test_unreadable_registry_is_an_import_error_of_the_dag_files(registry, airflow_db) -> None:

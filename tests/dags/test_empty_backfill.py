@@ -66,7 +66,7 @@ def test_a_backfill_after_the_partners_clock_skips_saying_why(museum, db, caplog
 
     # The task's log: the window it froze, then at once why nothing follows.
     messages = [r.getMessage() for r in caplog.records if r.name.startswith("partner_harvest")]
-    start = f"{day - timedelta(days=1):%Y-%m-%dT%H:%M:%SZ}"  # the run's data interval: the day before
+    start = f"{day:%Y-%m-%dT%H:%M:%SZ}"  # the run's window: the day of its date
     frozen = next(i for i, m in enumerate(messages) if m.startswith(f"{PARTNER}: frozen ") and start in m)
     reason = messages[frozen + 1]
     assert reason.startswith(f"SKIPPED: {PARTNER}: nothing to harvest: this backfill run's window "), messages

@@ -85,7 +85,7 @@ def repo() -> SimulatedRepository:
 
 
 @pytest.fixture
-def partner_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo, airflow_db):
+def partner_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo, airflow_db, airflow_api):
     from partner_harvest.airflow import tasks
 
     monkeypatch.setattr(tasks, "LEASE_TTL", TTL)  # a short lease, so a retry's wait outlives it quickly

@@ -100,7 +100,28 @@ def test_params_say_a_backfill_ignores_them() -> None:
     assert "backfill ignores" in mode.schema["title"] and "A backfill ignores Mode" in mode.description
     for name in ("from", "until"):
         assert "mode=window only" in RUN_PARAMS[name].schema["title"]
-        assert "ignored by backfills" in RUN_PARAMS[name].description
+        assert "Ignored by the other modes and by backfills" in RUN_PARAMS[name].description
+    # How a backfill's range maps, with an example, beside the Params (the form shows them).
+    assert ("Backfill From 2024-11-01 To 2024-11-04 (nightly 02:00 schedule) makes the runs of Nov 1, 2 and 3, which "
+            "harvest 2024-11-01T00:00Z .. 2024-11-04T00:00Z") in mode.description
+    assert "such as 2024-11-01T00:00:00Z" in RUN_PARAMS["from"].description
+
+
+def test_a_backfill_run_harvests_the_day_of_its_date() -> None:
+    """From 2024-11-01 To 2024-11-04 harvested Oct 31 02:00 -> Nov 3 02:00 (each run its data
+    interval, the day before the date in its name)."""
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+
+    from partner_harvest.airflow.tasks import run_request
+
+    tick = datetime(2024, 11, 1, 2, 0, tzinfo=timezone.utc)  # the run of Nov 1 of a nightly 02:00 schedule
+    before = datetime(2024, 10, 31, 2, 0, tzinfo=timezone.utc)  # a backfill run's logical date: its interval's start
+    context = {"dag_run": SimpleNamespace(run_type="backfill", run_after=tick), "logical_date": before,
+               "data_interval_start": before, "data_interval_end": tick}
+    request = run_request(context)
+    assert (request.mode, request.requested_from, request.requested_until, request.may_advance_cursor) == (
+        "window", datetime(2024, 11, 1, tzinfo=timezone.utc), datetime(2024, 11, 2, tzinfo=timezone.utc), False)
 
 
 def test_dag_and_task_docs(registry) -> None:

@@ -172,3 +172,46 @@ def test_a_rate_limit_reschedules_harvest_changes_which_then_resumes_at_the_stop
         check = conn.execute("SELECT check_ok, attempts FROM harvest_runs WHERE partner_id = 'daglibrary'"
                              " AND channel = 'changes'").fetchone()
     assert check == (True, 2)
+
+
+@pytest.mark.timeout(600)  # three dag.test() runs of eleven tasks, on a loaded machine
+def test_items_and_holdings_get_their_tasks_and_cursors_and_a_quiet_night_applies_them_all_in_freeze(
+        registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db, db) -> None:
+    registry("partners:\n  - id: itemlibrary\n    protocol: sierra\n    conn_id: partner_itemlibrary\n"
+             "    page_size: 100\n    lag: 1m\n    options: {http: {backoff_factor: 0.01, retries: 2}, export: {limit: 100, "
+             "rate_limit_wait: 0}, sierra: {channels: [bibs, items, holdings]}}\n")
+    catalogue = SimulatedCatalogue(bibs=120, deleted_fraction=0.0, seed=22)
+    items = catalogue.attach("items", 300, deleted_fraction=0.0)
+    catalogue.attach("holdings", 20, deleted_fraction=0.0)
+    keys = [f"harvest_cursor__itemlibrary{suffix}" for suffix in
+            ("", "__deletions", "__items", "__item_deletions", "__holdings", "__holding_deletions")]
+    from airflow.models import Variable
+
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
+        monkeypatch.setenv("AIRFLOW_CONN_PARTNER_ITEMLIBRARY", json.dumps(
+            {"conn_type": "http", "host": sim.base_url, "login": KEY, "password": SECRET}))
+        for key in keys:
+            Variable.delete(key)
+        dag = dags.build_dag("itemlibrary")
+        polls = {"poll_deletions", "poll_items", "poll_item_deletions", "poll_holdings", "poll_holding_deletions"}
+        assert polls <= set(dag.task_ids) and dag.get_task("approval_gate").upstream_task_ids == {"harvest_changes",
+                                                                                                   *polls}
+
+        def night() -> dict[str, str]:
+            run = dag.test()
+            return {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
+
+        assert set(night().values()) == {"success"}  # the load: bibs exported, items and holdings listed
+        assert all(variable(key) for key in keys)  # every channel's own cursor
+        catalogue.advance_clock(86400 * 2)
+        assert set(night().values()) == {"success"}  # nothing changed, nothing fetched: every poll ran
+        catalogue.advance_clock(86400)
+        states = night()
+        # a quiet night: freeze applies it (every poll looked at once), every other task skipped
+        assert states["freeze_window"] == "success" and states["poll_items"] == "skipped", states
+        with connect(db) as conn:
+            held = {i: tuple(b) for i, b in conn.execute(
+                "SELECT identifier, bib_ids FROM items WHERE partner_id = 'itemlibrary'").fetchall()}
+        assert held == items.live(public_only=True)
+        for key in keys:
+            Variable.delete(key)

@@ -110,7 +110,7 @@ def test_triggered_incremental_run_lands_the_partner_and_moves_the_cursor(airflo
     assert cursor["run_id"] == run["dag_run_id"]
 
 
-def test_backfill_harvests_each_data_interval_as_a_window_and_keeps_the_cursor(
+def test_backfill_harvests_the_day_of_each_run_as_a_window_and_keeps_the_cursor(
     airflow_stack: AirflowStack,
 ) -> None:
     stack = airflow_stack
@@ -148,8 +148,10 @@ def test_backfill_harvests_each_data_interval_as_a_window_and_keeps_the_cursor(
             (stack.museum, [f"{dag_id}/{run_id}" for run_id in intervals]),
         ).fetchall()
     harvested = {run_id: (mode, start, until, status) for run_id, mode, start, until, status in rows}
-    assert harvested == {run_id: ("window", start, end, "applied")
-                         for run_id, (start, end) in intervals.items()}
+    # Each run harvests the UTC day of its date (the end of its data interval: its 02:00 tick), not the
+    # data interval itself (the day before the date in its name).
+    days = {run_id: end.replace(hour=0, minute=0, second=0, microsecond=0) for run_id, (_, end) in intervals.items()}
+    assert harvested == {run_id: ("window", day, day + timedelta(days=1), "applied") for run_id, day in days.items()}
     assert stack.variable(cursor_key) == cursor_before
 
 

@@ -1,7 +1,8 @@
 """The local UI as docs/operator/local-ui.md documents it (scripts/airflow_ui.sh), in a real headless Chromium:
 it starts with every service healthy, the demo partners' DAGs and pools; its Home page has no
-import error and a healthy triggerer; a partner whose endpoint is down fails, and the health
-page shows it **failing** with the task's error; `partner-harvest status`, pointed at that
+import error and a healthy triggerer; the IIIF stream partner it lists harvests (its simulator
+and Connection are started too); a partner whose endpoint is down fails, and the health
+page shows it **failing** with the short cause (the full text on its page); `partner-harvest status`, pointed at that
 Airflow by `eval "$(bash scripts/airflow_ui.sh env)"`, prints the same; the alert lands in the
 local alert inbox; SIGTERM stops everything. Screenshots go to HARVEST_SCREENSHOTS (or a
 temporary directory the test prints).
@@ -59,7 +60,7 @@ def listed_dags(api: requests.Session, base_url: str) -> set[str] | None:
     if response is None or response.status_code != 200:
         return None
     ids = {dag["dag_id"] for dag in response.json()["dags"]}
-    return ids if {"harvest_demo", "harvest_demo_library", "reconcile_demo"} <= ids else None
+    return ids if {"harvest_demo", "harvest_demo_library", "harvest_demo_stream", "reconcile_demo"} <= ids else None
 
 
 def closed_port() -> int:
@@ -102,18 +103,22 @@ def test_the_local_ui_shows_a_failing_partner_with_its_cause_and_status_agrees(
         dag_id = f"harvest_{DOWN}"
         assert dag_id in wait_for(lambda: listed_dags(api, base_url), 180, "the partner DAGs in the API", proc, log)
         pools = api.get(f"{base_url}/api/v2/pools", timeout=60).json()["pools"]
-        assert {"partner_demo", "partner_demo_library"} <= {pool["name"] for pool in pools}
+        assert {"partner_demo", "partner_demo_library", "partner_demo_stream"} <= {pool["name"] for pool in pools}
         assert api.get(f"{base_url}/api/v2/plugins/importErrors", timeout=60).json()["total_entries"] == 0
-        assert api.patch(f"{base_url}/api/v2/dags/{dag_id}", json={"is_paused": False}, timeout=60).ok
-        run_id = f"e2e__{uuid.uuid4().hex[:8]}"
-        assert api.post(f"{base_url}/api/v2/dags/{dag_id}/dagRuns",
-                        json={"dag_run_id": run_id, "logical_date": None, "conf": {}}, timeout=60).ok
+        runs = {}
+        for dag in (dag_id, "harvest_demo_stream"):  # the stream: every demo partner it lists is served
+            assert api.patch(f"{base_url}/api/v2/dags/{dag}", json={"is_paused": False}, timeout=60).ok
+            runs[dag] = f"e2e__{uuid.uuid4().hex[:8]}"
+            assert api.post(f"{base_url}/api/v2/dags/{dag}/dagRuns",
+                            json={"dag_run_id": runs[dag], "logical_date": None, "conf": {}}, timeout=60).ok
 
-        def finished() -> str | None:
-            run = answer(lambda: api.get(f"{base_url}/api/v2/dags/{dag_id}/dagRuns/{run_id}", timeout=30).json())
+        def finished(dag: str) -> str | None:
+            run = answer(lambda: api.get(f"{base_url}/api/v2/dags/{dag}/dagRuns/{runs[dag]}", timeout=30).json())
             return run["state"] if run and run["state"] in ("success", "failed") else None
 
-        assert wait_for(finished, 240, f"run {run_id} to end", proc, log) == "failed"
+        assert wait_for(lambda: finished(dag_id), 240, f"run {runs[dag_id]} to end", proc, log) == "failed"
+        assert wait_for(lambda: finished("harvest_demo_stream"), 240, "the stream's first harvest", proc,
+                        log) == "success"
 
         with sync_api.sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
@@ -128,10 +133,11 @@ def test_the_local_ui_shows_a_failing_partner_with_its_cause_and_status_agrees(
             row = page.locator(f'tr[data-partner="{DOWN}"]')
             assert row.get_attribute("data-state") == "failing"
             cause = row.locator(".cause").inner_text()
-            assert cause.startswith("freeze_window: ") and "Failed to establish a new connection" in cause, cause
+            assert re.fullmatch(r"connection refused at 127\.0\.0\.1:\d+ \(freeze_window, attempt 1 of 1 failed, "
+                                r"the last\)", cause), cause
             states = {p: page.locator(f'tr[data-partner="{p}"]').get_attribute("data-state")
-                      for p in ("demo", "demo_library")}
-            assert states == {"demo": "never run", "demo_library": "never run"}
+                      for p in ("demo", "demo_library", "demo_stream")}
+            assert states == {"demo": "never run", "demo_library": "never run", "demo_stream": "ok"}
             page.screenshot(path=str(shots / "local_ui_health_failing.png"), full_page=True)
             page.goto(f"{base_url}/partner-health/partner/{DOWN}")
             assert page.locator("#state").inner_text() == "failing"
@@ -141,7 +147,8 @@ def test_the_local_ui_shows_a_failing_partner_with_its_cause_and_status_agrees(
             inbox_url = re.search(r"^    alerts: (http://\S+/) and ", log.read_text(), re.M)
             assert inbox_url, log.read_text()[-3000:]
             inbox = page.goto(inbox_url.group(1))
-            assert inbox.ok and f"{DOWN}: harvest_{DOWN}.freeze_window failed" in page.inner_text("#alerts")
+            assert inbox.ok and f"{DOWN}: harvest_{DOWN}.freeze_window failed: connection refused at" in page.inner_text(
+                "#alerts")
             page.screenshot(path=str(shots / "local_ui_alert_inbox.png"), full_page=True)
             browser.close()
 
@@ -156,7 +163,7 @@ def test_the_local_ui_shows_a_failing_partner_with_its_cause_and_status_agrees(
         row_line = next(line for line in lines[2:] if line.startswith(f"{DOWN} "))
         assert " failing " in row_line, status.stdout
         cause_line = next(line for line in lines if line.startswith(f"{DOWN} failing: "))
-        assert cause_line.startswith(f"{DOWN} failing: freeze_window: ") and "Connection refused" in cause_line
+        assert cause_line.startswith(f"{DOWN} failing: connection refused at 127.0.0.1:"), cause_line
         assert not any("metadata database not read" in line for line in lines), status.stdout
         (shots / "status.txt").write_text(status.stdout, encoding="utf-8")
         # Without HARVEST_PARTNERS_FILE the script serves the demo registry.

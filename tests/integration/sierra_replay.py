@@ -73,6 +73,9 @@ class Replay:
     export: list[ExportRecord] = field(default_factory=list)
     poison: set[int] = field(default_factory=set)  # bibs/marc blocks holding one answer 500/135
     first_bibs_401: bytes | None = None  # the first GET bibs answers 401 with this body
+    # GET items / holdings: the change poll's pages by the id the keyset asks from (None or 0:
+    # the first page); any other page, and every deletion poll, answers the recorded 404/107.
+    attached: dict[str, dict[int, tuple[int, bytes]]] = field(default_factory=dict)
     requests: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
     files: dict[str, bytes] = field(default_factory=dict)
     base_url: str = ""
@@ -89,6 +92,12 @@ class Replay:
                 body, self.first_bibs_401 = self.first_bibs_401, None
                 return 401, body, "application/json;charset=UTF-8"
             return self._bibs(query)
+        if rest in ("/items", "/holdings"):
+            ids = query.get("id", "")
+            low = int(ids.strip("[]").split(",")[0] or 0) if ids.startswith("[") else 0
+            pages = self.attached.get(rest[1:], {})
+            status, body = pages.get(low, NOT_FOUND_107) if query.get("deleted") != "true" else NOT_FOUND_107
+            return status, body, "application/json;charset=UTF-8"
         if rest == "/bibs/marc":
             return self._summary(query)
         if rest.startswith("/bibs/marc/files/"):

@@ -166,12 +166,17 @@ def test_health_tells_healthy_failing_behind_warning_and_new_partners_apart(conn
         FAILING, BEHIND, WARNING, NEW, HEALTHY]
 
 
-def test_health_alerts_on_a_failed_completeness_check_and_a_purge_spike(conn) -> None:
-    now = now_of(conn)
+def stage_a_quarter_purged(conn: psycopg.Connection, now: datetime) -> None:
+    """Partner p: 40 records applied, then a run staged (not applied) that purges 10 of them."""
     stage(conn, "p", "harvest_p/1", [rec(f"a{i}") for i in range(40)], until=now - timedelta(hours=2))
     apply_run(conn, "p", "harvest_p/1")
     stage(conn, "p", "harvest_p/2", [Tombstone(f"a{i}", datetime(2026, 4, 1).astimezone()) for i in range(10)],
           until=now - timedelta(hours=1))
+
+
+def test_health_alerts_on_a_failed_completeness_check_and_a_purge_spike(conn) -> None:
+    now = now_of(conn)
+    stage_a_quarter_purged(conn, now)
     conn.execute("UPDATE harvest_runs SET check_kind = 'list-size', check_expected = 50, check_found = 30,"
                  " check_ok = false WHERE run_id = 'harvest_p/2'")
     conn.commit()
@@ -181,6 +186,28 @@ def test_health_alerts_on_a_failed_completeness_check_and_a_purge_spike(conn) ->
     assert any(a.startswith("purge spike: 10 of 40") for a in health.alerts)
     assert any("completeness check failed: list-size on the changes channel: the witness says 50" in a
                for a in health.alerts)
+
+
+def test_a_purge_a_person_approved_at_the_gate_raises_no_purge_spike(conn) -> None:
+    """After Approve, a "purge spike 25 %" data-quality warning fired about the purge just approved:
+    in the run's own check (check_quality) and on the health page, from the index's facts too."""
+    from partner_harvest import quality
+    from partner_harvest.store.health import index_health
+    from partner_harvest.store.quality import run_figures
+
+    now = now_of(conn)
+    stage_a_quarter_purged(conn, now)
+    conn.execute("INSERT INTO approval_requests (partner_id, run_id, dag_id, kind, held, removals, limit_fraction,"
+                 " state, decided_by) VALUES ('p', 'harvest_p/2', 'harvest_p', 'shrink', 40, 10, 0.1, 'approved', 'ada')")
+    conn.commit()
+    apply_run(conn, "p", "harvest_p/2")
+    conn.execute("UPDATE approval_requests SET state = 'applied'")  # as the approved apply leaves it
+    conn.commit()
+    (partner,) = partners("p")
+    assert quality.findings(partner, run_figures(conn, "p", "harvest_p/2"), now) == []
+    (health,) = partner_health(conn, [partner], now)
+    (fast,) = index_health(conn, [partner], now)
+    assert (health.state, health.alerts, fast.state, fast.alerts) == (HEALTHY, (), HEALTHY, ())
 
 
 def test_recent_runs_and_todays_quarantine_feed_the_partner_page(conn) -> None:

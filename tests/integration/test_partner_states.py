@@ -56,7 +56,7 @@ REGISTRY = "partners:\n" + "".join(
     for pid, extra in [
         ("okay", ""), ("demo", ""), ("fresh", ""), ("skipped", ""), ("going", ""), ("between", ""),
         ("between_db", ""), ("down", ""), ("died", ""), ("slow", ""), ("silent", "    quiet_period: 2d\n"),
-        ("backfilled", ""),
+        ("backfilled", ""), ("asking", ""), ("again", ""),
     ]
 ) + "  - id: broken_entry\n    protocol: oai-pmh\n    conn_id: partner_broken_entry\n    lag: soon\n"
 
@@ -84,16 +84,29 @@ def seed(conn: psycopg.Connection) -> tuple[list[Case], dict[str, SchedulerRun]]
         run_row(conn, "backfilled", "n1", status="applied", started=NOW - 5 * hour, until=NOW - 5 * hour, fetched=27)
         run_row(conn, "backfilled", "b1", status="applied", started=NOW - 4 * hour, until=NOW - 4 * hour,
                 fetched=0, mode="window")
+        # A shrinking harvest stopped at its approval gate: staged, its request pending.
+        run_row(conn, "asking", "n1", status="applied", started=NOW - 30 * hour, until=NOW - 30 * hour)
+        run_row(conn, "asking", "n2", status="harvested", started=NOW - hour)
+        conn.execute("INSERT INTO approval_requests (partner_id, run_id, dag_id, kind, held, removals, limit_fraction,"
+                     " requested_at) VALUES ('asking', 'harvest_asking/n2', 'harvest_asking', 'shrink', 200, 40, 0.1,"
+                     " %s)", (NOW - 0.5 * hour,))
+        run_row(conn, "again", "n1", status="applied", started=NOW - 30 * hour, until=NOW - 30 * hour)
     event(conn, "skipped", "scheduled__1", events.SKIPPED, "skipped: no cursor yet ... Trigger harvest_skipped once by hand",
           NOW - hour)
     event(conn, "between_db", "n2", events.RETRY, "harvest_changes: ConnectionError: Connection refused", NOW - 0.5 * hour)
     event(conn, "down", "n2", events.FAILED, "freeze_window: ConnectionError: HTTPConnectionPool(host='127.0.0.1', "
           "port=9): Connection refused", NOW - 0.5 * hour)
     event(conn, "died", "n2", events.FAILED, "harvest_changes: unusable response: not XML", NOW - hour)
+    event(conn, "again", "n2", events.RETRY, "connection refused at 127.0.0.1:9 (freeze_window, attempt 1 of 4 "
+          "failed; next try in 2m–3m 59s (by 07:33Z))\nthe full text", NOW - 0.5 * hour)
     scheduled = {
         "going": SchedulerRun("harvest_going", "n2", "running", NOW - hour, None),
         "between": SchedulerRun("harvest_between", "n2", "running", NOW - hour, None, ("harvest_changes",)),
         "down": SchedulerRun("harvest_down", "n2", "failed", NOW - hour, NOW - 0.5 * hour),
+        # Its gate parked in awaiting_input: running, no task between tries.
+        "asking": SchedulerRun("harvest_asking", "n2", "running", NOW - hour, None),
+        # The next try of the task whose first try failed is running: still retrying, with its cause.
+        "again": SchedulerRun("harvest_again", "n2", "running", NOW - hour, None, (), ("freeze_window",)),
     }
     cases = [
         Case("broken_entry", partner_state.INVALID, "lag"),
@@ -101,6 +114,8 @@ def seed(conn: psycopg.Connection) -> tuple[list[Case], dict[str, SchedulerRun]]
         Case("died", partner_state.FAILING, "unusable response: not XML"),
         Case("between", partner_state.RETRYING, "harvest_changes waiting for its next try"),
         Case("between_db", partner_state.RETRYING, "Connection refused"),
+        Case("again", partner_state.RETRYING, "connection refused at 127.0.0.1:9 (freeze_window, attempt 1 of 4"),
+        Case("asking", partner_state.AWAITING_APPROVAL, "asking: approve a shrinking harvest? 40 of 200 records"),
         Case("going", partner_state.RUNNING),
         Case("slow", partner_state.BEHIND),
         Case("silent", partner_state.QUIET),
@@ -127,6 +142,8 @@ def test_the_health_page_and_status_agree_on_every_state(conn: psycopg.Connectio
     for case in cases:
         if case.cause:
             assert case.cause in (page[case.partner].cause or ""), (case, page[case.partner].cause)
+    assert page["asking"].approval_path == "/dags/harvest_asking/runs/n2/tasks/approval_gate/required_actions"
+    assert page["again"].short_cause.endswith("(by 07:33Z))")  # the first line; the full text follows
 
     # The demo partner trails its own clock by the run's age, not by the 335 days to ours.
     demo = page["demo"]
@@ -149,6 +166,8 @@ def test_the_health_page_and_status_agree_on_every_state(conn: psycopg.Connectio
         if case.cause:
             assert case.cause in causes[case.partner], (case, causes.get(case.partner))
             assert causes[case.partner].startswith(f"{case.partner} {case.state}: ")
+    assert causes["asking"].endswith("(answer: /dags/harvest_asking/runs/n2/tasks/approval_gate/required_actions)")
+    assert "the full text" not in causes["again"]  # the short cause only
     demo_line = next(line for line in table if line.startswith("demo "))
     assert "2026-01-01 00:00 (335d 7h behind)" in demo_line
 
@@ -223,7 +242,7 @@ def test_the_health_page_shows_a_partners_cause_once(conn: psycopg.Connection, d
         row = index[index.index(f'<tr data-partner="{partner}"'):].split("</tr>")[0]
         assert row.count(cause) == 1, (partner, row)
         state_cell = row[row.index('class="state-cell"'):row.index('class="last-run"')]
-        assert '<div class="cause">' in state_cell and cause in state_cell
+        assert '<div class="cause"' in state_cell and cause in state_cell
         page = client.get(f"/partner/{partner}").text
         assert page.count(cause) == 1, (partner, page[:3000])
         assert 'id="cause"' in page

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -213,7 +214,8 @@ def test_the_partner_page_shows_the_effective_rate(pacing_db: psycopg.Connection
         for _ in range(3):
             store.reserve("repo.example.org", 250, 0, 0.1)
         assert field(client.get("/partner/museum").text).startswith(
-            'id="request-rate">repo.example.org: at most 4 requests/s (request_delay 250 ms, back-off 0 ms)')
+            'id="request-rate">repo.example.org: at most 4 requests/s for the host (request_delay 250 ms, '
+            'no back-off in force)')
         pacing_db.execute("UPDATE host_pacing SET strained_at = now() - interval '1 h'")
         pacing_db.commit()
         store.strain("repo.example.org", 500, 30_000)
@@ -221,5 +223,31 @@ def test_the_partner_page_shows_the_effective_rate(pacing_db: psycopg.Connection
     finally:
         store.close()
     shown = field(client.get("/partner/museum").text)
-    assert "at most 2 requests/s (request_delay 250 ms, back-off 500 ms)" in shown
+    # the back-off wears off by the second (halving each minute): 500 ms a moment ago
+    assert re.search(r"at most 2 requests/s for the host \(request_delay 250 ms, back-off (49\d|500) ms in force", shown), shown
     assert "requests/s paced in the last minute" in shown and "last back-off" in shown
+
+
+def test_a_back_off_is_shown_only_while_it_is_in_force_and_as_the_hosts(pacing_db: psycopg.Connection) -> None:
+    """A host strained to the cap half an hour ago and not asked since: its back-off has worn off
+    (it halves every minute), so the page shows the request_delay's rate, not the cap's
+    (it said "at most 0.0333 requests/s (back-off 30000 ms)" long after the partner recovered);
+    and the rate is the host's, shared by every partner on it, which the text says."""
+    store = PgPacingStore(_conninfo(pacing_db))
+    try:
+        for partner in ("museum", "archive"):
+            store.register(partner, "shared.example.org", 250)
+        for _ in range(6):
+            store.strain("shared.example.org", 30_000, 30_000)
+        pacing_db.execute("UPDATE host_pacing SET updated_at = now() - interval '30 minutes'")
+        pacing_db.commit()
+        rate = partner_rate(pacing_db, "museum")
+        assert rate is not None and rate.penalty_ms == 0 and rate.limit_per_s == 4
+        assert rate.describe().startswith("shared.example.org: at most 4 requests/s for the host, shared by the 2 "
+                                          "partners on it (request_delay 250 ms, no back-off in force)"), rate.describe()
+        pacing_db.execute("UPDATE host_pacing SET updated_at = now()")  # strained just now: in force
+        pacing_db.commit()
+        strained = partner_rate(pacing_db, "archive")
+        assert strained is not None and strained.penalty_ms > 29_000 and " ms in force" in strained.describe()
+    finally:
+        store.close()

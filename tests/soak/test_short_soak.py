@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.soak, pytest.mark.airflow]
 SOAK_TIMEOUT = 600  # 30 nights of a few seconds each, plus Airflow's start: ~3 min, more when loaded
 SEED = 8
 
-# Every fault kind exactly once (30 kinds, 30 nights): night 1 of a Sierra partner is its full load (the export's faults),
+# Every fault kind at least once (31 kinds, 34 nights; the items partner's nights repeat two): night 1 of a Sierra partner is its full load (the export's faults),
 # a failed night is followed by one that must converge, deletedRecord=no reconciles every 3rd
 # (and on the night of its reconcile's pause). The pauses here stop a task holding its lease
 # (``kind@moment``), so its resumed write meets the fence; the long soak draws the moment.
@@ -57,6 +57,9 @@ PLAN = {
     ("soak_sierra_b", 4): "reset_cursor_in_retry_wait",
     ("soak_sierra_b", 5): "pause_before_apply@lease:apply_changes",
     ("soak_sierra_c", 1): "sierra_keep_alive_poison",
+    ("soak_sierra_items", 1): "pg_restart_mid_apply",  # items and holdings: the apply of their first load
+    ("soak_sierra_items", 2): "sierra_item_poll_500",
+    ("soak_sierra_items", 3): "kill_mid_page",
     ("soak_iiif", 1): "throttle_503_retry_after",  # a stream's first load, in slices of its page chain
 }
 

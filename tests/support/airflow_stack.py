@@ -24,7 +24,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -79,6 +80,35 @@ def poll(probe: Callable[[], T | None], timeout: float, what: str, interval: flo
             extra = f"\n{diagnostics()}" if diagnostics else ""
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{extra}")
         time.sleep(interval)
+
+
+@contextmanager
+def airflow_rest_api() -> Iterator[str]:
+    """Airflow's REST API (the api-server's core app) on a loopback port in this process, over
+    the metadata database this process is configured for; everyone is an admin. What the
+    command line talks to where no api-server runs (``dag.test`` tests, the soak's operator)."""
+    import threading
+
+    import uvicorn
+
+    saved = os.environ.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS")
+    os.environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = "True"
+    from airflow.api_fastapi.app import create_app
+
+    port = free_loopback_port()
+    server = uvicorn.Server(uvicorn.Config(create_app("core"), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="airflow-api", daemon=True)
+    thread.start()
+    try:
+        poll(lambda: server.started, 60, "the in-process Airflow API to listen", interval=0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        if saved is None:
+            os.environ.pop("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", None)
+        else:
+            os.environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = saved
 
 
 def wait_for(probe: Callable[[], T | None], timeout: float, what: str, proc: subprocess.Popen, log: Path) -> T:

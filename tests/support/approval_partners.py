@@ -16,10 +16,14 @@ from tests.support.webhook import WebhookSink
 
 PURGE, OTHER, SHRINK, WAIT, ABANDON = "gpurge", "gother", "gshrink", "gwait", "gabandon"
 PARTNERS = (PURGE, OTHER, SHRINK, WAIT, ABANDON)
+# tests/e2e/test_health_index_states.py's: a shrinking harvest left waiting at its gate while the
+# index is looked at (not among PARTNERS: test_approval_gates_e2e.py's first harvests leave it alone).
+ASK = "gask"
+EVERY = (*PARTNERS, ASK)
 # approval_timeout of the two deadline partners: never reached by itself; the test moves a
 # parked gate's deadline into the past once the scheduler is done with the parking.
 TIMEOUT = "1h"
-DAG_IDS = (*(f"harvest_{pid}" for pid in PARTNERS), f"reconcile_{PURGE}")
+DAG_IDS = (*(f"harvest_{pid}" for pid in EVERY), f"reconcile_{PURGE}")
 
 
 def repository(partner: str) -> SimulatedRepository:
@@ -27,7 +31,7 @@ def repository(partner: str) -> SimulatedRepository:
     keep tombstones (a harvest stages them)."""
     deleted = "no" if partner == PURGE else "persistent"
     return SimulatedRepository(records=100, page_size=50, deleted_record=deleted, deleted_fraction=0.0,
-                               seed=300 + PARTNERS.index(partner))
+                               seed=300 + EVERY.index(partner))
 
 
 def registry_lines() -> str:
@@ -41,6 +45,8 @@ def registry_lines() -> str:
         lines.append(f"  - {{id: {pid}, protocol: oai-pmh, conn_id: partner_{pid}, metadata_prefix: oai_dc, lag: 0s,"
                      f" retries: 0, max_shrink_fraction: 0.1{extra},"
                      " options: {http: {backoff_factor: 0.01, retries: 1}}}")
+    lines.append(f"  - {{id: {ASK}, protocol: oai-pmh, conn_id: partner_{ASK}, metadata_prefix: oai_dc, lag: 0s,"
+                 " retries: 0, max_shrink_fraction: 0.1, options: {http: {backoff_factor: 0.01, retries: 1}}}")
     return "".join(line + "\n" for line in lines)
 
 
@@ -54,7 +60,7 @@ class ApprovalPartners:
         self._cleanup = ExitStack()
         try:
             self.repos = {}
-            for pid in PARTNERS:
+            for pid in EVERY:
                 repo = repository(pid)
                 self.repos[pid] = (repo, self._cleanup.enter_context(OaiSimulator(repo)))
             self.alerts = WebhookSink()

@@ -53,6 +53,9 @@ POOLLESS = "e2epoolless"
 # The shared stack's partner whose server the rerun tests break and mend (tests/e2e/
 # test_rerun_from_the_ui.py, test_airflow_services.py): no retries, a 20 s task timeout.
 FLAKY = "e2eflaky"
+# The shared stack's partner whose endpoint is a closed port and which Airflow retries, ten
+# minutes later: tests/e2e/test_health_index_states.py finds it `retrying` on the health index.
+RETRIER = "e2eretrier"
 
 
 class AirflowStack(AirflowServices):
@@ -207,11 +210,15 @@ def start_shared_airflow(pg_server: str, base: Path, cleanup: ExitStack,
             out.write(f"  - {{id: {FLAKY}, protocol: oai-pmh, conn_id: partner_{FLAKY}, metadata_prefix: oai_dc,"
                       " retries: 0, execution_timeout: 20s,"
                       " options: {http: {backoff_factor: 0.01, retries: 1, read_timeout: 60}}}\n")
+            out.write(f"  - {{id: {RETRIER}, protocol: oai-pmh, conn_id: partner_{RETRIER}, metadata_prefix: oai_dc,"
+                      " retries: 2, retry_delay: 10m, options: {http: {retries: 0}}}\n")
             out.write(registry_lines())
 
-    overrides = {**approval.overrides(), f"AIRFLOW_CONN_PARTNER_{FLAKY.upper()}": http_connection(flaky.base_url)}
+    overrides = {**approval.overrides(), f"AIRFLOW_CONN_PARTNER_{FLAKY.upper()}": http_connection(flaky.base_url),
+                 f"AIRFLOW_CONN_PARTNER_{RETRIER.upper()}": http_connection(f"http://127.0.0.1:{free_loopback_port()}/oai")}
     stack = start_airflow(pg_server, base, cleanup, overrides, metadata_template, registry_writer=registry,
-                          dag_ids=(*DAG_IDS, f"harvest_{FLAKY}", *APPROVAL_DAG_IDS), startup_timeout=300)
+                          dag_ids=(*DAG_IDS, f"harvest_{FLAKY}", *APPROVAL_DAG_IDS, f"harvest_{RETRIER}"),
+                          startup_timeout=300)
     stack.approval, stack.flaky = approval, flaky
     return stack
 
@@ -238,5 +245,5 @@ def log_in(stack: AirflowServices) -> None:
 
 
 __all__ = ["AirflowStack", "poll", "start_airflow", "start_shared_airflow", "write_registry", "MUSEUM", "BROKEN",
-           "LAGGING", "POOLLESS", "FLAKY",
+           "LAGGING", "POOLLESS", "FLAKY", "RETRIER",
            "LEASE_TTL_SECONDS", "ALERTS_CONN_ID", "DOWNSTREAM_DAG", "migrate_metadata_template"]

@@ -14,7 +14,7 @@ from partner_harvest.cli import build_parser
 from scripts import docs_gen
 
 PAGES = [docs_gen.SCHEMA, docs_gen.REGISTRY_PAGE, docs_gen.CLI_PAGE, docs_gen.LIMITS_PAGE, docs_gen.STATES_PAGE,
-         docs_gen.METRICS_PAGE, docs_gen.VALIDATION_PAGE]
+         docs_gen.METRICS_PAGE, docs_gen.VALIDATION_PAGE, docs_gen.ALERTS_PAGE]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

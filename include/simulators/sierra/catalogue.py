@@ -15,11 +15,14 @@ from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..clock import EPOCH, iso_seconds
 from ..model import SimulatedModel
 from .marc8 import encodable
+
+if TYPE_CHECKING:
+    from .attached import AttachedSet
 
 _YEAR = 365 * 86400
 _DAY = 86400
@@ -225,6 +228,15 @@ class SimulatedCatalogue(SimulatedModel[str | int]):
         self.poison_every = poison_every
         super().__init__(start_clock, mutation_step, mutation_seed=seed * 1_000_003 + 29)
         self._build(bibs, deleted_fraction, suppressed_fraction)
+        self.attached: dict[str, AttachedSet] = {}  # items, holdings (attach)
+
+    def attach(self, kind: str, count: int, **options: Any) -> AttachedSet:
+        """Give the catalogue ``count`` items or holdings records (attached.AttachedSet)."""
+        from .attached import AttachedSet
+
+        made = AttachedSet(self, kind, count, seed=self.seed, **options)
+        self.attached[kind] = made
+        return made
 
     def _build(self, count: int, deleted_fraction: float, suppressed_fraction: float) -> None:
         rng = random.Random(self.seed)

@@ -514,6 +514,9 @@ class SierraSimulator(ControlledServer):
         if rest == "/bibs":
             self._only(method, "GET")
             return self._bibs(params)
+        if rest in ("/items", "/holdings"):
+            self._only(method, "GET")
+            return self._attached(rest[1:], params)
         if rest == "/bibs/query":
             if method == "GET":
                 raise ApiError(400, 106)
@@ -625,6 +628,37 @@ class SierraSimulator(ControlledServer):
         if self.poison_json_fails and query.id_list and any(self.catalogue.is_poison(b.number) for b in bibs):
             raise ApiError(500, 111, "Internal server error : unable to read the MARC record")
         entries = [self._shape(bib, render_entry(bib, names)) for bib in bibs]
+        body: dict[str, Any] = {"total": len(entries), "start": offset, "entries": entries}
+        if not self.list_start:
+            del body["start"]
+        return _json(200, body)
+
+    def _attached(self, kind: str, params: Mapping[str, str]) -> Response:
+        """GET items / holdings: the bibs' list semantics (keyset by id, 404/107 for an empty
+        change window, 200 with no entries for an empty deletion day, date-only deletedDate,
+        legacy deleted stubs in a change window) over the catalogue's AttachedSet."""
+        attached = self.catalogue.attached.get(kind)
+        if attached is None:
+            raise ApiError(404, 107)
+        self._check_params(params, _BIBS_PARAMS)
+        limit = min(_int_param(params, "limit", DEFAULT_LIMIT, 1), MAX_LIMIT)
+        offset = _int_param(params, "offset", 0, 0)
+        text = params.get("fields")
+        if text is None or not text.strip():
+            names: tuple[str, ...] = attached.default_fields
+        else:
+            asked = [n.strip() for n in text.split(",") if n.strip()]
+            unknown = [n for n in asked if n not in attached.fields]
+            if unknown:
+                raise ApiError(400, 108, f"Invalid parameter : Invalid field name: {unknown[0]}")
+            names = tuple(dict.fromkeys(["id", *asked]))
+        query = self._bib_query(params)
+        found = attached.select(query, offset, limit)
+        if not found:
+            if query.deleted and query.deleted_days is not None:
+                return _json(200, {"start": offset, "entries": []} if self.list_start else {"entries": []})
+            raise ApiError(404, 107)
+        entries = [attached.render(i, names, self.mixed_fixed_types) for i in found]
         body: dict[str, Any] = {"total": len(entries), "start": offset, "entries": entries}
         if not self.list_start:
             del body["start"]

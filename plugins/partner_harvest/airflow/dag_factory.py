@@ -20,7 +20,7 @@ from airflow.sdk.definitions.callback import SyncCallback  # airflow.sdk exports
 from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
 from airflow.sdk.definitions.mappedoperator import MappedOperator
 
-from partner_harvest import durations, protocols
+from partner_harvest import durations, failures, protocols
 from partner_harvest.airflow import compat, tasks
 from partner_harvest.airflow.assets import partner_asset
 from partner_harvest.airflow.gates import PartnerApprovalGate
@@ -31,6 +31,12 @@ from partner_harvest.registry import Partner, RegistryError, get_partner, load_r
 
 START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
 
+BACKFILL_RULE = (
+    "A backfill ignores Mode, From and Until: each backfill run harvests the UTC day of its date, "
+    "midnight to midnight, and never moves the cursor. Backfill From 2024-11-01 To 2024-11-04 (nightly "
+    "02:00 schedule) makes the runs of Nov 1, 2 and 3, which harvest 2024-11-01T00:00Z .. 2024-11-04T00:00Z."
+)
+
 RUN_PARAMS = {
     "mode": Param(
         "incremental",
@@ -39,22 +45,24 @@ RUN_PARAMS = {
         title="Mode (manual runs only; a backfill ignores it)",
         description="incremental: from the cursor, and moves it (with no cursor yet: everything, "
         "the partner's first harvest, which sets the cursor); full: everything, cursor untouched; "
-        "window: the From/Until below, cursor untouched. A backfill ignores Mode, From and Until: "
-        "each backfill run harvests its own data interval and never moves the cursor.",
+        "window: the records the partner stamped between From and Until below, cursor untouched. "
+        + BACKFILL_RULE,
     ),
     "from": Param(None, type=["null", "string"], format="date-time", title="From (mode=window only)",
-                  description="Start of the window (mode=window only; ignored by backfills)."),
+                  description="mode=window: the window's start, an instant in UTC such as 2024-11-01T00:00:00Z "
+                  "(a day-granular partner reads the day). Ignored by the other modes and by backfills."),
     "until": Param(None, type=["null", "string"], format="date-time", title="Until (mode=window only)",
-                   description="End of the window (mode=window only; default: the partner's clock; "
-                   "ignored by backfills)."),
+                   description="mode=window: the window's end, such as 2024-11-04T00:00:00Z; empty: the "
+                   "partner's clock. With From 2024-11-01T00:00:00Z this harvests Nov 1, 2 and 3. Ignored by the "
+                   "other modes and by backfills."),
 }
 
 DEFAULT_ARGS: dict[str, Any] = {
     "owner": "partner-harvest",
     "retries": 3,
-    "retry_delay": timedelta(minutes=2),
-    "retry_exponential_backoff": 2.0,
-    "max_retry_delay": timedelta(minutes=30),
+    "retry_delay": failures.RETRY_DELAY,  # declared with the failure rules: the alerts page shows their timing
+    "retry_exponential_backoff": failures.RETRY_BACKOFF,
+    "max_retry_delay": failures.MAX_RETRY_DELAY,
     "execution_timeout": timedelta(hours=6),
 }
 
@@ -70,15 +78,14 @@ WHEN_A_TASK_FAILS = (
 )
 
 PARAMS_DOC = (
-    "**Params** (Trigger DAG w/ config; manual runs only, a backfill ignores them and harvests its "
-    "data interval without moving the cursor): `mode` = `incremental` (from the cursor, moves it; "
-    "with no cursor yet everything, then sets it) | `full` (everything, cursor untouched) | "
-    "`window` (`from`/`until`, cursor untouched)."
+    "**Params** (Trigger DAG w/ config; manual runs only): `mode` = `incremental` (from the cursor, moves "
+    "it; with no cursor yet everything, then sets it) | `full` (everything, cursor untouched) | `window` "
+    "(`from`/`until`, cursor untouched). **Backfill:** " + BACKFILL_RULE
 )
 
 
 def _doc(partner: Partner) -> str:
-    channels = protocols.spec_of(partner.protocol).channels
+    channels = protocols.channels_for(partner)
     tasks_line = (
         "`freeze_window` fixes the window from the partner's clock; `plan_slices` keeps it whole or "
         "cuts a big one into slices; `harvest_changes` (mapped, one per slice) streams it into staging"
@@ -230,8 +237,10 @@ def default_args(partner: Partner) -> dict[str, Any]:
         "on_failure_callback": [PartnerAlertNotifier(partner.id, conn_id=partner.conn_id),
                                 partial(tasks.record_run_event, partner_id=partner.id),
                                 partial(tasks.release_lease_after_final_failure, partner_id=partner.id)],
-        # A failed try waiting for the next: the health page and `status` say "retrying" with its error.
-        "on_retry_callback": [partial(tasks.record_run_event, partner_id=partner.id, kind="retry")],
+        # A failed try waiting for the next: alerted at once ("retrying, attempt n of m"), and the
+        # health page and `status` say "retrying" with its cause until the run ends.
+        "on_retry_callback": [PartnerAlertNotifier(partner.id, conn_id=partner.conn_id, retrying=True),
+                              partial(tasks.record_run_event, partner_id=partner.id, kind="retry")],
     }
 
 
@@ -287,7 +296,7 @@ def harvest_deadlines(partner: Partner) -> list[DeadlineAlert]:
 
 def build_harvest_dag(partner: Partner) -> DAG:
     pid = partner.id
-    spec = protocols.spec_of(partner.protocol)
+    channels = protocols.channels_for(partner)
     pool = partner.pool  # tasks that send requests to the partner
     with DAG(
         dag_id=partner.dag_id,
@@ -337,14 +346,14 @@ def build_harvest_dag(partner: Partner) -> DAG:
 
         window = freeze_window()
         staged = [harvest_changes.partial(window=window).expand(piece=plan_slices(window))]
-        staged += [_channel_task(pid, channel, pool)(window) for channel in spec.channels]
+        staged += [_channel_task(pid, channel, pool)(window) for channel in channels]
         gate = PartnerApprovalGate(partner=partner, kind="shrink")  # airflow/gates.py
         staged >> gate
         applied = apply_changes(window, *staged)
         gate >> applied
         advance_cursor(window, applied)
         check_quality(applied)
-    _describe_tasks(dag, docs={channel.task_id: channel.doc for channel in spec.channels})
+    _describe_tasks(dag, docs={channel.task_id: channel.doc for channel in channels})
     return dag
 
 
@@ -519,7 +528,7 @@ def build_error_dag(kind: str, dag_id: str, error: RegistryError) -> DAG:
         def registry_error() -> None:
             from airflow.sdk.exceptions import AirflowFailException
 
-            raise AirflowFailException(message)
+            raise AirflowFailException(message) from error  # the alert's cause: "registry entry invalid"
 
         registry_error()
     return dag

@@ -30,7 +30,7 @@ from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import Context, conf
 from airflow.sdk.exceptions import TaskAwaitingInput
 
-from partner_harvest import gates, protocols
+from partner_harvest import durations, gates, protocols
 from partner_harvest.airflow import tasks
 from partner_harvest.airflow.notifiers import send_alert
 from partner_harvest.registry import Partner, get_partner
@@ -40,7 +40,16 @@ from partner_harvest.window import Window
 
 log = logging.getLogger(__name__)
 TASK_ID = "approval_gate"
-DOCS = "docs/operator/approvals.md"
+DOCS = "operator/approvals.md"  # under the deployment's docs_url
+
+
+def docs_url(page: str) -> str | None:
+    """An absolute link to a page of the docs, from ``[partner_harvest] docs_url`` (env
+    ``AIRFLOW__PARTNER_HARVEST__DOCS_URL``: where the deployment publishes docs/, e.g. the
+    repository's ``.../blob/main/docs``); None without it: a relative path would open
+    Airflow's 404 page."""
+    base = (conf.get("partner_harvest", "docs_url", fallback="") or "").strip().rstrip("/")
+    return f"{base}/{page}" if base.startswith(("http://", "https://")) else None
 
 
 class PartnerApprovalGate(ApprovalOperator):
@@ -68,7 +77,8 @@ class PartnerApprovalGate(ApprovalOperator):
             log.info("%s: nothing crosses a limit; the apply runs without approval", partner.id)
             return None
         self.subject = gates.subject(request)
-        self.body = gates.body(request, partner, self._links(context, partner), gates.timeout_note(partner))
+        self.body = gates.body(request, partner, self._links(context, partner), gates.timeout_note(partner),
+                               whole_collection=self._whole_collection(context))
         self.options = gates.options(request)  # Move beside Approve and Reject when records would move
         tasks.release_lease(partner.id, key)  # the wait holds nothing: other work on the partner may run
         log.warning("%s: waiting for approval in Required Actions: %s", partner.id, self.subject)
@@ -96,7 +106,7 @@ class PartnerApprovalGate(ApprovalOperator):
             return None
         staged = ti.xcom_pull(task_ids="harvest_changes") or []
         pieces = staged if isinstance(staged, list) else [staged]
-        pieces += [ti.xcom_pull(task_ids=channel.task_id) for channel in protocols.spec_of(partner.protocol).channels]
+        pieces += [ti.xcom_pull(task_ids=channel.task_id) for channel in protocols.channels_for(partner)]
         window = Window.from_dict(window_data)
         tombstones = gates.staged_tombstones(pieces)
         if tombstones == 0 and not gates.covers_whole_collection(window):
@@ -109,19 +119,28 @@ class PartnerApprovalGate(ApprovalOperator):
             return store_gates.open_request(conn, partner.id, key, dag_id, gates.SHRINK, shrunk,
                                             partner.max_shrink_fraction, window.protocol.epoch)
 
+    def _whole_collection(self, context: Context) -> bool:
+        """A harvest gate of a full harvest (whose records not returned it counts)."""
+        if self.gate_kind != gates.SHRINK:
+            return False
+        window_data = context["ti"].xcom_pull(task_ids="freeze_window")
+        return bool(window_data) and gates.covers_whole_collection(Window.from_dict(window_data))
+
     @staticmethod
     def _links(context: Context, partner: Partner) -> dict[str, str]:
+        """Links that resolve: the Airflow UI's (from its root: absolute with ``[api] base_url``),
+        and the docs only when the deployment says where they live (``docs_url``)."""
         from partner_harvest.airflow.health.app import URL_PREFIX  # here: a DAG file's parse needs no FastAPI
 
         base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
         ti = context["ti"]
-        run = f"{base}/dags/{ti.dag_id}/runs/{quote(ti.run_id, safe='')}"
-        return {
-            "Required action": f"{run}/tasks/{ti.task_id}/required_actions",
-            "This run": run,
+        links = {
+            "Required action": base + gates.required_action_path(ti.dag_id, ti.run_id, ti.task_id),
+            "This run": f"{base}/dags/{quote(ti.dag_id, safe='')}/runs/{quote(ti.run_id, safe='')}",
             "Partner health": f"{base}{URL_PREFIX}/partner/{quote(partner.id, safe='')}",
-            "What to check": DOCS,
         }
+        docs = docs_url(DOCS)
+        return {**links, "What to check": docs} if docs else links
 
     # -- the answer --------------------------------------------------------------------
 
@@ -143,7 +162,7 @@ class PartnerApprovalGate(ApprovalOperator):
         if chosen == [self.REJECT]:
             if by is None:  # the scheduler applied the default at the deadline (abandon)
                 self._alert_timeout(partner, context, "the run is abandoned")
-                reason = (f"abandoned at the approval gate: no answer within {partner.approval_timeout} "
+                reason = (f"abandoned at the approval gate: no answer within {durations.human(partner.approval_timeout)} "
                           "(approval_timeout_action=abandon); nothing applied, no cursor moved")
                 state = store_gates.ABANDONED
             else:
@@ -167,7 +186,7 @@ class PartnerApprovalGate(ApprovalOperator):
         dag_run = context["dag_run"]
         send_alert(f"[partner harvest] {partner.id}: approval overdue", [
             f"Partner: {partner.id}", f"DAG: {dag_run.dag_id}   run: {dag_run.run_id}",
-            f"No answer at the approval gate within {partner.approval_timeout}: {then}.",
+            f"No answer at the approval gate within {durations.human(partner.approval_timeout)}: {then}.",
             f"Answer in Airflow: {self._links(context, partner)['Required action']}",
         ], {"kind": "approval_overdue", "partner": partner.id, "dag_id": dag_run.dag_id, "run_id": dag_run.run_id,
             "action": partner.approval_timeout_action})

@@ -22,11 +22,13 @@ import html
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import requests
 from airflow.sdk import BaseHook, BaseNotifier, Connection, Context
+
+from partner_harvest import durations, failures
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +42,14 @@ def one_line(value: object, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+# A try that ended without an exception reaching Airflow: its process was killed (out of
+# memory, a worker lost) or stopped heartbeating; Airflow runs the callback for it.
+NO_ERROR = "no error reached Airflow: the task's process was killed or lost (see the task's log)"
+
+
 def failure_fields(context: Mapping[str, Any], partner_id: str) -> dict[str, Any]:
-    """What an operator needs to act: partner, DAG, task, try, window, cause, log link."""
+    """What an operator needs to act: partner, DAG, task, the attempt, window, the cause in a
+    few words and in full (``failures.classify``, as the task wrapper decided), log link."""
     ti = context.get("ti") or context.get("task_instance")
     dag_id = getattr(ti, "dag_id", None) or getattr(context.get("dag"), "dag_id", "?")
     window = None
@@ -54,49 +62,112 @@ def failure_fields(context: Mapping[str, Any], partner_id: str) -> dict[str, Any
     else:
         window_text = "not frozen yet"
     exception = context.get("exception")
+    failure = failures.classify(exception) if isinstance(exception, BaseException) else None
+    try_number = getattr(ti, "try_number", None)
+    max_tries = getattr(ti, "max_tries", None)
     return {
         "partner": partner_id,
         "dag_id": dag_id,
         "task_id": getattr(ti, "task_id", "?"),
-        "try_number": getattr(ti, "try_number", None),
+        "try_number": try_number,
+        # A cleared task's max_tries grows with its try number: "attempt 5 of 8" stays true.
+        "attempts": max_tries + 1 if isinstance(max_tries, int) else None,
         "run_id": getattr(context.get("dag_run"), "run_id", None) or getattr(ti, "run_id", None),
         "window": window_text,
-        "cause": one_line(exception) if exception is not None else "unknown",
+        "cause": failure.short if failure else (str(exception) if exception is not None else NO_ERROR),
+        "details": failure.full if failure else None,
+        "rule": failure.rule if failure else None,
         "log_url": getattr(ti, "log_url", None),
     }
 
 
+def next_try(context: Mapping[str, Any], now: datetime | None = None) -> str:
+    """When Airflow runs the next try of a task that just failed one: its retry delay, grown
+    exponentially, as a range (Airflow picks a point in it per task instance)."""
+    ti = context.get("ti") or context.get("task_instance")
+    task = getattr(ti, "task", None)
+    delay, try_number = getattr(task, "retry_delay", None), getattr(ti, "try_number", None)
+    if not isinstance(delay, timedelta) or not isinstance(try_number, int):
+        return "next try after the task's retry_delay"
+    low, high = failures.retry_wait(delay, float(getattr(task, "retry_exponential_backoff", 0) or 0),
+                                    getattr(task, "max_retry_delay", None), try_number)
+    at = (now or datetime.now(timezone.utc)) + high
+    span = durations.human(low) if low == high else f"{durations.human(low)}–{durations.human(high)}"
+    return f"next try in {span} (by {at:%H:%M}Z)"
+
+
+def attempt_text(fields: Mapping[str, Any]) -> str:
+    if fields.get("try_number") is None:
+        return "attempt ?"
+    return f"attempt {fields['try_number']}" + (f" of {fields['attempts']}" if fields.get("attempts") else "")
+
+
+def event_message(fields: Mapping[str, Any], outcome: str) -> str:
+    """``run_events.message``: the short cause and the task first (what the index and ``status``
+    show: the first line), the full text after it (the partner page)."""
+    first = f"{fields['cause']} ({fields['task_id']}, {attempt_text(fields)} {outcome})"
+    return first + (f"\n{fields['details']}" if fields.get("details") and fields["details"] != fields["cause"] else "")
+
+
 class PartnerAlertNotifier(BaseNotifier):
-    """Task-failure alert naming the partner (given by the DAG factory, which built the DAG
-    for it); sent through the deployment's channels."""
+    """A task's failure alert naming the partner (given by the DAG factory, which built the DAG
+    for it); sent through the deployment's channels. ``retrying``: the alert of a failed try
+    that Airflow will run again ("retrying, attempt n of m, next try in ..."), else the final
+    failure's. Folded per endpoint host and cause (alert_digest.py)."""
 
     def __init__(self, partner_id: str, smtp_conn_id: str = SMTP_CONN_ID, webhook_conn_id: str = WEBHOOK_CONN_ID,
-                 conn_id: str | None = None):
+                 conn_id: str | None = None, retrying: bool = False):
         super().__init__()
         self.partner_id = partner_id
         self.smtp_conn_id = smtp_conn_id
         self.webhook_conn_id = webhook_conn_id
         self.conn_id = conn_id  # the partner's Connection: its host groups a shared outage (alert_digest.py)
+        self.retrying = retrying
 
     def notify(self, context: Context) -> None:
         fields = failure_fields(context, self.partner_id)
-        subject = (f"[partner harvest] {fields['partner']}: {fields['dag_id']}.{fields['task_id']} "
-                   f"failed (try {fields['try_number']})")
+        where = f"{fields['partner']}: {fields['dag_id']}.{fields['task_id']}"
+        if self.retrying:
+            then = next_try(context)
+            subject = f"[partner harvest] {where} retrying: {fields['cause']} ({attempt_text(fields)} failed)"
+            verdict = f"Retrying: {attempt_text(fields)} failed; {then}. Nothing to do yet."
+            fields = {**fields, "kind": "retrying", "next_try": then}
+        else:
+            subject = f"[partner harvest] {where} failed: {fields['cause']}"
+            verdict = final_verdict(fields)
+            fields = {**fields, "kind": "failure"}
         lines = [
             f"Partner: {fields['partner']}",
             f"DAG: {fields['dag_id']}   run: {fields['run_id']}",
-            f"Task: {fields['task_id']}   try: {fields['try_number']}",
+            f"Task: {fields['task_id']}   {attempt_text(fields)}",
             f"Window: {fields['window']}",
             f"Cause: {fields['cause']}",
+            verdict,
+            *([f"Details: {fields['details']}"] if fields.get("details") and fields["details"] != fields["cause"] else []),
             f"Log: {fields['log_url']}",
         ]
         from partner_harvest.airflow.alert_digest import alert_failure, partner_host
 
-        exception = context.get("exception")
-        alert_failure({"kind": "failure", **fields}, subject, lines, host=partner_host(self.conn_id),
-                      error_type=type(exception).__name__ if exception is not None else "unknown",
+        kind = fields["rule"] or type(context.get("exception")).__name__
+        alert_failure(fields, subject, lines, host=partner_host(self.conn_id),
+                      error_type=f"retrying: {kind}" if self.retrying else kind,
                       send=lambda subject, lines, fields: send_alert(subject, lines, fields, self.smtp_conn_id,
                                                                      self.webhook_conn_id))
+
+
+def failed_at_once(fields: Mapping[str, Any]) -> bool:
+    """A final failure with tries left: the task wrapper decided no retry can fix it."""
+    tries, attempts = fields.get("try_number"), fields.get("attempts")
+    return isinstance(tries, int) and isinstance(attempts, int) and tries < attempts
+
+
+def final_verdict(fields: Mapping[str, Any]) -> str:
+    """The final failure's line: failed at once (no retry can fix it), or after its last try."""
+    if failed_at_once(fields):
+        rule = fields.get("rule")
+        return (f"Failed at once on {attempt_text(fields)}: no retry can fix this"
+                f"{f' ({rule})' if rule and rule != failures.OTHER.name else ''}. Fix the cause, then clear the task.")
+    return f"Final: {attempt_text(fields)} failed, no retry left. Clear the task once the cause is fixed."
 
 
 def run_overdue_alert(

@@ -88,6 +88,24 @@ def _version() -> str:
         return "0.0.0"
 
 
+def config() -> dict[str, Any]:
+    """The ``[partner_harvest]`` settings, listed by ``airflow config list`` with Airflow's own."""
+    return {"partner_harvest": {
+        "description": "Settings of the partner harvest package.",
+        "options": {
+            "docs_url": {
+                "description": "Where the deployment publishes this project's docs/ folder (an absolute URL): "
+                               "approval requests link to its pages (operator/approvals.md). Empty: no docs "
+                               "link (a relative one would open Airflow's 404 page).",
+                "version_added": "0.1.0",
+                "type": "string",
+                "example": "https://git.example.org/aggregator/partner-harvest/blob/main/docs",
+                "default": "",
+            },
+        },
+    }}
+
+
 def get_provider_info() -> dict[str, Any]:
     """What ProvidersManager reads (airflow/provider_info.schema.json)."""
     return {
@@ -97,6 +115,7 @@ def get_provider_info() -> dict[str, Any]:
                        "PostgreSQL aggregation: partner connection types, lineage, metrics",
         "versions": [_version()],
         "connection-types": connection_types(),
+        "config": config(),
         "asset-uris": [{
             "schemes": [*lineage.ENDPOINT_SCHEMES, lineage.TABLE_SCHEME],
             "handler": "partner_harvest.airflow.lineage.normalize",

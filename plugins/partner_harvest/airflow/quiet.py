@@ -34,13 +34,15 @@ def quiet_alias(partner_id: str) -> AssetAlias:
 
 
 def may_be_quiet(partner: Partner, window: Window, request: RunRequest) -> bool:
-    """A nightly incremental window of a partner whose newest applied run fetched nothing;
-    never a full, window or backfill run, a set-back clock, slices or extra channels; only for a
-    protocol whose spec says a quiet night applies (its adapter's window_is_empty can tell)."""
+    """A nightly incremental window of a partner whose newest applied run fetched nothing on
+    any channel; never a full, window or backfill run, a set-back clock, slices or a channel
+    without a window of its own yet (a first load of it); only for a protocol whose spec says
+    a quiet night applies (its adapter's window_is_empty can tell, channels included)."""
     facts = window.protocol
     return (request.mode == "incremental" and request.may_advance_cursor and window.advances_cursor
             and window.from_ is not None and not facts.clock_regressed and facts.clock_behind_cursor is None
-            and not facts.channels and facts.slice is None and protocols.spec_of(partner.protocol).quiet_night
+            and all(plan.from_ is not None or plan.skip for plan in facts.channels.values())
+            and facts.slice is None and protocols.spec_of(partner.protocol).quiet_night
             and _newest_run_fetched_nothing(partner.id))
 
 
@@ -49,8 +51,10 @@ def _newest_run_fetched_nothing(partner_id: str) -> bool:
 
     with aggregation() as conn:
         row = conn.execute(
-            "SELECT fetched FROM harvest_runs WHERE partner_id = %s AND channel = 'changes' AND status = 'applied'"
-            " AND mode = 'incremental' ORDER BY started_at DESC LIMIT 1", (partner_id,)).fetchone()
+            "SELECT sum(h.fetched) FROM harvest_runs h WHERE h.partner_id = %(pid)s AND h.run_id = ("
+            " SELECT run_id FROM harvest_runs WHERE partner_id = %(pid)s AND channel = 'changes'"
+            " AND status = 'applied' AND mode = 'incremental' ORDER BY started_at DESC LIMIT 1)",
+            {"pid": partner_id}).fetchone()
         conn.commit()
     return row is not None and row[0] == 0
 

@@ -19,25 +19,25 @@ import psycopg
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
-from partner_harvest import pipeline, quality, run, sliced_reconcile
+from partner_harvest import failures, pipeline, quality, run, sliced_reconcile
 from partner_harvest.adapters import Adapter
 from partner_harvest.airflow import assets, lineage, metrics, quiet
 from partner_harvest.airflow.connections import aggregation_conninfo, read_once_per_task
 from partner_harvest.airflow.cursor import read_cursor
 from partner_harvest.airflow.hooks import AGGREGATION, hook_for
-from partner_harvest.airflow.notifiers import failure_fields, send_alert
+from partner_harvest.airflow.notifiers import event_message, failed_at_once, failure_fields, next_try, send_alert
 from partner_harvest.airflow.outlets import TaskOutlets
-from partner_harvest.errors import ConfigurationError, HarvestError, PartnerAsksToWait
+from partner_harvest.errors import ConfigurationError, PartnerAsksToWait
 from partner_harvest.factory import build_adapter
 from partner_harvest.gates import approval_since
 from partner_harvest.reconcile import apply_staged as reconcile_apply_staged
 from partner_harvest.reconcile import reconcile
-from partner_harvest.registry import Partner, RegistryError, get_partner
+from partner_harvest.registry import Partner, get_partner
 from partner_harvest.store import connect, ensure_schema, events, fences, gates, leases, prefix_choices, runs
 from partner_harvest.store.pacing import PgPacingStore
 from partner_harvest.store.quality import run_figures
 from partner_harvest.store.runs import last_applied_until
-from partner_harvest.window import ClockBehind, Window, WindowError, format_instant, parse_instant
+from partner_harvest.window import ClockBehind, Window, WindowError, backfill_day, format_instant, parse_instant
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -46,7 +46,9 @@ LEASE_TTL = timedelta(seconds=float(os.environ.get("HARVEST_LEASE_TTL_SECONDS") 
 
 
 def _fail_fast(func: Callable[..., T]) -> Callable[..., T]:
-    """Turn non-retryable errors into AirflowFailException so no retry is wasted.
+    """Fail a try at once, without Airflow's retries, when no retry can fix its error
+    (``failures.classify``: an undefined or wrong Connection, 401/403, a certificate, the
+    registry, a pagination loop...); the log's first line names the short cause.
 
     PartnerAsksToWait becomes a reschedule at its ``resume_at``: the task is not failed,
     uses no retry, and holds no worker slot while it waits.
@@ -56,14 +58,17 @@ def _fail_fast(func: Callable[..., T]) -> Callable[..., T]:
         try:
             with read_once_per_task():
                 return func(*args, **kwargs)
-        except (RegistryError, WindowError) as exc:
-            raise AirflowFailException(str(exc)) from exc
         except PartnerAsksToWait as exc:  # a long rate limit, another run's lease: free the slot
             log.warning("%s; the task gives its worker slot back until then", exc)
             raise AirflowRescheduleException(reschedule_date=exc.resume_at) from exc
-        except HarvestError as exc:
-            if not exc.retryable:
+        except (AirflowFailException, AirflowSkipException, AirflowRescheduleException):
+            raise  # decided already
+        except Exception as exc:
+            failure = failures.classify(exc)
+            if not failure.retry:
+                log.error("FAILED: %s (no retry can fix this: %s)", failure.short, failure.rule)
                 raise AirflowFailException(str(exc)) from exc
+            log.error("FAILED: %s (Airflow retries it while tries are left)", failure.short)
             raise
         finally:
             metrics.TRAFFIC.send(args[0] if args else kwargs.get("partner_id", "unknown"))
@@ -90,15 +95,17 @@ def host_pacing(conninfo: str) -> Callable[[], PgPacingStore]:
 
 
 def run_request(context: Context) -> pipeline.RunRequest:
-    """Params and run type decide the mode; a backfill harvests its data interval."""
+    """Params and run type decide the mode; a backfill harvests the day of the date in its name
+    (window.backfill_day), never moving the cursor. That date is its cron tick, the end of its
+    data interval (a backfill run's logical date is the interval's start, the day before)."""
     params = context.get("params") or {}
     dag_run = context["dag_run"]
     run_type = getattr(dag_run, "run_type", None)
     if getattr(run_type, "value", run_type) == "backfill":
-        start = context.get("data_interval_start")
-        end = context.get("data_interval_end")
-        if start is None or end is None:
+        tick = context.get("data_interval_end") or getattr(dag_run, "run_after", None)
+        if tick is None:
             raise WindowError("a backfill run needs a data interval")
+        start, end = backfill_day(tick)
         return pipeline.RunRequest("window", start, end, may_advance_cursor=False)
     mode = params.get("mode") or "incremental"
     requested_from = parse_instant(params["from"]) if params.get("from") else None
@@ -176,9 +183,14 @@ def release_lease_after_final_failure(context: Context, partner_id: str) -> None
 def record_run_event(context: Context, partner_id: str, kind: str = events.FAILED) -> None:
     """on_failure_callback / on_retry_callback: the try's error, as the alert names it, in
     ``run_events`` for the health page and ``partner-harvest status`` (a run that fails before
-    it writes harvest_runs, e.g. an unreachable endpoint, is otherwise only in the task's log)."""
+    it writes harvest_runs, e.g. an unreachable endpoint, is otherwise only in the task's log):
+    the short cause, the task and the attempt on the first line, the full text after it."""
     fields = failure_fields(context, partner_id)
-    _record_event(context, partner_id, kind, f"{fields['task_id']}: {fields['cause']}")
+    if kind == events.RETRY:
+        outcome = f"failed; {next_try(context)}"
+    else:
+        outcome = "failed at once: no retry can fix this" if failed_at_once(fields) else "failed, the last"
+    _record_event(context, partner_id, kind, event_message(fields, outcome))
 
 
 def _record_event(context: Context, partner_id: str, kind: str, message: str) -> None:

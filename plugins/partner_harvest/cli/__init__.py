@@ -2,7 +2,8 @@
 
     partner-harvest validate                     check the registry; exit 1 listing every invalid entry
     partner-harvest check ID | --url URL --protocol P  probe a partner's endpoint before onboarding; exit 1 if not ready
-    partner-harvest status [--partner ID]        one line per partner, from the aggregation database
+    partner-harvest status [--partner ID]        one line per partner, from the aggregation database (one partner:
+                                                 and one line per channel: cursor, counts, items/holdings held)
     partner-harvest progress ID [--run RUN]      the newest (or named) run's channels and slices: records, rate, time left
     partner-harvest sync-pools [--check]         create/update the Airflow pools partner_<id>
     partner-harvest reset-cursor ID [--to WHEN]  delete or set the partner's cursor Variables (asks first)
@@ -230,6 +231,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"{partner_id} {state}: {cause}")
     for partner_id, note in trust:
         print(f"{partner_id}: {note}")
+    if args.partner and protocols.channels_for(partners[0]):  # one partner: each channel on its own line
+        from partner_harvest.store.health import channel_rows
+
+        with _connect(args) as conn:
+            print()
+            print(render_table(channel_rows(conn, partners[0])))
     if unread:
         print(f"(Airflow's metadata database not read: {unread})")
     return 0
@@ -276,7 +283,7 @@ def cmd_sync_pools(args: argparse.Namespace) -> int:
 
 def cmd_reset_cursor(args: argparse.Namespace) -> int:
     partner = _partner(_registry(args), args.partner)
-    own = protocols.spec_of(partner.protocol).channels
+    own = protocols.channels_for(partner)
     channels: list[str | None] = [None, *(channel.name for channel in own)]
     if args.channel != "all":
         if CURSOR_CHANNELS[args.channel] not in channels:

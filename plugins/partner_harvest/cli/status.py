@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import psycopg
 
 from partner_harvest import durations
+from partner_harvest.failures import shorten
 from partner_harvest.registry import Partner, RegistryError
 from partner_harvest.store.health import SchedulerRun, partner_health
 
@@ -23,13 +25,15 @@ def partner_overview(
 
     State (worst first, ``partner_state.TABLE``); records held and quarantined now (the
     apply's counters, no count(*)), the newest run, the cursor and how far it trails the
-    partner's clock, that clock when it is not ours, and the cause or the first open alert.
+    partner's clock, that clock when it is not ours, the data-quality alerts of the newest
+    successful run (counted: a failure is the state), and the short cause or the first alert;
+    a run awaiting approval also names its request in Required Actions.
     """
     overview: list[dict[str, Any]] = []
     causes: list[tuple[str, str, str | None]] = []
     for health in partner_health(conn, partners, now, scheduler_runs, registry_errors):
         last = health.last_run
-        first_line = (health.cause or "").splitlines()[0] if health.cause else None
+        first_line = health.short_cause
         offset = health.clock_offset
         overview.append({
             "partner": health.partner_id, "protocol": health.protocol, "state": health.state,
@@ -39,12 +43,20 @@ def partner_overview(
             "cursor": health.cursor, "behind": _duration(health.cursor_lag),
             "partner_clock": (f"{health.partner_clock:%Y-%m-%d %H:%M} ({_duration(abs(offset))} "
                               f"{'behind' if offset.total_seconds() > 0 else 'ahead'})") if offset is not None else None,
-            "alerts": len(health.alerts),
-            "note": (first_line[:80] if first_line else None) or (health.alerts[0][:80] if health.alerts else None),
+            "dq_alerts": len(health.alerts),  # data-quality findings; a failure is the state, not a count
+            "note": shorten(first_line or (health.alerts[0] if health.alerts else ""), 80) or None,
         })
         if health.cause:
-            causes.append((health.partner_id, health.state, first_line))
+            answer = f" (answer: {ui_base_url()}{health.approval_path})" if health.approval_path else ""
+            causes.append((health.partner_id, health.state, f"{first_line}{answer}"))
     return overview, causes
+
+
+def ui_base_url() -> str:
+    """The Airflow UI's base URL, when this environment says it (the REST API's
+    HARVEST_AIRFLOW_API_URL, as ``scripts/airflow_ui.sh env`` exports it, or ``[api] base_url``
+    as AIRFLOW__API__BASE_URL); else links are printed from the UI's root."""
+    return (os.environ.get("HARVEST_AIRFLOW_API_URL") or os.environ.get("AIRFLOW__API__BASE_URL") or "").rstrip("/")
 
 
 def scheduler_runs(partners: list[Partner]) -> tuple[dict[str, SchedulerRun] | None, str | None]:

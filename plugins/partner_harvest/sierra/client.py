@@ -338,8 +338,13 @@ class SierraClient:
 
     def bib_pages(self, params: dict[str, Any], limit: int, start_id: int = 0,
                   end_id: int | None = None) -> Iterator[list[dict[str, Any]]]:
-        """Keyset pages of ``GET bibs``: ``id=[cursor,]`` (``[cursor,end_id]`` for an id
-        slice), next cursor ``int(last id) + 1``.
+        """Keyset pages of ``GET bibs`` (:meth:`pages`)."""
+        return self.pages("/bibs", params, limit, start_id, end_id)
+
+    def pages(self, path: str, params: dict[str, Any], limit: int, start_id: int = 0,
+              end_id: int | None = None) -> Iterator[list[dict[str, Any]]]:
+        """Keyset pages of a record list (``GET bibs``, ``items``, ``holdings``): ``id=[cursor,]``
+        (``[cursor,end_id]`` for an id slice), next cursor ``int(last id) + 1``.
 
         Ends on a short page (never on ``total``) or 404/107. Deleted-records polls answer
         an empty day with 200 and no entries; both are zero results.
@@ -350,14 +355,19 @@ class SierraClient:
             if end_id is not None and cursor > end_id:
                 return
             query = {**params, "id": _id_range(cursor, end_id), "limit": limit}
-            body = self.get_json("/bibs", query, empty_ok=True)
+            body = self.get_json(path, query, empty_ok=True)
             entries = (body or {}).get("entries") or []
             yield entries
             if len(entries) < limit:
                 return
-            next_cursor = int(entries[-1]["id"]) + 1
+            try:
+                next_cursor = int(str(entries[-1]["id"]).strip()) + 1
+            except (KeyError, TypeError, ValueError):
+                raise PartnerDataError(self.partner_id, self.describe("GET", path, query),
+                                       f"a full page whose last entry has no numeric id to page on: "
+                                       f"{str(entries[-1])[:200]}") from None
             if next_cursor <= cursor:
-                raise HarvestLoopError(self.partner_id, self.describe("GET", "/bibs", query),
+                raise HarvestLoopError(self.partner_id, self.describe("GET", path, query),
                                        f"ids did not ascend (last id {entries[-1]['id']} after cursor {cursor})")
             cursor = next_cursor
 

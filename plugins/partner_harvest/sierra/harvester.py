@@ -31,15 +31,16 @@ from typing import Any
 
 from partner_harvest import durations
 from partner_harvest.adapters import Adapter, IdSink, PartnerClock, StagingSink, SweptId
-from partner_harvest.errors import ConfigurationError, PartnerAsksToWait
+from partner_harvest.errors import ConfigurationError, HarvestError, PartnerAsksToWait
 from partner_harvest.formats.checks import Finding, policy_of
 from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
 from partner_harvest.registry import Partner, SliceSettings
 from partner_harvest.sierra import marc
+from partner_harvest.sierra.attached import AttachedPolls
 from partner_harvest.sierra.client import RateLimited, SierraClient
 from partner_harvest.sierra.export import SUPPRESSED, FullLoad
 from partner_harvest.sierra.spec import DELETIONS
-from partner_harvest.window import SECONDS, ChannelPlan, Slice, Window, format_instant
+from partner_harvest.window import SECONDS, ChannelPlan, Slice, Window, floor_to, format_instant
 
 log = logging.getLogger(__name__)
 DEFAULT_FIELDS = ("id", "updatedDate", "createdDate", "deleted", "suppressed", "marc")
@@ -87,6 +88,8 @@ class SierraAdapter(Adapter):
         if missing:
             raise ConfigurationError(partner.id, "registry", f"'fields' must include {', '.join(missing)}")
         self.now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
+        self.attached = AttachedPolls(self)  # the items and holdings channels the partner chose
+        self.known_empty: set[str] = set()  # polls a quiet night's look showed empty (window_is_empty)
         # (monotonic start, items fetched then) of this try's full load: its time left (write)
         self.progress_since: tuple[float, int] | None = None
 
@@ -98,10 +101,20 @@ class SierraAdapter(Adapter):
         return PartnerClock(now=now, granularity=SECONDS, protocol={"fields": ",".join(self.fields)})
 
     def plan_channels(self, window: Window, cursors: dict[str, datetime | None]) -> dict[str, ChannelPlan]:
-        """The deletion poll's own day window: from its day cursor minus the overlap."""
+        """Each channel's own window: the deletion polls' days from their day cursors minus the
+        overlap; the items' and holdings' change polls from their own cursors minus the lag
+        (none: every live one, by id ranges)."""
+        plans = {DELETIONS: self._deletion_days(window, cursors.get(DELETIONS))}
+        for name, kind in self.attached.kinds.items():
+            if name == kind.deletions:
+                plans[name] = self._deletion_days(window, cursors.get(name))
+            else:
+                plans[name] = self._change_window(window, cursors.get(name))
+        return plans
+
+    def _deletion_days(self, window: Window, cursor: datetime | None) -> ChannelPlan:
         overlap = timedelta(days=self.partner.deletion_overlap_days)
         until_day = window.until.date()
-        cursor = cursors.get(DELETIONS)
         if window.mode == "window" and window.from_ is not None:
             start = window.from_.date() - overlap
         elif cursor is not None:
@@ -110,9 +123,19 @@ class SierraAdapter(Adapter):
             start = window.from_.date() - overlap
         else:
             # A full load from scratch: the export is the live set; deletions start tomorrow.
-            return {DELETIONS: ChannelPlan(until=_midnight(until_day), skip=True)}
+            return ChannelPlan(until=_midnight(until_day), skip=True)
         start = min(start, until_day)
-        return {DELETIONS: ChannelPlan(from_=_midnight(start), until=_midnight(until_day))}
+        return ChannelPlan(from_=_midnight(start), until=_midnight(until_day))
+
+    def _change_window(self, window: Window, cursor: datetime | None) -> ChannelPlan:
+        """An attached kind's change poll: as the bibs' window, on its own cursor."""
+        if window.mode == "window" or window.mode == "full":
+            return ChannelPlan(from_=window.from_, until=window.until, granularity=SECONDS)
+        if cursor is None:
+            return ChannelPlan(until=window.until, granularity=SECONDS)  # every live one
+        start = floor_to(cursor - self.partner.lag, SECONDS)
+        return ChannelPlan(from_=min(start, window.until), until=max(window.until, floor_to(cursor, SECONDS)),
+                           granularity=SECONDS)
 
     # -- slices ----------------------------------------------------------------------
 
@@ -208,13 +231,43 @@ class SierraAdapter(Adapter):
             else:
                 self._change_poll(window, sink, stats, piece)
 
-    def _change_poll(self, window: Window, sink: StagingSink, stats: HarvestStats, piece: Slice | None = None) -> None:
+    def _change_params(self, window: Window) -> dict[str, Any]:
         assert window.from_ is not None
-        params = {
+        return {
             "deleted": "false",
             "updatedDate": f"[{sierra_timestamp(window.from_)},{sierra_timestamp(window.until)}]",
             "fields": ",".join(self.fields),
         }
+
+    def window_is_empty(self, window: Window) -> bool:
+        """The first page of the change poll and of each planned channel's poll (the same
+        requests the harvest makes): all empty is a quiet night, and those polls then ask
+        nothing again. A channel without a window of its own yet (a first load) is not quiet;
+        a failed look is not either (the usual way meets the failure)."""
+        polls: dict[str, tuple[str, dict[str, Any]]] = {"changes": ("/bibs", self._change_params(window))}
+        for name, plan in window.protocol.channels.items():
+            if plan.skip:
+                continue
+            if plan.from_ is None:
+                return False
+            if name == DELETIONS:
+                polls[name] = ("/bibs", self._deletion_params(plan))
+            else:
+                polls[name] = self.attached.poll(name, plan)
+        try:
+            for path, params in polls.values():
+                if next(iter(self.client.pages(path, params, self.partner.page_size)), []):
+                    return False
+        except (HarvestError, RateLimited) as exc:
+            log.info("%s: the quiet-night look failed (%s); the window is harvested the usual way", self.partner_id, exc)
+            return False
+        self.known_empty = set(polls)
+        return True
+
+    def _change_poll(self, window: Window, sink: StagingSink, stats: HarvestStats, piece: Slice | None = None) -> None:
+        if piece is None and "changes" in self.known_empty:
+            return  # a quiet night's look showed it empty (window_is_empty)
+        params = self._change_params(window)
         start = (piece.resume_at or 0) if piece is not None else 0
         if piece is not None and start:
             log.info("%s: slice %s resumes its change poll at id %d", self.partner_id, piece.channel, start)
@@ -276,30 +329,46 @@ class SierraAdapter(Adapter):
     # -- deletions -------------------------------------------------------------------
 
     def harvest_channel(self, channel: str, window: Window, sink: StagingSink, stats: HarvestStats) -> None:
-        """The deletion poll (the spec's one extra channel)."""
-        if channel != DELETIONS:
-            super().harvest_channel(channel, window, sink, stats)
+        """The bibs' deletion poll, or one of the items' and holdings' polls (sierra/attached.py)."""
         with self._rate_limit_frees_the_slot():
-            self._poll_deletions(window, sink, stats)
+            if channel == DELETIONS:
+                self._poll_deletions(window, sink, stats)
+            elif channel in self.known_empty:
+                return  # a quiet night's look showed it empty (window_is_empty)
+            elif channel in self.attached.kinds:
+                self.attached.harvest(channel, window, sink, stats)
+            else:
+                super().harvest_channel(channel, window, sink, stats)
 
     def _poll_deletions(self, window: Window, sink: StagingSink, stats: HarvestStats) -> None:
         plan = window.protocol.channels.get(DELETIONS)
         if plan is None or plan.skip or plan.from_ is None:
             log.info("%s: no deletion poll for this window (full load from scratch)", self.partner_id)
             return
-        days = f"[{plan.from_.date().isoformat()},{plan.until.date().isoformat()}]"
-        params = {"deleted": "true", "deletedDate": days, "fields": DELETION_FIELDS}
-        for entries in self.client.bib_pages(params, self.partner.page_size):
+        if DELETIONS in self.known_empty:
+            return
+        for entries in self.client.bib_pages(self._deletion_params(plan), self.partner.page_size):
             items = [self._tombstone(entry, str(entry.get("id", "")).strip() or "(missing id)") for entry in entries]
             self.write(items, sink, stats, DELETIONS)
+
+    @staticmethod
+    def _deletion_params(plan: ChannelPlan) -> dict[str, Any]:
+        assert plan.from_ is not None
+        days = f"[{plan.from_.date().isoformat()},{plan.until.date().isoformat()}]"
+        return {"deleted": "true", "deletedDate": days, "fields": DELETION_FIELDS}
 
     # -- full load -------------------------------------------------------------------
 
     def resumes_staging(self, channel: str, window: Window) -> bool:
         """Whether a new try of this channel keeps what an unfinished try staged (pipeline).
 
-        Only the unsliced full load: a slice resumes from its own checkpoint."""
-        return channel == "changes" and window.is_full and window.protocol.slice is None
+        The unsliced full load (a slice resumes from its own checkpoint), and the listing of
+        every item or holdings record (a change channel without a cursor)."""
+        if channel == "changes":
+            return window.is_full and window.protocol.slice is None
+        plan = window.protocol.channels.get(channel)
+        kind = self.attached.kinds.get(channel)
+        return plan is not None and kind is not None and channel == kind.entity and plan.from_ is None
 
     # -- reconcile -------------------------------------------------------------------
 
@@ -311,6 +380,10 @@ class SierraAdapter(Adapter):
     def sweep_ids(self, window: Window, sink: IdSink, stats: HarvestStats) -> None:
         """Every live bib id (keyset, ``fields=id``): the upstream set for a reconcile, or the
         ids of one slice's range."""
+        if window.protocol.entity is not None:  # items or holdings: by id ranges
+            with self._rate_limit_frees_the_slot():
+                self.attached.sweep(window.protocol.entity, window, sink, stats)
+            return
         piece = window.protocol.slice
         start, end = (piece.lo or 0, piece.hi) if piece is not None else (0, None)
         with self._rate_limit_frees_the_slot():
@@ -323,7 +396,12 @@ class SierraAdapter(Adapter):
         log.info("%s: reconcile sweep: %d live ids in %d pages", self.partner_id, stats.fetched, stats.pages)
 
     def fetch_records(self, window: Window, identifiers: list[str]) -> list[HarvestItem]:
-        """The bibs the aggregation lacks, by id list, with the harvest's own fields."""
+        """The bibs (or items, holdings: ``window.protocol.entity``) the aggregation lacks, by
+        id list, with the harvest's own fields."""
+        if window.protocol.entity is not None:
+            with self._rate_limit_frees_the_slot():
+                return self.attached.fetch(self.attached.kind_of_entity(window.protocol.entity), identifiers,
+                                           window.until)
         items: list[HarvestItem] = []
         for start in range(0, len(identifiers), self.fetch_chunk):
             chunk = identifiers[start:start + self.fetch_chunk]

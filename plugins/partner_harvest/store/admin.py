@@ -6,6 +6,7 @@ import psycopg
 from psycopg import sql
 
 from partner_harvest.store.apply import lock_partner_writes
+from partner_harvest.store.attached import ENTITIES
 from partner_harvest.store.feed import mark_applied
 from partner_harvest.store.fences import bump_epoch
 
@@ -13,7 +14,7 @@ from partner_harvest.store.fences import bump_epoch
 # adds to it (a consumer behind may not have read the older deletions yet).
 _PARTNER_TABLES = (
     "records", "quarantine", "harvest_runs", "staging", "partner_leases", "reconcile_ids", "tombstones",
-    "partner_stats", "run_events", "delivery_files",
+    "partner_stats", "run_events", *ENTITIES, "attached_tombstones", "attachment_events", "delivery_files",
 )
 FORGET_RUN = "forget"  # run_id of the deletions and the feed's high water that forget writes
 FEED_DELETIONS = "deletions written to the change feed"
@@ -22,6 +23,12 @@ _FORGET_IN_THE_FEED = """
 INSERT INTO deletions (partner_id, identifier, upstream_datestamp, run_id, reason, change_seq)
 SELECT partner_id, identifier, datestamp, %(run)s, 'forgotten', nextval('change_seq')
 FROM records WHERE partner_id = %(pid)s ORDER BY identifier
+"""
+# Its items and holdings too (attached_deletions, the feed's item-level deletions).
+_FORGET_ATTACHED = """
+INSERT INTO attached_deletions (partner_id, entity, identifier, bib_ids, upstream_datestamp, reason, run_id, change_seq)
+SELECT partner_id, %(entity)s, identifier, bib_ids, datestamp, 'forgotten', %(run)s, nextval('change_seq')
+FROM {} WHERE partner_id = %(pid)s ORDER BY identifier
 """
 
 
@@ -42,6 +49,9 @@ def forget_partner(conn: psycopg.Connection, partner_id: str) -> dict[str, int]:
         lock_partner_writes(conn, partner_id)
         bump_epoch(conn, partner_id, "forget")
         written = conn.execute(_FORGET_IN_THE_FEED, {"pid": partner_id, "run": FORGET_RUN}).rowcount
+        for entity in ENTITIES:
+            written += conn.execute(sql.SQL(_FORGET_ATTACHED).format(sql.Identifier(entity)),
+                                    {"pid": partner_id, "run": FORGET_RUN, "entity": entity}).rowcount
         if written:
             mark_applied(conn, partner_id, FORGET_RUN)
         for table in _PARTNER_TABLES:

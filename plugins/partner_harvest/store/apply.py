@@ -32,6 +32,7 @@ from psycopg.types.json import Jsonb
 
 from partner_harvest.errors import HarvestError
 from partner_harvest.store import content, feed, fences, moves
+from partner_harvest.store.attached import apply_attached
 from partner_harvest.store.db import one, scalar
 from partner_harvest.store.partner_stats import update_partner_stats
 
@@ -81,7 +82,7 @@ SELECT DISTINCT ON (s.identifier) s.kind, s.identifier, s.datestamp, s.observed_
        s.metadata, s.set_specs, s.title, s.content_hash, s.channel, s.warnings, s.reason,
        (%(regressed)s::jsonb ->> s.channel)::timestamptz AS regressed_clock
 FROM staging s
-WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.kind IN ('R', 'T')
+WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.kind IN ('R', 'T') AND s.entity IS NULL
 ORDER BY s.identifier, s.datestamp DESC, s.observed_at DESC, s.seq DESC
 """
 
@@ -262,8 +263,8 @@ WHERE h.partner_id = %(pid)s AND h.run_id = %(run)s AND h.channel = m.channel
 """
 
 _COUNT_STAGED = """
-SELECT channel, count(*), count(*) FILTER (WHERE kind = 'T'), count(*) FILTER (WHERE kind = 'Q'),
-       count(*) FILTER (WHERE warnings IS NOT NULL) FROM staging
+SELECT channel, count(*), count(*) FILTER (WHERE kind = 'T' AND entity IS NULL), count(*) FILTER (WHERE kind = 'Q'),
+       count(*) FILTER (WHERE warnings IS NOT NULL), count(*) FILTER (WHERE entity IS NOT NULL) FROM staging
 WHERE partner_id = %(pid)s AND run_id = %(run)s GROUP BY channel
 """
 
@@ -336,12 +337,17 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
                 purged = dict(conn.execute(_PURGE, params).fetchall())
             else:
                 conn.execute(_REMEMBER_ONLY, params)
+        record_purges = sum(purged.values())
+        if staged.attached:  # items and holdings: their own tables, the same transaction
+            landed, gone = apply_attached(conn, partner_id, run_id, regressed)
+            upserted += landed
+            purged = dict(Counter(purged) + gone)
         quarantined: dict[str, int] = dict(conn.execute(_QUARANTINE, params).fetchall()) if staged.rejects else {}
         warnings: dict[str, dict[str, int]] = {}
         if staged.warned:
             for channel, check_name, n in conn.execute(_WARNINGS, params).fetchall():
                 warnings.setdefault(channel, {})[check_name] = n
-        update_partner_stats(conn, partner_id, run_id, sum(inserted.values()) - sum(purged.values()))
+        update_partner_stats(conn, partner_id, run_id, sum(inserted.values()) - record_purges)
         per_channel = {
             channel: ApplyResult(
                 fetched=n,
@@ -422,6 +428,7 @@ class _Staged:
     tombstones: int
     rejects: int
     warned: int = 0  # staged records carrying warnings
+    attached: int = 0  # staged items and holdings (store/attached.py)
 
 
 def _check_staged(conn: psycopg.Connection, partner_id: str, run_id: str) -> _Staged:
@@ -443,7 +450,8 @@ def _check_staged(conn: psycopg.Connection, partner_id: str, run_id: str) -> _St
     if lost:
         raise StagingIncomplete(partner_id, run_id, lost)
     return _Staged({channel: recorded[channel] for channel in recorded},
-                   sum(row[2] for row in counted), sum(row[3] for row in counted), sum(row[4] for row in counted))
+                   sum(row[2] for row in counted), sum(row[3] for row in counted), sum(row[4] for row in counted),
+                   sum(row[5] for row in counted))
 
 
 def _audit(conn: psycopg.Connection, partner_id: str, run_id: str, per_channel: dict[str, ApplyResult],

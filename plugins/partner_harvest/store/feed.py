@@ -30,6 +30,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from partner_harvest.errors import HarvestError
+from partner_harvest.store import attached
 from partner_harvest.store.db import one
 
 
@@ -49,7 +50,8 @@ def mark_applied(conn: psycopg.Connection, partner_id: str, run_id: str) -> tupl
         SELECT (SELECT high_water FROM partner_feed WHERE partner_id = %(pid)s FOR UPDATE),
                GREATEST((SELECT max(change_seq) FROM records WHERE partner_id = %(pid)s),
                         (SELECT max(change_seq) FROM deletions WHERE partner_id = %(pid)s),
-                        (SELECT max(change_seq) FROM moves WHERE partner_id = %(pid)s))
+                        (SELECT max(change_seq) FROM moves WHERE partner_id = %(pid)s),
+                        """ + attached.high_water_sql() + """)
         """,
         {"pid": partner_id},
     ))
@@ -95,6 +97,7 @@ class RunChanges:
     change_seq_after: int
     change_seq_until: int
     counts: dict[str, int]
+    channels: dict[str, dict[str, int]] | None = None  # the same counts per channel (Sierra: items, holdings...)
 
     def as_extra(self) -> dict[str, Any]:
         """JSON-safe, for an Asset event's ``extra``."""
@@ -108,6 +111,7 @@ class RunChanges:
             "change_seq_after": self.change_seq_after,
             "change_seq_until": self.change_seq_until,
             "changed": self.change_seq_until > self.change_seq_after,
+            "channels": dict(self.channels or {}),
         }
 
 
@@ -127,7 +131,9 @@ def run_changes(conn: psycopg.Connection, partner_id: str, run_id: str) -> RunCh
     first = rows[0]
     names = ("fetched", "upserted", "unchanged", "purged", "quarantined")
     counts = {name: sum(row[6 + i] for row in rows) for i, name in enumerate(names)}
-    return RunChanges(partner_id, run_id, first[1], first[2], first[3], first[4] or 0, first[5] or 0, counts)
+    channels = {row[0]: {name: row[6 + i] for i, name in enumerate(names)} for row in rows}
+    return RunChanges(partner_id, run_id, first[1], first[2], first[3], first[4] or 0, first[5] or 0, counts,
+                      channels)
 
 
 # A moved record's row carries its move's change_seq until its next change: one event, op
@@ -151,12 +157,26 @@ FROM moves m
 WHERE m.partner_id = %(pid)s AND m.change_seq > %(after)s AND m.change_seq <= %(until)s
   AND NOT EXISTS (SELECT 1 FROM records r WHERE r.partner_id = m.partner_id AND r.identifier = m.new_identifier
                   AND r.change_seq = m.change_seq)
+UNION ALL
+SELECT change_seq, 'attachments', identifier, NULL, NULL, NULL, NULL, NULL, NULL, run_id, changed_at, NULL, NULL
+FROM attachment_events WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
+""" + "".join(f"""UNION ALL
+SELECT change_seq, 'attached_upsert', identifier, datestamp, '{entity}', content::text, bib_ids, NULL, content_hash,
+       run_id, harvested_at, NULL, NULL
+FROM {entity} WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
+""" for entity in attached.ENTITIES) + """UNION ALL
+SELECT change_seq, 'attached_delete', identifier, upstream_datestamp, entity, NULL, bib_ids, NULL, NULL, run_id,
+       deleted_at, reason, NULL
+FROM attached_deletions WHERE partner_id = %(pid)s AND change_seq > %(after)s AND change_seq <= %(until)s
 ORDER BY change_seq
 """
 
 
 def changes(conn: psycopg.Connection, partner_id: str, after: int, until: int) -> Iterator[dict[str, Any]]:
-    """The partner's changes with ``after < change_seq <= until``, in ``change_seq`` order.
+    """The partner's changes with ``after < change_seq <= until``, in ``change_seq`` order: its
+    records (``upsert``, ``delete``), the records whose items or holdings changed
+    (``attachments``), and those items and holdings (``attached_upsert``, ``attached_delete``,
+    their table in ``metadata_prefix``, their records in ``set_specs``; feed.line names them).
 
     ``until`` must not exceed a high water read earlier (``high_water``); then every
     change in the range is committed. A change superseded since (record edited again,

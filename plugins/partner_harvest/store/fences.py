@@ -35,6 +35,7 @@ from datetime import datetime
 import psycopg
 
 from partner_harvest.errors import HarvestError
+from partner_harvest.store.attached import ENTITIES
 from partner_harvest.store.db import scalar
 
 
@@ -158,15 +159,27 @@ SELECT DISTINCT run_id, applied_at, change_seq_after, change_seq_until FROM harv
 # The first of those runs' changes (records keep their newest change_seq, deletions one
 # row each) to a record the fenced run would purge (its staged tombstones). What it would
 # upsert needs no such check: the apply lands a version only over an older one.
+# Items and holdings (store/attached.py) the same way, each against its own table.
 _TOUCHED = """
-WITH staged AS (SELECT DISTINCT identifier FROM staging WHERE partner_id = %(pid)s AND run_id = %(run)s
+WITH staged AS (SELECT DISTINCT entity, identifier FROM staging WHERE partner_id = %(pid)s AND run_id = %(run)s
                 AND kind = 'T'),
 changed AS (
     SELECT r.identifier, r.change_seq FROM records r
-     WHERE r.partner_id = %(pid)s AND r.change_seq > %(after)s AND r.identifier IN (SELECT identifier FROM staged)
+     WHERE r.partner_id = %(pid)s AND r.change_seq > %(after)s
+       AND r.identifier IN (SELECT identifier FROM staged WHERE entity IS NULL)
     UNION ALL
     SELECT d.identifier, d.change_seq FROM deletions d
-     WHERE d.partner_id = %(pid)s AND d.change_seq > %(after)s AND d.identifier IN (SELECT identifier FROM staged))
+     WHERE d.partner_id = %(pid)s AND d.change_seq > %(after)s
+       AND d.identifier IN (SELECT identifier FROM staged WHERE entity IS NULL)
+""" + "".join(f"""
+    UNION ALL
+    SELECT a.identifier, a.change_seq FROM {entity} a
+     WHERE a.partner_id = %(pid)s AND a.change_seq > %(after)s
+       AND a.identifier IN (SELECT identifier FROM staged WHERE entity = '{entity}')""" for entity in ENTITIES) + """
+    UNION ALL
+    SELECT a.identifier, a.change_seq FROM attached_deletions a
+     WHERE a.partner_id = %(pid)s AND a.change_seq > %(after)s
+       AND (a.entity, a.identifier) IN (SELECT entity, identifier FROM staged WHERE entity IS NOT NULL))
 SELECT identifier, change_seq FROM changed ORDER BY change_seq LIMIT 1
 """
 

@@ -14,9 +14,10 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from partner_harvest.store import moves
+from partner_harvest.store import attached, moves
 from partner_harvest.store.db import one
 
 SAMPLE_SIZE = 10
@@ -44,61 +45,85 @@ class Shrink:
         return (self.removals + self.absent) / self.held if self.held else 0.0
 
 
-_HELD = "SELECT count(*) FROM records WHERE partner_id = %(pid)s"
+_HELD = "SELECT count(*) FROM {held} WHERE partner_id = %(pid)s"
 
-# The run's newest staged version per identifier, as the apply's batch picks it.
+# The run's newest staged version per identifier of the table, as the apply's batch picks it.
 _NEWEST = """
 SELECT DISTINCT ON (s.identifier) s.identifier, s.kind FROM staging s
 WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.kind IN ('R', 'T')
+  AND s.entity IS NOT DISTINCT FROM %(entity)s
 ORDER BY s.identifier, s.datestamp DESC, s.observed_at DESC, s.seq DESC
 """
 
 _REMOVALS = f"""
 WITH newest AS ({_NEWEST})
-SELECT count(*) FROM newest n JOIN records r ON r.partner_id = %(pid)s AND r.identifier = n.identifier
+SELECT count(*) FROM newest n JOIN {{held}} r ON r.partner_id = %(pid)s AND r.identifier = n.identifier
 WHERE n.kind = 'T'
 """
 
 _ABSENT = """
-SELECT count(*) FROM records r WHERE r.partner_id = %(pid)s
+SELECT count(*) FROM {held} r WHERE r.partner_id = %(pid)s
   AND NOT EXISTS (SELECT 1 FROM staging s WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s
-                  AND s.identifier = r.identifier)
+                  AND s.identifier = r.identifier AND s.entity IS NOT DISTINCT FROM %(entity)s)
 """
 
 _SAMPLE_REMOVALS = f"""
 WITH newest AS ({_NEWEST})
-SELECT r.identifier, r.title FROM newest n JOIN records r ON r.partner_id = %(pid)s AND r.identifier = n.identifier
+SELECT r.identifier, {{title}} FROM newest n JOIN {{held}} r ON r.partner_id = %(pid)s AND r.identifier = n.identifier
 WHERE n.kind = 'T' ORDER BY r.identifier LIMIT %(n)s
 """
 
 _SAMPLE_ABSENT = """
-SELECT r.identifier, r.title FROM records r WHERE r.partner_id = %(pid)s
+SELECT r.identifier, {title} FROM {held} r WHERE r.partner_id = %(pid)s
   AND NOT EXISTS (SELECT 1 FROM staging s WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s
-                  AND s.identifier = r.identifier)
+                  AND s.identifier = r.identifier AND s.entity IS NOT DISTINCT FROM %(entity)s)
 ORDER BY r.identifier LIMIT %(n)s
+"""
+
+# The attached tables (items, holdings) the run staged tombstones for.
+_STAGED_ENTITIES = """
+SELECT DISTINCT entity FROM staging WHERE partner_id = %(pid)s AND run_id = %(run)s AND kind = 'T'
+  AND entity IS NOT NULL ORDER BY entity
 """
 
 
 def measure_shrink(conn: psycopg.Connection, partner_id: str, run_id: str, *, whole_collection: bool,
-                   sample_size: int = SAMPLE_SIZE) -> Shrink:
-    """What applying the staged run would take away (reads only)."""
-    params = {"pid": partner_id, "run": run_id, "n": sample_size}
-    held = int(one(conn.execute(_HELD, params))[0])
-    removals = int(one(conn.execute(_REMOVALS, params))[0]) if held else 0
-    absent = int(one(conn.execute(_ABSENT, params))[0]) if held and whole_collection else 0
-    sample = [{"identifier": i, "title": t, "why": "purged (tombstone)"}
-              for i, t in conn.execute(_SAMPLE_REMOVALS, params).fetchall()] if removals else []
+                   sample_size: int = SAMPLE_SIZE, entity: str | None = None) -> Shrink:
+    """What applying the staged run would take away from the records (or from the attached
+    table ``entity``: items, holdings) (reads only)."""
+    params = {"pid": partner_id, "run": run_id, "n": sample_size, "entity": entity}
+    parts = {"held": sql.Identifier("records") if entity is None else attached.table(entity),
+             "title": sql.SQL("r.title" if entity is None else "NULL")}
+    noun = "" if entity is None else f"{entity}: "
+
+    def run(text: str) -> Any:
+        return conn.execute(sql.SQL(text).format(**parts), params)
+
+    held = int(one(run(_HELD))[0])
+    removals = int(one(run(_REMOVALS))[0]) if held else 0
+    absent = int(one(run(_ABSENT))[0]) if held and whole_collection else 0
+    sample = [{"identifier": i, "title": t, "why": f"{noun}purged (tombstone)"}
+              for i, t in run(_SAMPLE_REMOVALS).fetchall()] if removals else []
     if absent and len(sample) < sample_size:
         params["n"] = sample_size - len(sample)
-        sample += [{"identifier": i, "title": t, "why": "not returned by the full harvest (kept)"}
-                   for i, t in conn.execute(_SAMPLE_ABSENT, params).fetchall()]
-    movable = moves.count_staged(conn, partner_id, run_id, whole_collection=whole_collection) if removals or absent else 0
+        sample += [{"identifier": i, "title": t, "why": f"{noun}not returned by the full harvest (kept)"}
+                   for i, t in run(_SAMPLE_ABSENT).fetchall()]
+    movable = 0  # records coming back under new identifiers (store/moves.py); items are not moved
+    if entity is None and (removals or absent):
+        movable = moves.count_staged(conn, partner_id, run_id, whole_collection=whole_collection)
     if movable:
         sample = [{"identifier": old, "title": None, "why": f"moves to {new} (same content)"}
                   for old, new in moves.sample_staged(conn, partner_id, run_id, whole_collection=whole_collection,
                                                       limit=sample_size)] + sample[:max(0, sample_size - movable)]
     conn.commit()
     return Shrink(held, removals, absent, sample, movable)
+
+
+def staged_entities(conn: psycopg.Connection, partner_id: str, run_id: str) -> list[str]:
+    """The attached tables the staged run would purge from."""
+    rows = conn.execute(_STAGED_ENTITIES, {"pid": partner_id, "run": run_id}).fetchall()
+    conn.commit()
+    return [row[0] for row in rows]
 
 
 def reconcile_sample(conn: psycopg.Connection, partner_id: str, run_id: str, channel: str,
@@ -213,3 +238,27 @@ def pending(conn: psycopg.Connection, partner_id: str | None = None) -> list[Req
     ).fetchall()
     conn.commit()
     return [Request(*row) for row in rows]
+
+
+def pending_by_partner(conn: psycopg.Connection, partner_ids: list[str]) -> dict[str, Request]:
+    """Each partner's newest request still waiting for an answer (the health page's
+    ``awaiting approval``)."""
+    rows = conn.execute(
+        f"SELECT DISTINCT ON (partner_id) {_COLUMNS} FROM approval_requests"
+        " WHERE state = 'pending' AND partner_id = ANY(%s) ORDER BY partner_id, requested_at DESC",
+        (partner_ids,),
+    ).fetchall()
+    return {row[0]: Request(*row) for row in rows}
+
+
+def approved_runs(conn: psycopg.Connection, runs: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Of the (partner, run) pairs, those whose purges a person approved at the gate."""
+    if not runs:
+        return set()
+    rows = conn.execute(
+        "SELECT a.partner_id, a.run_id FROM approval_requests a"
+        " JOIN unnest(%s::text[], %s::text[]) AS k(partner_id, run_id) USING (partner_id, run_id)"
+        " WHERE a.state IN ('approved', 'applied')",
+        ([p for p, _ in runs], [r for _, r in runs]),
+    ).fetchall()
+    return {(p, r) for p, r in rows}

@@ -19,8 +19,10 @@ from functools import lru_cache
 
 import psycopg
 from croniter import croniter
+from psycopg import sql
 
 from partner_harvest import partner_state, quality
+from partner_harvest.gates import request_path, subject
 from partner_harvest.partner_state import (  # noqa: F401  (the states, re-exported for the page and tests)
     BEHIND,
     FAILING,
@@ -32,8 +34,10 @@ from partner_harvest.partner_state import (  # noqa: F401  (the states, re-expor
     RUNNING,
     WARNING,
 )
+from partner_harvest.protocols import channels_for
 from partner_harvest.registry import Partner, RegistryError
-from partner_harvest.store import events
+from partner_harvest.store import attached, events, gates
+from partner_harvest.store.db import scalar
 from partner_harvest.store.quality import RunFigures
 
 # Partner states, worst first (partner_state.TABLE): what the health page sorts and colours by.
@@ -90,6 +94,7 @@ class SchedulerRun:
     started_at: datetime | None
     ended_at: datetime | None
     waiting_tasks: tuple[str, ...] = ()  # task ids up_for_retry / up_for_reschedule (between tries)
+    retried_tasks: tuple[str, ...] = ()  # task ids on a later try, not finished (its retry under way)
 
     @property
     def run_id(self) -> str:
@@ -117,10 +122,21 @@ class PartnerHealth:
     clock_offset: timedelta | None = None  # ours minus the partner's clock, as the cursor's run saw it
     partner_clock: datetime | None = None  # the partner's clock then
     last_harvest: RunInfo | None = None  # the newest applied incremental or full run ("last night")
+    approval: gates.Request | None = None  # a run waiting at its approval gate for a person
 
     @property
     def state_slug(self) -> str:
         return partner_state.slug(self.state)
+
+    @property
+    def short_cause(self) -> str | None:
+        """The cause's first line (the short cause, the task and the attempt); the rest is the full text."""
+        return self.cause.splitlines()[0] if self.cause else None
+
+    @property
+    def approval_path(self) -> str | None:
+        """The waiting request in Airflow's Required Actions, from the UI's root."""
+        return request_path(self.approval) if self.approval is not None else None
 
 
 def behind_after(partner: Partner, now: datetime) -> timedelta:
@@ -242,6 +258,8 @@ class _Facts:
     success: RunInfo | None  # the newest applied one
     harvest: RunInfo | None = None  # the newest applied incremental or full one (shown only)
     reconcile: RunInfo | None = None  # shown only
+    pending: gates.Request | None = None  # the newest approval request waiting for a person
+    success_approved: bool = False  # a person approved the purges of ``success`` at its gate
 
 
 def partner_health(
@@ -269,13 +287,24 @@ def partner_health(
             runs[(pid, kind)] = _run(row)
     per_partner = {row[0]: row[1:] for row in conn.execute(_PER_PARTNER, {"ids": ids})}
     newest_events = events.newest(conn, [(p.id, p.dag_id) for p in partners])
-    conn.commit()
     facts = {pid: _Facts(held, quarantined, cursor, cursor_started, clock, last_fetch_at, first_run_at,
                          last=runs.get((pid, "last")), success=runs.get((pid, "success")),
                          harvest=runs.get((pid, "harvest")), reconcile=runs.get((pid, "reconcile")))
              for pid, (held, quarantined, cursor, cursor_started, clock, last_fetch_at, first_run_at)
              in per_partner.items()}
+    facts = _with_approvals(conn, ids, facts)
+    conn.commit()
     return _rows(partners, facts, newest_events, scheduler_runs or {}, now, registry_errors)
+
+
+def _with_approvals(conn: psycopg.Connection, ids: list[str], facts: dict[str, _Facts]) -> dict[str, _Facts]:
+    """The facts with each partner's waiting approval request, and whether a person approved
+    the purges of its newest successful run (no purge spike alert for those)."""
+    pending = gates.pending_by_partner(conn, ids)
+    approved = gates.approved_runs(conn, [(pid, f.success.run_id) for pid, f in facts.items() if f.success])
+    return {pid: replace(f, pending=pending.get(pid),
+                         success_approved=f.success is not None and (pid, f.success.run_id) in approved)
+            for pid, f in ({**{pid: _NO_FACTS for pid in pending}, **facts}).items()}
 
 
 # The index's read: one row per partner (partner_health_facts, kept by a trigger on
@@ -317,6 +346,7 @@ def index_health(
         facts[pid] = _Facts(held, quarantined, cursor, cursor_started, clock, last_fetch_at, first_run_at,
                             last=last, success=success)
     newest_events = events.newest(conn, [(p.id, p.dag_id) for p in partners])
+    facts = _with_approvals(conn, [p.id for p in partners], facts)
     conn.commit()
     return _rows(partners, facts, newest_events, scheduler_runs or {}, now, registry_errors, ordered=False)
 
@@ -353,14 +383,19 @@ def _health(partner: Partner, facts: _Facts, event: events.RunEvent | None, sche
     offset = facts.cursor_started - facts.clock if facts.cursor_started and facts.clock else None
     # How far the cursor trails the partner's clock now: ours minus the partner's offset.
     lag = now - (offset or timedelta(0)) - facts.cursor if facts.cursor else None
-    alerts = _alerts(partner, success, facts.held, facts.last_fetch_at, facts.first_run_at, now)
+    alerts = _alerts(partner, success, facts.held, facts.last_fetch_at, facts.first_run_at, now,
+                     facts.success_approved)
     quiet = success is not None and quality.is_quiet(partner, facts.last_fetch_at, facts.first_run_at, now)
+    approval = _still_waiting(facts.pending, newest)
     state = partner_state.decide(
         invalid=False, newest_run=newest.status if newest else None, ever_applied=success is not None,
         behind=lag is not None and lag > limit, quiet=quiet, alerts=bool(alerts),
+        awaiting_approval=approval is not None,
     )
     cause = newest.cause if newest and newest.status in (
         partner_state.RUN_FAILED, partner_state.RUN_RETRYING, partner_state.RUN_SKIPPED) else None
+    if state == partner_state.AWAITING_APPROVAL and approval is not None:
+        cause = f"asked {approval.requested_at:%Y-%m-%d %H:%M}Z in Required Actions: {subject(approval)}"
     return PartnerHealth(
         partner_id=partner.id, protocol=partner.protocol, state=state,
         last_run=newest.info if newest else None, last_success=success,
@@ -368,8 +403,19 @@ def _health(partner: Partner, facts: _Facts, event: events.RunEvent | None, sche
         records_held=facts.held, quarantined_now=facts.quarantined, alerts=tuple(alerts), cause=cause,
         note=newest.note if newest else None,
         clock_offset=offset if offset is not None and abs(offset) > CLOCK_SHOWN_AFTER else None,
-        partner_clock=facts.clock, last_harvest=facts.harvest,
+        partner_clock=facts.clock, last_harvest=facts.harvest, approval=approval,
     )
+
+
+def _still_waiting(request: gates.Request | None, newest: NewestRun | None) -> gates.Request | None:
+    """The pending request, unless it belongs to the newest harvest run and that run has ended
+    without its answer (failed, skipped or applied: the gate was failed or marked by hand)."""
+    if request is None:
+        return None
+    ended = (partner_state.RUN_FAILED, partner_state.RUN_APPLIED, partner_state.RUN_SKIPPED)
+    if newest is not None and newest.info.run_id == request.run_id and newest.status in ended:
+        return None
+    return request
 
 
 @dataclass(frozen=True)
@@ -412,7 +458,9 @@ def newest_run(audit: RunInfo | None, event: events.RunEvent | None, scheduled: 
     if s is not None and s.state == "failed":
         status = partner_state.RUN_FAILED
     elif s is not None and s.state in ("running", "queued"):
-        status = partner_state.RUN_RETRYING if s.waiting_tasks else partner_state.RUN_RUNNING
+        # Between tries, and while the next try of a task whose try failed runs: one wait, one cause.
+        retried = e is not None and e.kind == events.RETRY and e.task_id in s.retried_tasks
+        status = partner_state.RUN_RETRYING if s.waiting_tasks or retried else partner_state.RUN_RUNNING
     elif a is not None:
         status = _AUDIT_STATUS.get(a.status, partner_state.RUN_RUNNING)
         if status != partner_state.RUN_APPLIED and e is not None and e.kind == events.FAILED:
@@ -452,14 +500,14 @@ def newest_run(audit: RunInfo | None, event: events.RunEvent | None, scheduled: 
 
 
 def _alerts(partner: Partner, success: RunInfo | None, held: int, last_fetch_at: datetime | None,
-            first_run_at: datetime | None, now: datetime) -> list[str]:
+            first_run_at: datetime | None, now: datetime, purge_approved: bool = False) -> list[str]:
     """The data-quality findings (quality.findings) of the newest successful run."""
     if success is None:
         return []
     figures = RunFigures(
         fetched=success.fetched, purged=success.purged, quarantined=success.quarantined, held=held,
         last_fetch_at=last_fetch_at, first_run_at=first_run_at, announced=success.announced,
-        failed_checks=success.failed_checks,
+        failed_checks=success.failed_checks, purge_approved=purge_approved,
     )
     return quality.findings(partner, figures, now)
 
@@ -531,3 +579,54 @@ def warnings_today(conn: psycopg.Connection, partner_id: str, now: datetime) -> 
     ).fetchall()
     conn.commit()
     return [(check, int(n)) for check, n in rows]
+
+
+@dataclass(frozen=True)
+class ChannelRow:
+    """One channel of a partner (``changes``, or an extra channel: protocols.channels_for): its
+    cursor (the newest applied incremental window's until), its newest applied run's counts,
+    and for a channel filling an attached table (items, holdings) how many rows it holds."""
+
+    channel: str
+    table: str
+    held: int | None
+    cursor: datetime | None
+    last_applied: datetime | None
+    fetched: int | None
+    upserted: int | None
+    purged: int | None
+
+
+_CHANNEL_NEWEST = """
+SELECT DISTINCT ON (channel) channel, applied_at, fetched, upserted, purged FROM harvest_runs
+WHERE partner_id = %(pid)s AND status = 'applied' AND channel = ANY(%(channels)s)
+ORDER BY channel, applied_at DESC
+"""
+_CHANNEL_CURSORS = """
+SELECT DISTINCT ON (channel) channel, window_until FROM harvest_runs
+WHERE partner_id = %(pid)s AND status = 'applied' AND mode = 'incremental' AND channel = ANY(%(channels)s)
+ORDER BY channel, started_at DESC, window_until DESC
+"""
+
+
+def channel_rows(conn: psycopg.Connection, partner: Partner) -> list[ChannelRow]:
+    """The partner's channels, each with its own cursor, newest counts and (items, holdings) rows held."""
+    channels = [("changes", None), *((c.name, c.entity) for c in channels_for(partner))]
+    params = {"pid": partner.id, "channels": [name for name, _ in channels]}
+    newest = {row[0]: row[1:] for row in conn.execute(_CHANNEL_NEWEST, params).fetchall()}
+    cursors: dict[str, datetime] = {row[0]: row[1] for row in conn.execute(_CHANNEL_CURSORS, params).fetchall()}
+    held: dict[str, int] = {}
+    for name, entity in channels:
+        if entity is not None and name == entity:  # the change channel of an attached table
+            held[name] = int(scalar(conn.execute(
+                sql.SQL("SELECT count(*) FROM {} WHERE partner_id = %s").format(attached.table(entity)),
+                (partner.id,))))
+    records = conn.execute("SELECT records_held FROM partner_stats WHERE partner_id = %s", (partner.id,)).fetchone()
+    conn.commit()
+    held["changes"] = int(records[0]) if records else 0
+    rows = []
+    for name, entity in channels:
+        applied_at, fetched, upserted, purged = newest.get(name, (None, None, None, None))
+        rows.append(ChannelRow(name, entity or "records", held.get(name), cursors.get(name), applied_at,
+                               fetched, upserted, purged))
+    return rows

@@ -44,7 +44,7 @@ FROM g JOIN a USING (content_hash, k)
 
 STAGED_NEWEST = """
 SELECT DISTINCT ON (s.identifier) s.identifier, s.kind, s.content_hash FROM staging s
-WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.kind IN ('R', 'T')
+WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.kind IN ('R', 'T') AND s.entity IS NULL
 ORDER BY s.identifier, s.datestamp DESC, s.observed_at DESC, s.seq DESC
 """
 BATCH_NEWEST = "SELECT identifier, kind, content_hash FROM apply_batch"

@@ -20,9 +20,13 @@ WINDOW = "interval '60 seconds'"  # the counting window of the effective rate
 # The back-off wears off with healthy responses and with time: it halves for every minute
 # since the row last changed, so a host that recovered between nights is not crawled at the
 # last outage's pace by the next night (the decay compounds once per write: memoryless).
-_DECAYED = ("h.penalty_ms * power(1 - %(recovery)s, %(healthy)s)"
-            " * power(0.5, greatest(0, extract(epoch FROM c.now - h.updated_at)) / 60.0)")
-_PENALTY = f"(CASE WHEN {_DECAYED} < 20 THEN 0 ELSE {_DECAYED} END)"
+def _penalty(now: str, healthy: str = " * power(1 - %(recovery)s, %(healthy)s)") -> str:
+    """The back-off at ``now``: decayed by the healthy responses (``healthy``) and by time."""
+    decayed = f"h.penalty_ms{healthy} * power(0.5, greatest(0, extract(epoch FROM {now} - h.updated_at)) / 60.0)"
+    return f"(CASE WHEN {decayed} < 20 THEN 0 ELSE {decayed} END)"
+
+
+_PENALTY = _penalty("c.now")
 _GAP = f"greatest(%(delay)s::double precision, {_PENALTY})"
 _ROLL = f"c.now - h.window_start >= {WINDOW}"
 _RESERVE = f"""
@@ -98,37 +102,48 @@ class PgPacingStore:
 
 @dataclass(frozen=True)
 class HostRate:
-    """What the health page shows of a partner's pacing: the rate in force and the rate seen."""
+    """What the health page shows of a partner's pacing: the rate in force at its host now
+    (the back-off as it has worn off by now, not as the last request left it) and the rate seen."""
 
     host: str
     delay_ms: int
-    penalty_ms: float
+    penalty_ms: float  # the back-off in force now (0 once worn off)
     limit_per_s: float | None  # None: no delay and no back-off, nothing limits the rate
     recent_per_s: float | None  # reservations per second in the current or last minute
     strains: int
     strained_at: datetime | None
+    partners: int = 1  # partners paced at this host: the rate is the host's, shared by them
 
     def describe(self) -> str:
         limit = f"at most {self.limit_per_s:.3g} requests/s" if self.limit_per_s else "no limit"
-        parts = [f"{self.host}: {limit} (request_delay {self.delay_ms} ms, back-off {self.penalty_ms:.0f} ms)"]
+        shared = f", shared by the {self.partners} partners on it" if self.partners > 1 else ""
+        backoff = (f"back-off {self.penalty_ms:.0f} ms in force, halving each minute the host is healthy"
+                   if self.penalty_ms else "no back-off in force")
+        parts = [f"{self.host}: {limit} for the host{shared} (request_delay {self.delay_ms} ms, {backoff})"]
         if self.recent_per_s is not None:
             parts.append(f"{self.recent_per_s:.3g} requests/s paced in the last minute")
         return "; ".join(parts)
 
 
+# The back-off as it stands now: what the next reservation would find (worn off by time; the
+# healthy responses are counted only by a reservation).
+_PENALTY_NOW = _penalty("now()", healthy="")
+
+
 def partner_rate(conn: psycopg.Connection[Any], partner_id: str) -> HostRate | None:
     """The partner's host's effective rate; None when the partner was never paced."""
     row = conn.execute(
-        f"""SELECT p.host, p.delay_ms, coalesce(h.penalty_ms, 0), h.strains, h.strained_at,
+        f"""SELECT p.host, p.delay_ms, coalesce({_PENALTY_NOW}, 0), h.strains, h.strained_at,
                    CASE WHEN h.window_start > now() - {WINDOW} AND now() > h.window_start
                         THEN h.window_requests / greatest(extract(epoch FROM now() - h.window_start), 1)::double precision
-                        ELSE h.last_rate END
+                        ELSE h.last_rate END,
+                   (SELECT count(*) FROM partner_pacing o WHERE o.host = p.host)
               FROM partner_pacing p LEFT JOIN host_pacing h ON h.host = p.host
              WHERE p.partner_id = %s""", (partner_id,)).fetchone()
     conn.commit()
     if row is None:
         return None
-    host, delay_ms, penalty, strains, strained_at, recent = row
+    host, delay_ms, penalty, strains, strained_at, recent, partners = row
     gap = max(float(delay_ms), float(penalty))
     return HostRate(host, int(delay_ms), float(penalty), 1000.0 / gap if gap > 0 else None,
-                    float(recent) if recent is not None else None, int(strains or 0), strained_at)
+                    float(recent) if recent is not None else None, int(strains or 0), strained_at, int(partners))

@@ -23,6 +23,7 @@ class RunFigures:
     warnings: dict[str, int] = field(default_factory=dict)  # per validation check: records landed with it
     # the checks that warned on the partner's previous applied run; None: there is none
     previous_warnings: frozenset[str] | None = None
+    purge_approved: bool = False  # a person approved the run's purges at its approval gate
 
 
 def run_figures(conn: psycopg.Connection, partner_id: str, run_id: str) -> RunFigures:
@@ -36,7 +37,9 @@ def run_figures(conn: psycopg.Connection, partner_id: str, run_id: str) -> RunFi
                (SELECT max(applied_at) FROM harvest_runs
                  WHERE partner_id = %(pid)s AND status = 'applied' AND fetched > 0),
                (SELECT min(started_at) FROM harvest_runs WHERE partner_id = %(pid)s),
-               max(complete_list_size) FILTER (WHERE list_size_mismatch)
+               max(complete_list_size) FILTER (WHERE list_size_mismatch),
+               EXISTS (SELECT 1 FROM approval_requests a WHERE a.partner_id = %(pid)s AND a.run_id = %(run)s
+                       AND a.state IN ('approved', 'applied'))
         FROM harvest_runs WHERE partner_id = %(pid)s AND run_id = %(run)s
         """,
         {"pid": partner_id, "run": run_id},
@@ -75,7 +78,8 @@ def run_figures(conn: psycopg.Connection, partner_id: str, run_id: str) -> RunFi
         f"the run holds {found if found is not None else 'unknown'}" + (f" ({detail})" if detail else "")
         for channel, kind, expected, found, detail in failed
     )
-    fetched, purged, quarantined, held, last_fetch_at, first_run_at, announced = row
+    fetched, purged, quarantined, held, last_fetch_at, first_run_at, announced, approved = row
     return RunFigures(fetched, purged, quarantined, held, last_fetch_at, first_run_at, announced,
                       failed_checks=checks, warnings=warnings,
-                      previous_warnings=frozenset(previous[1]) if previous[0] is not None else None)
+                      previous_warnings=frozenset(previous[1]) if previous[0] is not None else None,
+                      purge_approved=bool(approved))

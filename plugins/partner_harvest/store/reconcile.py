@@ -18,9 +18,10 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from partner_harvest.records import Tombstone
-from partner_harvest.store import fences
+from partner_harvest.store import attached, fences
 from partner_harvest.store.db import one
 from partner_harvest.store.runs import RunRef
 from partner_harvest.store.staging import StagingWriter
@@ -91,7 +92,7 @@ WITH up AS (
     WHERE partner_id = %(pid)s AND run_id = %(run)s
     ORDER BY identifier, deleted ASC
 ), mine AS (
-    SELECT identifier FROM records WHERE partner_id = %(pid)s
+    SELECT identifier FROM {held} WHERE partner_id = %(pid)s
 )
 SELECT
     (SELECT count(*) FROM mine),
@@ -104,10 +105,12 @@ SELECT
 """
 
 
-def plan(conn: psycopg.Connection, partner_id: str, run_id: str) -> ReconcilePlan:
+def plan(conn: psycopg.Connection, partner_id: str, run_id: str, table: str = "records") -> ReconcilePlan:
+    """``table``: what the sweep is compared with, ``records`` or an attached table (items,
+    holdings: store/attached.py), whose sweep is kept under its own ``run_id``."""
     # The sweep just bulk-loaded the table: give the planner statistics before joining.
     conn.execute("ANALYZE reconcile_ids")
-    row = one(conn.execute(_PLAN, {"pid": partner_id, "run": run_id}))
+    row = one(conn.execute(sql.SQL(_PLAN).format(held=_held(table)), {"pid": partner_id, "run": run_id}))
     conn.commit()
     return ReconcilePlan(*row)
 
@@ -223,23 +226,26 @@ class MissingOnlySink:
         self.staged = 0
 
 
-def missing_identifiers(conn: psycopg.Connection, partner_id: str, run_id: str, chunk: int) -> Iterator[list[str]]:
+def missing_identifiers(conn: psycopg.Connection, partner_id: str, run_id: str, chunk: int,
+                        table: str = "records", staged_as: RunRef | None = None) -> Iterator[list[str]]:
     """Live upstream ids the aggregation lacks and this run has not staged yet, in
-    chunks, streamed from the server."""
+    chunks, streamed from the server (``table``, ``staged_as``: an attached table's sweep,
+    kept under its own ``run_id``, and the run channel that stages its fetches)."""
+    staging = staged_as or RunRef(partner_id, run_id, "")
     with conn.transaction(), conn.cursor(name="reconcile_missing") as cur:
         cur.itersize = chunk
         cur.execute(
-            """
+            sql.SQL("""
             SELECT DISTINCT u.identifier FROM reconcile_ids u
             WHERE u.partner_id = %(pid)s AND u.run_id = %(run)s AND NOT u.deleted
-              AND NOT EXISTS (SELECT 1 FROM records r WHERE r.partner_id = %(pid)s AND r.identifier = u.identifier)
+              AND NOT EXISTS (SELECT 1 FROM {held} r WHERE r.partner_id = %(pid)s AND r.identifier = u.identifier)
               AND NOT EXISTS (SELECT 1 FROM reconcile_ids d WHERE d.partner_id = %(pid)s AND d.run_id = %(run)s
                               AND d.identifier = u.identifier AND d.deleted)
-              AND NOT EXISTS (SELECT 1 FROM staging s WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s
-                              AND s.identifier = u.identifier)
+              AND NOT EXISTS (SELECT 1 FROM staging s WHERE s.partner_id = %(pid)s AND s.run_id = %(staging)s
+                              AND s.identifier = u.identifier AND s.entity IS NOT DISTINCT FROM %(entity)s)
             ORDER BY 1
-            """,
-            {"pid": partner_id, "run": run_id},
+            """).format(held=_held(table)),
+            {"pid": partner_id, "run": run_id, "staging": staging.run_id, "entity": _entity(table)},
         )
         batch: list[str] = []
         for (identifier,) in cur:
@@ -251,29 +257,46 @@ def missing_identifiers(conn: psycopg.Connection, partner_id: str, run_id: str, 
             yield batch
 
 
-def stage_removals(conn: psycopg.Connection, run: RunRef, first_seq: int) -> int:
-    """Stage tombstones for vanished and upstream-deleted records; returns how many."""
+def stage_removals(conn: psycopg.Connection, run: RunRef, first_seq: int, table: str = "records",
+                   sweep: str | None = None) -> int:
+    """Stage tombstones for vanished and upstream-deleted records (of ``table``, swept under
+    ``sweep``, default the run's id); returns how many."""
     with conn.transaction():
         fences.check(conn, f"reconcile removals of run {run.run_id}")
         cur = conn.execute(
-            """
-            INSERT INTO staging (partner_id, run_id, channel, seq, kind, identifier, datestamp)
+            sql.SQL("""
+            INSERT INTO staging (partner_id, run_id, channel, seq, kind, identifier, datestamp, entity)
             SELECT %(pid)s, %(run)s, %(channel)s, %(seq)s + row_number() OVER (ORDER BY r.identifier), 'T',
-                   r.identifier, COALESCE(d.datestamp, r.datestamp)
-            FROM records r
+                   r.identifier, COALESCE(d.datestamp, r.datestamp), %(entity)s
+            FROM {held} r
             LEFT JOIN LATERAL (
                 SELECT max(u.datestamp) AS datestamp, bool_or(u.deleted) AS deleted, bool_or(NOT u.deleted) AS live
                 FROM reconcile_ids u
-                WHERE u.partner_id = %(pid)s AND u.run_id = %(run)s AND u.identifier = r.identifier
+                WHERE u.partner_id = %(pid)s AND u.run_id = %(sweep)s AND u.identifier = r.identifier
             ) d ON true
             WHERE r.partner_id = %(pid)s AND (d.live IS NULL OR (d.deleted AND NOT d.live))
-            """,
-            {"pid": run.partner_id, "run": run.run_id, "channel": run.channel, "seq": first_seq},
+            """).format(held=_held(table)),
+            {"pid": run.partner_id, "run": run.run_id, "channel": run.channel, "seq": first_seq,
+             "sweep": sweep or run.run_id, "entity": _entity(table)},
         )
         return cur.rowcount
 
 
+def _held(table: str) -> sql.Identifier:
+    return sql.Identifier("records") if table == "records" else attached.table(table)
+
+
+def _entity(table: str) -> str | None:
+    return None if table == "records" else table
+
+
+def sweep_key(run_id: str, table: str) -> str:
+    """Under which ``run_id`` reconcile_ids keeps an attached table's sweep (its ids may equal records')."""
+    return f"{run_id}/{table}"
+
+
 def clear(conn: psycopg.Connection, partner_id: str, run_id: str) -> None:
+    keys = [run_id, *(sweep_key(run_id, table) for table in attached.ENTITIES)]
     with conn.transaction():
-        conn.execute("DELETE FROM reconcile_ids WHERE partner_id = %s AND run_id = %s", (partner_id, run_id))
+        conn.execute("DELETE FROM reconcile_ids WHERE partner_id = %s AND run_id = ANY(%s)", (partner_id, keys))
         conn.execute("DELETE FROM reconcile_slices WHERE partner_id = %s AND run_id = %s", (partner_id, run_id))

@@ -26,12 +26,13 @@ from partner_harvest.store.runs import RunRef, check_attempt, record_progress
 # the backend 5.8 ms instead of 8.1 ms; the client's CPU was the same).
 _COPY = (
     "COPY staging (partner_id, run_id, channel, seq, kind, identifier, datestamp,"
-    " metadata_prefix, metadata, set_specs, title, content_hash, reason, warnings) FROM STDIN (FORMAT BINARY)"
+    " metadata_prefix, metadata, set_specs, title, content_hash, reason, warnings, entity, parents)"
+    " FROM STDIN (FORMAT BINARY)"
 )
 # The columns' types, so COPY looks up no dumper per value. ``kind`` is a "char": psycopg
 # knows no dumper for it, and its binary form (one byte) is that of a one-letter ASCII text.
 _COPY_TYPES = ["text", "text", "text", "int8", "text", "text", "timestamptz", "text", "text", "text[]",
-               "text", "text", "text", "jsonb"]
+               "text", "text", "text", "jsonb", "text", "text[]"]
 
 MAX_IDENTIFIER_BYTES = 1000  # well inside a btree entry (about 2,700 bytes) with partner_id
 DEFAULT_MAX_RECORD_BYTES = 8 * 1024 * 1024
@@ -285,14 +286,14 @@ def _row(pid: str, run_id: str, channel: str, seq: int, item: HarvestItem) -> tu
         return (
             pid, run_id, channel, seq, "R", item.identifier, item.datestamp, item.metadata_prefix,
             item.metadata, list(item.set_specs), item.title, item.content_hash, None,
-            warnings_json(item.warnings),
+            warnings_json(item.warnings), item.entity, list(item.parents) if item.entity else None,
         )
     if isinstance(item, Tombstone):
         return (pid, run_id, channel, seq, "T", item.identifier, item.datestamp,
-                None, None, None, None, None, item.reason, None)
+                None, None, None, None, None, item.reason, None, item.entity, None)
     if isinstance(item, Rejected):
         return (
             pid, run_id, channel, seq, "Q", item.identifier, item.datestamp, item.metadata_prefix,
-            item.raw, None, None, None, item.reason, None,
+            item.raw, None, None, None, item.reason, None, None, None,
         )
     raise TypeError(f"not a harvest item: {type(item).__name__}")

@@ -25,6 +25,7 @@ from markupsafe import Markup
 from partner_harvest import durations
 from partner_harvest.airflow.health import source
 from partner_harvest.airflow.health.chart import runs_chart
+from partner_harvest.failures import shorten
 from partner_harvest.health_index import IndexQuery, partners_to_read, select_page
 from partner_harvest.partner_state import slug
 from partner_harvest.registry import Partner, Registry
@@ -35,6 +36,7 @@ from partner_harvest.store.health import (
     INVALID,
     STATES,
     PartnerHealth,
+    channel_rows,
     index_health,
     partner_health,
     quarantine_today,
@@ -108,9 +110,11 @@ def create_app() -> FastAPI:
             trust = content_state(conn, partner_id)  # the content check: datestamps unreliable?
             points = rollback_points(conn, partner_id)
             undone = history_rollbacks(conn, partner_id, limit=5)
+            channels = channel_rows(conn, entry)  # each channel's cursor, newest counts, rows held
         return _render("partner.html", request, h=health, runs=runs, chart=Markup(runs_chart(runs)),
                        trust=trust, points=points, rollbacks=undone, retention=entry.history_retention,
                        reasons=reasons, entries=entries, warned=warned, now=now, progress=progress, rate=rate,
+                       channels=channels if len(channels) > 1 else [],
                        progress_line=summary_line(progress) if progress else None,
                        progress_run=_audit_run(progress.run_id) if progress else None)
 
@@ -228,7 +232,7 @@ def _render(template: str, request: Request, **context: object) -> HTMLResponse:
     ui_root = here[: -len(URL_PREFIX)] if here.endswith(URL_PREFIX) else ""
     page = _templates.get_template(template).render(
         ui_root=ui_root, here=here, run_url=lambda run: _run_url(ui_root, run), ago=_ago, when=_when,
-        span=_span, ago_span=_ago_span, slug=slug, **context,
+        span=_span, ago_span=_ago_span, slug=slug, short=shorten, **context,
     )
     return HTMLResponse(page)
 

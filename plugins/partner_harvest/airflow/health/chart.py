@@ -2,7 +2,9 @@
 
 Three panels share one x axis (one slot per run, oldest left): records held after the
 run (a line), the changes the run made (stacked bars: upserts, purges, quarantined) and
-how long it took (bars; failed runs in red). Every mark carries a <title> tooltip.
+how long its harvest and apply took (bars; failed runs in red): from the harvest's start
+(``harvest_runs.started_at``) to the apply's commit, not the whole DAG run, whose
+scheduling, ``freeze_window`` and cursor move Airflow shows. Every mark carries a <title> tooltip.
 """
 
 from __future__ import annotations
@@ -65,14 +67,16 @@ def runs_chart(runs: Sequence[RunInfo]) -> str:
 
     top += PANEL + GAP
     seconds = [r.duration.total_seconds() if r.duration else 0.0 for r in runs]
-    parts += _panel(top, "duration (seconds)", max(seconds, default=0))
+    parts += _panel(top, "harvest to apply, seconds (the DAG run, with Airflow's scheduling, is longer: "
+                         "see the run in Airflow)", max(seconds, default=0))
     scale = _scale(top, max(seconds, default=0))
     for i, (run, secs) in enumerate(zip(runs, seconds)):
         colour = COLOURS["failed"] if run.status in ("failed", "abandoned") else COLOURS["duration"]
         y = scale(secs) if secs else top + PANEL - 2  # a failed run without an end still shows
         parts.append(f'<rect class="duration {escape(run.status)}" x="{x(i) + 1:.1f}" y="{y:.1f}" '
                      f'width="{max(slot - 2, 1):.1f}" height="{top + PANEL - y:.1f}" fill="{colour}">'
-                     f"<title>{escape(label(run))}: {secs:.1f} s</title></rect>")
+                     f"<title>{escape(label(run))}: {secs:.1f} s from the harvest's start to the apply's commit"
+                     "</title></rect>")
     parts.append("</svg>")
     return "".join(parts)
 

@@ -67,7 +67,8 @@ def connection() -> psycopg.Connection:
 def latest_harvest_runs(partners: list[Partner]) -> dict[str, SchedulerRun]:
     """Each partner's newest harvest DAG run from Airflow's own database (the api-server's,
     or the command line's), with the tasks waiting between tries (up_for_retry,
-    up_for_reschedule): only the scheduler knows a run is between tries."""
+    up_for_reschedule) and those whose later try is on its way: only the scheduler knows a run
+    is between tries."""
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
@@ -83,22 +84,29 @@ def latest_harvest_runs(partners: list[Partner]) -> dict[str, SchedulerRun]:
     with create_session() as session:
         rows = session.execute(query).all()
         waiting: dict[tuple[str, str], list[str]] = {}
+        retried: dict[tuple[str, str], list[str]] = {}
         unfinished = [(dag_id, run_id) for dag_id, run_id, state, *_ in rows
                       if str(getattr(state, "value", state)) in ("running", "queued")]
         if unfinished:
-            tasks = select(TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.task_id).where(
-                TaskInstance.state.in_(WAITING_STATES),
+            tasks = select(TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.task_id, TaskInstance.state,
+                           TaskInstance.try_number).where(
+                TaskInstance.state.in_((*WAITING_STATES, *RETRY_UNDER_WAY)),
                 TaskInstance.dag_id.in_([d for d, _ in unfinished]),
                 TaskInstance.run_id.in_([r for _, r in unfinished]),
             )
-            for dag_id, run_id, task_id in session.execute(tasks).all():
-                waiting.setdefault((dag_id, run_id), []).append(task_id)
+            for dag_id, run_id, task_id, state, try_number in session.execute(tasks).all():
+                if str(getattr(state, "value", state)) in WAITING_STATES:
+                    waiting.setdefault((dag_id, run_id), []).append(task_id)
+                elif (try_number or 0) > 1:
+                    retried.setdefault((dag_id, run_id), []).append(task_id)
     return {by_dag[dag_id]: SchedulerRun(dag_id, run_id, str(getattr(state, "value", state)), start, end,
-                                         tuple(sorted(set(waiting.get((dag_id, run_id), ())))))
+                                         tuple(sorted(set(waiting.get((dag_id, run_id), ())))),
+                                         tuple(sorted(set(retried.get((dag_id, run_id), ())))))
             for dag_id, run_id, state, start, end in rows}
 
 
 WAITING_STATES = ("up_for_retry", "up_for_reschedule")  # between tries (Airflow's TaskInstanceState values)
+RETRY_UNDER_WAY = ("scheduled", "queued", "running")  # a later try on its way (try_number > 1)
 
 
 class ServerSide:

@@ -269,3 +269,22 @@ def test_the_readiness_check_lists_judges_and_samples(tmp_path: Path) -> None:
     assert report.verdict == "ready", report.text()
     assert [f.fault for f in report.findings if f.status == WARN] == ["delivery-incomplete"]
     assert "30 of the first 30 record(s)" in report.text() or "pass validation" in report.text()
+
+
+def test_a_file_not_matching_its_published_checksum_is_not_applied(tmp_path: Path, conn: psycopg.Connection) -> None:
+    from partner_harvest.errors import PartnerDataError
+
+    folder = tmp_path / "dumps"
+    museum = Publisher(fsspec.filesystem("file"), str(folder))
+    partner = files_partner(files={"done_marker": None, "checksums": "{date:%Y%m%d}/SHA256SUMS"})
+    harness = FilesHarness(f"file://{folder}", conn, partner)
+    museum.create(50)
+    museum.full(day(0), marker=False, sums=True)
+    dump = folder / "20260615" / "full" / "objects-001.csv"
+    whole = dump.read_bytes()
+    dump.write_bytes(whole[:whole.index(b"\r\n", len(whole) // 2) + 2])  # half of it, still being copied in
+    with pytest.raises(PartnerDataError, match="does not match the published"):
+        harness.run()
+    assert staged_rows(conn, "run-1") == 0 and harness.held() == set() and harness.cursor is None
+    museum.full(day(0), marker=False, sums=True)  # the partner publishes the dump again, whole
+    assert harness.run().applied.upserted == 50 and harness.held() == museum.published_ids()

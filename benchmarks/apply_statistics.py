@@ -23,10 +23,17 @@ in a fresh child process against the same embedded PostgreSQL:
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
-import support
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402
+from partner_harvest.store.db import one
+from partner_harvest.window import WindowFacts
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 _PAYLOAD = ('<oai_dc:dc xmlns:oai_dc="http://www.openarchives.org/OAI/2.0/oai_dc/" '
@@ -37,13 +44,13 @@ _PAYLOAD = ('<oai_dc:dc xmlns:oai_dc="http://www.openarchives.org/OAI/2.0/oai_dc
             '<dc:rights>CC BY 4.0</dc:rights></oai_dc:dc>')
 
 
-def _stage(conn, partner_id: str, run_id: str, records: int, edition: int = 0) -> None:
+def _stage(conn: psycopg.Connection, partner_id: str, run_id: str, records: int, edition: int = 0) -> None:
     from partner_harvest.records import HarvestStats, Record, Tombstone
     from partner_harvest.store import RunRef, StagingWriter, begin_run, finish_harvest
     from partner_harvest.window import Window
 
     run = RunRef(partner_id, run_id, "changes")
-    begin_run(conn, run, Window("full", None, T0 + timedelta(days=1), "seconds", True, {}), "oai_dc")
+    begin_run(conn, run, Window("full", None, T0 + timedelta(days=1), "seconds", True, WindowFacts()), "oai_dc")
     stats = HarvestStats()
     writer = StagingWriter(conn, run)
     page: list = []
@@ -100,7 +107,7 @@ def _belief(db: str) -> str:
     from partner_harvest.store import connect
 
     with connect(db) as conn:
-        pages, rows = conn.execute("SELECT relpages, reltuples FROM pg_class WHERE relname = 'records'").fetchone()
+        pages, rows = one(conn.execute("SELECT relpages, reltuples FROM pg_class WHERE relname = 'records'"))
     return f"statistics: {pages:,} pages, {max(rows, 0):,.0f} rows"
 
 

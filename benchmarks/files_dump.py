@@ -29,8 +29,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from support import child_arguments, fresh_database, partner, peak_rss_mib
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks.support import child_arguments, fresh_database, partner, peak_rss_mib  # noqa: E402
 
 PARTNER = "bench_files"
 DAY = "20260619"
@@ -89,7 +91,7 @@ def raw_copy(db: str, path: Path) -> dict:
     return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds}
 
 
-def the_partner(location: Path):
+def the_partner(location: Path) -> tuple[Any, str]:
     from include.simulators.files.publisher import OPTIONS
 
     return partner(id=PARTNER, protocol="file-delivery", options={"files": {**OPTIONS, "done_marker": None}}), \
@@ -110,7 +112,7 @@ def child(args: argparse.Namespace) -> None:
     entered: list[int] = []
     real = readers.FileReader.read
 
-    def noting(self, storage, path, stamp, start, digest=None):  # where each file is entered
+    def noting(self: Any, storage: Any, path: str, stamp: Any, start: int, digest: Any = None) -> Any:  # where each file is entered
         entered.append(start)
         return real(self, storage, path, stamp, start, digest)
 

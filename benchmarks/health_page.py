@@ -18,10 +18,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
-import support  # noqa: F401  (puts plugins/ on sys.path)
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402,F401 (puts the repository on sys.path)
+from partner_harvest.store.db import one, scalar
 
 DB_NAME = "bench_health"
 TARGET_MS = 300.0
@@ -50,13 +56,13 @@ def database(rebuild: bool) -> str:
             admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB_NAME)))
     params = conninfo_to_dict(server)
     params["dbname"] = DB_NAME
-    return make_conninfo(**params)
+    return make_conninfo("", **params)
 
 
-def build(conn, partners: int, per_partner: int, days: int = 365, weeks: int = 52, quarantined: int = 200) -> None:
+def build(conn: psycopg.Connection, partners: int, per_partner: int, days: int = 365, weeks: int = 52, quarantined: int = 200) -> None:
     """The data, unless a build of this size is already there (``days`` of nightly runs,
     ``weeks`` of reconciles, ``quarantined`` rows per partner)."""
-    held = conn.execute("SELECT count(*), COALESCE(sum(records_held), 0) FROM partner_stats").fetchone()
+    held = one(conn.execute("SELECT count(*), COALESCE(sum(records_held), 0) FROM partner_stats"))
     if tuple(held) == (partners, partners * per_partner):
         print(f"reusing the data: {partners} partners, {held[1]:,} records")
         return
@@ -193,8 +199,8 @@ def main() -> None:
     with connect(db) as conn:
         ensure_schema(conn)
         build(conn, args.partners, args.records_per_partner, days=args.days)
-        records = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE relname = 'records'").fetchone()[0]
-        runs = conn.execute("SELECT count(*) FROM harvest_runs").fetchone()[0]
+        records = scalar(conn.execute("SELECT reltuples::bigint FROM pg_class WHERE relname = 'records'"))
+        runs = scalar(conn.execute("SELECT count(*) FROM harvest_runs"))
         conn.commit()
         partners = [support.partner(id=partner_id(p), protocol="oai-pmh") for p in range(1, args.partners + 1)]
         now = datetime.now(timezone.utc)

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
+from pathlib import Path
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402
 
 _SIZE = "SELECT pg_total_relation_size(%s::regclass)"
 
@@ -32,6 +35,7 @@ def main() -> int:
     from partner_harvest.factory import Endpoint, build_adapter
     from partner_harvest.run import run_partner
     from partner_harvest.store import connect
+    from partner_harvest.store.db import one, scalar
 
     p = support.partner(id="bench_history", protocol="oai-pmh", metadata_prefix="oai_dc", lag="0s")
     db = support.fresh_database(p.id)
@@ -44,7 +48,7 @@ def main() -> int:
         cursors = load.cursors
 
         def sizes() -> tuple[int, int]:
-            row = conn.execute(f"SELECT ({_SIZE}), ({_SIZE})", ("records", "record_history")).fetchone()
+            row = one(conn.execute(f"SELECT ({_SIZE}), ({_SIZE})", ("records", "record_history")))
             conn.commit()
             return int(row[0]), int(row[1])
 
@@ -64,8 +68,8 @@ def main() -> int:
                 print(f"  night {day:2d}: upserted {night.applied.upserted:,}, apply {night.seconds['apply']:.2f} s; "
                       f"record_history {history_bytes / 2**20:.1f} MiB "
                       f"({history_bytes / records_bytes:.2f}x records, {history_bytes / (day * edits):.0f} B a version)")
-        versions = conn.execute("SELECT count(*) FROM record_history").fetchone()[0]
-        held = conn.execute("SELECT count(*), avg(octet_length(metadata)) FROM records").fetchone()
+        versions = scalar(conn.execute("SELECT count(*) FROM record_history"))
+        held = one(conn.execute("SELECT count(*), avg(octet_length(metadata)) FROM records"))
         conn.commit()
         print(f"  after {args.days} nights: {versions:,} versions kept; record_history {history_bytes / 2**20:.1f} MiB "
               f"against records {records_bytes / 2**20:.1f} MiB ({history_bytes / records_bytes:.1%}); "

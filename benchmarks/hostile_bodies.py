@@ -1,4 +1,4 @@
-"""Benchmark: what a hostile partner's body costs the harvesting process (issue 11).
+"""Benchmark: what a hostile partner's body costs the harvesting process.
 
 The OAI-PMH simulator runs in its own process; for each case it is told (control API
 ``attack_next``) to answer the next ListRecords hostilely, and a fresh harvesting
@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402
 
 CASES = {  # name -> (attack_next body, per-partner http options of the harvest)
     "honest harvest (baseline)": (None, {}),

@@ -4,7 +4,7 @@ Two real stacks side by side in the same minutes (tests/support/airflow_stack.py
 benchmarks/many_partners.py: api-server, scheduler, dag-processor and triggerer, LocalExecutor,
 each with a PostgreSQL server of its own), the same partners and DAG files, no run at all:
 
-- ``before``: Airflow 3.3's defaults, but for the parse settings of issue 28 item 1
+- ``before``: Airflow 3.3's defaults, but for the parse settings this project sets
   (``min_file_process_interval`` and the other keys in :data:`PARSE_KEYS`);
 - ``after``: every key of the ``[dag_processor]``, ``[scheduler]`` and ``[triggerer]``
   sections of this checkout's ``airflow.cfg.example``.
@@ -34,9 +34,9 @@ from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
-from many_partners import ManyPartners, cpu_snapshot, delta, write_registry
-from support import ROOT
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks.many_partners import ManyPartners, cpu_snapshot, delta, write_registry  # noqa: E402
+from benchmarks.support import ROOT  # noqa: E402
 from include import embedded_pg
 from tests.support.airflow_stack import SERVICES, TRIGGERER
 

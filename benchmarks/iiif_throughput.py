@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-import support  # noqa: F401  (puts the worktree first on sys.path)
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402,F401 (puts the repository on sys.path)
 from include.simulators.iiif.museum import Museum
 from include.simulators.iiif.server import IiifServer
 from partner_harvest.factory import Endpoint, build_adapter

@@ -33,8 +33,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from support import ROOT  # the repository on sys.path, a runtime directory for PostgreSQL
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from typing import Any
 
+from benchmarks.support import ROOT  # noqa: E402 (a runtime directory for PostgreSQL too)
 from include import embedded_pg  # noqa: E402
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository  # noqa: E402
 from tests.support.airflow_stack import (  # noqa: E402
@@ -234,7 +236,7 @@ class ManyPartners:
         time.sleep(seconds)  # measuring a rate over a span of time, not waiting for a state
         return delta(self.cpu(), before)
 
-    def _api(self, method: str, path: str, **kwargs: object) -> dict:
+    def _api(self, method: str, path: str, **kwargs: Any) -> Any:
         """One REST call, asked again after a timeout (a loaded machine answers late)."""
         import requests
 

@@ -37,9 +37,14 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from xml.sax.saxutils import unescape
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks import support  # noqa: E402
 
 PARTNER = "chain"
 SICKLE_DIR = "/tmp/ph-bench-sickle"
@@ -75,7 +80,7 @@ def bare(args: argparse.Namespace) -> dict:
 def sickle(args: argparse.Namespace) -> dict:
     """Sickle iterating ListRecords: fetch and its own parsing, nothing stored."""
     sys.path.insert(0, args.sickle_dir)
-    from sickle import Sickle
+    from sickle import Sickle  # type: ignore[import-not-found]  # installed by --install-sickle only, never a dependency
 
     client = Sickle(args.url, max_retries=3, timeout=60)
     records = 0
@@ -94,10 +99,10 @@ def _phase_meter() -> dict[str, float]:
 
     spent = {"fetch": 0.0, "parse": 0.0, "stage": 0.0}
 
-    def metered(owner, name: str, phase: str) -> None:
+    def metered(owner: object, name: str, phase: str) -> None:
         inner = getattr(owner, name)
 
-        def timed(*a, **kw):
+        def timed(*a: Any, **kw: Any) -> Any:
             started = time.thread_time()
             try:
                 return inner(*a, **kw)
@@ -116,6 +121,7 @@ def ours(args: argparse.Namespace) -> dict:
     """Ours end to end: freeze, harvest into staging (pipelined or not), apply."""
     from partner_harvest import pipeline
     from partner_harvest.factory import Endpoint, build_adapter
+    from partner_harvest.oai.harvester import OaiAdapter
     from partner_harvest.run import run_partner
     from partner_harvest.store import connect
 
@@ -123,8 +129,9 @@ def ours(args: argparse.Namespace) -> dict:
 
     partner = support.partner(id=args.partner, protocol="oai-pmh", metadata_prefix=args.prefix)
     adapter = build_adapter(partner, Endpoint(args.url))
+    assert isinstance(adapter, OaiAdapter)
     if args.sequential:
-        import baselines  # benchmarks/ is this script's own directory
+        from benchmarks import baselines
 
         baselines.sequential(adapter.client)  # the chain one page at a time
     with connect(args.db) as conn:  # the DAG's steps (partner_harvest.run), each one timed
@@ -177,7 +184,7 @@ def _sliced_partner(repetition: int) -> str:
 def _ours_sliced(url: str, db: str, args: argparse.Namespace, repetition: int = 0) -> dict:
     """A full harvest the way a big partner's runs: planned into slices harvested by parallel
     processes (Airflow's mapped harvest_changes), then one apply (benchmarks/sliced_harvest.py)."""
-    import sliced_harvest
+    from benchmarks import sliced_harvest
 
     partner_id = _sliced_partner(repetition)
     plan = argparse.Namespace(records=args.records, slices=args.slices, partner=partner_id)
@@ -235,7 +242,7 @@ def _staged_only(label: str, ours: dict, floor: dict) -> str:
     return f"  {label + ', staged only (no apply) / floor':<50} {rate / floor['rate']:5.2f}x  ({rate:,.0f} records/s)"
 
 
-def _metered(meter: support.CpuMeter, measure):
+def _metered(meter: support.CpuMeter, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     meter.start()
     figures = measure()
     figures["cpu"] = meter.stop()

@@ -18,8 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+from pathlib import Path
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402
 
 
 def child(args: argparse.Namespace) -> None:

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
-import support  # noqa: F401  (puts the repository on the path)
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402,F401 (puts the repository on sys.path)
 from include import embedded_pg
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.store import connect, ensure_schema
+from partner_harvest.store.db import one
 from partner_harvest.store.pacing import PgPacingStore
 from tests.support.partners import fast_http
 from tests.support.politeness import most_in_any_second, run_in_processes, slices
@@ -96,7 +99,7 @@ def slow_host(db: str, args: argparse.Namespace) -> None:
         extra = ""
         if paced:
             with connect(db) as conn:
-                penalty, strains = conn.execute("SELECT max(penalty_ms), max(strains) FROM host_pacing").fetchone()
+                penalty, strains = one(conn.execute("SELECT max(penalty_ms), max(strains) FROM host_pacing"))
             extra = f", back-off at the end {penalty:.0f} ms after {strains} strains"
         print(f"   {label:<24} {len(arrivals)} requests in {wall:.1f} s: {mean:.2f} requests/s, at most "
               f"{most} in any second, {most_at_once} in flight at once, median gap {median_gap:.0f} ms{extra}")

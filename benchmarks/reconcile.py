@@ -13,12 +13,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from typing import TYPE_CHECKING, Any
+
+from benchmarks import support  # noqa: E402
+
+if TYPE_CHECKING:
+    from partner_harvest.registry import Partner
 
 
-def partner():
+def partner() -> Partner:
     return support.partner(id="bench_reconcile", protocol="oai-pmh", metadata_prefix="oai_dc")
 
 
@@ -31,9 +39,10 @@ def child(args: argparse.Namespace) -> None:
     p = partner()
     adapter = build_adapter(p, Endpoint(args.url))
     started = time.perf_counter()
+    out: dict[str, Any]
     with connect(args.db) as conn:
         if args.what == "load":
-            out = run_partner(p, adapter, conn, args.run_id).applied.as_dict()
+            out = dict(run_partner(p, adapter, conn, args.run_id).applied.as_dict())
         else:
             try:
                 out = reconcile(adapter, conn, p, args.run_id).as_dict()

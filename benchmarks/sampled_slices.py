@@ -1,4 +1,4 @@
-"""Benchmark: how evenly a count-less, clustered repository is cut, before and after issue 28.
+"""Benchmark: how evenly a count-less, clustered repository is cut, before and after the sampled cut (oai/sampled_cut.py).
 
 The OAI-PMH simulator in this process (loopback HTTP, ``--records`` records, 500 a page,
 ``--list-size omitted``, ``--spread clustered``, seeds ``--seeds``) is planned for a full
@@ -17,10 +17,27 @@ from __future__ import annotations
 import argparse
 import bisect
 import math
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-import support  # noqa: F401  (the repository on sys.path)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402,F401 (puts the repository on sys.path)
+
+if TYPE_CHECKING:
+    from partner_harvest.window import Slice
 
 PAGE = 500
+
+
+def held(pieces: Iterable[Slice], stamps: list[int]) -> list[int]:
+    """How many of the (sorted) datestamps each piece's window holds."""
+    out = []
+    for p in pieces:
+        low = 0 if p.from_ is None else bisect.bisect_left(stamps, int(p.from_.timestamp()))
+        out.append(bisect.bisect_right(stamps, int(p.until.timestamp())) - low)
+    return out
 
 
 def main() -> int:
@@ -54,16 +71,9 @@ def main() -> int:
                 after = adapter.plan_slices(window, settings)
                 asked = sum(1 for r in sim.requests if r.get("verb") == "ListIdentifiers")
 
-            def held(pieces) -> list[int]:
-                out = []
-                for p in pieces:
-                    low = 0 if p.from_ is None else bisect.bisect_left(stamps, int(p.from_.timestamp()))
-                    out.append(bisect.bisect_right(stamps, int(p.until.timestamp())) - low)
-                return out
-
             chain = math.ceil(args.records / PAGE)
             for label, pieces, requests in (("before", before, 0), ("after", after, asked)):
-                sizes = held(pieces)
+                sizes = held(pieces, stamps)
                 bound = chain / max(math.ceil(n / PAGE) for n in sizes)
                 print(f"  {order:>10} seed {seed}: {label:>6}: {' / '.join(f'{n:,}' for n in sizes)} "
                       f"(plan: {requests} ListIdentifiers requests); biggest slice {max(sizes) / (args.records / args.slices):.2f}x "

@@ -32,9 +32,14 @@ import argparse
 import itertools
 import json
 import os
+import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402
 
 KEY, SECRET = "bench-key", "bench-secret"
 
@@ -46,13 +51,14 @@ def child(args: argparse.Namespace) -> None:
     from partner_harvest.sierra import export
     from partner_harvest.sierra.spec import DELETIONS
     from partner_harvest.store import connect
+    from partner_harvest.store.db import one
     from partner_harvest.window import parse_instant
 
     partner = support.partner(id="bench_sierra", protocol="sierra", page_size=2000,
                               options={"export": {"limit": args.limit}})
     adapter = build_adapter(partner, Endpoint(args.url, KEY, SECRET))
     if args.old_marc:
-        import baselines  # benchmarks/ is this script's own directory
+        from benchmarks import baselines
 
         baselines.pymarc_for_every_record()  # the baseline: every record through pymarc + lxml
     cursor = parse_instant(args.cursor) if args.cursor else None
@@ -65,8 +71,8 @@ def child(args: argparse.Namespace) -> None:
         marks[name] = (time.perf_counter(), time.process_time(), state["process_cpu_seconds"],
                        support.postgres_cpu_seconds())
 
-    def timed(name: str, method):  # the adapter's two phases, measured from outside
-        def run(*a, **k):
+    def timed(name: str, method: Callable[..., Any]) -> Callable[..., Any]:  # the adapter's two phases, from outside
+        def run(*a: Any, **k: Any) -> Any:
             mark(f"{name} start")
             try:
                 return method(*a, **k)
@@ -90,18 +96,18 @@ def child(args: argparse.Namespace) -> None:
                           on_staged=staged)
         applied = time.perf_counter()
         mark("apply end")
-        check = conn.execute(
+        check = one(conn.execute(
             "SELECT check_kind, check_expected, check_found, check_ok, check_detail FROM harvest_runs"
-            " WHERE partner_id = %s AND run_id = %s AND channel = 'changes'", (partner.id, args.run_id)).fetchone()
+            " WHERE partner_id = %s AND run_id = %s AND channel = 'changes'", (partner.id, args.run_id)))
         conn.commit()
-    window, changes, polled, result = run.window, run.changes, run.staged.get(DELETIONS), run.applied
+    window, changes, polled, result = run.window, run.changes, run.staged[DELETIONS], run.applied
     split = {}
     for phase in ("export", "enumeration", "apply"):
         if f"{phase} start" in marks:
             begin, end = marks[f"{phase} start"], marks[f"{phase} end"]
             split[phase] = {"wall": end[0] - begin[0], "harvester_cpu": end[1] - begin[1],
                             "simulator_cpu": end[2] - begin[2],
-                            "postgres_cpu": None if begin[3] is None else end[3] - begin[3]}
+                            "postgres_cpu": None if begin[3] is None or end[3] is None else end[3] - begin[3]}
     print(json.dumps({
         "until": window.to_dict()["until"],
         "deletions_until": window.protocol.channels["deletions"].until.date().isoformat(),
@@ -140,11 +146,12 @@ def main() -> int:
         return 0
 
     omit = ["--export-omits-suppressed"] if args.export_omits_suppressed else []
+    warmth = ("cold simulator (export records encoded on request)" if args.cold_simulator
+              else "export records pre-encoded by the simulator (warm_export) before both full loads")
     print("Sierra benchmark: 5% deleted and 3% suppressed bibs spread over every export block"
           f"{' (the export omits suppressed bibs)' if omit else ''}; change/deletion polls of 2,000; "
           "simulator and harvester in separate processes; PostgreSQL "
-          f"{'given' if os.environ.get('HARVEST_DATABASE_URL') else 'embedded'}; "
-          f"{'cold simulator (export records encoded on request)' if args.cold_simulator else 'export records pre-encoded by the simulator (warm_export) before both full loads'}; "
+          f"{'given' if os.environ.get('HARVEST_DATABASE_URL') else 'embedded'}; {warmth}; "
           f"{os.cpu_count()} CPUs")
     rows, ok = [], True
     sizes, limits = [int(s) for s in args.sizes.split(",")], [int(v) for v in args.limits.split(",")]
@@ -196,7 +203,8 @@ def main() -> int:
             old_rate = baseline['changes_fetched'] / baseline['harvest_seconds']
             ok = ok and baseline["equal"]
             print(f"  old path (pymarc + lxml for every record), same simulator: {old_rate:,.0f} bibs/s "
-                  f"({baseline['harvest_seconds']:.1f} s, harvester CPU {baseline['harvest_cpu_seconds']:.1f} s; records == live set: {'yes' if baseline['equal'] else 'NO'}; "
+                  f"({baseline['harvest_seconds']:.1f} s, harvester CPU {baseline['harvest_cpu_seconds']:.1f} s; "
+                  f"records == live set: {'yes' if baseline['equal'] else 'NO'}; "
                   f"loadavg {baseline['load'][0]:.2f} before, {baseline['load'][1]:.2f} after); "
                   f"new / old: {rate / old_rate:.2f}x")
         for phase, figures in full["split"].items():

@@ -23,30 +23,42 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from typing import TYPE_CHECKING, Any
+
+from benchmarks import support  # noqa: E402
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from partner_harvest.registry import Partner
 
 KEY, SECRET = "bench-key", "bench-secret"
 PARTNER, BIBS_ONLY = "bench_items", "bench_bibs_only"
 
 
-def _partner(pid: str, channels: list[str]):
+def _partner(pid: str, channels: list[str]) -> Partner:
     return support.partner(id=pid, protocol="sierra", page_size=2000,
                            slicing={"threshold_records": 10000, "target_records": 10000, "max_slices": 4},
                            options={"sierra": {"suppressed": "purge", "channels": channels}})
 
 
-def _held(conn, table: str, pid: str) -> dict[str, tuple[str, ...]]:
+def _held(conn: psycopg.Connection, table: str, pid: str) -> dict[str, tuple[str, ...]]:
     rows = conn.execute(f"SELECT identifier, bib_ids FROM {table} WHERE partner_id = %s", (pid,)).fetchall()
     conn.commit()
     return {i: tuple(sorted(b)) for i, b in rows}
 
 
-def _events(conn, pid: str, run_id: str) -> list[str]:
-    after, until = conn.execute("SELECT change_seq_after, change_seq_until FROM harvest_runs WHERE partner_id = %s "
-                                "AND run_id = %s AND channel = 'changes'", (pid, run_id)).fetchone()
+def _events(conn: psycopg.Connection, pid: str, run_id: str) -> list[str]:
+    from partner_harvest.store.db import one
+
+    after, until = one(conn.execute("SELECT change_seq_after, change_seq_until FROM harvest_runs WHERE partner_id = %s "
+                                "AND run_id = %s AND channel = 'changes'", (pid, run_id)))
     rows = conn.execute("SELECT identifier FROM attachment_events WHERE partner_id = %s AND change_seq > %s "
                         "AND change_seq <= %s", (pid, after, until)).fetchall()
     conn.commit()
@@ -81,7 +93,7 @@ def main() -> int:
         cursors: dict = {}
         runs = 0
 
-        def night(who, kept: dict, label: str) -> tuple[dict, float, int, str]:
+        def night(who: Partner, kept: dict[str, Any], label: str) -> tuple[dict[str, Any], float, int, str]:
             nonlocal runs
             runs += 1
             run_id = f"{label}-{runs}"

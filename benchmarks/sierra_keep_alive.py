@@ -26,8 +26,11 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402
 
 KEY, SECRET = "bench-key", "bench-secret"
 PARTNER = "bench_keep_alive"
@@ -39,7 +42,7 @@ def child(args: argparse.Namespace) -> None:
         sys.path.insert(0, args.code)  # the other checkout's partner_harvest, before this one's
     import partner_harvest
     from partner_harvest.factory import Endpoint, build_adapter
-    from partner_harvest.run import DELETIONS, run_partner
+    from partner_harvest.run import run_partner
     from partner_harvest.store import connect
     from partner_harvest.store.pacing import PgPacingStore
 
@@ -48,20 +51,21 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps({"code": partner_harvest.__file__}), file=sys.stderr, flush=True)
     started = time.perf_counter()
     with connect(args.db) as conn:
-        run = run_partner(partner, adapter, conn, args.run_id, {"changes": None, DELETIONS: None})
+        run = run_partner(partner, adapter, conn, args.run_id, {"changes": None, "deletions": None})  # a full load
     print(json.dumps({"seconds": time.perf_counter() - started, "fetched": run.changes.fetched,
                       "upserted": run.applied.upserted, "quarantined": run.applied.quarantined,
-                      "isolated": adapter.isolated_bibs}))
+                      # counted by the code before the export moved to sierra/export.py (--code), not since
+                      "isolated": getattr(adapter, "isolated_bibs", None)}))
 
 
-def _counts(db: str, run_id: str) -> dict:
+def _counts(db: str, run_id: str) -> dict[str, Any]:
     from partner_harvest.store import connect
+    from partner_harvest.store.db import one, scalar
 
     with connect(db) as conn:
-        staged = conn.execute("SELECT count(*) FROM staging WHERE partner_id = %s AND run_id = %s",
-                              (PARTNER, run_id)).fetchone()[0]
-        pacing = conn.execute("SELECT coalesce(sum(strains), 0), coalesce(max(penalty_ms), 0) FROM host_pacing"
-                              ).fetchone()
+        staged = scalar(conn.execute("SELECT count(*) FROM staging WHERE partner_id = %s AND run_id = %s",
+                                     (PARTNER, run_id)))
+        pacing = one(conn.execute("SELECT coalesce(sum(strains), 0), coalesce(max(penalty_ms), 0) FROM host_pacing"))
         quarantined = {r[0] for r in conn.execute(
             "SELECT identifier FROM quarantine_current WHERE partner_id = %s", (PARTNER,))}
         conn.commit()
@@ -124,7 +128,8 @@ def main() -> int:
     held = support.held_ids(db, PARTNER)
     exact = held | counts["quarantined"] == live and not held & counts["quarantined"]
     print(f"  {wall:.1f} s wall ({result['seconds']:.1f} s in the run), {answered:,} requests answered, "
-          f"{result['isolated']} poison bibs isolated; host back-off at the end {counts['penalty_ms']:,.0f} ms "
+          f"{'?' if result['isolated'] is None else result['isolated']} poison bibs isolated; "
+          f"host back-off at the end {counts['penalty_ms']:,.0f} ms "
           f"after {counts['strains']} strains")
     print(f"  records == live set: {'yes' if held == live else 'no'}; records + quarantined (by id) == live set: "
           f"{'yes' if exact else 'NO'} ({len(held):,} held, {len(counts['quarantined']):,} quarantined)")

@@ -18,9 +18,13 @@ import argparse
 import logging
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
+from unittest import mock
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402
 
 KEY, SECRET = "bench-key", "bench-secret"
 BLOCK = 2000
@@ -35,6 +39,7 @@ def main() -> int:
     from partner_harvest.factory import Endpoint, build_adapter
     from partner_harvest.registry import Partner
     from partner_harvest.sierra.export import expected_bibs
+    from partner_harvest.sierra.harvester import SierraAdapter
 
     logging.basicConfig(level=logging.WARNING)
     partner = Partner(id="bench_sierra", protocol="sierra", conn_id="-", page_size=BLOCK,
@@ -46,23 +51,19 @@ def main() -> int:
         with support.simulator("sierra", *sim_args) as url:
             support.control(url, "warm_export", {})
             adapter = build_adapter(partner, Endpoint(url, KEY, SECRET))
+            assert isinstance(adapter, SierraAdapter)
             adapter.first_id_from(0)  # the token and the connection, outside the measurement
-            probes, estimates, block_times = [], [], []
-            original = adapter.first_id_from
-
-            def counted(start: int) -> int | None:
-                probes.append(start)
-                return original(start)
-
-            adapter.first_id_from = counted
+            estimates: list[int | None] = []
+            block_times: list[float] = []
+            seconds: list[float] = []
             load = os.getloadavg()[0]
-            seconds = []
-            for _ in range(args.repeat):
-                probes.clear()
-                began = time.perf_counter()
-                estimates.append(expected_bibs(adapter, BLOCK))
-                seconds.append(time.perf_counter() - began)
-            count = len(probes)
+            with mock.patch.object(adapter, "first_id_from", wraps=adapter.first_id_from) as probe:
+                for _ in range(args.repeat):
+                    probe.reset_mock()
+                    began = time.perf_counter()
+                    estimates.append(expected_bibs(adapter, BLOCK))
+                    seconds.append(time.perf_counter() - began)
+                count = probe.call_count
             for _ in range(args.repeat):
                 began = time.perf_counter()
                 block = adapter.client.export_block(0, BLOCK, {})
@@ -71,7 +72,7 @@ def main() -> int:
             blocks = size / BLOCK
             print(f"\n{size:,} bibs (ids 1000001..{1000000 + size}): estimate {estimates[-1]:,} "
                   f"({'= the id span' if estimates[-1] == size else 'NOT the id span'}), {count} probes, "
-                  f"{estimate_s * 1000:.0f} ms; one export block ({block.input_records} ids in) "
+                  f"{estimate_s * 1000:.0f} ms; one export block ({block.input_records if block else 0} ids in) "
                   f"{block_s * 1000:.0f} ms: the estimate costs {estimate_s / block_s:.2f} blocks, "
                   f"{estimate_s / (block_s * blocks):.2%} of the export's {blocks:,.0f} blocks; "
                   f"loadavg {load:.2f} before, {os.getloadavg()[0]:.2f} after")

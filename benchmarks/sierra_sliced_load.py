@@ -17,15 +17,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from typing import TYPE_CHECKING
+
+from benchmarks import support  # noqa: E402
+
+if TYPE_CHECKING:
+    from partner_harvest.registry import Partner
 
 KEY, SECRET = "bench-key", "bench-secret"
 PARTNER = "bench_sierra_slices"
 
 
-def _partner(args: argparse.Namespace):
+def _partner(args: argparse.Namespace) -> Partner:
     per_slice = max(1, args.bibs // args.slices)
     slicing = {"threshold_records": per_slice, "target_records": per_slice, "max_slices": args.slices} \
         if args.slices > 1 else {"max_slices": 1}

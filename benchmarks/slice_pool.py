@@ -21,7 +21,7 @@ from the live set, or when a run fails; 0 otherwise.
 
     .venv/bin/python benchmarks/slice_pool.py [--records 200000] [--slices 8] [--pool 4] [--control-pool 8]
 
-A repository without counts whose records cluster (issue 28 item 5): ``--list-size omitted
+A repository without counts whose records cluster: ``--list-size omitted
 --spread clustered`` (the plan then cuts ``--slices`` ranges without counts: registry
 ``without_count``); ``--plugins <checkout>/plugins`` runs the services on another checkout's
 library (main's planner: the "before"). Printed besides: the records each slice fetched and
@@ -45,7 +45,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from benchmarks import support  # noqa: E402
 
 PAGE_SIZE = 500
 RUN_TIMEOUT = 1800.0
@@ -54,6 +55,7 @@ RUN_TIMEOUT = 1800.0
 def write_registry(path: Path, partner: str, slices: int, records: int, pool: int) -> None:
     """The e2e registry (its DAGs are what the stack waits for), the museum sliced and pooled."""
     import yaml
+
     from tests.support import e2e_stack
 
     e2e_stack.write_registry(path)
@@ -113,10 +115,11 @@ def measure(stack: Any, url: str, partner: str, pool: int, live: set[str]) -> di
     tis = stack.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100})["task_instances"]
     slices = [ti for ti in tis if ti["task_id"] == "harvest_changes"]
     spans = [(_instant(ti["start_date"]), _instant(ti["end_date"])) for ti in slices]
-    most, overlapped = overlap([s for s in spans if None not in s])
+    done = [(start, end) for start, end in spans if start is not None and end is not None]
+    most, overlapped = overlap(done)
     pools = {ti["task_id"]: ti["pool"] for ti in tis}
-    wall = _instant(run["end_date"]) - _instant(run["start_date"])
-    done = [s for s in spans if None not in s]
+    ended, started = _instant(run["end_date"]), _instant(run["start_date"])
+    wall = ended - started if ended is not None and started is not None else float("nan")
     phase = max(e for _, e in done) - min(s for s, _ in done) if done else float("nan")
     equal = support.held_ids(stack.aggregation_db, partner) == live
     import psycopg
@@ -125,7 +128,7 @@ def measure(stack: Any, url: str, partner: str, pool: int, live: set[str]) -> di
         fetched = [r[0] for r in conn.execute(
             "SELECT fetched FROM harvest_runs WHERE partner_id = %s AND run_id = %s AND channel LIKE 'changes/%%'"
             " ORDER BY channel", (partner, f"{dag_id}/{run_id}")).fetchall()]
-    apply = next((ti for ti in tis if ti["task_id"] == "apply_changes"), {})
+    apply: dict[str, Any] = next((ti for ti in tis if ti["task_id"] == "apply_changes"), {})
     return {"pool": pool, "state": run["state"], "max_in_flight": report["max_in_flight"],
             "delay_ms": report["response_delay_ms"], "slices": len(slices), "running_at_once": most,
             "overlapped": overlapped, "wall": wall, "apply_seconds": apply.get("duration") or 0.0,

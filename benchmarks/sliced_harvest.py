@@ -17,14 +17,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from typing import TYPE_CHECKING
+
+from benchmarks import support  # noqa: E402
+
+if TYPE_CHECKING:
+    from partner_harvest.registry import Partner
 
 PARTNER = "bench_slices"
 
 
-def _partner(args: argparse.Namespace):
+def _partner(args: argparse.Namespace) -> Partner:
     per_slice = max(1, args.records // (2 * args.slices))
     slicing = {"threshold_records": per_slice, "target_records": per_slice, "max_slices": args.slices} \
         if args.slices > 1 else {"max_slices": 1}
@@ -118,14 +126,8 @@ def _compare(args: argparse.Namespace) -> tuple[bool, dict]:
     from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
     built = time.perf_counter()
     repo = SimulatedRepository(records=args.records, page_size=500, deleted_fraction=0.05, seed=3)
-    sim = OaiSimulator(repo)
-    served = sim.handle_oai
-
-    def slow(pairs):  # the partner's response time; threads of the server sleep in parallel
-        time.sleep(args.latency)
-        return served(pairs)
-
-    sim.handle_oai = slow
+    # the partner's response time: concurrent requests wait side by side
+    sim = OaiSimulator(repo, response_delay_ms=args.latency * 1000)
     against = "" if args.no_chain else "one chain against "
     print(f"Sliced harvest benchmark: {args.records:,} records, 500 a page, {args.latency * 1000:.0f} ms a response; "
           f"{against}{args.slices} slices in parallel processes (simulator built in {time.perf_counter() - built:.0f} s)")

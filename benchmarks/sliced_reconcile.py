@@ -31,13 +31,21 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from typing import TYPE_CHECKING
+
+from benchmarks import support  # noqa: E402
+from partner_harvest.store.db import one
+
+if TYPE_CHECKING:
+    from partner_harvest.registry import Partner
 
 PARTNER = "bench_sliced_reconcile"
 
 
-def _partner(slices: int):
+def _partner(slices: int) -> Partner:
     return support.partner(id=PARTNER, protocol="oai-pmh", metadata_prefix="oai_dc",
                            slicing={"threshold_records": 1000, "target_records": 1000, "reconcile_slices": slices})
 
@@ -112,9 +120,9 @@ def sliced_run(args: argparse.Namespace, url: str, db: str) -> dict:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         with psycopg.connect(db, autocommit=True) as conn:
             while proc.poll() is None:  # a benchmark's watch, not a test's synchronisation
-                pages, estimate = conn.execute(
+                pages, estimate = one(conn.execute(
                     "SELECT pages, estimate FROM reconcile_slices WHERE run_id = %s AND slice = %s",
-                    (run_id, index)).fetchone()
+                    (run_id, index)))
                 if pages * args.page_size >= (estimate or 0) / 3:
                     os.kill(proc.pid, signal.SIGKILL)
                     proc.wait()
@@ -129,7 +137,7 @@ def sliced_run(args: argparse.Namespace, url: str, db: str) -> dict:
         swept = list(pool.map(sweep, range(1, len(plan["pieces"]) + 1)))
     harvested = time.perf_counter()
     with psycopg.connect(db) as conn:  # the apply clears the slices' rows
-        attempts = dict(conn.execute("SELECT slice, attempts FROM reconcile_slices WHERE run_id = %s",
+        attempts: dict[str, int] = dict(conn.execute("SELECT slice, attempts FROM reconcile_slices WHERE run_id = %s",
                                      (run_id,)).fetchall())
     applied = _run(_cmd(args, url, db, run_id, "apply", "--plan", text))
     return {"wall": time.perf_counter() - started, "plan": planned - started, "sweep": harvested - planned,
@@ -176,7 +184,8 @@ def main() -> int:
                 line = (f"{m['slices']} slices: {m['wall']:.1f} s wall (plan {m['plan']:.1f} s, sweep {m['sweep']:.1f} s "
                         f"for {m['pages']:,} pages of the slices' final attempts, apply {m['apply']:.1f} s); "
                         f"slice {args.kill} killed after {m['killed'].get('pages')} of "
-                        f"~{(m['killed'].get('estimate') or 0) // args.page_size} pages and swept again alone (attempts per slice {m['attempts']})")
+                        f"~{(m['killed'].get('estimate') or 0) // args.page_size} pages and swept again alone "
+                        f"(attempts per slice {m['attempts']})")
             else:
                 started = time.perf_counter()
                 result = _run(_cmd(args, url, db, "reconcile_bench/chain", "chain"))

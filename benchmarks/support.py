@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("XDG_RUNTIME_DIR", f"/tmp/ph-runtime-{os.getuid()}")
@@ -16,7 +17,11 @@ for _path in (str(ROOT), str(ROOT / "plugins")):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from include.simulators.process import control, simulator_process as simulator  # noqa: E402,F401
+from include.simulators.process import control  # noqa: E402,F401 (benchmarks call support.control)
+from include.simulators.process import simulator_process as simulator  # noqa: E402,F401 (and support.simulator)
+
+if TYPE_CHECKING:
+    from partner_harvest.registry import Partner
 
 
 def peak_rss_mib() -> float:
@@ -53,7 +58,7 @@ def held_ids(db: str, partner_id: str) -> set[str]:
     return held(db, partner_id)
 
 
-def partner(**entry):
+def partner(**entry: Any) -> Partner:
     """A benchmark partner from a registry entry, through the registry (tests/support/partners.py):
     the production HTTP policy, no ``conn_id`` needed, harvested whole unless ``slicing`` says."""
     from tests.support.partners import partner_from_entry
@@ -164,7 +169,7 @@ class CpuMeter:
     children (the measured client processes, start-up included), the embedded
     PostgreSQL and one simulator process: what a measurement cost the machine."""
 
-    def __init__(self, simulator_pid: int | None):
+    def __init__(self, simulator_pid: int | None) -> None:
         self.simulator_pid = simulator_pid
 
     def _now(self) -> dict[str, float]:

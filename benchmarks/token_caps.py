@@ -1,7 +1,7 @@
-"""Benchmark: what a partner's 8 MB resumptionTokens cost a harvest (issue 23).
+"""Benchmark: what a partner's 8 MB resumptionTokens cost a harvest.
 
-A hostile (or careless) repository hands out a distinct 8 MB token on every page. Before
-issue 23 the loop guard kept every token it saw, and nothing capped a token's size: 40
+A hostile (or careless) repository hands out a distinct 8 MB token on every page. Before the
+caps the loop guard kept every token it saw, and nothing capped a token's size: 40
 pages grew a worker by over a gigabyte. Now a token over ``options.limits.max_token_bytes``
 (default 64 KiB) fails its chain at the first such page, and the guard keeps a 32-byte
 digest of each token instead of the token.
@@ -25,10 +25,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import tracemalloc
+from pathlib import Path
 
-import support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+from collections.abc import Iterator
+
+from benchmarks import support  # noqa: E402
 
 
 def child(args: argparse.Namespace) -> None:
@@ -52,13 +57,13 @@ def child(args: argparse.Namespace) -> None:
 
 
 def guard_memory(pages: int, token_bytes: int) -> tuple[float, float]:
-    """MiB the loop guard holds after ``pages`` distinct tokens: as a set of tokens (before
-    issue 23) and as oai/client._Chain keeps them (digests)."""
+    """MiB the loop guard holds after ``pages`` distinct tokens: as a set of tokens (as it
+    once was) and as oai/client._Chain keeps them (digests)."""
     from partner_harvest.oai import parse
     from partner_harvest.oai.chain_caps import ChainCaps
     from partner_harvest.oai.client import OaiClient, _Chain
 
-    def tokens():
+    def tokens() -> Iterator[str]:
         for n in range(pages):
             yield f"{n:08d}" + "x" * (token_bytes - 8)
 
@@ -73,7 +78,7 @@ def guard_memory(pages: int, token_bytes: int) -> tuple[float, float]:
     client = OaiClient("tokens", "http://127.0.0.1:9/oai", None,  # type: ignore[arg-type]
                        caps=ChainCaps(max_token_bytes=2 * token_bytes))
     chain = _Chain(client)
-    page = parse.ListPage(items=[object()])  # type: ignore[list-item]
+    page = parse.ListPage(items=[parse.OaiHeader("oai:x:1", None)])  # one item: the page is not empty
     before = tracemalloc.get_traced_memory()[0]
     for token in tokens():
         assert chain.check({"verb": "ListRecords", "resumptionToken": "t"}, token, page) is None

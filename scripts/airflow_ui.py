@@ -37,11 +37,21 @@ sys.path[:0] = [str(ROOT / "plugins"), str(ROOT)]
 from include import embedded_pg  # noqa: E402
 from include.alert_inbox import AlertInbox  # noqa: E402
 from include.simulators.process import simulator_process as simulator  # noqa: E402
+
 # The stack starter the end-to-end tests and the soak share: one set of Airflow settings.
 from tests.support.airflow_stack import (  # noqa: E402
-    RELAXED, SERVICES as CORE_SERVICES, TRIGGERER, AirflowServices, Keys, airflow_settings, clean_environ,
-    code_path, create_database, http_connection, postgres_connection,
+    RELAXED,
+    TRIGGERER,
+    AirflowServices,
+    Keys,
+    airflow_settings,
+    clean_environ,
+    code_path,
+    create_database,
+    http_connection,
+    postgres_connection,
 )
+from tests.support.airflow_stack import SERVICES as CORE_SERVICES  # noqa: E402
 
 # The triggerer runs deferred tasks; the partner DAGs defer nothing (their deadlines run on the
 # executor), but Airflow's Home page checks it, and DAGs of your own may defer.
@@ -177,7 +187,8 @@ def main() -> int:
         demo_files_folder(args.home / "files", int(n))
         env = airflow_env(args.home, args.port, meta_db, aggregation_db, oai_url, sierra_url, iiif_url, inbox.url)
         services = AirflowServices(env, args.home, args.port, SERVICES, cwd=ROOT, append_logs=True)
-        print(f"==> Airflow metadata DB and aggregation DB on {'HARVEST_DATABASE_URL' if os.environ.get(embedded_pg.DATABASE_URL_ENV) else 'the embedded PostgreSQL'}", flush=True)
+        where = "HARVEST_DATABASE_URL" if os.environ.get(embedded_pg.DATABASE_URL_ENV) else "the embedded PostgreSQL"
+        print(f"==> Airflow metadata DB and aggregation DB on {where}", flush=True)
         services.migrate(timeout=600)
         stack.callback(services.stop)
         services.start()

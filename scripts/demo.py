@@ -19,19 +19,22 @@ import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "plugins"), str(ROOT)]
 
+import psycopg  # noqa: E402
 from psycopg.conninfo import conninfo_to_dict  # noqa: E402
 
 from include import embedded_pg  # noqa: E402
 from include.simulators.files.publisher import Publisher  # noqa: E402
 from include.simulators.files.server import DirectoryServer  # noqa: E402
 from include.simulators.process import control  # noqa: E402
-from include.simulators.process import simulator_process as simulator
+from include.simulators.process import simulator_process as simulator  # noqa: E402
 from partner_harvest.store import connect, ensure_schema  # noqa: E402
 from partner_harvest.store.admin import forget_partner, live_identifiers, run_summary  # noqa: E402
+from partner_harvest.store.db import one  # noqa: E402
 
 AIRFLOW = str(ROOT / ".venv" / "bin" / "airflow")
 
@@ -56,7 +59,7 @@ def airflow_env(pg_uri: str, oai_url: str, sierra_url: str, iiif_url: str, files
         "AIRFLOW_CONN_AGGREGATION_DB": json.dumps({
             "conn_type": "postgres",
             "host": pg.get("host"),
-            "port": int(pg["port"]) if pg.get("port") else None,
+            "port": int(str(pg["port"])) if pg.get("port") else None,
             "login": pg.get("user"),
             "password": pg.get("password") or None,
             "schema": pg.get("dbname"),
@@ -65,7 +68,7 @@ def airflow_env(pg_uri: str, oai_url: str, sierra_url: str, iiif_url: str, files
     return env
 
 
-def fsspec_local():
+def fsspec_local() -> Any:
     import fsspec
 
     return fsspec.filesystem("file")
@@ -90,21 +93,21 @@ def mode_label(row: dict) -> str:
     return row["mode"]
 
 
-def absent_deletions(conn, partner_id: str, run_key: str) -> int:
+def absent_deletions(conn: psycopg.Connection, partner_id: str, run_key: str) -> int:
     """Deletions this run saw of records the database never held (counted as ``unchanged``):
     the tombstones it remembered minus the records it purged."""
-    row = conn.execute(
+    row = one(conn.execute(
         """
         SELECT (SELECT count(*) FROM tombstones WHERE partner_id = %(p)s AND run_id = %(r)s)
              - (SELECT count(*) FROM deletions WHERE partner_id = %(p)s AND run_id = %(r)s AND reason = 'tombstone')
         """,
         {"p": partner_id, "r": run_key},
-    ).fetchone()
+    ))
     conn.commit()
     return max(int(row[0] or 0), 0)
 
 
-def summary_lines(conn, partner_id: str) -> list[str]:
+def summary_lines(conn: psycopg.Connection, partner_id: str) -> list[str]:
     """The partner's runs, oldest first, one line per channel, with what ``unchanged`` holds."""
     rows = list(reversed(run_summary(conn, partner_id, limit=10)))
     lines = [f"harvest_runs for partner '{partner_id}':",
@@ -132,7 +135,8 @@ def main() -> int:
     args = parser.parse_args()
 
     pg_uri = embedded_pg.start("demo", keep_running=True)
-    print(f"==> aggregation database: {'HARVEST_DATABASE_URL' if os.environ.get(embedded_pg.DATABASE_URL_ENV) else 'embedded PostgreSQL (pgserver)'}")
+    where = "HARVEST_DATABASE_URL" if os.environ.get(embedded_pg.DATABASE_URL_ENV) else "embedded PostgreSQL (pgserver)"
+    print(f"==> aggregation database: {where}")
     partners = {"demo": "harvest_demo", "demo_library": "harvest_demo_library", "demo_stream": "harvest_demo_stream",
                 "demo_files": "harvest_demo_files"}
     with connect(pg_uri) as conn:

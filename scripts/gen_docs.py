@@ -23,8 +23,8 @@ from psycopg import sql  # noqa: E402
 from psycopg.conninfo import conninfo_to_dict, make_conninfo  # noqa: E402
 
 from include import embedded_pg  # noqa: E402
-from scripts import docs_gen  # noqa: E402
 from partner_harvest.store import connect, ensure_schema  # noqa: E402
+from scripts import docs_gen  # noqa: E402
 
 
 def migrated_comments() -> dict:
@@ -35,7 +35,7 @@ def migrated_comments() -> dict:
     try:
         params = conninfo_to_dict(server)
         params["dbname"] = name
-        with connect(make_conninfo(**params)) as conn:
+        with connect(make_conninfo("", **params)) as conn:
             ensure_schema(conn)
             return docs_gen.table_comments(conn)
     finally:

@@ -22,7 +22,7 @@ from lxml import etree
 
 from partner_harvest.formats import get_format
 from partner_harvest.oai import parse
-from partner_harvest.records import Record, Rejected, Tombstone
+from partner_harvest.records import Rejected, Tombstone
 from partner_harvest.sierra import marc
 
 OAI = "{http://www.openarchives.org/OAI/2.0/}"
@@ -61,7 +61,7 @@ def verdicts(path: Path) -> list[str | None]:
 
 
 def main(paths: list[str]) -> None:
-    total, reasons = 0, Counter()
+    total, reasons = 0, Counter[str]()
     for name in paths:
         found = verdicts(Path(name))
         total += len(found)

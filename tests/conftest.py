@@ -67,7 +67,7 @@ def migrated_template(pg_server: str) -> Iterator[str]:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     params = conninfo_to_dict(pg_server)
     params["dbname"] = name
-    with connect(make_conninfo(**params)) as connection:  # closed: a template has no sessions
+    with connect(make_conninfo("", **params)) as connection:  # closed: a template has no sessions
         ensure_schema(connection)
     yield name
     with psycopg.connect(pg_server, autocommit=True) as admin:
@@ -89,7 +89,7 @@ def db(pg_server: str, request: pytest.FixtureRequest) -> Iterator[str]:
             admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     params = conninfo_to_dict(pg_server)
     params["dbname"] = name
-    yield make_conninfo(**params)
+    yield make_conninfo("", **params)
     with psycopg.connect(pg_server, autocommit=True) as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
@@ -127,6 +127,7 @@ SLOWEST_FIRST = (
     "tests/e2e/test_change_feed_e2e.py",      # ~85
     "tests/e2e/test_local_ui_browser.py",     # ~85
     "tests/dags/test_mirror_dag.py",          # ~75
+    "tests/unit/test_static_checks.py",       # ~60 (mypy over the whole tree): first in the gate
     "tests/e2e/test_health_page.py",          # ~75
     "tests/e2e/test_soak_scheduler.py",       # ~70
     "tests/e2e/test_connections_page.py",     # ~40

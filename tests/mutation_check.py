@@ -316,7 +316,7 @@ MUTATIONS: tuple[Mutation, ...] = (
       '        conn.execute("DELETE FROM partner_leases WHERE partner_id = %s AND false", (partner_id,))\n',
       (FENCES + "test_lease_tokens_only_grow_and_a_lapsed_tenure_gets_a_new_one",),
       "a lapsed lease is joined again with its old token: a task frozen in the old tenure could still write"),
-    # Issue 23's caps and slice boundaries
+    # The chain caps and slice boundaries
     M("cap-token-size", "oai/chain_caps.py",
       "        if size <= self.max_token_bytes:\n", "        if True:\n",
       (CAPS + "test_a_resumption_token_over_the_cap_fails_the_chain",),

@@ -92,7 +92,7 @@ def main() -> int:
     if args.per_kind:
         plan = {**per_kind_plan(partners, args.known_gaps, args.scheduler), **plan}
         nights = {p: max([n for (q, n) in plan if q == p] or [1]) for p in partners}
-    soak = Soak(seed=seed, nights=nights, partners=partners, conninfo=make_conninfo(**params),
+    soak = Soak(seed=seed, nights=nights, partners=partners, conninfo=make_conninfo("", **params),
                 pg_label=label, workdir=workdir, size=args.size, reconcile_every=args.reconcile_every,
                 plan=plan, known_gaps=args.known_gaps, scheduler=args.scheduler, only=only,
                 log=lambda line: print(line, flush=True))
@@ -100,7 +100,7 @@ def main() -> int:
         results = soak.run()
     finally:
         if args.keep_db:
-            print(f"aggregation database kept: {make_conninfo(**params)}", flush=True)
+            print(f"aggregation database kept: {make_conninfo('', **params)}", flush=True)
         else:
             with psycopg.connect(server, autocommit=True) as admin:
                 admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

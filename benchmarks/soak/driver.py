@@ -10,7 +10,7 @@ run id (what Airflow does when the scheduler retries the dead task, or an operat
 clears the run), failures inside a task are retried by Airflow itself (dag.test honours
 ``retries``), and a night that still fails is left for the next scheduled night.
 
-Pauses (issue 23): a night's process stopped with a real SIGSTOP (faults.py) is held until
+Pauses: a night's process stopped with a real SIGSTOP (faults.py) is held until
 its lease lapsed; meanwhile the partner changes upstream and a second harvest (or an
 operator command, for a run waiting between tries) takes the partner; then SIGCONT, and
 the night goes on. The oracle wants the mirror to equal the partner after it, as always.
@@ -31,14 +31,25 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from unittest import mock
 
 import psycopg
 
-from benchmarks.soak.faults import IIIF, PAUSES, applicable, fault as fault_of
+from benchmarks.soak.faults import IIIF, Fault, applicable
+from benchmarks.soak.faults import fault as fault_of
+from include.simulators.iiif import IiifServer, Museum
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
+from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
+from partner_harvest.store.db import scalar
+
+if TYPE_CHECKING:
+    from benchmarks.soak.scheduler import SchedulerStack
+    from include.simulators.sierra.server import Headers
 
 ROOT = Path(__file__).resolve().parents[2]
 START = datetime(2026, 6, 1, tzinfo=timezone.utc)
@@ -156,61 +167,99 @@ class Partner:
         self.list_requests = 0
         self.touched: set[str] = set()  # changed while a harvest ran (after the oracle's snapshot)
         self.changed_at: dict[str, datetime] = {}  # the partner's clock when each id last changed
+        self.child: _Pid | None = None  # the night's process, while one runs
+        self.model: SimulatedCatalogue | Museum | SimulatedRepository
+        self.sim: SierraSimulator | IiifServer | OaiSimulator
         if spec.protocol == "sierra":
-            from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
-
-            self.model = SimulatedCatalogue(bibs=size, deleted_fraction=0.03, seed=seed, invalid_every=0,
-                                            start_clock=START - timedelta(days=1))
+            catalogue = SimulatedCatalogue(bibs=size, deleted_fraction=0.03, seed=seed, invalid_every=0,
+                                           start_clock=START - timedelta(days=1))
             if spec.items:  # mixed fixedFields types, as some servers send them
-                self.model.attach("items", size * 2)
-                self.model.attach("holdings", max(10, size // 5))
-            self.sim = SierraSimulator(self.model, client_key=SIERRA_KEY, client_secret=SIERRA_SECRET,
-                                       mixed_fixed_types=spec.items)
-            original = self.sim.handle
+                catalogue.attach("items", size * 2)
+                catalogue.attach("holdings", max(10, size // 5))
+            sierra = SierraSimulator(catalogue, client_key=SIERRA_KEY, client_secret=SIERRA_SECRET,
+                                     mixed_fixed_types=spec.items)
+            answer = sierra.handle
 
-            def handle(method, path, query, headers, body):
+            def handle(method: str, path: str, query: str, headers: Headers, body: bytes) -> Any:
                 if method == "GET" and path.endswith(("/bibs", "/bibs/marc")):
                     self._page_request("poll_deletions" if "deletedDate" in query else "harvest_changes")
                 elif method == "GET" and path.endswith(("/items", "/holdings")):  # their polls' pages count too
                     kind = path.rsplit("/", 1)[-1]
                     singular = "item" if kind == "items" else "holding"
                     self._page_request(f"poll_{singular}_deletions" if "deletedDate" in query else f"poll_{kind}")
-                return original(method, path, query, headers, body)
+                return answer(method, path, query, headers, body)
 
-            self.sim.handle = handle
+            mock.patch.object(sierra, "handle", handle).start()  # for this simulator's life
+            self.model, self.sim = catalogue, sierra
         elif spec.protocol == IIIF:
-            from include.simulators.iiif import IiifServer, Museum
-
-            self.model = Museum(page_sizes=(10, 7, 13), fractions=True, invalid_every=41,
-                                now=START - timedelta(days=1))
-            self.model.create(size)
-            self.sim = IiifServer(self.model)
+            museum = Museum(page_sizes=(10, 7, 13), fractions=True, invalid_every=41, now=START - timedelta(days=1))
+            museum.create(size)
+            server = IiifServer(museum)
 
             def on_request(path: str) -> None:  # a "page" of a stream's harvest: one description
                 if "/objects/" in path:
                     self._page_request("harvest_changes")
 
-            self.sim.on_request = on_request
+            server.on_request = on_request
+            self.model, self.sim = museum, server
         else:
-            from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
+            repo = SimulatedRepository(records=size, page_size=10, seed=seed, invalid_every=41,
+                                       deleted_record=spec.deleted_record, granularity=spec.granularity,
+                                       start_clock=START - timedelta(days=1))
+            oai = OaiSimulator(repo)
+            answer_oai = oai.handle_oai
 
-            self.model = SimulatedRepository(records=size, page_size=10, seed=seed, invalid_every=41,
-                                             deleted_record=spec.deleted_record, granularity=spec.granularity,
-                                             start_clock=START - timedelta(days=1))
-            self.sim = OaiSimulator(self.model)
-            original = self.sim.handle_oai
-
-            def handle_oai(pairs):
+            def handle_oai(pairs: list[tuple[str, str]]) -> Any:
                 if any(k == "verb" and v in ("ListRecords", "ListIdentifiers") for k, v in pairs):
                     self._page_request("harvest_changes")
-                return original(pairs)
+                return answer_oai(pairs)
 
-            self.sim.handle_oai = handle_oai
+            mock.patch.object(oai, "handle_oai", handle_oai).start()  # for this simulator's life
+            self.model, self.sim = repo, oai
         self.sim.start()
+
+    # ---- the protocol's own simulator and model (the soak's fault kinds fit their protocol)
+    @property
+    def oai(self) -> OaiSimulator:
+        assert isinstance(self.sim, OaiSimulator), self.spec.protocol
+        return self.sim
+
+    @property
+    def sierra(self) -> SierraSimulator:
+        assert isinstance(self.sim, SierraSimulator), self.spec.protocol
+        return self.sim
+
+    @property
+    def tokens(self) -> OaiSimulator | SierraSimulator:
+        """The simulator of a protocol with tokens to expire."""
+        assert isinstance(self.sim, (OaiSimulator, SierraSimulator)), self.spec.protocol
+        return self.sim
+
+    @property
+    def museum(self) -> Museum:
+        assert isinstance(self.model, Museum), self.spec.protocol
+        return self.model
+
+    @property
+    def catalogue(self) -> SimulatedCatalogue:
+        assert isinstance(self.model, SimulatedCatalogue), self.spec.protocol
+        return self.model
+
+    @property
+    def records(self) -> SimulatedCatalogue | SimulatedRepository:
+        """The model of OAI-PMH and Sierra partners (edits, deletions, additions alike)."""
+        assert isinstance(self.model, (SimulatedCatalogue, SimulatedRepository)), self.spec.protocol
+        return self.model
+
+    @property
+    def stopped_pid(self) -> int:
+        """The pid of the night's process (a fault stops or kills it)."""
+        assert self.child is not None, "no night process runs"
+        return self.child.pid
 
     def connection(self) -> dict[str, Any]:
         conn = {"conn_type": "http", "host": self.sim.base_url}
-        if self.spec.protocol == IIIF:
+        if isinstance(self.sim, IiifServer):
             conn["host"] = self.sim.collection_url
         if self.spec.protocol == "sierra":
             conn.update(login=SIERRA_KEY, password=SIERRA_SECRET)
@@ -230,19 +279,19 @@ class Partner:
 
     # ---- what partner staff do
     def day_of_changes(self, rng: random.Random, scale: int) -> dict[str, list[str]]:
-        m = self.model
         if self.spec.protocol == IIIF:
             return self._museum_day(rng, scale)
+        m = self.records
         with m.lock:
             done = {"edited": m.edit(rng.randint(scale, 2 * scale)),
                     "deleted": m.delete(rng.randint(1, max(1, scale // 3))),
                     "added": m.add(rng.randint(1, max(1, scale // 2)))}
-            if self.spec.protocol == "oai-pmh":
+            if isinstance(m, SimulatedRepository):
                 done["recreated"] = m.recreate(rng.randint(0, 2))
                 done["moved"] = m.move_sets(rng.randint(0, 3))
             self._stamp(i for ids in done.values() for i in ids)
             if self.spec.items:  # a library's day at the desk: checkouts, transfers, weeding, suppressions
-                items, holdings = m.attached["items"], m.attached["holdings"]
+                items, holdings = self.catalogue.attached["items"], self.catalogue.attached["holdings"]
                 items.checkout(rng.randint(scale, 2 * scale))
                 items.transfer(rng.randint(1, 3))
                 items.delete(rng.randint(1, 3))
@@ -256,7 +305,7 @@ class Partner:
     def _museum_day(self, rng: random.Random, scale: int) -> dict[str, list[str]]:
         """A museum's day: edits, deletions, moves, new objects, re-created ones, now and then
         a Refresh (truncating the history when the spec says deletions need the reconcile)."""
-        m = self.model
+        m = self.museum
         base = self.sim.base_url
         with m.lock:
             done = m.mutate(edit=rng.randint(scale, 2 * scale), delete=rng.randint(1, max(1, scale // 3)),
@@ -289,35 +338,37 @@ class Partner:
         """Staff at work while a run is stopped, after it froze its window or swept past
         them: records created, edited and deleted (and, OAI, re-created and moved) that the
         stopped run cannot have seen; the second harvest must bring them in."""
-        m = self.model
-        m.advance_clock(timedelta(minutes=10))  # stamped after the stopped run's clock
+        self.model.advance_clock(timedelta(minutes=10))  # stamped after the stopped run's clock
         if self.spec.protocol == IIIF:
-            with m.lock:
-                done = m.mutate(edit=rng.randint(1, 3), delete=1, add=rng.randint(1, 3), move=rng.randint(0, 1))
-                ids = [m.identifier(self.sim.base_url, s) for slugs in done.values() for s in slugs]
+            museum = self.museum
+            with museum.lock:
+                done = museum.mutate(edit=rng.randint(1, 3), delete=1, add=rng.randint(1, 3), move=rng.randint(0, 1))
+                ids = [museum.identifier(self.sim.base_url, s) for slugs in done.values() for s in slugs]
                 self._stamp(ids)
-            m.advance_clock(timedelta(hours=1))
+            museum.advance_clock(timedelta(hours=1))
             return ids
+        m = self.records
         with m.lock:
             ids = m.add(rng.randint(1, 3)) + m.edit(rng.randint(1, 3)) + m.delete(1)
-            if self.spec.protocol == "oai-pmh":
+            if isinstance(m, SimulatedRepository):
                 ids += m.recreate(rng.randint(0, 1)) + m.move_sets(rng.randint(0, 1))
             self._stamp(ids)
         m.advance_clock(timedelta(hours=1))  # past the lag: inside the second harvest's window
         return ids
 
     def changes_during_harvest(self, rng: random.Random) -> None:
-        m = self.model
         if self.spec.protocol == IIIF:  # appended after the run froze its bound: the next night's
-            with m.lock:
-                done = m.mutate(edit=rng.randint(1, 3), delete=1, add=1, move=1)
-                ids = [m.identifier(self.sim.base_url, s) for slugs in done.values() for s in slugs]
+            museum = self.museum
+            with museum.lock:
+                done = museum.mutate(edit=rng.randint(1, 3), delete=1, add=1, move=1)
+                ids = [museum.identifier(self.sim.base_url, s) for slugs in done.values() for s in slugs]
                 self._stamp(ids)
             self.touched.update(ids)
             return
+        m = self.records
         with m.lock:
             ids = m.edit(rng.randint(1, 3)) + m.delete(1) + m.add(1)
-            if self.spec.protocol == "oai-pmh":
+            if isinstance(m, SimulatedRepository):
                 ids += m.recreate(1) + m.move_sets(1)
             self._stamp(ids)
         self.touched.update(ids)
@@ -326,10 +377,11 @@ class Partner:
     def snapshot(self) -> dict[str, Any]:
         """Live identifiers with what the mirror must hold for them, and the invalid ones."""
         m = self.model
-        expect: dict[str, tuple] = {}
+        expect: dict[str, tuple[str, tuple[str, ...]]] = {}
         invalid: set[str] = set()
+        deleted: set[str]
         with m.lock:
-            if self.spec.protocol == IIIF:
+            if isinstance(m, Museum):
                 base = self.sim.base_url
                 for slug, version in m.live.items():
                     if m.is_invalid(slug):
@@ -337,7 +389,7 @@ class Partner:
                     else:
                         expect[m.identifier(base, slug)] = (m.title(slug, version), ())
                 deleted = {m.identifier(base, slug) for slug in m.gone - set(m.live)}
-            elif self.spec.protocol == "sierra":
+            elif isinstance(m, SimulatedCatalogue):
                 for bib in m.bibs(int(i) for i in m.sorted_live_ids()):
                     if not (bib.suppressed or bib.no_marc):  # options.sierra.suppressed: purge (the default)
                         expect[bib.id] = (bib.title.strip(), ())
@@ -347,14 +399,13 @@ class Partner:
                             "attached": {kind: m.attached[kind].live(public_only=True) for kind in ("items", "holdings")}}
             else:
                 from include.simulators.oai_pmh import payloads
-                from include.simulators.oai_pmh.collection import number_for
 
-                for rec in m.records(number_for(i) for i in m.sorted_live_identifiers()):
+                for rec in (m[identifier] for identifier in m.sorted_live_identifiers()):
                     if rec.invalid:
                         invalid.add(rec.identifier)
                     else:
                         expect[rec.identifier] = (payloads.title(rec), tuple(sorted(rec.sets)))
-                deleted = m.deleted_identifiers()
+                deleted = set(m.deleted_identifiers())
         return {"expect": expect, "invalid": invalid, "deleted": deleted}
 
 
@@ -386,7 +437,8 @@ class Soak:
     def __init__(self, *, seed: int, nights: int | dict[str, int], partners: list[str], conninfo: str, pg_label: str,
                  workdir: Path, size: int = 300, reconcile_every: int = 7, plan: dict | None = None,
                  known_gaps: bool = False, scheduler: bool = False, waits: Waits = Waits(),
-                 airflow_metadata: tuple[str, str] | None = None, only: tuple[str, ...] = (), log=print) -> None:
+                 airflow_metadata: tuple[str, str] | None = None, only: tuple[str, ...] = (),
+                 log: Callable[[str], object] = print) -> None:
         self.known_gaps = known_gaps
         self.only = only  # draw from these fault kinds alone (--only); the plan may name any
         self.waits = waits
@@ -394,7 +446,7 @@ class Soak:
         # database from, on that server, instead of migrating one on a server of its own.
         self.airflow_metadata = airflow_metadata
         self.scheduler = scheduler  # nights as DAG runs of a real scheduler (benchmarks/soak/scheduler.py)
-        self.stack = None
+        self.stack: SchedulerStack | None = None
         self.seed, self.nights, self.conninfo, self.pg_label = seed, nights, conninfo, pg_label
         self.specs = [PARTNERS[p] for p in partners]
         self.workdir, self.size, self.reconcile_every = workdir, size, reconcile_every
@@ -447,7 +499,7 @@ class Soak:
             if self.stack is not None:
                 self.stack.stop()
             else:
-                self.zygote.stdin.close()
+                self._to_zygote.close()
                 self.zygote.wait(timeout=60)
         return self.results
 
@@ -457,13 +509,20 @@ class Soak:
         dag_ids = [f"harvest_{s.id}" for s in self.specs] + [f"reconcile_{s.id}" for s in self.specs if s.reconciled]
         if self.airflow_metadata:
             self._check_no_restart_meets_airflow()
-        self.stack = SchedulerStack(self.workdir, env, dag_ids, [f"partner_{s.id}" for s in self.specs],
-                                    meta_label=f"{self.pg_label}-airflow", metadata_template=self.airflow_metadata)
+        stack = SchedulerStack(self.workdir, env, dag_ids, [f"partner_{s.id}" for s in self.specs],
+                               meta_label=f"{self.pg_label}-airflow", metadata_template=self.airflow_metadata)
+        self.stack = stack
         try:
-            self.stack.start()
+            stack.start()
         except BaseException:
-            self.stack.stop()
+            stack.stop()
             raise
+
+    @property
+    def started_stack(self) -> SchedulerStack:
+        """The real scheduler's stack (nights with ``scheduler=True``)."""
+        assert self.stack is not None, "the scheduler stack is not started"
+        return self.stack
 
     def _check_no_restart_meets_airflow(self) -> None:
         """Airflow's metadata beside the aggregation database is only for planned nights
@@ -477,10 +536,10 @@ class Soak:
                                      " Airflow's metadata database needs a server of its own")
 
     def _scheduled(self, partner: Partner, night: int, kind: str, moment: str = "",
-                   action: str = "") -> tuple[dict, bool]:
+                   action: str = "") -> tuple[dict[str, Any], bool]:
         """One night as a DAG run of the real scheduler: armed, triggered, awaited by polling
         its state; (the night's result, whether the armed fault fired in a task process)."""
-        stack = self.stack
+        stack = self.started_stack
         dag_id = f"{kind}_{partner.spec.id}"
         run_id = f"soak__night{night:03d}__{kind}"
         self.current_run = (dag_id, run_id)
@@ -497,10 +556,10 @@ class Soak:
             "cursors": {key: stack.variable(key) for key in keys},
         }, fired
 
-    def _kill_asking_task(self, partner: Partner, record: "Night") -> None:
+    def _kill_asking_task(self, partner: Partner, record: Night) -> None:
         """SIGKILL the task process the scheduler launched for the task asking for this page."""
         dag_id, run_id = self.current_run
-        pid = self.stack.running_pid(dag_id, run_id, partner.asking)
+        pid = self.started_stack.running_pid(dag_id, run_id, partner.asking)
         if pid is None:
             record.notes.append(f"no running {partner.asking} to kill")
             return
@@ -512,18 +571,20 @@ class Soak:
         self.zygote = subprocess.Popen([sys.executable, "-m", "benchmarks.soak.night", "--zygote"], cwd=ROOT, env=env,
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
         log.close()
-        ready = self.zygote.stdout.readline()
+        assert self.zygote.stdin is not None and self.zygote.stdout is not None  # both piped
+        self._to_zygote, self._from_zygote = self.zygote.stdin, self.zygote.stdout
+        ready = self._from_zygote.readline()
         if not ready.strip():
             raise RuntimeError(f"the night process did not start; see {self.workdir / 'zygote.log'}")
 
-    def _answer(self) -> dict:
-        line = self.zygote.stdout.readline()
+    def _answer(self) -> dict[str, Any]:
+        line = self._from_zygote.readline()
         if not line:
             raise RuntimeError(f"the night process died; see {self.workdir / 'zygote.log'}")
         return json.loads(line)
 
     def _child(self, env: dict[str, str], partner: Partner, night: int, kind: str, moment: str = "",
-               action: str = "", forget: bool = False, on_stop=None, tag: str = "",
+               action: str = "", forget: bool = False, on_stop: Callable[[int], None] | None = None, tag: str = "",
                logical: datetime | None = None, lease_ttl: float | None = None,
                extra: tuple[str, ...] = ()) -> tuple[dict | None, int]:
         """One DAG run in a process forked from the warm zygote; (result or None, exit code).
@@ -544,7 +605,7 @@ class Soak:
             argv += ["--lease-ttl", str(lease_ttl)]
         argv += list(extra)
         log = str(self.workdir / f"{name}.log")
-        outer = getattr(partner, "child", None)
+        outer = partner.child
         pid = self._fork({"argv": argv, "log": log})
         partner.child = _Pid(pid)
         code = self._until_exit(pid, on_stop)
@@ -553,12 +614,12 @@ class Soak:
         data = json.loads(result.read_text()) if result.exists() else None
         return data, code
 
-    def _fork(self, order: dict) -> int:
-        self.zygote.stdin.write(json.dumps(order) + "\n")
-        self.zygote.stdin.flush()
+    def _fork(self, order: dict[str, Any]) -> int:
+        self._to_zygote.write(json.dumps(order) + "\n")
+        self._to_zygote.flush()
         return self._answer()["pid"]
 
-    def _until_exit(self, pid: int, on_stop=None) -> int:
+    def _until_exit(self, pid: int, on_stop: Callable[[int], None] | None = None) -> int:
         """The process's exit code; each time it is stopped: ``on_stop(pid)``, then SIGCONT."""
         while True:
             answer = self._answer()
@@ -570,8 +631,8 @@ class Soak:
                 on_stop(pid)
             finally:
                 os.kill(pid, signal.SIGCONT)
-                self.zygote.stdin.write(json.dumps({"wait": pid}) + "\n")
-                self.zygote.stdin.flush()
+                self._to_zygote.write(json.dumps({"wait": pid}) + "\n")
+                self._to_zygote.flush()
 
     def _operator(self, name: str, argv: list[str]) -> tuple[int, str]:
         """``partner-harvest <argv>`` in a process of its own, as an operator types it."""
@@ -621,7 +682,7 @@ class Soak:
             # The partner's clock falls back behind today's changes: the night's window closes
             # on that clock, so they are the next night's to harvest (and checked then).
             back = timedelta(minutes=rng.randint(30, 180)) if kind == "clock_backwards" else timedelta(hours=26)
-            model.rewind_clock(back)
+            partner.records.rewind_clock(back)
             record.fired = True
         oracle["excused"] = partner.stamped_after_now()  # this night's changes too, after a rewind
         partner.touched = set()
@@ -669,7 +730,7 @@ class Soak:
             succeeded = attempt_data["state"] == "success"
         else:
             succeeded = False
-        if succeeded:
+        if succeeded and attempt_data is not None:
             record.outcome = ("rerun" if record.attempts > 1 else "retried" if record.task_retries else "clean")
             self._check_cursors(record, attempt_data)
         else:
@@ -698,29 +759,30 @@ class Soak:
         return record
 
     # ---------------------------------------------------------------- faults
-    def _arm(self, partner: Partner, fault, rng: random.Random, record: Night, mid_page: int, fault_page: int) -> None:
+    def _arm(self, partner: Partner, fault: Fault, rng: random.Random, record: Night, mid_page: int,
+             fault_page: int) -> None:
         sim = partner.sim
         steps: list[tuple[int, Any]] = [] if fault.kind == "none" else [
             (mid_page, lambda: partner.changes_during_harvest(rng))]
 
-        def fired(fn):
-            def run():
+        def fired(fn: Callable[[], object]) -> Callable[[], None]:
+            def run() -> None:
                 record.fired = True
                 fn()
             return run
 
         if fault.where == "page":
-            do = {
-                "kill": ((lambda: self._kill_asking_task(partner, record)) if self.scheduler
-                         else (lambda: os.kill(partner.child.pid, signal.SIGKILL))),
-                "pg_restart": lambda: self._pg_restart(),
-                "drop_conn": lambda: self._drop_connections(),
-                "expire_tokens": lambda: sim.expire_tokens(),
-                "pause": lambda: self._stop(partner, record, pause_page),
-            }[fault.action]
             # A pause stops the harvest before its second page (a full load's) or its first (an
             # incremental night may have one page only): it always meets its moment.
             pause_page = 1 if partner.full_load_night else 0
+            do: Callable[[], None] = {
+                "kill": ((lambda: self._kill_asking_task(partner, record)) if self.scheduler
+                         else (lambda: os.kill(partner.stopped_pid, signal.SIGKILL))),
+                "pg_restart": lambda: self._pg_restart(),
+                "drop_conn": lambda: self._drop_connections(),
+                "expire_tokens": lambda: partner.tokens.expire_tokens(),
+                "pause": lambda: self._stop(partner, record, pause_page),
+            }[fault.action]
             steps.append((pause_page if fault.action == "pause" else fault_page, fired(do)))
         elif fault.where == "retry_wait":  # the first list request fails through the try's HTTP retries
             steps.append((0, lambda: sim.fail_next(HTTP_RETRIES + 1, 500)))
@@ -734,27 +796,27 @@ class Soak:
             sim.fail_next(2, 503, retry_after=1)
             record.fired = True
         elif fault.kind == "token_expired":
-            sim.expire_tokens_after(fault_page)
+            partner.oai.expire_tokens_after(fault_page)
             record.fired = True
         elif fault.kind == "token_repeated":
-            steps.append((fault_page, fired(lambda: sim.repeat_token(True))))
+            steps.append((fault_page, fired(lambda: partner.oai.repeat_token(True))))
         elif fault.kind == "broken_xml":
-            steps.append((fault_page, fired(lambda: sim.broken_next())))
+            steps.append((fault_page, fired(lambda: partner.oai.broken_next())))
         elif fault.kind == "sierra_export_138":
-            sim.fail_export_next(138, 2)  # "Rate exceeded for endpoint": the harvester waits, resumes
+            partner.sierra.fail_export_next(138, 2)  # "Rate exceeded for endpoint": the harvester waits, resumes
             record.fired = True
         elif fault.kind == "sierra_export_135":
-            sim.fail_export_next(135, HTTP_RETRIES + 1)  # outlasts the client's own retries: the task's
+            partner.sierra.fail_export_next(135, HTTP_RETRIES + 1)  # outlasts the client's own retries: the task's
             record.fired = True
         elif fault.kind == "sierra_keep_alive_poison":
-            partner.model.poison_every = 40  # bibs bib2Marc cannot convert: 500/135 for every block holding one
-            sim.keep_alive_timeout = 0.05  # a connection idle 50 ms is closed: every pacing wait outlasts it
+            partner.catalogue.poison_every = 40  # bibs bib2Marc cannot convert: 500/135 for every block holding one
+            partner.sierra.keep_alive_timeout = 0.05  # a connection idle 50 ms is closed: every pacing wait outlasts it
             record.fired = True
         elif fault.kind == "sierra_deletion_poll_500":
-            sim.fail_next((HTTP_RETRIES + 1) * 2, 500, path_prefix="deletedDate")
+            partner.sierra.fail_next((HTTP_RETRIES + 1) * 2, 500, path_prefix="deletedDate")
             record.fired = True
         elif fault.kind == "sierra_item_poll_500":  # the items' change poll fails past every retry of the night
-            sim.fail_next((HTTP_RETRIES + 1) * (RETRIES + 1) * 3, 500, path_prefix="/items?deleted=false")
+            partner.sierra.fail_next((HTTP_RETRIES + 1) * (RETRIES + 1) * 3, 500, path_prefix="/items?deleted=false")
             record.fired = True
         steps.sort(key=lambda s: s[0])
         self._chain(partner, steps)
@@ -767,7 +829,7 @@ class Soak:
         page, first = steps[0]
         rest = steps[1:]
 
-        def do():
+        def do() -> None:
             first()
             while rest and rest[0][0] <= page:
                 rest.pop(0)[1]()
@@ -782,12 +844,11 @@ class Soak:
         if partner.spec.protocol == IIIF:
             pass
         elif partner.spec.protocol == "oai-pmh":
-            sim.repeat_token(False)
-            sim.refuse_windows_longer_than(None)
+            partner.oai.repeat_token(False)
+            partner.oai.refuse_windows_longer_than(None)
         else:
-            with sim._lock:
-                sim._export_failures.clear()
-            sim.keep_alive_timeout = KEEP_ALIVE_TIMEOUT
+            partner.sierra.set_faults(fail_export_next=None)
+            partner.sierra.keep_alive_timeout = KEEP_ALIVE_TIMEOUT
 
     def _host_strains(self) -> int:
         """Strains recorded on the simulators' host (every soak partner is on 127.0.0.1)."""
@@ -807,7 +868,7 @@ class Soak:
             self._child(env, partner, night, "harvest", tag=f"quiet{hour}",
                         logical=START + timedelta(days=night - 1, hours=hour))
         partner.model.advance_clock(timedelta(days=4))
-        partner.sim.refuse_windows_longer_than(86400, "413")
+        partner.oai.refuse_windows_longer_than(86400, "413")
         record.fired = True
         record.notes.append("two quiet nights, four nights down, windows over a day refused")
 
@@ -824,10 +885,10 @@ class Soak:
     def _stop(self, partner: Partner, record: Night, page: int) -> None:
         """From the simulator, as the harvest asks for a page: stop the night's process."""
         record.paused = f"page {page + 1}"
-        os.kill(partner.child.pid, signal.SIGSTOP)
+        os.kill(partner.stopped_pid, signal.SIGSTOP)
 
-    def _paused(self, env: dict[str, str], partner: Partner, night: int, fault, rng: random.Random,
-                record: Night, oracle: dict, stopped_run: str) -> None:
+    def _paused(self, env: dict[str, str], partner: Partner, night: int, fault: Fault, rng: random.Random,
+                record: Night, oracle: dict[str, Any], stopped_run: str) -> None:
         """The night's process is stopped: hold it past its lease's TTL, then let another run
         take the partner (or an operator command change it) before it goes on."""
         record.fired = True
@@ -852,13 +913,13 @@ class Soak:
         """The stopped run's lease lapses by itself (nobody renews it): wait for that state."""
         deadline = time.monotonic() + timeout
         with psycopg.connect(self.conninfo, autocommit=True) as conn:
-            while conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = %s AND expires_at > now()",
-                               (partner_id,)).fetchone()[0]:
+            while scalar(conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = %s AND expires_at > now()",
+                               (partner_id,))):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{partner_id}: a lease stayed live {timeout:.0f} s with its run stopped")
                 time.sleep(0.05)
 
-    def _command_in_retry_wait(self, partner: Partner, fault, rng: random.Random, record: Night) -> None:
+    def _command_in_retry_wait(self, partner: Partner, fault: Fault, rng: random.Random, record: Night) -> None:
         """``forget`` or ``reset-cursor --to`` (an earlier instant) while the run waits for its retry."""
         pid = partner.spec.id
         keys = [f"harvest_cursor__{pid}", f"harvest_cursor__{pid}__deletions"]
@@ -914,9 +975,9 @@ class Soak:
                 "SELECT identifier FROM deletions WHERE partner_id = %s", (pid,))}
             leases = conn.execute("SELECT holder, expires_at - now() FROM partner_leases WHERE partner_id = %s",
                                   (pid,)).fetchall()
-            stale_staging = conn.execute(
+            stale_staging = scalar(conn.execute(
                 "SELECT count(*) FROM staging s JOIN harvest_runs h USING (partner_id, run_id, channel)"
-                " WHERE s.partner_id = %s AND h.status = 'applied'", (pid,)).fetchone()[0]
+                " WHERE s.partner_id = %s AND h.status = 'applied'", (pid,)))
             bad_counts = conn.execute(
                 "SELECT run_id, channel FROM harvest_runs WHERE partner_id = %s AND status = 'applied'"
                 " AND upserted + unchanged + purged + quarantined <> fetched", (pid,)).fetchall()

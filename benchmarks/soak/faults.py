@@ -6,7 +6,7 @@ soak kills the night's process, stops it with SIGSTOP, restarts PostgreSQL or dr
 harvester's connections before answering), or inside the night's process (an Airflow
 listener, the lease's taking, the apply's or the reconcile's transaction; see night.py).
 
-Pauses (issue 23): the night's process is stopped with a real SIGSTOP at a task boundary
+Pauses: the night's process is stopped with a real SIGSTOP at a task boundary
 (``where="pause"``, one of ``moments``, drawn per night) or between two pages, and held
 until its lease has lapsed; meanwhile another run takes the partner (a second harvest,
 after upstream changes the paused run cannot have seen), then SIGCONT. An operator

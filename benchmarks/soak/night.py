@@ -19,9 +19,12 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
+from typing import Any
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[2]
 for _path in (str(ROOT), str(ROOT / "plugins")):
@@ -53,19 +56,20 @@ def _workaround_deadline_alerts() -> None:
 
     original = DeadlineAlertModel.get_by_id
 
-    def get_by_id(deadline_alert_id, *args, **kwargs):
+    def get_by_id(deadline_alert_id: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(deadline_alert_id, dict):
             data = deadline_alert_id.get("__var", deadline_alert_id)
             reference = SimpleNamespace(reference=data["reference"])
-            return SimpleNamespace(reference_class=DeadlineAlertModel.reference_class.fget(reference))
+            reference_class = vars(DeadlineAlertModel)["reference_class"]  # the property itself
+            return SimpleNamespace(reference_class=reference_class.fget(reference))
         return original(deadline_alert_id, *args, **kwargs)
 
-    DeadlineAlertModel.get_by_id = get_by_id
+    mock.patch.object(DeadlineAlertModel, "get_by_id", get_by_id).start()  # for the night's process
 
 
-def _once(action: str, pg_label: str):
+def _once(action: str, pg_label: str) -> Callable[[], None]:
     """``action`` the first time only: Airflow's retry of the task meets no fault."""
-    fired = []
+    fired: list[bool] = []
 
     def act() -> None:
         if not fired:
@@ -75,11 +79,11 @@ def _once(action: str, pg_label: str):
     return act
 
 
-def _wrap(module, name: str, act) -> None:
+def _wrap(module: ModuleType, name: str, act: Callable[[], None]) -> None:
     """``module.name`` acts first, once, then does what it did."""
     original = getattr(module, name)
 
-    def acting(*args, **kwargs):
+    def acting(*args: Any, **kwargs: Any) -> Any:
         setattr(module, name, original)
         act()
         return original(*args, **kwargs)
@@ -127,34 +131,34 @@ def _arm(moment: str, action: str, pg_label: str) -> None:
         enter = leases.LeaseKeeper.__enter__
         running: list[str] = []
 
-        def enter_then_act(self):
+        def enter_then_act(self: leases.LeaseKeeper) -> leases.LeaseKeeper:
             keeper = enter(self)
             if running and running[-1] == task_id:
                 act()
             return keeper
 
-        leases.LeaseKeeper.__enter__ = enter_then_act
+        mock.patch.object(leases.LeaseKeeper, "__enter__", enter_then_act).start()  # for the night's process
 
     class Trip:
-        def _maybe(self, ti) -> None:
+        def _maybe(self, ti: Any) -> None:
             if task_id in ("*", ti.task_id):
                 act()
 
         if when == "lease":
             @hookimpl
-            def on_task_instance_running(self, previous_state, task_instance) -> None:
+            def on_task_instance_running(self, previous_state: Any, task_instance: Any) -> None:
                 running.append(task_instance.task_id)
         elif when == "running":
             @hookimpl
-            def on_task_instance_running(self, previous_state, task_instance) -> None:
+            def on_task_instance_running(self, previous_state: Any, task_instance: Any) -> None:
                 self._maybe(task_instance)
         elif when == "failed":
             @hookimpl
-            def on_task_instance_failed(self, previous_state, task_instance, error) -> None:
+            def on_task_instance_failed(self, previous_state: Any, task_instance: Any, error: Any) -> None:
                 self._maybe(task_instance)
         else:
             @hookimpl
-            def on_task_instance_success(self, previous_state, task_instance) -> None:
+            def on_task_instance_success(self, previous_state: Any, task_instance: Any) -> None:
                 self._maybe(task_instance)
 
     get_listener_manager().add_listener(Trip())
@@ -296,15 +300,14 @@ def zygote() -> int:
     proto = os.fdopen(os.dup(1), "w")  # the protocol keeps the pipe; everything logged goes to stderr
     os.dup2(2, 1)
 
+    import asyncio
+
+    import httpx
     from airflow.sdk.execution_time.supervisor import in_process_api_server
 
     import partner_harvest.airflow.dag_factory  # noqa: F401
     import partner_harvest.airflow.tasks  # noqa: F401
     import partner_harvest.cli  # noqa: F401
-
-    import asyncio
-
-    import httpx
 
     api = in_process_api_server()
 

@@ -22,7 +22,13 @@ import requests
 
 from benchmarks.soak.arm import ARM_ENV
 from tests.support.airflow_stack import (
-    SOAK, AirflowServices, Keys, airflow_settings, clean_environ, create_database, drop_database,
+    SOAK,
+    AirflowServices,
+    Keys,
+    airflow_settings,
+    clean_environ,
+    create_database,
+    drop_database,
     free_loopback_port,
 )
 
@@ -87,19 +93,26 @@ class SchedulerStack:
             drop_database(*self._meta)
             self._meta = None
 
+    @property
+    def started(self) -> AirflowServices:
+        """The running services (after :meth:`start`)."""
+        if self.services is None:
+            raise RuntimeError("the soak's Airflow stack is not started")
+        return self.services
+
     # ------------------------------------------------------------------ REST API
     def api(self, method: str, path: str, *, expect: tuple[int, ...] = (200,), **kwargs: Any) -> Any:
-        return self.services.api(method, path, expect=expect, **kwargs)
+        return self.started.api(method, path, expect=expect, **kwargs)
 
     def trigger(self, dag_id: str, run_id: str, logical_date: datetime, conf: dict[str, Any]) -> None:
-        self.services.trigger_run(dag_id, run_id, logical_date, conf)
+        self.started.trigger_run(dag_id, run_id, logical_date, conf)
 
     def wait(self, dag_id: str, run_id: str, timeout: float = RUN_TIMEOUT) -> dict[str, Any]:
         """Poll the run's state until success or failed."""
-        return self.services.wait_for_run(dag_id, run_id, timeout)
+        return self.started.wait_for_run(dag_id, run_id, timeout)
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-        return self.services.task_instances(dag_id, run_id)
+        return self.started.task_instances(dag_id, run_id)
 
     def running_pid(self, dag_id: str, run_id: str, task_id: str) -> int | None:
         """The pid of the task process the scheduler launched for this task, while it runs.
@@ -119,7 +132,7 @@ class SchedulerStack:
         return int(ti["pid"])
 
     def variable(self, key: str) -> Any:
-        return self.services.variable(key)
+        return self.started.variable(key)
 
     # ------------------------------------------------------------------ faults inside task processes
     def arm(self, dag_id: str, run_id: str, moment: str, action: str, pg_label: str) -> None:
@@ -137,10 +150,10 @@ class SchedulerStack:
 
     # ------------------------------------------------------------------ health
     def check_alive(self) -> None:
-        self.services.check_alive()
+        self.started.check_alive()
 
     def log_tail(self, name: str, lines: int = 40) -> str:
-        return self.services.log_tail(name, lines)
+        return self.started.log_tail(name, lines)
 
     def diagnostics(self) -> str:
-        return self.services.diagnostics()
+        return self.started.diagnostics()

@@ -4,37 +4,74 @@ Benchmarks and the demo run a simulator as a separate process, so they mutate
 its data, move its clock and read its request log over HTTP. ``POST
 /_control/<action>`` with a JSON object calls ``_control_<action>(data)``;
 ``GET /_control/<report>`` reads. The actions all simulators answer alike live
-here; each simulator adds its own misbehaviours and reports.
+here, the faults among them (``POST /_control/faults``, ``faults.py``); each simulator adds
+its own reports and the older fault actions its clients post.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
 
 from .clock import iso_seconds
+from .faults import Faults
 from .loopback import LoopbackHandler, LoopbackServer, Response
 from .model import SimulatedModel
 
 CONTROL_PREFIX = "/_control/"
+F = TypeVar("F", bound=Faults)
+# An older fault action: (the faults now, its JSON body) -> the fields it changes.
+FaultAction = Callable[[Any, dict[str, Any]], dict[str, Any]]
 
 
-class ControlledServer(LoopbackServer):
+class ControlledServer(LoopbackServer, Generic[F]):
     """A loopback server with the shared control actions (mutate, advance_clock,
-    clear_requests) and the ``requests`` report.
+    clear_requests, faults), the ``requests`` and ``faults`` reports, and its faults.
 
-    Subclasses set `_json_reply` (their JSON flavour) and may add `_report`;
-    hook names stay outside ``_control_*`` so no POST can reach them.
+    Subclasses set `_json_reply` (their JSON flavour) and may add `_report` and
+    `_fault_actions`; hook names stay outside ``_control_*`` so no POST can reach them.
     """
 
     _json_reply: Callable[[int, dict[str, Any]], Response]  # e.g. staticmethod(_json)
+    _fault_actions: Mapping[str, FaultAction] = {}
 
     def __init__(self, host: str, port: int, handler: type[LoopbackHandler],
-                 model: SimulatedModel[Any], *, keep_alive_timeout: float | None = None,
+                 model: SimulatedModel[Any], faults: F, *, keep_alive_timeout: float | None = None,
                  keep_alive_max: int | None = None) -> None:
         super().__init__(host, port, handler, keep_alive_timeout=keep_alive_timeout, keep_alive_max=keep_alive_max)
         self._model = model
+        self.faults = faults  # replaced whole (under the lock), never changed in place
+
+    # ------------------------------------------------------------------ faults
+    def set_faults(self, **changes: Any) -> F:
+        """Change some faults (validated: ValueError on a bad value); the faults now."""
+        return self.change_faults(lambda faults: changes)
+
+    def change_faults(self, changes: Callable[[F], dict[str, Any]]) -> F:
+        """`set_faults` with changes made from the faults as they are (under the lock)."""
+        with self._lock:
+            self.faults = self.faults.changed(**changes(self.faults))
+            self._faults_changed()
+            return self.faults
+
+    def take_fault(self, *names: str, applies: Callable[[str, Any], bool] | None = None) -> tuple[str, Any]:
+        """The first one-shot fault of `names` that is set (and `applies` to this request),
+        spent for it: (name, value), or ("", None) when none is."""
+        with self._lock:
+            return self._spend_fault(*names, applies=applies)
+
+    def _spend_fault(self, *names: str, applies: Callable[[str, Any], bool] | None = None) -> tuple[str, Any]:
+        """`take_fault` with the lock held."""
+        for name in names:
+            value = getattr(self.faults, name)
+            if value and (applies is None or applies(name, value)):
+                self.faults = self.faults.spend(name)
+                return name, value
+        return "", None
+
+    def _faults_changed(self) -> None:
+        """Called with the lock held after the faults changed (wake what waits on them)."""
 
     def _report(self, action: str) -> Response | None:
         """The simulator's own GET report named `action`, or None if it has none."""
@@ -48,6 +85,12 @@ class ControlledServer(LoopbackServer):
             data = json.loads(body or b"{}")
             if not isinstance(data, dict):
                 raise ValueError("body must be a JSON object")
+            if action == "faults":
+                return self._json_reply(200, self.set_faults(**data).report())
+            fault_action = self._fault_actions.get(action)
+            if fault_action is not None:
+                self.change_faults(lambda faults: fault_action(faults, data))
+                return self._json_reply(200, {"ok": True})
             handler = getattr(self, f"_control_{action}", None)
             if handler is None:
                 return self._json_reply(404, {"error": f"unknown action: {action}"})
@@ -59,6 +102,8 @@ class ControlledServer(LoopbackServer):
         if action == "requests":
             with self._lock:
                 return self._json_reply(200, {"requests": list(self.requests)})
+        if action == "faults":
+            return self._json_reply(200, self.faults.report())
         report = self._report(action)
         if report is None:
             return self._json_reply(404, {"error": f"unknown report: {action}"})

@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,8 +33,9 @@ def simulator_process(module: str, *args: str) -> Iterator[str]:
         proc.wait(timeout=30)
 
 
-def control(url: str, action: str, body: dict | None = None) -> object:
-    """POST (with a body) or GET (without) ``/_control/<action>``; ``live_ids`` and ``public_ids`` are sets."""
+def control(url: str, action: str, body: dict[str, Any] | None = None) -> Any:
+    """POST (with a body) or GET (without) ``/_control/<action>``: the answer's JSON, or for
+    ``live_ids`` and ``public_ids`` the set of identifiers."""
     base = url.split("/iii/")[0] if "/iii/" in url else url.rsplit("/", 1)[0]
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(f"{base}/_control/{action}", data=data,

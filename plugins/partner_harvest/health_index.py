@@ -1,4 +1,4 @@
-"""The health index's query: filter, sort and page the partners' health rows (issue 28).
+"""The health index's query: filter, sort and page the partners' health rows.
 
 At thousands of partners the index cannot be one table (1.27 MB at 1,000 partners): the
 server sends one page, sorted and filtered as the operator asked in the URL

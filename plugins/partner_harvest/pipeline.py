@@ -203,7 +203,7 @@ def _stage(
     return stats
 
 
-# -- slices (issue 9) ---------------------------------------------------------------------
+# -- slices ---------------------------------------------------------------------
 
 WHOLE = {"channel": slices.PARENT}  # the plan of a run that is not sliced: one piece, the window (XCom)
 

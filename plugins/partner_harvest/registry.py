@@ -55,7 +55,7 @@ ID_MAX_LENGTH = 63
 _ID = re.compile(ID_PATTERN)
 CURSOR_PREFIX = "harvest_cursor__"
 DEFAULT_MAX_RECORD_BYTES = 8 * 1024 * 1024
-# Caps a partner cannot pass (issue 23), gentle: far above what real partners send.
+# Caps a partner cannot pass, gentle: far above what real partners send.
 DEFAULT_MAX_TOKEN_BYTES = 64 * 1024  # real tokens: tens to hundreds of bytes
 DEFAULT_CHAIN_PAGES_SLACK = 3.0
 DEFAULT_MAX_CHAIN_PAGES = 200_000  # 20 million records at 100 a page
@@ -598,7 +598,7 @@ def partners_file() -> Path:
 
 
 # One parse per process and file content: a DAG-file parse, then get_partner() in the same task
-# process, read it once (issue 28). Keyed by the bytes' hash: an edit is seen at once, whatever
+# process, read it once. Keyed by the bytes' hash: an edit is seen at once, whatever
 # the file system's mtime granularity. The cached objects are shared: treat them as read-only.
 _LOADED: dict[Path, tuple[str, Registry]] = {}
 _RAW: dict[Path, tuple[str, object]] = {}

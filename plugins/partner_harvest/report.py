@@ -1,4 +1,4 @@
-"""A report for one partner's own staff (issue 26 item 5): its harvest history, what was
+"""A report for one partner's own staff: its harvest history, what was
 quarantined and what landed with warnings (by reason, with samples), and its completeness
 proofs, as JSON or CSV.
 

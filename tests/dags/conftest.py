@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from tests.support.dags import set_cursor
 from tests.support.webhook import WebhookSink
+
+if TYPE_CHECKING:
+    from airflow.dag_processing.dagbag import DagBag
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +27,7 @@ os.environ.setdefault("AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT", "0")
 
 
 @pytest.fixture(scope="session")
-def dagbag(airflow_db: None):
+def dagbag(airflow_db: None) -> DagBag:
     from airflow.dag_processing.dagbag import DagBag
 
     return DagBag(dag_folder=str(ROOT / "dags"))
@@ -39,7 +44,7 @@ def airflow_api_url(airflow_db: None) -> Iterator[str]:
 
 
 @pytest.fixture
-def airflow_api(airflow_api_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+def airflow_api(airflow_api_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The command line pointed at :func:`airflow_api_url` (a fresh client for this test)."""
     from partner_harvest.airflow import api
 
@@ -61,7 +66,7 @@ def aggregation_conn(monkeypatch: pytest.MonkeyPatch, db: str) -> str:
 
 
 @pytest.fixture
-def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Path]:
     """Write a registry for this test and point HARVEST_PARTNERS_FILE at it."""
 
     def write(body: str) -> Path:
@@ -84,7 +89,7 @@ def no_task_execution_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def webhook():
+def webhook() -> Iterator[WebhookSink]:
     sink = WebhookSink()
     yield sink
     sink.close()
@@ -93,27 +98,27 @@ def webhook():
 class AfterTask:
     """An Airflow listener that runs ``action`` once, right after ``task_id`` succeeded."""
 
-    def __init__(self, task_id: str, action) -> None:
+    def __init__(self, task_id: str, action: Callable[[], object]) -> None:
         self.task_id, self.action, self.fired = task_id, action, 0
 
     from airflow.listeners import hookimpl
 
     @hookimpl
-    def on_task_instance_success(self, previous_state, task_instance) -> None:
+    def on_task_instance_success(self, previous_state: Any, task_instance: Any) -> None:
         if task_instance.task_id == self.task_id and not self.fired:
             self.fired += 1
             self.action()
 
 
 @pytest.fixture
-def after_task():
+def after_task() -> Iterator[Callable[[str, Callable[[], object]], None]]:
     """``after_task(task_id, action)``: run ``action`` once, right after that task succeeded
     in this test's ``dag.test()`` (an Airflow listener, removed after the test)."""
     from airflow.sdk.listener import get_listener_manager
 
     manager = get_listener_manager()
 
-    def add(task_id: str, action) -> None:
+    def add(task_id: str, action: Callable[[], object]) -> None:
         manager.add_listener(AfterTask(task_id, action))
 
     yield add
@@ -121,7 +126,7 @@ def after_task():
 
 
 @pytest.fixture
-def repo():
+def repo() -> SimulatedRepository:
     """The collection of partner 'dagmuseum' (test_harvest_dag_run, test_cursor_monotonic)."""
     from include.simulators.oai_pmh import SimulatedRepository
 
@@ -129,7 +134,8 @@ def repo():
 
 
 @pytest.fixture
-def partner_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo, airflow_db):
+def partner_env(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo: SimulatedRepository,
+                airflow_db: None) -> Iterator[OaiSimulator]:
     """Registry, Connections and a clean cursor for partner 'dagmuseum'."""
     from include.simulators.oai_pmh import OaiSimulator
 

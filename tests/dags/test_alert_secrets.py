@@ -6,10 +6,10 @@ import json
 import logging
 
 import pytest
-from tests.support.airflow_stack import free_loopback_port as closed_port  # nothing listens there
-from tests.support.webhook import TOKEN, Sink
 
 from partner_harvest.airflow.notifiers import send_alert
+from tests.support.airflow_stack import free_loopback_port as closed_port  # nothing listens there
+from tests.support.webhook import TOKEN, Sink
 
 pytestmark = pytest.mark.airflow
 

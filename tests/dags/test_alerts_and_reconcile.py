@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-
-from tests.support.dags import task_states
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
+from tests.support.dags import task_states
+from tests.support.webhook import WebhookSink
+
+if TYPE_CHECKING:
+    from airflow.sdk import DAG
 
 pytestmark = pytest.mark.airflow
 
@@ -24,7 +30,8 @@ def closed_port() -> int:
 
 
 @pytest.fixture
-def env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, webhook, airflow_db):
+def env(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, webhook: WebhookSink,
+        airflow_db: None) -> Iterator[pytest.MonkeyPatch]:
     registry(
         "partners:\n"
         "  - {id: alertmuseum, protocol: oai-pmh, conn_id: partner_alertmuseum, metadata_prefix: oai_dc,\n"
@@ -42,7 +49,7 @@ def env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, webhoo
     Variable.delete("harvest_cursor__alertmuseum")
 
 
-def dag_for(kind: str, partner_id: str):
+def dag_for(kind: str, partner_id: str) -> DAG:
     from partner_harvest.airflow.dag_factory import build_harvest_dag, build_reconcile_dag
 
     partner = get_partner(partner_id)
@@ -52,7 +59,7 @@ def dag_for(kind: str, partner_id: str):
 states = task_states
 
 
-def test_a_failing_partner_alerts_with_partner_dag_task_try_and_cause(env, webhook) -> None:
+def test_a_failing_partner_alerts_with_partner_dag_task_try_and_cause(env: pytest.MonkeyPatch, webhook: WebhookSink) -> None:
     run = dag_for("harvest", "deadmuseum").test()
     assert states(run)["freeze_window"] == "failed"
     failures = [b["harvest"] for b in webhook.bodies if b["harvest"]["kind"] == "failure"]
@@ -66,8 +73,9 @@ def test_a_failing_partner_alerts_with_partner_dag_task_try_and_cause(env, webho
     assert "harvest_deadmuseum.freeze_window failed" in webhook.bodies[0]["text"]
 
 
-def test_reconcile_over_its_purge_limit_waits_at_the_gate_and_a_reject_leaves_records(env, webhook, db) -> None:
-    """Issue 26: the refusal became a request in Required Actions; Reject leaves everything as it
+def test_reconcile_over_its_purge_limit_waits_at_the_gate_and_a_reject_leaves_records(env: pytest.MonkeyPatch, webhook: WebhookSink,
+                                                                                      db: str) -> None:
+    """The refusal became a request in Required Actions; Reject leaves everything as it
     was, and allow_mass_purge (scripts) still applies at once."""
     from tests.support.hitl import Responder
 
@@ -108,7 +116,7 @@ def test_reconcile_over_its_purge_limit_waits_at_the_gate_and_a_reject_leaves_re
         assert Variable.get("harvest_cursor__alertmuseum", deserialize_json=True) == cursor  # never moved
 
 
-def test_quality_alert_on_a_successful_run_with_many_rejects(env, webhook) -> None:
+def test_quality_alert_on_a_successful_run_with_many_rejects(env: pytest.MonkeyPatch, webhook: WebhookSink) -> None:
     repo = SimulatedRepository(records=300, page_size=100, invalid_every=10, deleted_fraction=0.0, seed=42)
     with OaiSimulator(repo) as sim:
         env.setenv("AIRFLOW_CONN_PARTNER_ALERTMUSEUM", json.dumps({"conn_type": "http", "host": sim.base_url}))
@@ -119,14 +127,16 @@ def test_quality_alert_on_a_successful_run_with_many_rejects(env, webhook) -> No
     assert any("quarantine rate 10.0% (30 of 300 fetched)" in f for f in quality[0]["findings"])
 
 
-def test_reconcile_waits_while_a_harvest_holds_the_partner(env, webhook, db) -> None:
-    """Waiting for another run's lease gives the worker slot back (issue 9 item 4): a reschedule at
+def test_reconcile_waits_while_a_harvest_holds_the_partner(env: pytest.MonkeyPatch, webhook: WebhookSink, db: str) -> None:
+    """Waiting for another run's lease gives the worker slot back: a reschedule at
     the lease's end, no retry used (the registry allows none) and no failure alert; then it runs."""
+    import threading
+    from datetime import timedelta
+
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.taskreschedule import TaskReschedule
     from airflow.utils.session import create_session
-    import threading
-    from datetime import timedelta
+
     from partner_harvest.store import leases
 
     env.setattr(leases, "MIN_WAIT", timedelta(seconds=1))

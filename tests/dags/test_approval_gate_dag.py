@@ -5,14 +5,18 @@ approved; an operator's command during the wait makes the approved apply refuse.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.store import connect, fences
+from partner_harvest.store.db import one
 from tests.support.dags import build_dag, get_cursor, task_states
 from tests.support.db import held
 from tests.support.hitl import Responder
+from tests.support.webhook import WebhookSink
 
 # The first test of a session also pays the session's Airflow set-up (airflow db migrate, the
 # first DAG parse) inside its time limit: on a loaded 2-core machine that alone came near the
@@ -21,7 +25,8 @@ pytestmark = [pytest.mark.airflow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture
-def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, webhook, airflow_db):
+def museum(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, webhook: WebhookSink,
+           airflow_db: None) -> Iterator[SimulatedRepository]:
     registry(
         "partners:\n"
         "  - {id: gatemuseum, protocol: oai-pmh, conn_id: partner_gatemuseum, metadata_prefix: oai_dc, lag: 0s,\n"
@@ -40,7 +45,7 @@ def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, web
 
 
 def test_a_quiet_night_passes_then_a_shrinking_harvest_waits_and_approve_applies_exactly(
-        museum, aggregation_conn, webhook) -> None:
+        museum: SimulatedRepository, aggregation_conn: str, webhook: WebhookSink) -> None:
     """One partner, two nights (sharing the fixture's first load): a quiet night passes the
     gate and applies with no request; a shrinking one waits and applies what it staged."""
     museum.edit(3)
@@ -67,7 +72,7 @@ def test_a_quiet_night_passes_then_a_shrinking_harvest_waits_and_approve_applies
     assert any(b["harvest"]["kind"] == "approval_requested" for b in webhook.bodies)
 
 
-def test_an_operator_command_during_the_wait_makes_the_approved_apply_refuse(museum, aggregation_conn) -> None:
+def test_an_operator_command_during_the_wait_makes_the_approved_apply_refuse(museum: SimulatedRepository, aggregation_conn: str) -> None:
     cursor = get_cursor("gatemuseum")
     museum.delete(40)
     before = held(aggregation_conn, "gatemuseum")
@@ -83,6 +88,6 @@ def test_an_operator_command_during_the_wait_makes_the_approved_apply_refuse(mus
     assert states["advance_cursor"] in ("upstream_failed", "skipped")
     assert held(aggregation_conn, "gatemuseum") == before and get_cursor("gatemuseum") == cursor
     with connect(aggregation_conn) as conn:
-        state, note = conn.execute("SELECT state, note FROM approval_requests").fetchone()
+        state, note = one(conn.execute("SELECT state, note FROM approval_requests"))
         assert state == "refused" and "reset-cursor" in note
         assert conn.execute("SELECT count(*) FROM staging").fetchone() == (0,)

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from tests.support.airflow_stack import free_loopback_port as closed_port  # nothing listens there
-from tests.support.webhook import TOKEN, Sink
 
 from partner_harvest.airflow.notifiers import _instant, run_late_alert, send_alert
 from partner_harvest.registry import get_partner, load_registry
+from tests.support.airflow_stack import free_loopback_port as closed_port  # nothing listens there
+from tests.support.webhook import TOKEN, Sink, WebhookSink
 
 pytestmark = pytest.mark.airflow
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +27,7 @@ def apprise_connection(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
 
 
 @pytest.fixture
-def chat(monkeypatch: pytest.MonkeyPatch):
+def chat(monkeypatch: pytest.MonkeyPatch) -> Iterator[WebhookSink]:
     """A chat service stand-in: Apprise's json:// URL at a loopback sink (token in the path)."""
     monkeypatch.delenv("AIRFLOW_CONN_HARVEST_ALERTS_WEBHOOK", raising=False)
     sink = Sink()
@@ -35,7 +36,7 @@ def chat(monkeypatch: pytest.MonkeyPatch):
     sink.close()
 
 
-def test_apprise_url_receives_the_alert(chat: Sink) -> None:
+def test_apprise_url_receives_the_alert(chat: WebhookSink) -> None:
     sent = send_alert("[partner harvest] p: harvest_p.apply_changes failed (try 1)",
                       ["Partner: p", "Cause: boom"], {"kind": "failure", "partner": "p"})
     assert sent == ["apprise"]
@@ -44,7 +45,7 @@ def test_apprise_url_receives_the_alert(chat: Sink) -> None:
     assert body["message"] == "Partner: p\nCause: boom" and body["type"] == "failure"
 
 
-def test_a_failing_task_alerts_through_apprise(chat: Sink, registry, aggregation_conn, airflow_db,
+def test_a_failing_task_alerts_through_apprise(chat: WebhookSink, registry: Callable[[str], Path], aggregation_conn: str, airflow_db: None,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from partner_harvest.airflow.dag_factory import build_harvest_dag
 
@@ -82,7 +83,7 @@ def test_an_unknown_apprise_scheme_is_reported(monkeypatch: pytest.MonkeyPatch,
 
 # -- finish_by ----------------------------------------------------------------------------
 
-def test_finish_by_is_an_offset_from_the_schedule(registry) -> None:
+def test_finish_by_is_an_offset_from_the_schedule(registry: Callable[[str], Path]) -> None:
     path = registry(
         "partners:\n"
         "  - {id: early, protocol: oai-pmh, conn_id: c, finish_by: '06:00'}\n"
@@ -97,7 +98,7 @@ def test_finish_by_is_an_offset_from_the_schedule(registry) -> None:
     assert "one time of day" in errors["hourly"] and "finish_by" in errors["sloppy"]
 
 
-def test_late_alert_only_for_a_scheduled_run_still_unfinished(chat: Sink) -> None:
+def test_late_alert_only_for_a_scheduled_run_still_unfinished(chat: WebhookSink) -> None:
     kwargs = {"partner_id": "p", "dag_id": "harvest_p", "finish_by": "06:00"}
     assert run_late_alert(**kwargs, context={"dag_run": {"dag_run_id": "m", "run_type": "manual",
                                                          "state": "running"}}) == []
@@ -114,10 +115,11 @@ def test_late_alert_only_for_a_scheduled_run_still_unfinished(chat: Sink) -> Non
     assert body["title"] == "[partner harvest] p: harvest_p run s1 not finished by 06:00 UTC"
 
 
-def test_a_nightly_run_unfinished_at_finish_by_alerts(registry, chat: Sink, airflow_db) -> None:
+def test_a_nightly_run_unfinished_at_finish_by_alerts(registry: Callable[[str], Path], chat: WebhookSink, airflow_db: None) -> None:
     """Airflow's own deadline code: creating the scheduled run writes a Deadline at its
     logical date (the 02:00 tick) + 4 h; the scheduler's miss handling queues the callback;
     the executor's callback runner sends the alert."""
+    import structlog
     from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
     from airflow.models import DagRun, Deadline
     from airflow.models.callback import Callback
@@ -127,7 +129,6 @@ def test_a_nightly_run_unfinished_at_finish_by_alerts(registry, chat: Sink, airf
     from airflow.utils.session import create_session
     from airflow.utils.state import DagRunState
     from airflow.utils.types import DagRunTriggeredByType, DagRunType
-    import structlog
 
     registry("partners:\n  - {id: nightly, protocol: oai-pmh, conn_id: c, schedule: '0 2 * * *', finish_by: '06:00'}\n")
     with create_session() as session:
@@ -144,6 +145,7 @@ def test_a_nightly_run_unfinished_at_finish_by_alerts(registry, chat: Sink, airf
             session.delete(old)  # an earlier session's run of the same night
         session.flush()
         dag = SerializedDagModel.get_dag("harvest_nightly", session=session)
+        assert dag is not None
         run = dag.create_dagrun(run_id=f"scheduled__{tick.isoformat()}", logical_date=tick,
                                 data_interval=(tick - timedelta(days=1), tick), run_after=tick,
                                 run_type=DagRunType.SCHEDULED, triggered_by=DagRunTriggeredByType.TIMETABLE,
@@ -157,7 +159,9 @@ def test_a_nightly_run_unfinished_at_finish_by_alerts(registry, chat: Sink, airf
         # 06:00 passes with the run still waiting; what the scheduler loop does then:
         late.handle_miss(session)
         session.flush()
-        data = dict(session.get(Callback, late.callback_id).data)
+        callback = session.get(Callback, late.callback_id)
+        assert callback is not None
+        data = dict(callback.data)
 
     context = data["kwargs"]["context"]  # what the callback reads to tell a late run from a catch-up
     assert _instant(context["deadline"]["deadline_time"]) == tick + timedelta(hours=4)

@@ -1,6 +1,6 @@
 """`partner-harvest` in a wrong Airflow environment: one line naming the cause and the fix,
-no traceback, and no stray SQLite file (issue 25: `AIRFLOW_HOME=.airflow-ui partner-harvest
-sync-pools --check` printed ~40 lines ending in `no such table: slot_pool`)."""
+no traceback, and no stray SQLite file (`AIRFLOW_HOME=.airflow-ui partner-harvest
+sync-pools --check` once printed ~40 lines ending in `no such table: slot_pool`)."""
 
 from __future__ import annotations
 

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import json
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.window import format_instant
-
 from tests.support import dags
 from tests.support.dags import task_states
+
+if TYPE_CHECKING:
+    from airflow.models.dagrun import DagRun
 
 set_cursor = partial(dags.set_cursor, "dagmuseum")  # partner_env, repo: tests/dags/conftest.py
 get_cursor = partial(dags.get_cursor, "dagmuseum")
@@ -39,14 +43,14 @@ def cursor_outcome(run_id: str) -> dict:
     return json.loads(value) if isinstance(value, str) else value
 
 
-def run_with_a_concurrent_cursor_write(monkeypatch: pytest.MonkeyPatch, written: dict):
+def run_with_a_concurrent_cursor_write(monkeypatch: pytest.MonkeyPatch, written: dict[str, Any]) -> DagRun:
     """dag.test() a run that has frozen its window; while it applies, another run of the
     partner finishes and writes ``written`` to the cursor Variable."""
     from partner_harvest import pipeline
 
     real_apply = pipeline.apply_changes
 
-    def other_run_finishes_first(*args, **kwargs):
+    def other_run_finishes_first(*args: Any, **kwargs: Any) -> Any:
         set_cursor(written)
         return real_apply(*args, **kwargs)
 
@@ -58,7 +62,7 @@ def run_with_a_concurrent_cursor_write(monkeypatch: pytest.MonkeyPatch, written:
 
 
 def test_an_older_run_applying_after_a_newer_one_keeps_the_newer_cursor(
-    partner_env, repo, monkeypatch: pytest.MonkeyPatch
+    partner_env: OaiSimulator, repo: SimulatedRepository, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     frozen_until = format_instant(repo.clock)  # T1: the simulator's clock, frozen by the run
     newer = {"until": "2026-06-01T00:00:00Z", "granularity": "seconds", "run_id": "newer-run"}  # T2 > T1
@@ -70,7 +74,7 @@ def test_an_older_run_applying_after_a_newer_one_keeps_the_newer_cursor(
 
 
 def test_a_run_applying_after_an_older_one_still_moves_the_cursor_forward(
-    partner_env, repo, monkeypatch: pytest.MonkeyPatch
+    partner_env: OaiSimulator, repo: SimulatedRepository, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The other side of the same guard: forward moves happen, and say so."""
     frozen_until = format_instant(repo.clock)
@@ -83,7 +87,7 @@ def test_a_run_applying_after_an_older_one_still_moves_the_cursor_forward(
 
 @pytest.mark.parametrize("conf", [{"mode": "full"},
                                   {"mode": "window", "from": "2025-01-01T00:00:00Z", "until": "2026-12-31T00:00:00Z"}])
-def test_a_full_or_window_run_leaves_an_unset_cursor_unset(partner_env, conf: dict) -> None:
+def test_a_full_or_window_run_leaves_an_unset_cursor_unset(partner_env: OaiSimulator, conf: dict) -> None:
     """Only incremental runs move the cursor; a manual run on a new partner must not
     start its cursor (the next nightly run would skip what this window did not cover)."""
     run = build_dag().test(run_conf=conf)

@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from partner_harvest.registry import load_partners
+from tests.support.checks import present
+
+if TYPE_CHECKING:
+    from airflow.dag_processing.dagbag import DagBag
+
+    from partner_harvest.registry import Partner
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_no_import_errors(dagbag) -> None:
+def test_no_import_errors(dagbag: DagBag) -> None:
     assert dagbag.import_errors == {}
 
 
 @pytest.mark.parametrize("partner", load_partners(), ids=lambda p: p.id)
-def test_reconcile_dag_shape(dagbag, partner) -> None:
+def test_reconcile_dag_shape(dagbag: DagBag, partner: Partner) -> None:
     dag = dagbag.get_dag(f"reconcile_{partner.id}")
     assert sorted(dag.task_ids) == ["apply_reconcile", "approval_gate", "reconcile"] and dag.max_active_runs == 1
     assert dag.get_task("reconcile").pool == f"partner_{partner.id}"
@@ -28,7 +36,7 @@ def test_reconcile_dag_shape(dagbag, partner) -> None:
 
 
 @pytest.mark.parametrize("partner", load_partners(), ids=lambda p: p.id)
-def test_harvest_dag_shape(dagbag, partner) -> None:
+def test_harvest_dag_shape(dagbag: DagBag, partner: Partner) -> None:
     dag = dagbag.get_dag(f"harvest_{partner.id}")
     assert dag is not None
     assert {"freeze_window", "harvest_changes", "apply_changes", "advance_cursor"} <= set(dag.task_ids)
@@ -63,16 +71,16 @@ def _tasks_reaching_the_partner() -> dict[str, set[str]]:
     for builder in (n for n in factory.body if isinstance(n, ast.FunctionDef) and n.name.startswith("build_")):
         for inner in (n for n in ast.walk(builder) if isinstance(n, ast.FunctionDef) and n is not builder):
             task_ids = [kw.value.value for dec in inner.decorator_list if isinstance(dec, ast.Call)
-                        for kw in dec.keywords if kw.arg == "task_id"]
+                        for kw in dec.keywords if kw.arg == "task_id" and isinstance(kw.value, ast.Constant)]
             used = {call.func.attr for call in ast.walk(inner) if isinstance(call, ast.Call)
                     and isinstance(call.func, ast.Attribute) and getattr(call.func.value, "id", None) == "tasks"}
             if task_ids and used & reaching:
-                found.setdefault(builder.name, set()).add(task_ids[0])
+                found.setdefault(builder.name, set()).add(str(task_ids[0]))
     return found
 
 
 @pytest.mark.parametrize("partner", load_partners(), ids=lambda p: p.id)
-def test_every_task_that_asks_the_partner_runs_in_its_pool(dagbag, partner) -> None:
+def test_every_task_that_asks_the_partner_runs_in_its_pool(dagbag: DagBag, partner: Partner) -> None:
     """The pool bounds the requests of the whole run: the freeze, the plan's probes, every
     slice and its completeness checks, and the apply's re-harvest of a lost channel."""
     reaching = _tasks_reaching_the_partner()
@@ -92,7 +100,7 @@ partners:
 """
 
 
-def test_one_bad_entry_is_that_partners_error_and_the_others_still_load(registry, airflow_db) -> None:
+def test_one_bad_entry_is_that_partners_error_and_the_others_still_load(registry: Callable[[str], Path], airflow_db: None) -> None:
     from airflow.dag_processing.dagbag import DagBag
 
     path = registry(MIXED_REGISTRY)
@@ -112,7 +120,7 @@ def test_one_bad_entry_is_that_partners_error_and_the_others_still_load(registry
         assert str(path) in dag.description and f"field {field}" in dag.description
 
 
-def test_dag_processor_keeps_the_valid_partners_scheduled(registry, airflow_db) -> None:
+def test_dag_processor_keeps_the_valid_partners_scheduled(registry: Callable[[str], Path], airflow_db: None) -> None:
     """What the dag processor writes: an import error in a DAG file marks every DAG of that
     file stale and unschedulable, so it must only ever land on the check file."""
     from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
@@ -134,16 +142,17 @@ def test_dag_processor_keeps_the_valid_partners_scheduled(registry, airflow_db) 
     for dag_id in ("harvest_good", "reconcile_good", "harvest_broken"):
         assert not models[dag_id].has_import_errors and not models[dag_id].is_stale, dag_id
     assert set(errors) == {"partner_registry_check.py"}
-    assert "partner 'broken', field 'lag'" in errors["partner_registry_check.py"]
+    assert "partner 'broken', field 'lag'" in (errors["partner_registry_check.py"] or "")
 
 
-def test_error_dag_fails_and_alerts_with_the_entrys_message(registry, airflow_db, monkeypatch) -> None:
+def test_error_dag_fails_and_alerts_with_the_entrys_message(registry: Callable[[str], Path], airflow_db: None,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
     from airflow.utils.state import DagRunState
-    from tests.support.webhook import Sink
 
     from partner_harvest.airflow.dag_factory import build_dags
+    from tests.support.webhook import Sink
 
     path = registry(MIXED_REGISTRY)
     sink = Sink()
@@ -159,7 +168,7 @@ def test_error_dag_fails_and_alerts_with_the_entrys_message(registry, airflow_db
     assert f"{path}: partner 'broken', field 'lag'" in alert["harvest"]["details"]
 
 
-def test_unreadable_registry_is_an_import_error_of_the_dag_files(registry, airflow_db) -> None:
+def test_unreadable_registry_is_an_import_error_of_the_dag_files(registry: Callable[[str], Path], airflow_db: None) -> None:
     from airflow.dag_processing.dagbag import DagBag
 
     path = registry("partners: [\n")
@@ -169,7 +178,7 @@ def test_unreadable_registry_is_an_import_error_of_the_dag_files(registry, airfl
         assert f"{path}: not valid YAML" in message
 
 
-def test_error_dag_names_never_clash_with_a_valid_partner(registry) -> None:
+def test_error_dag_names_never_clash_with_a_valid_partner(registry: Callable[[str], Path]) -> None:
     from partner_harvest.airflow.dag_factory import build_dags
 
     registry("partners:\n  - {id: a_b, protocol: oai-pmh, conn_id: c}\n"
@@ -193,7 +202,7 @@ def test_the_plugin_refuses_a_plugins_folder_holding_its_sources(tmp_path: Path)
     assert [p for p in (root / "plugins").rglob(".airflowignore")] == []
 
 
-def test_pools_are_synced_from_the_registry(tmp_path: Path, airflow_api) -> None:
+def test_pools_are_synced_from_the_registry(tmp_path: Path, airflow_api: str) -> None:
     from airflow.models.pool import Pool
 
     from partner_harvest.airflow.pools import sync_pools
@@ -205,11 +214,11 @@ def test_pools_are_synced_from_the_registry(tmp_path: Path, airflow_api) -> None
     loaded = load_registry(registry)
     assert sync_pools(loaded) == [("partner_pooled", 2, "Concurrent requests to partner pooled (oai-pmh, Connection c)")]
     sync_pools(loaded)  # idempotent
-    assert Pool.get_pool("partner_pooled").slots == 2
+    assert present(Pool.get_pool("partner_pooled")).slots == 2
     assert Pool.get_pool("partner_unpooled") is None  # an invalid entry runs nothing
 
 
-def test_pool_check_names_a_missing_pool(registry, airflow_api, capsys) -> None:
+def test_pool_check_names_a_missing_pool(registry: Callable[[str], Path], airflow_api: str, capsys: pytest.CaptureFixture[str]) -> None:
     from airflow.models.pool import Pool
 
     from partner_harvest.cli import main
@@ -221,7 +230,7 @@ def test_pool_check_names_a_missing_pool(registry, airflow_api, capsys) -> None:
     assert main(["sync-pools"]) == 0 and main(["sync-pools", "--check"]) == 0
 
 
-def test_task_arguments_follow_the_registry(registry) -> None:
+def test_task_arguments_follow_the_registry(registry: Callable[[str], Path]) -> None:
     """retries, retry_delay, max_retry_delay, execution_timeout of every task come from the
     partner's entry; keys it leaves out keep the factory's defaults."""
     from datetime import timedelta

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,8 @@ pytestmark = pytest.mark.airflow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_dags_test_of_a_dag_with_a_deadline_exits_0_and_the_run_succeeds(registry, aggregation_conn, airflow_db,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dags_test_of_a_dag_with_a_deadline_exits_0_and_the_run_succeeds(registry: Callable[[str], Path], aggregation_conn: str,
+                                                                         airflow_db: None, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.models import DagRun, Variable
     from airflow.utils.session import create_session
 
@@ -36,4 +37,4 @@ def test_dags_test_of_a_dag_with_a_deadline_exits_0_and_the_run_succeeds(registr
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     with create_session() as session:
         newest = session.query(DagRun).filter(DagRun.dag_id == "harvest_clidemo").order_by(DagRun.id.desc()).first()
-        assert str(getattr(newest.state, "value", newest.state)) == "success"
+        assert newest is not None and str(getattr(newest.state, "value", newest.state)) == "success"

@@ -9,9 +9,14 @@ partner Connections are of type `http`.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from airflow.sdk import DAG
 
 ROOT = Path(__file__).resolve().parents[2]
 REGISTRY = """partners:
@@ -32,14 +37,14 @@ def _section(text: str, heading: str) -> str:
 
 
 @pytest.fixture
-def dags(registry) -> dict[str, object]:  # noqa: ANN001
+def dags(registry: Callable[[str], Path]) -> dict[str, DAG]:
     from partner_harvest.airflow.dag_factory import build_dags
 
     registry(REGISTRY)
     return {dag.dag_id: dag for kind in ("harvest", "reconcile") for dag in build_dags(kind)}
 
 
-def test_the_readme_draws_and_lists_every_task_of_a_harvest_run(dags) -> None:  # noqa: ANN001
+def test_the_readme_draws_and_lists_every_task_of_a_harvest_run(dags: dict[str, DAG]) -> None:
     run = _section(_doc("README.md"), "## A run")
     diagram = run[run.index("```"):run.index("```", run.index("```") + 3)]
     steps = run[run.index("```", run.index("```") + 3):]
@@ -49,7 +54,7 @@ def test_the_readme_draws_and_lists_every_task_of_a_harvest_run(dags) -> None:  
             assert f"**{task_id}**" in steps, f"README's steps of a run lack **{task_id}** ({dag_id})"
 
 
-def test_operating_lists_the_tasks_of_each_dag_of_a_partner(dags) -> None:  # noqa: ANN001
+def test_operating_lists_the_tasks_of_each_dag_of_a_partner(dags: dict[str, DAG]) -> None:
     table = _section(_doc("docs/operator/operating.md"), "## The DAGs of a partner")
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(harvest|reconcile)_<id>` \|[^|]*\|(.*)\|$", table, re.M)}
     for dag_id, dag in dags.items():

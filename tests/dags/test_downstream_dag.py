@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+from airflow.sdk import Asset, AssetAny
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.registry import get_partner
 from partner_harvest.store import connect
+
+if TYPE_CHECKING:
+    from airflow.sdk import DAG
 
 pytestmark = pytest.mark.airflow
 
@@ -23,7 +29,8 @@ def repo() -> SimulatedRepository:
 
 
 @pytest.fixture
-def partner_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo, airflow_db):
+def partner_env(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo: SimulatedRepository,
+                airflow_db: None) -> Iterator[OaiSimulator]:
     registry(
         "partners:\n"
         f"  - {{id: {PARTNER}, protocol: oai-pmh, conn_id: partner_feed, metadata_prefix: auto,\n"
@@ -38,7 +45,7 @@ def partner_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str
         Variable.delete(f"harvest_cursor__{PARTNER}")
 
 
-def harvest_dag():
+def harvest_dag() -> DAG:
     from partner_harvest.airflow.dag_factory import build_harvest_dag
 
     dag = build_harvest_dag(get_partner(PARTNER))
@@ -47,7 +54,7 @@ def harvest_dag():
     return dag
 
 
-def downstream_dag():
+def downstream_dag() -> DAG:
     from partner_harvest.airflow.downstream import build_jsonl_export_dag
 
     dag = build_jsonl_export_dag()
@@ -73,7 +80,7 @@ def exported(directory: Path) -> list[list[dict]]:
 
 
 def test_each_apply_emits_its_range_and_the_downstream_dag_exports_exactly_it(
-    partner_env, repo, db, tmp_path: Path,
+    partner_env: OaiSimulator, repo: SimulatedRepository, db: str, tmp_path: Path,
 ) -> None:
     first = harvest_dag().test()
     assert str(first.state).endswith("success")
@@ -116,7 +123,7 @@ def test_each_apply_emits_its_range_and_the_downstream_dag_exports_exactly_it(
                             (PARTNER,)).fetchone() == (event2["change_seq_until"],)
 
 
-def test_the_reconcile_emits_its_range_too(partner_env, repo, tmp_path: Path) -> None:
+def test_the_reconcile_emits_its_range_too(partner_env: OaiSimulator, repo: SimulatedRepository, tmp_path: Path) -> None:
     from partner_harvest.airflow.dag_factory import build_reconcile_dag
 
     assert str(harvest_dag().test().state).endswith("success")
@@ -134,14 +141,17 @@ def test_the_reconcile_emits_its_range_too(partner_env, repo, tmp_path: Path) ->
         ("delete", i, "reconcile") for i in gone}
 
 
-def test_the_downstream_dag_is_scheduled_on_every_partners_asset(registry, airflow_db) -> None:
+def test_the_downstream_dag_is_scheduled_on_every_partners_asset(registry: Callable[[str], Path], airflow_db: None) -> None:
     from partner_harvest.airflow.assets import partner_asset, partner_of
 
     registry("partners:\n"
              "  - {id: alpha, protocol: oai-pmh, conn_id: partner_alpha}\n"
              "  - {id: beta, protocol: oai-pmh, conn_id: partner_beta}\n")
     dag = downstream_dag()
-    assert {a.uri for a in dag.schedule.objects} == {
+    assert isinstance(dag.schedule, AssetAny)
+    assets = list(dag.schedule.objects)
+    assert all(isinstance(a, Asset) for a in assets)
+    assert {a.uri for a in assets if isinstance(a, Asset)} == {
         partner_asset("alpha").uri, partner_asset("beta").uri}
     assert partner_of(partner_asset("alpha").uri) == "alpha"
     assert partner_of("partner-harvest://alpha/other") is None and partner_of("s3://alpha/records") is None

@@ -1,4 +1,4 @@
-"""Issue 25 item 6: a backfill of days after the partner's clock harvests nothing, and says
+"""A backfill of days after the partner's clock harvests nothing, and says
 so: its freeze_window skips the run (every task skipped, no harvest_runs row), the reason
 is the first warning of the task's log, right after the window it froze, and the health
 page shows it beside the partner's state, while "Last night" keeps the real harvest.
@@ -11,21 +11,30 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
+from partner_harvest.store.db import scalar
 from tests.support.dags import dag_test_as
+
+if TYPE_CHECKING:
+    from airflow.models.dagrun import DagRun
+    from airflow.sdk import DAG
 
 pytestmark = pytest.mark.airflow
 PARTNER = "backfilled"
 
 
 @pytest.fixture
-def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db):
+def museum(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str,
+           airflow_db: None) -> Iterator[tuple[SimulatedRepository, Path]]:
     from airflow.models import Variable
 
     path = registry(
@@ -41,19 +50,20 @@ def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, air
     Variable.delete(f"harvest_cursor__{PARTNER}")
 
 
-def build_dag():
+def build_dag() -> DAG:
     from partner_harvest.airflow.dag_factory import build_harvest_dag
 
     return build_harvest_dag(get_partner(PARTNER))
 
 
-def states(run) -> dict[str, str]:
+def states(run: DagRun) -> dict[str, str]:
     return {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
 
 
 
 
-def test_a_backfill_after_the_partners_clock_skips_saying_why(museum, db, caplog, monkeypatch) -> None:
+def test_a_backfill_after_the_partners_clock_skips_saying_why(museum: tuple[SimulatedRepository, Path], db: str,
+                                                              caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     repo, _ = museum
     first = build_dag().test()  # the real harvest: everything, up to the partner's clock
     assert str(getattr(first.state, "value", first.state)) == "success", states(first)
@@ -74,8 +84,8 @@ def test_a_backfill_after_the_partners_clock_skips_saying_why(museum, db, caplog
 
     with connect(db) as conn:
         ensure_schema(conn)
-        audit = conn.execute("SELECT count(*) FROM harvest_runs WHERE run_id = %s",
-                             (f"{run.dag_id}/{run.run_id}",)).fetchone()[0]
+        audit = scalar(conn.execute("SELECT count(*) FROM harvest_runs WHERE run_id = %s",
+                             (f"{run.dag_id}/{run.run_id}",)))
         event = conn.execute("SELECT kind, task_id, message FROM run_events WHERE run_id = %s",
                              (f"{run.dag_id}/{run.run_id}",)).fetchall()
     assert audit == 0  # nothing was harvested, so "Last night" keeps the real harvest

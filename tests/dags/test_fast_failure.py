@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
 from partner_harvest.airflow import notifiers, tasks
 from partner_harvest.errors import PartnerHttpError
+
+if TYPE_CHECKING:
+    from airflow.sdk.definitions.context import Context
 
 REFUSED = PartnerHttpError(
     "museum", "GET http://127.0.0.1:9/oai?verb=Identify",
@@ -44,25 +47,32 @@ def test_an_outage_is_left_to_airflows_retries() -> None:
         freeze("museum")
 
 
-def context(exception: BaseException, try_number: int = 1, max_tries: int = 3) -> dict[str, Any]:
+def context(exception: BaseException, try_number: int = 1, max_tries: int = 3) -> Context:
     task = SimpleNamespace(retry_delay=timedelta(minutes=2), retry_exponential_backoff=2.0,
                            max_retry_delay=timedelta(minutes=30))
     ti = SimpleNamespace(dag_id="harvest_museum", task_id="freeze_window", try_number=try_number, max_tries=max_tries,
                          run_id="manual__1", log_url="http://airflow.example/log", task=task,
                          xcom_pull=lambda **kw: None)
-    return {"ti": ti, "exception": exception, "dag_run": SimpleNamespace(run_id="manual__1")}
+    return cast("Context", {"ti": ti, "exception": exception, "dag_run": SimpleNamespace(run_id="manual__1")})
+
+
+Sent = list[tuple[str, list[str], dict[str, Any]]]  # the alerts sent: subject, lines, fields
 
 
 @pytest.fixture
-def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str], dict[str, Any]]]:
-    alerts: list[tuple[str, list[str], dict[str, Any]]] = []
+def sent(monkeypatch: pytest.MonkeyPatch) -> Sent:
+    alerts: Sent = []
     monkeypatch.setenv("HARVEST_ALERT_DIGEST_MINUTES", "0")  # no folding: the alert itself
-    monkeypatch.setattr(notifiers, "send_alert", lambda subject, lines, fields, *a: alerts.append(
-        (subject, lines, fields)) or ["test"])
+
+    def send_alert(subject: str, lines: list[str], fields: dict[str, Any], *rest: object) -> list[str]:
+        alerts.append((subject, lines, fields))
+        return ["test"]
+
+    monkeypatch.setattr(notifiers, "send_alert", send_alert)
     return alerts
 
 
-def test_a_failed_try_that_will_be_retried_alerts_at_once(sent) -> None:  # noqa: ANN001
+def test_a_failed_try_that_will_be_retried_alerts_at_once(sent: Sent) -> None:
     notifiers.PartnerAlertNotifier("museum", retrying=True).notify(context(REFUSED))
     ((subject, lines, fields),) = sent
     assert subject == ("[partner harvest] museum: harvest_museum.freeze_window retrying: connection refused at "
@@ -75,7 +85,7 @@ def test_a_failed_try_that_will_be_retried_alerts_at_once(sent) -> None:  # noqa
     assert fields["kind"] == "retrying" and fields["attempts"] == 4
 
 
-def test_the_final_failure_says_it_was_the_last_try_or_that_no_retry_could_fix_it(sent) -> None:  # noqa: ANN001
+def test_the_final_failure_says_it_was_the_last_try_or_that_no_retry_could_fix_it(sent: Sent) -> None:
     notifiers.PartnerAlertNotifier("museum").notify(context(REFUSED, try_number=4))
     failed_at_once = AirflowFailException("The conn_id `partner_museum` isn't defined")
     failed_at_once.__cause__ = AirflowNotFoundException("The conn_id `partner_museum` isn't defined")

@@ -1,4 +1,4 @@
-"""Operator commands fence runs planned before them (issue 23, I14), through Airflow itself.
+"""Operator commands fence runs planned before them (I14), through Airflow itself.
 
 The measured case: a partner with 100 records and an applied run; its next run fails its
 first try; while it waits for its retry (its lease lapsed: a retry waits up to 30 minutes,
@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import json
 import time
-from functools import partial
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.store import connect
+from partner_harvest.store.db import scalar
 from tests.support import dags
 from tests.support.dags import task_states
 from tests.support.db import held as support_held
+
+if TYPE_CHECKING:
+    from airflow.sdk import DAG
 
 pytestmark = pytest.mark.airflow
 
@@ -34,11 +41,12 @@ class OnTask:
 
     from airflow.listeners import hookimpl
 
-    def __init__(self, event: str, task_id: str, action) -> None:
-        self.event, self.task_id, self.action, self.fired, self.errors = event, task_id, action, 0, []
+    def __init__(self, event: str, task_id: str, action: Callable[[], object]) -> None:
+        self.event, self.task_id, self.action, self.fired = event, task_id, action, 0
+        self.errors: list[BaseException] = []
         self.failures: list[str] = []  # every failed try of the task, its error
 
-    def _fire(self, task_instance) -> None:
+    def _fire(self, task_instance: Any) -> None:
         if task_instance.task_id == self.task_id and not self.fired:
             self.fired += 1
             try:
@@ -47,26 +55,29 @@ class OnTask:
                 self.errors.append(exc)
 
     @hookimpl
-    def on_task_instance_failed(self, previous_state, task_instance, error) -> None:
+    def on_task_instance_failed(self, previous_state: Any, task_instance: Any, error: Any) -> None:
         if task_instance.task_id == self.task_id:
             self.failures.append(str(error))
         if self.event == "failed":
             self._fire(task_instance)
 
     @hookimpl
-    def on_task_instance_success(self, previous_state, task_instance) -> None:
+    def on_task_instance_success(self, previous_state: Any, task_instance: Any) -> None:
         if self.event == "success":
             self._fire(task_instance)
 
 
+OnTaskAdder = Callable[[str, str, Callable[[], object]], OnTask]  # the on_task fixture: (event, task_id, action)
+
+
 @pytest.fixture
-def on_task():
+def on_task() -> Iterator[OnTaskAdder]:
     from airflow.sdk.listener import get_listener_manager
 
     manager = get_listener_manager()
     added: list[OnTask] = []
 
-    def add(event: str, task_id: str, action) -> OnTask:
+    def add(event: str, task_id: str, action: Callable[[], object]) -> OnTask:
         listener = OnTask(event, task_id, action)
         manager.add_listener(listener)
         added.append(listener)
@@ -85,7 +96,8 @@ def repo() -> SimulatedRepository:
 
 
 @pytest.fixture
-def partner_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo, airflow_db, airflow_api):
+def partner_env(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo: SimulatedRepository,
+                airflow_db: None, airflow_api: str) -> Iterator[tuple[OaiSimulator, Path]]:
     from partner_harvest.airflow import tasks
 
     monkeypatch.setattr(tasks, "LEASE_TTL", TTL)  # a short lease, so a retry's wait outlives it quickly
@@ -107,7 +119,7 @@ get_cursor = partial(dags.get_cursor, PID)
 held = partial(support_held, partner_id=PID)
 
 
-def build_dag(harvest_retries: int = 0):
+def build_dag(harvest_retries: int = 0) -> DAG:
     return dags.build_dag(PID, 0, harvest_retries=harvest_retries, retry_delay=timedelta(0))
 
 
@@ -115,8 +127,8 @@ def wait_until_the_lease_lapsed(db: str) -> None:
     """What a retry's wait does to the run's lease (nobody renews it): let it expire."""
     deadline = time.monotonic() + 10
     with connect(db) as conn:
-        while conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = %s AND expires_at > now()",
-                           (PID,)).fetchone()[0]:
+        while scalar(conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = %s AND expires_at > now()",
+                           (PID,))):
             conn.commit()
             assert time.monotonic() < deadline, "the lease never lapsed"
             time.sleep(0.05)
@@ -134,7 +146,9 @@ def cli(*argv: str) -> tuple[int, str]:
     return status, out.getvalue()
 
 
-def test_forget_while_a_run_waits_for_its_retry_is_not_undone_by_the_retry(partner_env, repo, db, on_task) -> None:
+def test_forget_while_a_run_waits_for_its_retry_is_not_undone_by_the_retry(
+        partner_env: tuple[OaiSimulator, Path], repo: SimulatedRepository, db: str,
+        on_task: OnTaskAdder) -> None:
     sim, path = partner_env
     dag = build_dag(harvest_retries=1)
     first = dag.test()
@@ -168,7 +182,9 @@ def test_forget_while_a_run_waits_for_its_retry_is_not_undone_by_the_retry(partn
     assert held(db) == repo.live_identifiers()
 
 
-def test_reset_cursor_between_the_apply_and_the_cursor_move_is_not_overwritten(partner_env, repo, db, on_task) -> None:
+def test_reset_cursor_between_the_apply_and_the_cursor_move_is_not_overwritten(partner_env: tuple[OaiSimulator, Path],
+                                                                               repo: SimulatedRepository, db: str,
+                                                                               on_task: OnTaskAdder) -> None:
     _, path = partner_env
     dag = build_dag()
     dag.test()

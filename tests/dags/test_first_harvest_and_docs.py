@@ -4,15 +4,22 @@ backfill form says what it ignores, the run shows its window, the docs read well
 from __future__ import annotations
 
 import json
-from functools import partial
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import pytest
-from tests.support.webhook import Sink
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from tests.support import dags
 from tests.support.db import held as support_held
+from tests.support.webhook import Sink, WebhookSink
+
+if TYPE_CHECKING:
+    from airflow.models.dagrun import DagRun
+    from airflow.sdk.definitions.context import Context
 
 pytestmark = pytest.mark.airflow
 PARTNER = "firstmuseum"
@@ -20,7 +27,8 @@ CURSOR = f"harvest_cursor__{PARTNER}"
 
 
 @pytest.fixture
-def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db):
+def museum(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str,
+           airflow_db: None) -> Iterator[tuple[SimulatedRepository, WebhookSink]]:
     from airflow.models import Variable
 
     registry(
@@ -44,7 +52,7 @@ states = dags.task_states
 held = partial(support_held, partner_id=PARTNER)
 
 
-def succeeded(run) -> bool:
+def succeeded(run: DagRun) -> bool:
     return str(getattr(run.state, "value", run.state)) == "success"
 
 
@@ -56,7 +64,7 @@ def cursor() -> dict | None:
     return Variable.get(CURSOR, default_var=None, deserialize_json=True)
 
 
-def test_a_scheduled_run_never_starts_the_first_full_harvest(museum, db) -> None:
+def test_a_scheduled_run_never_starts_the_first_full_harvest(museum: tuple[SimulatedRepository, WebhookSink], db: str) -> None:
     repo, sink = museum
     when = datetime(2026, 3, 1, 2, tzinfo=timezone.utc)
     run = dags.dag_test_as(build_dag(), when, "scheduled")
@@ -77,7 +85,7 @@ def test_a_scheduled_run_never_starts_the_first_full_harvest(museum, db) -> None
     assert held(db) == repo.live_identifiers()
 
 
-def test_each_task_after_freeze_window_renders_the_window(museum, db) -> None:
+def test_each_task_after_freeze_window_renders_the_window(museum: tuple[SimulatedRepository, WebhookSink], db: str) -> None:
     from airflow.models.renderedtifields import RenderedTaskInstanceFields
     from airflow.utils.session import create_session
 
@@ -97,14 +105,14 @@ def test_params_say_a_backfill_ignores_them() -> None:
     from partner_harvest.airflow.dag_factory import RUN_PARAMS
 
     mode = RUN_PARAMS["mode"]
-    assert "backfill ignores" in mode.schema["title"] and "A backfill ignores Mode" in mode.description
+    assert "backfill ignores" in mode.schema["title"] and "A backfill ignores Mode" in (mode.description or "")
     for name in ("from", "until"):
         assert "mode=window only" in RUN_PARAMS[name].schema["title"]
-        assert "Ignored by the other modes and by backfills" in RUN_PARAMS[name].description
+        assert "Ignored by the other modes and by backfills" in (RUN_PARAMS[name].description or "")
     # How a backfill's range maps, with an example, beside the Params (the form shows them).
     assert ("Backfill From 2024-11-01 To 2024-11-04 (nightly 02:00 schedule) makes the runs of Nov 1, 2 and 3, which "
-            "harvest 2024-11-01T00:00Z .. 2024-11-04T00:00Z") in mode.description
-    assert "such as 2024-11-01T00:00:00Z" in RUN_PARAMS["from"].description
+            "harvest 2024-11-01T00:00Z .. 2024-11-04T00:00Z") in (mode.description or "")
+    assert "such as 2024-11-01T00:00:00Z" in (RUN_PARAMS["from"].description or "")
 
 
 def test_a_backfill_run_harvests_the_day_of_its_date() -> None:
@@ -119,26 +127,26 @@ def test_a_backfill_run_harvests_the_day_of_its_date() -> None:
     before = datetime(2024, 10, 31, 2, 0, tzinfo=timezone.utc)  # a backfill run's logical date: its interval's start
     context = {"dag_run": SimpleNamespace(run_type="backfill", run_after=tick), "logical_date": before,
                "data_interval_start": before, "data_interval_end": tick}
-    request = run_request(context)
+    request = run_request(cast("Context", context))
     assert (request.mode, request.requested_from, request.requested_until, request.may_advance_cursor) == (
         "window", datetime(2024, 11, 1, tzinfo=timezone.utc), datetime(2024, 11, 2, tzinfo=timezone.utc), False)
 
 
-def test_dag_and_task_docs(registry) -> None:
+def test_dag_and_task_docs(registry: Callable[[str], Path]) -> None:
     from partner_harvest.airflow.dag_factory import build_dags
 
     registry("partners:\n  - {id: museum, protocol: oai-pmh, conn_id: c, lag: 10m, finish_by: '06:00'}\n"
              "  - {id: library, protocol: sierra, conn_id: d, lag: 90m, run_deadline: 1d}\n")
     dags = {d.dag_id: d for kind in ("harvest", "reconcile") for d in build_dags(kind)}
     museum, library = dags["harvest_museum"], dags["harvest_library"]
-    assert "lag 10m," in museum.doc_md and "0:10:00" not in museum.doc_md
-    assert "nightly runs due by 06:00 UTC" in museum.doc_md and "due by" not in library.doc_md
-    assert "lag 1h 30m," in library.doc_md and "run deadline 1d after" in library.doc_md
-    assert "poll_deletions" not in museum.doc_md and "poll_deletions" in library.doc_md
+    assert "lag 10m," in (museum.doc_md or "") and "0:10:00" not in (museum.doc_md or "")
+    assert "nightly runs due by 06:00 UTC" in (museum.doc_md or "") and "due by" not in (library.doc_md or "")
+    assert "lag 1h 30m," in (library.doc_md or "") and "run deadline 1d after" in (library.doc_md or "")
+    assert "poll_deletions" not in (museum.doc_md or "") and "poll_deletions" in (library.doc_md or "")
     for dag in (museum, library):
-        assert "`check_quality`" in dag.doc_md and "**Params**" in dag.doc_md
-        assert "**When a task fails**" in dag.doc_md and "clear the failed task" in dag.doc_md
+        assert "`check_quality`" in (dag.doc_md or "") and "**Params**" in (dag.doc_md or "")
+        assert "**When a task fails**" in (dag.doc_md or "") and "clear the failed task" in (dag.doc_md or "")
         for task in dag.tasks:
             assert task.doc_md and len(task.doc_md) > 80, task.task_id
             assert "**Fails:**" in task.doc_md, task.task_id
-    assert "**Fails:**" in dags["reconcile_museum"].get_task("reconcile").doc_md
+    assert "**Fails:**" in (dags["reconcile_museum"].get_task("reconcile").doc_md or "")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import psycopg
 import pytest
 
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.store import connect
+from partner_harvest.store.db import one, scalar
 from tests.support import dags
 from tests.support.dags import task_states
 from tests.support.db import held as support_held
@@ -20,7 +24,7 @@ build_dag = partial(dags.build_dag, DAGMUSEUM)
 held = partial(support_held, partner_id=DAGMUSEUM)
 
 
-def test_incremental_runs_move_the_cursor_and_match_the_partner(partner_env, repo, db) -> None:
+def test_incremental_runs_move_the_cursor_and_match_the_partner(partner_env: OaiSimulator, repo: SimulatedRepository, db: str) -> None:
     dag = build_dag()
     first = dag.test()
     assert str(first.state) in ("success", "DagRunState.SUCCESS"), task_states(first)
@@ -34,14 +38,14 @@ def test_incremental_runs_move_the_cursor_and_match_the_partner(partner_env, rep
     assert get_cursor()["until"] == repo.clock.strftime("%Y-%m-%dT%H:%M:%SZ")
     assert held(db) == repo.live_identifiers()
     with connect(db) as conn:
-        fetched = conn.execute(
+        fetched = scalar(conn.execute(
             "SELECT fetched FROM harvest_runs WHERE partner_id = 'dagmuseum' AND run_id = %s",
             (f"{second.dag_id}/{second.run_id}",),
-        ).fetchone()[0]
+        ))
     assert fetched == len(edited) + len(deleted) + len(added)
 
 
-def test_window_run_leaves_the_cursor_alone(partner_env, repo, db) -> None:
+def test_window_run_leaves_the_cursor_alone(partner_env: OaiSimulator, repo: SimulatedRepository, db: str) -> None:
     set_cursor({"until": "2026-01-01T00:00:00Z"})
     repo.edit(5)
     run = build_dag().test(run_conf={"mode": "window", "from": "2025-01-01T00:00:00Z",
@@ -51,14 +55,14 @@ def test_window_run_leaves_the_cursor_alone(partner_env, repo, db) -> None:
     assert held(db) == repo.live_identifiers()
 
 
-def test_full_run_leaves_the_cursor_alone(partner_env, repo) -> None:
+def test_full_run_leaves_the_cursor_alone(partner_env: OaiSimulator, repo: SimulatedRepository) -> None:
     set_cursor({"until": "2025-06-01T00:00:00Z"})
     run = build_dag().test(run_conf={"mode": "full"})
     assert task_states(run)["apply_changes"] == "success"
     assert get_cursor() == {"until": "2025-06-01T00:00:00Z"}
 
 
-def test_failed_apply_keeps_the_cursor_and_a_rerun_completes(partner_env, repo, db) -> None:
+def test_failed_apply_keeps_the_cursor_and_a_rerun_completes(partner_env: OaiSimulator, repo: SimulatedRepository, db: str) -> None:
     dag = build_dag()
     dag.test()
     before_cursor = get_cursor()
@@ -76,8 +80,8 @@ def test_failed_apply_keeps_the_cursor_and_a_rerun_completes(partner_env, repo, 
     assert get_cursor() == before_cursor
     assert held(db) == before  # nothing half-applied (I4)
     with psycopg.connect(db, autocommit=True) as conn:
-        status, error = conn.execute(
-            "SELECT status, error FROM harvest_runs WHERE run_id = %s", (f"{failed.dag_id}/{failed.run_id}",)).fetchone()
+        status, error = one(conn.execute(
+            "SELECT status, error FROM harvest_runs WHERE run_id = %s", (f"{failed.dag_id}/{failed.run_id}",)))
         assert status == "failed" and "simulated failure during apply" in error
         conn.execute("DROP TRIGGER boom ON deletions")
     rerun = dag.test()
@@ -86,7 +90,7 @@ def test_failed_apply_keeps_the_cursor_and_a_rerun_completes(partner_env, repo, 
     assert held(db) == repo.live_identifiers()
 
 
-def test_partner_failure_fails_the_run_and_keeps_the_cursor(partner_env, repo) -> None:
+def test_partner_failure_fails_the_run_and_keeps_the_cursor(partner_env: OaiSimulator, repo: SimulatedRepository) -> None:
     dag = build_dag()
     dag.test()
     cursor = get_cursor()
@@ -97,7 +101,7 @@ def test_partner_failure_fails_the_run_and_keeps_the_cursor(partner_env, repo) -
     assert get_cursor() == cursor
 
 
-def test_an_older_run_never_rewinds_the_cursor(partner_env, repo) -> None:
+def test_an_older_run_never_rewinds_the_cursor(partner_env: OaiSimulator, repo: SimulatedRepository) -> None:
     """A backfill or a late run finishing after a newer one leaves the newer cursor."""
     future = {"until": "2027-06-01T00:00:00Z"}
     set_cursor(future)
@@ -114,7 +118,7 @@ def test_non_retryable_errors_fail_at_once() -> None:
     from partner_harvest.reconcile import MassPurgeRefused
     from partner_harvest.registry import RegistryError
 
-    def raising(exc):
+    def raising(exc: Exception) -> Callable[[], object]:
         return _fail_fast(lambda: (_ for _ in ()).throw(exc))
 
     for error in (ConfigurationError("p", "POST /token", "bad credentials"),
@@ -127,8 +131,9 @@ def test_non_retryable_errors_fail_at_once() -> None:
 
 
 def test_a_long_retry_after_reschedules_the_harvest_which_then_lands_the_window(
-        partner_env, repo, db, registry, after_task) -> None:
-    """Issue 9 item 4 for OAI-PMH, through Airflow: a 503 asking for 3 s, longer than
+        partner_env: OaiSimulator, repo: SimulatedRepository, db: str, registry: Callable[[str], Path],
+        after_task: Callable[[str, Callable[[], object]], None]) -> None:
+    """For OAI-PMH, through Airflow: a 503 asking for 3 s, longer than
     options.http.max_wait_in_task (1 s here), ends the harvest's try at once
     (UP_FOR_RESCHEDULE, no retry used, the worker slot free); dag.test() runs it again after
     the wait, and the window, started again from its frozen bounds, lands whole."""

@@ -4,18 +4,22 @@ the task fails with a clear error, and the run leaves no lease behind (I11)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.registry import get_partner
+from partner_harvest.store.db import one
 
 pytestmark = pytest.mark.airflow
 
 
 @pytest.fixture
-def dripping_partner(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db):
+def dripping_partner(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str,
+                     airflow_db: None) -> Iterator[OaiSimulator]:
     registry(
         "partners:\n"
         "  - {id: dripmuseum, protocol: oai-pmh, conn_id: partner_dripmuseum, metadata_prefix: oai_dc,\n"
@@ -26,7 +30,7 @@ def dripping_partner(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn
         yield sim
 
 
-def test_a_slow_drip_fails_the_task_at_the_deadline_and_frees_the_partner(dripping_partner, db) -> None:
+def test_a_slow_drip_fails_the_task_at_the_deadline_and_frees_the_partner(dripping_partner: OaiSimulator, db: str) -> None:
     from partner_harvest.airflow.dag_factory import build_harvest_dag
 
     dag = build_harvest_dag(get_partner("dripmuseum"))
@@ -41,9 +45,9 @@ def test_a_slow_drip_fails_the_task_at_the_deadline_and_frees_the_partner(drippi
     assert [r["verb"] for r in dripping_partner.requests].count("ListRecords") == 1  # no urllib3 retry
     with psycopg.connect(db) as conn:
         leases = conn.execute("SELECT holder FROM partner_leases WHERE partner_id = 'dripmuseum'").fetchall()
-        status, error = conn.execute(
+        status, error = one(conn.execute(
             "SELECT status, error FROM harvest_runs WHERE partner_id = 'dripmuseum' AND run_id = %s",
-            (f"{run.dag_id}/{run.run_id}",)).fetchone()
+            (f"{run.dag_id}/{run.run_id}",)))
     assert leases == []  # released when the task failed: a reconcile is not kept waiting
     assert status == "failed"
     assert "request deadline of 1 s" in error and "verb=ListRecords" in error

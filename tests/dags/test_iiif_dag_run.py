@@ -1,12 +1,15 @@
 """harvest_<iiif partner> and reconcile_<iiif partner> through Airflow (dag.test): the third
-protocol runs in the DAG shape of the other two (issue 27), and what reads a partner's
+protocol runs in the DAG shape of the other two, and what reads a partner's
 state (health rows, ``partner-harvest status``, the change feed, Asset events) covers it."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -16,6 +19,9 @@ from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
 from tests.support import dags
+
+if TYPE_CHECKING:
+    from airflow.models.dagrun import DagRun
 
 pytestmark = pytest.mark.airflow
 PARTNER = "dagrijks"
@@ -31,7 +37,8 @@ def museum() -> Museum:
 
 
 @pytest.fixture
-def iiif_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, museum: Museum, airflow_db):
+def iiif_env(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, museum: Museum,
+             airflow_db: None) -> Iterator[IiifServer]:
     registry(
         "partners:\n"
         f"  - id: {PARTNER}\n"
@@ -60,7 +67,7 @@ def held(db: str) -> set[str]:
         return live_identifiers(conn, PARTNER)
 
 
-def succeeded(run) -> bool:
+def succeeded(run: DagRun) -> bool:
     """The run succeeded: every task did, or was skipped (the reconcile's apply when it applied itself)."""
     return str(run.state).endswith("success") and set(states(run).values()) <= {"success", "skipped"}
 

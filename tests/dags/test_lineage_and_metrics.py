@@ -22,14 +22,18 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import IO
 from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import metrics
+from partner_harvest.store.db import one
 from tests.support.provider import package_metadata, python_path
 from tests.support.statsd import StatsdListener, parse
 
@@ -67,7 +71,8 @@ print("RECONCILE_STATES=" + json.dumps(task_states(run)), flush=True)
 """
 
 
-def test_a_harvest_run_emits_its_lineage_and_its_metrics(partner_env, repo, db, tmp_path: Path) -> None:
+def test_a_harvest_run_emits_its_lineage_and_its_metrics(partner_env: OaiSimulator, repo: SimulatedRepository, db: str,
+                                                         tmp_path: Path) -> None:
     sim = partner_env
     statsd = StatsdListener()
     events_file = tmp_path / "openlineage.jsonl"
@@ -114,9 +119,9 @@ def test_a_harvest_run_emits_its_lineage_and_its_metrics(partner_env, repo, db, 
 
     # -- metrics: names from partner_harvest.metrics, values from harvest_runs and the simulator
     with psycopg.connect(db) as conn:
-        row = conn.execute(
+        row = one(conn.execute(
             "SELECT sum(fetched), sum(upserted), sum(unchanged), sum(purged), sum(quarantined) FROM harvest_runs "
-            "WHERE partner_id = %s AND run_id = %s", (PARTNER, run_key)).fetchone()
+            "WHERE partner_id = %s AND run_id = %s", (PARTNER, run_key)))
     audit = dict(zip(metrics.APPLY_COUNTS, (int(v) for v in row)))
     assert audit["upserted"] == live_at_harvest > 0
 
@@ -177,7 +182,7 @@ def test_a_harvest_run_emits_its_lineage_and_its_metrics(partner_env, repo, db, 
     assert held == repo.live_identifiers()
 
 
-def iter_lines_until(stream, marker: str):
+def iter_lines_until(stream: Iterable[str], marker: str) -> Iterator[str]:
     """The child's output up to and including the line that starts with ``marker``."""
     for line in stream:
         yield line
@@ -185,7 +190,7 @@ def iter_lines_until(stream, marker: str):
             return
 
 
-def tail(stderr) -> str:
+def tail(stderr: IO[str]) -> str:
     stderr.flush()
     stderr.seek(0)
     return stderr.read()[-4000:]

@@ -1,4 +1,4 @@
-"""The mirror cannot silently diverge, through Airflow (dag.test): issue 7 items 2, 4, 7.
+"""The mirror cannot silently diverge, through Airflow (dag.test).
 
 A crash that empties UNLOGGED staging between harvest and apply, a reconcile that shares
 the harvest's run id, an aggregation database restored from a backup behind the cursor,
@@ -9,17 +9,24 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
-
-from tests.support.dags import task_states
 
 from include import embedded_pg
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
+from partner_harvest.store.db import one, scalar
+from tests.support.dags import task_states
+from tests.support.webhook import WebhookSink
+
+if TYPE_CHECKING:
+    from airflow.sdk import DAG
 
 pytestmark = pytest.mark.airflow
 PID = "mirrormuseum"
@@ -33,7 +40,8 @@ def repo() -> SimulatedRepository:
 
 
 @pytest.fixture
-def env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo, webhook, airflow_db):
+def env(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo: SimulatedRepository,
+        webhook: WebhookSink, airflow_db: None) -> Iterator[OaiSimulator]:
     registry(
         "partners:\n"
         f"  - {{id: {PID}, protocol: oai-pmh, conn_id: partner_{PID}, metadata_prefix: oai_dc, retries: 0,\n"
@@ -49,7 +57,7 @@ def env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, repo, 
         Variable.delete(CURSOR)
 
 
-def harvest_dag():
+def harvest_dag() -> DAG:
     from partner_harvest.airflow.dag_factory import build_harvest_dag
 
     dag = build_harvest_dag(get_partner(PID))
@@ -58,7 +66,7 @@ def harvest_dag():
     return dag
 
 
-def reconcile_dag():
+def reconcile_dag() -> DAG:
     from partner_harvest.airflow.dag_factory import build_reconcile_dag
 
     dag = build_reconcile_dag(get_partner(PID))
@@ -70,7 +78,7 @@ def reconcile_dag():
 states = task_states
 
 
-def cursor() -> dict | None:
+def cursor() -> Any:  # the cursor Variable's JSON, or None
     from airflow.models import Variable
 
     return Variable.get(CURSOR, default_var=None, deserialize_json=True)
@@ -83,16 +91,17 @@ def crash_postgres(label: str, conninfo: str) -> None:
 
 
 @pytest.mark.skipif(bool(os.environ.get(embedded_pg.DATABASE_URL_ENV)), reason="needs the embedded server to crash it")
-def test_staging_lost_to_a_crash_between_harvest_and_apply_is_harvested_again(env, repo, db, after_task,
-                                                                             pg_label: str) -> None:
+def test_staging_lost_to_a_crash_between_harvest_and_apply_is_harvested_again(env: OaiSimulator, repo: SimulatedRepository, db: str,
+                                                                              after_task: Callable[[str, Callable[[], object]], None],
+                                                                              pg_label: str) -> None:
     after_task("harvest_changes", lambda: crash_postgres(pg_label, db))
     run = harvest_dag().test()
     assert set(states(run).values()) == {"success"}, states(run)
     with connect(db) as conn:
         ensure_schema(conn)
         assert live_identifiers(conn, PID) == repo.live_identifiers()
-        row = conn.execute("SELECT status, fetched, upserted, unchanged, purged, quarantined, attempts FROM harvest_runs"
-                           " WHERE partner_id = %s", (PID,)).fetchone()
+        row = one(conn.execute("SELECT status, fetched, upserted, unchanged, purged, quarantined, attempts"
+                               " FROM harvest_runs WHERE partner_id = %s", (PID,)))
     status, fetched, upserted, unchanged, purged, quarantined, attempts = row
     assert status == "applied" and attempts == 2  # harvested, lost, harvested again
     assert upserted + unchanged + purged + quarantined == fetched == len(repo.live_identifiers()) + len(repo.deleted_identifiers())
@@ -100,13 +109,14 @@ def test_staging_lost_to_a_crash_between_harvest_and_apply_is_harvested_again(en
 
 
 def test_a_reconcile_sharing_the_harvest_run_id_neither_takes_its_lease_nor_its_staging(
-        env, repo, db, monkeypatch) -> None:
+        env: OaiSimulator, repo: SimulatedRepository, db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Both DAGs name a run after its time; keyed by run id alone they shared lease and staging."""
     import threading
     from datetime import timedelta
 
     from airflow.models.taskreschedule import TaskReschedule
     from airflow.utils.session import create_session
+
     from partner_harvest.store import leases
 
     monkeypatch.setattr(leases, "MIN_WAIT", timedelta(seconds=1))
@@ -136,7 +146,8 @@ def test_a_reconcile_sharing_the_harvest_run_id_neither_takes_its_lease_nor_its_
         watcher.join()
     assert harvested.run_id == waited.run_id  # the collision this guards against
     assert reschedules() > before  # the harvest held the partner: the reconcile waited (rescheduled) for it
-    assert states(waited) == {"reconcile": "success", "approval_gate": "success", "apply_reconcile": "skipped"}  # then ran once the harvest's lease ended
+    # then it ran once the harvest's lease ended
+    assert states(waited) == {"reconcile": "success", "approval_gate": "success", "apply_reconcile": "skipped"}
 
     later = LOGICAL.replace(day=2)
     harvested = harvest_dag().test(run_after=later, logical_date=later, mark_success_pattern=skip_apply)
@@ -147,9 +158,9 @@ def test_a_reconcile_sharing_the_harvest_run_id_neither_takes_its_lease_nor_its_
     assert states(reconciled) == {"reconcile": "success", "approval_gate": "success", "apply_reconcile": "skipped"}
     with connect(db) as conn:
         ensure_schema(conn)
-        rows = dict(conn.execute("SELECT run_id || ' ' || channel, status FROM harvest_runs WHERE partner_id = %s",
+        rows: dict[str, str] = dict(conn.execute("SELECT run_id || ' ' || channel, status FROM harvest_runs WHERE partner_id = %s",
                                  (PID,)).fetchall())
-        staged = dict(conn.execute("SELECT run_id, count(*) FROM staging WHERE partner_id = %s GROUP BY run_id",
+        staged: dict[str, int] = dict(conn.execute("SELECT run_id, count(*) FROM staging WHERE partner_id = %s GROUP BY run_id",
                                    (PID,)).fetchall())
     key = f"harvest_{PID}/{harvested.run_id}"
     assert rows[f"{key} changes"] == "harvested"  # still waiting for its own apply
@@ -157,7 +168,8 @@ def test_a_reconcile_sharing_the_harvest_run_id_neither_takes_its_lease_nor_its_
     assert staged[key] == len(repo.live_identifiers()) + len(repo.deleted_identifiers())
 
 
-def test_a_restored_aggregation_database_is_harvested_from_its_last_applied_window(env, repo, db, caplog) -> None:
+def test_a_restored_aggregation_database_is_harvested_from_its_last_applied_window(env: OaiSimulator, repo: SimulatedRepository, db: str,
+                                                                                   caplog: pytest.LogCaptureFixture) -> None:
     dag = harvest_dag()
     assert set(states(dag.test()).values()) == {"success"}
     first_until = cursor()["until"]
@@ -173,15 +185,16 @@ def test_a_restored_aggregation_database_is_harvested_from_its_last_applied_wind
     third = dag.test()
     assert set(states(third).values()) == {"success"}
     with connect(db) as conn:
-        window_from = conn.execute(
+        window_from = scalar(conn.execute(
             "SELECT window_from FROM harvest_runs WHERE partner_id = %s AND run_id = %s",
-            (PID, f"{third.dag_id}/{third.run_id}")).fetchone()[0]
+            (PID, f"{third.dag_id}/{third.run_id}")))
         assert live_identifiers(conn, PID) == repo.live_identifiers()
     assert window_from.strftime("%Y-%m-%dT%H:%M:%SZ") < first_until  # from the earlier bound, minus the lag
     assert "covers the partner only up to" in caplog.text
 
 
-def test_a_partner_clock_behind_the_cursor_alerts_and_skips_nothing(env, repo, db, webhook) -> None:
+def test_a_partner_clock_behind_the_cursor_alerts_and_skips_nothing(env: OaiSimulator, repo: SimulatedRepository, db: str,
+                                                                    webhook: WebhookSink) -> None:
     dag = harvest_dag()
     assert set(states(dag.test()).values()) == {"success"}
     before = cursor()["until"]
@@ -195,7 +208,7 @@ def test_a_partner_clock_behind_the_cursor_alerts_and_skips_nothing(env, repo, d
         assert live_identifiers(conn, PID) == repo.live_identifiers()
 
 
-def test_a_cleared_apply_of_an_older_run_never_resurrects_a_purged_record(env, repo, db) -> None:
+def test_a_cleared_apply_of_an_older_run_never_resurrects_a_purged_record(env: OaiSimulator, repo: SimulatedRepository, db: str) -> None:
     """Item 3 through Airflow: run A's apply fails, run B purges X, the operator then reruns A's
     apply (``airflow tasks test``, as a clear from the UI would): X stays purged."""
     import subprocess

@@ -1,4 +1,4 @@
-"""`partner-harvest onboard`: Airflow in line with the registry, idempotent (issue 28 item 4).
+"""`partner-harvest onboard`: Airflow in line with the registry, idempotent.
 
 A real metadata database with the partners' DAGs serialized into it (as the dag-processor
 leaves them: paused at creation), a real aggregation database. A dry run changes nothing;
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from partner_harvest.airflow import admin
 from partner_harvest.cli import main
 from partner_harvest.registry import cursor_key, load_registry
 from partner_harvest.store import connect, ensure_schema
+from tests.support.checks import present
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +46,8 @@ def _state(dag_ids: list[str]) -> dict:
 
 
 @pytest.fixture
-def fleet(airflow_api, aggregation_conn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def fleet(airflow_api: str, aggregation_conn: str, tmp_path: Path,
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, list[str], Path]]:
     """Two new partners whose DAGs the dag-processor has parsed (serialized, paused)."""
     from airflow.dag_processing.bundles.manager import DagBundlesManager
     from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
@@ -81,7 +84,8 @@ def fleet(airflow_api, aggregation_conn, tmp_path: Path, monkeypatch: pytest.Mon
         session.execute(delete(Connection).where(Connection.conn_id.in_([f"partner_{a}", f"partner_{b}"])))
 
 
-def test_onboard_brings_airflow_in_line_once_and_a_second_pass_changes_nothing(fleet, tmp_path, capsys) -> None:
+def test_onboard_brings_airflow_in_line_once_and_a_second_pass_changes_nothing(fleet: tuple[str, str, list[str], Path], tmp_path: Path,
+                                                                               capsys: pytest.CaptureFixture[str]) -> None:
     a, b, dag_ids, registry = fleet
     file = tmp_path / "connections.yaml"
     file.write_text(f"partner_{a}:\n  conn_type: http\n  host: https://museum.example/oai\n  password: s3cret-pw\n"
@@ -104,7 +108,7 @@ def test_onboard_brings_airflow_in_line_once_and_a_second_pass_changes_nothing(f
     after = _state(dag_ids)
     assert set(after["paused"].values()) == {False}
     assert [dag for dag, _ in after["runs"]] == [f"harvest_{a}"]  # b has a cursor: no first harvest
-    assert Pool.get_pool(f"partner_{a}").slots == 2 and Pool.get_pool(f"partner_{b}").slots == 1
+    assert present(Pool.get_pool(f"partner_{a}")).slots == 2 and present(Pool.get_pool(f"partner_{b}")).slots == 1
     from airflow.models.connection import Connection
 
     stored = Connection.get_connection_from_secrets(f"partner_{a}")

@@ -4,8 +4,8 @@ scripts/airflow_ui.sh runs it: no "Plugin 'partner_harvest' already registered" 
 the UI's Home page. A plugins folder holding the sources is refused with one clear error.
 
 The editable install leaves plugins/partner_harvest.egg-info behind; with plugins/ on
-sys.path Python then sees the distribution twice and Airflow loads its entry point twice
-(issue 25). scripts/bootstrap.sh and scripts/airflow_ui.py remove it.
+sys.path Python then sees the distribution twice and Airflow loads its entry point twice.
+scripts/bootstrap.sh and scripts/airflow_ui.py remove it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 26 item 2 through Airflow: the harvest DAG's tasks pace their requests at the host.
+"""Politeness through Airflow: the harvest DAG's tasks pace their requests at the host.
 
 The transport paces every request the tasks send (freeze's Identify and ListMetadataFormats,
 the plan, the harvest's pages) through the aggregation database the tasks use; the partner's
@@ -7,10 +7,13 @@ row in partner_pacing is what the health page reads.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import pytest
 
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.store import connect
 from partner_harvest.store.pacing import partner_rate
 from tests.support import dags
@@ -21,7 +24,8 @@ pytestmark = pytest.mark.airflow
 DELAY_MS = 150
 
 
-def test_a_harvest_run_keeps_the_request_delay_at_the_simulator(partner_env, repo, db, registry) -> None:
+def test_a_harvest_run_keeps_the_request_delay_at_the_simulator(partner_env: OaiSimulator, repo: SimulatedRepository, db: str,
+                                                                registry: Callable[[str], Path]) -> None:
     registry(
         "partners:\n"
         "  - {id: dagmuseum, protocol: oai-pmh, conn_id: partner_dagmuseum, metadata_prefix: auto,\n"

@@ -1,4 +1,4 @@
-"""Issue 28 item 2: a quiet night is one task process and two requests, with every guarantee.
+"""A quiet night is one task process and two requests, with every guarantee.
 
 On main a quiet night ran six task processes and sent three requests (Identify,
 ListMetadataFormats for ``metadata_prefix: auto``, ListRecords):
@@ -9,13 +9,19 @@ the request count.
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.store import connect
+from partner_harvest.store.db import one
 from tests.support import dags
 from tests.support.dags import task_states
 from tests.support.db import held as support_held
+
+if TYPE_CHECKING:
+    from airflow.models.dagrun import DagRun
 
 pytestmark = pytest.mark.airflow
 PARTNER = "dagmuseum"  # tests/dags/conftest.py (partner_env): metadata_prefix auto
@@ -23,14 +29,14 @@ get_cursor = partial(dags.get_cursor, PARTNER)
 held = partial(support_held, partner_id=PARTNER)
 
 
-def verbs(sim, since: int) -> list[str]:
+def verbs(sim: OaiSimulator, since: int) -> list[str]:
     return [r.get("verb", "?") for r in sim.requests[since:]]
 
 
-def run_row(db: str, run) -> tuple:
+def run_row(db: str, run: DagRun) -> tuple[Any, ...]:
     with connect(db) as conn:
-        return conn.execute("SELECT status, fetched, pages FROM harvest_runs WHERE partner_id = %s AND run_id = %s"
-                            " AND channel = 'changes'", (PARTNER, f"{run.dag_id}/{run.run_id}")).fetchone()
+        return one(conn.execute("SELECT status, fetched, pages FROM harvest_runs WHERE partner_id = %s AND run_id = %s"
+                            " AND channel = 'changes'", (PARTNER, f"{run.dag_id}/{run.run_id}")))
 
 
 def asset_event_sources() -> list[str]:
@@ -45,7 +51,7 @@ def asset_event_sources() -> list[str]:
 
 @pytest.mark.slow  # four dag.test() runs
 @pytest.mark.timeout(600)
-def test_a_quiet_night_is_one_task_and_two_requests(partner_env, repo, db) -> None:
+def test_a_quiet_night_is_one_task_and_two_requests(partner_env: OaiSimulator, repo: SimulatedRepository, db: str) -> None:
     sim = partner_env
     dag = dags.build_dag(PARTNER)
     first = dag.test()  # the first harvest: asks ListMetadataFormats once and remembers the choice
@@ -95,16 +101,16 @@ class Sent:
             monkeypatch.setattr(stats, kind, partial(self._metric, kind))
         monkeypatch.setattr(lineage, "get_hook_lineage_collector", lambda: self)
 
-    def _metric(self, kind: str, name: str, *args, **kwargs) -> None:
+    def _metric(self, kind: str, name: str, *args: Any, **kwargs: Any) -> None:
         self.metrics.append((kind, name))
 
-    def add_input_asset(self, context=None, uri: str = "", **kwargs) -> None:
+    def add_input_asset(self, context: Any = None, uri: str = "", **kwargs: Any) -> None:
         self.lineage.append(("input", uri))
 
-    def add_output_asset(self, context=None, uri: str = "", **kwargs) -> None:
+    def add_output_asset(self, context: Any = None, uri: str = "", **kwargs: Any) -> None:
         self.lineage.append(("output", uri))
 
-    def night(self, dag) -> tuple[object, set[tuple[str, str]], set[tuple[str, str]]]:
+    def night(self, dag: Any) -> tuple[DagRun, set[tuple[str, str]], set[tuple[str, str]]]:
         """One run, with the metrics and lineage its tasks reported (as sets: which, not how often)."""
         self.metrics.clear()
         self.lineage.clear()
@@ -112,7 +118,8 @@ class Sent:
 
 
 @pytest.mark.timeout(600)
-def test_a_quiet_night_reports_the_metrics_and_lineage_of_an_ordinary_night(partner_env, repo, monkeypatch) -> None:
+def test_a_quiet_night_reports_the_metrics_and_lineage_of_an_ordinary_night(partner_env: OaiSimulator, repo: SimulatedRepository,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A quiet night applies a run as an ordinary night does: it reports the same metrics
     (runs_applied, run_seconds, cursor_lag_seconds, the apply's counts) and the same lineage
     (staging written and read, the live tables written)."""

@@ -1,4 +1,4 @@
-"""Issue 25: `retrying`, from a real Airflow retry (not from seeded task states).
+"""`retrying`, from a real Airflow retry (not from seeded task states).
 
 The partner's endpoint is down on the first try of ``freeze_window`` (a closed port), with
 ``retries: 1`` and a ``retry_delay`` long enough to look: Airflow (``dag.test()``, the
@@ -19,12 +19,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.registry import get_partner
+
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 PARTNER = "retrier"
@@ -58,7 +62,7 @@ def status_lines() -> list[str]:
     return done.stdout.splitlines()
 
 
-def page_row(client) -> str:
+def page_row(client: TestClient) -> str:
     page = client.get("/").text
     return page[page.index(f'<tr data-partner="{PARTNER}"'):].split("</tr>")[0]
 
@@ -67,7 +71,7 @@ class Observer(threading.Thread):
     """While ``dag.test()`` runs in the main thread: wait for the real up_for_retry, bring the
     partner back, then read the page and `status` before the retry is due."""
 
-    def __init__(self, client, partner_url: str) -> None:
+    def __init__(self, client: TestClient, partner_url: str) -> None:
         super().__init__(daemon=True)
         self.client, self.partner_url = client, partner_url
         self.seen: dict[str, Any] = {}
@@ -115,7 +119,7 @@ def _task_states() -> dict[str, tuple[str, int]]:
 
 @pytest.mark.timeout(240)  # a real retry delay is waited out, with two dag.test() processes' start
 def test_a_real_retry_reads_retrying_on_the_page_and_in_status(
-        registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db) -> None:
+        registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db: None) -> None:
     from fastapi.testclient import TestClient
 
     from partner_harvest.airflow.dag_factory import build_harvest_dag

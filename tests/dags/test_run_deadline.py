@@ -17,12 +17,14 @@ fixes that (docs/design/airflow-surface.md).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
-from tests.support.webhook import Sink
+from tests.support.checks import present
+from tests.support.webhook import Sink, WebhookSink
 
 pytestmark = pytest.mark.airflow
 
@@ -36,27 +38,30 @@ BUNDLE = "test-run-deadline"
 
 
 @pytest.fixture
-def sink(monkeypatch: pytest.MonkeyPatch):
+def sink(monkeypatch: pytest.MonkeyPatch) -> Iterator[WebhookSink]:
     s = Sink()
     monkeypatch.setenv("AIRFLOW_CONN_HARVEST_ALERTS_WEBHOOK", json.dumps({"conn_type": "http", "host": s.url}))
     yield s
     s.close()
 
 
-def test_every_partner_dag_carries_the_run_deadline(registry, airflow_db) -> None:
+def test_every_partner_dag_carries_the_run_deadline(registry: Callable[[str], Path], airflow_db: None) -> None:
     from partner_harvest.airflow.dag_factory import build_dags
 
     registry("partners:\n  - {id: slow, protocol: oai-pmh, conn_id: c, run_deadline: 3h}\n"
              "  - {id: usual, protocol: oai-pmh, conn_id: c}\n")
     dags = {d.dag_id: d for kind in ("harvest", "reconcile") for d in build_dags(kind)}
     for dag_id, hours in (("harvest_slow", 3), ("reconcile_slow", 3), ("harvest_usual", 20)):
-        (alert,) = dags[dag_id].deadline
+        deadline = dags[dag_id].deadline
+        assert isinstance(deadline, list)
+        (alert,) = deadline
         assert alert.interval == timedelta(hours=hours)
         assert type(alert.reference).__name__ == "DagRunLogicalDateDeadline"
         assert alert.callback.path == "partner_harvest.airflow.notifiers.run_overdue_alert"
 
 
-def test_missing_pool_run_alerts_when_its_deadline_passes(registry, sink: Sink, airflow_db) -> None:
+def test_missing_pool_run_alerts_when_its_deadline_passes(registry: Callable[[str], Path], sink: WebhookSink, airflow_db: None) -> None:
+    import structlog
     from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
     from airflow.models import DagRun, Deadline
     from airflow.models.callback import Callback
@@ -67,7 +72,6 @@ def test_missing_pool_run_alerts_when_its_deadline_passes(registry, sink: Sink, 
     from airflow.utils.session import create_session
     from airflow.utils.state import CallbackState, DagRunState
     from airflow.utils.types import DagRunTriggeredByType, DagRunType
-    import structlog
 
     registry("partners:\n  - {id: poolless, protocol: oai-pmh, conn_id: c, run_deadline: 2h}\n")
     with create_session() as session:
@@ -82,15 +86,16 @@ def test_missing_pool_run_alerts_when_its_deadline_passes(registry, sink: Sink, 
     run_id = f"manual__deadline_{utcnow().timestamp():.0f}"
     with create_session() as session:
         dag = SerializedDagModel.get_dag("harvest_poolless", session=session)
+        assert dag is not None
         now = utcnow()
         run = dag.create_dagrun(run_id=run_id, logical_date=now, data_interval=(now, now), run_after=now,
                                 run_type=DagRunType.MANUAL, triggered_by=DagRunTriggeredByType.TEST,
                                 state=DagRunState.QUEUED, session=session)
         session.flush()
         (deadline,) = session.query(Deadline).filter(Deadline.dagrun_id == run.id).all()
-        assert deadline.deadline_time == run.logical_date + timedelta(hours=2)
+        assert deadline.deadline_time == present(run.logical_date) + timedelta(hours=2)
         # Two hours later, nothing has run (no pool); what the scheduler loop does then:
-        run.queued_at -= timedelta(hours=2, seconds=1)
+        run.queued_at = present(run.queued_at) - timedelta(hours=2, seconds=1)
         deadline.deadline_time = utcnow() - timedelta(seconds=1)
         session.flush()
         for missed in session.query(Deadline).filter(Deadline.deadline_time < utcnow(), ~Deadline.missed,
@@ -98,9 +103,9 @@ def test_missing_pool_run_alerts_when_its_deadline_passes(registry, sink: Sink, 
             missed.handle_miss(session)
         session.flush()
         callback = session.get(Callback, deadline.callback_id)
-        assert callback.state == CallbackState.PENDING
+        assert callback is not None and callback.state == CallbackState.PENDING
         data = dict(callback.data)
-        assert session.get(DagRun, run.id).state == DagRunState.QUEUED
+        assert getattr(session.get(DagRun, run.id), "state", None) == DagRunState.QUEUED
 
     # What the executor's callback runner does with it.
     ok, error = execute_callback(data["path"], data["kwargs"], Path("partner_harvest.py"), ROOT / "dags",
@@ -112,7 +117,7 @@ def test_missing_pool_run_alerts_when_its_deadline_passes(registry, sink: Sink, 
     assert "pool partner_poolless exists" in body["text"]
 
 
-def _failed_run(dag_id: str, dag_folder: Path, bundle_path: Path):
+def _failed_run(dag_id: str, dag_folder: Path, bundle_path: Path) -> tuple[str, str]:
     """A run of ``dag_id`` (parsed from ``dag_folder``) created as the API creates a manual one,
     then failed with every task failed: what an operator finds after a failed night."""
     from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
@@ -130,7 +135,7 @@ def _failed_run(dag_id: str, dag_folder: Path, bundle_path: Path):
     sync_bag_to_db(bag, BUNDLE, None)
     with create_session() as session:
         now = utcnow()
-        run = SerializedDagModel.get_dag(dag_id, session=session).create_dagrun(
+        run = present(SerializedDagModel.get_dag(dag_id, session=session)).create_dagrun(
             run_id=f"manual__failed_{now.timestamp():.0f}", logical_date=now, data_interval=(now, now), run_after=now,
             run_type=DagRunType.MANUAL, triggered_by=DagRunTriggeredByType.TEST, state=DagRunState.QUEUED,
             session=session)
@@ -152,7 +157,7 @@ def _clear_failed_tasks(dag_id: str, run_id: str) -> None:
         clear_task_instances(tis, session)
 
 
-def test_the_failed_task_of_a_failed_partner_run_can_be_cleared(registry, airflow_db) -> None:
+def test_the_failed_task_of_a_failed_partner_run_can_be_cleared(registry: Callable[[str], Path], airflow_db: None) -> None:
     """The rerun of a failed night: its run deadline survives Airflow's clear."""
     from airflow.models import DagRun, Deadline
     from airflow.utils.session import create_session
@@ -164,7 +169,7 @@ def test_the_failed_task_of_a_failed_partner_run_can_be_cleared(registry, airflo
         run = session.query(DagRun).filter(DagRun.dag_id == dag_id, DagRun.run_id == run_id).one()
         assert run.state == "queued" and run.clear_number == 1
         (deadline,) = session.query(Deadline).filter(Deadline.dagrun_id == run.id).all()
-        assert deadline.deadline_time == run.logical_date + timedelta(hours=20)  # the registry's default
+        assert deadline.deadline_time == present(run.logical_date) + timedelta(hours=20)  # the registry's default
 
 
 QUEUED_AT_DAG = """
@@ -180,7 +185,7 @@ with DAG("queued_at_deadline_canary", schedule=None, start_date=datetime(2026, 1
 """
 
 
-def test_airflow_still_cannot_clear_a_failed_run_with_a_queued_at_deadline(airflow_db, tmp_path: Path) -> None:
+def test_airflow_still_cannot_clear_a_failed_run_with_a_queued_at_deadline(airflow_db: None, tmp_path: Path) -> None:
     """The upstream bug that keeps the run deadline off ``DAGRUN_QUEUED_AT``. When this test
     fails, Airflow clears such runs: the run deadline may count from the queued-at time again
     (a cleared run then gets a fresh deadline), and docs/design/airflow-surface.md loses a line."""
@@ -191,7 +196,7 @@ def test_airflow_still_cannot_clear_a_failed_run_with_a_queued_at_deadline(airfl
 
 
 @pytest.mark.slow  # runs the airflow command line
-def test_airflow_dags_test_still_needs_the_deadline_work_around(airflow_db, tmp_path: Path) -> None:
+def test_airflow_dags_test_still_needs_the_deadline_work_around(airflow_db: None, tmp_path: Path) -> None:
     """The upstream bug behind partner_harvest/airflow/compat.py: without it, ``airflow dags test``
     of a DAG with a deadline (this one never imports partner_harvest) ends in a traceback after a
     successful run. When this test fails, Airflow copes by itself: delete compat.py and its line

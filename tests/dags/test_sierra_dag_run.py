@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import json
 import logging
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
 
 import pytest
-
-from tests.support import dags
 
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
+from tests.support import dags
 
 pytestmark = pytest.mark.airflow
 
@@ -38,7 +39,8 @@ def library_entry(export: str) -> str:
 
 
 @pytest.fixture
-def sierra_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, catalogue, airflow_db):
+def sierra_env(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, catalogue: SimulatedCatalogue,
+               airflow_db: None) -> Iterator[SierraSimulator]:
     registry(library_entry("{limit: 100, rate_limit_wait: 0}"))
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
         monkeypatch.setenv("AIRFLOW_CONN_PARTNER_DAGLIBRARY", json.dumps(
@@ -52,7 +54,7 @@ def sierra_env(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str,
             Variable.delete(key)
 
 
-def variable(key: str):
+def variable(key: str) -> Any:
     from airflow.models import Variable
 
     return Variable.get(key, default_var=None, deserialize_json=True)
@@ -79,7 +81,9 @@ def rendered_fields_text(dag_id: str) -> str:
         return " ".join(json.dumps(row.rendered_fields, default=str) for row in rows)
 
 
-def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env, catalogue, db, capfd, caplog) -> None:
+def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env: SierraSimulator, catalogue: SimulatedCatalogue, db: str,
+                                                                  capfd: pytest.CaptureFixture[str],
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     dag = build_dag()
     assert {"freeze_window", "plan_slices", "harvest_changes", "poll_deletions", "approval_gate", "apply_changes",
@@ -104,7 +108,7 @@ def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env, ca
     with connect(db) as conn:
         ensure_schema(conn)
         assert live_identifiers(conn, "daglibrary") == catalogue.public_ids()
-        channels = dict(conn.execute(
+        channels: dict[str, int] = dict(conn.execute(
             "SELECT channel, purged FROM harvest_runs WHERE partner_id = 'daglibrary' AND run_id = %s",
             (f"{second.dag_id}/{second.run_id}",)).fetchall())
     assert channels == {"changes": 0, "deletions": len(deleted)}
@@ -121,8 +125,9 @@ def test_sierra_dag_moves_both_cursors_and_never_shows_the_secret(sierra_env, ca
 
 
 @pytest.mark.parametrize("catalogue", [{"nul_every": 50}], indirect=True)
-def test_bibs_holding_a_nul_character_are_quarantined_and_the_run_completes(sierra_env, catalogue, db) -> None:
-    """Issue 7 item 9 through Airflow: a NUL made the page's COPY fail on every retry, for ever."""
+def test_bibs_holding_a_nul_character_are_quarantined_and_the_run_completes(sierra_env: SierraSimulator, catalogue: SimulatedCatalogue,
+                                                                            db: str) -> None:
+    """Regression, through Airflow: a NUL made the page's COPY fail on every retry, for ever."""
     run = build_dag().test()
     states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
     assert set(states.values()) == {"success"}, states
@@ -132,15 +137,15 @@ def test_bibs_holding_a_nul_character_are_quarantined_and_the_run_completes(sier
     with connect(db) as conn:
         ensure_schema(conn)
         assert live_identifiers(conn, "daglibrary") == catalogue.public_ids() - poisoned
-        held = dict(conn.execute("SELECT identifier, reason FROM quarantine WHERE partner_id = 'daglibrary'").fetchall())
+        held: dict[str, str] = dict(conn.execute("SELECT identifier, reason FROM quarantine WHERE partner_id = 'daglibrary'").fetchall())
     assert set(held) == poisoned
     assert all("NUL" in reason or "XML compatible" in reason for reason in held.values()), held
     assert variable(CURSOR)["until"] == catalogue.clock.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def test_a_rate_limit_reschedules_harvest_changes_which_then_resumes_at_the_stopped_block(
-        sierra_env, catalogue, db, registry) -> None:
-    """Issue 9 item 4 through Airflow: a 429 whose Retry-After is longer than options.export.max_sleep_seconds
+        sierra_env: SierraSimulator, catalogue: SimulatedCatalogue, db: str, registry: Callable[[str], Path]) -> None:
+    """Through Airflow: a 429 whose Retry-After is longer than options.export.max_sleep_seconds
     frees the worker slot (the try ends at once, UP_FOR_RESCHEDULE, no retry used); dag.test() runs the task
     again after reschedule_date and the export resumes after the staged blocks."""
     from airflow.models.taskinstance import TaskInstance
@@ -161,7 +166,7 @@ def test_a_rate_limit_reschedules_harvest_changes_which_then_resumes_at_the_stop
     first_try = reschedules[0]
     assert (first_try.end_date - first_try.start_date).total_seconds() < wait / 2  # it did not sleep the wait
     assert (first_try.reschedule_date - first_try.end_date).total_seconds() >= wait - 1
-    assert ti.start_date >= first_try.reschedule_date  # the second try ran after the partner's wait
+    assert ti.start_date is not None and ti.start_date >= first_try.reschedule_date  # the second try ran after the wait
     exports = [r for r in sierra_env.requests if r["path"].endswith("/bibs/marc")]
     assert [r["status"] for r in exports].count(429) == 1
     served = [r["query"]["id"] for r in exports if r["status"] == 200]
@@ -176,7 +181,7 @@ def test_a_rate_limit_reschedules_harvest_changes_which_then_resumes_at_the_stop
 
 @pytest.mark.timeout(600)  # three dag.test() runs of eleven tasks, on a loaded machine
 def test_items_and_holdings_get_their_tasks_and_cursors_and_a_quiet_night_applies_them_all_in_freeze(
-        registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db, db) -> None:
+        registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db: None, db: str) -> None:
     registry("partners:\n  - id: itemlibrary\n    protocol: sierra\n    conn_id: partner_itemlibrary\n"
              "    page_size: 100\n    lag: 1m\n    options: {http: {backoff_factor: 0.01, retries: 2}, export: {limit: 100, "
              "rate_limit_wait: 0}, sierra: {channels: [bibs, items, holdings]}}\n")

@@ -1,20 +1,32 @@
 """Sliced full harvests through Airflow (dag.test): plan_slices, a mapped harvest_changes per
-slice in the partner's pool, one apply; a slice that fails is retried on its own (issue 9)."""
+slice in the partner's pool, one apply; a slice that fails is retried on its own."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
+import psycopg
 import pytest
+from airflow.sdk.definitions.mappedoperator import MappedOperator
 
-from tests.support.db import held
-
+from include.simulators.loopback import Response
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
 from partner_harvest.registry import get_partner
 from partner_harvest.store import connect, ensure_schema
+from partner_harvest.store.db import scalar
 from partner_harvest.store.slices import slice_rows
+from partner_harvest.window import WindowFacts
+from tests.support.db import held
+
+if TYPE_CHECKING:
+    from airflow.models.dagrun import DagRun
+    from airflow.sdk import DAG
+    from airflow.sdk.definitions.context import Context
 
 pytestmark = pytest.mark.airflow
 
@@ -22,7 +34,7 @@ SLICING = "slicing: {threshold_records: 300, target_records: 150, max_slices: 4}
 KEY, SECRET = "sliced-key", "sliced-secret"
 
 
-def build_dag(partner_id: str, fail_once: bool = False):
+def build_dag(partner_id: str, fail_once: bool = False) -> DAG:
     """retries 0, except harvest_changes: one immediate retry when a test makes a slice fail."""
     from partner_harvest.airflow.dag_factory import build_harvest_dag
 
@@ -31,18 +43,19 @@ def build_dag(partner_id: str, fail_once: bool = False):
         task.retries = 0
     if fail_once:
         mapped = dag.get_task("harvest_changes")
+        assert isinstance(mapped, MappedOperator)
         mapped.partial_kwargs["retries"] = 1
         mapped.partial_kwargs["retry_delay"] = timedelta(0)
         mapped.partial_kwargs["retry_exponential_backoff"] = 0
     return dag
 
 
-def instances(run) -> list[tuple[str, int, str, int]]:
+def instances(run: DagRun) -> list[tuple[str, int, str, int]]:
     return sorted((ti.task_id, ti.map_index, str(getattr(ti.state, "value", ti.state)), ti.try_number)
                   for ti in run.get_task_instances())
 
 
-def rows(db: str, partner_id: str, run) -> dict[str, dict]:
+def rows(db: str, partner_id: str, run: DagRun) -> dict[str, dict[str, Any]]:
     with connect(db) as conn:
         ensure_schema(conn)
         return {r["channel"]: r for r in slice_rows(conn, partner_id, f"{run.dag_id}/{run.run_id}")}
@@ -52,7 +65,8 @@ def rows(db: str, partner_id: str, run) -> dict[str, dict]:
 
 
 @pytest.fixture
-def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db):
+def museum(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str,
+           airflow_db: None) -> Iterator[tuple[OaiSimulator, SimulatedRepository]]:
     registry(
         "partners:\n"
         "  - {id: slicedmuseum, protocol: oai-pmh, conn_id: partner_slicedmuseum, metadata_prefix: oai_dc,\n"
@@ -64,18 +78,19 @@ def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, air
         yield sim, repo
 
 
-def test_a_sliced_oai_full_harvest_retries_only_the_slice_that_failed(museum, db) -> None:
+def test_a_sliced_oai_full_harvest_retries_only_the_slice_that_failed(museum: tuple[OaiSimulator, SimulatedRepository], db: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     sim, repo = museum
     original, lists = sim.handle_oai, {"n": 0}
 
-    def fail_once(pairs):  # the 6th list page (inside the 2nd slice) answers 503 once
+    def fail_once(pairs: list[tuple[str, str]]) -> Response:  # the 6th list page (inside the 2nd slice) answers 503 once
         if any(k == "verb" and v == "ListRecords" for k, v in pairs):
             lists["n"] += 1
             if lists["n"] == 6:
                 sim.fail_next(1, status=503)
         return original(pairs)
 
-    sim.handle_oai = fail_once
+    monkeypatch.setattr(sim, "handle_oai", fail_once)
     run = build_dag("slicedmuseum", fail_once=True).test(run_conf={"mode": "full"})
     tis = instances(run)
     harvests = [t for t in tis if t[0] == "harvest_changes"]
@@ -92,8 +107,8 @@ def test_a_sliced_oai_full_harvest_retries_only_the_slice_that_failed(museum, db
     assert list_requests <= collection_pages + audit[retried]["pages"] + 1, (list_requests, collection_pages)
 
 
-def test_a_full_harvest_by_the_registry_sets_runs_mapped_slices_of_each_set(registry, monkeypatch, aggregation_conn,
-                                                                           airflow_db, db) -> None:
+def test_a_full_harvest_by_the_registry_sets_runs_mapped_slices_of_each_set(
+        registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db: None, db: str) -> None:
     registry(
         "partners:\n"
         "  - {id: setmuseum, protocol: oai-pmh, conn_id: partner_setmuseum, metadata_prefix: oai_dc,\n"
@@ -119,7 +134,8 @@ def test_a_full_harvest_by_the_registry_sets_runs_mapped_slices_of_each_set(regi
 
 
 @pytest.fixture
-def library(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db):
+def library(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str,
+            airflow_db: None) -> Iterator[tuple[SierraSimulator, SimulatedCatalogue]]:
     registry(
         "partners:\n"
         "  - id: slicedlibrary\n"
@@ -137,7 +153,8 @@ def library(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, ai
         yield sim, catalogue
 
 
-def test_a_sliced_sierra_full_load_resumes_the_failed_slice_from_its_checkpoint(library, db) -> None:
+def test_a_sliced_sierra_full_load_resumes_the_failed_slice_from_its_checkpoint(library: tuple[SierraSimulator, SimulatedCatalogue],
+                                                                                db: str) -> None:
     sim, catalogue = library
     # the second export block of the second slice (ids 1000151..1000300, 50 a block) answers 500 once
     sim.fail_next(1, status=500, path_prefix="/bibs/marc?id=[1000201,")
@@ -162,18 +179,18 @@ def test_a_slice_that_fails_keeps_the_lease_while_its_siblings_harvest(aggregati
     from types import SimpleNamespace
 
     from partner_harvest.airflow.tasks import release_lease_after_final_failure
+    from partner_harvest.records import HarvestStats
     from partner_harvest.store import RunRef, begin_run
     from partner_harvest.store.leases import HARVEST, acquire
     from partner_harvest.store.runs import fail_run, finish_harvest
-    from partner_harvest.records import HarvestStats
     from partner_harvest.window import Window
 
-    window = Window("full", None, datetime(2026, 3, 1, tzinfo=timezone.utc), "day", True, {})
-    context = {"dag_run": SimpleNamespace(dag_id="harvest_big", run_id="manual__1")}
+    window = Window("full", None, datetime(2026, 3, 1, tzinfo=timezone.utc), "day", True, WindowFacts())
+    context = cast("Context", {"dag_run": SimpleNamespace(dag_id="harvest_big", run_id="manual__1")})  # what it reads
     failed, sibling = (RunRef("big", "harvest_big/manual__1", f"changes/00{i}") for i in (1, 2))
 
-    def leased(conn) -> bool:
-        return conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = 'big'").fetchone()[0] == 1
+    def leased(conn: psycopg.Connection) -> bool:
+        return scalar(conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = 'big'")) == 1
 
     with connect(aggregation_conn, autocommit=True) as conn:
         ensure_schema(conn)

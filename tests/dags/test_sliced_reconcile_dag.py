@@ -1,26 +1,36 @@
-"""The sliced reconcile through Airflow (dag.test, issue 28 item 6): plan_sweep, a mapped
+"""The sliced reconcile through Airflow (dag.test): plan_sweep, a mapped
 sweep_ids per slice in the partner's pool, reconcile (the settle), approval_gate,
 apply_reconcile; a slice that fails is retried on its own and the reconcile converges
-exactly. Over its purge limit it waits at the approval gate as the unsliced one does
-(issue 26 item 1): Approve applies exactly what it staged (with its metrics), Reject leaves
+exactly. Over its purge limit it waits at the approval gate as the unsliced one does:
+Approve applies exactly what it staged (with its metrics), Reject leaves
 mirror and cursor as they were. A small partner's reconcile stays one task."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from airflow.sdk.definitions.mappedoperator import MappedOperator
 
+from include.simulators.loopback import Response
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.registry import get_partner
 from partner_harvest.run import run_partner
 from partner_harvest.store import connect, ensure_schema
+from partner_harvest.store.db import one, scalar
 from tests.support.dags import get_cursor, set_cursor, task_states
 from tests.support.db import held
 from tests.support.hitl import Responder
 from tests.support.statsd import StatsdListener, parse, stats_sent_to
+from tests.support.webhook import WebhookSink
+
+if TYPE_CHECKING:
+    from airflow.sdk import DAG
 
 pytestmark = pytest.mark.airflow
 
@@ -28,7 +38,8 @@ SLICING = "slicing: {threshold_records: 300, target_records: 150, reconcile_slic
 
 
 @pytest.fixture
-def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db):
+def museum(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str,
+           airflow_db: None) -> Iterator[tuple[OaiSimulator, SimulatedRepository]]:
     registry(
         "partners:\n"
         "  - {id: bigmuseum, protocol: oai-pmh, conn_id: partner_bigmuseum, metadata_prefix: oai_dc,\n"
@@ -41,7 +52,7 @@ def museum(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, air
         yield sim, repo
 
 
-def test_a_small_partners_reconcile_stays_one_task(museum) -> None:
+def test_a_small_partners_reconcile_stays_one_task(museum: tuple[OaiSimulator, SimulatedRepository]) -> None:
     from partner_harvest.airflow.dag_factory import build_reconcile_dag
 
     # one task's sweep and apply, behind the approval gate (airflow/gates.py) that passes unless over the limit
@@ -51,11 +62,12 @@ def test_a_small_partners_reconcile_stays_one_task(museum) -> None:
     assert [t.task_id for t in big.tasks] == ["plan_sweep", "sweep_ids", "reconcile", "approval_gate",
                                               "apply_reconcile"]
     assert big.get_task("apply_reconcile").upstream_task_ids == {"reconcile", "approval_gate"}
-    assert "every slice of `sweep_ids`" in big.get_task("reconcile").doc_md  # the settle's own doc
+    assert "every slice of `sweep_ids`" in (big.get_task("reconcile").doc_md or "")  # the settle's own doc
 
 
 @pytest.mark.slow  # a dag.test() of 6 tasks, 800 records
-def test_a_sliced_reconcile_retries_only_the_slice_that_failed_and_converges(museum, db, monkeypatch) -> None:
+def test_a_sliced_reconcile_retries_only_the_slice_that_failed_and_converges(museum: tuple[OaiSimulator, SimulatedRepository], db: str,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     sim, repo = museum
     partner = get_partner("bigmuseum")
     with connect(db) as conn:
@@ -64,7 +76,7 @@ def test_a_sliced_reconcile_retries_only_the_slice_that_failed_and_converges(mus
     vanished, added = set(repo.delete(12)), set(repo.add(5))
     original, lists = sim.handle_oai, {"n": 0, "sweeping": False}
 
-    def fail_once(pairs):  # a list page inside a slice's sweep (not the plan's probes) answers 503 once
+    def fail_once(pairs: list[tuple[str, str]]) -> Response:  # a list page inside a slice's sweep (not the plan's probes) answers 503 once
         if (lists["sweeping"] and any(k == "verb" and v == "ListIdentifiers" for k, v in pairs)
                 and any(k == "resumptionToken" for k, _ in pairs)):
             lists["n"] += 1
@@ -72,13 +84,13 @@ def test_a_sliced_reconcile_retries_only_the_slice_that_failed_and_converges(mus
                 sim.fail_next(1, status=503)
         return original(pairs)
 
-    sim.handle_oai = fail_once
+    monkeypatch.setattr(sim, "handle_oai", fail_once)
     from partner_harvest.airflow import tasks as task_bodies
     from partner_harvest.airflow.dag_factory import build_reconcile_dag
 
     sweep_slice = task_bodies.sweep_reconcile_slice
 
-    def sweeping(*args, **kwargs):  # the plan's probes are done once the first slice starts
+    def sweeping(*args: Any, **kwargs: Any) -> Any:  # the plan's probes are done once the first slice starts
         lists["sweeping"] = True
         return sweep_slice(*args, **kwargs)
 
@@ -88,6 +100,7 @@ def test_a_sliced_reconcile_retries_only_the_slice_that_failed_and_converges(mus
     for task in dag.tasks:
         task.retries = 0
     mapped = dag.get_task("sweep_ids")
+    assert isinstance(mapped, MappedOperator)
     mapped.partial_kwargs.update(retries=1, retry_delay=timedelta(0), retry_exponential_backoff=0)
     run = dag.test()
     tis = sorted((ti.task_id, ti.map_index, str(getattr(ti.state, "value", ti.state)), ti.try_number)
@@ -98,9 +111,9 @@ def test_a_sliced_reconcile_retries_only_the_slice_that_failed_and_converges(mus
     assert sorted(t[3] for t in sweeps) == [1, 1, 1, 2]  # one slice ran twice, alone
     assert held(db, "bigmuseum") == repo.live_identifiers()
     with connect(db) as conn:
-        purged = conn.execute("SELECT count(*) FROM deletions WHERE partner_id = 'bigmuseum' AND reason = 'reconcile'"
-                              ).fetchone()[0]
-        lease = conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = 'bigmuseum'").fetchone()[0]
+        purged = scalar(conn.execute("SELECT count(*) FROM deletions WHERE partner_id = 'bigmuseum' AND reason = 'reconcile'"
+                              ))
+        lease = scalar(conn.execute("SELECT count(*) FROM partner_leases WHERE partner_id = 'bigmuseum'"))
     assert purged == len(vanished) and added <= held(db, "bigmuseum") and lease == 0  # the apply released it
 
 
@@ -111,7 +124,8 @@ CURSOR = {"until": "2026-01-02T03:04:05Z", "run_id": "scheduled__2026-01-02"}  #
 
 
 @pytest.fixture
-def gated(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db, webhook):
+def gated(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airflow_db: None,
+          webhook: WebhookSink) -> Iterator[tuple[SimulatedRepository, set[str], set[str], set[str]]]:
     """A partner of 200 records swept in 2 slices, harvested once; 30 of them (15%, over the 5%
     ``max_purge_fraction``) vanish upstream without a deletion notice, 3 are added."""
     registry(
@@ -134,7 +148,7 @@ def gated(registry, monkeypatch: pytest.MonkeyPatch, aggregation_conn: str, airf
     set_cursor("gatedmuseum", None)
 
 
-def _reconcile_dag():
+def _reconcile_dag() -> DAG:
     from partner_harvest.airflow.dag_factory import build_reconcile_dag
 
     dag = build_reconcile_dag(get_partner("gatedmuseum"))
@@ -144,8 +158,9 @@ def _reconcile_dag():
 
 
 def test_a_sliced_reconcile_over_its_limit_waits_at_the_gate_and_approve_applies_exactly(
-        gated, aggregation_conn, webhook, monkeypatch) -> None:
-    """Regression (issue 26 item 1): the sliced reconcile's apply failed with MassPurgeRefused."""
+        gated: tuple[SimulatedRepository, set[str], set[str], set[str]], aggregation_conn: str, webhook: WebhookSink,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: the sliced reconcile's apply failed with MassPurgeRefused."""
     repo, before, gone, added = gated
     statsd = StatsdListener()
     try:
@@ -176,7 +191,8 @@ def test_a_sliced_reconcile_over_its_limit_waits_at_the_gate_and_approve_applies
     assert [b["harvest"]["kind"] for b in webhook.bodies] == ["approval_requested"]
 
 
-def test_a_rejected_sliced_reconcile_leaves_mirror_and_cursor_untouched(gated, aggregation_conn) -> None:
+def test_a_rejected_sliced_reconcile_leaves_mirror_and_cursor_untouched(gated: tuple[SimulatedRepository, set[str], set[str], set[str]],
+                                                                        aggregation_conn: str) -> None:
     repo, before, gone, added = gated
     with connect(aggregation_conn) as conn:
         feed = conn.execute("SELECT high_water FROM partner_feed WHERE partner_id = 'gatedmuseum'").fetchone()
@@ -189,7 +205,7 @@ def test_a_rejected_sliced_reconcile_leaves_mirror_and_cursor_untouched(gated, a
     assert held(aggregation_conn, "gatedmuseum") == before and get_cursor("gatedmuseum") == CURSOR
     with connect(aggregation_conn) as conn:
         assert conn.execute("SELECT state, decided_by FROM approval_requests").fetchall() == [("rejected", "grace")]
-        status, error = conn.execute("SELECT status, error FROM harvest_runs WHERE run_id LIKE 'reconcile_%'").fetchone()
+        status, error = one(conn.execute("SELECT status, error FROM harvest_runs WHERE run_id LIKE 'reconcile_%'"))
         assert status == "abandoned" and "rejected at the approval gate by grace" in error
         for table in ("staging", "reconcile_slices", "reconcile_ids", "deletions"):
             assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,), table

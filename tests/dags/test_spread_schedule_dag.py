@@ -1,11 +1,18 @@
-"""Issue 28 item 3: the harvest DAG a registry window builds runs at the partner's spread minute."""
+"""The harvest DAG a registry window builds runs at the partner's spread minute."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from partner_harvest.schedule_spread import spread_minute, spread_schedule
+
+if TYPE_CHECKING:
+    from airflow.sdk import DAG
+    from airflow.serialization.serialized_objects import SerializedDAG
+    from airflow.timetables.base import TimeRestriction
 
 ROOT = Path(__file__).resolve().parents[2]
 REGISTRY = """partners:
@@ -15,7 +22,7 @@ REGISTRY = """partners:
 """
 
 
-def test_the_generated_dag_runs_at_the_spread_minute(registry, airflow_db) -> None:
+def test_the_generated_dag_runs_at_the_spread_minute(registry: Callable[[str], Path], airflow_db: None) -> None:
     from airflow.dag_processing.dagbag import DagBag
 
     registry(REGISTRY)
@@ -38,13 +45,14 @@ def test_the_generated_dag_runs_at_the_spread_minute(registry, airflow_db) -> No
     assert bag.get_dag("harvest_museum_c").timetable.expression == "0 2 * * *"
 
 
-def _scheduler_dag(dag):
+def _scheduler_dag(dag: DAG) -> SerializedDAG:
     from airflow.serialization.serialized_objects import DagSerialization
 
     return DagSerialization.from_dict(DagSerialization.to_dict(dag))
 
 
-def _restriction(earliest: datetime):
+def _restriction(earliest: datetime) -> TimeRestriction:
+    import pendulum
     from airflow.timetables.base import TimeRestriction
 
-    return TimeRestriction(earliest=earliest, latest=None, catchup=False)
+    return TimeRestriction(earliest=pendulum.instance(earliest), latest=None, catchup=False)

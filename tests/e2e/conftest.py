@@ -7,11 +7,12 @@ on the shared starter tests/support/airflow_stack.py; this file only hands it to
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+from pluggy import Result
 
 from tests.support.airflow_stack import drop_database
 from tests.support.e2e_stack import AirflowStack, migrate_metadata_template, start_airflow, start_shared_airflow
@@ -110,7 +111,8 @@ def airflow_stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory, airf
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, Result[pytest.TestReport], None]:
     """On a failed e2e test, attach the services' and latest task logs to the report."""
     outcome = yield
     report = outcome.get_result()

@@ -24,10 +24,12 @@ from partner_harvest.store import connect, ensure_schema
 from tests.support.e2e_stack import POOLLESS
 
 if TYPE_CHECKING:
+    from tests.e2e.conftest import SharedStack
     from tests.support.e2e_stack import AirflowStack
     from tests.support.smtp_sink import ReceivedMail
 
 # The stack starts in the first test's setup and runs wait up to 180 s each: above pytest.ini's 120 s.
+from partner_harvest.store.db import one
 from tests.support.db import held as held_in
 
 pytestmark = pytest.mark.e2e
@@ -38,7 +40,7 @@ NOTIFIERS = ROOT / "plugins" / "partner_harvest" / "airflow" / "notifiers.py"
 
 
 @pytest.fixture(scope="module")
-def airflow_stack(shared_airflow_stack) -> AirflowStack:
+def airflow_stack(shared_airflow_stack: SharedStack) -> AirflowStack:
     """The stack this module shares with test_approval_gates_e2e.py (tests/e2e/conftest.py):
     its partners are this module's, ``POOLLESS`` among them from the first parse."""
     return shared_airflow_stack.get()
@@ -190,10 +192,10 @@ def test_clearing_a_task_reruns_it_with_the_same_frozen_window(airflow_stack: Ai
 
     def audit() -> tuple:
         with connect(stack.aggregation_db) as conn:
-            return conn.execute(
+            return one(conn.execute(
                 "SELECT window_from, window_until, attempts, fetched FROM harvest_runs"
                 " WHERE partner_id = %s AND run_id = %s AND channel = 'changes'",
-                (stack.museum, f"{dag_id}/{run_id}")).fetchone()
+                (stack.museum, f"{dag_id}/{run_id}")))
 
     window_from, window_until, attempts, fetched = audit()
     stack.repo.advance_clock(3600)  # the partner's clock moves on; the frozen window must not
@@ -228,7 +230,7 @@ def _process_of(ti_id: str) -> int | None:
 
 
 def test_a_task_killed_with_sigkill_frees_its_partner_within_the_lease_ttl(airflow_stack: AirflowStack) -> None:
-    """Issue 7 item 10: no failure callback runs after SIGKILL (the task goes up for retry);
+    """No failure callback runs after SIGKILL (the task goes up for retry);
     the lease still ends within its TTL, and the weekly reconcile then runs."""
     import os
     import signal
@@ -292,7 +294,7 @@ def test_a_run_whose_pool_is_missing_alerts_at_its_deadline(airflow_stack: Airfl
     assert stack.http.get(f"{stack.base_url}/api/v2/pools/partner_{POOLLESS}", timeout=30).status_code == 404
     run = poolless_run["run"]
 
-    def overdue(mail) -> bool:
+    def overdue(mail: ReceivedMail) -> bool:
         return "not finished" in mail.subject and run["dag_run_id"] in mail.text
 
     mail = stack.sink.wait_for(overdue, timeout=240)

@@ -1,4 +1,4 @@
-"""Issue 26, "what it must show": the approval gates in a real Airflow (scheduler, api-server,
+"""The approval gates in a real Airflow (scheduler, api-server,
 dag-processor; no triggerer), answered through the REST API v2 like an operator's client.
 
 - a reconcile over its purge limit waits in Required Actions (task ``awaiting_input``, no
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
@@ -24,9 +24,13 @@ import requests
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
+from partner_harvest.store.db import one, scalar
 from tests.support.approval_partners import ABANDON, OTHER, PARTNERS, PURGE, SHRINK, WAIT
 from tests.support.e2e_stack import AirflowStack
 from tests.support.webhook import WebhookSink
+
+if TYPE_CHECKING:
+    from tests.e2e.conftest import SharedStack
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +39,7 @@ SCHEDULER_SAW_EXIT = "TaskInstance Finished: dag_id={dag_id}, task_id={task_id},
 
 
 @pytest.fixture(scope="module")
-def airflow_stack(shared_airflow_stack) -> Iterator[AirflowStack]:
+def airflow_stack(shared_airflow_stack: SharedStack) -> Iterator[AirflowStack]:
     """The stack this module shares with test_airflow_services.py (tests/e2e/conftest.py), whose
     registry holds this module's partners; their first harvests here."""
     stack = shared_airflow_stack.get()
@@ -137,8 +141,8 @@ def held(stack: AirflowStack, partner: str) -> set[str]:
 
 def request_row(stack: AirflowStack, dag_id: str, run_id: str) -> tuple:
     with connect(stack.aggregation_db) as conn:
-        return conn.execute("SELECT state, decided_by, held, removals, absent FROM approval_requests "
-                            "WHERE run_id = %s", (f"{dag_id}/{run_id}",)).fetchone()
+        return one(conn.execute("SELECT state, decided_by, held, removals, absent FROM approval_requests "
+                            "WHERE run_id = %s", (f"{dag_id}/{run_id}",)))
 
 
 def run_statuses(stack: AirflowStack, dag_id: str, run_id: str) -> set[str]:
@@ -149,7 +153,7 @@ def run_statuses(stack: AirflowStack, dag_id: str, run_id: str) -> set[str]:
 
 def staged_rows(stack: AirflowStack, partner: str) -> int:
     with connect(stack.aggregation_db) as conn:
-        return conn.execute("SELECT count(*) FROM staging WHERE partner_id = %s", (partner,)).fetchone()[0]
+        return scalar(conn.execute("SELECT count(*) FROM staging WHERE partner_id = %s", (partner,)))
 
 
 def alerts_of(sink: WebhookSink, kind: str, partner: str) -> list[dict[str, Any]]:
@@ -159,7 +163,7 @@ def alerts_of(sink: WebhookSink, kind: str, partner: str) -> list[dict[str, Any]
 
 # ---------------------------------------------------------------------- the tests
 def test_a_reconcile_over_its_limit_waits_holding_no_slot_and_approve_applies_exactly(
-        airflow_stack: AirflowStack, repos, alerts: WebhookSink) -> None:
+        airflow_stack: AirflowStack, repos: dict[str, tuple[SimulatedRepository, OaiSimulator]], alerts: WebhookSink) -> None:
     stack = airflow_stack
     repo, _ = repos[PURGE]
     gone = set(repo.delete(20))  # 20% vanish: over the 5% max_purge_fraction
@@ -195,8 +199,8 @@ def test_a_reconcile_over_its_limit_waits_holding_no_slot_and_approve_applies_ex
     assert staged_rows(stack, PURGE) == 0
 
 
-def test_a_shrinking_full_harvest_waits_and_reject_leaves_mirror_and_cursor(airflow_stack: AirflowStack,
-                                                                            repos) -> None:
+def test_a_shrinking_full_harvest_waits_and_reject_leaves_mirror_and_cursor(
+        airflow_stack: AirflowStack, repos: dict[str, tuple[SimulatedRepository, OaiSimulator]]) -> None:
     stack = airflow_stack
     repo, _ = repos[SHRINK]
     repo.delete(30)  # tombstones for 30%: over the 10% max_shrink_fraction
@@ -220,7 +224,8 @@ def test_a_shrinking_full_harvest_waits_and_reject_leaves_mirror_and_cursor(airf
     assert staged_rows(stack, SHRINK) == 0
 
 
-def test_a_wait_past_its_deadline_alerts_and_keeps_waiting_or_abandons(airflow_stack: AirflowStack, repos,
+def test_a_wait_past_its_deadline_alerts_and_keeps_waiting_or_abandons(airflow_stack: AirflowStack,
+                                                                       repos: dict[str, tuple[SimulatedRepository, OaiSimulator]],
                                                                        alerts: WebhookSink) -> None:
     stack = airflow_stack
     runs = {}

@@ -28,9 +28,10 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from tests.support.db import held as held_in
-from tests.support.e2e_stack import MUSEUM, AirflowStack, write_registry
 
+from include.simulators.oai_pmh import SimulatedRepository
+from partner_harvest.store import connect
+from partner_harvest.store.slices import is_slice, slice_channel, slice_rows
 from tests.support.celery_stack import (
     CeleryWorker,
     GatedOaiSimulator,
@@ -40,9 +41,8 @@ from tests.support.celery_stack import (
     redis_broker,
     worker_logs_on_failure,
 )
-from include.simulators.oai_pmh import SimulatedRepository
-from partner_harvest.store import connect
-from partner_harvest.store.slices import is_slice, slice_channel, slice_rows
+from tests.support.db import held as held_in
+from tests.support.e2e_stack import MUSEUM, AirflowStack, write_registry
 
 pytestmark = pytest.mark.e2e
 

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,7 +60,7 @@ def api_server(pg_server: str, airflow_metadata_template: str,
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser() -> Iterator[Any]:
     with launched_chromium() as chromium:
         yield chromium
 
@@ -72,19 +73,19 @@ def test_airflow_lists_the_provider(api_server: AirflowServices) -> None:
     assert "partner connection types" in listed["partner-harvest"]["description"]
 
 
-def _choose_type(page, label: str) -> None:
+def _choose_type(page: Any, label: str) -> None:  # a playwright Page
     """The Connection Type select (a searchable combobox): type its name, pick the option."""
     page.get_by_role("combobox").first.click()
     page.keyboard.type(label)
     page.get_by_role("option", name=label, exact=True).click()
 
 
-def _visible_labels(page) -> set[str]:
+def _visible_labels(page: Any) -> set[str]:
     return {t.replace("*", "").strip() for t in page.locator("label:visible").all_inner_texts() if t.strip()}
 
 
 def test_add_connection_offers_both_partner_types_with_their_fields(
-        api_server: AirflowServices, browser, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+        api_server: AirflowServices, browser: Any, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
     shots = Path(os.environ.get("HARVEST_SCREENSHOTS") or tmp_path_factory.mktemp("connections_page_screenshots"))
     shots.mkdir(parents=True, exist_ok=True)
     print(f"\nconnections page screenshots: {shots}")

@@ -1,4 +1,4 @@
-"""The health index with 10,000 partners in a real headless Chromium (issue 28 item 4).
+"""The health index with 10,000 partners in a real headless Chromium.
 
 The health app served by uvicorn on loopback against a real PostgreSQL holding one night of
 10,000 partners (tests/support/fleet.py); Airflow's login is left out here (the login is
@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -27,7 +29,7 @@ N = 10_000
 
 
 @pytest.fixture
-def served(conn: psycopg.Connection, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def served(conn: psycopg.Connection, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     import uvicorn
 
     app = fleet.serve_health_app(conn, db, tmp_path, N, monkeypatch)
@@ -46,15 +48,15 @@ def served(conn: psycopg.Connection, db: str, tmp_path: Path, monkeypatch: pytes
     health_app._index_cache.clear()
 
 
-def _ids(page) -> list[str]:
+def _ids(page: Any) -> list[str]:
     return page.eval_on_selector_all("#partners tbody tr", "rows => rows.map(r => r.dataset.partner)")
 
 
-def _states(page) -> set[str]:
+def _states(page: Any) -> set[str]:
     return set(page.eval_on_selector_all("#partners tbody tr", "rows => rows.map(r => r.dataset.state)"))
 
 
-def _pager(page) -> str:
+def _pager(page: Any) -> str:
     return " ".join(page.inner_text("#pager-top").split())
 
 

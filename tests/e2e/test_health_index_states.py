@@ -32,7 +32,7 @@ WIDTH = 1280
 
 
 @pytest.fixture(scope="module")
-def airflow_stack(shared_airflow_stack) -> Iterator[AirflowStack]:
+def airflow_stack(shared_airflow_stack: Any) -> Iterator[AirflowStack]:
     """The stack this module shares with test_airflow_services.py and test_approval_gates_e2e.py."""
     yield shared_airflow_stack.get()
 

@@ -20,6 +20,9 @@ import pytest
 if TYPE_CHECKING:
     from tests.support.e2e_stack import AirflowStack
 
+from collections.abc import Iterator
+from typing import Any
+
 from tests.support.browser import launched_chromium
 
 pytestmark = pytest.mark.e2e
@@ -42,7 +45,7 @@ def airflow_env_overrides(tmp_path_factory: pytest.TempPathFactory) -> dict[str,
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser() -> Iterator[Any]:
     with launched_chromium() as chromium:
         yield chromium
 
@@ -67,7 +70,7 @@ def runs_to_end(stack: AirflowStack, expected: dict[str, str]) -> dict[str, str]
 
 
 def test_health_page_shows_healthy_failing_and_behind_partners_and_a_partner_chart(
-    airflow_stack: AirflowStack, browser, shots: Path,
+    airflow_stack: AirflowStack, browser: Any, shots: Path,
 ) -> None:
     stack = airflow_stack
     broken_run = runs_to_end(stack, {stack.museum: "success", stack.lagging: "success",
@@ -90,7 +93,7 @@ def test_health_page_shows_healthy_failing_and_behind_partners_and_a_partner_cha
     page.wait_for_selector("table#partners")
     page.screenshot(path=str(shots / "health.png"), full_page=True)
 
-    def row(partner_id: str):
+    def row(partner_id: str) -> Any:  # a playwright Locator
         return page.locator(f'tr[data-partner="{partner_id}"]')
 
     states = {p: row(p).get_attribute("data-state") for p in (stack.museum, stack.broken, stack.lagging)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,10 +20,10 @@ import pytest
 
 from tests.support.browser import launched_chromium
 from tests.support.db import held
-from tests.support.e2e_stack import FLAKY
+from tests.support.e2e_stack import FLAKY, AirflowStack
 
 if TYPE_CHECKING:
-    from tests.support.e2e_stack import AirflowStack
+    from tests.e2e.conftest import SharedStack
 
 pytestmark = pytest.mark.e2e
 DAG_ID = f"harvest_{FLAKY}"
@@ -30,12 +31,12 @@ DOWN = 10_000  # answers of 503: more than any run asks while the server is "dow
 
 
 @pytest.fixture(scope="module")
-def airflow_stack(shared_airflow_stack) -> AirflowStack:
+def airflow_stack(shared_airflow_stack: SharedStack) -> AirflowStack:
     return shared_airflow_stack.get()
 
 
 @pytest.fixture
-def stack(airflow_stack: AirflowStack):
+def stack(airflow_stack: AirflowStack) -> Iterator[AirflowStack]:
     """The stack with FLAKY's server up again after the test, whatever it left behind."""
     yield airflow_stack
     assert airflow_stack.flaky is not None
@@ -43,7 +44,7 @@ def stack(airflow_stack: AirflowStack):
     airflow_stack.flaky.set_response_delay(0)
 
 
-def failed_night(stack: AirflowStack, break_server) -> str:
+def failed_night(stack: AirflowStack, break_server: Callable[[], object]) -> str:
     """A run of FLAKY that failed while ``break_server`` held; the server is mended after."""
     break_server()
     run_id = stack.trigger(DAG_ID, {"mode": "full"})["dag_run_id"]
@@ -62,8 +63,9 @@ def applied(stack: AirflowStack, run_id: str) -> None:
 
 
 def test_clearing_the_failed_task_of_a_failed_run_over_rest_reruns_it_and_applies(stack: AirflowStack) -> None:
-    assert stack.flaky is not None
-    run_id = failed_night(stack, lambda: stack.flaky.fail_next(DOWN, status=503))
+    flaky = stack.flaky
+    assert flaky is not None
+    run_id = failed_night(stack, lambda: flaky.fail_next(DOWN, status=503))
     assert stack.task_states(DAG_ID, run_id)["freeze_window"] == "failed"
     cleared = stack.api("POST", f"/dags/{DAG_ID}/clearTaskInstances", json={
         "dag_run_id": run_id, "task_ids": ["freeze_window"], "include_downstream": True,
@@ -74,22 +76,25 @@ def test_clearing_the_failed_task_of_a_failed_run_over_rest_reruns_it_and_applie
 
 
 def test_clearing_a_whole_run_that_failed_by_timeout_reruns_it_and_applies(stack: AirflowStack) -> None:
-    assert stack.flaky is not None
+    flaky = stack.flaky
+    assert flaky is not None
     # Every answer takes 40 s: freeze_window outlives FLAKY's 20 s execution_timeout.
-    run_id = failed_night(stack, lambda: stack.flaky.set_response_delay(40_000))
+    run_id = failed_night(stack, lambda: flaky.set_response_delay(40_000))
     stack.api("POST", f"/dags/{DAG_ID}/dagRuns/{run_id}/clear", json={"dry_run": False, "only_failed": True})
     applied(stack, run_id)
 
 
 def test_clearing_the_failed_task_in_the_ui_reruns_it_and_applies(stack: AirflowStack) -> None:
     """An operator's way back in the UI: the failed run's failed task, Clear, Confirm."""
-    assert stack.flaky is not None
-    run_id = failed_night(stack, lambda: stack.flaky.fail_next(DOWN, status=503))
+    flaky = stack.flaky
+    assert flaky is not None
+    run_id = failed_night(stack, lambda: flaky.fail_next(DOWN, status=503))
     shots = Path(os.environ.get("HARVEST_SCREENSHOTS") or tempfile.mkdtemp(prefix="rerun-ui-"))
     shots.mkdir(parents=True, exist_ok=True)
     with launched_chromium() as chromium:
         page = chromium.new_page(viewport={"width": 1280, "height": 900})
-        token = stack.http.headers.get("Authorization", "").removeprefix("Bearer ")
+        authorization = stack.http.headers.get("Authorization", "")
+        token = authorization.removeprefix("Bearer ") if isinstance(authorization, str) else ""
         if token:  # a stack with real users: the UI reads the token from its cookie
             page.context.add_cookies([{"name": "_token", "value": token, "url": stack.base_url}])
         page.goto(f"{stack.base_url}/dags/{DAG_ID}/runs/{run_id}/tasks/freeze_window")

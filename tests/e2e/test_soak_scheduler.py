@@ -1,4 +1,4 @@
-"""Chaos nights on a real scheduler (issue 8): the task process the scheduler launched is
+"""Chaos nights on a real scheduler: the task process the scheduler launched is
 SIGKILLed at each of the four moments (as it asks for a page; as the apply starts, after
 the harvest; inside the apply's transaction; as the cursor task starts, after the apply),
 and the scheduler itself retries it after the registry's ``retry_delay``. After every night
@@ -11,10 +11,11 @@ nights"): ``python -m benchmarks.soak --scheduler --per-kind --seed 2026``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from benchmarks.soak.driver import FAST_WAITS, Soak, summary
+from benchmarks.soak.driver import FAST_WAITS, Partner, Soak, summary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 
@@ -35,8 +36,9 @@ KILLED_TASK = {  # the task whose process dies, so whose try the scheduler repea
 
 
 def test_sigkilled_tasks_are_retried_by_the_scheduler_and_the_mirror_converges(
-        db: str, tmp_path: Path, capsys, pg_server: str, pg_label: str, airflow_metadata_template: str) -> None:
-    tries: dict[int, dict] = {}
+        db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], pg_server: str, pg_label: str, airflow_metadata_template: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tries: dict[int, dict[str, int]] = {}
     # No night restarts PostgreSQL, so Airflow's metadata database may sit beside the
     # aggregation database: a copy of the session's migrated one (tests/e2e/conftest.py).
     soak = Soak(seed=SEED, nights={PARTNER: len(PLAN)}, partners=[PARTNER], conninfo=db, pg_label=pg_label,
@@ -44,12 +46,13 @@ def test_sigkilled_tasks_are_retried_by_the_scheduler_and_the_mirror_converges(
                 airflow_metadata=(pg_server, airflow_metadata_template))
     scheduled = soak._scheduled
 
-    def keep_tries(partner, night, kind, moment="", action=""):
+    def keep_tries(partner: Partner, night: int, kind: str, moment: str = "",
+                   action: str = "") -> tuple[dict[str, Any], bool]:
         data, fired = scheduled(partner, night, kind, moment, action)
         tries[night] = {task: v["tries"] for task, v in data["tasks"].items()}
         return data, fired
 
-    soak._scheduled = keep_tries
+    monkeypatch.setattr(soak, "_scheduled", keep_tries)
     results = soak.run()
     table = summary(results, SEED)
     with capsys.disabled():

@@ -59,6 +59,7 @@ def export_records(*relatives: str) -> list[ExportRecord]:
             raw, data = data[:length], data[length:]
             record = next(iter(pymarc.MARCReader(raw, to_unicode=True, force_utf8=True)))
             match = next(_ID_907.match(v.strip()) for f in record.get_fields("907") for v in f.get_subfields("a"))
+            assert match is not None, record
             out.append(ExportRecord(int(match.group(1)), raw))
     return sorted(out, key=lambda r: r.bib_id)
 
@@ -178,7 +179,7 @@ class _Handler(BaseHTTPRequestHandler):
 class ReplayServer:
     """``with ReplayServer(Replay(...)) as server:`` ... ``server.base_url``."""
 
-    def __init__(self, replay: Replay):
+    def __init__(self, replay: Replay) -> None:
         self.replay = replay
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self._httpd.replay = replay  # type: ignore[attr-defined]
@@ -188,7 +189,7 @@ class ReplayServer:
         replay.base_url = self.base_url
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
-    def __enter__(self) -> "ReplayServer":
+    def __enter__(self) -> ReplayServer:
         self._thread.start()
         return self
 

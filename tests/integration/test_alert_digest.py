@@ -1,4 +1,4 @@
-"""One alert for an outage shared by many partners (issue 28 item 4), across worker processes.
+"""One alert for an outage shared by many partners, across worker processes.
 
 Twelve partners on one endpoint host fail with the same error at once, each in its own
 process (what twelve Airflow task processes' notifiers do): one alert goes out at once,
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
@@ -21,6 +23,10 @@ from partner_harvest.store import connect
 from partner_harvest.store.alert_digest import claim_due, mark_sent, record_failure, still_held
 from tests.support.smtp_sink import SmtpSink
 from tests.support.webhook import WebhookSink
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
+    from multiprocessing.synchronize import Barrier
 
 pytestmark = pytest.mark.slow
 HOST = "shared-host.example.org"
@@ -32,7 +38,7 @@ def _fields(partner: str) -> dict:
             "cause": f"HTTPSConnectionPool(host='{HOST}'): connection refused", "log_url": None}
 
 
-def _fail(db: str, partner: str, host: str, barrier, results) -> None:
+def _fail(db: str, partner: str, host: str, barrier: Barrier, results: Queue[Any]) -> None:
     """One task process's notifier: the alert of a failure of ``partner``."""
     barrier.wait()
     fields = _fields(partner)
@@ -42,13 +48,13 @@ def _fail(db: str, partner: str, host: str, barrier, results) -> None:
     results.put((partner, sent))
 
 
-def _flush(db: str, barrier, results) -> None:
+def _flush(db: str, barrier: Barrier, results: Queue[Any]) -> None:
     barrier.wait()
     with connect(db) as conn:
         results.put(alert_digest.flush_digests(conn, notifiers.send_alert))
 
 
-def _guarded(target, *args) -> None:
+def _guarded(target: Callable[..., None], *args: Any) -> None:
     import faulthandler
     import sys
 
@@ -60,7 +66,7 @@ def _guarded(target, *args) -> None:
         raise
 
 
-def _race(target, args_list) -> list:
+def _race(target: Callable[..., None], args_list: list[tuple[Any, ...]]) -> list[Any]:
     ctx = multiprocessing.get_context("fork")
     barrier, results = ctx.Barrier(len(args_list)), ctx.Queue()
     procs = [ctx.Process(target=_guarded, args=(target, *args, barrier, results)) for args in args_list]
@@ -74,7 +80,7 @@ def _race(target, args_list) -> list:
 
 
 @pytest.fixture
-def sinks(monkeypatch: pytest.MonkeyPatch):
+def sinks(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[WebhookSink, SmtpSink]]:
     webhook = WebhookSink()
     with SmtpSink() as smtp:
         monkeypatch.setenv("AIRFLOW_CONN_HARVEST_ALERTS_WEBHOOK", json.dumps({"conn_type": "http", "host": webhook.url}))
@@ -94,7 +100,7 @@ def sinks(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_a_shared_outage_sends_one_alert_then_one_digest_naming_the_rest(conn: psycopg.Connection, db: str,
-                                                                        sinks) -> None:
+                                                                        sinks: tuple[WebhookSink, SmtpSink]) -> None:
     webhook, smtp = sinks
     partners = [f"p{i:02d}" for i in range(12)]
     sent = dict(_race(_fail, [(db, p, HOST) for p in partners]))

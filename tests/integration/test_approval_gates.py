@@ -4,38 +4,44 @@ the shrink a staged run would cause, a reject's cleanup, and the fence across th
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
+import psycopg
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import gates
 from partner_harvest.factory import Endpoint, build_adapter
-from partner_harvest.records import Tombstone
 from partner_harvest.reconcile import apply_staged, reconcile
+from partner_harvest.records import HarvestItem, Tombstone
 from partner_harvest.run import run_partner
 from partner_harvest.store import apply_run, ensure_schema, fences, leases
 from partner_harvest.store import gates as store_gates
-from partner_harvest.window import Window
+from partner_harvest.window import Window, WindowFacts
 from tests.support.db import held
 from tests.support.partners import oai_partner
 from tests.support.records import T0, WINDOW, live_titles, rec, stage
 
-INCREMENTAL = Window("incremental", T0, T0 + timedelta(days=10), "day", True, {"metadata_prefix": "oai_dc"})
-FULL = Window("full", None, T0 + timedelta(days=10), "day", False, {"metadata_prefix": "oai_dc"})
+if TYPE_CHECKING:
+    from partner_harvest.adapters import Adapter
+
+INCREMENTAL = Window("incremental", T0, T0 + timedelta(days=10), "day", True, WindowFacts(metadata_prefix="oai_dc"))
+FULL = Window("full", None, T0 + timedelta(days=10), "day", False, WindowFacts(metadata_prefix="oai_dc"))
 
 
-def seed(conn, n: int = 20) -> None:
+def seed(conn: psycopg.Connection, n: int = 20) -> None:
     ensure_schema(conn)
     stage(conn, "p", "seed", [rec(f"r{i:02d}", T0, f"title {i}") for i in range(n)])
     apply_run(conn, "p", "seed")
 
 
-def test_shrink_counts_held_records_the_tombstones_purge_and_what_a_full_harvest_left_out(conn) -> None:
+def test_shrink_counts_held_records_the_tombstones_purge_and_what_a_full_harvest_left_out(conn: psycopg.Connection) -> None:
     seed(conn)
     later = T0 + timedelta(days=1)
     # an incremental run: 6 tombstones of held records, one of a record never held, one
     # deletion superseded by a later re-add in the same run, and an edit
-    items = [Tombstone(f"r{i:02d}", later) for i in range(6)] + [Tombstone("never-held", later)]
+    items: list[HarvestItem] = [Tombstone(f"r{i:02d}", later) for i in range(6)]
+    items += [Tombstone("never-held", later)]
     items += [Tombstone("r10", later), rec("r10", later + timedelta(hours=1), "back"), rec("r11", later, "edited")]
     stage(conn, "p", "nightly", items, window=INCREMENTAL)
     shrink = store_gates.measure_shrink(conn, "p", "nightly", whole_collection=False)
@@ -52,7 +58,7 @@ def test_shrink_counts_held_records_the_tombstones_purge_and_what_a_full_harvest
     assert {s["why"] for s in shrink.sample} == {"purged (tombstone)", "not returned by the full harvest (kept)"}
 
 
-def test_the_gate_costs_no_query_when_nothing_can_shrink(conn) -> None:
+def test_the_gate_costs_no_query_when_nothing_can_shrink(conn: psycopg.Connection) -> None:
     partner = oai_partner("p")
     conn.close()  # a closed connection: any query would raise
     assert gates.harvest_shrink(conn, partner, "nightly", INCREMENTAL, tombstones=0) is None
@@ -60,7 +66,7 @@ def test_the_gate_costs_no_query_when_nothing_can_shrink(conn) -> None:
     assert gates.staged_tombstones([{"tombstones": 2}, None, {"tombstones": 3}]) == 5
 
 
-def test_the_limit_is_the_partners_max_shrink_fraction(conn) -> None:
+def test_the_limit_is_the_partners_max_shrink_fraction(conn: psycopg.Connection) -> None:
     seed(conn)
     stage(conn, "p", "nightly", [Tombstone(f"r{i:02d}", T0 + timedelta(days=1)) for i in range(5)], window=INCREMENTAL)
     assert gates.harvest_shrink(conn, oai_partner("p"), "nightly", INCREMENTAL, 5) is None  # 25%: not over the default
@@ -68,7 +74,7 @@ def test_the_limit_is_the_partners_max_shrink_fraction(conn) -> None:
     assert over is not None and over.removals == 5
 
 
-def test_reject_drops_the_staging_and_records_it_and_nothing_lands(conn) -> None:
+def test_reject_drops_the_staging_and_records_it_and_nothing_lands(conn: psycopg.Connection) -> None:
     seed(conn)
     before = live_titles(conn)
     high_water = conn.execute("SELECT high_water FROM partner_feed WHERE partner_id = 'p'").fetchone()
@@ -87,7 +93,7 @@ def test_reject_drops_the_staging_and_records_it_and_nothing_lands(conn) -> None
     assert conn.execute("SELECT high_water FROM partner_feed WHERE partner_id = 'p'").fetchone() == high_water
 
 
-def _approved_fence(conn, run_id: str, epoch: int) -> fences.Fence:
+def _approved_fence(conn: psycopg.Connection, run_id: str, epoch: int) -> fences.Fence:
     request = store_gates.get_request(conn, "p", run_id)
     assert request is not None
     with conn.transaction():
@@ -97,7 +103,7 @@ def _approved_fence(conn, run_id: str, epoch: int) -> fences.Fence:
     return fence
 
 
-def test_a_run_applied_during_the_wait_makes_the_approved_apply_refuse(conn) -> None:
+def test_a_run_applied_during_the_wait_makes_the_approved_apply_refuse(conn: psycopg.Connection) -> None:
     """The fence across the wait: another run's apply after the request changed a record the
     gated run would purge (it is back upstream), then the approval."""
     seed(conn)
@@ -115,7 +121,7 @@ def test_a_run_applied_during_the_wait_makes_the_approved_apply_refuse(conn) -> 
     assert live_titles(conn) == before and conn.execute("SELECT count(*) FROM deletions").fetchone() == (0,)
 
 
-def test_an_operator_command_during_the_wait_makes_the_approved_apply_refuse(conn) -> None:
+def test_an_operator_command_during_the_wait_makes_the_approved_apply_refuse(conn: psycopg.Connection) -> None:
     seed(conn)
     stage(conn, "p", "gated", [Tombstone(f"r{i:02d}", T0 + timedelta(days=1)) for i in range(10)], window=INCREMENTAL)
     shrink = store_gates.measure_shrink(conn, "p", "gated", whole_collection=False)
@@ -130,7 +136,7 @@ def test_an_operator_command_during_the_wait_makes_the_approved_apply_refuse(con
     assert len(held(conn, "p")) == 20
 
 
-def test_without_a_newer_run_the_approved_apply_applies_exactly_the_staged_run(conn) -> None:
+def test_without_a_newer_run_the_approved_apply_applies_exactly_the_staged_run(conn: psycopg.Connection) -> None:
     seed(conn)
     stage(conn, "p", "gated", [Tombstone(f"r{i:02d}", T0 + timedelta(days=1)) for i in range(10)], window=INCREMENTAL)
     shrink = store_gates.measure_shrink(conn, "p", "gated", whole_collection=False)
@@ -141,7 +147,7 @@ def test_without_a_newer_run_the_approved_apply_applies_exactly_the_staged_run(c
     assert held(conn, "p") == {f"r{i:02d}" for i in range(10, 20)}
 
 
-def test_a_gated_reconcile_stages_everything_and_applies_only_when_approved(conn) -> None:
+def test_a_gated_reconcile_stages_everything_and_applies_only_when_approved(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=200, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=61)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
@@ -160,7 +166,7 @@ def test_a_gated_reconcile_stages_everything_and_applies_only_when_approved(conn
         assert held(conn, "museum") == (before - gone) | added == repo.live_identifiers()
 
 
-def test_a_harvest_applied_between_a_reconciles_settle_and_its_request_makes_the_approval_refuse(conn) -> None:
+def test_a_harvest_applied_between_a_reconciles_settle_and_its_request_makes_the_approval_refuse(conn: psycopg.Connection) -> None:
     """The reconcile's lease ends with its task, before the gate opens the request: a harvest
     that applies in between changed what the sweep compared (here a record it would purge is
     back), so the approved apply's fence starts at the sweep, as a sliced reconcile's does."""
@@ -191,7 +197,7 @@ def test_a_harvest_applied_between_a_reconciles_settle_and_its_request_makes_the
     assert held(conn, "museum") == before
 
 
-def test_a_quiet_night_and_a_night_of_other_edits_during_the_wait_leave_the_approval_valid(conn) -> None:
+def test_a_quiet_night_and_a_night_of_other_edits_during_the_wait_leave_the_approval_valid(conn: psycopg.Connection) -> None:
     """Sunday's reconcile asks to purge 10 withdrawn records; Monday's nightly harvests run while
     it waits (a quiet one, then one that edits other records): the approval given after them
     still applies exactly the staged purge. Only a run that changed a record it would purge
@@ -200,7 +206,7 @@ def test_a_quiet_night_and_a_night_of_other_edits_during_the_wait_leave_the_appr
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
 
-        def adapter():
+        def adapter() -> Adapter:
             return build_adapter(partner, Endpoint(sim.base_url))
 
         cursors = run_partner(partner, adapter(), conn, "full").cursors
@@ -232,7 +238,7 @@ def test_a_quiet_night_and_a_night_of_other_edits_during_the_wait_leave_the_appr
     assert held(conn, "museum") == repo.live_identifiers()
 
 
-def test_a_request_waiting_past_the_stale_run_limit_keeps_its_staging(conn) -> None:
+def test_a_request_waiting_past_the_stale_run_limit_keeps_its_staging(conn: psycopg.Connection) -> None:
     """A run waiting for a person is not a stale run: the next night's freeze (which closes runs
     not applied within 7 days and drops their staging) leaves it for the answer, whatever
     approval_timeout says (``wait`` keeps a request open with no deadline)."""

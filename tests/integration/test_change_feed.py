@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -11,32 +12,36 @@ import psycopg
 import pytest
 
 from partner_harvest.feed import export_jsonl, write_range
-from partner_harvest.records import Tombstone
-from partner_harvest.store import apply_run, connect
-from partner_harvest.store import feed
-from tests.support.records import rec as support_rec, stage as stage_for, window
+from partner_harvest.records import HarvestItem, Record, Tombstone
+from partner_harvest.store import apply_run, connect, feed
+from partner_harvest.store.db import one, scalar
+from tests.support.checks import present
+from tests.support.records import rec as support_rec
+from tests.support.records import stage as stage_for
+from tests.support.records import window
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)  # as tests/integration/test_store_apply.py
 WINDOW = window(T0 + timedelta(days=10))
 
 
-def rec(ident: str, at: datetime, title: str = "t"):
+def rec(ident: str, at: datetime, title: str = "t") -> Record:
     return support_rec(ident, at, title, ("s",))
 
 
-def stage(conn: psycopg.Connection, partner: str, run_id: str, items: list, channel: str = "changes") -> None:
+def stage(conn: psycopg.Connection, partner: str, run_id: str, items: Sequence[HarvestItem],
+          channel: str = "changes") -> None:
     stage_for(conn, partner, run_id, items, channel, WINDOW)
 
 CONSUMER = "test-consumer"
 
 
 def run_range(conn: psycopg.Connection, partner: str, run_id: str) -> tuple[int, int]:
-    row = conn.execute(
+    after, until = one(conn.execute(
         "SELECT change_seq_after, change_seq_until FROM harvest_runs WHERE partner_id = %s AND run_id = %s",
         (partner, run_id),
-    ).fetchone()
+    ))
     conn.commit()
-    return row
+    return after, until
 
 
 def read(conn: psycopg.Connection, partner: str, after: int, until: int) -> list[tuple[str, str]]:
@@ -155,12 +160,12 @@ def test_an_apply_committing_while_the_reader_reads_is_neither_missed_nor_repeat
 
         r2_after, r2_until = run_range(observer, "p", "r2")
         assert r2_after == first.until
-        in_flight = observer.execute(
-            "SELECT min(change_seq) FROM records WHERE partner_id = 'p' AND run_id = 'r2'").fetchone()[0]
+        in_flight = scalar(observer.execute(
+            "SELECT min(change_seq) FROM records WHERE partner_id = 'p' AND run_id = 'r2'"))
         assert in_flight < q_until, "the scenario must have r2's values below q's committed ones"
         observer.commit()
 
-        second = feed.begin_export(reader, CONSUMER, "p")
+        second = present(feed.begin_export(reader, CONSUMER, "p"))
         assert (second.after, second.until) == (r2_after, r2_until)
         seen_second = list(feed.changes(reader, "p", second.after, second.until))
         feed.finish_export(reader, second)
@@ -181,17 +186,17 @@ def test_a_crash_between_file_and_position_rewrites_the_same_range(
 ) -> None:
     stage(conn, "p", "r1", [rec("a", T0), rec("b", T0)])
     apply_run(conn, "p", "r1")
-    span = feed.begin_export(conn, CONSUMER, "p")
-    crashed = write_range(conn, span, tmp_path)  # ... and the task dies before finish_export
+    span = present(feed.begin_export(conn, CONSUMER, "p"))
+    crashed = present(write_range(conn, span, tmp_path))  # ... and the task dies before finish_export
     assert feed.position(conn, CONSUMER, "p") == 0
     conn.commit()
 
     later = T0 + timedelta(hours=1)
     stage(conn, "p", "r2", [rec("a", later, "edited"), rec("c", later)])
     apply_run(conn, "p", "r2")
-    rerun = export_jsonl(conn, CONSUMER, "p", tmp_path)
+    rerun = present(export_jsonl(conn, CONSUMER, "p", tmp_path))
     assert rerun.resumed and rerun.path == crashed.path and (rerun.after, rerun.until) == (span.after, span.until)
-    nxt = export_jsonl(conn, CONSUMER, "p", tmp_path)
+    nxt = present(export_jsonl(conn, CONSUMER, "p", tmp_path))
     assert nxt.after == span.until and not nxt.resumed
     assert export_jsonl(conn, CONSUMER, "p", tmp_path) is None
 
@@ -214,7 +219,7 @@ def test_a_crash_between_file_and_position_rewrites_the_same_range(
 def test_a_concurrent_export_of_the_same_consumer_cannot_move_the_position_twice(conn: psycopg.Connection) -> None:
     stage(conn, "p", "r1", [rec("a", T0)])
     apply_run(conn, "p", "r1")
-    span = feed.begin_export(conn, CONSUMER, "p")
+    span = present(feed.begin_export(conn, CONSUMER, "p"))
     feed.finish_export(conn, span)
     with pytest.raises(feed.FeedPositionLost, match="another export"):
         feed.finish_export(conn, span)

@@ -7,6 +7,7 @@ Airflow side (Variables, pools, the Connection) is in tests/dags/test_cli_airflo
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 
 from partner_harvest.cli import main
 from partner_harvest.store import connect, ensure_schema
+from partner_harvest.store.db import scalar
 from partner_harvest.store.schema import SchemaNotReady, migration_files
 from tests.support.records import seed_sliced_run
 
@@ -47,7 +49,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 @pytest.fixture
-def registry_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def registry_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Path]:
     def write(body: str) -> Path:
         path = tmp_path / "partners.yaml"
         path.write_text(body, encoding="utf-8")
@@ -85,12 +87,13 @@ def seed(conn: psycopg.Connection, partner_id: str, records: int, *, status: str
 
 
 def count(conn: psycopg.Connection, table: str, partner_id: str) -> int:
-    return conn.execute(f"SELECT count(*) FROM {table} WHERE partner_id = %s", (partner_id,)).fetchone()[0]
+    return scalar(conn.execute(f"SELECT count(*) FROM {table} WHERE partner_id = %s", (partner_id,)))
 
 
 # -- validate -----------------------------------------------------------------------------
 
-def test_validate_exits_nonzero_listing_every_invalid_entry(capsys, registry_file) -> None:
+def test_validate_exits_nonzero_listing_every_invalid_entry(capsys: pytest.CaptureFixture[str],
+                                                            registry_file: Callable[[str], Path]) -> None:
     path = registry_file(REGISTRY_WITH_ERRORS)
     status, out, err = run(capsys, "validate")
     assert status == 1
@@ -104,14 +107,14 @@ def test_validate_exits_nonzero_listing_every_invalid_entry(capsys, registry_fil
     assert "3 invalid entries" in err
 
 
-def test_validate_passes_on_the_project_registry(capsys, monkeypatch) -> None:
+def test_validate_passes_on_the_project_registry(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HARVEST_PARTNERS_FILE", raising=False)
     status, out, _ = run(capsys, "validate")
     assert status == 0, out
     assert "all valid" in out
 
 
-def test_validate_of_an_unreadable_file_names_it(capsys, tmp_path) -> None:
+def test_validate_of_an_unreadable_file_names_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     missing = tmp_path / "nowhere.yaml"
     status, _, err = run(capsys, "validate", "--registry", str(missing))
     assert status == 1
@@ -120,7 +123,7 @@ def test_validate_of_an_unreadable_file_names_it(capsys, tmp_path) -> None:
 
 # -- migrate and HARVEST_SCHEMA_MANAGED=external -----------------------------------------
 
-def test_migrate_applies_every_migration_once(capsys, db) -> None:
+def test_migrate_applies_every_migration_once(capsys: pytest.CaptureFixture[str], db: str) -> None:
     names = [name for name, _ in migration_files()]
     status, out, _ = run(capsys, "migrate", "--check", "--database-url", db)
     assert status == 1 and [line.split()[-1] for line in out.splitlines()] == names
@@ -130,12 +133,13 @@ def test_migrate_applies_every_migration_once(capsys, db) -> None:
     assert status == 0 and "up to date" in out
 
 
-def test_externally_managed_schema_runs_no_ddl_in_tasks(capsys, db, monkeypatch) -> None:
+def test_externally_managed_schema_runs_no_ddl_in_tasks(capsys: pytest.CaptureFixture[str], db: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HARVEST_SCHEMA_MANAGED", "external")
     with connect(db) as conn:
         with pytest.raises(SchemaNotReady, match="0001_initial.sql.*partner-harvest migrate"):
             ensure_schema(conn)
-        assert conn.execute("SELECT to_regclass('schema_migrations')").fetchone()[0] is None  # nothing created
+        assert scalar(conn.execute("SELECT to_regclass('schema_migrations')")) is None  # nothing created
         conn.rollback()
     assert run(capsys, "migrate", "--database-url", db)[0] == 0  # the tool still migrates
     with connect(db) as conn:
@@ -148,7 +152,8 @@ def test_externally_managed_schema_runs_no_ddl_in_tasks(capsys, db, monkeypatch)
 
 # -- status -------------------------------------------------------------------------------
 
-def test_status_shows_one_line_per_partner(capsys, conn, db, registry_file) -> None:
+def test_status_shows_one_line_per_partner(capsys: pytest.CaptureFixture[str], conn: psycopg.Connection, db: str,
+                                           registry_file: Callable[[str], Path]) -> None:
     registry_file("partners:" + GOOD + """
   - id: archive
     protocol: oai-pmh
@@ -170,7 +175,8 @@ def test_status_shows_one_line_per_partner(capsys, conn, db, registry_file) -> N
     assert lines["library"].split()[2:4] == ["never", "run"]
 
 
-def test_status_of_a_partner_that_went_quiet(capsys, conn, db, registry_file) -> None:
+def test_status_of_a_partner_that_went_quiet(capsys: pytest.CaptureFixture[str], conn: psycopg.Connection, db: str,
+                                             registry_file: Callable[[str], Path]) -> None:
     registry_file("partners:" + GOOD + "    quiet_period: 2d\n")
     seed(conn, "museum", 1, applied_at=datetime.now(timezone.utc) - timedelta(days=3))
     status, out, _ = run(capsys, "status", "--database-url", db, "--partner", "museum")
@@ -178,7 +184,8 @@ def test_status_of_a_partner_that_went_quiet(capsys, conn, db, registry_file) ->
     assert status == 0 and " quiet " in line and "no record fetched for 3 days" in line
 
 
-def test_status_of_a_database_without_the_schema_says_to_migrate(capsys, db, registry_file) -> None:
+def test_status_of_a_database_without_the_schema_says_to_migrate(capsys: pytest.CaptureFixture[str], db: str,
+                                                                 registry_file: Callable[[str], Path]) -> None:
     registry_file("partners:" + GOOD)
     status, _, err = run(capsys, "status", "--database-url", db)
     assert status == 1 and "partner-harvest migrate" in err
@@ -186,7 +193,9 @@ def test_status_of_a_database_without_the_schema_says_to_migrate(capsys, db, reg
 
 # -- forget -------------------------------------------------------------------------------
 
-def test_forget_removes_only_that_partners_rows_after_confirmation(capsys, conn, db, registry_file, monkeypatch) -> None:
+def test_forget_removes_only_that_partners_rows_after_confirmation(capsys: pytest.CaptureFixture[str], conn: psycopg.Connection, db: str,
+                                                                   registry_file: Callable[[str], Path],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     registry_file("partners:" + GOOD)
     seed(conn, "gone", 4)
     seed(conn, "museum", 2)
@@ -202,7 +211,7 @@ def test_forget_removes_only_that_partners_rows_after_confirmation(capsys, conn,
     assert [count(conn, t, "museum") for t in ("records", "harvest_runs", "quarantine")] == [2, 1, 1]
 
 
-def test_forget_refuses_a_partner_whose_run_holds_the_lease(capsys, conn, db) -> None:
+def test_forget_refuses_a_partner_whose_run_holds_the_lease(capsys: pytest.CaptureFixture[str], conn: psycopg.Connection, db: str) -> None:
     seed(conn, "busy", 2)
     conn.execute("INSERT INTO partner_leases (partner_id, holder, kind, expires_at)"
                  " VALUES ('busy', 'harvest_busy/scheduled__x', 'harvest', now() + interval '5 minutes')")
@@ -212,14 +221,15 @@ def test_forget_refuses_a_partner_whose_run_holds_the_lease(capsys, conn, db) ->
     assert count(conn, "records", "busy") == 2
 
 
-def test_forget_rejects_an_id_that_is_not_a_slug(capsys, db) -> None:
+def test_forget_rejects_an_id_that_is_not_a_slug(capsys: pytest.CaptureFixture[str], db: str) -> None:
     status, _, err = run(capsys, "forget", "a__b", "--yes", "--database-only", "--database-url", db)
     assert status == 1 and "a__b" in err
 
 
 # -- progress -----------------------------------------------------------------------------
 
-def test_progress_shows_each_slice_with_its_rate_and_the_time_left(capsys, conn, db, registry_file) -> None:
+def test_progress_shows_each_slice_with_its_rate_and_the_time_left(capsys: pytest.CaptureFixture[str], conn: psycopg.Connection, db: str,
+                                                                   registry_file: Callable[[str], Path]) -> None:
     registry_file("partners:" + GOOD)
     ensure_schema(conn)
     seed_sliced_run(conn, "museum", "harvest_museum/older")
@@ -239,15 +249,17 @@ def test_progress_shows_each_slice_with_its_rate_and_the_time_left(capsys, conn,
     assert summary.startswith("run harvest_museum/newest: 12,000 of 26,000 records, 21/s now, time left 11m 19s")  # 14,000 to go
 
 
-def test_progress_of_a_partner_without_runs_says_so(capsys, conn, db, registry_file) -> None:
+def test_progress_of_a_partner_without_runs_says_so(capsys: pytest.CaptureFixture[str], conn: psycopg.Connection, db: str,
+                                                    registry_file: Callable[[str], Path]) -> None:
     registry_file("partners:" + GOOD)
     ensure_schema(conn)
     status, _, err = run(capsys, "progress", "museum", "--database-url", db)
     assert status == 1 and "partner museum has no run" in err
 
 
-def test_progress_of_a_partner_not_in_the_registry_says_so(capsys, conn, db, registry_file) -> None:
-    """Issue 25: `progress nosuch` said 'has no run', as if the partner existed."""
+def test_progress_of_a_partner_not_in_the_registry_says_so(capsys: pytest.CaptureFixture[str], conn: psycopg.Connection, db: str,
+                                                           registry_file: Callable[[str], Path]) -> None:
+    """Regression: `progress nosuch` said 'has no run', as if the partner existed."""
     path = registry_file("partners:" + GOOD)
     ensure_schema(conn)
     status, _, err = run(capsys, "progress", "nosuch", "--database-url", db)

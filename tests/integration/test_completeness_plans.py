@@ -13,14 +13,15 @@ import psycopg
 
 from partner_harvest.records import Record
 from partner_harvest.store import RunRef, StagingWriter, begin_run, completeness
-from partner_harvest.window import Window
+from partner_harvest.store.db import scalar
+from partner_harvest.window import Window, WindowFacts
 
 T0 = datetime(2026, 3, 1, tzinfo=timezone.utc)
 
 
 def test_still_missing_compares_by_hashing_on_stale_statistics(conn: psycopg.Connection) -> None:
     run = RunRef("lib", "r1", "changes/001")
-    begin_run(conn, run, Window("full", None, T0, "seconds", True, {}), "marc21")
+    begin_run(conn, run, Window("full", None, T0, "seconds", True, WindowFacts()), "marc21")
     conn.execute("ANALYZE staging")  # the statistics see no row of this channel yet
     conn.commit()
     ids = [str(1_000_000 + i) for i in range(3000)]
@@ -38,4 +39,4 @@ def test_still_missing_compares_by_hashing_on_stale_statistics(conn: psycopg.Con
         guarded = "\n".join(r[0] for r in conn.execute("EXPLAIN " + completeness.STILL_MISSING, params).fetchall())
     assert "Nested Loop" not in guarded, guarded
     assert completeness.still_missing(conn, run) == (1, ["999"])
-    assert conn.execute("SHOW enable_nestloop").fetchone()[0] == "on"  # the setting ended with its transaction
+    assert scalar(conn.execute("SHOW enable_nestloop")) == "on"  # the setting ended with its transaction

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from types import ModuleType
+
+import psycopg
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.factory import Endpoint, build_adapter
@@ -14,14 +17,15 @@ from tests.support.partners import oai_partner
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def demo_module():
+def demo_module() -> ModuleType:
     spec = importlib.util.spec_from_file_location("demo_script", ROOT / "scripts" / "demo.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_first_run_is_labelled_full_and_absent_deletions_are_named(conn) -> None:
+def test_first_run_is_labelled_full_and_absent_deletions_are_named(conn: psycopg.Connection) -> None:
     demo = demo_module()
     partner = oai_partner(retries=1)
     repo = SimulatedRepository(records=200, page_size=50, deleted_fraction=0.05, seed=3)

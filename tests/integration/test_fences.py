@@ -1,4 +1,4 @@
-"""Fences (issue 23, I14): a task frozen past its lease's TTL writes nothing once it resumes.
+"""Fences (I14): a task frozen past its lease's TTL writes nothing once it resumes.
 
 A real child process runs the weekly reconcile under its lease and is frozen with a real
 SIGSTOP right after it verified its vanished candidates; its renewal thread freezes with it,
@@ -9,13 +9,13 @@ purging them (they are absent from its sweep).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -27,9 +27,11 @@ from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.store import RunRef, connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
+from partner_harvest.store.db import scalar
+from partner_harvest.store.leases import HARVEST, LeaseKeeper, release
+from partner_harvest.window import WindowFacts
 from tests.support.harness import run_once
 from tests.support.partners import oai_partner
-from partner_harvest.store.leases import HARVEST, LeaseKeeper, release
 
 ROOT = Path(__file__).resolve().parents[2]
 TTL = 1.5
@@ -47,7 +49,7 @@ CHILD = textwrap.dedent("""
     from partner_harvest.store.leases import RECONCILE, LeaseKeeper
     try:
         from partner_harvest.store import fences
-    except ImportError:  # the code before issue 23
+    except ImportError:  # the code before fences
         fences = None
 
     db, url, ttl, holder = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
@@ -83,7 +85,7 @@ def lease_lapsed(db: str, holder: str) -> bool:
     return row is None or row[0]
 
 
-def wait_for(condition, timeout: float) -> None:
+def wait_for(condition: Callable[[], object], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -101,6 +103,7 @@ def test_a_reconcile_frozen_past_its_lease_never_purges_what_the_next_harvest_ap
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT)])}
         child = subprocess.Popen([sys.executable, "-c", CHILD, db, sim.base_url, str(TTL), RECONCILER],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))
+        assert child.stdin is not None and child.stdout is not None
         try:
             assert child.stdout.readline().strip() == "verified"
             child.send_signal(signal.SIGSTOP)  # its renewal thread stops too
@@ -139,7 +142,7 @@ HARVEST_CHILD = textwrap.dedent("""
     from partner_harvest.store.leases import HARVEST, LeaseKeeper
     try:
         from partner_harvest.store import fences
-    except ImportError:  # the code before issue 23
+    except ImportError:  # the code before fences
         fences = None
 
     db, url, ttl, holder = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
@@ -181,6 +184,7 @@ def test_a_harvest_frozen_past_its_lease_stops_at_its_next_page(db: str) -> None
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT)])}
         child = subprocess.Popen([sys.executable, "-c", HARVEST_CHILD, db, sim.base_url, str(TTL), holder],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))
+        assert child.stdin is not None and child.stdout is not None
         try:
             assert child.stdout.readline().strip() == "paged"
             child.send_signal(signal.SIGSTOP)
@@ -196,8 +200,8 @@ def test_a_harvest_frozen_past_its_lease_stops_at_its_next_page(db: str) -> None
             if child.poll() is None:
                 child.kill()
                 child.wait()
-        applied = conn.execute("SELECT count(*) FROM records WHERE partner_id = 'museum'").fetchone()[0]
-        staged = conn.execute("SELECT count(*) FROM staging WHERE run_id = %s", (holder,)).fetchone()[0]
+        applied = scalar(conn.execute("SELECT count(*) FROM records WHERE partner_id = 'museum'"))
+        staged = scalar(conn.execute("SELECT count(*) FROM staging WHERE run_id = %s", (holder,)))
         conn.commit()
         assert out.startswith("failed LeaseLost"), out
         assert applied == 0 and staged <= 100, (applied, staged)  # the first page only: the second never landed
@@ -235,17 +239,17 @@ def test_a_keeper_that_cannot_renew_stops_the_work_at_its_next_page(db: str) -> 
     with keeper, connect(db) as conn:
         fences.bind(conn, keeper.fence)
         run = RunRef("museum", "run-9")
-        window = Window("full", None, datetime(2026, 1, 1, tzinfo=timezone.utc), "seconds", False, {})
+        window = Window("full", None, datetime(2026, 1, 1, tzinfo=timezone.utc), "seconds", False, WindowFacts())
         attempt = begin_run(conn, run, window, "oai_dc")
         writer = StagingWriter(conn, run, attempt=attempt)
         stamp = window.until
         writer.write_page([Record("a", stamp, "oai_dc", "<x/>")])
         with psycopg.connect(db, autocommit=True) as other:
             other.execute("DELETE FROM partner_leases WHERE holder = 'run-9'")
-        assert keeper.fence.lost.wait(5), "the keeper never noticed"
+        assert keeper.fence is not None and keeper.fence.lost.wait(5), "the keeper never noticed"
         with pytest.raises(fences.LeaseLost, match="museum"):
             writer.write_page([Record("b", stamp, "oai_dc", "<y/>")])
-        assert conn.execute("SELECT count(*) FROM staging WHERE run_id = 'run-9'").fetchone()[0] == 1
+        assert scalar(conn.execute("SELECT count(*) FROM staging WHERE run_id = 'run-9'")) == 1
 
 
 def test_a_run_staged_before_an_operator_command_never_applies_after_it(db: str) -> None:
@@ -269,7 +273,7 @@ def test_a_run_staged_before_an_operator_command_never_applies_after_it(db: str)
                 bump_epoch(operator, "museum", "reset-cursor")
             with pytest.raises(PartnerChanged, match="`partner-harvest reset-cursor` changed this partner"):
                 pipeline.apply_changes(conn, "museum", holder)
-        assert conn.execute("SELECT count(*) FROM records").fetchone()[0] == 0
-        status = conn.execute("SELECT status FROM harvest_runs WHERE run_id = %s", (holder,)).fetchone()[0]
+        assert scalar(conn.execute("SELECT count(*) FROM records")) == 0
+        status = scalar(conn.execute("SELECT status FROM harvest_runs WHERE run_id = %s", (holder,)))
         conn.commit()
         assert status == "failed"

@@ -14,19 +14,27 @@ import psycopg
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
-from partner_harvest import pipeline
+from partner_harvest import pipeline, run
+from partner_harvest.adapters import Adapter, IdSink, SweptId
 from partner_harvest.factory import Endpoint, build_adapter
+from partner_harvest.oai.harvester import OaiAdapter
 from partner_harvest.reconcile import MassPurgeRefused, reconcile
-from partner_harvest import run
+from partner_harvest.records import HarvestStats
+from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef
+from partner_harvest.store.apply import ApplyResult
+from partner_harvest.store.db import scalar
+from partner_harvest.window import Window
 from tests.support.db import held
-from tests.support.partners import fast_http, oai_partner as support_oai_partner
+from tests.support.partners import built, fast_http
+from tests.support.partners import oai_partner as support_oai_partner
 
-def oai_partner(**kw: Any):
+
+def oai_partner(**kw: Any) -> Partner:
     return support_oai_partner(options={"http": fast_http(2, read_timeout=120)}, **kw)
 
 
-def harvest(adapter, conn: psycopg.Connection, run_id: str):
+def harvest(adapter: Adapter, conn: psycopg.Connection, run_id: str) -> tuple[HarvestStats, ApplyResult]:
     """One full run: frozen and staged as the DAG's tasks do it (partner_harvest.run), then
     applied without re-staging: the guards here are about what the harvest staged, which the
     apply's repair of lost staging (``run.apply``) would otherwise harvest again and hide."""
@@ -37,7 +45,7 @@ def harvest(adapter, conn: psycopg.Connection, run_id: str):
 
 def audit_rows(conn: psycopg.Connection, run_id: str) -> list[dict]:
     cur = conn.execute("SELECT * FROM harvest_runs WHERE run_id = %s ORDER BY channel", (run_id,))
-    names = [d.name for d in cur.description]
+    names = [d.name for d in cur.description or ()]
     rows = [dict(zip(names, row)) for row in cur.fetchall()]
     conn.commit()
     return rows
@@ -62,7 +70,7 @@ def quarantined(conn: psycopg.Connection, run_id: str) -> list[str]:
 # -- a token restart starts the window's staging afresh (I6, I8) ---------------------------
 
 
-def test_a_token_restart_stages_the_window_once(conn) -> None:
+def test_a_token_restart_stages_the_window_once(conn: psycopg.Connection) -> None:
     """The broken attempt's pages are dropped: counts, audit and quarantine are the window's
     own, not the window's plus the broken attempt's."""
     repo = SimulatedRepository(records=600, page_size=50, invalid_every=25, deleted_fraction=0.05, seed=41)
@@ -83,36 +91,34 @@ class _VanishAfterFirstPage:
     """Sweep sink wrapper: after the first page is staged, some records it listed vanish
     upstream (deletedRecord=no), as they may while a long sweep runs."""
 
-    def __init__(self, sink, repo: SimulatedRepository, count: int, keep: set[str]):
+    def __init__(self, sink: IdSink, repo: SimulatedRepository, count: int, keep: set[str]) -> None:
         self.sink, self.repo, self.count, self.keep = sink, repo, count, keep
         self.vanished: list[str] = []
 
     def reset(self) -> None:
         self.sink.reset()
 
-    def write_page(self, rows) -> None:
+    def write_page(self, rows: list[SweptId]) -> None:
         self.sink.write_page(rows)
         if not self.vanished:
             live = [identifier for identifier, _, deleted in rows if not deleted and identifier not in self.keep]
             self.vanished = self.repo.delete_ids(live[: self.count])
 
 
-class _SweepWatcher:
-    """The real adapter, with the sweep's sink wrapped (everything else delegated)."""
+class _SweepWatcher(OaiAdapter):
+    """The real adapter (its partner, its client), with the sweep's sink wrapped."""
 
-    def __init__(self, adapter, repo: SimulatedRepository, count: int, keep: set[str]):
-        self._adapter, self._repo, self._count, self._keep = adapter, repo, count, keep
+    def __init__(self, adapter: OaiAdapter, repo: SimulatedRepository, count: int, keep: set[str]) -> None:
+        super().__init__(adapter.partner, adapter.client)
+        self._repo, self._count, self._keep = repo, count, keep
         self.sink: _VanishAfterFirstPage | None = None
 
-    def __getattr__(self, name: str):
-        return getattr(self._adapter, name)
-
-    def sweep_ids(self, window, sink, stats) -> None:
+    def sweep_ids(self, window: Window, sink: IdSink, stats: HarvestStats) -> None:
         self.sink = _VanishAfterFirstPage(sink, self._repo, self._count, self._keep)
-        self._adapter.sweep_ids(window, self.sink, stats)
+        super().sweep_ids(window, self.sink, stats)
 
 
-def test_a_token_restart_in_the_reconcile_sweep_forgets_the_broken_attempt(conn) -> None:
+def test_a_token_restart_in_the_reconcile_sweep_forgets_the_broken_attempt(conn: psycopg.Connection) -> None:
     """Records listed by the broken attempt but gone by the restart are purged; the
     reconcile's audit adds up and its rejects are quarantined once."""
     repo = SimulatedRepository(records=400, page_size=100, deleted_record="no", deleted_fraction=0.0,
@@ -125,10 +131,11 @@ def test_a_token_restart_in_the_reconcile_sweep_forgets_the_broken_attempt(conn)
         conn.commit()
         repo.invalid_every = 7  # rec 7 and 14 now serve an invalid payload: two rejects
         sim.expire_tokens_after(2)
-        adapter = _SweepWatcher(build_adapter(partner, Endpoint(sim.base_url)), repo, 5, set(lost))
+        adapter = _SweepWatcher(built(OaiAdapter, partner, Endpoint(sim.base_url)), repo, 5, set(lost))
         result = reconcile(adapter, conn, partner, "reconcile-1")
         starts = [r for r in sim.requests if r.get("verb") == "ListIdentifiers" and "resumptionToken" not in r]
     assert len(starts) == 2  # the sweep restarted once, from its frozen bounds
+    assert adapter.sink is not None
     vanished = set(adapter.sink.vanished)
     assert len(vanished) == 5
     assert result.plan.vanished == 5 and result.purged == 5
@@ -144,7 +151,7 @@ def test_a_token_restart_in_the_reconcile_sweep_forgets_the_broken_attempt(conn)
 
 @pytest.mark.parametrize("records,fraction", [(1000, 0.1), (400, 0.25)])
 @pytest.mark.parametrize("over", [False, True], ids=["at_the_limit", "one_more"])
-def test_mass_purge_limit_is_exactly_the_configured_fraction(conn, records: int, fraction: float, over: bool) -> None:
+def test_mass_purge_limit_is_exactly_the_configured_fraction(conn: psycopg.Connection, records: int, fraction: float, over: bool) -> None:
     limit = round(records * fraction)
     repo = SimulatedRepository(records=records, page_size=200, deleted_record="no", deleted_fraction=0.0, seed=43)
     partner = oai_partner(max_purge_fraction=fraction)
@@ -167,22 +174,23 @@ def test_mass_purge_limit_is_exactly_the_configured_fraction(conn, records: int,
 # -- memory is bounded by a page: each page is staged before the next is fetched (I5) -------
 
 
-def test_each_page_is_staged_before_the_next_is_requested(conn, db: str) -> None:
+def test_each_page_is_staged_before_the_next_is_requested(conn: psycopg.Connection, db: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Every request finds all pages but the one just before it committed to staging:
     the pipelined chain fetches page N+1 while page N is staged, never page N+2, so at
     most two pages are held in memory."""
     repo = SimulatedRepository(records=500, page_size=100, deleted_fraction=0.0, seed=44)
     staged_at_request: list[int] = []
     with OaiSimulator(repo) as sim, psycopg.connect(db, autocommit=True) as observer:
-        adapter = build_adapter(oai_partner(), Endpoint(sim.base_url))
+        adapter = built(OaiAdapter, oai_partner(), Endpoint(sim.base_url))
         fetch = adapter.client.fetch
 
-        def counting_fetch(params):
+        def counting_fetch(params: dict[str, str]) -> bytes:
             if params.get("verb") == "ListRecords" or "resumptionToken" in params:
-                staged_at_request.append(observer.execute("SELECT count(*) FROM staging").fetchone()[0])
+                staged_at_request.append(scalar(observer.execute("SELECT count(*) FROM staging")))
             return fetch(params)
 
-        adapter.client.fetch = counting_fetch
+        monkeypatch.setattr(adapter.client, "fetch", counting_fetch)
         window = pipeline.freeze_window(adapter, timedelta(minutes=10), None, pipeline.RunRequest("full"))
         stats = pipeline.harvest_window(adapter, conn, RunRef("museum", "run-1"), window)
     assert stats.pages == 5

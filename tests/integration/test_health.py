@@ -5,38 +5,47 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import psycopg
+import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import reconcile
 from partner_harvest.records import Record, Rejected, Tombstone
 from partner_harvest.registry import Partner
+from partner_harvest.run import run_partner
 from partner_harvest.store import RunRef, apply_run, begin_run, fail_run
 from partner_harvest.store.admin import forget_partner
+from partner_harvest.store.db import one, scalar
 from partner_harvest.store.health import (
-    BEHIND, FAILING, HEALTHY, NEW, WARNING, partner_health, quarantine_today, recent_runs,
+    BEHIND,
+    FAILING,
+    HEALTHY,
+    NEW,
+    WARNING,
+    partner_health,
+    quarantine_today,
+    recent_runs,
 )
-from partner_harvest.window import Window
-from partner_harvest.run import run_partner
+from partner_harvest.window import Window, WindowFacts
+from tests.support.checks import present
 from tests.support.partners import oai_partner, partner_from_entry
 from tests.support.records import seed_sliced_run
 from tests.support.records import stage as support_stage
 
 
-
 def counter_and_count(conn: psycopg.Connection, partner_id: str) -> tuple[int, int]:
     """(records_held, count(*) of records); also checks the quarantined_now counter."""
-    row = conn.execute(
+    row = one(conn.execute(
         "SELECT (SELECT records_held FROM partner_stats WHERE partner_id = %(p)s),"
         " (SELECT count(*) FROM records WHERE partner_id = %(p)s),"
         " (SELECT quarantined_now FROM partner_stats WHERE partner_id = %(p)s),"
-        " (SELECT count(*) FROM quarantine_current WHERE partner_id = %(p)s)", {"p": partner_id}).fetchone()
+        " (SELECT count(*) FROM quarantine_current WHERE partner_id = %(p)s)", {"p": partner_id}))
     conn.commit()
     assert row[2] == row[3], f"quarantined_now {row[2]} but quarantine_current holds {row[3]}"
     return row[:2]
 
 
-def test_records_held_counter_equals_count_after_applies_purges_and_reconciles(conn) -> None:
+def test_records_held_counter_equals_count_after_applies_purges_and_reconciles(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=600, page_size=100, deleted_fraction=0.05, seed=41, invalid_every=37)
     partner = oai_partner()
     with OaiSimulator(repo) as sim:
@@ -59,7 +68,7 @@ def test_records_held_counter_equals_count_after_applies_purges_and_reconciles(c
         outcome = reconcile(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, "rc1")
         assert outcome.purged == 20 and outcome.upserted > 0
     held, count = counter_and_count(conn, "museum")
-    assert conn.execute("SELECT quarantined_now FROM partner_stats").fetchone()[0] > 0  # invalid_every
+    assert scalar(conn.execute("SELECT quarantined_now FROM partner_stats")) > 0  # invalid_every
     conn.commit()
     # the run's audit notes what was held after it: the chart's "records held"
     assert conn.execute("SELECT DISTINCT records_held FROM harvest_runs WHERE run_id = 'rc1'").fetchall() == [(count,)]
@@ -71,7 +80,7 @@ def _held_ids(conn: psycopg.Connection, partner_id: str) -> set[str]:
     return ids
 
 
-def test_forget_partner_drops_its_counter(conn) -> None:
+def test_forget_partner_drops_its_counter(conn: psycopg.Connection) -> None:
     stage(conn, "p", "harvest_p/r1", [rec("a"), rec("b")], until=now_of(conn))
     apply_run(conn, "p", "harvest_p/r1")
     forget_partner(conn, "p")
@@ -80,7 +89,7 @@ def test_forget_partner_drops_its_counter(conn) -> None:
     assert counter_and_count(conn, "p") == (1, 1)
 
 
-def test_migration_fills_the_counter_from_existing_records(conn) -> None:
+def test_migration_fills_the_counter_from_existing_records(conn: psycopg.Connection) -> None:
     stage(conn, "p", "harvest_p/r1", [rec("a"), rec("b"), rec("c")], until=now_of(conn))
     apply_run(conn, "p", "harvest_p/r1")
     conn.execute("DROP TABLE partner_stats")
@@ -95,7 +104,7 @@ def test_migration_fills_the_counter_from_existing_records(conn) -> None:
 # ---------------------------------------------------------------------- health
 def now_of(conn: psycopg.Connection) -> datetime:
     """The database's clock: started_at and quarantined_at come from it."""
-    (now,) = conn.execute("SELECT now()").fetchone()
+    (now,) = one(conn.execute("SELECT now()"))
     conn.commit()
     return now
 
@@ -107,7 +116,7 @@ def rec(ident: str, at: datetime | None = None, title: str = "t") -> Record:
 
 def stage(conn: psycopg.Connection, partner: str, run_id: str, items: list, *, until: datetime,
           channel: str = "changes", mode: str = "incremental") -> None:
-    window = Window(mode, None, until, "seconds", True, {"metadata_prefix": "oai_dc"})
+    window = Window(mode, None, until, "seconds", True, WindowFacts(metadata_prefix="oai_dc"))
     support_stage(conn, partner, run_id, items, channel, window)
 
 
@@ -115,7 +124,7 @@ def partners(*ids: str) -> list[Partner]:
     return [partner_from_entry({"id": i, "protocol": "oai-pmh", "conn_id": f"partner_{i}"}) for i in ids]
 
 
-def test_health_tells_healthy_failing_behind_warning_and_new_partners_apart(conn) -> None:
+def test_health_tells_healthy_failing_behind_warning_and_new_partners_apart(conn: psycopg.Connection) -> None:
     now = now_of(conn)
     # healthy: a run an hour ago landed everything; a reconcile since found nothing to do
     stage(conn, "good", "harvest_good/scheduled__1", [rec(f"g{i}") for i in range(30)], until=now - timedelta(hours=1))
@@ -126,7 +135,7 @@ def test_health_tells_healthy_failing_behind_warning_and_new_partners_apart(conn
     stage(conn, "bad", "harvest_bad/scheduled__1", [rec("b1")], until=now - timedelta(hours=30))
     apply_run(conn, "bad", "harvest_bad/scheduled__1")
     begin_run(conn, RunRef("bad", "harvest_bad/manual__2"),
-              Window("incremental", None, now, "seconds", True, {}), "oai_dc")
+              Window("incremental", None, now, "seconds", True, WindowFacts()), "oai_dc")
     fail_run(conn, RunRef("bad", "harvest_bad/manual__2"), "connection refused by 127.0.0.1:9")
     # behind: its newest run succeeded, but its window stops five days ago
     stage(conn, "slow", "harvest_slow/scheduled__1", [rec("s1"), rec("s2")], until=now - timedelta(days=5))
@@ -141,16 +150,16 @@ def test_health_tells_healthy_failing_behind_warning_and_new_partners_apart(conn
     good = health["good"]
     assert good.state == HEALTHY and good.alerts == ()
     assert good.records_held == 30 and good.quarantined_now == 0
-    assert good.last_run == good.last_success and good.last_run.status == "applied"
-    assert (good.last_run.dag_id, good.last_run.dag_run_id) == ("harvest_good", "scheduled__1")
-    assert (good.last_success.upserted, good.last_success.purged, good.last_success.quarantined) == (30, 0, 0)
+    assert good.last_run == good.last_success and present(good.last_run).status == "applied"
+    assert (present(good.last_run).dag_id, present(good.last_run).dag_run_id) == ("harvest_good", "scheduled__1")
+    assert (present(good.last_success).upserted, present(good.last_success).purged, present(good.last_success).quarantined) == (30, 0, 0)
     assert good.cursor_lag == timedelta(hours=1)
-    assert good.last_reconcile.run_id == "reconcile_good/scheduled__1" and good.last_reconcile.status == "applied"
+    assert present(good.last_reconcile).run_id == "reconcile_good/scheduled__1" and present(good.last_reconcile).status == "applied"
 
     bad = health["bad"]
     assert bad.state == FAILING
-    assert bad.last_run.status == "failed" and "connection refused" in bad.last_run.error
-    assert bad.last_success.run_id == "harvest_bad/scheduled__1" and bad.records_held == 1
+    assert present(bad.last_run).status == "failed" and "connection refused" in (present(bad.last_run).error or "")
+    assert present(bad.last_success).run_id == "harvest_bad/scheduled__1" and bad.records_held == 1
 
     slow = health["slow"]
     assert slow.state == BEHIND and slow.cursor_lag == timedelta(days=5) > slow.behind_after
@@ -174,7 +183,7 @@ def stage_a_quarter_purged(conn: psycopg.Connection, now: datetime) -> None:
           until=now - timedelta(hours=1))
 
 
-def test_health_alerts_on_a_failed_completeness_check_and_a_purge_spike(conn) -> None:
+def test_health_alerts_on_a_failed_completeness_check_and_a_purge_spike(conn: psycopg.Connection) -> None:
     now = now_of(conn)
     stage_a_quarter_purged(conn, now)
     conn.execute("UPDATE harvest_runs SET check_kind = 'list-size', check_expected = 50, check_found = 30,"
@@ -188,7 +197,7 @@ def test_health_alerts_on_a_failed_completeness_check_and_a_purge_spike(conn) ->
                for a in health.alerts)
 
 
-def test_a_purge_a_person_approved_at_the_gate_raises_no_purge_spike(conn) -> None:
+def test_a_purge_a_person_approved_at_the_gate_raises_no_purge_spike(conn: psycopg.Connection) -> None:
     """After Approve, a "purge spike 25 %" data-quality warning fired about the purge just approved:
     in the run's own check (check_quality) and on the health page, from the index's facts too."""
     from partner_harvest import quality
@@ -210,7 +219,7 @@ def test_a_purge_a_person_approved_at_the_gate_raises_no_purge_spike(conn) -> No
     assert (health.state, health.alerts, fast.state, fast.alerts) == (HEALTHY, (), HEALTHY, ())
 
 
-def test_recent_runs_and_todays_quarantine_feed_the_partner_page(conn) -> None:
+def test_recent_runs_and_todays_quarantine_feed_the_partner_page(conn: psycopg.Connection) -> None:
     now = now_of(conn)
     for n in range(1, 4):
         items = [rec(f"r{i}", title=f"v{n}") for i in range(5 * n)] + [Rejected(f"q{n}", f"reason {n % 2}", "<x/>")]
@@ -225,7 +234,7 @@ def test_recent_runs_and_todays_quarantine_feed_the_partner_page(conn) -> None:
     assert [e.identifier for e in entries] == ["q3", "q2", "q1"]
 
 
-def test_a_run_the_scheduler_saw_fail_before_any_audit_row_makes_the_partner_failing(conn) -> None:
+def test_a_run_the_scheduler_saw_fail_before_any_audit_row_makes_the_partner_failing(conn: psycopg.Connection) -> None:
     from partner_harvest.store.health import SchedulerRun
 
     now = now_of(conn)
@@ -234,11 +243,11 @@ def test_a_run_the_scheduler_saw_fail_before_any_audit_row_makes_the_partner_fai
     later = now_of(conn)
     down = SchedulerRun("harvest_p", "manual__2", "failed", later, later)
     (health,) = partner_health(conn, partners("p"), later, {"p": down})
-    assert health.state == FAILING and health.last_run.run_id == "harvest_p/manual__2"
-    assert health.last_success.run_id == "harvest_p/scheduled__1"
+    assert health.state == FAILING and present(health.last_run).run_id == "harvest_p/manual__2"
+    assert present(health.last_success).run_id == "harvest_p/scheduled__1"
     older = SchedulerRun("harvest_p", "manual__0", "failed", now - timedelta(days=3), now - timedelta(days=3))
     (health,) = partner_health(conn, partners("p"), now, {"p": older})
-    assert health.state == HEALTHY and health.last_run.run_id == "harvest_p/scheduled__1"
+    assert health.state == HEALTHY and present(health.last_run).run_id == "harvest_p/scheduled__1"
 
 
 def test_the_health_pages_refuse_a_request_without_airflow_login() -> None:
@@ -253,7 +262,7 @@ def test_the_health_pages_refuse_a_request_without_airflow_login() -> None:
         assert response.status_code == 401, path
 
 
-def test_the_partner_page_shows_a_running_run_slice_by_slice(conn, db, monkeypatch) -> None:
+def test_the_partner_page_shows_a_running_run_slice_by_slice(conn: psycopg.Connection, db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """While a run is going, the partner page lists its slices with records so far, rate and
     time left (store/progress.py, as `partner-harvest progress`); once applied, the section goes."""
     from pathlib import Path

@@ -1,4 +1,4 @@
-"""The health benchmark's data builder at 1,000 partners and more (issue 28).
+"""The health benchmark's data builder at 1,000 partners and more.
 
 Regression: ``benchmarks/health_page.py --partners 1000`` failed building its data: the SQL
 made the partner ids with a 3-digit ``lpad``, which cuts '1000' to '100', so partner 1000's
@@ -11,13 +11,14 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import psycopg
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def _benchmark():
+def _benchmark() -> ModuleType:
     sys.path.insert(0, str(BENCHMARKS))
     try:
         spec = importlib.util.spec_from_file_location("health_page_benchmark", BENCHMARKS / "health_page.py")

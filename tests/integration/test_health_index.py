@@ -1,21 +1,25 @@
-"""The health index pages, sorts and filters on the server (issue 28 item 4): 230 partners
+"""The health index pages, sorts and filters on the server: 230 partners
 against a real PostgreSQL, rendered by the app itself (Airflow's login: test_health.py)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 
 from tests.support import fleet
 
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
+
 N = 230
 
 
 @pytest.fixture
-def client(conn: psycopg.Connection, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def client(conn: psycopg.Connection, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TestClient:
     from fastapi.testclient import TestClient
 
     app = fleet.serve_health_app(conn, db, tmp_path, N, monkeypatch)
@@ -34,7 +38,7 @@ def states(page: str) -> list[str]:
     return re.findall(r'<tr data-partner="[^"]+" data-state="([^"]+)"', page)
 
 
-def test_the_index_sends_one_page_worst_first_with_links_to_the_others(client) -> None:
+def test_the_index_sends_one_page_worst_first_with_links_to_the_others(client: TestClient) -> None:
     page = client.get("/").text
     assert len(ids(page)) == 50
     assert states(page)[:23] == ["failing"] * 23 and "failing" not in states(page)[23:]  # worst first
@@ -48,7 +52,7 @@ def test_the_index_sends_one_page_worst_first_with_links_to_the_others(client) -
     assert sorted(every) == [fleet.partner_id(i) for i in range(1, N + 1)]  # each partner once
 
 
-def test_the_index_filters_by_state_protocol_and_text_and_sorts_by_name_and_lag(client) -> None:
+def test_the_index_filters_by_state_protocol_and_text_and_sorts_by_name_and_lag(client: TestClient) -> None:
     failing = client.get("/?state=failing&per_page=100").text
     assert ids(failing) == [fleet.partner_id(i) for i in range(10, N + 1, 10)]
     assert "1–23 of 23 matching" in text(failing)

@@ -12,8 +12,10 @@ import ipaddress
 import json
 import ssl
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import SplitResult, quote_plus
 
 import psycopg
@@ -29,16 +31,19 @@ from partner_harvest import pipeline
 from partner_harvest.credentials import Credentials
 from partner_harvest.errors import ConfigurationError, PartnerDataError, PartnerHttpError
 from partner_harvest.factory import Endpoint, build_adapter
-from partner_harvest.transport import HttpPolicy, Transport, build_session
-from partner_harvest.registry import RegistryError
-from tests.support.partners import fast_http, oai_partner
+from partner_harvest.oai.harvester import OaiAdapter
+from partner_harvest.records import HarvestStats
+from partner_harvest.registry import Partner, RegistryError
 from partner_harvest.store import RunRef
+from partner_harvest.transport import HttpPolicy, PartnerSession, Transport, build_session
+from tests.support.partners import built, fast_http, oai_partner
 
-def partner(**http):
+
+def partner(**http: Any) -> Partner:
     return oai_partner(conn_id="partner_museum", options={"http": fast_http(**{"retries": 3, **http})})
 
 
-def harvest(base_url: str, conn: psycopg.Connection, p, extra: dict | None = None):
+def harvest(base_url: str, conn: psycopg.Connection, p: Partner, extra: dict[str, Any] | None = None) -> HarvestStats:
     """freeze_window + harvest_window of a full run, as the DAG's tasks do."""
     adapter = build_adapter(p, Endpoint(base_url, extra=extra or {}))
     window = pipeline.freeze_window(adapter, p.lag, None, pipeline.RunRequest("full"))
@@ -50,7 +55,7 @@ def list_requests(sim: OaiSimulator) -> list[dict]:
 
 
 @pytest.fixture
-def sim():
+def sim() -> Iterator[OaiSimulator]:
     with OaiSimulator(SimulatedRepository(records=120, page_size=40, seed=5)) as server:
         yield server
 
@@ -59,7 +64,7 @@ def sim():
 
 
 @pytest.mark.parametrize("kind", ["gzip_bomb", "endless_body"])
-def test_a_body_past_the_cap_fails_naming_partner_request_and_cap(sim, conn, kind) -> None:
+def test_a_body_past_the_cap_fails_naming_partner_request_and_cap(sim: OaiSimulator, conn: psycopg.Connection, kind: str) -> None:
     sim.attack_next(kind, size=64 << 20, verb="ListRecords")
     with pytest.raises(PartnerHttpError) as err:
         harvest(sim.base_url, conn, partner(max_response_bytes=1 << 20))
@@ -70,7 +75,7 @@ def test_a_body_past_the_cap_fails_naming_partner_request_and_cap(sim, conn, kin
     assert sim.errors == []
 
 
-def test_honest_pages_under_the_cap_still_land(sim, conn) -> None:
+def test_honest_pages_under_the_cap_still_land(sim: OaiSimulator, conn: psycopg.Connection) -> None:
     stats = harvest(sim.base_url, conn, partner(max_response_bytes=256 << 10))
     assert stats.fetched == 120
 
@@ -79,7 +84,7 @@ def test_honest_pages_under_the_cap_still_land(sim, conn) -> None:
 
 
 @pytest.mark.parametrize("headers", [False, True], ids=["body-drips", "headers-drip"])
-def test_a_slow_drip_ends_at_the_deadline_and_is_not_retried_by_urllib3(sim, conn, headers) -> None:
+def test_a_slow_drip_ends_at_the_deadline_and_is_not_retried_by_urllib3(sim: OaiSimulator, conn: psycopg.Connection, headers: bool) -> None:
     # One byte every 0.2 s never trips the 30 s read timeout; only the total deadline ends it.
     sim.attack_next("slow_drip", interval=0.2, headers=headers, verb="ListRecords")
     started = time.monotonic()
@@ -94,7 +99,7 @@ def test_a_slow_drip_ends_at_the_deadline_and_is_not_retried_by_urllib3(sim, con
     assert elapsed < 10
 
 
-def test_waits_between_retries_do_not_count_against_the_deadline(sim, conn) -> None:
+def test_waits_between_retries_do_not_count_against_the_deadline(sim: OaiSimulator, conn: psycopg.Connection) -> None:
     sim.fail_next(2, 503, retry_after=1)  # two polite waits of 1 s each, deadline 0.8 s
     stats = harvest(sim.base_url, conn, partner(request_deadline=0.8, retries=3))
     assert stats.fetched == 120
@@ -108,7 +113,8 @@ def test_waits_between_retries_do_not_count_against_the_deadline(sim, conn) -> N
     ("wide_xml", 3_000_000, "more than the limit of 2,000,000"),
     ("many_attributes", 1_100_000, "more than the limit of 2,000,000"),
 ])
-def test_pathological_xml_fails_clearly(sim, conn, kind, size, cause) -> None:
+def test_pathological_xml_fails_clearly(sim: OaiSimulator, conn: psycopg.Connection, kind: str, size: int,
+                                      cause: str) -> None:
     sim.attack_next(kind, size=size, verb="ListRecords")
     with pytest.raises(PartnerDataError) as err:
         harvest(sim.base_url, conn, partner())
@@ -116,7 +122,7 @@ def test_pathological_xml_fails_clearly(sim, conn, kind, size, cause) -> None:
     assert "partner 'museum'" in message and "verb=ListRecords" in message and cause in message
 
 
-def test_the_node_limit_is_the_partners_own(sim, conn) -> None:
+def test_the_node_limit_is_the_partners_own(sim: OaiSimulator, conn: psycopg.Connection) -> None:
     # 40 oai_dc records make about 1,500 nodes: over a limit of 1,000, under the default.
     with pytest.raises(PartnerDataError, match=r"limit of 1,000 \(options.http.max_xml_nodes\)"):
         harvest(sim.base_url, conn, partner(max_xml_nodes=1000))
@@ -155,7 +161,7 @@ class _RecorderHandler(LoopbackHandler):
 
 
 @pytest.fixture
-def partner_and_stranger():
+def partner_and_stranger() -> Iterator[tuple[_Recorder, _Recorder]]:
     with _Recorder() as home, _Recorder() as stranger:
         yield home, stranger
 
@@ -165,7 +171,8 @@ def authorization(seen: list[dict[str, str]]) -> list[str | None]:
 
 
 @pytest.mark.parametrize("auth", ["basic", "bearer"])
-def test_a_redirect_to_another_origin_never_carries_credentials(partner_and_stranger, auth) -> None:
+def test_a_redirect_to_another_origin_never_carries_credentials(partner_and_stranger: tuple[_Recorder, _Recorder],
+                                                               auth: str) -> None:
     home, stranger = partner_and_stranger
     home.redirect_to = f"{stranger.base_url}/landing"  # same host, another port: another origin
     session = build_session("museum", home=home.base_url)
@@ -176,7 +183,8 @@ def test_a_redirect_to_another_origin_never_carries_credentials(partner_and_stra
 
 
 @pytest.mark.parametrize("form", ["basic", "bearer", "header", "query"])
-def test_the_connections_credentials_go_to_the_partner_and_nowhere_else(partner_and_stranger, form) -> None:
+def test_the_connections_credentials_go_to_the_partner_and_nowhere_else(partner_and_stranger: tuple[_Recorder, _Recorder],
+                                                                       form: str) -> None:
     """A redirect to another origin (whose Location even repeats the key) gets none of them;
     one within the origin, and a second request, get them again."""
     home, stranger = partner_and_stranger
@@ -194,7 +202,7 @@ def test_the_connections_credentials_go_to_the_partner_and_nowhere_else(partner_
                                      for h in stranger.seen), stranger.seen
 
 
-def test_a_same_origin_redirect_keeps_credentials(partner_and_stranger) -> None:
+def test_a_same_origin_redirect_keeps_credentials(partner_and_stranger: tuple[_Recorder, _Recorder]) -> None:
     home, _ = partner_and_stranger
     home.redirect_to = f"{home.base_url}/elsewhere"
     session = build_session("museum", home=home.base_url)
@@ -202,7 +210,7 @@ def test_a_same_origin_redirect_keeps_credentials(partner_and_stranger) -> None:
     assert authorization(home.seen) == ["Bearer t0k3n", "Bearer t0k3n"]
 
 
-def test_a_url_the_partner_hands_us_gets_no_credentials(partner_and_stranger) -> None:
+def test_a_url_the_partner_hands_us_gets_no_credentials(partner_and_stranger: tuple[_Recorder, _Recorder]) -> None:
     """E.g. a download link in a response body pointing at another host or port."""
     home, stranger = partner_and_stranger
     session = build_session("museum", home=f"{home.base_url}/iii/sierra-api/v6")
@@ -211,7 +219,8 @@ def test_a_url_the_partner_hands_us_gets_no_credentials(partner_and_stranger) ->
     assert authorization(stranger.seen) == [None, None]
 
 
-def test_the_connections_proxy_is_used_and_wins_over_the_environment(partner_and_stranger, monkeypatch) -> None:
+def test_the_connections_proxy_is_used_and_wins_over_the_environment(partner_and_stranger: tuple[_Recorder, _Recorder],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     proxy, decoy = partner_and_stranger
     monkeypatch.setenv("HTTP_PROXY", decoy.base_url)
     monkeypatch.delenv("NO_PROXY", raising=False)
@@ -236,7 +245,8 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def _issue(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool = False, ip: str | None = None):
+def _issue(subject: str, key: ec.EllipticCurvePrivateKey, issuer_name: x509.Name, issuer_key: ec.EllipticCurvePrivateKey, *,
+           ca: bool = False, ip: str | None = None) -> x509.Certificate:
     now = dt.datetime.now(dt.timezone.utc)
     builder = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(issuer_name)
                .public_key(key.public_key()).serial_number(x509.random_serial_number())
@@ -248,7 +258,7 @@ def _issue(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool = 
     return builder.sign(issuer_key, hashes.SHA256())
 
 
-def _pem(cert, key=None) -> bytes:
+def _pem(cert: x509.Certificate, key: ec.EllipticCurvePrivateKey | None = None) -> bytes:
     out = cert.public_bytes(serialization.Encoding.PEM)
     if key is not None:
         out += key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -257,7 +267,7 @@ def _pem(cert, key=None) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory) -> Pki:
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     """A partner's private CA, its server certificate for 127.0.0.1, and our client certificate."""
     root = tmp_path_factory.mktemp("pki")
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -276,35 +286,36 @@ def pki(tmp_path_factory) -> Pki:
 
 
 @pytest.fixture
-def tls_sim(pki: Pki):
+def tls_sim(pki: Pki) -> Iterator[OaiSimulator]:
     server = OaiSimulator(SimulatedRepository(records=60, page_size=30, seed=9))
     server.tls = pki.server_context
     with server:
         yield server
 
 
-def test_tls_with_the_partners_ca_and_our_client_certificate(tls_sim, conn, pki: Pki) -> None:
+def test_tls_with_the_partners_ca_and_our_client_certificate(tls_sim: OaiSimulator, conn: psycopg.Connection, pki: Pki) -> None:
     extra = {"verify": str(pki.ca), "cert": str(pki.client_pem)}
     stats = harvest(tls_sim.base_url, conn, partner(), extra)
     assert tls_sim.base_url.startswith("https://") and stats.fetched == 60
 
 
 @pytest.mark.parametrize("extra", [{}, {"verify": "ca"}], ids=["system-cas", "no-client-cert"])
-def test_tls_fails_without_the_partners_ca_or_our_certificate(tls_sim, conn, pki: Pki, extra) -> None:
+def test_tls_fails_without_the_partners_ca_or_our_certificate(tls_sim: OaiSimulator, conn: psycopg.Connection, pki: Pki,
+                                                              extra: dict[str, str]) -> None:
     if extra:
         extra = {"verify": str(pki.ca)}
     with pytest.raises(PartnerHttpError, match="SSLError|ConnectionError"):
         harvest(tls_sim.base_url, conn, partner(retries=0), extra)
 
 
-def test_switching_verification_off_is_refused(tls_sim, conn) -> None:
+def test_switching_verification_off_is_refused(tls_sim: OaiSimulator, conn: psycopg.Connection) -> None:
     with pytest.raises(ConfigurationError) as err:
         harvest(tls_sim.base_url, conn, partner(), {"verify": False})
     assert "Connection 'partner_museum'" in str(err.value) and "refused" in str(err.value)
     assert tls_sim.requests == []
 
 
-def test_a_partner_ca_bundle_wins_over_requests_ca_bundle(tls_sim, pki: Pki, monkeypatch) -> None:
+def test_a_partner_ca_bundle_wins_over_requests_ca_bundle(tls_sim: OaiSimulator, pki: Pki, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/nonexistent/system-bundle.pem")
     session = build_session("museum", HttpPolicy(retries=0), home=tls_sim.base_url,
                             transport=Transport(verify=str(pki.ca), cert=str(pki.client_pem)))
@@ -314,7 +325,7 @@ def test_a_partner_ca_bundle_wins_over_requests_ca_bundle(tls_sim, pki: Pki, mon
 # ----------------------------------------------- Connection extras (Airflow)
 
 
-def test_connection_extras_reach_the_session(monkeypatch, pki: Pki) -> None:
+def test_connection_extras_reach_the_session(monkeypatch: pytest.MonkeyPatch, pki: Pki) -> None:
     import json
 
     from partner_harvest.airflow.connections import partner_endpoint
@@ -326,24 +337,24 @@ def test_connection_extras_reach_the_session(monkeypatch, pki: Pki) -> None:
     }))
     endpoint = partner_endpoint("partner_museum")
     assert "pw@" not in repr(endpoint)
-    session = build_adapter(partner(), endpoint).client.session
+    session = built(OaiAdapter, partner(), endpoint).client.session
     assert session.verify == str(pki.ca)
     assert session.cert == (str(pki.client_pem), str(pki.client_pem))
     assert session.proxies == {"https": "http://user:pw@proxy.example:3128"}
-    assert session.home == ("https", "museum.example", 443)
+    assert isinstance(session, PartnerSession) and session.home == ("https", "museum.example", 443)
 
 
-def test_connection_without_extras_verifies_with_the_system_cas(monkeypatch) -> None:
+def test_connection_without_extras_verifies_with_the_system_cas(monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
     from partner_harvest.airflow.connections import partner_endpoint
 
     monkeypatch.setenv("AIRFLOW_CONN_PARTNER_MUSEUM", json.dumps({"conn_type": "http", "host": "museum.example"}))
-    session = build_adapter(partner(), partner_endpoint("partner_museum")).client.session
+    session = built(OaiAdapter, partner(), partner_endpoint("partner_museum")).client.session
     assert session.verify is True and session.cert is None and session.proxies == {}
 
 
-def test_bad_tls_extras_fail_as_configuration_errors(tmp_path) -> None:
+def test_bad_tls_extras_fail_as_configuration_errors(tmp_path: Path) -> None:
     for extra, fragment in [({"verify": "false"}, "refused"), ({"verify": str(tmp_path / "nope.pem")}, "does not exist"),
                             ({"cert": str(tmp_path / "nope.pem")}, "does not exist"),
                             ({"proxies": "http://proxy:3128"}, "must map a scheme")]:

@@ -6,15 +6,21 @@ the simulator's request log counts what a night cost.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
 import pytest
 
 from include.simulators.iiif.museum import Museum
 from include.simulators.iiif.server import IiifServer
 from partner_harvest.errors import PartnerAsksToWait
+from partner_harvest.run import RunResult
 from tests.support.iiif_harness import IiifHarness, iiif_partner
 
 
-def night(harness: IiifHarness):
+def night(harness: IiifHarness) -> RunResult:
     harness.sim.clear_requests()
     return harness.run()
 
@@ -27,17 +33,17 @@ def museum() -> Museum:
 
 
 @pytest.fixture
-def sim(museum):
+def sim(museum: Museum) -> Iterator[IiifServer]:
     with IiifServer(museum) as server:
         yield server
 
 
 @pytest.fixture
-def harness(sim, conn) -> IiifHarness:
+def harness(sim: IiifServer, conn: psycopg.Connection) -> IiifHarness:
     return IiifHarness(sim, conn, iiif_partner())
 
 
-def test_first_harvest_then_quiet_night_costs_two_requests(harness, sim, museum) -> None:
+def test_first_harvest_then_quiet_night_costs_two_requests(harness: IiifHarness, sim: IiifServer, museum: Museum) -> None:
     first = harness.run()
     assert harness.held() == harness.live()
     assert first.applied.upserted == 40 and first.applied.quarantined == 0
@@ -51,7 +57,7 @@ def test_first_harvest_then_quiet_night_costs_two_requests(harness, sim, museum)
     assert sim.count("/objects/") == 0
 
 
-def test_a_night_with_k_changes_fetches_k_descriptions(harness, sim, museum) -> None:
+def test_a_night_with_k_changes_fetches_k_descriptions(harness: IiifHarness, sim: IiifServer, museum: Museum) -> None:
     harness.run()
     museum.update("o3")
     museum.update("o17")
@@ -63,7 +69,7 @@ def test_a_night_with_k_changes_fetches_k_descriptions(harness, sim, museum) -> 
     assert harness.held() == harness.live()
 
 
-def test_newest_wins_delete_after_create_and_recreate_after_delete(harness, sim, museum) -> None:
+def test_newest_wins_delete_after_create_and_recreate_after_delete(harness: IiifHarness, sim: IiifServer, museum: Museum) -> None:
     harness.run()
     [fresh] = museum.create(1)
     museum.update(fresh)
@@ -78,7 +84,7 @@ def test_newest_wins_delete_after_create_and_recreate_after_delete(harness, sim,
     assert held == harness.live()
 
 
-def test_move_tombstones_the_old_id_and_lands_the_target(harness, sim, museum) -> None:
+def test_move_tombstones_the_old_id_and_lands_the_target(harness: IiifHarness, sim: IiifServer, museum: Museum) -> None:
     harness.run()
     target = museum.move("o2")
     night(harness)
@@ -87,7 +93,7 @@ def test_move_tombstones_the_old_id_and_lands_the_target(harness, sim, museum) -
     assert museum.identifier(sim.base_url, target) in held
 
 
-def test_equal_end_times_across_a_page_boundary_and_offsets(conn) -> None:
+def test_equal_end_times_across_a_page_boundary_and_offsets(conn: psycopg.Connection) -> None:
     museum = Museum(page_sizes=(4,), offsets=True)
     museum.create(6)
     with IiifServer(museum) as sim:
@@ -103,7 +109,7 @@ def test_equal_end_times_across_a_page_boundary_and_offsets(conn) -> None:
         assert harness.held() == harness.live()
 
 
-def test_activities_appended_during_the_run_belong_to_the_next(harness, sim, museum) -> None:
+def test_activities_appended_during_the_run_belong_to_the_next(harness: IiifHarness, sim: IiifServer, museum: Museum) -> None:
     harness.run()
     museum.update("o1")
     added: list[str] = []
@@ -121,7 +127,7 @@ def test_activities_appended_during_the_run_belong_to_the_next(harness, sim, mus
     assert harness.held() == harness.live()
 
 
-def test_refresh_with_truncated_history(harness, sim, museum) -> None:
+def test_refresh_with_truncated_history(harness: IiifHarness, sim: IiifServer, museum: Museum) -> None:
     harness.run()
     museum.delete("o4")
     museum.refresh(truncate=True)  # the history before it, o4's Delete with it, is gone
@@ -138,7 +144,7 @@ def test_refresh_with_truncated_history(harness, sim, museum) -> None:
     assert harness.held() == harness.live()
 
 
-def test_full_harvest_stops_at_a_refresh_and_says_so(conn) -> None:
+def test_full_harvest_stops_at_a_refresh_and_says_so(conn: psycopg.Connection) -> None:
     museum = Museum(page_sizes=(5,))
     museum.create(12)
     museum.delete("o3")
@@ -152,7 +158,7 @@ def test_full_harvest_stops_at_a_refresh_and_says_so(conn) -> None:
 
 
 @pytest.mark.parametrize("total", ["missing", "wrong"])
-def test_total_items_missing_or_wrong(conn, total) -> None:
+def test_total_items_missing_or_wrong(conn: psycopg.Connection, total: str) -> None:
     museum = Museum(page_sizes=(6,), total_items=total)
     museum.create(10)
     with IiifServer(museum) as sim:
@@ -165,7 +171,8 @@ def test_total_items_missing_or_wrong(conn, total) -> None:
             assert audit["check_ok"] is False and audit["check_expected"] == 13 and audit["check_found"] == 10
 
 
-def test_description_404_is_quarantined_not_deleted_and_invalid_is_quarantined(harness, sim, museum, conn) -> None:
+def test_description_404_is_quarantined_not_deleted_and_invalid_is_quarantined(harness: IiifHarness, sim: IiifServer, museum: Museum,
+                                                                               conn: psycopg.Connection) -> None:
     harness.run()
     museum.update("o10")
     museum.missing.add("o10")
@@ -175,14 +182,14 @@ def test_description_404_is_quarantined_not_deleted_and_invalid_is_quarantined(h
     assert result.applied.quarantined == 2
     held = harness.held()
     assert museum.identifier(sim.base_url, "o10") in held  # kept: its latest activity is no Delete
-    rows = dict(conn.execute("SELECT identifier, reason FROM quarantine WHERE partner_id = 'rijks'").fetchall())
+    rows: dict[str, str] = dict(conn.execute("SELECT identifier, reason FROM quarantine WHERE partner_id = 'rijks'").fetchall())
     conn.commit()
     assert "HTTP 404" in rows[museum.identifier(sim.base_url, "o10")]
     assert "not a Delete" in rows[museum.identifier(sim.base_url, "o10")]
     assert "unreadable" in rows[museum.identifier(sim.base_url, "o11")]
 
 
-def test_429_and_503_with_retry_after(harness, sim, museum) -> None:
+def test_429_and_503_with_retry_after(harness: IiifHarness, sim: IiifServer, museum: Museum) -> None:
     harness.run()
     museum.update("o1")
     sim.throttle["/stream/collection.json"] = [(503, 0)]
@@ -195,7 +202,8 @@ def test_429_and_503_with_retry_after(harness, sim, museum) -> None:
         night(harness)
 
 
-def test_a_description_failing_with_5xx_fails_the_run_and_lands_on_its_retry(harness, sim, museum, conn) -> None:
+def test_a_description_failing_with_5xx_fails_the_run_and_lands_on_its_retry(harness: IiifHarness, sim: IiifServer, museum: Museum,
+                                                                             conn: psycopg.Connection) -> None:
     """A 5xx (or 429) that outlasts the transport's retries is the partner's outage, not the
     object's: quarantining it lost the object for good (nothing asks for it again until its
     next activity; found by the soak, seed 27, night 25). The run fails (Airflow retries it)
@@ -216,7 +224,7 @@ def test_a_description_failing_with_5xx_fails_the_run_and_lands_on_its_retry(har
 
 
 @pytest.mark.parametrize("style", ["object", "bare"])
-def test_see_also_as_one_object_or_a_bare_url(conn, style) -> None:
+def test_see_also_as_one_object_or_a_bare_url(conn: psycopg.Connection, style: str) -> None:
     museum = Museum(see_also_style=style)
     museum.create(3)
     with IiifServer(museum) as sim:
@@ -225,7 +233,7 @@ def test_see_also_as_one_object_or_a_bare_url(conn, style) -> None:
         assert result.applied.upserted == 3 and harness.held() == harness.live()
 
 
-def test_lido_preferred_when_the_registry_says_so(conn) -> None:
+def test_lido_preferred_when_the_registry_says_so(conn: psycopg.Connection) -> None:
     museum = Museum(lido_too=True)
     museum.create(2)
     with IiifServer(museum) as sim:
@@ -237,7 +245,7 @@ def test_lido_preferred_when_the_registry_says_so(conn) -> None:
         assert prefixes == {"lido"}
 
 
-def test_reconcile_sweeps_the_live_set(harness, sim, museum, conn) -> None:
+def test_reconcile_sweeps_the_live_set(harness: IiifHarness, sim: IiifServer, museum: Museum, conn: psycopg.Connection) -> None:
     from partner_harvest.reconcile import reconcile
 
     harness.run()
@@ -250,13 +258,13 @@ def test_reconcile_sweeps_the_live_set(harness, sim, museum, conn) -> None:
     assert harness.held() == harness.live()
 
 
-def test_static_files_stream(conn, tmp_path) -> None:
+def test_static_files_stream(conn: psycopg.Connection, tmp_path: Path) -> None:
     import functools
     import threading
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
     class Quiet(SimpleHTTPRequestHandler):
-        def log_message(self, *args):  # noqa: ANN002
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
@@ -281,7 +289,7 @@ def test_static_files_stream(conn, tmp_path) -> None:
         server.server_close()
 
 
-def test_a_getty_style_stream_created_stamps_and_objects_without_see_also(conn) -> None:
+def test_a_getty_style_stream_created_stamps_and_objects_without_see_also(conn: psycopg.Connection) -> None:
     """The shape of the Getty's real stream (tests/fixtures/iiif/getty-page.json): no seeAlso
     (the object's id is its Linked Art record) and `created` instead of endTime. With
     options.iiif.object_itself the objects land; the `created` stamps stop a quiet night
@@ -302,7 +310,7 @@ def test_a_getty_style_stream_created_stamps_and_objects_without_see_also(conn) 
         assert sim.count("/objects/") == 1 and harness.held() == harness.live()
 
 
-def test_objects_without_a_matching_see_also_are_quarantined_naming_the_offers(conn) -> None:
+def test_objects_without_a_matching_see_also_are_quarantined_naming_the_offers(conn: psycopg.Connection) -> None:
     museum = Museum(page_sizes=(10,), see_also_style="none")
     museum.create(3)
     with IiifServer(museum) as sim:
@@ -314,7 +322,7 @@ def test_objects_without_a_matching_see_also_are_quarantined_naming_the_offers(c
 
 
 @pytest.mark.parametrize("refresh", [False, True])
-def test_a_day_of_deletions_and_moves_before_a_refresh_that_keeps_the_history(conn, refresh) -> None:
+def test_a_day_of_deletions_and_moves_before_a_refresh_that_keeps_the_history(conn: psycopg.Connection, refresh: bool) -> None:
     museum = Museum(page_sizes=(10, 7, 13), fractions=True)
     museum.create(80)
     with IiifServer(museum) as sim:
@@ -328,7 +336,8 @@ def test_a_day_of_deletions_and_moves_before_a_refresh_that_keeps_the_history(co
         assert harness.held() == harness.live()
 
 
-def test_a_full_harvest_after_a_full_harvest_stages_every_live_object(harness, sim, museum, conn) -> None:
+def test_a_full_harvest_after_a_full_harvest_stages_every_live_object(harness: IiifHarness, sim: IiifServer, museum: Museum,
+                                                                      conn: psycopg.Connection) -> None:
     """Found by the 50,000-object soak: a full harvest run again (a rerun after a kill between
     the apply and the cursor, or an operator's full harvest) skipped the descriptions the mirror
     already held, so they were absent from its staging; the shrink gate then counted them as

@@ -7,6 +7,7 @@ their stamps and titles must be the same, and equal the museum's live set.
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
 from include.simulators.iiif.museum import Museum
@@ -35,30 +36,30 @@ def busy(museum: Museum) -> Museum:
     return museum
 
 
-def mirror(conn, partner_id: str) -> set[tuple]:
+def mirror(conn: psycopg.Connection, partner_id: str) -> set[tuple]:
     rows = conn.execute("SELECT identifier, datestamp, title FROM records WHERE partner_id = %s",
                         (partner_id,)).fetchall()
     conn.commit()
     return set(rows)
 
 
-def load_both(sim: IiifServer, conn) -> tuple[IiifHarness, IiifHarness]:
+def load_both(sim: IiifServer, conn: psycopg.Connection) -> tuple[IiifHarness, IiifHarness]:
     """The sliced first load (partner ``sliced``), then the same stream unsliced (``whole``)."""
     sliced = IiifHarness(sim, conn, iiif_partner("sliced", slicing=dict(SLICED)))
     sim.clear_requests()
     sliced.run()
-    sliced.pages_read = sim.count("/stream/page-")  # type: ignore[attr-defined]
+    sliced.pages_read = sim.count("/stream/page-")
     whole = IiifHarness(sim, conn, iiif_partner("whole"))
     whole.run()
     return sliced, whole
 
 
-def rows(conn, partner_id: str = "sliced", run_id: str = "run-1") -> dict[str, dict]:
+def rows(conn: psycopg.Connection, partner_id: str = "sliced", run_id: str = "run-1") -> dict[str, dict]:
     """The run's slices (channel changes/00N) with their harvest_runs rows."""
     return {r["channel"]: r for r in slice_rows(conn, partner_id, run_id) if r["channel"].startswith("changes/")}
 
 
-def assert_same(conn, sliced: IiifHarness, whole: IiifHarness) -> None:
+def assert_same(conn: psycopg.Connection, sliced: IiifHarness, whole: IiifHarness) -> None:
     assert sliced.last is not None and len(sliced.last.pieces) >= 2, sliced.last and sliced.last.pieces
     assert mirror(conn, "sliced") == mirror(conn, "whole")
     assert sliced.held() == sliced.live()
@@ -80,7 +81,7 @@ def cuts_are_strict(museum: Museum, planned: dict[str, dict]) -> None:
 
 
 @pytest.mark.parametrize("sizes", [(7, 3, 5), (1, 9)])
-def test_a_sliced_first_load_equals_an_unsliced_one(conn, sizes) -> None:
+def test_a_sliced_first_load_equals_an_unsliced_one(conn: psycopg.Connection, sizes: tuple[int, ...]) -> None:
     museum = busy(Museum(page_sizes=sizes, fractions=True))
     with IiifServer(museum) as sim:
         sliced, whole = load_both(sim, conn)
@@ -111,7 +112,7 @@ def same_instant_over_a_boundary(recreated: bool = False) -> Museum:
 
 
 @pytest.mark.parametrize("recreated", [False, True])
-def test_equal_end_times_across_pages_never_straddle_two_slices(conn, recreated) -> None:
+def test_equal_end_times_across_pages_never_straddle_two_slices(conn: psycopg.Connection, recreated: bool) -> None:
     """The unsliced walk takes o3's newer activity in the stream (the Delete; the re-Create);
     so must the sliced load: no slice boundary separates activities of one instant (the
     apply orders by stamp, then by when a version was staged)."""
@@ -123,7 +124,7 @@ def test_equal_end_times_across_pages_never_straddle_two_slices(conn, recreated)
         cuts_are_strict(museum, rows(conn))
 
 
-def test_a_slice_failing_mid_way_resumes_at_its_checkpoint(conn) -> None:
+def test_a_slice_failing_mid_way_resumes_at_its_checkpoint(conn: psycopg.Connection) -> None:
     museum = busy(Museum(page_sizes=(2,), fractions=True))
     with IiifServer(museum) as sim:
         partner = iiif_partner("sliced", retries=1, slicing=dict(SLICED))
@@ -158,7 +159,7 @@ def test_a_slice_failing_mid_way_resumes_at_its_checkpoint(conn) -> None:
         assert whole.held() == whole.live()
 
 
-def test_a_resumed_slice_keeps_the_newest_activity_it_staged_before_failing(conn) -> None:
+def test_a_resumed_slice_keeps_the_newest_activity_it_staged_before_failing(conn: psycopg.Connection) -> None:
     """One slice holds o3's re-Create (5th page, staged before the failure) and its Delete at
     the same instant (4th page, read after the resume): the re-Create still wins, as unsliced
     (staged after it, the older Delete would win the apply's tie)."""
@@ -184,7 +185,7 @@ def test_a_resumed_slice_keeps_the_newest_activity_it_staged_before_failing(conn
         assert held == {museum.identifier(sim.base_url, s) for s in museum.live}
 
 
-def test_a_last_page_growing_during_the_walk_belongs_to_the_next_run(conn) -> None:
+def test_a_last_page_growing_during_the_walk_belongs_to_the_next_run(conn: psycopg.Connection) -> None:
     museum = busy(Museum(page_sizes=(6,)))
     with IiifServer(museum) as sim:
         added: list[str] = []
@@ -207,7 +208,7 @@ def test_a_last_page_growing_during_the_walk_belongs_to_the_next_run(conn) -> No
         assert sliced.held() == sliced.live()
 
 
-def test_a_sliced_full_harvest_stops_at_the_newest_refresh(conn) -> None:
+def test_a_sliced_full_harvest_stops_at_the_newest_refresh(conn: psycopg.Connection) -> None:
     """The Refresh keeps the history before it (Deletes, a Move): the plan's walk and the
     slices stop at it, as the unsliced walk does."""
     museum = busy(Museum(page_sizes=(5,)))
@@ -222,7 +223,7 @@ def test_a_sliced_full_harvest_stops_at_the_newest_refresh(conn) -> None:
         assert f"/stream/page-{refresh_page - 1}.json" not in {r["path"] for r in sim.requests}
 
 
-def test_a_small_stream_or_one_without_total_items_stays_one_chain(conn) -> None:
+def test_a_small_stream_or_one_without_total_items_stays_one_chain(conn: psycopg.Connection) -> None:
     museum = busy(Museum(page_sizes=(7,), total_items="missing"))
     with IiifServer(museum) as sim:
         harness = IiifHarness(sim, conn, iiif_partner("sliced", slicing=dict(SLICED)))

@@ -12,15 +12,23 @@ at once), so each link of that loop is checked without waiting for it.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
+import psycopg
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
 from partner_harvest.factory import Endpoint, build_adapter
-from partner_harvest.politeness import Reservation
+from partner_harvest.oai.harvester import OaiAdapter
+from partner_harvest.politeness import Pacer, Reservation
+from partner_harvest.sierra.harvester import SierraAdapter
+from partner_harvest.transport import PartnerSession
 from tests.support.harness import SIERRA_KEY, SIERRA_SECRET, SierraHarness
 from tests.support.partners import oai_partner, sierra_partner
+
+if TYPE_CHECKING:
+    from partner_harvest.registry import Partner
 
 
 class MemoryPacing:
@@ -47,15 +55,21 @@ class MemoryPacing:
     def close(self) -> None: ...
 
 
-def test_a_connection_closed_while_its_request_waited_for_a_slot_is_replaced_before_it_is_sent(caplog) -> None:
+def test_a_connection_closed_while_its_request_waited_for_a_slot_is_replaced_before_it_is_sent(caplog: pytest.LogCaptureFixture) -> None:
     """The server's idle timeout passes while a request waits for its pacing slot: the pooled
     connection it was handed is closed by then. It must be replaced before the request goes
     out, not fail (and count as strain, and be retried)."""
     pacing = MemoryPacing(wait=6.0)
     with OaiSimulator(SimulatedRepository(records=40, page_size=10)) as sim:
         adapter = build_adapter(oai_partner(request_delay=500), Endpoint(sim.base_url), pacing=pacing)
-        pacer = adapter.client.session.pacer
-        pacer._sleep = lambda seconds: sim.close_idle_connections()  # 6 s pass: the server closes idle connections
+        assert isinstance(adapter, OaiAdapter)
+        session = adapter.client.session
+        assert isinstance(session, PartnerSession) and isinstance(session.pacer, Pacer)
+
+        def idle_passes(seconds: float) -> None:  # 6 s pass: the server closes idle connections
+            sim.close_idle_connections()
+
+        session.pacer._sleep = idle_passes
         with caplog.at_level(logging.WARNING):
             pages = list(adapter.client.list_pages("ListRecords", metadata_prefix="oai_dc", set_spec=None,
                                                    from_=None, until=None))
@@ -71,6 +85,7 @@ def test_a_stale_pooled_connection_a_fresh_one_serves_is_no_strain_but_a_fresh_o
     pacing = MemoryPacing()
     with SierraSimulator(SimulatedCatalogue(bibs=10), client_key=SIERRA_KEY, client_secret=SIERRA_SECRET) as sim:
         adapter = build_adapter(sierra_partner(), Endpoint(sim.base_url, SIERRA_KEY, SIERRA_SECRET), pacing=pacing)
+        assert isinstance(adapter, SierraAdapter)
         adapter.client.server_time()  # the token, then /info/token: one pooled connection
         sim.empty_reply_next(1)  # the server had closed it: the next request on it gets nothing
         adapter.client.server_time()
@@ -80,7 +95,7 @@ def test_a_stale_pooled_connection_a_fresh_one_serves_is_no_strain_but_a_fresh_o
         assert pacing.strains == 1
 
 
-def test_a_poison_bibs_500_135_is_the_records_error_not_strain_on_the_host(conn) -> None:
+def test_a_poison_bibs_500_135_is_the_records_error_not_strain_on_the_host(conn: psycopg.Connection) -> None:
     """bibs/marc answers 500/135 on every block holding a poison bib, however small: the export
     bisects down to it and fetches it through GET bibs. Those answers are about one record."""
     pacing = MemoryPacing()
@@ -96,12 +111,13 @@ def test_a_poison_bibs_500_135_is_the_records_error_not_strain_on_the_host(conn)
 class Paced(SierraHarness):
     """A Sierra partner whose session is paced through ``pacing``."""
 
-    def __init__(self, sim, conn, partner, pacing: MemoryPacing) -> None:
+    def __init__(self, sim: SierraSimulator, conn: psycopg.Connection, partner: Partner, pacing: MemoryPacing) -> None:
         super().__init__(sim, conn, partner)
         self.pacing = pacing
 
-    def adapter(self):
+    def adapter(self) -> SierraAdapter:
         adapter = build_adapter(self.partner, self.endpoint(), pacing=self.pacing)
+        assert isinstance(adapter, SierraAdapter)
         adapter.sleep = self.sleeps.append
         return adapter
 
@@ -114,7 +130,7 @@ def test_the_servers_announced_idle_timeout_is_read(announced: str) -> None:
     assert keep_alive_timeout(None) is None and keep_alive_timeout("max=3") is None
 
 
-def test_a_poison_bibs_135_is_bisected_at_once_not_retried_by_the_client(conn) -> None:
+def test_a_poison_bibs_135_is_bisected_at_once_not_retried_by_the_client(conn: psycopg.Connection) -> None:
     """135 says bib2Marc already failed twice; the client's own retries (2 s, then 4 s, by
     default) only delayed the bisection by 6 s a poison bib: a 12,000-bib full load with 12 of
     them spent 72 of its 90 s asleep."""

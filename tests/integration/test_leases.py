@@ -1,4 +1,4 @@
-"""A lease ends with its holder (issue 7 item 10, I11): renewed while the task lives,
+"""A lease ends with its holder (I11): renewed while the task lives,
 expiring within one TTL after it is killed with SIGKILL (no failure callback runs)."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import psycopg
 import pytest
 
-from partner_harvest.store import connect, ensure_schema
-from partner_harvest.store import leases
+from partner_harvest.store import connect, ensure_schema, leases
 
 TTL = 1.5
 
@@ -36,7 +36,7 @@ def reconcile_can_start(conn: psycopg.Connection) -> bool:
         return False
 
 
-def wait_for(condition, timeout: float) -> float:
+def wait_for(condition: Callable[[], object], timeout: float) -> float:
     """Seconds until ``condition()`` held; fails after ``timeout``."""
     start = time.monotonic()
     while not condition():
@@ -51,6 +51,7 @@ def test_a_killed_holder_releases_the_partner_within_one_ttl(db: str) -> None:
         ensure_schema(conn)
     child = subprocess.Popen([sys.executable, "-c", HOLDER, db, str(TTL)], stdout=subprocess.PIPE, text=True,
                              cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2] / "plugins"))
+    assert child.stdout is not None
     try:
         assert child.stdout.readline().strip() == "held"
         with connect(db) as conn:

@@ -1,4 +1,4 @@
-"""The mirror cannot silently diverge, at the store: issue 7 items 2, 3, 6, 9, 14 and I10.
+"""The mirror cannot silently diverge, at the store (I10).
 
 Every test here failed on the store before it remembered tombstones, ordered versions by
 (datestamp, observation), checked staged counts inside the apply and made every item
@@ -9,32 +9,36 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
 
 from partner_harvest.pipeline import apply_changes
-from partner_harvest.records import HarvestStats, Record, Rejected, Tombstone
+from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
 from partner_harvest.store import RunRef, apply_run, begin_run, finish_harvest
 from partner_harvest.store.apply import RunNotHarvested, StagingIncomplete
+from partner_harvest.store.db import one, scalar
 from partner_harvest.store.runs import abandon_stale_runs, fail_apply
-from partner_harvest.window import Window
-from tests.support.records import T0, WINDOW, live_titles as live, rec, stage as stage_for
+from partner_harvest.window import Window, WindowFacts
+from tests.support.records import T0, WINDOW, rec
+from tests.support.records import live_titles as live
+from tests.support.records import stage as stage_for
 
 
-
-def stage(conn: psycopg.Connection, run_id: str, items: list, channel: str = "changes", partner: str = "p",
-          window: Window = WINDOW, **writer_options) -> HarvestStats:
+def stage(conn: psycopg.Connection, run_id: str, items: Sequence[HarvestItem], channel: str = "changes",
+          partner: str = "p", window: Window = WINDOW, **writer_options: Any) -> HarvestStats:
     return stage_for(conn, partner, run_id, items, channel, window, **writer_options)
 
 
 def status(conn: psycopg.Connection, run_id: str) -> tuple:
-    return conn.execute("SELECT status, error FROM harvest_runs WHERE partner_id = 'p' AND run_id = %s"
-                        " AND channel = 'changes'", (run_id,)).fetchone()
+    return one(conn.execute("SELECT status, error FROM harvest_runs WHERE partner_id = 'p' AND run_id = %s"
+                        " AND channel = 'changes'", (run_id,)))
 
 
-# -- item 3 / I10: the outcome does not depend on the order in which runs apply --------------
+# -- I10: the outcome does not depend on the order in which runs apply --------------
 
 def test_a_late_apply_of_an_older_run_never_resurrects_a_purged_record(conn: psycopg.Connection) -> None:
     stage(conn, "old", [rec("x", T0, "v1")])           # harvested first, applied late
@@ -43,7 +47,7 @@ def test_a_late_apply_of_an_older_run_never_resurrects_a_purged_record(conn: psy
     late = apply_run(conn, "p", "old")
     assert live(conn) == {}
     assert late.upserted == 0 and late.unchanged == 1
-    assert conn.execute("SELECT count(*) FROM deletions").fetchone()[0] == 0  # nothing held when it was purged
+    assert scalar(conn.execute("SELECT count(*) FROM deletions")) == 0  # nothing held when it was purged
 
 
 def test_an_older_same_day_version_never_replaces_newer_content(conn: psycopg.Connection) -> None:
@@ -74,7 +78,7 @@ def test_a_remembered_purge_yields_to_a_newer_version(conn: psycopg.Connection) 
     stage(conn, "n3", [rec("x", T0 + timedelta(days=2), "reborn")])
     assert apply_run(conn, "p", "n3").upserted == 1
     assert live(conn) == {"x": "reborn"}
-    assert conn.execute("SELECT count(*) FROM tombstones").fetchone()[0] == 0  # superseded memory is dropped
+    assert scalar(conn.execute("SELECT count(*) FROM tombstones")) == 0  # superseded memory is dropped
 
 
 @pytest.mark.slow  # every apply order of several runs
@@ -107,7 +111,7 @@ def test_any_apply_order_gives_the_same_mirror(db: str) -> None:
 
 
 def test_after_a_clock_jump_the_later_observation_wins_in_any_apply_order(db: str) -> None:
-    """Issue 7 item 7 (soak seed 5): versions stamped by a partner clock set back a day.
+    """Versions stamped by a partner clock set back a day.
 
     Run ``before`` saw x edited and y live at the old clock; run ``after`` (its partner clock
     behind the highest one seen: ``clock_regressed``) saw x edited again and y deleted, both
@@ -118,7 +122,7 @@ def test_after_a_clock_jump_the_later_observation_wins_in_any_apply_order(db: st
     from partner_harvest.store import connect, ensure_schema
 
     jumped = Window("incremental", None, T0 + timedelta(days=2), "day", True,
-                    {"metadata_prefix": "oai_dc", "partner_clock": "2026-03-03T00:00:00Z", "clock_regressed": True})
+                    WindowFacts(metadata_prefix="oai_dc", partner_clock="2026-03-03T00:00:00Z", clock_regressed=True))
     outcomes = []
     with connect(db) as conn:
         ensure_schema(conn)
@@ -135,7 +139,7 @@ def test_after_a_clock_jump_the_later_observation_wins_in_any_apply_order(db: st
     assert outcomes == [{"x": "new clock", "z": "z old"}] * 2
 
 
-# -- item 6: equal datestamps -------------------------------------------------------------
+# -- equal datestamps -------------------------------------------------------------------
 
 def test_at_equal_datestamps_a_tombstone_beats_the_stored_version_it_follows(conn: psycopg.Connection) -> None:
     stage(conn, "n1", [rec("x", T0, "v1")])
@@ -145,7 +149,7 @@ def test_at_equal_datestamps_a_tombstone_beats_the_stored_version_it_follows(con
     assert live(conn) == {}
 
 
-# -- item 2: staging lost between harvest and apply -------------------------------------------
+# -- staging lost between harvest and apply -------------------------------------------------
 
 def test_apply_refuses_when_staging_lost_what_the_harvest_recorded(conn: psycopg.Connection) -> None:
     stage(conn, "n1", [rec("x", T0), rec("y", T0)])
@@ -181,7 +185,7 @@ def test_apply_refuses_a_run_whose_channel_is_still_harvesting(conn: psycopg.Con
         apply_run(conn, "p", "n1")
 
 
-# -- item 9 and issue 11 item 4: what cannot be stored is quarantined, never blocks ------------
+# -- what cannot be stored is quarantined, never blocks ------------
 
 @pytest.mark.parametrize("bad, why", [
     (Record("nul\x00id", T0, "oai_dc", "<x/>"), "NUL"),
@@ -191,12 +195,12 @@ def test_apply_refuses_a_run_whose_channel_is_still_harvesting(conn: psycopg.Con
     (Record("i" * 3000, T0, "oai_dc", "<x/>"), "longer than"),
     (Rejected("y\x00", "bad \x00 reason", "raw \ud800"), "NUL"),
 ])
-def test_what_postgresql_cannot_store_is_quarantined_and_the_page_lands(conn: psycopg.Connection, bad, why: str) -> None:
+def test_what_postgresql_cannot_store_is_quarantined_and_the_page_lands(conn: psycopg.Connection, bad: Record, why: str) -> None:
     stage(conn, "n1", [rec("good1", T0), bad, rec("good2", T0)])
     result = apply_run(conn, "p", "n1")
     assert set(live(conn)) == {"good1", "good2"}
     assert result.quarantined == 1 and result.fetched == 3
-    reason, identifier = conn.execute("SELECT reason, identifier FROM quarantine").fetchone()
+    reason, identifier = one(conn.execute("SELECT reason, identifier FROM quarantine"))
     assert why in reason
     assert "\x00" not in identifier and len(identifier.encode()) <= 1000
 
@@ -211,7 +215,7 @@ def test_what_postgresql_cannot_store_is_quarantined_and_the_page_lands(conn: ps
     (Record("x", T0, "oai_dc", "<x>" + "é" * 496 + "</x>"), None),  # 999 bytes, under 1,000
     (Record("x", T0, "oai_dc", "<x>" + "é" * 497 + "</x>"), "exceeds"),  # 1,001 bytes
 ])
-def test_storable_decides_on_bytes_whatever_the_shortcut(item, why: str | None) -> None:
+def test_storable_decides_on_bytes_whatever_the_shortcut(item: Record, why: str | None) -> None:
     """A record that is plainly storable skips the detailed checks; at the limits and with
     non-ASCII text the decision must be the same as theirs (sizes count UTF-8 bytes)."""
     from partner_harvest.store.staging import storable
@@ -227,12 +231,12 @@ def test_an_oversized_payload_is_quarantined_with_the_limit(conn: psycopg.Connec
     big = Record("big", T0, "oai_dc", "<x>" + "a" * 5000 + "</x>")
     stage(conn, "n1", [rec("small", T0), big], max_record_bytes=1000)
     assert apply_run(conn, "p", "n1").quarantined == 1
-    reason, raw = conn.execute("SELECT reason, raw_payload FROM quarantine").fetchone()
+    reason, raw = one(conn.execute("SELECT reason, raw_payload FROM quarantine"))
     assert "5007 bytes exceeds" in reason and "1000" in reason and "max_record_bytes" in reason
     assert set(live(conn)) == {"small"}
 
 
-# -- item 14 ----------------------------------------------------------------------------------
+# -- a retried apply ----------------------------------------------------------------------
 
 def test_a_retried_apply_clears_the_failure(conn: psycopg.Connection) -> None:
     stage(conn, "n1", [rec("x", T0)])
@@ -244,7 +248,7 @@ def test_a_retried_apply_clears_the_failure(conn: psycopg.Connection) -> None:
 def test_quarantine_current_forgets_a_reject_superseded_in_the_same_run(conn: psycopg.Connection) -> None:
     stage(conn, "n1", [Rejected("x", "no title", "<bad/>", T0), rec("x", T0 + timedelta(hours=1), "fixed")])
     apply_run(conn, "p", "n1")
-    assert conn.execute("SELECT count(*) FROM quarantine_current").fetchone()[0] == 0
+    assert scalar(conn.execute("SELECT count(*) FROM quarantine_current")) == 0
     stage(conn, "n2", [Rejected("x", "no title", "<bad/>", T0 + timedelta(hours=2))])
     apply_run(conn, "p", "n2")
     assert conn.execute("SELECT identifier FROM quarantine_current").fetchall() == [("x",)]
@@ -256,7 +260,7 @@ def test_staging_of_abandoned_runs_is_dropped(conn: psycopg.Connection) -> None:
     conn.execute("UPDATE harvest_runs SET started_at = now() - interval '8 days' WHERE run_id = 'old'")
     conn.commit()
     assert abandon_stale_runs(conn, "p", timedelta(days=7)) == 1
-    left = dict(conn.execute("SELECT run_id, count(*) FROM staging GROUP BY run_id").fetchall())
+    left: dict[str, int] = dict(conn.execute("SELECT run_id, count(*) FROM staging GROUP BY run_id").fetchall())
     assert left == {"fresh": 1}
     assert status(conn, "old")[0] == "abandoned"
 
@@ -308,13 +312,13 @@ def test_run_figures_carry_the_failed_completeness_checks(conn: psycopg.Connecti
 
 
 def _believed(conn: psycopg.Connection, table: str, partner: str) -> int:
-    plan = conn.execute(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {table} WHERE partner_id = %s", (partner,)).fetchone()[0]
+    plan = scalar(conn.execute(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {table} WHERE partner_id = %s", (partner,)))
     return plan[0]["Plan"]["Plan Rows"]
 
 
 def _analyzed(conn: psycopg.Connection) -> int:
     conn.execute("SELECT pg_stat_clear_snapshot()")
-    return conn.execute("SELECT pg_stat_get_analyze_count('records'::regclass)").fetchone()[0]
+    return scalar(conn.execute("SELECT pg_stat_get_analyze_count('records'::regclass)"))
 
 
 def test_a_new_partners_next_apply_teaches_the_planner_its_size_before_its_anti_joins(conn: psycopg.Connection) -> None:

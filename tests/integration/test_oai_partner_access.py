@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
@@ -16,8 +17,14 @@ from psycopg import sql
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.errors import ConfigurationError, PartnerHttpError
 from partner_harvest.factory import Endpoint
+from tests.support.checks import present
 from tests.support.harness import OaiHarness
 from tests.support.partners import oai_partner
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from partner_harvest.registry import Partner
 
 SECRET = "s3cr3t+key/of=the&museum"  # characters that need URL encoding, on purpose
 CREDENTIALS = {  # form -> (what the simulator requires, the Connection's login and extras)
@@ -31,7 +38,8 @@ CREDENTIALS = {  # form -> (what the simulator requires, the Connection's login 
 class Harness(OaiHarness):
     """An OAI partner whose Connection carries login, password and extras."""
 
-    def __init__(self, sim, conn, partner, login=None, password=None, extra=None):
+    def __init__(self, sim: OaiSimulator, conn: psycopg.Connection, partner: Partner, login: str | None = None,
+                 password: str | None = None, extra: dict[str, str] | None = None) -> None:
         super().__init__(sim, conn, partner)
         self.login, self.password, self.extra = login, password, extra or {}
 
@@ -47,12 +55,12 @@ def night(repo: SimulatedRepository) -> int:
 
 def texts_holding(conn: psycopg.Connection, needle: str) -> list[str]:
     """Every table.column of the aggregation holding ``needle`` in any row (as text)."""
-    found = []
+    found: list[str] = []
     tables = conn.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' "
                           "AND table_type = 'BASE TABLE'").fetchall()
     for (table,) in tables:
         query = sql.SQL("SELECT count(*) FROM {} t WHERE t::text LIKE %s").format(sql.Identifier(table))
-        if conn.execute(query, (f"%{needle}%",)).fetchone()[0]:
+        if present(conn.execute(query, (f"%{needle}%",)).fetchone())[0]:
             found.append(table)
     conn.commit()
     return found
@@ -62,7 +70,8 @@ def texts_holding(conn: psycopg.Connection, needle: str) -> list[str]:
 
 
 @pytest.mark.parametrize("form", sorted(CREDENTIALS))
-def test_each_credential_form_harvests_exactly_and_the_secret_is_nowhere(form, conn, caplog) -> None:
+def test_each_credential_form_harvests_exactly_and_the_secret_is_nowhere(form: str, conn: psycopg.Connection,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
     required, login, extra = CREDENTIALS[form]
     repo = SimulatedRepository(records=240, page_size=40, deleted_fraction=0.05, seed=41)
     with OaiSimulator(repo) as sim, caplog.at_level(logging.DEBUG):
@@ -86,7 +95,7 @@ def test_each_credential_form_harvests_exactly_and_the_secret_is_nowhere(form, c
     assert texts_holding(conn, SECRET) == [] and texts_holding(conn, "s3cr3t") == []
 
 
-def test_a_secret_in_a_request_url_is_redacted_from_logs_and_errors(conn, caplog) -> None:
+def test_a_secret_in_a_request_url_is_redacted_from_logs_and_errors(conn: psycopg.Connection, caplog: pytest.LogCaptureFixture) -> None:
     """The query form puts the secret in every request URL: a retry's log line and a failure's
     error (harvest_runs.error, the alert) show it as ***."""
     repo = SimulatedRepository(records=30, page_size=40, seed=42)
@@ -102,7 +111,7 @@ def test_a_secret_in_a_request_url_is_redacted_from_logs_and_errors(conn, caplog
     assert texts_holding(conn, "s3cr3t") == []
 
 
-def test_a_connection_that_cannot_say_how_to_send_its_secret_is_a_configuration_error(conn) -> None:
+def test_a_connection_that_cannot_say_how_to_send_its_secret_is_a_configuration_error(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=5, seed=43)
     with OaiSimulator(repo) as sim:
         harness = Harness(sim, conn, oai_partner(), None, SECRET, {"auth": "header"})
@@ -118,9 +127,9 @@ ALLOWED = ("type:painting", "type:print", "dept:paintings")  # paintings of the 
 EXCLUDED = ("dept:asian-art",)
 
 
-def selected(repo: SimulatedRepository, allowed=ALLOWED, excluded=EXCLUDED) -> set[str]:
+def selected(repo: SimulatedRepository, allowed: Iterable[str] = ALLOWED, excluded: Iterable[str] = EXCLUDED) -> set[str]:
     """The live records in an allowed set and in no excluded one (the set hierarchy included)."""
-    def within(specs, ancestors):
+    def within(specs: Iterable[str], ancestors: Iterable[str]) -> bool:
         return any(s == a or s.startswith(a + ":") for s in specs for a in ancestors)
     return {i for i in repo.live_identifiers() if within(repo.in_sets(i), allowed) and not within(repo.in_sets(i), excluded)}
 
@@ -136,7 +145,7 @@ def moves(repo: SimulatedRepository, seed: int) -> None:
 
 
 @pytest.mark.parametrize("method", ["list_records", "identifiers_then_get"])
-def test_sets_and_exclusions_hold_the_selection_over_nights_of_moves(method, conn) -> None:
+def test_sets_and_exclusions_hold_the_selection_over_nights_of_moves(method: str, conn: psycopg.Connection) -> None:
     from partner_harvest.reconcile import reconcile
 
     repo = SimulatedRepository(records=300, page_size=40, deleted_fraction=0.04, seed=44, header_sets="leaf")
@@ -156,7 +165,7 @@ def test_sets_and_exclusions_hold_the_selection_over_nights_of_moves(method, con
             assert harness.held() == selected(repo), seed
             sweep = [r for r in sim.requests if r.get("verb") == "ListIdentifiers" and "set" not in r and "from" in r]
             assert len(sweep) == 1  # the whole repository's headers of the window, for the leavers
-        reasons = dict(conn.execute("SELECT reason, count(*) FROM deletions GROUP BY reason").fetchall())
+        reasons: dict[str, int] = dict(conn.execute("SELECT reason, count(*) FROM deletions GROUP BY reason").fetchall())
         assert reasons.get("outside_sets") and reasons.get("excluded_set") and reasons.get("tombstone"), reasons
         # a quiet night: one request, the whole repository's headers of the window
         repo.advance_clock(3600)
@@ -178,7 +187,7 @@ def test_sets_and_exclusions_hold_the_selection_over_nights_of_moves(method, con
 # ---------------------------------------------------------------- identifiers_then_get
 
 
-def test_a_repository_whose_list_records_always_fails_is_harvested_with_get_record(conn) -> None:
+def test_a_repository_whose_list_records_always_fails_is_harvested_with_get_record(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=260, page_size=40, deleted_fraction=0.05, seed=45)
     with OaiSimulator(repo) as sim:
         sim.break_verb("ListRecords", 500)
@@ -216,7 +225,7 @@ def test_a_repository_whose_list_records_always_fails_is_harvested_with_get_reco
         assert sim.errors == [] and not [r for r in sim.requests if r.get("verb") == "ListRecords"]
 
 
-def test_get_record_answers_between_the_two_steps(conn) -> None:
+def test_get_record_answers_between_the_two_steps(conn: psycopg.Connection) -> None:
     """idDoesNotExist (a repository that keeps no deletions): a deletion; one 403: that record
     quarantined; many 403s in a row: the route is gone, the run stops."""
     repo = SimulatedRepository(records=80, page_size=40, deleted_fraction=0.0, seed=46, deleted_record="no")
@@ -245,7 +254,7 @@ def test_get_record_answers_between_the_two_steps(conn) -> None:
         assert len([r for r in sim.requests if r.get("verb") == "GetRecord"]) == 10  # then it stopped
 
 
-def test_a_record_that_leaves_the_one_set_is_no_longer_held(conn) -> None:
+def test_a_record_that_leaves_the_one_set_is_no_longer_held(conn: psycopg.Connection) -> None:
     """Regression: with ``set``, a record moved out of the set stayed held for ever (no list of
     the set shows it again, and the reconcile's GetRecord found it live)."""
     repo = SimulatedRepository(records=120, page_size=50, deleted_fraction=0.0, seed=47)

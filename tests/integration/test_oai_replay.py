@@ -27,8 +27,11 @@ import pytest
 from include.simulators.replay import ReplayServer, load_recording
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.oai.parse import DAY_GRANULARITY, SECOND_GRANULARITY
+from partner_harvest.records import HarvestStats
 from partner_harvest.run import run_partner
-from partner_harvest.window import DAY, SECONDS, Window, parse_instant
+from partner_harvest.store.apply import ApplyResult
+from partner_harvest.store.db import scalar
+from partner_harvest.window import DAY, SECONDS, Window, WindowFacts, parse_instant
 from tests.support.partners import fast_http, oai_partner
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "realworld" / "oai"
@@ -94,8 +97,9 @@ EXPECTED = [
 
 def _window(row: Expected) -> Window:
     day = len(row.until) == 10
-    protocol = {"metadata_prefix": row.prefix, "oai_granularity": DAY_GRANULARITY if day else SECOND_GRANULARITY,
-                "deleted_record": "persistent", "set": row.set_spec}
+    protocol = WindowFacts.model_validate({
+        "metadata_prefix": row.prefix, "oai_granularity": DAY_GRANULARITY if day else SECOND_GRANULARITY,
+        "deleted_record": "persistent", "set": row.set_spec})
     granularity = DAY if day else SECONDS
     until = parse_instant(row.until)
     if row.from_ is None:
@@ -103,7 +107,8 @@ def _window(row: Expected) -> Window:
     return Window("window", parse_instant(row.from_), until, granularity, advances_cursor=False, protocol=protocol)
 
 
-def replay(conn: psycopg.Connection, row: Expected, partner_id: str = "replayed"):
+def replay(conn: psycopg.Connection, row: Expected,
+           partner_id: str = "replayed") -> tuple[HarvestStats, ApplyResult, ReplayServer]:
     """Harvest and apply one recording; returns (stats, apply result, server)."""
     exchanges = load_recording(CORPUS / row.path)
     partner = oai_partner(partner_id, metadata_prefix=row.prefix, set=row.set_spec, options=FAST_HTTP)
@@ -114,8 +119,8 @@ def replay(conn: psycopg.Connection, row: Expected, partner_id: str = "replayed"
 
 
 def held_counts(conn: psycopg.Connection, partner_id: str) -> tuple[int, int]:
-    records = conn.execute("SELECT count(*) FROM records WHERE partner_id = %s", (partner_id,)).fetchone()[0]
-    quarantined = conn.execute("SELECT count(*) FROM quarantine WHERE partner_id = %s", (partner_id,)).fetchone()[0]
+    records = scalar(conn.execute("SELECT count(*) FROM records WHERE partner_id = %s", (partner_id,)))
+    quarantined = scalar(conn.execute("SELECT count(*) FROM quarantine WHERE partner_id = %s", (partner_id,)))
     conn.commit()
     return records, quarantined
 

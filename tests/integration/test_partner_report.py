@@ -1,4 +1,4 @@
-"""The partner-facing report (issue 26 item 5): from the library, the CLI and the health page.
+"""The partner-facing report: from the library, the CLI and the health page.
 
 Two partners harvested into one database through the real staging and apply; the report of
 one must hold its runs, quarantine and warnings by reason with samples, and its proofs, and
@@ -51,13 +51,13 @@ def harvest(conn: psycopg.Connection, partner_id: str) -> None:
 
 
 @pytest.fixture
-def two_partners(conn: psycopg.Connection):
+def two_partners(conn: psycopg.Connection) -> psycopg.Connection:
     harvest(conn, "museum")
     harvest(conn, "other_gallery")
     return conn
 
 
-def test_the_report_holds_the_partners_runs_reasons_samples_and_proofs_and_nothing_else(two_partners) -> None:
+def test_the_report_holds_the_partners_runs_reasons_samples_and_proofs_and_nothing_else(two_partners: psycopg.Connection) -> None:
     now = datetime.now(timezone.utc)
     report = build_report(two_partners, oai_partner("museum"), now, endpoint=ENDPOINT, samples=3)
     text = json.dumps(report)
@@ -94,7 +94,7 @@ def test_scrub_keeps_the_partners_own_host_and_file_names() -> None:
     assert scrub("resolve db-1.internal.example failed", "museum.example.org") == "resolve [internal] failed"
 
 
-def test_the_cli_and_the_health_page_serve_the_report(two_partners, db: str, tmp_path: Path,
+def test_the_cli_and_the_health_page_serve_the_report(two_partners: psycopg.Connection, db: str, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "partners.yaml"

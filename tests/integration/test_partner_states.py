@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone, tzinfo
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from partner_harvest import partner_state
 from partner_harvest.cli import main
-from partner_harvest.registry import load_registry
+from partner_harvest.registry import Registry, load_registry
 from partner_harvest.store import events
-from partner_harvest.store.health import SchedulerRun, partner_health
+from partner_harvest.store.health import PartnerHealth, SchedulerRun, partner_health
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = datetime(2026, 12, 2, 8, 0, tzinfo=timezone.utc)  # the reference clock of every case
@@ -129,7 +130,7 @@ def seed(conn: psycopg.Connection) -> tuple[list[Case], dict[str, SchedulerRun]]
 
 
 def test_the_health_page_and_status_agree_on_every_state(conn: psycopg.Connection, db: str, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+                                                          monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     registry_path = tmp_path / "partners.yaml"
     registry_path.write_text(REGISTRY, encoding="utf-8")
     registry = load_registry(registry_path)
@@ -143,13 +144,16 @@ def test_the_health_page_and_status_agree_on_every_state(conn: psycopg.Connectio
         if case.cause:
             assert case.cause in (page[case.partner].cause or ""), (case, page[case.partner].cause)
     assert page["asking"].approval_path == "/dags/harvest_asking/runs/n2/tasks/approval_gate/required_actions"
-    assert page["again"].short_cause.endswith("(by 07:33Z))")  # the first line; the full text follows
+    assert (page["again"].short_cause or "").endswith("(by 07:33Z))")  # the first line; the full text follows
 
     # The demo partner trails its own clock by the run's age, not by the 335 days to ours.
     demo = page["demo"]
-    assert demo.cursor_lag < timedelta(hours=2) and demo.clock_offset > timedelta(days=330)
+    assert demo.cursor_lag is not None and demo.cursor_lag < timedelta(hours=2)
+    assert demo.clock_offset is not None and demo.clock_offset > timedelta(days=330)
     # "Last night" is the real harvest, not the empty backfill that ran after it.
-    assert page["backfilled"].last_harvest.upserted == 27 and page["backfilled"].last_success.upserted == 0
+    backfilled = page["backfilled"]
+    assert backfilled.last_harvest is not None and backfilled.last_harvest.upserted == 27
+    assert backfilled.last_success is not None and backfilled.last_success.upserted == 0
 
     # The command line: the same states, the same causes, from the same table.
     from partner_harvest.cli import status as status_module
@@ -174,7 +178,7 @@ def test_the_health_page_and_status_agree_on_every_state(conn: psycopg.Connectio
 
 class _FixedNow(datetime):
     @classmethod
-    def now(cls, tz=None):  # noqa: ANN001
+    def now(cls, tz: tzinfo | None = None) -> datetime:  # type: ignore[override]  # datetime.now's own signature, narrowed to what it returns here
         return NOW
 
 
@@ -187,17 +191,17 @@ def _state_of(line: str) -> str:
 
 def test_a_run_that_failed_before_it_wrote_harvest_runs_is_failing_without_the_scheduler(
         conn: psycopg.Connection) -> None:
-    """Issue 25: `status` printed `behind` for a partner whose endpoint was down (the failure was
+    """Regression: `status` printed `behind` for a partner whose endpoint was down (the failure was
     only in Airflow's DagRun table, which `status` never read); the task's event says it."""
     registry = load_registry_text(REGISTRY)
     cases, _ = seed(conn)
     (down,) = partner_health(conn, [p for p in registry.partners if p.id == "down"], NOW)
     assert down.state == partner_state.FAILING
-    assert down.cause.startswith("freeze_window: ConnectionError")
-    assert down.last_run.run_id == "harvest_down/n2" and down.last_run.status == "failed"
+    assert (down.cause or "").startswith("freeze_window: ConnectionError")
+    assert down.last_run is not None and (down.last_run.run_id, down.last_run.status) == ("harvest_down/n2", "failed")
 
 
-def load_registry_text(text: str):
+def load_registry_text(text: str) -> Registry:
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
@@ -218,7 +222,7 @@ def test_the_operator_docs_list_the_states_of_the_table() -> None:
 
 def test_the_health_page_shows_a_partners_cause_once(conn: psycopg.Connection, db: str, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 25 (noticed defect): the index showed a failing partner's cause twice, in the State
+    """The index showed a failing partner's cause twice, in the State
     cell and again as the Last run cell's error; the partner page in its cause line and again in
     its Last run row. The cause stays beside the state (the browser test reads it there); the
     run cell keeps an error that is not the partner's cause."""
@@ -282,14 +286,15 @@ def seed_more(conn: psycopg.Connection) -> dict[str, str]:
             "swept": partner_state.NEVER_RUN, "twins": partner_state.OK}
 
 
-def _view(h) -> tuple:  # noqa: ANN001
+def _view(h: PartnerHealth) -> tuple[Any, ...]:
     """What the index filters and sorts a row by."""
     last = h.last_run
     return (h.state, h.cause, h.note, h.cursor, h.cursor_lag, h.records_held, h.quarantined_now, h.alerts,
             None if last is None else (last.run_id, last.started_at))
 
 
-def _assert_index_agrees(conn: psycopg.Connection, registry, scheduled: dict[str, SchedulerRun]) -> dict[str, str]:  # noqa: ANN001
+def _assert_index_agrees(conn: psycopg.Connection, registry: Registry,
+                         scheduled: dict[str, SchedulerRun]) -> dict[str, str]:
     from partner_harvest.health_index import SORTS, IndexQuery, select_page
     from partner_harvest.store.health import index_health
 

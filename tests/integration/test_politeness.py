@@ -1,4 +1,4 @@
-"""Issue 26 item 2: politeness per endpoint host, shared through PostgreSQL, measured at the server."""
+"""Politeness per endpoint host, shared through PostgreSQL, measured at the server."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest.factory import Endpoint, build_adapter
+from partner_harvest.oai.harvester import OaiAdapter
 from partner_harvest.politeness import Pacer
 from partner_harvest.store import ensure_schema
+from partner_harvest.store.db import scalar
 from partner_harvest.store.pacing import PgPacingStore, partner_rate
 from tests.support.partners import fast_http, oai_partner
 from tests.support.politeness import harvest_slice, most_in_any_second, run_in_processes, slices
@@ -96,7 +98,8 @@ def test_a_quiet_partner_without_a_delay_never_touches_the_database() -> None:
     """Healthy responses and no request_delay: no round trip at all (quiet nights stay cheap)."""
     with OaiSimulator(SimulatedRepository(records=30, page_size=10)) as sim:
         adapter = build_adapter(oai_partner(), Endpoint(sim.base_url), pacing=_NoDatabase())
-        pacer = adapter.client.session.pacer
+        assert isinstance(adapter, OaiAdapter)
+        pacer = getattr(adapter.client.session, "pacer", None)  # a paced session's
         assert isinstance(pacer, Pacer) and not pacer.engaged
         pages = list(adapter.client.list_pages("ListRecords", metadata_prefix="oai_dc", set_spec=None,
                                                from_=None, until=None))
@@ -110,7 +113,9 @@ def test_a_failed_response_engages_the_back_off_and_it_wears_off(pacing_db: psyc
     with OaiSimulator(SimulatedRepository(records=100, page_size=10)) as sim:
         partner = oai_partner(options=options)
         adapter = build_adapter(partner, Endpoint(sim.base_url), pacing=lambda: PgPacingStore(_conninfo(pacing_db)))
-        pacer = adapter.client.session.pacer
+        assert isinstance(adapter, OaiAdapter)
+        pacer = getattr(adapter.client.session, "pacer", None)
+        assert isinstance(pacer, Pacer)
         sim.fail_next(1, status=503)
         pages = list(adapter.client.list_pages("ListRecords", metadata_prefix="oai_dc", set_spec=None,
                                                from_=None, until=None))
@@ -169,7 +174,7 @@ def test_a_slow_host_is_backed_off_and_recovered_slowly(pacing_db: psycopg.Conne
         with ThreadPoolExecutor(4) as pool:
             running = [pool.submit(harvest_slice, job, conninfo) for job in jobs]
             assert sim.wait_arrivals(slow_phase)
-            penalty_then = pacing_db.execute("SELECT penalty_ms FROM host_pacing").fetchone()[0]
+            penalty_then = scalar(pacing_db.execute("SELECT penalty_ms FROM host_pacing"))
             pacing_db.commit()
             sim.set_response_delay(0)  # the host recovers
             results = [r.result() for r in running]
@@ -188,7 +193,7 @@ def test_a_slow_host_is_backed_off_and_recovered_slowly(pacing_db: psycopg.Conne
     assert rate is not None and rate.penalty_ms == 0 and rate.strains >= 3
 
 
-def test_the_partner_page_shows_the_effective_rate(pacing_db: psycopg.Connection, db: str, monkeypatch) -> None:
+def test_the_partner_page_shows_the_effective_rate(pacing_db: psycopg.Connection, db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The health page's Request rate field: not paced, then the rate in force and the back-off."""
     from pathlib import Path
 

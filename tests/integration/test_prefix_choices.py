@@ -1,4 +1,4 @@
-"""Issue 28: what ``metadata_prefix: auto`` chose is remembered, and asked again on schedule."""
+"""What ``metadata_prefix: auto`` chose is remembered, and asked again on schedule."""
 
 from __future__ import annotations
 

@@ -238,8 +238,9 @@ def _faults_named(path: Path) -> set[str]:
             continue
         name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
         at = {"warn": 3, "fail": 3, "info": 3, "Finding": 4}.get(name)
-        if at is not None and len(node.args) > at and isinstance(node.args[at], ast.Constant):
-            found.add(node.args[at].value)
+        argument = node.args[at] if at is not None and len(node.args) > at else None
+        if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
+            found.add(argument.value)
     return found
 
 

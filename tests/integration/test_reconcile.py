@@ -5,23 +5,27 @@ from __future__ import annotations
 import random
 from datetime import timedelta
 
+import psycopg
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
+from partner_harvest.adapters import Adapter
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import MassPurgeRefused, reconcile
 from partner_harvest.run import run_partner
+from partner_harvest.store.db import one
+from partner_harvest.store.leases import HARVEST, RECONCILE, PartnerBusy, acquire, release
 from tests.support.db import held
 from tests.support.partners import oai_partner, sierra_partner
-from partner_harvest.store.leases import HARVEST, RECONCILE, PartnerBusy, acquire, release
 
-def full_harvest(adapter, conn, partner_id: str, run_id: str = "full") -> None:
+
+def full_harvest(adapter: Adapter, conn: psycopg.Connection, partner_id: str, run_id: str = "full") -> None:
     run_partner(adapter.partner, adapter, conn, run_id)
 
 
 @pytest.mark.slow  # 25,000 records
-def test_reconcile_removes_exactly_what_vanished_without_tombstones(conn) -> None:
+def test_reconcile_removes_exactly_what_vanished_without_tombstones(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=25000, page_size=500, deleted_record="no", deleted_fraction=0.0, seed=31)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
@@ -44,7 +48,7 @@ def test_reconcile_removes_exactly_what_vanished_without_tombstones(conn) -> Non
         assert conn.execute("SELECT count(*) FROM reconcile_ids").fetchone() == (0,)
 
 
-def test_mass_purge_is_refused_and_nothing_changes(conn) -> None:
+def test_mass_purge_is_refused_and_nothing_changes(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=2000, page_size=500, deleted_record="no", deleted_fraction=0.0, seed=32)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
@@ -58,15 +62,15 @@ def test_mass_purge_is_refused_and_nothing_changes(conn) -> None:
         conn.rollback()
         assert conn.execute("SELECT identifier, content_hash FROM records ORDER BY 1").fetchall() == before
         assert conn.execute("SELECT count(*) FROM deletions").fetchone() == (0,)
-        status, error = conn.execute(
-            "SELECT status, error FROM harvest_runs WHERE run_id = 'reconcile-1'").fetchone()
+        status, error = one(conn.execute(
+            "SELECT status, error FROM harvest_runs WHERE run_id = 'reconcile-1'"))
         assert status == "failed" and "mass-purge" in error
         allowed = reconcile(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, "reconcile-2",
                             allow_mass_purge=True)
         assert allowed.purged == 400 and held(conn, "museum") == repo.live_identifiers()
 
 
-def test_a_partner_outage_listing_nothing_never_empties_the_aggregation(conn) -> None:
+def test_a_partner_outage_listing_nothing_never_empties_the_aggregation(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=300, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=33)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
@@ -78,7 +82,7 @@ def test_a_partner_outage_listing_nothing_never_empties_the_aggregation(conn) ->
         assert len(held(conn, "museum")) == 300
 
 
-def test_deleted_headers_seen_by_the_sweep_purge_too(conn) -> None:
+def test_deleted_headers_seen_by_the_sweep_purge_too(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=400, page_size=100, deleted_record="persistent", deleted_fraction=0.0, seed=34)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
@@ -89,7 +93,7 @@ def test_deleted_headers_seen_by_the_sweep_purge_too(conn) -> None:
         assert not gone & held(conn, "museum")
 
 
-def test_sierra_reconcile_sweeps_live_ids(conn) -> None:
+def test_sierra_reconcile_sweeps_live_ids(conn: psycopg.Connection) -> None:
     catalogue = SimulatedCatalogue(bibs=400, deleted_fraction=0.0, seed=35)
     with SierraSimulator(catalogue, client_key="k", client_secret="s") as sim:
         partner = sierra_partner(page_size=100)
@@ -108,7 +112,7 @@ def test_sierra_reconcile_sweeps_live_ids(conn) -> None:
         assert sweeps and all(q["deleted"] == "false" for q in sweeps)
 
 
-def test_reconcile_and_harvest_leases_exclude_each_other(conn) -> None:
+def test_reconcile_and_harvest_leases_exclude_each_other(conn: psycopg.Connection) -> None:
     acquire(conn, "p", "nightly-1", HARVEST, timedelta(hours=1))
     acquire(conn, "p", "backfill-7", HARVEST, timedelta(hours=1))  # harvests may overlap
     with pytest.raises(PartnerBusy, match="harvest run"):

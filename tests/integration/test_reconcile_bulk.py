@@ -27,8 +27,6 @@ from tests.support.partners import oai_partner
 UNCHECKED = {"content_check": {"mode": "off"}}
 
 
-
-
 def lose_locally(conn: psycopg.Connection, ids: list[str]) -> None:
     """A restore from an old backup, a bad manual DELETE: records the partner still has."""
     conn.execute("DELETE FROM records WHERE partner_id = 'museum' AND identifier = ANY(%s)", (ids,))
@@ -49,7 +47,7 @@ def verbs(sim: OaiSimulator) -> dict[str, int]:
 
 
 
-def test_two_thousand_missing_records_take_a_list_stream_not_two_thousand_requests(conn) -> None:
+def test_two_thousand_missing_records_take_a_list_stream_not_two_thousand_requests(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=5000, page_size=500, deleted_fraction=0.02, seed=51)
     with OaiSimulator(repo) as sim:
         partner = oai_partner(options=UNCHECKED)
@@ -72,7 +70,7 @@ def test_two_thousand_missing_records_take_a_list_stream_not_two_thousand_reques
         assert upserted + unchanged + purged + quarantined == fetched
 
 
-def test_the_list_stream_covers_only_the_missing_records_datestamps(conn) -> None:
+def test_the_list_stream_covers_only_the_missing_records_datestamps(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=3000, page_size=200, deleted_fraction=0.0, seed=52)
     with OaiSimulator(repo) as sim:
         partner = oai_partner(options=UNCHECKED)
@@ -89,7 +87,7 @@ def test_the_list_stream_covers_only_the_missing_records_datestamps(conn) -> Non
         assert held(conn) == repo.live_identifiers()
 
 
-def test_missing_records_edited_during_the_list_stream_are_fetched_by_id(conn) -> None:
+def test_missing_records_edited_during_the_list_stream_are_fetched_by_id(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=2000, page_size=100, deleted_fraction=0.0, seed=53)
     with OaiSimulator(repo) as sim:
         partner = oai_partner(options=UNCHECKED)
@@ -111,7 +109,7 @@ def test_missing_records_edited_during_the_list_stream_are_fetched_by_id(conn) -
         assert versions == (5,)
 
 
-def test_few_missing_records_still_go_by_id(conn) -> None:
+def test_few_missing_records_still_go_by_id(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=1000, page_size=200, deleted_fraction=0.0, seed=54)
     with OaiSimulator(repo) as sim:
         partner = oai_partner(options=UNCHECKED)
@@ -124,7 +122,7 @@ def test_few_missing_records_still_go_by_id(conn) -> None:
         assert held(conn) == repo.live_identifiers()
 
 
-def test_an_expired_token_in_the_list_stream_drops_only_what_the_stream_staged(conn) -> None:
+def test_an_expired_token_in_the_list_stream_drops_only_what_the_stream_staged(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=1000, page_size=100, deleted_fraction=0.0, seed=55)
     with OaiSimulator(repo) as sim:
         partner = oai_partner(options=UNCHECKED)

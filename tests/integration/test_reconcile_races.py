@@ -13,13 +13,11 @@ from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository, identi
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.reconcile import reconcile
 from partner_harvest.records import Record, Tombstone
-from partner_harvest.window import Window
+from partner_harvest.window import Window, WindowFacts
 from tests.support.db import held
 from tests.support.db import outcomes as audit
 from tests.support.harness import run_once
 from tests.support.partners import oai_partner
-
-
 
 
 def deletions(conn: psycopg.Connection, run_id: str) -> set[str]:
@@ -31,7 +29,7 @@ def deletions(conn: psycopg.Connection, run_id: str) -> set[str]:
 
 
 
-def test_records_edited_during_the_sweep_are_not_purged(conn) -> None:
+def test_records_edited_during_the_sweep_are_not_purged(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=2000, page_size=100, deleted_fraction=0.0, seed=41)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
@@ -50,7 +48,7 @@ def test_records_edited_during_the_sweep_are_not_purged(conn) -> None:
         assert upserted + unchanged + purged + quarantined == fetched
 
 
-def test_a_deletion_shifting_the_pages_purges_only_what_is_gone(conn) -> None:
+def test_a_deletion_shifting_the_pages_purges_only_what_is_gone(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=2000, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=42)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
@@ -75,7 +73,7 @@ def test_a_deletion_shifting_the_pages_purges_only_what_is_gone(conn) -> None:
         assert held(conn, "museum") == repo.live_identifiers()
 
 
-def test_vanished_candidates_beyond_the_verify_limit_are_kept_for_the_next_reconcile(conn) -> None:
+def test_vanished_candidates_beyond_the_verify_limit_are_kept_for_the_next_reconcile(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=1000, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=43)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
@@ -90,7 +88,7 @@ def test_vanished_candidates_beyond_the_verify_limit_are_kept_for_the_next_recon
         assert second.purged == 18 and held(conn, "museum") == repo.live_identifiers()
 
 
-def test_an_allowed_mass_purge_verifies_every_candidate_at_once(conn) -> None:
+def test_an_allowed_mass_purge_verifies_every_candidate_at_once(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=1000, page_size=100, deleted_record="no", deleted_fraction=0.0, seed=46)
     with OaiSimulator(repo) as sim:
         partner = oai_partner()
@@ -103,7 +101,7 @@ def test_an_allowed_mass_purge_verifies_every_candidate_at_once(conn) -> None:
         assert result.verified == {"gone": 100, "deleted": 0, "live": 0, "unverified": 0}
 
 
-def test_a_record_deleted_during_the_sweep_never_costs_a_neighbour(conn) -> None:
+def test_a_record_deleted_during_the_sweep_never_costs_a_neighbour(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=600, page_size=100, deleted_record="persistent", deleted_fraction=0.0,
                                seed=44)
     with OaiSimulator(repo) as sim:
@@ -128,8 +126,9 @@ def test_verification_tells_gone_deleted_and_live_apart() -> None:
         adapter = build_adapter(oai_partner(), Endpoint(sim.base_url))
         deleted = repo.delete_ids([identifier_for(7)])[0]
         live, unknown = identifier_for(8), identifier_for(999)
-        window = Window("reconcile", None, repo.clock, "seconds", False, {"metadata_prefix": "oai_dc"})
+        window = Window("reconcile", None, repo.clock, "seconds", False, WindowFacts(metadata_prefix="oai_dc"))
         answers = dict(adapter.verify_vanished(window, [deleted, live, unknown]))
-        assert isinstance(answers[deleted], Tombstone) and answers[deleted].datestamp == repo.clock
-        assert isinstance(answers[live], Record) and answers[live].identifier == live
+        gone, kept = answers[deleted], answers[live]
+        assert isinstance(gone, Tombstone) and gone.datestamp == repo.clock
+        assert isinstance(kept, Record) and kept.identifier == live
         assert answers[unknown] is None

@@ -1,4 +1,4 @@
-"""Slices that balance without counts (issue 28 item 5): the OAI-PMH simulator on loopback
+"""Slices that balance without counts: the OAI-PMH simulator on loopback
 serves a repository that announces no completeListSize and whose records cluster (a few
 bursts, a trickle over part of the year; the seed varies them, I13), listed by identifier or
 by datestamp; real PostgreSQL. The plan cuts by what the first pages show
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 
+import psycopg
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
@@ -38,7 +39,8 @@ def _epoch(text: str) -> int:
 
 @pytest.mark.parametrize(("seed", "order"), [(1, "identifier"), (9, "identifier"),
                                              pytest.param(9, "datestamp", marks=pytest.mark.slow)])
-def test_a_clustered_repository_without_counts_is_cut_into_slices_of_similar_size(conn, seed, order) -> None:
+def test_a_clustered_repository_without_counts_is_cut_into_slices_of_similar_size(conn: psycopg.Connection, seed: int,
+                                                                                  order: str) -> None:
     """Four equal time ranges of these repositories hold e.g. 9,090 / 1,393 / 27,914 / 11,602
     of 50,000 (seed 1): the run waits on the biggest. Listed by identifier, the cut by the
     first page keeps the biggest slice within 1.5x of an even share; listed by datestamp the

@@ -9,46 +9,58 @@ simulator's public live sets (with the bibs each belongs to), and the change fee
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import psycopg
 import pytest
 
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
 from partner_harvest.feed import export_jsonl
 from partner_harvest.reconcile import reconcile
-from tests.support.harness import SIERRA_KEY as KEY, SIERRA_SECRET as SECRET, SierraHarness as Harness
+from tests.support.checks import present
+from tests.support.harness import SIERRA_KEY as KEY
+from tests.support.harness import SIERRA_SECRET as SECRET
+from tests.support.harness import SierraHarness as Harness
 from tests.support.partners import FAST_SIERRA, sierra_partner
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from partner_harvest.registry import Partner
 
 CHANNELS = ["bibs", "items", "holdings"]
 
 
-def partner(channels=CHANNELS, suppressed: str = "purge", **fields):
+def partner(channels: list[str] = CHANNELS, suppressed: str = "purge", **fields: Any) -> Partner:
     return sierra_partner("library", options={"sierra": {**FAST_SIERRA, "suppressed": suppressed,
                                                           "channels": channels}}, **fields)
 
 
-def held(conn, table: str) -> dict[str, tuple[str, ...]]:
+def held(conn: psycopg.Connection, table: str) -> dict[str, tuple[str, ...]]:
     rows = conn.execute(f"SELECT identifier, bib_ids FROM {table} WHERE partner_id = 'library'").fetchall()
     conn.commit()
     return {i: tuple(sorted(b)) for i, b in rows}
 
 
-def events_of(conn, result) -> list[str]:
-    after, until = conn.execute("SELECT change_seq_after, change_seq_until FROM harvest_runs WHERE partner_id = "
+def events_of(conn: psycopg.Connection, result: int) -> list[str]:
+    """The bibs named in the change feed's attachment events of run ``run-<result>``."""
+    after, until = present(conn.execute("SELECT change_seq_after, change_seq_until FROM harvest_runs WHERE partner_id = "
                                 "'library' AND run_id = %s AND channel = 'changes'",
-                                (f"run-{result}",)).fetchone()
+                                (f"run-{result}",)).fetchone())
     rows = conn.execute("SELECT identifier FROM attachment_events WHERE partner_id = 'library' AND change_seq > %s "
                         "AND change_seq <= %s", (after, until)).fetchall()
     conn.commit()
     return sorted(r[0] for r in rows)
 
 
-def touched(before: dict, after: dict, ids) -> set[str]:
+def touched(before: dict[str, tuple[str, ...]], after: dict[str, tuple[str, ...]], ids: Iterable[str]) -> set[str]:
     """The bibs whose public items changed: each changed item's bibs before and after."""
     return {b for i in ids for b in (*before.get(i, ()), *after.get(i, ()))}
 
 
 def test_items_and_holdings_equal_the_live_sets_after_a_load_and_nights_and_the_feed_names_their_bibs(
-        conn, tmp_path) -> None:
+        conn: psycopg.Connection, tmp_path: Path) -> None:
     catalogue = SimulatedCatalogue(bibs=300, deleted_fraction=0.02, suppressed_fraction=0.02, seed=61)
     items = catalogue.attach("items", 750)
     holdings = catalogue.attach("holdings", 120)
@@ -83,7 +95,7 @@ def test_items_and_holdings_equal_the_live_sets_after_a_load_and_nights_and_the_
             expected = (touched(before_items, after_items, changed)
                         | touched(before_holdings, after_holdings, changed_holdings))
             assert events_of(conn, harness.runs) == sorted(expected), night  # one per bib, no other
-        reasons = dict(conn.execute("SELECT reason, count(*) FROM attached_deletions GROUP BY reason").fetchall())
+        reasons: dict[str, int] = dict(conn.execute("SELECT reason, count(*) FROM attached_deletions GROUP BY reason").fetchall())
         conn.commit()
         assert reasons.get("tombstone", 0) >= 12 and reasons.get("suppressed", 0) >= 9, reasons
         # the JSON Lines export: the events and the item-level changes, apart from the records
@@ -98,7 +110,7 @@ def test_items_and_holdings_equal_the_live_sets_after_a_load_and_nights_and_the_
 
 
 @pytest.mark.parametrize("policy", ["flag", "keep"])
-def test_suppressed_items_follow_the_policy(conn, policy) -> None:
+def test_suppressed_items_follow_the_policy(conn: psycopg.Connection, policy: str) -> None:
     catalogue = SimulatedCatalogue(bibs=60, deleted_fraction=0.0, suppressed_fraction=0.0, seed=62)
     items = catalogue.attach("items", 150, suppressed_fraction=0.05)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
@@ -111,7 +123,7 @@ def test_suppressed_items_follow_the_policy(conn, policy) -> None:
         assert hidden and flagged == (hidden if policy == "flag" else set())
 
 
-def test_a_partner_without_items_has_no_item_channels_and_a_reconcile_covers_items(conn) -> None:
+def test_a_partner_without_items_has_no_item_channels_and_a_reconcile_covers_items(conn: psycopg.Connection) -> None:
     catalogue = SimulatedCatalogue(bibs=80, deleted_fraction=0.0, suppressed_fraction=0.0, seed=63)
     items = catalogue.attach("items", 200, deleted_fraction=0.0, suppressed_fraction=0.0)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
@@ -134,7 +146,7 @@ def test_a_partner_without_items_has_no_item_channels_and_a_reconcile_covers_ite
         assert held(conn, "items") == items.live(), outcome
 
 
-def test_a_quiet_night_looks_once_per_poll_and_applies_every_channel_and_the_gate_weighs_items(conn) -> None:
+def test_a_quiet_night_looks_once_per_poll_and_applies_every_channel_and_the_gate_weighs_items(conn: psycopg.Connection) -> None:
     from partner_harvest import gates
     from partner_harvest.run import Kept, freeze, quiet_night, stage
     from partner_harvest.store.health import channel_rows

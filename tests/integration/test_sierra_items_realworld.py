@@ -21,7 +21,8 @@ from partner_harvest.errors import HarvestError
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.run import run_partner
 from tests.integration.sierra_replay import Replay, ReplayServer, recorded, wiremock_body
-from tests.support.harness import SIERRA_KEY as KEY, SIERRA_SECRET as SECRET
+from tests.support.harness import SIERRA_KEY as KEY
+from tests.support.harness import SIERRA_SECRET as SECRET
 from tests.support.partners import sierra_partner
 
 SINCE = datetime(2025, 11, 1, tzinfo=timezone.utc)
@@ -39,7 +40,7 @@ def poll(conn: psycopg.Connection, replay: Replay, channels: list[str]) -> str |
                                                                      "server_error_backoff": 0.01}})
     with ReplayServer(replay) as server:
         adapter = build_adapter(p, Endpoint(server.base_url, KEY, SECRET))
-        cursors = {name: LONG_AGO if name in ("items", "holdings") else SINCE
+        cursors: dict[str, datetime | None] = {name: LONG_AGO if name in ("items", "holdings") else SINCE
                    for name in ("deletions", "items", "item_deletions", "holdings", "holding_deletions")}
         window = pipeline.freeze_window(adapter, p.lag, SINCE, pipeline.RunRequest("incremental"), cursors)
         try:
@@ -56,7 +57,7 @@ def rows(conn: psycopg.Connection, table: str) -> dict[str, tuple[tuple[str, ...
     return {i: (tuple(b), d) for i, b, d in found}
 
 
-def test_a_production_items_window_lands_its_items_and_its_deleted_stubs_purge_on_their_day(conn) -> None:
+def test_a_production_items_window_lands_its_items_and_its_deleted_stubs_purge_on_their_day(conn: psycopg.Connection) -> None:
     status, body = wiremock_body(ITEMS)
     entries = json.loads(body)["entries"]
     live = [e for e in entries if not e.get("deleted")]
@@ -71,7 +72,7 @@ def test_a_production_items_window_lands_its_items_and_its_deleted_stubs_purge_o
     assert error is None
     expected = {e["id"]: (tuple(e["bibIds"]), stamp(e["updatedDate"])) for e in live}
     assert rows(conn, "items") == expected
-    purged = dict(conn.execute("SELECT identifier, upstream_datestamp FROM attached_deletions").fetchall())
+    purged: dict[str, datetime] = dict(conn.execute("SELECT identifier, upstream_datestamp FROM attached_deletions").fetchall())
     conn.commit()
     assert purged == {e["id"]: datetime.combine(date.fromisoformat(e["deletedDate"]), time(23, 59, 59, 999999),
                                                 tzinfo=timezone.utc) for e in stubs}
@@ -80,7 +81,7 @@ def test_a_production_items_window_lands_its_items_and_its_deleted_stubs_purge_o
     assert events == bibs  # each bib whose items changed: the 40 items' bibs and the stubs' former one
 
 
-def test_production_holdings_with_numeric_ids_land_by_keyset_and_end_on_a_short_page(conn) -> None:
+def test_production_holdings_with_numeric_ids_land_by_keyset_and_end_on_a_short_page(conn: psycopg.Connection) -> None:
     pages = {0: wiremock_body("wellcome/mappings/holdings-2003-page1.json"),
              1064036: wiremock_body("wellcome/mappings/holdings-2003-page2.json"),
              1064037: wiremock_body("wellcome/mappings/holdings-2003-page3.json")}
@@ -94,7 +95,7 @@ def test_production_holdings_with_numeric_ids_land_by_keyset_and_end_on_a_short_
     assert asked == ["[0,]", f"[{first[-1]['id'] + 1},]"]  # keyset after the last id; the short page ends it
 
 
-def test_an_item_with_eight_digit_ids_lands_and_a_body_that_is_not_json_fails_its_poll(conn) -> None:
+def test_an_item_with_eight_digit_ids_lands_and_a_body_that_is_not_json_fails_its_poll(conn: psycopg.Connection) -> None:
     item = json.loads(recorded("bookops/item-get-response-sample.json"))
     # built: the single-item answer as a one-entry list page (the recording is of GET items/{id})
     page = json.dumps({"total": 1, "start": 0, "entries": [item]}).encode()

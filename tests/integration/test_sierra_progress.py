@@ -1,4 +1,4 @@
-"""Issue 25 item 6: an unsliced Sierra full load (the bibs/marc export) shows an expected total
+"""An unsliced Sierra full load (the bibs/marc export) shows an expected total
 and a time left, in `partner-harvest progress`, on the health page's "Running now" and in the
 task log, as a sliced load and an OAI-PMH list do.
 
@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 
+import psycopg
 import pytest
 
-from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
+from include.simulators.sierra import Response, SierraSimulator, SimulatedCatalogue
 from partner_harvest import pipeline
 from partner_harvest.cli import main
 from partner_harvest.factory import Endpoint, build_adapter
+from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef, connect
+from partner_harvest.store.db import one
 from partner_harvest.store.progress import current_progress, summary_line
 
 KEY, SECRET = "demo-key", "s3cr3t-demo-secret"
@@ -37,14 +41,14 @@ def library() -> Partner:
     })
 
 
-def full_load(conn, sim: SierraSimulator, run_id: str = "harvest_library/full-1"):
+def full_load(conn: psycopg.Connection, sim: SierraSimulator, run_id: str = "harvest_library/full-1") -> HarvestStats:
     adapter = build_adapter(library(), Endpoint(sim.base_url, KEY, SECRET))
     window = pipeline.freeze_window(adapter, library().lag, None, pipeline.RunRequest("full"), {"deletions": None})
     assert window.protocol.slice is None  # unsliced: the run's one channel is the whole export
     return pipeline.harvest_window(adapter, conn, RunRef("library", run_id, "changes"), window)
 
 
-def partner_page(db: str, monkeypatch: pytest.MonkeyPatch):
+def partner_page(db: str, monkeypatch: pytest.MonkeyPatch) -> Callable[[], str]:
     """The partner health page (the app the api-server mounts) on this test's database."""
     from pathlib import Path
 
@@ -84,7 +88,8 @@ def task_log(name: str) -> Iterator[list[str]]:
         logger.setLevel(level)
 
 
-def test_an_unsliced_full_load_shows_its_expected_total_and_time_left(conn, db, monkeypatch) -> None:
+def test_an_unsliced_full_load_shows_its_expected_total_and_time_left(conn: psycopg.Connection, db: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     catalogue = SimulatedCatalogue(bibs=BIBS, deleted_fraction=0.05, seed=8)
     page = partner_page(db, monkeypatch)
     seen, pages = [], []
@@ -92,7 +97,7 @@ def test_an_unsliced_full_load_shows_its_expected_total_and_time_left(conn, db, 
         observer = connect(db)
         original = sim._export
 
-        def watch(params):  # before answering each export block: what does an operator see?
+        def watch(params: Mapping[str, str]) -> Response:  # before answering each export block: what does an operator see?
             progress = current_progress(observer, "library")
             if progress is not None and progress.fetched:
                 seen.append((progress, summary_line(progress)))
@@ -100,12 +105,11 @@ def test_an_unsliced_full_load_shows_its_expected_total_and_time_left(conn, db, 
                     pages.append(page())
             return original(params)
 
-        sim._export = watch
+        monkeypatch.setattr(sim, "_export", watch)
         try:
             with task_log("partner_harvest.sierra") as messages:  # the adapter and its export
                 stats = full_load(conn, sim)
         finally:
-            sim._export = original
             observer.close()
     assert stats.fetched == len(catalogue.live_ids())
 
@@ -132,30 +136,28 @@ def test_an_unsliced_full_load_shows_its_expected_total_and_time_left(conn, db, 
     assert all(re.search(r"/s, about \d+[dhms]( \d+[hms])? left$", m) for m in blocks[:-1]), blocks
 
 
-def test_the_estimate_never_ends_the_export(conn, db) -> None:
+def test_the_estimate_never_ends_the_export(conn: psycopg.Connection, db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Bibs added after the estimate (ids above its range) still land: the export ends on
     404/107 or an empty block, not when the estimate is reached."""
     catalogue = SimulatedCatalogue(bibs=BIBS, deleted_fraction=0.0, seed=9)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
         original = sim._export
-        grown = []
+        grown: list[str] = []
 
-        def grow(params):
+        def grow(params: Mapping[str, str]) -> Response:
             if not grown:  # the first block: the estimate is made; the catalogue grows past it
                 grown.extend(catalogue.add(150))
             return original(params)
 
-        sim._export = grow
-        try:
-            stats = full_load(conn, sim)
-        finally:
-            sim._export = original
-    row = conn.execute("SELECT expected, fetched FROM harvest_runs WHERE run_id = 'harvest_library/full-1'").fetchone()
+        monkeypatch.setattr(sim, "_export", grow)
+        stats = full_load(conn, sim)
+    row = one(conn.execute("SELECT expected, fetched FROM harvest_runs WHERE run_id = 'harvest_library/full-1'"))
     conn.commit()
     assert row[0] == BIBS and stats.fetched == row[1] == BIBS + 150  # expected 600, came 750
 
 
-def test_progress_prints_the_expected_total_of_an_unsliced_full_load(conn, db, capsys, tmp_path) -> None:
+def test_progress_prints_the_expected_total_of_an_unsliced_full_load(conn: psycopg.Connection, db: str, capsys: pytest.CaptureFixture[str],
+                                                                     tmp_path: Path) -> None:
     registry = tmp_path / "partners.yaml"
     registry.write_text("partners:\n  - {id: library, protocol: sierra, conn_id: unused}\n", encoding="utf-8")
     catalogue = SimulatedCatalogue(bibs=BIBS, deleted_fraction=0.0, seed=10)

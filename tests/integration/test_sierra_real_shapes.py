@@ -9,30 +9,37 @@ onto a mirror that holds bibs deleted upstream since.
 
 from __future__ import annotations
 
+from typing import Any
+
+import psycopg
 import pytest
 
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
+from include.simulators.sierra.faults import SierraFaults
 from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from tests.support.db import check_row
-from tests.support.harness import PieceRun as Run, SIERRA_KEY as KEY, SIERRA_SECRET as SECRET, SierraHarness as Harness
+from tests.support.harness import SIERRA_KEY as KEY
+from tests.support.harness import SIERRA_SECRET as SECRET
+from tests.support.harness import PieceRun as Run
+from tests.support.harness import SierraHarness as Harness
 from tests.support.partners import sierra_partner as partner
 
 
-def quarantined(conn) -> dict[str, str]:
+def quarantined(conn: psycopg.Connection) -> dict[str, str]:
     rows = conn.execute("SELECT identifier, reason FROM quarantine WHERE partner_id = 'library'").fetchall()
     conn.commit()
     return dict(rows)
 
 
-def exports(sim) -> list[dict]:
+def exports(sim: SierraSimulator) -> list[dict[str, Any]]:
     return [r for r in sim.requests if r["path"].endswith("/bibs/marc")]
 
 
 # -- record numbers of any width ---------------------------------------------------------
 
 @pytest.mark.parametrize("first_id", [11_651_200, 9_999_900], ids=["8-digit", "crossing-into-8-digits"])
-def test_a_catalogue_with_8_digit_ids_is_exported_to_its_end(conn, first_id) -> None:
+def test_a_catalogue_with_8_digit_ids_is_exported_to_its_end(conn: psycopg.Connection, first_id: int) -> None:
     """NYPL's export (907 $a .b116512684): ids above 9,999,999. The export must go on block
     by block to the end, not stop after the first and leave the rest to the id-list fetch."""
     catalogue = SimulatedCatalogue(bibs=450, deleted_fraction=0.04, seed=8, first_id=first_id)
@@ -46,7 +53,7 @@ def test_a_catalogue_with_8_digit_ids_is_exported_to_its_end(conn, first_id) -> 
         assert len(exports(sim)) >= 5  # 450 ids in blocks of 100, then the 404/107 that ends it
 
 
-def test_id_slices_cut_a_catalogue_with_8_digit_ids(conn) -> None:
+def test_id_slices_cut_a_catalogue_with_8_digit_ids(conn: psycopg.Connection) -> None:
     catalogue = SimulatedCatalogue(bibs=700, deleted_fraction=0.02, seed=9, first_id=11_651_200)
     settings = {"threshold_records": 300, "target_records": 150, "max_slices": 6}
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
@@ -64,7 +71,7 @@ def test_id_slices_cut_a_catalogue_with_8_digit_ids(conn) -> None:
 
 # -- a block bib2Marc cannot build: 500 code 135 on every try ------------------------------
 
-def poisoned(first_id: int = 11_000_001, **sim_options):
+def poisoned(first_id: int = 11_000_001, **sim_options: Any) -> tuple[SimulatedCatalogue, SierraSimulator]:
     catalogue = SimulatedCatalogue(bibs=1000, deleted_fraction=0.03, seed=13, first_id=first_id, poison_every=250)
     return catalogue, SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET, **sim_options)
 
@@ -75,7 +82,7 @@ def poison_ids(catalogue: SimulatedCatalogue) -> set[str]:
 
 @pytest.mark.parametrize("first_id", [11_000_001, 1_000_001], ids=["8-digit", "7-digit"])
 def test_a_block_failing_with_135_on_every_try_is_bisected_and_its_poison_bibs_land_through_get_bibs(
-        conn, first_id) -> None:
+        conn: psycopg.Connection, first_id: int) -> None:
     """Acceptance figure: 8-digit ids, a few poison bibs; every other live bib comes through
     the export, the poison ones through GET bibs, the run succeeds; requests counted."""
     catalogue, server = poisoned(first_id)
@@ -97,7 +104,7 @@ def test_a_block_failing_with_135_on_every_try_is_bisected_and_its_poison_bibs_l
         assert not sim.open_export_files
 
 
-def test_poison_bibs_that_get_bibs_cannot_serve_either_are_quarantined_by_id_with_the_error(conn) -> None:
+def test_poison_bibs_that_get_bibs_cannot_serve_either_are_quarantined_by_id_with_the_error(conn: psycopg.Connection) -> None:
     catalogue, server = poisoned(poison_json_fails=True)
     with server as sim:
         harness = Harness(sim, conn, partner(options={"export": {"limit": 100, "rate_limit_wait": 0}}))
@@ -110,7 +117,7 @@ def test_poison_bibs_that_get_bibs_cannot_serve_either_are_quarantined_by_id_wit
         assert all("GET bibs failed" in r for r in reasons.values())
 
 
-def test_a_sliced_full_load_isolates_poison_bibs_within_each_slice(conn) -> None:
+def test_a_sliced_full_load_isolates_poison_bibs_within_each_slice(conn: psycopg.Connection) -> None:
     catalogue, server = poisoned(first_id=9_999_800)
     settings = {"threshold_records": 300, "target_records": 300, "max_slices": 4}
     with server as sim:
@@ -126,7 +133,7 @@ def test_a_sliced_full_load_isolates_poison_bibs_within_each_slice(conn) -> None
 
 # -- a full load onto a mirror that already holds the partner ------------------------------
 
-def test_a_full_load_onto_a_mirror_purges_the_bibs_deleted_upstream_since(conn) -> None:
+def test_a_full_load_onto_a_mirror_purges_the_bibs_deleted_upstream_since(conn: psycopg.Connection) -> None:
     """A ``mode: full`` run leaves the cursors unset, so the next scheduled run is again a
     load from the beginning, which polls no deletions; the export and the enumeration list
     only live bibs. The mirror must still equal the live set after it."""
@@ -140,7 +147,7 @@ def test_a_full_load_onto_a_mirror_purges_the_bibs_deleted_upstream_since(conn) 
         catalogue.edit(10)
         added = catalogue.add(4)
         window, changes, deletions, result = harness.run()  # no cursor: a load from the beginning again
-        assert window.is_full and deletions.fetched == 0
+        assert window.is_full and deletions is not None and deletions.fetched == 0
         assert harness.held() == catalogue.live_ids(), sorted(set(gone) & harness.held())
         assert result.purged == len(gone) and set(added) <= harness.held()
         reasons = conn.execute("SELECT reason, count(*) FROM deletions WHERE partner_id = 'library' GROUP BY 1").fetchall()
@@ -153,7 +160,7 @@ def test_a_full_load_onto_a_mirror_purges_the_bibs_deleted_upstream_since(conn) 
         assert again.purged == 0 and again.upserted == 0 and harness.held() == catalogue.live_ids()
 
 
-def test_a_full_load_leaves_a_mass_disappearance_to_the_reconcile(conn) -> None:
+def test_a_full_load_leaves_a_mass_disappearance_to_the_reconcile(conn: psycopg.Connection) -> None:
     catalogue = SimulatedCatalogue(bibs=300, deleted_fraction=0.0, seed=18)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
         harness = Harness(sim, conn, partner())
@@ -166,7 +173,7 @@ def test_a_full_load_leaves_a_mass_disappearance_to_the_reconcile(conn) -> None:
         assert "above the mass-purge limit" in detail
 
 
-def test_a_sliced_full_load_onto_a_mirror_purges_only_within_each_slice_and_all_of_them(conn) -> None:
+def test_a_sliced_full_load_onto_a_mirror_purges_only_within_each_slice_and_all_of_them(conn: psycopg.Connection) -> None:
     catalogue = SimulatedCatalogue(bibs=700, deleted_fraction=0.02, seed=19, first_id=9_999_700)
     settings = {"threshold_records": 300, "target_records": 150, "max_slices": 6}
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
@@ -188,7 +195,7 @@ def test_a_sliced_full_load_onto_a_mirror_purges_only_within_each_slice_and_all_
 
 # -- other recorded shapes ------------------------------------------------------------------
 
-def test_a_401_with_code_113_gets_one_fresh_token(conn) -> None:
+def test_a_401_with_code_113_gets_one_fresh_token(conn: psycopg.Connection) -> None:
     """Wellcome's recorded token refresh: an expired token answered 401 code 113, not 123."""
     catalogue = SimulatedCatalogue(bibs=120, seed=4)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
@@ -218,7 +225,7 @@ def test_a_401_with_code_113_gets_one_fresh_token(conn) -> None:
     {"padded_codes": True, "mixed_fixed_types": True},
     {"marc_storage_order": True},
 ], ids=lambda o: ",".join(o))
-def test_recorded_server_shapes_land_the_live_set(conn, options) -> None:
+def test_recorded_server_shapes_land_the_live_set(conn: psycopg.Connection, options: dict[str, Any]) -> None:
     catalogue = SimulatedCatalogue(bibs=260, deleted_fraction=0.05, seed=6, first_id=10_000_001)
     fields = ["id", "updatedDate", "createdDate", "deleted", "suppressed", "marc", "fixedFields", "materialType",
               "country"]
@@ -238,10 +245,11 @@ def test_recorded_server_shapes_land_the_live_set(conn, options) -> None:
 
 
 @pytest.mark.parametrize("style", ["empty_leader_every", "blank_leader_every"])
-def test_bibs_with_an_empty_or_blank_leader_land(conn, style) -> None:
+def test_bibs_with_an_empty_or_blank_leader_land(conn: psycopg.Connection, style: str) -> None:
     """The vendor sandbox serves MARC-in-JSON with leader "" (dcb-sandbox/bibs-slice-0-9.json)."""
     catalogue = SimulatedCatalogue(bibs=100, deleted_fraction=0.0, seed=7)
-    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET, **{style: 10}) as sim:
+    with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET,
+                         faults=SierraFaults.model_validate({style: 10})) as sim:
         harness = Harness(sim, conn, partner())
         harness.run()
         catalogue.advance_clock(3600)

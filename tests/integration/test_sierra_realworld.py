@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
+from typing import Any
 
 import psycopg
 import pytest
@@ -24,10 +25,11 @@ import pytest
 from partner_harvest import pipeline
 from partner_harvest.errors import HarvestError
 from partner_harvest.factory import Endpoint, build_adapter
-from partner_harvest.sierra.harvester import end_of_day
 from partner_harvest.run import run_partner
-from tests.integration.sierra_replay import Replay, ReplayServer, export_records, recorded, wiremock_body
-from tests.support.harness import SIERRA_KEY as KEY, SIERRA_SECRET as SECRET
+from partner_harvest.sierra.harvester import end_of_day
+from tests.integration.sierra_replay import ExportRecord, Replay, ReplayServer, export_records, recorded, wiremock_body
+from tests.support.harness import SIERRA_KEY as KEY
+from tests.support.harness import SIERRA_SECRET as SECRET
 from tests.support.partners import sierra_partner as partner
 
 SINCE = datetime(2025, 11, 1, tzinfo=timezone.utc)  # a cursor before the replay's Date
@@ -127,7 +129,7 @@ SANDBOX_10 = json.loads(recorded("dcb-sandbox/bibs-slice-0-9.json"))["entries"]
 
 
 @pytest.mark.parametrize("entry", [pytest.param(e, id=e["id"]) for e in SANDBOX_10])
-def test_vendor_sandbox_bibs_land_by_their_sierra_id(conn, entry) -> None:
+def test_vendor_sandbox_bibs_land_by_their_sierra_id(conn: psycopg.Connection, entry: dict[str, Any]) -> None:
     """dcb-sandbox/bibs-slice-0-9.json: MARC-in-JSON in storage order; 1000001 has no 245."""
     got = outcome(conn, "sandbox-10")
     if entry["id"] == "1000001":
@@ -137,7 +139,7 @@ def test_vendor_sandbox_bibs_land_by_their_sierra_id(conn, entry) -> None:
 
 
 @pytest.mark.parametrize("bib_id", ["1000001", "1000002", "1000003"])
-def test_vendor_sandbox_bibs_without_updated_date_land_stamped(conn, bib_id) -> None:
+def test_vendor_sandbox_bibs_without_updated_date_land_stamped(conn: psycopg.Connection, bib_id: str) -> None:
     """dcb-sandbox/bibs-slice-0-2.json: no ``updatedDate`` in the entries; identified by id."""
     got = outcome(conn, "sandbox-3")
     if bib_id == "1000001":
@@ -148,13 +150,13 @@ def test_vendor_sandbox_bibs_without_updated_date_land_stamped(conn, bib_id) -> 
 
 @pytest.mark.parametrize("entry", json.loads(recorded("dcb-sandbox/sierra-api-deleted.json"))["entries"],
                          ids=lambda e: e["id"])
-def test_deleted_stubs_are_deletions_on_their_day(conn, entry) -> None:
+def test_deleted_stubs_are_deletions_on_their_day(conn: psycopg.Connection, entry: dict[str, Any]) -> None:
     got = outcome(conn, "sandbox-deleted")
     assert got.error is None
     assert got.tombstones.get(entry["id"]) == end_of_day(date.fromisoformat(entry["deletedDate"]))
 
 
-def test_a_2017_change_window_of_deleted_stubs_without_start_is_all_deletions(conn) -> None:
+def test_a_2017_change_window_of_deleted_stubs_without_start_is_all_deletions(conn: psycopg.Connection) -> None:
     """wellcome bibs-56afed67: 28 stubs and one suppressed bib (default fields: no ``marc``), no
     ``start`` in the body, answered to an updatedDate window."""
     body = json.loads(json.loads(recorded("wellcome/mappings/bibs-56afed67-47e7-4cf7-ad12-264ab5944e84.json"))
@@ -166,7 +168,7 @@ def test_a_2017_change_window_of_deleted_stubs_without_start_is_all_deletions(co
     assert set(got.quarantine) == {"2043097"} and "marc" in got.quarantine["2043097"]
 
 
-def test_a_page_mixing_stubs_and_bibs_without_marc(conn) -> None:
+def test_a_page_mixing_stubs_and_bibs_without_marc(conn: psycopg.Connection) -> None:
     """wellcome bibs-98489466: 50 entries, deleted stubs among live bibs that came without ``marc``
     (the server answered default fields): stubs are deletions, the others cannot be stored."""
     body = json.loads(recorded("wellcome/__files/bibs-98489466-8f22-4559-8d26-19ba2c013dea.json"))
@@ -177,36 +179,36 @@ def test_a_page_mixing_stubs_and_bibs_without_marc(conn) -> None:
     assert all("marc" in reason for reason in got.quarantine.values())
 
 
-def test_a_bib_without_marc_is_quarantined_by_id(conn) -> None:
+def test_a_bib_without_marc_is_quarantined_by_id(conn: psycopg.Connection) -> None:
     got = outcome(conn, "sandbox-no-marc")
     assert set(got.quarantine) == {"1000002"} and "marc" in got.quarantine["1000002"]
 
 
-def test_bibs_without_updated_date_or_marc_are_quarantined_by_id(conn) -> None:
+def test_bibs_without_updated_date_or_marc_are_quarantined_by_id(conn: psycopg.Connection) -> None:
     got = outcome(conn, "sandbox-no-dates")
     assert set(got.quarantine) == {"1000002", "1000003", "1000004"}  # no marc either: nothing to show
     assert all("marc" in r for r in got.quarantine.values())
 
 
-def test_a_400_code_130_fails_the_run_naming_the_code(conn) -> None:
+def test_a_400_code_130_fails_the_run_naming_the_code(conn: psycopg.Connection) -> None:
     got = outcome(conn, "sandbox-400-130")
     assert got.error and "code 130" in got.error and "library" in got.error and "/bibs" in got.error
     assert "\n" not in got.error and not got.records
 
 
-def test_404_code_107_is_an_empty_window(conn) -> None:
+def test_404_code_107_is_an_empty_window(conn: psycopg.Connection) -> None:
     got = outcome(conn, "wellcome-107")
     assert got.error is None and not got.records and not got.quarantine and not got.tombstones
 
 
 @pytest.mark.parametrize("scenario", ["sandbox-10", "wellcome-stubs"], ids=["dcb-token", "wellcome-token"])
-def test_recorded_token_responses_are_used(conn, scenario) -> None:
+def test_recorded_token_responses_are_used(conn: psycopg.Connection, scenario: str) -> None:
     got = outcome(conn, scenario)
     tokens = [r for r in got.requests if r[1].endswith("v6/token")]
     assert got.error is None and len(tokens) == 1
 
 
-def test_a_401_code_113_gets_one_fresh_token_and_the_run_goes_on(conn) -> None:
+def test_a_401_code_113_gets_one_fresh_token_and_the_run_goes_on(conn: psycopg.Connection) -> None:
     got = outcome(conn, "wellcome-401-113")
     assert got.error is None
     assert [r[1] for r in got.requests].count("/iii/sierra-api/v6/token") == 2
@@ -218,14 +220,14 @@ NYPL = export_records(*NYPL_FILES)
 
 @pytest.mark.parametrize("rec", [pytest.param(r, id=str(r.bib_id))
                                  for r in NYPL])
-def test_nypl_export_records_with_8_digit_ids_land(conn, rec) -> None:
+def test_nypl_export_records_with_8_digit_ids_land(conn: psycopg.Connection, rec: ExportRecord) -> None:
     """NYPL's ISO 2709 export: 907 $a .b116512684 and the like, 001s such as NYPG92-S7029."""
     got = outcome(conn, "nypl-export")
     assert got.error is None
     assert str(rec.bib_id) in got.records, got.quarantine.get(str(rec.bib_id))
 
 
-def test_the_nypl_export_goes_block_by_block_to_its_end(conn) -> None:
+def test_the_nypl_export_goes_block_by_block_to_its_end(conn: psycopg.Connection) -> None:
     """limit 2: four blocks. Every bib comes through bibs/marc, none through the id-list fetch."""
     got = outcome(conn, "nypl-export")
     summaries = [r for r in got.requests if r[1].endswith("/bibs/marc")]
@@ -234,7 +236,7 @@ def test_the_nypl_export_goes_block_by_block_to_its_end(conn) -> None:
     assert len(summaries) == 5 and not listed_fetches, (summaries, listed_fetches)
 
 
-def test_a_recorded_135_isolates_the_bib_and_fetches_it_through_get_bibs(conn) -> None:
+def test_a_recorded_135_isolates_the_bib_and_fetches_it_through_get_bibs(conn: psycopg.Connection) -> None:
     """brown/bibs-marc-500-135.json answered for every block holding bib 11651268."""
     got = outcome(conn, "nypl-export-135")
     assert got.error is None

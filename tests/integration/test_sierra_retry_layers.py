@@ -14,17 +14,21 @@ from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
 from partner_harvest.errors import PartnerHttpError
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.registry import Partner
+from partner_harvest.sierra.client import SierraClient
+from partner_harvest.sierra.harvester import SierraAdapter
 
 KEY, SECRET = "demo-key", "s3cr3t-demo-secret"
 HTTP_RETRIES, SERVER_ERROR_TRIES = 4, 3
 
 
-def client(sim: SierraSimulator):
+def client(sim: SierraSimulator) -> SierraClient:
     partner = Partner(id="library", protocol="sierra", conn_id="unused", options={
         "http": {"backoff_factor": 0.001, "backoff_max": 0.002, "retries": HTTP_RETRIES},
         "sierra": {"server_error_backoff": 0.001, "server_error_tries": SERVER_ERROR_TRIES},
     })
-    return build_adapter(partner, Endpoint(sim.base_url, KEY, SECRET)).client
+    adapter = build_adapter(partner, Endpoint(sim.base_url, KEY, SECRET))
+    assert isinstance(adapter, SierraAdapter)
+    return adapter.client
 
 
 @pytest.mark.parametrize("status,expected", [

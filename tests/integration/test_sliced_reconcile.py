@@ -1,4 +1,4 @@
-"""A big partner's reconcile as slices (issue 28 item 6), without Airflow: the OAI-PMH and
+"""A big partner's reconcile as slices, without Airflow: the OAI-PMH and
 Sierra simulators on loopback, real PostgreSQL. The harness plays the DAG: plan_sweep, one
 sweep_ids per slice (in any order, one failing and retried alone), apply_reconcile; the
 fenced tests bind a real lease's fence to the connection, as the tasks do."""
@@ -6,8 +6,10 @@ fenced tests bind a real lease's fence to the connection, as the tasks do."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from datetime import timedelta
 
+import psycopg
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
@@ -17,6 +19,7 @@ from partner_harvest import sliced_reconcile as sliced
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.oai.errors import BadResumptionToken
 from partner_harvest.reconcile import MassPurgeRefused, apply_staged, purge_refusal
+from partner_harvest.registry import Partner
 from partner_harvest.store import apply_run, fences, leases
 from partner_harvest.store import gates as store_gates
 from partner_harvest.store.fences import PartnerChanged
@@ -30,7 +33,7 @@ SLICED = {"threshold_records": 300, "target_records": 150, "reconcile_slices": 4
 RUN = "reconcile_museum/manual__1"
 
 
-def harvested(sim, conn, partner) -> None:
+def harvested(sim: OaiSimulator, conn: psycopg.Connection, partner: Partner) -> None:
     run_once(sim, conn, partner, run_id="first")
 
 
@@ -40,13 +43,14 @@ def changed_upstream(repo: SimulatedRepository) -> tuple[set[str], set[str]]:
 
 
 @pytest.fixture
-def museum():
+def museum() -> Iterator[tuple[OaiSimulator, SimulatedRepository]]:
     repo = SimulatedRepository(records=800, page_size=100, seed=41, deleted_record="no", deleted_fraction=0.0)
     with OaiSimulator(repo) as sim:
         yield sim, repo
 
 
-def test_a_sliced_reconcile_sweeps_datestamp_ranges_and_converges_exactly(conn, museum) -> None:
+def test_a_sliced_reconcile_sweeps_datestamp_ranges_and_converges_exactly(conn: psycopg.Connection,
+                                                                          museum: tuple[OaiSimulator, SimulatedRepository]) -> None:
     sim, repo = museum
     partner = oai_partner(slicing=SLICED)
     harvested(sim, conn, partner)
@@ -66,7 +70,8 @@ def test_a_sliced_reconcile_sweeps_datestamp_ranges_and_converges_exactly(conn, 
     assert conn.execute("SELECT count(*) FROM reconcile_ids").fetchone() == (0,)
 
 
-def test_a_failed_slice_is_retried_alone_and_converges_exactly(conn, museum) -> None:
+def test_a_failed_slice_is_retried_alone_and_converges_exactly(conn: psycopg.Connection,
+                                                               museum: tuple[OaiSimulator, SimulatedRepository]) -> None:
     """One slice fails mid-way (its token expires after its first page was staged, and the
     partner allows no restart); its retry sweeps only its own range again, from its own
     start, the others keep theirs, and the apply is exact."""
@@ -87,7 +92,7 @@ def test_a_failed_slice_is_retried_alone_and_converges_exactly(conn, museum) -> 
     sim.clear_requests()
     sliced.sweep_slice(make(), conn, partner.id, RUN, plan, 2)
     assert {r.slice: r.status for r in rows(conn, partner.id, RUN)} == dict.fromkeys((1, 2, 3, 4), "swept")
-    attempts = dict(conn.execute("SELECT slice, attempts FROM reconcile_slices WHERE run_id = %s", (RUN,)).fetchall())
+    attempts: dict[int, int] = dict(conn.execute("SELECT slice, attempts FROM reconcile_slices WHERE run_id = %s", (RUN,)).fetchall())
     assert attempts == {1: 1, 2: 2, 3: 1, 4: 1}  # the refused apply marked nothing; slice 2 alone again
     firsts = [r for r in sim.requests if r.get("verb") == "ListIdentifiers" and "resumptionToken" not in r]
     assert len(firsts) == 1  # the retry listed its own range only
@@ -96,7 +101,8 @@ def test_a_failed_slice_is_retried_alone_and_converges_exactly(conn, museum) -> 
 
 
 @pytest.mark.slow
-def test_a_slice_whose_ids_the_database_lost_is_swept_again_by_the_apply(conn, museum) -> None:
+def test_a_slice_whose_ids_the_database_lost_is_swept_again_by_the_apply(conn: psycopg.Connection,
+                                                                         museum: tuple[OaiSimulator, SimulatedRepository]) -> None:
     sim, repo = museum
     partner = oai_partner(slicing=SLICED)
     harvested(sim, conn, partner)
@@ -112,7 +118,7 @@ def test_a_slice_whose_ids_the_database_lost_is_swept_again_by_the_apply(conn, m
     assert held(conn, partner.id) == repo.live_identifiers()
 
 
-def _fenced(conn, partner_id: str, holder: str = RUN, epoch: int | None = None) -> fences.Fence:
+def _fenced(conn: psycopg.Connection, partner_id: str, holder: str = RUN, epoch: int | None = None) -> fences.Fence:
     token = leases.acquire(conn, partner_id, holder, leases.RECONCILE, timedelta(minutes=5))
     fence = fences.Fence(partner_id, holder, token, epoch if epoch is not None else fences.current_epoch(conn, partner_id))
     conn.commit()
@@ -120,7 +126,8 @@ def _fenced(conn, partner_id: str, holder: str = RUN, epoch: int | None = None) 
     return fence
 
 
-def test_a_slice_refuses_after_an_operator_command_changed_the_partner(conn, museum) -> None:
+def test_a_slice_refuses_after_an_operator_command_changed_the_partner(conn: psycopg.Connection,
+                                                                       museum: tuple[OaiSimulator, SimulatedRepository]) -> None:
     sim, repo = museum
     partner = oai_partner(slicing=SLICED)
     harvested(sim, conn, partner)
@@ -138,7 +145,8 @@ def test_a_slice_refuses_after_an_operator_command_changed_the_partner(conn, mus
     fences.bind(conn, None)
 
 
-def test_a_slice_refuses_when_its_lease_lapsed_and_a_harvest_applied_meanwhile(conn, museum) -> None:
+def test_a_slice_refuses_when_its_lease_lapsed_and_a_harvest_applied_meanwhile(conn: psycopg.Connection,
+                                                                               museum: tuple[OaiSimulator, SimulatedRepository]) -> None:
     """The reconcile's lease lapsed between its tasks, a harvest took the partner and applied:
     a slice's retry takes a new tenure but refuses to write (its sweep would be stale), in
     the transaction of its start, and so does the apply; nothing is purged."""
@@ -173,13 +181,13 @@ GATED = {"threshold_records": 100, "target_records": 50, "reconcile_slices": 2}
 
 
 @pytest.fixture
-def small():
+def small() -> Iterator[tuple[OaiSimulator, SimulatedRepository]]:
     repo = SimulatedRepository(records=200, page_size=50, seed=43, deleted_record="no", deleted_fraction=0.0)
     with OaiSimulator(repo) as sim:
         yield sim, repo
 
 
-def _swept(sim, conn, partner) -> sliced.SweepPlan:
+def _swept(sim: OaiSimulator, conn: psycopg.Connection, partner: Partner) -> sliced.SweepPlan:
     plan = sliced.plan_sweep(build_adapter(partner, Endpoint(sim.base_url)), conn, partner, RUN)
     assert plan.slices == 2
     for index in range(1, plan.slices + 1):
@@ -187,8 +195,9 @@ def _swept(sim, conn, partner) -> sliced.SweepPlan:
     return plan
 
 
-def test_a_sliced_reconcile_over_its_purge_limit_waits_for_approval_and_approve_applies_exactly(conn, small) -> None:
-    """Regression (issue 26 item 1): over ``max_purge_fraction`` a sliced reconcile failed with
+def test_a_sliced_reconcile_over_its_purge_limit_waits_for_approval_and_approve_applies_exactly(
+        conn: psycopg.Connection, small: tuple[OaiSimulator, SimulatedRepository]) -> None:
+    """Regression: over ``max_purge_fraction`` a sliced reconcile failed with
     MassPurgeRefused; behind the DAG's gate it stages everything, as the unsliced one, drops its
     slice state and waits; the approved apply applies exactly what it staged."""
     sim, repo = small
@@ -212,7 +221,7 @@ def test_a_sliced_reconcile_over_its_purge_limit_waits_for_approval_and_approve_
 
 
 def test_without_a_gate_a_sliced_reconcile_over_its_limit_still_refuses_and_allow_mass_purge_applies(
-        conn, small) -> None:
+        conn: psycopg.Connection, small: tuple[OaiSimulator, SimulatedRepository]) -> None:
     """Scripts keep the old contract: no gate refuses (nothing staged), allow_mass_purge applies."""
     sim, repo = small
     partner = oai_partner(slicing=GATED)
@@ -231,7 +240,8 @@ def test_without_a_gate_a_sliced_reconcile_over_its_limit_still_refuses_and_allo
     assert held(conn, partner.id) == repo.live_identifiers()
 
 
-def test_a_harvest_applied_between_the_sweep_and_the_request_makes_the_approval_refuse(conn, small) -> None:
+def test_a_harvest_applied_between_the_sweep_and_the_request_makes_the_approval_refuse(
+        conn: psycopg.Connection, small: tuple[OaiSimulator, SimulatedRepository]) -> None:
     """The fence across the wait of a sliced reconcile starts at its plan, not at the request:
     the reconcile's lease ends with its settle task, and a harvest may apply before the gate
     opens the request; when it changed a record the reconcile staged, the approved apply then
@@ -272,7 +282,7 @@ def test_the_purge_decision_is_one_function() -> None:
 
 
 @pytest.mark.slow
-def test_a_sierra_reconcile_sweeps_bib_id_ranges(conn) -> None:
+def test_a_sierra_reconcile_sweeps_bib_id_ranges(conn: psycopg.Connection) -> None:
     catalogue = SimulatedCatalogue(bibs=800, deleted_fraction=0.0, seed=35)
     with SierraSimulator(catalogue, client_key="k", client_secret="s") as sim:
         partner = sierra_partner(page_size=100, slicing=SLICED)

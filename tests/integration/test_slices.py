@@ -1,4 +1,4 @@
-"""Sliced runs without Airflow (issue 9): plan, harvest piece by piece, apply whole.
+"""Sliced runs without Airflow: plan, harvest piece by piece, apply whole.
 
 The OAI-PMH and Sierra simulators over loopback, real PostgreSQL. The harness plays the
 DAG: freeze_window, plan_slices, one harvest_changes per piece (in any order, any one of
@@ -7,32 +7,41 @@ them failing and retried on its own), apply_changes.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
 
 import psycopg
 import pytest
 
+from include.simulators.loopback import Response
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
+from include.simulators.sierra.server import Headers
 from partner_harvest import pipeline
 from partner_harvest.errors import HarvestError
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.oai.parse import format_datestamp
+from partner_harvest.records import HarvestItem
+from partner_harvest.registry import Partner
 from partner_harvest.store import connect
 from partner_harvest.store.apply import RunNotHarvested, apply_run
+from partner_harvest.store.db import one
 from partner_harvest.store.slices import slice_rows
 from tests.support.db import held
 from tests.support.harness import PieceRun as Run
-from tests.support.partners import oai_partner as _oai_partner, sierra_partner as _sierra_partner
+from tests.support.partners import oai_partner as _oai_partner
+from tests.support.partners import sierra_partner as _sierra_partner
 
 SLICES = {"threshold_records": 300, "target_records": 150, "max_slices": 6}
 KEY, SECRET = "slice-key", "slice-secret"
 
 
-def oai_partner(**kw):
+def oai_partner(**kw: Any) -> Partner:
     return _oai_partner(**{"slicing": SLICES, **kw})
 
 
-def sierra_partner(**kw):
+def sierra_partner(**kw: Any) -> Partner:
     options = {"sierra": {"server_error_backoff": 0.01, "server_error_tries": 2, "suppressed": "keep"},
                "export": {"limit": 50, "rate_limit_wait": 0}}
     return _sierra_partner(**{"slicing": SLICES, "options": options, **kw})
@@ -54,14 +63,14 @@ def applied_exactly_once(conn: psycopg.Connection, run: Run, repo: SimulatedRepo
 
 
 @pytest.fixture
-def oai():
+def oai() -> Iterator[tuple[OaiSimulator, SimulatedRepository]]:
     repo = SimulatedRepository(records=900, page_size=50, seed=9, deleted_fraction=0.05)
     with OaiSimulator(repo) as sim:
         yield sim, repo
 
 
 @pytest.fixture
-def sierra():
+def sierra() -> Iterator[tuple[SierraSimulator, SimulatedCatalogue]]:
     catalogue = SimulatedCatalogue(bibs=700, deleted_fraction=0.03, seed=5)
     with SierraSimulator(catalogue, client_key=KEY, client_secret=SECRET) as sim:
         yield sim, catalogue
@@ -71,7 +80,7 @@ def list_pages(sim: OaiSimulator) -> int:
     return sum(1 for r in sim.requests if r.get("verb") == "ListRecords")
 
 
-def test_oai_full_harvest_as_slices_equals_the_live_set(conn, oai) -> None:
+def test_oai_full_harvest_as_slices_equals_the_live_set(conn: psycopg.Connection, oai: tuple[OaiSimulator, SimulatedRepository]) -> None:
     sim, repo = oai
     partner = oai_partner()
     run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
@@ -109,7 +118,8 @@ def test_oai_full_harvest_as_slices_equals_the_live_set(conn, oai) -> None:
 TYPE_SETS = ("type:painting", "type:print", "type:sculpture")  # every simulated record is of one type
 
 
-def test_oai_full_harvest_sliced_by_the_registry_sets_equals_the_live_set(conn, oai) -> None:
+def test_oai_full_harvest_sliced_by_the_registry_sets_equals_the_live_set(conn: psycopg.Connection,
+                                                                          oai: tuple[OaiSimulator, SimulatedRepository]) -> None:
     """slicing.sets: one slice per set, each listing its set over the whole window; the
     sets' counts were checked against the whole list's before the plan trusted them."""
     sim, repo = oai
@@ -130,7 +140,8 @@ def test_oai_full_harvest_sliced_by_the_registry_sets_equals_the_live_set(conn, 
     applied_exactly_once(conn, run, repo)
 
 
-def test_sets_above_the_target_are_harvested_as_time_slices_of_each_set(conn, oai) -> None:
+def test_sets_above_the_target_are_harvested_as_time_slices_of_each_set(conn: psycopg.Connection,
+                                                                        oai: tuple[OaiSimulator, SimulatedRepository]) -> None:
     """A set bigger than target_records is cut in time with its own counts (a big set would
     otherwise be one slice, expensive to redo): every slice lists its set over its own range,
     each set's ranges cover the window, and together they hold the live set exactly once."""
@@ -153,7 +164,8 @@ def test_sets_above_the_target_are_harvested_as_time_slices_of_each_set(conn, oa
 
 @pytest.mark.parametrize("by", ["datestamp", "sets"])
 @pytest.mark.parametrize("earliest", ["late", "absent", "epoch"])
-def test_a_wrong_earliest_datestamp_neither_loses_records_nor_stops_the_cut(conn, earliest, by) -> None:
+def test_a_wrong_earliest_datestamp_neither_loses_records_nor_stops_the_cut(conn: psycopg.Connection, earliest: str,
+                                                                            by: str) -> None:
     """Real repositories announce an earliestDatestamp later than records they hold, none at
     all, or the epoch (I13). The slices still cover every record (the first keeps the
     window's open start), and the cut still finds the records' span: bisecting from 1970
@@ -169,10 +181,11 @@ def test_a_wrong_earliest_datestamp_neither_loses_records_nor_stops_the_cut(conn
 
 
 @pytest.mark.parametrize("sets", [(), TYPE_SETS], ids=["no sets", "sets"])
-def test_a_repository_that_announces_no_list_size_is_cut_into_equal_time_ranges(conn, caplog, sets) -> None:
+def test_a_repository_that_announces_no_list_size_is_cut_into_equal_time_ranges(conn: psycopg.Connection, caplog: pytest.LogCaptureFixture,
+                                                                                sets: tuple[str, ...]) -> None:
     """completeListSize is optional (I13). Without it the plan cannot count: a full harvest is
     cut into ``without_count`` ranges (by the first page: oai/sampled_cut.py; equal time ranges
-    before issue 28), registry sets are not trusted (they cannot be
+    before it), registry sets are not trusted (they cannot be
     checked against the whole list), and the slices still hold the live set, every item once."""
     repo = SimulatedRepository(records=900, page_size=50, seed=9, deleted_fraction=0.05)
     with OaiSimulator(repo, list_size="omitted") as sim:
@@ -188,7 +201,8 @@ def test_a_repository_that_announces_no_list_size_is_cut_into_equal_time_ranges(
 
 
 @pytest.mark.parametrize("case", ["a set missing from the list", "deleted records outside their sets"])
-def test_sets_that_do_not_partition_the_list_are_not_trusted(conn, oai, caplog, case) -> None:
+def test_sets_that_do_not_partition_the_list_are_not_trusted(conn: psycopg.Connection, oai: tuple[OaiSimulator, SimulatedRepository],
+                                                             caplog: pytest.LogCaptureFixture, case: str) -> None:
     """The registry's sets are checked against the whole list: a set left out, or a
     repository that drops deleted records from their sets (I13; the simulator does so
     here), would lose records or tombstones. A full reharvest after deletions shows it:
@@ -213,7 +227,7 @@ def test_sets_that_do_not_partition_the_list_are_not_trusted(conn, oai, caplog, 
     assert len(run.pieces) >= 2 and all(p["set"] is None for p in run.pieces)  # datestamp slices
 
 
-def test_a_short_window_stays_whole(conn, oai) -> None:
+def test_a_short_window_stays_whole(conn: psycopg.Connection, oai: tuple[OaiSimulator, SimulatedRepository]) -> None:
     sim, repo = oai
     partner = oai_partner(slicing={"threshold_records": 10_000, "target_records": 150})
     run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
@@ -223,7 +237,7 @@ def test_a_short_window_stays_whole(conn, oai) -> None:
     assert set(run.rows()) == {"changes"} and held(conn, partner.id) == repo.live_identifiers()
 
 
-def test_a_failed_oai_slice_is_harvested_again_alone(conn, oai) -> None:
+def test_a_failed_oai_slice_is_harvested_again_alone(conn: psycopg.Connection, oai: tuple[OaiSimulator, SimulatedRepository]) -> None:
     sim, repo = oai
     partner = oai_partner()
     run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
@@ -234,21 +248,20 @@ def test_a_failed_oai_slice_is_harvested_again_alone(conn, oai) -> None:
     original = sim.handle_oai
     served = {"n": 0}
 
-    def broken_mid_slice(pairs):  # the third slice dies on its second page
+    def broken_mid_slice(pairs: list[tuple[str, str]]) -> Response:  # the third slice dies on its second page
         if any(k == "verb" and v == "ListRecords" for k, v in pairs):
             served["n"] += 1
             if served["n"] == 2:
                 sim.fail_next(3, status=503)  # the try and its two HTTP retries
         return original(pairs)
 
-    sim.handle_oai = broken_mid_slice
-    with pytest.raises(HarvestError):
-        run.harvest(channels[2])
-    assert run.rows()[channels[2]]["status"] == "failed"
-    with pytest.raises(RunNotHarvested, match="changes/003 \\(failed\\)"):  # I4 while a slice failed
-        pipeline.apply_changes(conn, partner.id, run.run_id)
-    assert held(conn, partner.id) == set()
-    sim.handle_oai = original
+    with mock.patch.object(sim, "handle_oai", broken_mid_slice):
+        with pytest.raises(HarvestError):
+            run.harvest(channels[2])
+        assert run.rows()[channels[2]]["status"] == "failed"
+        with pytest.raises(RunNotHarvested, match="changes/003 \\(failed\\)"):  # I4 while a slice failed
+            pipeline.apply_changes(conn, partner.id, run.run_id)
+        assert held(conn, partner.id) == set()
     for channel in channels[2:]:  # the retry of the failed slice, then the rest
         run.harvest(channel)
     run.apply()
@@ -264,7 +277,8 @@ def test_a_failed_oai_slice_is_harvested_again_alone(conn, oai) -> None:
 
 
 @pytest.mark.parametrize("by", ["datestamp", "set"])
-def test_lost_staging_of_one_slice_is_harvested_again_alone(conn, oai, by) -> None:
+def test_lost_staging_of_one_slice_is_harvested_again_alone(conn: psycopg.Connection, oai: tuple[OaiSimulator, SimulatedRepository],
+                                                            by: str) -> None:
     """The apply harvests again exactly the slice whose staging was lost, from the bounds in
     its row: its datestamp range, or its set (read back from harvest_runs.slice_set)."""
     sim, repo = oai
@@ -286,20 +300,21 @@ def test_lost_staging_of_one_slice_is_harvested_again_alone(conn, oai, by) -> No
     assert run.rows()[lost]["attempts"] == 2 and {run.rows()[c]["attempts"] for c in run.rows() if c not in (lost, "changes")} == {1}
 
 
-def test_progress_is_visible_from_another_connection_while_a_slice_harvests(conn, db, oai) -> None:
+def test_progress_is_visible_from_another_connection_while_a_slice_harvests(conn: psycopg.Connection, db: str,
+                                                                            oai: tuple[OaiSimulator, SimulatedRepository]) -> None:
     sim, repo = oai
     partner = oai_partner()
     run = Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url)))
     channel = run.pieces[0]["channel"]
-    seen: list[tuple] = []
+    seen: list[tuple[Any, ...]] = []
     refusals: list[str] = []
     original = sim.handle_oai
     observer = connect(db)
 
-    def watch(pairs):  # before answering each page: what does an operator see?
-        row = observer.execute(
+    def watch(pairs: list[tuple[str, str]]) -> Response:  # before answering each page: what does an operator see?
+        row = one(observer.execute(
             "SELECT status, pages, fetched, progress_at, expected FROM harvest_runs WHERE partner_id = %s AND run_id = %s"
-            " AND channel = %s", (partner.id, run.run_id, channel)).fetchone()
+            " AND channel = %s", (partner.id, run.run_id, channel)))
         observer.commit()
         seen.append(row)
         if len(seen) == 2:  # I4: an apply now (another task, another connection) refuses
@@ -309,11 +324,10 @@ def test_progress_is_visible_from_another_connection_while_a_slice_harvests(conn
                 refusals.append(str(exc))
         return original(pairs)
 
-    sim.handle_oai = watch
     try:
-        stats = run.harvest(channel)
+        with mock.patch.object(sim, "handle_oai", watch):
+            stats = run.harvest(channel)
     finally:
-        sim.handle_oai = original
         observer.close()
     assert stats.pages >= 3
     assert [r[0] for r in seen] == ["harvesting"] * len(seen)
@@ -326,11 +340,12 @@ def test_progress_is_visible_from_another_connection_while_a_slice_harvests(conn
     assert len(refusals) == 1 and f"{channel} (harvesting)" in refusals[0]
 
 
-def sierra_run(conn, sim, partner, run_id="run-1") -> Run:
+def sierra_run(conn: psycopg.Connection, sim: SierraSimulator, partner: Partner, run_id: str = "run-1") -> Run:
     return Run(conn, partner, lambda: build_adapter(partner, Endpoint(sim.base_url, KEY, SECRET)), run_id)
 
 
-def test_sierra_full_load_as_id_slices_equals_the_live_set(conn, sierra) -> None:
+def test_sierra_full_load_as_id_slices_equals_the_live_set(conn: psycopg.Connection,
+                                                           sierra: tuple[SierraSimulator, SimulatedCatalogue]) -> None:
     sim, catalogue = sierra
     partner = sierra_partner()
     run = sierra_run(conn, sim, partner)
@@ -349,7 +364,8 @@ def test_sierra_full_load_as_id_slices_equals_the_live_set(conn, sierra) -> None
     assert {c for c, kind, ok in checks if kind == "sierra-id-enumeration" and ok} == set(channels)  # I12, per slice
 
 
-def test_a_sierra_slice_failed_mid_way_resumes_from_its_checkpoint(conn, sierra) -> None:
+def test_a_sierra_slice_failed_mid_way_resumes_from_its_checkpoint(conn: psycopg.Connection,
+                                                                   sierra: tuple[SierraSimulator, SimulatedCatalogue]) -> None:
     sim, catalogue = sierra
     partner = sierra_partner()
     run = sierra_run(conn, sim, partner)
@@ -357,17 +373,16 @@ def test_a_sierra_slice_failed_mid_way_resumes_from_its_checkpoint(conn, sierra)
     original = sim.handle
     exports = {"n": 0}
 
-    def fail_third_block(method, path, query, headers, body):
+    def fail_third_block(method: str, path: str, query: str, headers: Headers, body: bytes) -> Response | tuple[str, Any]:
         if method == "GET" and path.endswith("/bibs/marc"):
             exports["n"] += 1
             if exports["n"] == 3:
                 sim.fail_next(2, status=500, path_prefix="/bibs/marc")  # both tries (server_error_tries)
         return original(method, path, query, headers, body)
 
-    sim.handle = fail_third_block
-    with pytest.raises(HarvestError):
-        run.harvest(channel)
-    sim.handle = original
+    with mock.patch.object(sim, "handle", fail_third_block):
+        with pytest.raises(HarvestError):
+            run.harvest(channel)
     row = run.rows()[channel]
     assert row["status"] == "failed" and row["checkpoint"] == row["slice_lo"] + 100 and row["fetched"] > 0
     sim.requests.clear()
@@ -389,7 +404,9 @@ def test_a_sierra_slice_failed_mid_way_resumes_from_its_checkpoint(conn, sierra)
     assert result.fetched == sum(r["fetched"] for r in run.rows().values())
 
 
-def test_a_killed_sierra_slice_resumes_from_its_checkpoint(conn, db, sierra, monkeypatch) -> None:
+def test_a_killed_sierra_slice_resumes_from_its_checkpoint(conn: psycopg.Connection, db: str,
+                                                           sierra: tuple[SierraSimulator, SimulatedCatalogue],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker killed mid-slice (no failure handler runs: the row stays 'harvesting', its
     connection dies with the page's transaction) resumes on the next try."""
     from partner_harvest.store import staging
@@ -400,7 +417,7 @@ def test_a_killed_sierra_slice_resumes_from_its_checkpoint(conn, db, sierra, mon
     channel = run.pieces[2]["channel"]
     real_write, pages = staging.StagingWriter.write_page, {"n": 0}
 
-    def killed_on_the_third_page(self, items, checkpoint=None):
+    def killed_on_the_third_page(self: staging.StagingWriter, items: list[HarvestItem], checkpoint: int | None = None) -> None:
         pages["n"] += 1
         if pages["n"] == 3:
             raise KeyboardInterrupt("SIGKILL")
@@ -425,24 +442,24 @@ def test_a_killed_sierra_slice_resumes_from_its_checkpoint(conn, db, sierra, mon
     conn.close()
 
 
-def test_a_sierra_slice_whose_staging_was_lost_starts_over(conn, sierra) -> None:
+def test_a_sierra_slice_whose_staging_was_lost_starts_over(conn: psycopg.Connection,
+                                                           sierra: tuple[SierraSimulator, SimulatedCatalogue]) -> None:
     sim, catalogue = sierra
     partner = sierra_partner()
     run = sierra_run(conn, sim, partner)
     channel = run.pieces[1]["channel"]
     original, exports = sim.handle, {"n": 0}
 
-    def fail_second_block(method, path, query, headers, body):
+    def fail_second_block(method: str, path: str, query: str, headers: Headers, body: bytes) -> Response | tuple[str, Any]:
         if method == "GET" and path.endswith("/bibs/marc"):
             exports["n"] += 1
             if exports["n"] == 2:
                 sim.fail_next(2, status=500, path_prefix="/bibs/marc")
         return original(method, path, query, headers, body)
 
-    sim.handle = fail_second_block
-    with pytest.raises(HarvestError):
-        run.harvest(channel)
-    sim.handle = original
+    with mock.patch.object(sim, "handle", fail_second_block):
+        with pytest.raises(HarvestError):
+            run.harvest(channel)
     assert run.rows()[channel]["checkpoint"] is not None
     with conn.transaction():  # a crash empties the UNLOGGED staging under the failed slice
         conn.execute("DELETE FROM staging WHERE run_id = %s AND channel = %s", (run.run_id, channel))
@@ -456,7 +473,8 @@ def test_a_sierra_slice_whose_staging_was_lost_starts_over(conn, sierra) -> None
     assert held(conn, partner.id) == catalogue.live_ids()
 
 
-def test_a_long_sierra_change_poll_is_sliced_by_updated_date(conn, sierra) -> None:
+def test_a_long_sierra_change_poll_is_sliced_by_updated_date(conn: psycopg.Connection,
+                                                             sierra: tuple[SierraSimulator, SimulatedCatalogue]) -> None:
     sim, catalogue = sierra
     partner = sierra_partner(slicing={"threshold_records": 300, "target_records": 150, "max_slices": 4,
                                          "long_window": "2d"})

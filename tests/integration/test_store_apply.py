@@ -5,16 +5,18 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import psycopg
-from psycopg.types.json import Jsonb
 import pytest
+from psycopg.types.json import Jsonb
 
 from partner_harvest.records import Record, Rejected, Tombstone
 from partner_harvest.store import apply_run
-from partner_harvest.window import Window
-from tests.support.records import rec as support_rec, stage as stage_for
+from partner_harvest.store.db import one, scalar
+from partner_harvest.window import Window, WindowFacts
+from tests.support.records import rec as support_rec
+from tests.support.records import stage as stage_for
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
-WINDOW = Window("incremental", None, T0 + timedelta(days=10), "seconds", True, {"metadata_prefix": "oai_dc"})
+WINDOW = Window("incremental", None, T0 + timedelta(days=10), "seconds", True, WindowFacts(metadata_prefix="oai_dc"))
 
 
 def rec(ident: str, at: datetime, title: str = "t") -> Record:
@@ -38,8 +40,8 @@ def audit(conn: psycopg.Connection, partner: str, run_id: str) -> dict:
         " WHERE partner_id = %s AND run_id = %s AND channel = 'changes'",
         (partner, run_id),
     )
-    names = [d.name for d in cur.description]
-    return dict(zip(names, cur.fetchone()))
+    names = [d.name for d in cur.description or ()]
+    return dict(zip(names, one(cur)))
 
 
 def test_apply_upserts_purges_and_counts_add_up(conn: psycopg.Connection) -> None:
@@ -196,7 +198,7 @@ def test_set_specs_land_exactly_as_the_partner_wrote_them(conn: psycopg.Connecti
     record = Record("x", T0, "oai_dc", '<dc xmlns="urn:x"><title>t</title></dc>', specs, "t")
     stage(conn, "p", "r1", [record])
     apply_run(conn, "p", "r1")
-    assert conn.execute("SELECT set_specs FROM records WHERE partner_id = 'p'").fetchone()[0] == list(specs)
+    assert scalar(conn.execute("SELECT set_specs FROM records WHERE partner_id = 'p'")) == list(specs)
 
 
 def test_the_batch_never_scans_harvest_runs_per_staged_row(conn: psycopg.Connection) -> None:
@@ -263,8 +265,8 @@ def test_the_apply_leaves_work_mem_as_it_found_it(conn: psycopg.Connection) -> N
     conn.execute("SET work_mem = '3MB'")
     with conn.transaction():
         apply_run(conn, "p", "r1")
-        assert conn.execute("SHOW work_mem").fetchone()[0] == "3MB"
-    assert conn.execute("SHOW work_mem").fetchone()[0] == "3MB"
+        assert scalar(conn.execute("SHOW work_mem")) == "3MB"
+    assert scalar(conn.execute("SHOW work_mem")) == "3MB"
 
 
 def test_a_statement_failing_under_the_sort_budget_raises_its_own_error(conn: psycopg.Connection) -> None:
@@ -274,12 +276,12 @@ def test_a_statement_failing_under_the_sort_budget_raises_its_own_error(conn: ps
     with pytest.raises(psycopg.errors.DivisionByZero):
         with conn.transaction(), _work_mem(conn, "96MB"):
             conn.execute("SELECT 1 / 0")
-    assert conn.execute("SHOW work_mem").fetchone()[0] != "96MB"
+    assert scalar(conn.execute("SHOW work_mem")) != "96MB"
 
 
 def test_an_up_to_date_schema_is_checked_without_the_migration_lock(db: str) -> None:
     """Every task calls ensure_schema: on an up-to-date database it only reads, so it neither
-    waits for the advisory lock a migrating session holds nor runs DDL (issue 28)."""
+    waits for the advisory lock a migrating session holds nor runs DDL."""
     from partner_harvest.store import connect, ensure_schema
     from partner_harvest.store.schema import _LOCK_KEY
 

@@ -12,19 +12,23 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
+from typing import Any
 
 import psycopg
 import pytest
 
+from include.simulators.loopback import Response
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.records import HarvestStats
 from partner_harvest.store import RunRef, StagingWriter, apply_run, begin_run, connect, finish_harvest
 from partner_harvest.store.admin import live_identifiers
+from partner_harvest.store.db import one
 from partner_harvest.store.runs import AttemptSuperseded, fail_run
 from tests.support.partners import oai_partner
-from tests.support.records import T0, WINDOW, live_titles as live, rec
+from tests.support.records import T0, WINDOW, rec
+from tests.support.records import live_titles as live
 
 
 def test_a_superseded_try_can_no_longer_write_fail_or_finish_its_channel(conn: psycopg.Connection) -> None:
@@ -45,7 +49,8 @@ def test_a_superseded_try_can_no_longer_write_fail_or_finish_its_channel(conn: p
     assert live(conn) == {"y": "retry"}
 
 
-def test_an_orphaned_harvest_stops_at_its_next_page_and_the_retry_applies_exactly(db: str) -> None:
+def test_an_orphaned_harvest_stops_at_its_next_page_and_the_retry_applies_exactly(
+        db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the pipeline against the simulator: the orphan is held at its third page
     while the retry harvests the whole window; released, it stops without writing."""
     repo = SimulatedRepository(records=300, page_size=50, seed=4)
@@ -53,7 +58,7 @@ def test_an_orphaned_harvest_stops_at_its_next_page_and_the_retry_applies_exactl
         held, release = threading.Event(), threading.Event()
         original, asked = sim.handle_oai, {"lists": 0}
 
-        def gated(pairs):
+        def gated(pairs: list[tuple[str, str]]) -> Response:
             if any(k == "verb" and v == "ListRecords" for k, v in pairs):
                 asked["lists"] += 1
                 if asked["lists"] == 3:  # the orphan's third page: its worker is lost here
@@ -61,7 +66,7 @@ def test_an_orphaned_harvest_stops_at_its_next_page_and_the_retry_applies_exactl
                     release.wait(30)
             return original(pairs)
 
-        sim.handle_oai = gated
+        monkeypatch.setattr(sim, "handle_oai", gated)
         p = oai_partner(retries=3)
         adapter = build_adapter(p, Endpoint(sim.base_url))
         window = pipeline.freeze_window(adapter, p.lag, None, pipeline.RunRequest("incremental"))
@@ -107,7 +112,8 @@ class _TaskTimeout(BaseException):
     """Stands in for Airflow's AirflowTaskTimeout, which is a BaseException, not an Exception."""
 
 
-def test_a_try_ended_by_its_task_timeout_marks_its_channel_failed(conn: psycopg.Connection) -> None:
+def test_a_try_ended_by_its_task_timeout_marks_its_channel_failed(conn: psycopg.Connection,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by the 50,000-object IIIF soak: a harvest over its execution_timeout left its row
     'harvesting', so the failure callback took the run for still working, kept the lease to
     its TTL and the health page showed the run as running."""
@@ -119,13 +125,13 @@ def test_a_try_ended_by_its_task_timeout_marks_its_channel_failed(conn: psycopg.
         adapter = build_adapter(p, Endpoint(sim.base_url))
         window = pipeline.freeze_window(adapter, p.lag, None, pipeline.RunRequest("incremental"))
 
-        def timed_out(*args, **kwargs):
+        def timed_out(*args: Any, **kwargs: Any) -> None:
             raise _TaskTimeout("Timeout, PID: 1")
 
-        adapter.harvest = timed_out
+        monkeypatch.setattr(adapter, "harvest", timed_out)
         run = RunRef(p.id, "harvest_museum/timeout")
         with pytest.raises(_TaskTimeout):
             pipeline.harvest_window(adapter, conn, run, window)
     assert channels_still_harvesting(conn, p.id, run.run_id) == []
-    status, error = conn.execute("SELECT status, error FROM harvest_runs WHERE run_id = %s", (run.run_id,)).fetchone()
+    status, error = one(conn.execute("SELECT status, error FROM harvest_runs WHERE run_id = %s", (run.run_id,)))
     assert (status, error) == ("failed", "_TaskTimeout: Timeout, PID: 1")

@@ -6,20 +6,18 @@ partner at once, and that a pipelined chain keeps one request in flight while it
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import requests
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 
-from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 IDENTIFY = {"verb": "Identify"}
 
@@ -59,7 +57,7 @@ def test_concurrent_requests_are_served_side_by_side_and_counted() -> None:
         assert sim.max_in_flight == 1
 
 
-def test_a_client_holds_its_answer_before_the_server_counts_the_request_done(monkeypatch) -> None:
+def test_a_client_holds_its_answer_before_the_server_counts_the_request_done(monkeypatch: pytest.MonkeyPatch) -> None:
     """Why tests wait for ``wait_idle`` instead of reading ``in_flight`` when their client
     returns: the server's thread counts the request done only after writing the answer.
     Here that thread is held just after writing, as a busy machine may hold it (the race
@@ -69,7 +67,7 @@ def test_a_client_holds_its_answer_before_the_server_counts_the_request_done(mon
         written, release = threading.Event(), threading.Event()
 
         @contextmanager
-        def held_after_writing():
+        def held_after_writing() -> Iterator[None]:
             with serving():
                 yield
                 written.set()

@@ -3,44 +3,44 @@ and lists that stop short. Simulated clock only; no sleeps."""
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
 from lxml import etree
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository, identifier_for
 
-from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository, identifier_for  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 NS = {"o": "http://www.openarchives.org/OAI/2.0/"}
 
 
 @pytest.fixture
-def session():
+def session() -> Iterator[requests.Session]:
     with requests.Session() as s:
         yield s
 
 
-def walk(sim: OaiSimulator, session: requests.Session, verb: str, **params: str) -> tuple[list[str], list]:
+def walk(sim: OaiSimulator, session: requests.Session, verb: str,
+         **params: str) -> tuple[list[str], list[etree._Element]]:
     """Follow a chain; returns (identifiers in order, resumptionToken elements)."""
     query = {"verb": verb, **params}
-    ids, tokens = [], []
+    ids: list[str] = []
+    tokens: list[etree._Element] = []
     while True:
         root = etree.fromstring(session.get(sim.base_url, params=query).content)
         assert root.find("o:error", NS) is None, etree.tostring(root)[:300]
-        ids += [h.text for h in root.iterfind(f"o:{verb}//o:header/o:identifier", NS)]
+        ids += [h.text or "" for h in root.iterfind(f"o:{verb}//o:header/o:identifier", NS)]
         token = root.find(f"o:{verb}/o:resumptionToken", NS)
         if token is None or not (token.text or "").strip():
             return ids, tokens + ([token] if token is not None else [])
         tokens.append(token)
-        query = {"verb": verb, "resumptionToken": token.text}
+        query = {"verb": verb, "resumptionToken": token.text or ""}
 
 
-def test_snapshot_chains_still_list_a_record_edited_mid_list(session) -> None:
+def test_snapshot_chains_still_list_a_record_edited_mid_list(session: requests.Session) -> None:
     repo = SimulatedRepository(records=500, page_size=100, deleted_fraction=0.0)
     with OaiSimulator(repo) as sim:
         until = repo.format_stamp(repo.clock_epoch)
@@ -49,7 +49,7 @@ def test_snapshot_chains_still_list_a_record_edited_mid_list(session) -> None:
         assert len(ids) == 500 and sim.mutations == [{"edited": [identifier_for(400)], "deleted": []}]
 
 
-def test_requery_drops_a_record_edited_past_until(session) -> None:
+def test_requery_drops_a_record_edited_past_until(session: requests.Session) -> None:
     repo = SimulatedRepository(records=500, page_size=100, deleted_fraction=0.0)
     with OaiSimulator(repo) as sim:
         sim.requery_pages()
@@ -59,7 +59,7 @@ def test_requery_drops_a_record_edited_past_until(session) -> None:
         assert ids == [identifier_for(n) for n in range(1, 501) if n != 400]
 
 
-def test_requery_skips_one_record_per_deletion_behind_the_cursor(session) -> None:
+def test_requery_skips_one_record_per_deletion_behind_the_cursor(session: requests.Session) -> None:
     repo = SimulatedRepository(records=500, page_size=100, deleted_record="no", deleted_fraction=0.0)
     with OaiSimulator(repo) as sim:
         sim.requery_pages()
@@ -69,7 +69,7 @@ def test_requery_skips_one_record_per_deletion_behind_the_cursor(session) -> Non
         assert len(ids) == 498 and tokens[-1].get("completeListSize") == "498"  # 10 and 20 came first
 
 
-def test_mutate_after_pages_waits_for_its_verb_and_is_one_shot(session) -> None:
+def test_mutate_after_pages_waits_for_its_verb_and_is_one_shot(session: requests.Session) -> None:
     repo = SimulatedRepository(records=300, page_size=100, deleted_fraction=0.0)
     with OaiSimulator(repo) as sim:
         sim.mutate_after_pages(1, edit=2, verb="ListRecords")
@@ -80,7 +80,7 @@ def test_mutate_after_pages_waits_for_its_verb_and_is_one_shot(session) -> None:
         assert len(sim.mutations) == 1 and len(sim.mutations[0]["edited"]) == 2
 
 
-def test_end_list_after_stops_short_but_announces_the_whole_list(session) -> None:
+def test_end_list_after_stops_short_but_announces_the_whole_list(session: requests.Session) -> None:
     repo = SimulatedRepository(records=500, page_size=100, deleted_fraction=0.0)
     with OaiSimulator(repo) as sim:
         sim.end_list_after(2)
@@ -89,7 +89,7 @@ def test_end_list_after_stops_short_but_announces_the_whole_list(session) -> Non
         assert len(walk(sim, session, "ListRecords", metadataPrefix="oai_dc")[0]) == 500  # one shot
 
 
-def test_race_switches_over_the_control_api(session) -> None:
+def test_race_switches_over_the_control_api(session: requests.Session) -> None:
     repo = SimulatedRepository(records=300, page_size=100, deleted_fraction=0.0)
     with OaiSimulator(repo) as sim:
         control = sim.base_url.replace("/oai", "/_control/")

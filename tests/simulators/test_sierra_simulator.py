@@ -15,6 +15,7 @@ import select
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -24,11 +25,7 @@ import pymarc
 import pytest
 import requests
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # allow plain `pytest` as well as `python -m pytest`
-    sys.path.insert(0, str(ROOT))
-
-from include.simulators.sierra import (  # noqa: E402
+from include.simulators.sierra import (
     MAX_RECORD_BYTES,
     BibQuery,
     SierraSimulator,
@@ -40,7 +37,9 @@ from include.simulators.sierra import (  # noqa: E402
     marc_fields,
     marc_in_json,
 )
-from include.simulators.sierra.marc import leader_for  # noqa: E402
+from include.simulators.sierra.marc import leader_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 NOT_FOUND = {"code": 107, "specificCode": 0, "httpStatus": 404, "name": "Record not found"}
@@ -60,7 +59,7 @@ def catalogue() -> SimulatedCatalogue:
 
 
 @pytest.fixture
-def sim(catalogue: SimulatedCatalogue):
+def sim(catalogue: SimulatedCatalogue) -> Iterator[SierraSimulator]:
     with SierraSimulator(catalogue) as simulator:
         yield simulator
 
@@ -75,12 +74,12 @@ def login(sim: SierraSimulator, session: requests.Session | None = None) -> requ
 
 
 @pytest.fixture
-def client(sim: SierraSimulator):
+def client(sim: SierraSimulator) -> Iterator[requests.Session]:
     with login(sim) as session:
         yield session
 
 
-def get(client: requests.Session, sim: SierraSimulator, path: str, **params: object) -> requests.Response:
+def get(client: requests.Session, sim: SierraSimulator, path: str, **params: str | int) -> requests.Response:
     return client.get(f"{sim.base_url}{path}", params=params)
 
 
@@ -129,13 +128,13 @@ def test_mutations_edit_delete_add() -> None:
     edited = catalogue.edit(3)
     assert catalogue.clock == START + timedelta(seconds=60)
     for bib_id in edited:
-        bib = catalogue.get(bib_id)
+        bib = catalogue[bib_id]
         assert bib.version == 2 and bib.updated_date == catalogue.clock and "(revision 1)" in bib.title
-    before = {bib_id: catalogue.get(bib_id).updated for bib_id in sorted(catalogue.live_ids())[:5]}
+    before = {bib_id: catalogue[bib_id].updated for bib_id in sorted(catalogue.live_ids())[:5]}
     deleted = catalogue.delete_ids(before)
     assert catalogue.clock == START + timedelta(seconds=120)
     for bib_id in deleted:
-        bib = catalogue.get(bib_id)
+        bib = catalogue[bib_id]
         assert bib.deleted and bib.updated == before[bib_id]  # deleting does not bump updatedDate
         assert bib.deleted_date == catalogue.clock.date()
     assert set(deleted) <= catalogue.deleted_ids() and not set(deleted) & catalogue.live_ids()
@@ -145,7 +144,7 @@ def test_mutations_edit_delete_add() -> None:
         catalogue.delete_ids(deleted[:1])
     added = catalogue.add(2)
     assert added == ["1000601", "1000602"]
-    assert catalogue.get("1000601").created_date == catalogue.clock == START + timedelta(seconds=180)
+    assert catalogue["1000601"].created_date == catalogue.clock == START + timedelta(seconds=180)
     assert len(catalogue.delete(4)) == 4 and catalogue.counts()["deleted"] == 30 + 5 + 4
     catalogue.advance_clock(30)
     assert catalogue.clock == START + timedelta(seconds=270)
@@ -174,14 +173,15 @@ def test_changes_after_a_clock_rewind_are_found_by_updated_and_created_windows()
 
 
 def test_marc_record_content_and_fast_encoder_matches_pymarc(catalogue: SimulatedCatalogue) -> None:
-    bib = catalogue.get("1000001")
+    bib = catalogue["1000001"]
     record = bib_marc(bib)
     assert record["001"].data == "b1000001"
     assert record["005"].data == bib.updated_date.strftime("%Y%m%d%H%M%S.0")
-    assert len(record["008"].data) == 40
+    assert len(record["008"].data or "") == 40
     assert record["245"]["a"] == bib.title
     assert record["100"]["a"].startswith(bib.author)
-    assert (record.get("264") or record.get("260"))["c"] == f"{bib.publish_year}."
+    imprint = record.get("264") or record.get("260")
+    assert imprint is not None and imprint["c"] == f"{bib.publish_year}."
     assert record["907"]["a"] == f".b1000001{check_digit(1000001)}"
     assert record["998"]["e"] == bib.bcode3
     assert len(record.get_fields("945")) == bib.items
@@ -195,7 +195,7 @@ def test_marc_record_content_and_fast_encoder_matches_pymarc(catalogue: Simulate
 
 
 def test_oversized_record_loses_its_945_tail(catalogue: SimulatedCatalogue) -> None:
-    bib = catalogue.get("1000100")  # oversized_every=100
+    bib = catalogue["1000100"]  # oversized_every=100
     full = bib_marc(bib).as_marc()
     assert len(full) > MAX_RECORD_BYTES
     data, truncated = export_record(bib)
@@ -209,9 +209,9 @@ def test_oversized_record_loses_its_945_tail(catalogue: SimulatedCatalogue) -> N
 
 
 def test_invalid_bib_lacks_245(catalogue: SimulatedCatalogue) -> None:
-    bib = catalogue.get("1000075")  # invalid_every=75
+    bib = catalogue["1000075"]  # invalid_every=75
     assert bib.invalid and bib_marc(bib).get("245") is None
-    assert bib_marc(catalogue.get("1000074")).get("245") is not None
+    assert bib_marc(catalogue["1000074"]).get("245") is not None
 
 
 # ------------------------------------------------------------------ auth
@@ -329,9 +329,9 @@ def test_filters_and_together(sim: SierraSimulator, client: requests.Session,
     cursor = edited[10]
     assert ids_of(get(client, sim, "/bibs", updatedDate=window, id=f"[{cursor},]")) == edited[10:]
     suppressed = ids_of(get(client, sim, "/bibs", suppressed="true", limit=2000))
-    assert suppressed and all(catalogue.get(i).suppressed for i in suppressed)
+    assert suppressed and all(catalogue[i].suppressed for i in suppressed)
     both = ids_of(get(client, sim, "/bibs", suppressed="true", deleted="false", id="[,1000300]", limit=2000))
-    assert both == [i for i in suppressed if not catalogue.get(i).deleted and i <= "1000300"]
+    assert both == [i for i in suppressed if not catalogue[i].deleted and i <= "1000300"]
     created = get(client, sim, "/bibs", createdDate="[2025-06-01,2025-06-30]", deleted="false",
                   limit=2000).json()["entries"]
     assert created and all("2025-06-01" <= e["createdDate"][:10] <= "2025-06-30" for e in created)
@@ -351,7 +351,7 @@ def test_deletions_are_date_only_and_hidden_from_updated_windows(
     assert poll["entries"] == [{"id": target, "deletedDate": "2026-01-01"}]
     stub = get(client, sim, "/bibs", id=target).json()["entries"][0]
     assert stub == {"id": target, "deletedDate": "2026-01-01", "deleted": True}
-    assert catalogue.get(target).updated_date == edited_at
+    assert catalogue[target].updated_date == edited_at
     single_day = get(client, sim, "/bibs", deletedDate="2026-01-01").json()
     assert ids_of_json(single_day) == [target]
 
@@ -398,7 +398,7 @@ def test_fields_projection_and_errors(sim: SierraSimulator, client: requests.Ses
     assert "deletedDate" not in json.dumps(everything)
     live = next(e for e in everything if not e["deleted"])
     assert {"fixedFields", "varFields", "marc", "normTitle"} <= set(live)
-    assert live["fixedFields"]["31"] == {"label": "BCODE3", "value": catalogue.get(live["id"]).bcode3}
+    assert live["fixedFields"]["31"] == {"label": "BCODE3", "value": catalogue[live["id"]].bcode3}
     assert live["varFields"][0]["fieldTag"] == "_" and live["marc"]["leader"].startswith("00000")
     assert all(set(e) == {"id", "deleted"} for e in everything if e["deleted"])
     extended = get(client, sim, "/bibs", fields="default,varFields", limit=1).json()["entries"][0]
@@ -464,7 +464,7 @@ def test_export_three_phases_with_truncation(sim: SierraSimulator, client: reque
     assert [sierra_id(r) for r in records] == expected  # the lowest live ids, contiguous
     assert all(int(r.leader[:5]) <= MAX_RECORD_BYTES for r in records)
     big = [r for r in records if sierra_id(r) in oversized]
-    assert big and all(len(r.get_fields("945")) < catalogue.get(sierra_id(r)).items for r in big)
+    assert big and all(len(r.get_fields("945")) < catalogue[sierra_id(r)].items for r in big)
     invalid = [r for r in records if sierra_id(r) == "1000075"]
     assert invalid == [] or invalid[0].get("245") is None
 
@@ -507,7 +507,7 @@ def test_export_by_id_list_and_empty_variants(sim: SierraSimulator, client: requ
 def test_export_blocks_count_deleted_and_suppressed_bibs(catalogue: SimulatedCatalogue) -> None:
     """A block is the lowest ids of the range, deleted ones included: inputRecords > outputRecords."""
     block = [str(n) for n in range(1000001, 1000201)]
-    gone, hidden = catalogue.deleted_ids(), {b for b in block if catalogue.get(b).suppressed}
+    gone, hidden = catalogue.deleted_ids(), {b for b in block if catalogue[b].suppressed}
     live = [b for b in block if b not in gone]
     assert gone & set(block) and hidden - gone
     for variant, omit in (("nonzero", False), ("always", True), ("never", False)):
@@ -546,17 +546,17 @@ def test_export_file_url_can_name_another_origin(catalogue: SimulatedCatalogue) 
 def test_marc8_and_damaged_export_records() -> None:
     catalogue = SimulatedCatalogue(bibs=60, deleted_fraction=0.0, marc8_every=3, no_005_every=5,
                                    no_id_every=7, bad_utf8_every=11)
-    marc8 = catalogue.get(1000003)
+    marc8 = catalogue[1000003]
     data, _ = export_record(marc8)
     assert data[9:10] == b" " and marc8.title.encode() not in data  # MARC-8 bytes, not UTF-8
     record = next(iter(pymarc.MARCReader(data, to_unicode=True)))  # pymarc's MARC-8 decoder
     assert record["245"]["a"] == marc8.title and not marc8.title.isascii()
     assert marc_in_json(marc8)["leader"][9] == "a"  # the JSON API serves Unicode
-    no_005 = bib_marc(catalogue.get(1000005))
+    no_005 = bib_marc(catalogue[1000005])
     assert no_005.get("005") is None and no_005.get("001") is not None
-    no_ids = bib_marc(catalogue.get(1000007))
+    no_ids = bib_marc(catalogue[1000007])
     assert no_ids.get("001") is None and no_ids.get("907") is None
-    bad, _ = export_record(catalogue.get(1000011))
+    bad, _ = export_record(catalogue[1000011])
     with pytest.raises(UnicodeDecodeError):
         pymarc.Record(bad, to_unicode=True, utf8_handling="strict")
     assert len(bad) == int(bad[:5])  # still a well-formed ISO 2709 record
@@ -605,7 +605,7 @@ def test_bib_marc_needs_accept(sim: SierraSimulator, client: requests.Session,
     xml = client.get(url, headers={"Accept": "application/marc-xml"})
     assert xml.status_code == 200 and xml.headers["Content-Type"].startswith("application/marc-xml")
     [record] = pymarc.parse_xml_to_array(io.BytesIO(xml.content))
-    bib = catalogue.get("1000100")
+    bib = catalogue["1000100"]
     assert record["245"]["a"] == bib.title and record["001"].data == "b1000100"
     assert not {"907", "945", "998"} & {f.tag for f in record.fields}
     for accept in ("application/marc-json", "application/marc-in-json"):
@@ -634,7 +634,7 @@ def test_json_query_returns_links_only(sim: SierraSimulator, client: requests.Se
     compound = {"queries": [query, "and", {"target": {"record": {"type": "bib"}, "id": 31},
                                            "expr": {"op": "equals", "operands": ["-"]}}]}
     links = client.post(f"{sim.base_url}/bibs/query", params={"limit": 50}, json=compound).json()["entries"]
-    unsuppressed = {i for i in edited if not catalogue.get(i).suppressed}
+    unsuppressed = {i for i in edited if not catalogue[i].suppressed}
     assert {e["link"].rsplit("/", 1)[1] for e in links} == unsuppressed
     wrong_method = client.get(f"{sim.base_url}/bibs/query")
     assert wrong_method.status_code == 400 and wrong_method.json()["code"] == 106
@@ -748,6 +748,7 @@ def test_cli_serves_until_sigterm() -> None:
         [sys.executable, "-m", "include.simulators.sierra", "--bibs", "3000", "--deleted-fraction", "0.02",
          "--seed", "1", "--port", "0", "--export-quota", "1", "--oversized-every", "500"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 30)
         assert ready, "simulator did not start"
@@ -756,7 +757,7 @@ def test_cli_serves_until_sigterm() -> None:
         base_url = line.removeprefix("listening on ")
         token = requests.post(f"{base_url}/token", auth=("demo-key", "demo-secret")).json()["access_token"]
         headers = {"Authorization": f"Bearer {token}"}
-        body = requests.get(f"{base_url}/bibs/marc", params={"id": "[1000001,1000600]", "limit": 600},
+        body = requests.get(f"{base_url}/bibs/marc", params={"id": "[1000001,1000600]", "limit": "600"},
                             headers=headers).json()
         assert body["errors"] == 1 and body["outputRecords"] <= 600
         limited = requests.get(f"{base_url}/bibs/marc", params={"id": "[1000001,]"}, headers=headers)

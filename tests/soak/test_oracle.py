@@ -3,6 +3,7 @@ promises to catch is reported (no Airflow here; the mirror is written by hand)."
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -16,7 +17,7 @@ RUN = f"harvest_{PID}/manual__1"
 
 
 @pytest.fixture
-def partner():
+def partner() -> Iterator[Partner]:
     p = Partner(PARTNERS[PID], seed=3, size=60)
     yield p
     p.close()
@@ -55,7 +56,7 @@ TAMPERING = {
 
 
 @pytest.mark.parametrize("tamper", [None, *TAMPERING])
-def test_the_check_reports_every_kind_of_divergence(conn, db: str, partner: Partner, tmp_path: Path, pg_label: str,
+def test_the_check_reports_every_kind_of_divergence(conn: psycopg.Connection, db: str, partner: Partner, tmp_path: Path, pg_label: str,
                                                     tamper: str | None) -> None:
     soak = Soak(seed=1, nights=1, partners=[PID], conninfo=db, pg_label=pg_label, workdir=tmp_path)
     oracle = {**partner.snapshot(), "excused": set()}
@@ -72,12 +73,12 @@ def test_the_check_reports_every_kind_of_divergence(conn, db: str, partner: Part
         assert any(TAMPERING[tamper][1] in line for line in night.divergence), night.divergence
 
 
-def test_a_missing_deletion_is_reported(conn, db: str, partner: Partner, tmp_path: Path, pg_label: str) -> None:
+def test_a_missing_deletion_is_reported(conn: psycopg.Connection, db: str, partner: Partner, tmp_path: Path, pg_label: str) -> None:
     soak = Soak(seed=1, nights=1, partners=[PID], conninfo=db, pg_label=pg_label, workdir=tmp_path)
     oracle = {**partner.snapshot(), "excused": set()}
     mirror(conn, oracle)
     soak._check(partner, Night(PID, 1, "none"), oracle, succeeded=True)
-    gone = partner.model.delete(2)
+    gone = partner.records.delete(2)  # an OAI-PMH partner (soak_persistent)
     conn.execute("DELETE FROM records WHERE identifier = ANY(%s)", (gone,))  # purged, but no deletions row
     conn.commit()
     night = Night(PID, 2, "none")

@@ -73,7 +73,8 @@ def test_fast_waits_shorten_only_the_waits_of_a_valid_registry(tmp_path: Path) -
     fast = {p.id: p for p in load_partners(path)}
     path.write_text(registry_yaml([PARTNERS["soak_persistent"], PARTNERS["soak_sierra"]]))
     default = {p.id: p for p in load_partners(path)}
-    assert fast["soak_sierra"].retry_delay.total_seconds() == 1 < default["soak_sierra"].retry_delay.total_seconds()
+    fast_delay, default_delay = fast["soak_sierra"].retry_delay, default["soak_sierra"].retry_delay
+    assert fast_delay and default_delay and fast_delay.total_seconds() == 1 < default_delay.total_seconds()
     assert fast["soak_sierra"].options.sierra.model_dump(exclude_unset=True) == {"server_error_backoff": 0.01}
     assert not default["soak_sierra"].options.sierra.model_fields_set  # the client's own 2 s, 4 s for the soak command
     assert fast["soak_sierra"].retries == default["soak_sierra"].retries

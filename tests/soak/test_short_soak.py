@@ -1,4 +1,4 @@
-"""The short soak (issue 8): a few chaos nights of every partner kind through Airflow,
+"""The short soak: a few chaos nights of every partner kind through Airflow,
 every fault kind at least once across them, and after every night the mirror equals
 the partner. The long soak is ``python -m benchmarks.soak`` (docs/design/soak.md).
 
@@ -22,9 +22,10 @@ pytestmark = [pytest.mark.soak, pytest.mark.airflow]
 SOAK_TIMEOUT = 600  # 30 nights of a few seconds each, plus Airflow's start: ~3 min, more when loaded
 SEED = 8
 
-# Every fault kind at least once (31 kinds, 34 nights; the items partner's nights repeat two): night 1 of a Sierra partner is its full load (the export's faults),
-# a failed night is followed by one that must converge, deletedRecord=no reconciles every 3rd
-# (and on the night of its reconcile's pause). The pauses here stop a task holding its lease
+# Every fault kind at least once (31 kinds, 34 nights; the items partner's nights repeat two):
+# night 1 of a Sierra partner is its full load (the export's faults), a failed night is
+# followed by one that must converge, deletedRecord=no reconciles every 3rd (and on the
+# night of its reconcile's pause). The pauses here stop a task holding its lease
 # (``kind@moment``), so its resumed write meets the fence; the long soak draws the moment.
 PLAN = {
     ("soak_persistent", 1): "kill_mid_page",
@@ -67,7 +68,7 @@ PLAN = {
 @pytest.mark.skipif(bool(os.environ.get(embedded_pg.DATABASE_URL_ENV)),
                     reason="restarts the embedded PostgreSQL server")
 @pytest.mark.timeout(SOAK_TIMEOUT)
-def test_short_soak_converges_after_every_night(airflow_db, db: str, tmp_path: Path, capsys,
+def test_short_soak_converges_after_every_night(airflow_db: None, db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                 pg_label: str) -> None:
     nights: dict[str, int] = {}
     for partner, night in PLAN:

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import psycopg
+
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository, title
 from include.simulators.sierra import SierraSimulator, SimulatedCatalogue
-from tests.support.harness import OaiHarness as Harness, SIERRA_KEY, SIERRA_SECRET, SierraHarness
+from tests.support.harness import SIERRA_KEY, SIERRA_SECRET, SierraHarness
+from tests.support.harness import OaiHarness as Harness
 from tests.support.partners import oai_partner, sierra_partner
 
 
-def test_edits_made_while_the_partner_clock_is_behind_the_cursor_reach_the_mirror(conn) -> None:
+def test_edits_made_while_the_partner_clock_is_behind_the_cursor_reach_the_mirror(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=120, page_size=50, seed=11)
     with OaiSimulator(repo) as sim:
         harness = Harness(sim, conn, oai_partner(retries=3))
@@ -31,11 +34,11 @@ def test_edits_made_while_the_partner_clock_is_behind_the_cursor_reach_the_mirro
         edited = repo.edit(3)  # stamped a day before our cursor
         repo.advance_clock(timedelta(hours=30))  # the partner's clock passes our cursor again
         harness.run()
-    held = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
-    assert held == {i: title(repo.get(i)) for i in edited}
+    held: dict[str, str] = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
+    assert held == {i: title(repo[i]) for i in edited}
 
 
-def test_edits_made_between_the_clock_jump_and_the_run_that_sees_it_reach_the_mirror(conn) -> None:
+def test_edits_made_between_the_clock_jump_and_the_run_that_sees_it_reach_the_mirror(conn: psycopg.Connection) -> None:
     repo = SimulatedRepository(records=120, page_size=50, seed=11)
     with OaiSimulator(repo) as sim:
         harness = Harness(sim, conn, oai_partner(retries=3))
@@ -46,11 +49,11 @@ def test_edits_made_between_the_clock_jump_and_the_run_that_sees_it_reach_the_mi
         harness.run()
         repo.advance_clock(timedelta(hours=30))
         harness.run()
-    held = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
-    assert held == {i: title(repo.get(i)) for i in edited}
+    held: dict[str, str] = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
+    assert held == {i: title(repo[i]) for i in edited}
 
 
-def test_versions_stamped_before_the_held_ones_after_a_clock_jump_reach_the_mirror(conn) -> None:
+def test_versions_stamped_before_the_held_ones_after_a_clock_jump_reach_the_mirror(conn: psycopg.Connection) -> None:
     """Seed 5, night 2 of soak_sierra (``clock_behind_cursor``), reproduced small.
 
     Records edited just before the partner's clock jumped back are held with stamps
@@ -76,13 +79,13 @@ def test_versions_stamped_before_the_held_ones_after_a_clock_jump_reach_the_mirr
         assert harness.held() == repo.live_identifiers()
         repo.advance_clock(timedelta(hours=30))  # the clock passes the old one again
         harness.run()
-    held = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)",
+    held: dict[str, str] = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)",
                              (edited + deleted,)).fetchall())
-    assert held == {i: title(repo.get(i)) for i in edited}
+    assert held == {i: title(repo[i]) for i in edited}
     assert harness.held() == repo.live_identifiers()
 
 
-def test_a_clock_behind_stamps_a_full_export_already_held_is_a_regression_too(conn) -> None:
+def test_a_clock_behind_stamps_a_full_export_already_held_is_a_regression_too(conn: psycopg.Connection) -> None:
     """Seed 5, soak_sierra night 3, reproduced small: the run that met the clock behind our
     cursor took the whole export, which holds versions stamped before the jump and *after*
     every clock a run had read. The next run's clock was past those clocks, so it was not
@@ -103,12 +106,12 @@ def test_a_clock_behind_stamps_a_full_export_already_held_is_a_regression_too(co
         catalogue.advance_clock(timedelta(hours=1))
         window, *_ = harness.run()
     assert window.protocol.clock_regressed  # its clock trails stamps already held: set back too
-    held = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
-    assert held == {i: catalogue.get(i).title.strip() for i in edited}
+    held: dict[str, str] = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
+    assert held == {i: catalogue[i].title.strip() for i in edited}
     assert harness.held() == catalogue.live_ids()
 
 
-def test_a_version_stamped_while_the_clock_was_behind_beats_one_stamped_before_the_jump(conn) -> None:
+def test_a_version_stamped_while_the_clock_was_behind_beats_one_stamped_before_the_jump(conn: psycopg.Connection) -> None:
     """Seed 2324, soak_sierra_b nights 4-7 (python -m benchmarks.soak --seed 2324 --partners
     soak_sierra_b --nights 7), reproduced small.
 
@@ -134,6 +137,6 @@ def test_a_version_stamped_while_the_clock_was_behind_beats_one_stamped_before_t
         catalogue.advance_clock(timedelta(hours=1))
         catalogue.advance_clock(timedelta(hours=20))  # the clock passes the held stamps: not regressed
         harness.run()
-    held = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
-    assert held == {i: catalogue.get(i).title.strip() for i in edited}
+    held: dict[str, str] = dict(conn.execute("SELECT identifier, title FROM records WHERE identifier = ANY(%s)", (edited,)).fetchall())
+    assert held == {i: catalogue[i].title.strip() for i in edited}
     assert harness.held() == catalogue.live_ids()

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -127,7 +128,7 @@ def wait_for(probe: Callable[[], T | None], timeout: float, what: str, proc: sub
 def database_conninfo(server_uri: str, name: str) -> str:
     params = conninfo_to_dict(server_uri)
     params["dbname"] = name
-    return make_conninfo(**params)
+    return make_conninfo("", **params)
 
 
 def create_database(server_uri: str, name: str, template: str | None = None, *, keep: bool = False) -> str:
@@ -155,7 +156,7 @@ def sqlalchemy_url(conninfo: str) -> str:
     asyncpg); a socket directory host goes in the query string (``?host=/dir``)."""
     from sqlalchemy.engine import URL
 
-    p = conninfo_to_dict(conninfo)
+    p = {key: str(value) for key, value in conninfo_to_dict(conninfo).items() if value is not None}
     host = p.get("host") or None
     socket_dir = host if host and host.startswith("/") else None
     return URL.create(
@@ -249,13 +250,13 @@ class Keys:
     api: str
 
     @classmethod
-    def fresh(cls) -> "Keys":
+    def fresh(cls) -> Keys:
         from cryptography.fernet import Fernet
 
         return cls(Fernet.generate_key().decode(), secrets.token_urlsafe(32), secrets.token_urlsafe(32))
 
     @classmethod
-    def kept_in(cls, home: Path) -> "Keys":
+    def kept_in(cls, home: Path) -> Keys:
         """Kept in ``home/ui-secrets.json`` (mode 600), so a restart can read what it wrote."""
         path = home / "ui-secrets.json"
         if path.exists():
@@ -461,7 +462,7 @@ class AirflowServices:
     def wait_for_dags(self, dag_ids: Iterable[str], timeout: float) -> None:
         """Every DAG parsed, then unpaused."""
         for dag_id in dag_ids:
-            dag = poll(lambda dag_id=dag_id: self.dag_parsed(dag_id), timeout, f"DAG {dag_id} to be parsed",
+            dag = poll(partial(self.dag_parsed, dag_id), timeout, f"DAG {dag_id} to be parsed",
                        diagnostics=self.import_errors)
             if dag.get("is_paused"):
                 self.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})

@@ -27,7 +27,6 @@ from typing import Any
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
-
 from tests.support.airflow_stack import free_loopback_port, log_event, poll, signal_group, stop_groups
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,8 +160,8 @@ class GatedOaiSimulator(OaiSimulator):
                 with self._gate:
                     self.chain_until[int(found.group(1))] = args.get("until", "")
             return response
-        found = re.match(r"c(\d+)!", token)
-        chain = int(found.group(1)) if found else -1
+        continued = re.match(r"c(\d+)!", token)
+        chain = int(continued.group(1)) if continued else -1
         with self._gate:
             if self._holding and chain not in self._open:
                 self._held[chain] = self._held.get(chain, 0) + 1

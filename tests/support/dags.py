@@ -42,7 +42,8 @@ def set_cursor(partner_id: str, value: dict | None, channel: str | None = None) 
         Variable.set(cursor_key(partner_id, channel), value, serialize_json=True)
 
 
-def get_cursor(partner_id: str, channel: str | None = None) -> dict | None:
+def get_cursor(partner_id: str, channel: str | None = None) -> Any:
+    """The cursor Variable's JSON (a dict), or None when the partner has none."""
     from airflow.models import Variable
 
     return Variable.get(cursor_key(partner_id, channel), default_var=None, deserialize_json=True)

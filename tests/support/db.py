@@ -6,6 +6,7 @@ import psycopg
 
 from partner_harvest.store import connect, ensure_schema
 from partner_harvest.store.admin import live_identifiers
+from partner_harvest.store.db import one
 
 
 def held(where: psycopg.Connection | str, partner_id: str = "museum") -> set[str]:
@@ -24,8 +25,8 @@ def audit_row(conn: psycopg.Connection, partner_id: str, run_id: str, channel: s
     """A run channel's ``harvest_runs`` row as a dict."""
     cur = conn.execute("SELECT * FROM harvest_runs WHERE partner_id = %s AND run_id = %s AND channel = %s",
                        (partner_id, run_id, channel))
-    names = [d.name for d in cur.description]
-    row = dict(zip(names, cur.fetchone()))
+    names = [d.name for d in cur.description or ()]
+    row = dict(zip(names, one(cur)))
     conn.commit()
     return row
 
@@ -33,17 +34,17 @@ def audit_row(conn: psycopg.Connection, partner_id: str, run_id: str, channel: s
 def check_row(conn: psycopg.Connection, run_id: str = "run-1", partner_id: str = "library",
               channel: str = "changes") -> tuple:
     """The second witness a run channel recorded (I12): kind, expected, found, ok, detail."""
-    row = conn.execute(
+    row = one(conn.execute(
         "SELECT check_kind, check_expected, check_found, check_ok, check_detail FROM harvest_runs"
-        " WHERE partner_id = %s AND run_id = %s AND channel = %s", (partner_id, run_id, channel)).fetchone()
+        " WHERE partner_id = %s AND run_id = %s AND channel = %s", (partner_id, run_id, channel)))
     conn.commit()
     return row
 
 
 def outcomes(conn: psycopg.Connection, run_id: str) -> tuple[int, int, int, int, int]:
     """What a run did to what it fetched (I6): fetched, upserted, unchanged, purged, quarantined."""
-    row = conn.execute(
+    fetched, upserted, unchanged, purged, quarantined = one(conn.execute(
         "SELECT fetched, upserted, unchanged, purged, quarantined FROM harvest_runs WHERE run_id = %s",
-        (run_id,)).fetchone()
+        (run_id,)))
     conn.commit()
-    return row
+    return fetched, upserted, unchanged, purged, quarantined

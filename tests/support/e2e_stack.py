@@ -21,7 +21,6 @@ from typing import Any
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from tests.support.airflow_stack import (
     QUICK,
-    ROOT,
     AirflowServices,
     Keys,
     airflow_settings,

@@ -1,4 +1,4 @@
-"""Many partners at once, for the health index's paging tests (issue 28): a registry of ``n``
+"""Many partners at once, for the health index's paging tests: a registry of ``n``
 partners (every fifth one Sierra) and one night of audit rows written straight into
 ``harvest_runs`` with SQL (one statement, whatever ``n``), so that states, lags and causes
 vary the way they do at scale:
@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from partner_harvest.registry import Registry, load_registry
+from partner_harvest.store.db import one
 from tests.support.partners import registry_text
 
 OUTAGE = "connection refused by shared-host.example.org:443"
@@ -70,7 +71,7 @@ def serve_health_app(conn: psycopg.Connection, db: str, folder: Path, n: int, mo
     from partner_harvest.store import connect
 
     registry = write_registry(folder / "partners.yaml", n)
-    (now,) = conn.execute("SELECT now()").fetchone()
+    (now,) = one(conn.execute("SELECT now()"))
     seed(conn, n, now)
     monkeypatch.setattr(source, "registry", lambda: registry)
     monkeypatch.setattr(source, "latest_harvest_runs", lambda partners: {})

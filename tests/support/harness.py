@@ -16,9 +16,12 @@ import psycopg
 
 from partner_harvest import pipeline
 from partner_harvest.factory import Endpoint, build_adapter
+from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner
 from partner_harvest.run import CHANGES, Kept, RunResult, apply, freeze, plan, run_partner, stage_channel
+from partner_harvest.sierra.harvester import SierraAdapter
 from partner_harvest.sierra.spec import DELETIONS
+from partner_harvest.store.apply import ApplyResult
 from partner_harvest.window import Window
 from tests.support.db import audit_row, held
 
@@ -41,7 +44,7 @@ class _Cursor:
 class Harness:
     """Plays the DAG for one partner: each ``run`` is one DAG run, the cursors carried over."""
 
-    def __init__(self, sim: Any, conn: psycopg.Connection, partner: Partner):
+    def __init__(self, sim: Any, conn: psycopg.Connection, partner: Partner) -> None:
         self.sim, self.conn, self.partner = sim, conn, partner
         self.cursors: dict[str, datetime | None] = {}
         self.runs = 0
@@ -85,7 +88,8 @@ class Harness:
 class OaiHarness(Harness):
     """An OAI-PMH partner: ``run`` returns (window, changes harvested, applied)."""
 
-    def run(self, mode: str = "incremental", window: Window | None = None, **kw: Any):
+    def run(self, mode: str = "incremental", window: Window | None = None,
+            **kw: Any) -> tuple[Window, HarvestStats, ApplyResult]:
         result = self.run_through(mode, window=window, **kw)
         return result.window, result.changes, result.applied
 
@@ -95,7 +99,7 @@ class SierraHarness(Harness):
     not slept. ``run`` returns (window, changes, deletions, applied)."""
 
     def __init__(self, sim: Any, conn: psycopg.Connection, partner: Partner,
-                 secret: str = SIERRA_SECRET, key: str = SIERRA_KEY):
+                 secret: str = SIERRA_SECRET, key: str = SIERRA_KEY) -> None:
         super().__init__(sim, conn, partner)
         self.key, self.secret = key, secret
         self.sleeps: list[float] = []
@@ -113,10 +117,12 @@ class SierraHarness(Harness):
             self.sleeps.append(seconds)
             self.on_sleep()
 
+        assert isinstance(adapter, SierraAdapter)
         adapter.sleep = sleep
         return adapter
 
-    def run(self, mode: str = "incremental", between: Callable[[], None] | None = None, **kw: Any):
+    def run(self, mode: str = "incremental", between: Callable[[], None] | None = None,
+            **kw: Any) -> tuple[Window, HarvestStats, HarvestStats, ApplyResult]:
         """``between`` runs after the change harvest, before the deletion poll."""
 
         def staged(channel: str) -> None:
@@ -124,7 +130,7 @@ class SierraHarness(Harness):
                 between()
 
         result = self.run_through(mode, on_staged=staged, **kw)
-        return result.window, result.changes, result.staged.get(DELETIONS), result.applied
+        return result.window, result.changes, result.staged[DELETIONS], result.applied  # a Sierra run always has it
 
 
 class PieceRun:
@@ -134,12 +140,12 @@ class PieceRun:
     task, as each Airflow task does."""
 
     def __init__(self, conn: psycopg.Connection, partner: Partner, make: Callable[[], Any], run_id: str = "run-1",
-                 mode: str = "incremental"):
+                 mode: str = "incremental") -> None:
         self.conn, self.partner, self.make, self.run_id = conn, partner, make, run_id
         self.window = freeze(partner, make(), conn, request=pipeline.RunRequest(mode))
         self.pieces = plan(partner, make(), conn, run_id, self.window)
 
-    def harvest(self, channel: str):
+    def harvest(self, channel: str) -> HarvestStats:
         return stage_channel(self.make(), self.conn, self.run_id, self.window, channel)
 
     def harvest_all(self, but: str | None = None) -> None:
@@ -148,7 +154,7 @@ class PieceRun:
             if piece["channel"] != but:
                 self.harvest(piece["channel"])
 
-    def apply(self, reharvested: list[str] | None = None):
+    def apply(self, reharvested: list[str] | None = None) -> ApplyResult:
         outlets = Kept()
         applied = apply(self.conn, self.partner.id, self.run_id, self.window, outlets, self.make)
         if reharvested is not None:

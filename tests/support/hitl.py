@@ -42,11 +42,11 @@ class Responder:
             self.error = exc
 
     def _answer(self) -> None:
-        from airflow.models.hitl import HITLDetail, HITLUser
+        from airflow.models.hitl import HITLDetail
         from airflow.models.taskinstance import TaskInstance
         from airflow.models.trigger import handle_event_submit
+        from airflow.sdk import timezone
         from airflow.triggers.base import TriggerEvent
-        from airflow.utils import timezone
         from airflow.utils.session import create_session
         from airflow.utils.state import TaskInstanceState
         from sqlalchemy import select
@@ -62,7 +62,7 @@ class Responder:
                                  "state": ti.state}
                     if self.before is not None:
                         self.before()
-                    detail.responded_by = HITLUser(id=self.user, name=self.user)
+                    detail.responded_by = {"id": self.user, "name": self.user}  # an HITLUser
                     detail.responded_at = timezone.utcnow()
                     detail.chosen_options = [self.option]
                     detail.params_input = {}

@@ -6,6 +6,7 @@ from typing import Any
 
 from partner_harvest.factory import Endpoint
 from partner_harvest.registry import Partner
+from partner_harvest.run import RunResult
 from tests.support.harness import Harness
 from tests.support.partners import WHOLE, _entry, fast_http, partner_from_entry
 
@@ -21,10 +22,12 @@ def iiif_partner(id: str = "rijks", *, retries: int = 2, iiif: dict[str, Any] | 
 class IiifHarness(Harness):
     """``run`` returns the whole RunResult; the Connection's host is the collection URL."""
 
+    pages_read = 0  # the stream pages a test counted at the server for this harness's runs
+
     def endpoint(self) -> Endpoint:
         return Endpoint(self.sim.collection_url)
 
-    def run(self, mode: str = "incremental", **kw: Any):
+    def run(self, mode: str = "incremental", **kw: Any) -> RunResult:
         return self.run_through(mode, **kw)
 
     def live(self) -> set[str]:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import tempfile
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
+from partner_harvest.adapters import Adapter
+from partner_harvest.factory import Endpoint, build_adapter
 from partner_harvest.registry import Partner, load_partners
 
 # HTTP retries without waiting: a test sees a retried request in milliseconds, not seconds.
@@ -81,3 +83,13 @@ def sierra_partner(id: str = "library", *, retries: int = 2, **fields: Any) -> P
     defaults = {"id": id, "protocol": "sierra", "conn_id": "unused", "page_size": 50, "slicing": dict(WHOLE),
                 "options": {"http": fast_http(retries), "sierra": dict(FAST_SIERRA), "export": dict(SMALL_EXPORT)}}
     return partner_from_entry(_entry(defaults, fields))
+
+
+AdapterT = TypeVar("AdapterT", bound=Adapter)
+
+
+def built(kind: type[AdapterT], partner: Partner, endpoint: Endpoint) -> AdapterT:
+    """``build_adapter`` for a test that reaches into the protocol's own adapter (its client)."""
+    adapter = build_adapter(partner, endpoint)
+    assert isinstance(adapter, kind), adapter
+    return adapter

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import psycopg
 
-from partner_harvest.records import HarvestStats, Record
+from partner_harvest.records import HarvestItem, HarvestStats, Record
 from partner_harvest.store import RunRef, StagingWriter, begin_run, finish_harvest
-from partner_harvest.window import Window
+from partner_harvest.window import Window, WindowFacts
 
 T0 = datetime(2026, 3, 1, tzinfo=timezone.utc)
 
 
 def window(until: datetime, granularity: str = "seconds") -> Window:
     """An incremental window from the start up to ``until`` (oai_dc)."""
-    return Window("incremental", None, until, granularity, True, {"metadata_prefix": "oai_dc"})
+    return Window("incremental", None, until, granularity, True, WindowFacts(metadata_prefix="oai_dc"))
 
 
 WINDOW = window(T0 + timedelta(days=10), "day")
@@ -26,8 +28,8 @@ def rec(ident: str, at: datetime, title: str = "t", sets: tuple[str, ...] = ()) 
     return Record(ident, at, "oai_dc", f'<dc xmlns="urn:x"><title>{title}</title></dc>', sets, title)
 
 
-def stage(conn: psycopg.Connection, partner: str, run_id: str, items: list, channel: str = "changes",
-          window: Window = WINDOW, **writer_options) -> HarvestStats:
+def stage(conn: psycopg.Connection, partner: str, run_id: str, items: Sequence[HarvestItem], channel: str = "changes",
+          window: Window = WINDOW, **writer_options: Any) -> HarvestStats:
     """``items`` as one harvested page of the run's channel, as the harvest would leave it
     (in the window's metadata prefix, oai_dc unless it names another)."""
     run = RunRef(partner, run_id, channel)
@@ -35,7 +37,7 @@ def stage(conn: psycopg.Connection, partner: str, run_id: str, items: list, chan
     stats = HarvestStats(pages=1)
     for item in items:
         stats.add(item)
-    StagingWriter(conn, run, **writer_options).write_page(items)
+    StagingWriter(conn, run, **writer_options).write_page(list(items))
     finish_harvest(conn, run, stats)
     return stats
 
@@ -62,3 +64,9 @@ def seed_sliced_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> N
                 " now() - make_interval(secs => %s), now() - make_interval(secs => %s))",
                 (partner_id, run_id, channel, status, window_from, set_spec, pages, fetched, expected, since, last),
             )
+
+
+def as_record(item: object) -> Record:
+    """`item`, which the test expects to be a record (not a tombstone, a reject or a header)."""
+    assert isinstance(item, Record), item
+    return item

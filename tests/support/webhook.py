@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 # A Slack-shaped URL path whose last part is a secret: what must never reach a log line.
 TOKEN = "s3cr3t-token"
@@ -26,7 +27,7 @@ class WebhookSink:
                 self.end_headers()
                 self.wfile.write(b"ok")
 
-            def log_message(self, *args) -> None:
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -41,15 +41,15 @@ def levers(source: str) -> list[tuple[str, str, int]]:
     modules = imported_from_library(tree)
     found = []
     for node in ast.walk(tree):
-        targets: list[tuple[ast.expr, str]] = []
+        targets: list[tuple[ast.expr, object, int]] = []
         if isinstance(node, ast.Assign):
-            targets = [(t.value, t.attr) for t in node.targets if isinstance(t, ast.Attribute)]
+            targets = [(t.value, t.attr, node.lineno) for t in node.targets if isinstance(t, ast.Attribute)]
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
               and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)):
-            targets = [(node.args[0], node.args[1].value)]
-        for owner, attr in targets:
-            if isinstance(owner, ast.Name) and owner.id in modules:
-                found.append((modules[owner.id], attr, node.lineno))
+            targets = [(node.args[0], node.args[1].value, node.lineno)]
+        for owner, attr, line in targets:
+            if isinstance(owner, ast.Name) and owner.id in modules and isinstance(attr, str):
+                found.append((modules[owner.id], attr, line))
     return found
 
 
@@ -70,7 +70,7 @@ def overrides(source: str) -> list[tuple[str, str, int]]:
     return found
 
 
-def owner_of(dotted: str):
+def owner_of(dotted: str) -> object:
     """The module ``dotted`` names, or the attribute of its parent module (a class, say)."""
     try:
         return importlib.import_module(dotted)

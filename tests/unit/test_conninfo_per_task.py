@@ -1,4 +1,4 @@
-"""A task try reads the aggregation's Connection once (issue 28, quiet nights).
+"""A task try reads the aggregation's Connection once (quiet nights).
 
 A Connection kept in the metadata database or a secrets backend costs one request per read;
 a quiet night's single task opened seven aggregation connections and so asked seven times.

@@ -22,7 +22,8 @@ AT = datetime(2026, 1, 1, tzinfo=timezone.utc)
     (None, "t0k3n", {"auth": "header", "auth_header": "Token"}, ("header", None, "Token")),
     (None, "t0k3n", {"auth": "query", "auth_param": "apikey"}, ("query", None, "apikey")),
 ])
-def test_the_connection_says_how_the_secret_travels(login, password, extra, expected) -> None:
+def test_the_connection_says_how_the_secret_travels(login: str | None, password: str | None, extra: dict[str, str],
+                                                    expected: tuple[str, str | None, str | None] | None) -> None:
     found = from_connection(login, password, extra)
     assert (found if found is None else (found.kind, found.login, found.name)) == expected
 
@@ -35,7 +36,8 @@ def test_the_connection_says_how_the_secret_travels(login, password, extra, expe
     (None, "t0k3n", {"auth": "query", "auth_param": "verb"}, "is an OAI-PMH argument"),
     (None, "t0k3n", {"auth": "cookie"}, "must be one of basic, bearer, header, query"),
 ])
-def test_a_connection_that_cannot_work_is_refused_without_its_secret(login, password, extra, problem) -> None:
+def test_a_connection_that_cannot_work_is_refused_without_its_secret(login: str | None, password: str | None,
+                                                                    extra: dict[str, str], problem: str) -> None:
     with pytest.raises(ValueError, match=problem) as refused:
         from_connection(login, password, extra)
     assert "t0k3n" not in str(refused.value)

@@ -1,11 +1,13 @@
 """The generated reference pages are current: the registry's JSON Schema (from its models),
 registry (from the JSON Schema), command line (from its parser), HTTP limits (from the
-policy's defaults), partner states and validation checks (from their tables). Regenerate with `.venv/bin/python scripts/gen_docs.py`. The tables page needs a
-database: tests/integration/test_docs_tables.py."""
+policy's defaults), partner states and validation checks (from their tables). Regenerate
+with `.venv/bin/python scripts/gen_docs.py`. The tables page needs a database:
+tests/integration/test_docs_tables.py."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pydantic
 import pytest
@@ -18,7 +20,7 @@ PAGES = [docs_gen.SCHEMA, docs_gen.REGISTRY_PAGE, docs_gen.CLI_PAGE, docs_gen.LI
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_the_generated_page_is_current(page) -> None:
+def test_the_generated_page_is_current(page: Path) -> None:
     render = docs_gen.pages(None)[page]
     text = page.read_text(encoding="utf-8")
     assert render(text) == text, f"{page.relative_to(docs_gen.ROOT)} is stale: run scripts/gen_docs.py"

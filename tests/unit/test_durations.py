@@ -30,7 +30,7 @@ from partner_harvest.durations import human
     (679.6, "11m 19s"),  # seconds as a number (a rate's estimate)
     (0, "0s"),
 ])
-def test_human(value, text) -> None:
+def test_human(value: timedelta | float, text: str) -> None:
     assert human(value) == text
 
 
@@ -41,7 +41,7 @@ def test_ago_never_reads_negative() -> None:
 
 
 def test_nothing_else_in_the_library_formats_a_duration() -> None:
-    """Issue 24: there were four formatters (page, status, DAG docs, the progress rows of the
+    """There were four formatters (page, status, DAG docs, the progress rows of the
     store) and str(timedelta) in two more places. A hand-rolled one shows up as a unit
     table or as str() of a timedelta; only durations.py may hold either."""
     import re

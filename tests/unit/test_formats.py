@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from lxml import etree
 
 from partner_harvest import formats
 from partner_harvest.formats import FORMATS, GenericFormat, MetadataFormat, get_format, register_format
+from partner_harvest.formats.base import checked_by
 
 DC = 'xmlns:oai_dc="http://www.openarchives.org/OAI/2.0/oai_dc/" xmlns:dc="http://purl.org/dc/elements/1.1/"'
 LIDO = 'xmlns:lido="http://www.lido-schema.org"'
@@ -158,7 +161,7 @@ def test_lido_without_preference_takes_first_non_empty() -> None:
         (lambda: el("<lido><lidoRecID>no namespace</lidoRecID></lido>"), "payload root is <lido>"),
     ],
 )
-def test_lido_invalid(record, fragment: str) -> None:
+def test_lido_invalid(record: Callable[[], etree._Element], fragment: str) -> None:
     reason = get_format("lido").validate(record())
     assert reason is not None and fragment in reason and "\n" not in reason
 
@@ -172,7 +175,7 @@ def test_lido_work_type_needs_a_term_not_just_the_wrapper() -> None:
         + LIDO_TITLES.format(sets="<lido:titleSet><lido:appellationValue>T</lido:appellationValue></lido:titleSet>")
         + "</lido:descriptiveMetadata>"
     )
-    checked = get_format("lido").check(record)
+    checked = checked_by(get_format("lido"), record)
     assert [f.check for f in checked.findings] == ["lido.no_work_type"] and "objectWorkType" in checked.findings[0].message
 
 
@@ -180,18 +183,19 @@ def test_lido_work_type_needs_a_term_not_just_the_wrapper() -> None:
     ("record", "check"),
     [(lambda: lido_record(rec_id="  "), "lido.no_rec_id"), (lambda: lido_record(term=""), "lido.no_work_type")],
 )
-def test_lido_without_what_only_the_schema_needs_lands_with_a_warning(record, check: str) -> None:
+def test_lido_without_what_only_the_schema_needs_lands_with_a_warning(record: Callable[[], etree._Element],
+                                                                       check: str) -> None:
     """The LIDO schema requires lidoRecID and objectWorkType; the aggregation needs neither
     (identity is the OAI identifier, a record is shown by its title): a warning, not a reject."""
     element = record()
-    checked = get_format("lido").check(element)
+    checked = checked_by(get_format("lido"), element)
     assert get_format("lido").validate(element) is None
     assert [f.check for f in checked.findings] == [check] and checked.title
 
 
 def test_a_one_record_lido_wrap_is_read_as_its_record() -> None:
     wrapped = el(f"<lido:lidoWrap {LIDO}>" + etree.tostring(lido_record()).decode() + "</lido:lidoWrap>")
-    checked = get_format("lido").check(wrapped)
+    checked = checked_by(get_format("lido"), wrapped)
     assert checked.findings == () and checked.title == get_format("lido").extract_title(lido_record())
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from partner_harvest.formats.linked_art import LINKED_ART, NotAJsonRecord, load
-from partner_harvest.iiif.stream import StreamError, choose, parse_collection, parse_page, parse_time
 from partner_harvest.iiif.spec import DEFAULT_SEE_ALSO, SeeAlsoChoice
+from partner_harvest.iiif.stream import StreamError, choose, parse_collection, parse_page, parse_time
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "iiif"
 
@@ -44,7 +44,7 @@ def test_spec_page() -> None:
 def test_spec_negotiable_bare_see_also_takes_the_objects_format() -> None:
     page = parse_page(fixture("spec-negotiable.json"), "https://e.org/p")
     offer = page.items[0].see_also[0]
-    assert offer.url == "https://example.org/iiif/1/metadata.xml" and offer.format.startswith("application/ld+json")
+    assert offer.url == "https://example.org/iiif/1/metadata.xml" and (offer.format or "").startswith("application/ld+json")
     assert choose(page.items[0].see_also, (SeeAlsoChoice(prefix="linked_art", format="application/ld+json"),))
 
 
@@ -74,7 +74,7 @@ def test_end_time_is_only_a_should_and_unknown_entries_are_counted() -> None:
     ("2026-01-05T08:00:01", datetime(2026, 1, 5, 8, 0, 1, tzinfo=timezone.utc)),
     ("yesterday", None),
 ])
-def test_times(text, expected) -> None:
+def test_times(text: str, expected: datetime | None) -> None:
     assert parse_time(text) == expected
 
 

@@ -8,6 +8,7 @@ import socket
 import threading
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 import requests
@@ -33,7 +34,7 @@ class FlakyServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args) -> None:
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -57,7 +58,7 @@ def test_retry_counter_counts_up_to_the_configured_retries(caplog: pytest.LogCap
             assert session.get(server.url).status_code == 200
     finally:
         server.close()
-    counters = [re.search(r"retry (\d+) of (\S+) in", line).groups() for line in retry_lines(caplog)]
+    counters = [found.groups() for line in retry_lines(caplog) if (found := re.search(r"retry (\d+) of (\S+) in", line))]
     assert counters == [("1", "3"), ("2", "3"), ("3", "3")]  # was "retry 2 of 2", "retry 3 of 1"
 
 

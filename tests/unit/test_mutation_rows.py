@@ -11,14 +11,17 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
 _SCRIPT = Path(__file__).resolve().parents[1] / "mutation_check.py"
 
 
-def _module():
+def _module() -> ModuleType:
     spec = importlib.util.spec_from_file_location("mutation_check", _SCRIPT)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up while it loads
     spec.loader.exec_module(module)
@@ -36,7 +39,7 @@ def test_an_indented_text_counts_only_from_the_start_of_a_line() -> None:
 
 
 @pytest.mark.parametrize("row", mutation_check.MUTATIONS, ids=lambda row: row.id)
-def test_every_mutation_row_finds_its_text_exactly_once(row) -> None:
+def test_every_mutation_row_finds_its_text_exactly_once(row: Any) -> None:  # a mutation_check.Mutation
     source = (mutation_check.ROOT / mutation_check.LIB / row.file).read_text(encoding="utf-8")
     for find, _ in row.edits:
         assert mutation_check._occurrences(source, find) == 1, f"{row.id}: update the row and tests/INVARIANTS.md"

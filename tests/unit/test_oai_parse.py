@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 from lxml import etree
@@ -33,7 +35,17 @@ def fixture(name: str) -> bytes:
     return (FIXTURES / name).read_bytes()
 
 
-def by_id(items: list) -> dict:
+T = TypeVar("T")
+
+
+def of(kind: type[T], items: Iterable[object]) -> list[T]:
+    """`items`, each of which must be a `kind` (a list page holds one kind per verb)."""
+    found = list(items)
+    assert all(isinstance(item, kind) for item in found), found
+    return [item for item in found if isinstance(item, kind)]
+
+
+def by_id(items: Iterable[Any]) -> dict[str, Any]:
     return {item.identifier: item for item in items}
 
 
@@ -169,7 +181,7 @@ def test_metadata_formats() -> None:
 
 def test_list_sets_with_hierarchy_and_token() -> None:
     page = parse.parse_list_sets(fixture("list_sets.xml"))
-    assert [(s.spec, s.name) for s in page.items] == [
+    assert [(s.spec, s.name) for s in of(parse.OaiSet, page.items)] == [
         ("paintings", "Paintings"),
         ("paintings:dutch", "Dutch paintings"),
         ("prints", None),
@@ -286,7 +298,7 @@ def test_empty_token_with_attributes_means_last_page_but_keeps_counts() -> None:
     assert page.complete_list_size == 5
     assert page.cursor == 3
     assert page.expiration_date == "2099-12-31T23:59:59Z"
-    assert [h.identifier for h in page.items] == [
+    assert [h.identifier for h in of(parse.OaiHeader, page.items)] == [
         "oai:collections.example.org:obj-4",
         "oai:collections.example.org:obj-5",
     ]
@@ -309,7 +321,7 @@ def test_token_text_with_slashes_survives() -> None:
 
 def test_list_identifiers_headers() -> None:
     page = parse.parse_list_identifiers(fixture("list_identifiers_page1.xml"))
-    first, deleted, broken = page.items
+    first, deleted, broken = of(parse.OaiHeader, page.items)
     assert first == parse.OaiHeader(
         "oai:collections.example.org:obj-1", "2024-01-03T12:00:00Z", False, ("prints",)
     )
@@ -325,7 +337,7 @@ def test_list_identifiers_headers() -> None:
 def test_list_records_page() -> None:
     page = parse.parse_list_records(fixture("list_records_page1.xml"), "oai_dc")
     assert [type(i) for i in page.items] == [Tombstone, Record, Record]
-    gone, harbour, lemons = page.items
+    gone, (harbour, lemons) = page.items[0], of(Record, page.items[1:])
     assert gone == Tombstone("oai:collections.example.org:obj-17", datetime(2024, 3, 2, 9, 15, tzinfo=UTC))
     assert harbour.identifier == "oai:collections.example.org:obj-18"
     assert harbour.datestamp == datetime(2024, 3, 2, 10, tzinfo=UTC)
@@ -339,18 +351,17 @@ def test_list_records_page() -> None:
 
 def test_record_metadata_is_the_standalone_payload() -> None:
     page = parse.parse_list_records(fixture("list_records_page1.xml"), "oai_dc")
-    record = page.items[1]
+    record, other = of(Record, page.items[1:])
     payload = etree.fromstring(record.metadata.encode("utf-8"))
     assert payload.tag == "{http://www.openarchives.org/OAI/2.0/oai_dc/}dc"
     assert record.metadata.startswith("<oai_dc:dc")
     assert record.metadata.endswith("</oai_dc:dc>")  # no tail whitespace, no <about>
-    assert "provenance" not in page.items[2].metadata
+    assert "provenance" not in other.metadata
 
 
 def test_prefixed_oai_namespace_and_dc_declared_only_on_root() -> None:
     page = parse.parse_list_records(fixture("list_records_prefixed_ns.xml"), "oai_dc")
-    assert [type(i) for i in page.items] == [Record, Record]
-    record = page.items[0]
+    record, _ = of(Record, page.items)
     assert record.identifier == "oai:library.example.fr:doc/ark:/99999/x1"
     assert record.datestamp == datetime(2023, 11, 19, tzinfo=UTC)
     assert record.title == "Carte de la région, 1788"
@@ -364,7 +375,7 @@ def test_prefixed_oai_namespace_and_dc_declared_only_on_root() -> None:
 def test_millisecond_and_offset_datestamps() -> None:
     page = parse.parse_list_records(fixture("list_records_milliseconds.xml"), "oai_dc")
     record, gone = page.items
-    assert record.datestamp == datetime(2022, 5, 9, 8, 21, 47, 485000, tzinfo=UTC)
+    assert isinstance(record, Record) and record.datestamp == datetime(2022, 5, 9, 8, 21, 47, 485000, tzinfo=UTC)
     assert gone == Tombstone("oai:dspace.example.ac.uk:10023/502", datetime(2022, 5, 9, 8, 21, 47, tzinfo=UTC))
     assert page.response_date == datetime(2022, 5, 10, 11, 14, 3, 118000, tzinfo=UTC)
 
@@ -417,9 +428,9 @@ def test_deleted_header_without_identifier_is_rejected_not_dropped() -> None:
 def test_invalid_characters_are_cleaned_and_the_page_flagged() -> None:
     page = parse.parse_list_records(fixture("control_chars.xml"), "oai_dc")
     assert page.cleaned is True
-    assert [type(i) for i in page.items] == [Record, Record]
-    assert page.items[0].title == "Verticaltab in a title"
-    assert page.items[1].title == "Non-character in España"
+    first, second = of(Record, page.items)
+    assert first.title == "Verticaltab in a title"
+    assert second.title == "Non-character in España"
     assert page.token == "ctl-page-2"
 
 
@@ -462,7 +473,7 @@ def test_a_crashing_format_rejects_the_record_not_the_page(monkeypatch: pytest.M
     monkeypatch.setitem(formats.FORMATS, "boom", Exploding())
     page = parse.parse_list_records(fixture("list_records_page1.xml"), "boom")
     assert [type(i) for i in page.items] == [Tombstone, Rejected, Rejected]
-    assert "validator bug" in page.items[1].reason
+    assert "validator bug" in of(Rejected, page.items[1:])[0].reason
 
 
 # -- GetRecord ---------------------------------------------------------------------------
@@ -510,14 +521,14 @@ def big_page(n: int) -> bytes:
         '<?xml version="1.0" encoding="UTF-8"?><OAI-PMH xmlns="http://www.openarchives.org/OAI/2.0/">'
         "<responseDate>2024-01-02T00:00:00Z</responseDate><request verb=\"ListRecords\">x</request>"
         f"<ListRecords>{body}<resumptionToken cursor=\"0\">next</resumptionToken></ListRecords></OAI-PMH>"
-    ).encode("utf-8")
+    ).encode()
 
 
 def test_a_500_record_page_parses_every_record() -> None:
     """Speed is measured in benchmarks/; here only that a big page comes out whole."""
     page = parse.parse_list_records(big_page(500), "oai_dc")
-    assert len(page.items) == 500 and all(isinstance(i, Record) for i in page.items)
-    assert [i.identifier for i in page.items[:2]] == ["oai:example.org:0", "oai:example.org:1"]
+    records = of(Record, page.items)
+    assert len(records) == 500 and [i.identifier for i in records[:2]] == ["oai:example.org:0", "oai:example.org:1"]
 
 
 # -- the token guessed from raw bytes (pipelining asks for the next page on it) -----------

@@ -13,6 +13,8 @@ import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "plugins" / "partner_harvest"
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
@@ -95,7 +97,7 @@ def test_the_tested_pins_lie_inside_the_declared_ranges() -> None:
     assert outside == {}
 
 
-def test_installed_package_finds_the_registry_under_airflow_home(tmp_path, monkeypatch) -> None:
+def test_installed_package_finds_the_registry_under_airflow_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from partner_harvest import registry
 
     monkeypatch.delenv("HARVEST_PARTNERS_FILE", raising=False)

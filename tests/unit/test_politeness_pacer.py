@@ -1,4 +1,4 @@
-"""The pacer's own rules (issue 26 item 2), against a store that records what it was asked."""
+"""The pacer's own rules, against a store that records what it was asked."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 28: a task or parse process forked by an Airflow process inherits the library and the
+"""A task or parse process forked by an Airflow process inherits the library and the
 registry instead of importing and parsing them again (about a third of a quiet night's CPU).
 
 Airflow loads plugins when a job starts, before the scheduler forks its LocalExecutor workers

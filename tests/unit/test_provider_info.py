@@ -13,8 +13,9 @@ from urllib.parse import unquote
 import pytest
 
 from partner_harvest.airflow import hooks, lineage, provider
-from partner_harvest.factory import build_adapter
-from tests.support.partners import oai_partner, sierra_partner
+from partner_harvest.oai.harvester import OaiAdapter
+from partner_harvest.sierra.harvester import SierraAdapter
+from tests.support.partners import built, oai_partner, sierra_partner
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
@@ -85,18 +86,19 @@ def _conn(monkeypatch: pytest.MonkeyPatch, conn_id: str, **fields: object) -> No
 
 
 @pytest.mark.parametrize("conn_type", ["http", "oai_pmh"])
-def test_an_oai_pmh_partner_reads_http_and_oai_pmh_connections_alike(monkeypatch, conn_type: str, tmp_path) -> None:
+def test_an_oai_pmh_partner_reads_http_and_oai_pmh_connections_alike(monkeypatch: pytest.MonkeyPatch, conn_type: str,
+                                                                     tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text("not parsed here")
     _conn(monkeypatch, "partner_museum", conn_type=conn_type, host="https://museum.example/oai",
           extra={"verify": str(ca), "proxies": {"https": "http://user:pw@proxy.example:3128"}})
     endpoint = hooks.hook_for("oai-pmh", "partner_museum").endpoint()
     assert endpoint.base_url == "https://museum.example/oai"
-    session = build_adapter(oai_partner("museum"), endpoint).client.session
+    session = built(OaiAdapter, oai_partner("museum"), endpoint).client.session
     assert session.verify == str(ca) and session.proxies == {"https": "http://user:pw@proxy.example:3128"}
 
 
-def test_the_form_fields_reach_the_session_and_empty_ones_mean_unset(monkeypatch, tmp_path) -> None:
+def test_the_form_fields_reach_the_session_and_empty_ones_mean_unset(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The Connections form saves a field left empty as null (tests/e2e/test_connections_page.py):
     a CA bundle of null (or "") read as "verification off" and was refused; it means the system's CAs."""
     cert, key = tmp_path / "client.pem", tmp_path / "client.key"
@@ -107,13 +109,13 @@ def test_the_form_fields_reach_the_session_and_empty_ones_mean_unset(monkeypatch
           extra={"verify": None, "cert": str(cert), "client_key": str(key), "proxy": "http://proxy.example:3128"})
     endpoint = hooks.hook_for("sierra", "partner_lib").endpoint()
     assert (endpoint.login, endpoint.password) == ("key", "secret")
-    session = build_adapter(sierra_partner("lib", conn_id="partner_lib"), endpoint).client.session
+    session = built(SierraAdapter, sierra_partner("lib", conn_id="partner_lib"), endpoint).client.session
     assert session.verify is True
     assert session.cert == (str(cert), str(key))
     assert session.proxies == {"http": "http://proxy.example:3128", "https": "http://proxy.example:3128"}
 
 
-def test_a_connection_of_the_other_protocols_type_is_refused(monkeypatch) -> None:
+def test_a_connection_of_the_other_protocols_type_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     _conn(monkeypatch, "partner_lib", conn_type="oai_pmh", host="https://lib.example/iii/sierra-api")
     with pytest.raises(ValueError, match="type 'oai_pmh'; a Sierra ILS partner takes one of type http, sierra"):
         hooks.hook_for("sierra", "partner_lib").endpoint()
@@ -126,14 +128,14 @@ def test_an_empty_form_field_is_unset(empty: object) -> None:
 
 
 def test_a_connection_saved_by_the_form_with_the_ca_bundle_left_empty_verifies_with_the_system_cas(
-        monkeypatch) -> None:
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression: the Connections form saves the fields left empty as null; read whole, the
     extras' ``"verify": null`` was taken for "verification off" and the partner refused."""
     from partner_harvest.airflow.connections import partner_endpoint
 
     _conn(monkeypatch, "partner_museum", conn_type="http", host="https://museum.example/oai",
           extra={"verify": None, "cert": None, "proxy": None})
-    session = build_adapter(oai_partner("museum"), partner_endpoint("partner_museum")).client.session
+    session = built(OaiAdapter, oai_partner("museum"), partner_endpoint("partner_museum")).client.session
     assert session.verify is True and session.cert is None and session.proxies == {}
 
 

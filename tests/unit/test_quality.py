@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from partner_harvest.quality import findings
 from partner_harvest.store.quality import RunFigures
@@ -12,8 +13,8 @@ NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
 PARTNER = oai_partner("p", quarantine_alert_rate=0.05, purge_alert_fraction=0.05, quiet_period=timedelta(days=7))
 
 
-def figures(**kw) -> RunFigures:
-    base = dict(fetched=100, purged=0, quarantined=0, held=1000, last_fetch_at=NOW, first_run_at=NOW - timedelta(days=30))
+def figures(**kw: Any) -> RunFigures:
+    base: dict[str, Any] = dict(fetched=100, purged=0, quarantined=0, held=1000, last_fetch_at=NOW, first_run_at=NOW - timedelta(days=30))
     base.update(kw)
     return RunFigures(**base)
 

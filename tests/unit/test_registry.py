@@ -121,7 +121,8 @@ def test_cursor_keys_are_unique_per_partner_and_channel() -> None:
 # -- options are typed ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("options,field,problem", [
-    ("{export: {limit: 2000, mapping: x}}", "options.export.mapping", "unknown field (known: limit, max_rate_limit_waits, max_sleep_seconds, params, rate_limit_wait)"),
+    ("{export: {limit: 2000, mapping: x}}", "options.export.mapping",
+     "unknown field (known: limit, max_rate_limit_waits, max_sleep_seconds, params, rate_limit_wait)"),
     ("{export: {limit: 0}}", "options.export.limit", "greater than or equal to 1"),
     ("{export: {params: {id: '[1,]'}}}", "options.export.params", "id are set by the harvester"),
     ("{export: {params: {locations: [a, b]}}}", "options.export.params.locations", ""),
@@ -131,7 +132,9 @@ def test_cursor_keys_are_unique_per_partner_and_channel() -> None:
     ("{sierra: {token_ttl: 5}}", "options.sierra.token_ttl", "unknown field"),
     ("{limits: {max_record_bytes: big}}", "options.limits.max_record_bytes", "valid integer"),
     ("{completeness: {list_identifiers: 'yes'}}", "options.completeness.list_identifiers", "valid boolean"),
-    ("{colour: blue}", "options.colour", "unknown field (known: completeness, content_check, export, files, http, iiif, limits, oai, politeness, reconcile, sierra, validation)"),
+    ("{colour: blue}", "options.colour",
+     "unknown field (known: completeness, content_check, export, files, http, iiif, limits, oai, politeness, reconcile, "
+     "sierra, validation)"),
     ("{validation: {marc.no_01: warn}}", "options.validation", "unknown validation check 'marc.no_01'; known checks:"),
     ("{validation: {store.unstorable: warn}}", "options.validation", "cannot be overridden"),
     ("{validation: {marc.no_001: ignore}}", "options.validation", "must be reject or warn"),
@@ -177,8 +180,8 @@ def test_every_http_policy_field_is_an_allowed_option(tmp_path: Path) -> None:
     from partner_harvest.transport import HttpPolicy
 
     policy = HttpPolicy()
-    path = write(tmp_path, "partners:\n  - {id: m, protocol: oai-pmh, conn_id: c, options: {http: %s}}\n"
-                 % policy.model_dump_json())
+    path = write(tmp_path, "partners:\n  - {id: m, protocol: oai-pmh, conn_id: c, options: {http: "
+                 + policy.model_dump_json() + "}}\n")
     (partner,) = load_partners(path)
     assert partner.options.http == policy and partner.options.http.model_fields_set == set(HttpPolicy.model_fields)
 
@@ -318,4 +321,4 @@ def test_a_registry_shaped_mapping_parses_like_the_file() -> None:
                                             {"id": "bad", "protocol": "oai-pmh", "conn_id": "c", "lag": "soon"}]})
     assert [p.id for p in registry.partners] == ["m"] and registry.partners[0].set_spec == "s"
     assert [(e.partner, e.field) for e in registry.errors] == [("bad", "lag")]
-    assert Partner(id="m", protocol="oai-pmh", conn_id="c", set="s") == registry.partners[0]
+    assert Partner.model_validate({"id": "m", "protocol": "oai-pmh", "conn_id": "c", "set": "s"}) == registry.partners[0]

@@ -1,4 +1,4 @@
-"""Issue 28: the registry is read once per process, and the DAGs split into stable shards.
+"""The registry is read once per process, and the DAGs split into stable shards.
 
 A task process parsed the DAG file (one registry load) and then called ``get_partner()``
 without a cache in four of its six tasks: at 1,000 partners 0.4 CPU-s a load, more than

@@ -1,4 +1,4 @@
-"""Issue 28 item 3: each partner's start spread over its registry window, deterministically by id."""
+"""Each partner's start spread over its registry window, deterministically by id."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Sierra id enumeration fetches its next page while the current one is copied (issue 9 item 8).
+"""The Sierra id enumeration fetches its next page while the current one is copied.
 
 ``one_ahead`` runs the page iterator in a second thread, never more than one page ahead
 of its consumer, and raises the iterator's errors at the page they belong to.
@@ -7,6 +7,7 @@ of its consumer, and raises the iterator's errors at the page they belong to.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -17,7 +18,7 @@ def test_the_next_page_is_fetched_while_the_current_one_is_used_and_never_more()
     used = 0
     fetching = [threading.Event() for _ in range(5)]
 
-    def pages():
+    def pages() -> Iterator[int]:
         for number in range(4):
             fetching[number].set()
             assert number <= used + 1, f"page {number} fetched while page {used} was still unused"
@@ -33,7 +34,7 @@ def test_the_next_page_is_fetched_while_the_current_one_is_used_and_never_more()
 
 
 def test_an_error_of_the_iterator_is_raised_at_its_page() -> None:
-    def pages():
+    def pages() -> Iterator[int]:
         yield 1
         raise RuntimeError("rate limited")
 

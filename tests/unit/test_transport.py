@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from email.utils import format_datetime
 from datetime import datetime, timedelta, timezone
+from email.utils import format_datetime
+from pathlib import Path
 
 import pytest
-
+from requests.adapters import HTTPAdapter
 from urllib3.response import HTTPResponse
+from urllib3.util.retry import Retry
 
-from partner_harvest.transport import HttpPolicy, ServerAsksToWait, Transport, build_session, origin
+from partner_harvest.transport import CappedRetry, HttpPolicy, ServerAsksToWait, Transport, build_session, origin
 
 
-def retry_of(policy: HttpPolicy):
-    session = build_session("p", policy)
-    return session.get_adapter("http://x").max_retries
+def retry_of(policy: HttpPolicy) -> Retry:
+    adapter = build_session("p", policy).get_adapter("http://x")
+    assert isinstance(adapter, HTTPAdapter)
+    return adapter.max_retries
 
 
 def test_retry_after_seconds_and_cap() -> None:
@@ -35,7 +38,9 @@ def test_session_defaults() -> None:
     session = build_session("p", HttpPolicy(connect_timeout=3, read_timeout=9, retries=4))
     assert session.default_timeout == (3, 9)
     assert "gzip" in session.headers["Accept-Encoding"]
-    retry = session.get_adapter("https://x").max_retries
+    adapter = session.get_adapter("https://x")
+    assert isinstance(adapter, HTTPAdapter) and isinstance(adapter.max_retries, CappedRetry)
+    retry = adapter.max_retries
     assert retry.total == 4 and 503 in retry.status_forcelist and 429 in retry.status_forcelist
     assert retry.respect_retry_after_header and retry.new().retry_after_cap == retry.retry_after_cap
     assert session.verify is True and session.cert is None and session.proxies == {}
@@ -82,7 +87,7 @@ def test_origin_fills_in_default_ports() -> None:
     assert origin("http://127.0.0.1:8080/oai") == ("http", "127.0.0.1", 8080)
 
 
-def test_transport_from_connection_extras(tmp_path) -> None:
+def test_transport_from_connection_extras(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text("-")
     assert Transport.from_extra(None) == Transport()

@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
 from partner_harvest.window import (
-    DAY, SECONDS, Window, WindowError, next_cursor, parse_instant, plan_window,
+    DAY,
+    SECONDS,
+    Window,
+    WindowError,
+    WindowFacts,
+    next_cursor,
+    parse_instant,
+    plan_window,
 )
 
 CLOCK = datetime(2026, 5, 10, 14, 33, 27, 123456, tzinfo=timezone.utc)
 LAG = timedelta(minutes=10)
 
 
-def plan(**kw):
-    args = dict(mode="incremental", partner_clock=CLOCK, granularity=SECONDS, lag=LAG, cursor_until=None)
+def plan(**kw: Any) -> Window:
+    args: dict[str, Any] = dict(mode="incremental", partner_clock=CLOCK, granularity=SECONDS, lag=LAG, cursor_until=None)
     args.update(kw)
     return plan_window(**args)
 
@@ -41,7 +49,7 @@ def test_day_granularity_floors_both_bounds() -> None:
 
 def test_partner_clock_behind_cursor_never_gives_from_after_until() -> None:
     window = plan(cursor_until=CLOCK + timedelta(days=2))
-    assert window.from_ <= window.until
+    assert window.from_ is not None and window.from_ <= window.until
 
 
 def test_full_and_window_modes_never_advance() -> None:
@@ -71,7 +79,7 @@ def test_cursor_moves_forward_only() -> None:
 
 def test_window_round_trips_through_xcom_dict() -> None:
     window = plan(cursor_until=CLOCK - timedelta(days=1))
-    window = Window(window.mode, window.from_, window.until, window.granularity, True, {"metadata_prefix": "lido"})
+    window = Window(window.mode, window.from_, window.until, window.granularity, True, WindowFacts(metadata_prefix="lido"))
     assert Window.from_dict(window.to_dict()) == window
 
 

@@ -197,7 +197,7 @@ def test_other_errors_are_not_retried() -> None:
     assert "after removing" not in info.value.cause
 
 
-# -- size limits (issue 11): refused with a clear cause, before memory is spent --------------
+# -- size limits: refused with a clear cause, before memory is spent --------------
 
 
 def test_nesting_deeper_than_libxml2_allows_is_a_limit_error() -> None:

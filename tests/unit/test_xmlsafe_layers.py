@@ -29,7 +29,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "oai"
 class Tripwire:
     """A FIFO that records whether anything opened it for reading."""
 
-    def __init__(self, directory: Path, content: str):
+    def __init__(self, directory: Path, content: str) -> None:
         self.path = directory / "tripwire"
         os.mkfifo(self.path)
         self.opened = threading.Event()
@@ -113,8 +113,8 @@ def test_the_after_parse_check_refuses_what_the_byte_scan_cannot_read(encoding: 
 def test_an_expansion_stopped_by_libxml2_is_named_hostile() -> None:
     """Billion laughs in UTF-16 passes the byte scan; libxml2 stops the amplification while
     parsing, and the error must say attack, not just "malformed"."""
-    body = (FIXTURES / "billion_laughs.xml").read_text(encoding="utf-8")
-    body = body.replace('<?xml version="1.0"?>', '<?xml version="1.0" encoding="UTF-16"?>').encode("utf-16")
+    text = (FIXTURES / "billion_laughs.xml").read_text(encoding="utf-8")
+    body = text.replace('<?xml version="1.0"?>', '<?xml version="1.0" encoding="UTF-16"?>').encode("utf-16")
     with pytest.raises(HostileXmlError, match="expansion") as info:
         parse_xml(body)
     assert not isinstance(info.value, MalformedXmlError)

@@ -1,7 +1,8 @@
 """``python -m include.simulators.oai_pmh``: a museum's OAI-PMH endpoint as a process.
 
 Benchmarks and the demo start it like this (start-up line and shutdown: see
-``include.simulators.cli``), then drive it through ``POST /_control/<action>``.
+``include.simulators.cli``), then drive it through ``POST /_control/<action>``. Every
+switch of `OaiFaults` is an option too (``--token-markup``, ``--list-size``, ...).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from ..cli import add_listen_arguments, serve_until_signalled, simulator_parser
+from ..faults import add_fault_arguments, faults_from_arguments
 from .collection import (
     DELETED_POLICIES,
     EARLIEST_DATESTAMPS,
@@ -19,7 +21,8 @@ from .collection import (
     SPREADS,
     SimulatedRepository,
 )
-from .server import LIST_SIZES, TOKEN_MARKUPS, OaiSimulator
+from .faults import OaiFaults
+from .server import OaiSimulator
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,24 +34,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--formats", default="oai_dc,lido", help="comma-separated metadata prefixes")
     parser.add_argument("--deleted-record", choices=DELETED_POLICIES, default="persistent")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--token-markup", choices=TOKEN_MARKUPS, default="plain",
-                        help="how list pages write their resumptionToken")
     parser.add_argument("--invalid-every", type=int, default=0)
     parser.add_argument("--deleted-outside-sets", action="store_true",
                         help="deleted records belong to no set (set-restricted lists omit their tombstones)")
     parser.add_argument("--earliest-datestamp", choices=EARLIEST_DATESTAMPS, default="true",
                         help="what Identify announces: the truth, a time after half the records (late), "
                              "no element (absent), or the epoch")
-    parser.add_argument("--list-size", choices=LIST_SIZES, default="exact",
-                        help="completeListSize on resumptionTokens: exact, or omitted (it is optional)")
     parser.add_argument("--spread", choices=SPREADS, default="uniform",
                         help="datestamps over the year: uniform, or clustered in a few bursts and a partial trickle")
     parser.add_argument("--list-order", choices=LIST_ORDERS, default="identifier",
                         help="the order lists return records in: by identifier, or by datestamp")
-    parser.add_argument("--response-delay-ms", type=float, default=0.0,
-                        help="every OAI response waits this long first (POST /_control/response_delay changes it)")
     parser.add_argument("--mutation-step", type=float, default=60.0, help="seconds per mutation call")
     add_listen_arguments(parser)
+    add_fault_arguments(parser, OaiFaults)
     return parser
 
 
@@ -62,9 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         deleted_in_sets=not args.deleted_outside_sets, earliest_datestamp=args.earliest_datestamp,
         spread=args.spread, list_order=args.list_order,
     )
-    return serve_until_signalled(OaiSimulator(repo, host=args.host, port=args.port,
-                                              response_delay_ms=args.response_delay_ms,
-                                              token_markup=args.token_markup, list_size=args.list_size))
+    faults = faults_from_arguments(args, OaiFaults)
+    return serve_until_signalled(OaiSimulator(repo, host=args.host, port=args.port, faults=faults))
 
 
 if __name__ == "__main__":

@@ -42,9 +42,9 @@ EARLIEST_DATESTAMPS = ("true", "late", "absent", "epoch")
 # How from/until are compared with the stored stamps (I13): at the granularity, as OAI-PMH
 # says (an until covers its whole second or day), or "raw": the repository stores sub-second
 # stamps (it reports them truncated) and compares them with the argument as given, so
-# until=m excludes a record stored at m + 0.5 s, and from=m + 1 s excludes it too (issue 23).
+# until=m excludes a record stored at m + 0.5 s, and from=m + 1 s excludes it too.
 STAMP_COMPARISONS = ("granular", "raw")
-# How the records' datestamps spread over the year before the clock (I13, issue 28):
+# How the records' datestamps spread over the year before the clock (I13):
 # "uniform", or "clustered": a few bursts (a migration, a bulk edit) hold most records and
 # a trickle fills only part of the year, so equal time ranges hold very unequal counts;
 # the seed varies the bursts' number, places, widths and shares.
@@ -434,6 +434,13 @@ class SimulatedRepository(SimulatedModel[str]):
         alias, content = self._aliases.get(i, ("", 0))
         return Record(number, self._stamp[i], self._version[i], state == TOMBSTONE, self._kind[i],
                       self.is_invalid(content or number), alias, content)
+
+    def __getitem__(self, identifier: str) -> Record:
+        """`get` for one that exists: KeyError when there is none."""
+        found = self.get(identifier)
+        if found is None:
+            raise KeyError(identifier)
+        return found
 
     def get(self, identifier: str) -> Record | None:
         """The live record or tombstone, or None (unknown, or vanished under 'no')."""

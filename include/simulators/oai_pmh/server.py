@@ -4,7 +4,8 @@ Strict about arguments (so tests catch sloppy clients), quick to render (so a
 harvest benchmark measures the client), and able to misbehave on demand the way
 real partner endpoints do: expired or repeating tokens, empty pages, 503s with
 Retry-After, HTML or truncated bodies, hostile DTDs, offset paging that re-runs the
-query on every page, and staff edits between the pages of a list.
+query on every page, and staff edits between the pages of a list. Every such fault is a
+field of `OaiFaults` (``faults.py``), read where it takes effect.
 """
 
 from __future__ import annotations
@@ -32,30 +33,12 @@ from ..control import CONTROL_PREFIX, ControlledServer
 from ..loopback import TEXT_TYPE, LoopbackHandler, Response, query_log_form, status_phrase
 from . import payloads
 from .collection import ID_PREFIX, LEAF_SPECS_BY_KIND, SET_SPECS_BY_KIND, SETS, SimulatedRepository, parse_oai_date
+from .faults import FAULT_ACTIONS, TOKEN_MARKUPS, Attack, Credentials, Failure, Mutation, OaiFaults
 
 OAI_NS = "http://www.openarchives.org/OAI/2.0/"
 XML_CONTENT_TYPE = "text/xml; charset=utf-8"
 HTML_CONTENT_TYPE = "text/html; charset=utf-8"
-HOSTILE_KINDS = ("billion_laughs", "xxe")
-# How the resumptionToken element is written. Real servers differ: whitespace around the
-# token, CDATA, character references, comments mentioning a token (a harvester that reads
-# the token off the raw bytes must not be misled). "varied" rotates the first five page by
-# page; "stale-comment" leaves an old token in a comment on the last page, where the
-# element is absent.
-TOKEN_MARKUPS = ("plain", "padded", "charrefs", "cdata", "decoy", "varied", "stale-comment")
-# completeListSize is optional (OAI-PMH 2.0, 3.5): a real repository may leave it out (I13).
-# "understated": a tenth of the list (a broken count, or a chain that never ends)
-LIST_SIZES = ("exact", "omitted", "understated")
-# How a repository refuses a list request whose window it finds too large (users of other
-# harvesters report HTTP 413 "please restrict the request period" from a national library
-# and 422 on monthly windows from a research repository; others answer badArgument).
-WINDOW_REFUSALS = ("413", "422", "badArgument")
-# The credential forms a repository may require (docs/operator/connections.md): HTTP Basic,
-# a Bearer token, a header of its own (Axiell's Token), a query parameter (FOLIO's apikey).
-CREDENTIAL_FORMS = ("basic", "bearer", "header", "query")
 _ROTATION = TOKEN_MARKUPS[:5]
-# attack_next: bodies that try to exhaust the harvesting worker rather than fool its parser.
-ATTACK_KINDS = ("gzip_bomb", "endless_body", "slow_drip", "deep_xml", "wide_xml", "many_attributes")
 _ATTACK_SIZES = {"gzip_bomb": 1 << 30, "deep_xml": 100_000, "wide_xml": 5_000_000,
                  "many_attributes": 5_000_000}
 _XML_HEAD = (
@@ -100,8 +83,7 @@ class _Chain:
     pages_served: int = 0
     # Re-query mode: (from, until, set) re-run on every page against the current state.
     query: tuple[str | None, str | None, str | None] | None = None
-    # Staff edits between pages: (pages served first, mutation spec), applied once.
-    mutate_after: tuple[int, dict[str, Any]] | None = None
+    mutate_after: Mutation | None = None  # staff edits between pages, applied once
     end_after: int | None = None  # the list stops short: no token after this many pages
 
 
@@ -176,116 +158,49 @@ def _json(status: int, payload: dict[str, Any]) -> Response:
     return Response(status, json.dumps(payload).encode(), "application/json")
 
 
-class OaiSimulator(ControlledServer):
+class OaiSimulator(ControlledServer[OaiFaults]):
     """Serve `repo` as an OAI-PMH repository on loopback; use as a context manager.
 
+    `faults` (or its fields as keywords: ``token_markup="cdata"``) are the switches it
+    starts with; ``set_faults`` and ``POST /_control/faults`` change them while it runs.
     ``keep_alive_timeout``: idle keep-alive connections close after this many seconds,
     as Apache's default 5 (loopback.py; None: never)."""
 
     _base_path = "/oai"
     _thread_prefix = "oai-simulator"
     _json_reply = staticmethod(_json)
+    _fault_actions = FAULT_ACTIONS
 
     def __init__(self, repo: SimulatedRepository, host: str = "127.0.0.1", port: int = 0, *,
                  token_lifetime: timedelta = timedelta(hours=1), max_chains: int = 64,
-                 response_delay_ms: float = 0.0, token_markup: str = "plain", list_size: str = "exact",
-                 keep_alive_timeout: float | None = 5.0) -> None:
-        super().__init__(host, port, _Handler, repo, keep_alive_timeout=keep_alive_timeout)
-        self.token_markup = "plain"
-        self.set_token_markup(token_markup)
-        if list_size not in LIST_SIZES:
-            raise ValueError(f"list_size must be one of {LIST_SIZES}")
-        self.list_size = list_size
+                 keep_alive_timeout: float | None = 5.0, faults: OaiFaults | None = None, **switches: Any) -> None:
+        super().__init__(host, port, _Handler, repo, (faults or OaiFaults()).changed(**switches),
+                         keep_alive_timeout=keep_alive_timeout)
         self.repo = repo
         self.token_lifetime = token_lifetime
         self.max_chains = max_chains
         self.requests_served = 0
-        self.response_delay_ms = 0.0
-        self._changed = threading.Condition(self._lock)  # in_flight or the delay changed
-        self.set_response_delay(response_delay_ms)
+        self._changed = threading.Condition(self._lock)  # in_flight or the faults changed
         self.in_flight = 0  # OAI requests being answered right now (over HTTP)
         self.max_in_flight = 0  # the most seen at once since start or reset_in_flight()
         self.arrivals: list[float] = []  # time.monotonic() of each OAI request's arrival (politeness tests)
         self._chains: OrderedDict[int, _Chain] = OrderedDict()
         self._next_chain = 1
         self._nonce = 0
-        self._token_padding = 0  # pad_tokens: bytes of filler each resumptionToken carries
-        self._fail_count = 0
-        self._fail_status = 503
-        self._fail_retry_after: str | None = None
-        self._html_next = False
-        self._broken_next = False
-        self._hostile_next: str | None = None
-        self._expire_after_pending: int | None = None
-        self._repeat_token = False
-        self._empty_pages = False
-        self._requery = False
-        self._mutate_pending: tuple[int, dict[str, Any]] | None = None
-        self._end_after_pending: int | None = None
         self.mutations: list[dict[str, list[str]]] = []  # what mutate_after_pages did, in order
-        self._attack: dict[str, Any] | None = None
-        # Real servers send OAI error bodies with non-200 statuses (a quiet window answered
-        # noRecordsMatch with HTTP 422): OAI error code -> the HTTP status it is served with.
-        self.error_statuses: dict[str, int] = {}
-        self._refuse_windows: tuple[int, str] | None = None  # (longest window in seconds, how)
-        self._credentials: tuple[str, str, str | None] | None = None  # (form, secret, login or name)
         self.refused_credentials = 0  # OAI requests answered 401 for missing or wrong credentials
-        self.broken_verbs: dict[str, int] = {}  # verb -> the HTTP status it always answers
-        self._delete_on_get: set[str] = set()  # records deleted when their GetRecord arrives
-        self.ignores_from = False  # list requests answer as if they carried no from (ignore_from)
-        self.announced_granularity: str | None = None  # what Identify declares, if not the truth
 
-    # ------------------------------------------------- access: credentials, broken routes
-    def require_credentials(self, form: str | None, secret: str = "", *, login: str | None = None,
-                            name: str | None = None) -> None:
-        """Answer OAI requests without the credential 401 (form None: none needed). ``basic``:
-        login and secret; ``bearer``: Authorization: Bearer; ``header``: header ``name``
-        carries it; ``query``: parameter ``name`` on every request, continuations too (it is
-        taken off before the OAI-PMH arguments are checked, as an API gateway in front does)."""
-        if form is not None and form not in CREDENTIAL_FORMS:
-            raise ValueError(f"form must be one of {CREDENTIAL_FORMS}")
-        with self._lock:
-            self._credentials = None if form is None else (form, secret, login if form == "basic" else name)
+    def _faults_changed(self) -> None:
+        self._changed.notify_all()  # a lowered response delay releases the requests waiting on it
 
-    def break_verb(self, verb: str, status: int | None = 500) -> None:
-        """``verb`` always answers HTTP ``status`` with an HTML page (None: served again), the
-        others as usual: a ListRecords that breaks while ListIdentifiers and GetRecord work,
-        a GetRecord route that answers 403."""
-        with self._lock:
-            if status is None:
-                self.broken_verbs.pop(verb, None)
-            else:
-                self.broken_verbs[verb] = int(status)
-
-    def ignore_from(self, on: bool = True) -> None:
-        """While on, ListRecords and ListIdentifiers accept ``from`` and list as if it were not
-        given (a repository whose database query drops the argument): every incremental
-        window lists everything up to ``until``."""
-        with self._lock:
-            self.ignores_from = on
-
-    def announce_granularity(self, granularity: str | None) -> None:
-        """Identify declares ``granularity`` ("day" or "seconds"; None: the repository's own)
-        while the lists keep accepting only the repository's: a day repository declaring
-        seconds answers a seconds-granular from with badArgument."""
-        if granularity is not None and granularity not in ("day", "seconds"):
-            raise ValueError("granularity must be day or seconds")
-        with self._lock:
-            self.announced_granularity = granularity
-
-    def delete_on_get(self, identifiers: list[str]) -> None:
-        """These records are deleted the moment their GetRecord arrives (one shot each): a
-        record listed by ListIdentifiers and gone by the GetRecord that follows."""
-        with self._lock:
-            self._delete_on_get.update(identifiers)
-
+    # ------------------------------------------------- access: credentials
     def admit(self, headers: Any, pairs: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], Response | None]:
         """The OAI arguments without a query credential, and the 401 a request without the
         required credential gets (None: admitted)."""
-        required = self._credentials
+        required = self.faults.credentials
         if required is None:
             return pairs, None
-        form, secret, name = required
+        form, secret, name = required.form, required.secret, required.name
         if form == "query":
             given = [value for key, value in pairs if key == name]
             pairs = [(key, value) for key, value in pairs if key != name]
@@ -304,15 +219,6 @@ class OaiSimulator(ControlledServer):
                                challenge)
 
     # ------------------------------------------------- latency and concurrency
-    def set_response_delay(self, ms: float) -> None:
-        """Every OAI response over HTTP waits `ms` milliseconds first (a slow repository
-        answers a page in 0.2-2 s); concurrent requests wait side by side."""
-        if ms < 0:
-            raise ValueError("response_delay_ms must be >= 0")
-        with self._changed:
-            self.response_delay_ms = float(ms)
-            self._changed.notify_all()
-
     def reset_in_flight(self) -> None:
         """Start counting the most concurrent requests afresh (from those in flight now)."""
         with self._lock:
@@ -360,7 +266,7 @@ class OaiSimulator(ControlledServer):
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             self._changed.notify_all()
             while not self._stopping.is_set():
-                remaining = self.response_delay_ms / 1000 - (time.monotonic() - started)
+                remaining = self.faults.response_delay_ms / 1000 - (time.monotonic() - started)
                 if remaining <= 0:
                     break
                 self._changed.wait(min(remaining, 0.2))  # 0.2: notice stop() too
@@ -374,49 +280,89 @@ class OaiSimulator(ControlledServer):
     def _in_flight_report(self) -> dict[str, Any]:
         with self._lock:
             return {"in_flight": self.in_flight, "max_in_flight": self.max_in_flight,
-                    "response_delay_ms": self.response_delay_ms}
+                    "response_delay_ms": self.faults.response_delay_ms}
 
     # --------------------------------------------------------- misbehaviour
+    # Shorthands for set_faults, in the words tests and benchmarks use (faults.py has the
+    # full story of each switch; a new fault needs none).
+    def set_response_delay(self, ms: float) -> None:
+        self.set_faults(response_delay_ms=ms)
+
     def expire_tokens(self) -> None:
         """Every outstanding resumption token becomes invalid now."""
         with self._lock:
             self._chains.clear()
 
     def expire_tokens_after(self, pages: int) -> None:
-        """The next token chain dies once it has served `pages` pages (one shot)."""
-        if pages < 1:
-            raise ValueError("pages must be >= 1")
-        with self._lock:
-            self._expire_after_pending = pages
+        self.set_faults(expire_tokens_after=pages)
 
     def fail_next(self, count: int, status: int = 503, retry_after: str | int | None = None) -> None:
-        """The next `count` OAI requests get `status` with a small HTML body."""
-        with self._lock:
-            self._fail_count = count
-            self._fail_status = status
-            self._fail_retry_after = None if retry_after is None else str(retry_after)
+        self.set_faults(fail_next=Failure(count=count, status=status, retry_after=retry_after))
 
     def set_error_status(self, code: str, status: int) -> None:
-        """Serve OAI errors with `code` under HTTP `status` instead of 200 (the body stays
-        the OAI-PMH error response); status 200 restores the protocol's own behaviour."""
-        with self._lock:
-            if status == 200:
-                self.error_statuses.pop(code, None)
-            else:
-                self.error_statuses[code] = status
+        self.change_faults(lambda faults: FAULT_ACTIONS["error_status"](faults, {"code": code, "status": status}))
 
     def refuse_windows_longer_than(self, seconds: int | None, how: str = "413") -> None:
-        """Refuse ListRecords/ListIdentifiers whose window (``from`` or the oldest record
-        to ``until`` or the clock) spans more than `seconds`: HTTP 413 or 422 with an HTML
-        page, or an OAI badArgument. None stops refusing."""
-        if how not in WINDOW_REFUSALS:
-            raise ValueError(f"how must be one of {WINDOW_REFUSALS}")
-        with self._lock:
-            self._refuse_windows = None if seconds is None else (int(seconds), how)
+        self.set_faults(refuse_windows=None if seconds is None else {"longer_than": seconds, "how": how})
+
+    def html_next(self) -> None:
+        self.set_faults(html_next=True)
+
+    def broken_next(self) -> None:
+        self.set_faults(broken_next=True)
+
+    def hostile_next(self, kind: str) -> None:
+        self.set_faults(hostile_next=kind)
+
+    def pad_tokens(self, size: int) -> None:
+        self.set_faults(token_padding=max(0, int(size)))
+
+    def set_token_markup(self, markup: str) -> None:
+        self.set_faults(token_markup=markup)
+
+    def repeat_token(self, on: bool = True) -> None:
+        self.set_faults(repeat_token=on)
+
+    def empty_pages_with_token(self, on: bool = True) -> None:
+        self.set_faults(empty_pages_with_token=on)
+
+    def requery_pages(self, on: bool = True) -> None:
+        self.set_faults(requery_pages=on)
+
+    def mutate_after_pages(self, pages: int, *, edit: int = 0, delete: int = 0,
+                           edit_ids: list[str] | None = None, delete_ids: list[str] | None = None,
+                           verb: str | None = None) -> None:
+        """What was done is appended to ``mutations``."""
+        self.set_faults(mutate_after_pages=Mutation(pages=pages, edit=edit, delete=delete, edit_ids=edit_ids,
+                                                    delete_ids=delete_ids, verb=verb))
+
+    def end_list_after(self, pages: int) -> None:
+        self.set_faults(end_list_after=pages)
+
+    def attack_next(self, kind: str, *, size: int | None = None, interval: float = 1.0,
+                    verb: str | None = None, headers: bool = False) -> None:
+        self.set_faults(attack_next=Attack(kind=kind, size=size, interval=interval, verb=verb, headers=headers))
+
+    def require_credentials(self, form: str | None, secret: str = "", *, login: str | None = None,
+                            name: str | None = None) -> None:
+        self.set_faults(credentials=None if form is None else Credentials(
+            form=form, secret=secret, name=login if form == "basic" else name))
+
+    def break_verb(self, verb: str, status: int | None = 500) -> None:
+        self.change_faults(lambda faults: FAULT_ACTIONS["break_verb"](faults, {"verb": verb, "status": status}))
+
+    def delete_on_get(self, identifiers: list[str]) -> None:
+        self.change_faults(lambda faults: {"delete_on_get": faults.delete_on_get | set(identifiers)})
+
+    def ignore_from(self, on: bool = True) -> None:
+        self.set_faults(ignore_from=on)
+
+    def announce_granularity(self, granularity: str | None) -> None:
+        self.set_faults(announced_granularity=granularity)
 
     def _window_refusal(self, pairs: list[tuple[str, str]]) -> Response | None:
         """The refusal of a too-large window, or None."""
-        refuse = self._refuse_windows
+        refuse = self.faults.refuse_windows
         args = dict(pairs)
         if refuse is None or args.get("verb") not in ("ListRecords", "ListIdentifiers") or "resumptionToken" in args:
             return None
@@ -426,7 +372,7 @@ class OaiSimulator(ControlledServer):
                 if "until" in args else self.repo.clock_epoch
         except ValueError:
             return None  # the protocol's own badArgument answers it
-        longest, how = refuse
+        longest, how = refuse.longer_than, refuse.how
         if high - low <= longest:
             return None
         text = f"please restrict the request period to at most {longest} seconds"
@@ -434,139 +380,28 @@ class OaiSimulator(ControlledServer):
             head = (f"{_XML_HEAD}<responseDate>{iso_seconds(self.repo.clock)}</responseDate>\n"
                     f"<request>{self.base_url}</request>\n")
             body = f'{head}<error code="badArgument">{text}</error>\n</OAI-PMH>\n'
-            return Response(self.error_statuses.get("badArgument", 200), body.encode(), XML_CONTENT_TYPE)
+            return Response(self.faults.error_statuses.get("badArgument", 200), body.encode(), XML_CONTENT_TYPE)
         html = f"<html><head><title>{how} {status_phrase(int(how))}</title></head><body><p>{text}</p></body></html>\n"
         return Response(int(how), html.encode(), HTML_CONTENT_TYPE)
 
-    def html_next(self) -> None:
-        """The next OAI request gets 200 text/html (a CMS error page)."""
-        with self._lock:
-            self._html_next = True
-
-    def broken_next(self) -> None:
-        """The next OAI request gets 200 with XML cut off in the middle of a record."""
-        with self._lock:
-            self._broken_next = True
-
-    def hostile_next(self, kind: str) -> None:
-        """The next OAI response carries a hostile DTD: "billion_laughs" or "xxe"."""
-        if kind not in HOSTILE_KINDS:
-            raise ValueError(f"kind must be one of {HOSTILE_KINDS}")
-        with self._lock:
-            self._hostile_next = kind
-
-    def pad_tokens(self, size: int) -> None:
-        """Every resumptionToken from now on carries ``size`` bytes of filler (0: none).
-
-        Nothing in OAI-PMH bounds a token's length: a hostile (or careless) repository may
-        hand out megabytes a page, each one distinct (issue 23).
-        """
-        self._token_padding = max(0, int(size))
-
-    def set_token_markup(self, markup: str) -> None:
-        """How list pages write their resumptionToken (TOKEN_MARKUPS)."""
-        if markup not in TOKEN_MARKUPS:
-            raise ValueError(f"token markup must be one of {TOKEN_MARKUPS}")
-        with self._lock:
-            self.token_markup = markup
-
-    def repeat_token(self, on: bool = True) -> None:
-        """While on, continuation pages hand back the very token they were asked with."""
-        with self._lock:
-            self._repeat_token = on
-
-    def empty_pages_with_token(self, on: bool = True) -> None:
-        """While on, list responses hold no records but always a fresh token."""
-        with self._lock:
-            self._empty_pages = on
-
-    def requery_pages(self, on: bool = True) -> None:
-        """While on, new list chains re-run their query on every page (offset paging).
-
-        Many database-backed servers keep no snapshot: the token holds the arguments and
-        an offset. A record edited past ``until``, or vanished, mid-list then drops out
-        and shifts every later record back by one, so one of them is never served.
-        """
-        with self._lock:
-            self._requery = on
-
-    def mutate_after_pages(self, pages: int, *, edit: int = 0, delete: int = 0,
-                           edit_ids: list[str] | None = None, delete_ids: list[str] | None = None,
-                           verb: str | None = None) -> None:
-        """Staff work during a harvest: once the next list chain (of `verb`, if given) has
-        served `pages` pages, edit/delete records before serving the next one (one shot).
-        What was done is appended to ``mutations``."""
-        if pages < 1:
-            raise ValueError("pages must be >= 1")
-        spec = {"edit": edit, "delete": delete, "edit_ids": list(edit_ids or ()),
-                "delete_ids": list(delete_ids or ()), "verb": verb}
-        with self._lock:
-            self._mutate_pending = (pages, spec)
-
-    def end_list_after(self, pages: int) -> None:
-        """The next list chain ends silently after `pages` pages: no resumptionToken,
-        while completeListSize still counts the whole list (one shot)."""
-        if pages < 1:
-            raise ValueError("pages must be >= 1")
-        with self._lock:
-            self._end_after_pending = pages
-
-    def _mutate(self, spec: dict[str, Any]) -> None:
+    def _mutate(self, spec: Mutation) -> None:
         repo = self.repo
         edited: list[str] = []
         deleted: list[str] = []
         with repo.lock:  # the next page sees all of it
-            if spec["edit"]:
-                edited += repo.edit(spec["edit"])
-            if spec["edit_ids"]:
-                edited += repo.edit_ids(spec["edit_ids"])
-            if spec["delete"]:
-                deleted += repo.delete(spec["delete"])
-            if spec["delete_ids"]:
-                deleted += repo.delete_ids(spec["delete_ids"])
+            if spec.edit:
+                edited += repo.edit(spec.edit)
+            if spec.edit_ids:
+                edited += repo.edit_ids(list(spec.edit_ids))
+            if spec.delete:
+                deleted += repo.delete(spec.delete)
+            if spec.delete_ids:
+                deleted += repo.delete_ids(list(spec.delete_ids))
         with self._lock:
             self.mutations.append({"edited": edited, "deleted": deleted})
 
-    def _take_misbehaviour(self) -> tuple[str, Any]:
-        if self._fail_count > 0:
-            self._fail_count -= 1
-            return "fail", (self._fail_status, self._fail_retry_after)
-        if self._html_next:
-            self._html_next = False
-            return "html", None
-        if self._broken_next:
-            self._broken_next = False
-            return "broken", None
-        if self._hostile_next:
-            kind, self._hostile_next = self._hostile_next, None
-            return "hostile", kind
-        return "", None
-
-    def attack_next(self, kind: str, *, size: int | None = None, interval: float = 1.0,
-                    verb: str | None = None, headers: bool = False) -> None:
-        """The next OAI request (the next one with `verb`, if given) gets a hostile body.
-
-        gzip_bomb: a gzip body of about size/1000 bytes that inflates to `size` bytes of
-        XML whitespace (default 1 GiB); endless_body: XML that never ends; slow_drip: the
-        real answer, one byte every `interval` seconds (with `headers`, the status line
-        and headers drip too); deep_xml: elements nested `size` deep; wide_xml: `size`
-        empty elements; many_attributes: `size` attributes, 1,000 per element.
-        """
-        if kind not in ATTACK_KINDS:
-            raise ValueError(f"kind must be one of {ATTACK_KINDS}")
-        with self._lock:
-            self._attack = {"kind": kind, "size": size or _ATTACK_SIZES.get(kind, 0),
-                            "interval": float(interval), "verb": verb, "headers": headers}
-
-    def _take_attack(self, pairs: list[tuple[str, str]]) -> dict[str, Any] | None:
-        attack = self._attack
-        if attack is None or (attack["verb"] and ("verb", attack["verb"]) not in pairs):
-            return None
-        self._attack = None
-        return attack
-
-    def _attack_response(self, attack: dict[str, Any], pairs: list[tuple[str, str]]) -> Response:
-        kind, size = attack["kind"], attack["size"]
+    def _attack_response(self, attack: Attack, pairs: list[tuple[str, str]]) -> Response:
+        kind, size = attack.kind, attack.size or _ATTACK_SIZES.get(attack.kind, 0)
         head = (f"{_XML_HEAD}<responseDate>{iso_seconds(self.repo.clock)}</responseDate>\n"
                 f"<request>{self.base_url}</request>\n").encode()
         if kind == "gzip_bomb":
@@ -577,7 +412,7 @@ class OaiSimulator(ControlledServer):
         if kind == "slow_drip":
             body = b"".join(part.encode() for part in self._protocol(pairs))
             return Response(200, b"", XML_CONTENT_TYPE, stream=(body[i:i + 1] for i in range(len(body))),
-                            pause=attack["interval"], drip_head=attack["headers"])
+                            pause=attack.interval, drip_head=attack.headers)
         if kind == "deep_xml":
             payload = b"<deep>" * size + b"</deep>" * size
         elif kind == "wide_xml":
@@ -594,22 +429,20 @@ class OaiSimulator(ControlledServer):
         with self._lock:
             self.requests.append(query_log_form(pairs))
             self.requests_served += 1
-            attack = self._take_attack(pairs)
-            mode: str
-            detail: Any
-            mode, detail = self._take_misbehaviour() if attack is None else ("", None)
-        if attack is not None:
-            return self._attack_response(attack, pairs)
-        broken = self.broken_verbs.get(dict(pairs).get("verb", ""))
-        if broken is not None and mode != "fail":
-            mode, detail = "fail", (broken, None)
-        if mode == "fail":
-            status, retry_after = detail
-            phrase = status_phrase(status)
-            html = f"<html><head><title>{status} {phrase}</title></head><body><h1>{phrase}</h1></body></html>\n"
-            headers = {"Retry-After": retry_after} if retry_after is not None else {}
-            return Response(status, html.encode(), HTML_CONTENT_TYPE, headers)
-        if mode == "html":
+        mode, detail = self.take_fault("attack_next", "fail_next", "html_next", "broken_next", "hostile_next",
+                                       applies=lambda name, fault: name != "attack_next" or fault.fits(pairs))
+        if mode == "attack_next":
+            return self._attack_response(detail, pairs)
+        broken = self.faults.broken_verbs.get(dict(pairs).get("verb", ""))
+        if broken is not None and mode != "fail_next":
+            mode, detail = "fail_next", Failure(status=broken)
+        if mode == "fail_next":
+            fail: Failure = detail
+            phrase = status_phrase(fail.status)
+            html = f"<html><head><title>{fail.status} {phrase}</title></head><body><h1>{phrase}</h1></body></html>\n"
+            headers = {"Retry-After": str(fail.retry_after)} if fail.retry_after is not None else {}
+            return Response(fail.status, html.encode(), HTML_CONTENT_TYPE, headers)
+        if mode == "html_next":
             html = ("<!DOCTYPE html>\n<html><head><title>Collection portal</title></head><body>"
                     "<h1>Something went wrong</h1><p>The collection service is under maintenance.</p>"
                     "</body></html>\n")
@@ -619,11 +452,12 @@ class OaiSimulator(ControlledServer):
             return refusal
         parts = self._protocol(pairs)
         status = 200
-        if self.error_statuses and len(parts) > 1 and parts[1].startswith('<error code="'):
-            status = self.error_statuses.get(parts[1][len('<error code="'):].split('"', 1)[0], 200)
-        if mode == "broken":
+        error_statuses = self.faults.error_statuses
+        if error_statuses and len(parts) > 1 and parts[1].startswith('<error code="'):
+            status = error_statuses.get(parts[1][len('<error code="'):].split('"', 1)[0], 200)
+        if mode == "broken_next":
             parts = [_truncate("".join(parts))]
-        elif mode == "hostile":
+        elif mode == "hostile_next":
             parts = [_hostile("".join(parts), detail)]
         # Encoding parts one by one keeps ASCII parts compact and avoids one huge
         # intermediate str (which costs page faults on every page).
@@ -696,7 +530,7 @@ class OaiSimulator(ControlledServer):
 
     def _verb_Identify(self, args: dict[str, str]) -> list[str]:
         repo = self.repo
-        declared = self.announced_granularity or repo.granularity
+        declared = self.faults.announced_granularity or repo.granularity
         granularity = "YYYY-MM-DD" if declared == "day" else "YYYY-MM-DDThh:mm:ssZ"
         earliest = repo.announced_earliest_stamp()
         return [
@@ -729,9 +563,11 @@ class OaiSimulator(ControlledServer):
         return [f"<ListSets>{sets}</ListSets>\n"]
 
     def _verb_GetRecord(self, args: dict[str, str]) -> list[str]:
+        identifier = args["identifier"]
         with self._lock:
-            vanish = args["identifier"] in self._delete_on_get
-            self._delete_on_get.discard(args["identifier"])
+            vanish = identifier in self.faults.delete_on_get
+            if vanish:  # one shot each
+                self.faults = self.faults.model_copy(update={"delete_on_get": self.faults.delete_on_get - {identifier}})
         if vanish:
             self.repo.delete_ids([args["identifier"]])
         record = self.repo.get(args["identifier"])
@@ -748,17 +584,13 @@ class OaiSimulator(ControlledServer):
 
     # ------------------------------------------------------ lists and tokens
     def _new_chain(self, verb: str, prefix: str, numbers: Sequence[int], args: dict[str, str]) -> _Chain:
-        query = (args.get("from"), args.get("until"), args.get("set")) if self._requery else None
-        mutate = self._mutate_pending
-        if mutate is not None and mutate[1]["verb"] not in (None, verb):
-            mutate = None  # waits for a chain of its verb
+        """A new token chain (the lock held): it takes the faults that wait for one."""
+        query = (args.get("from"), args.get("until"), args.get("set")) if self.faults.requery_pages else None
+        _, expire_after = self._spend_fault("expire_tokens_after")
+        _, end_after = self._spend_fault("end_list_after")
+        _, mutate = self._spend_fault("mutate_after_pages", applies=lambda _, m: m.verb in (None, verb))
         chain = _Chain(self._next_chain, verb, prefix, array("l", numbers), self.repo.page_size,
-                       expire_after=self._expire_after_pending, query=query, mutate_after=mutate,
-                       end_after=self._end_after_pending)
-        self._expire_after_pending = None
-        self._end_after_pending = None
-        if mutate is not None:
-            self._mutate_pending = None
+                       expire_after=expire_after, query=query, mutate_after=mutate, end_after=end_after)
         self._next_chain += 1
         self._chains[chain.chain_id] = chain
         while len(self._chains) > self.max_chains:
@@ -786,7 +618,8 @@ class OaiSimulator(ControlledServer):
             nonce = f"e{self._nonce:x}"
         else:
             nonce = f"{zlib.crc32(f'{chain.chain_id}:{cursor}'.encode()):x}"
-        padding = "~" + "x" * (self._token_padding - 1) if self._token_padding else ""
+        padding_size = self.faults.token_padding
+        padding = "~" + "x" * (padding_size - 1) if padding_size else ""
         return f"c{chain.chain_id}!{cursor}/{chain.prefix}+{nonce}{padding}"
 
     def _list(self, verb: str, args: dict[str, str]) -> list[str]:
@@ -797,12 +630,12 @@ class OaiSimulator(ControlledServer):
             with self._lock:
                 chain, cursor = self._resume(verb, token)
                 mutation = chain.mutate_after
-                if mutation is not None and chain.pages_served >= mutation[0]:
+                if mutation is not None and chain.pages_served >= mutation.pages:
                     chain.mutate_after = None
                 else:
                     mutation = None
             if mutation is not None:
-                self._mutate(mutation[1])
+                self._mutate(mutation)
             if chain.query is not None:
                 chain.numbers = array("l", self.repo.select_numbers(*chain.query))
             prefix, numbers = chain.prefix, chain.numbers
@@ -810,12 +643,13 @@ class OaiSimulator(ControlledServer):
             prefix, cursor = args["metadataPrefix"], 0
             self._check_window(args)
             self._check_prefix(prefix)
-            numbers = self.repo.select_numbers(None if self.ignores_from else args.get("from"), args.get("until"),
+            numbers = self.repo.select_numbers(None if self.faults.ignore_from else args.get("from"), args.get("until"),
                                                args.get("set"))
             if not numbers:
                 raise OaiError("noRecordsMatch", "no records match the request")
+        faults = self.faults
         with self._lock:
-            if chain is None and (len(numbers) > self.repo.page_size or self._empty_pages):
+            if chain is None and (len(numbers) > self.repo.page_size or faults.empty_pages_with_token):
                 chain = self._new_chain(verb, prefix, numbers, args)
             page_size = chain.page_size if chain else self.repo.page_size
             total = len(numbers)
@@ -823,9 +657,9 @@ class OaiSimulator(ControlledServer):
             next_token: str | None = None
             if chain is not None:
                 chain.pages_served += 1
-                if self._empty_pages:
+                if faults.empty_pages_with_token:
                     page, next_token = [], self._token(chain, cursor, fresh=True)
-                elif self._repeat_token and token is not None:
+                elif faults.repeat_token and token is not None:
                     next_token = token
                 elif chain.end_after is not None and chain.pages_served >= chain.end_after:
                     next_token = ""
@@ -833,7 +667,7 @@ class OaiSimulator(ControlledServer):
                     next_token = self._token(chain, cursor + len(page))
                 else:
                     next_token = ""
-        announced = {"exact": total, "understated": max(1, total // 10)}.get(self.list_size)
+        announced = {"exact": total, "understated": max(1, total // 10)}.get(faults.list_size)
         size = f'completeListSize="{announced}" ' if announced is not None else ""
         if next_token is None:
             token_xml = ""
@@ -841,7 +675,7 @@ class OaiSimulator(ControlledServer):
             expires = iso_seconds(self.repo.clock + self.token_lifetime)
             token_xml = _token_element(f'{size}cursor="{cursor}" expirationDate="{expires}"',
                                        next_token, self._markup(cursor, page_size))
-        elif self.token_markup == "stale-comment":
+        elif faults.token_markup == "stale-comment":
             stale = payloads.escape(f"{token or 'first'}+stale")
             token_xml = f"<!-- served before: <resumptionToken>{stale}</resumptionToken> -->\n"
         else:
@@ -851,7 +685,7 @@ class OaiSimulator(ControlledServer):
                 f"</{verb}>\n"]
 
     def _markup(self, cursor: int, page_size: int) -> str:
-        markup = self.token_markup
+        markup = self.faults.token_markup
         if markup == "varied":
             return _ROTATION[(cursor // max(page_size, 1)) % len(_ROTATION)]
         return "plain" if markup == "stale-comment" else markup
@@ -897,10 +731,6 @@ class OaiSimulator(ControlledServer):
                                "formats": list(repo.formats), "base_url": self.base_url})
         return None
 
-    def _control_response_delay(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.set_response_delay(float(data["ms"]))
-        return {"ok": True}
-
     def _control_reset_in_flight(self, data: dict[str, Any]) -> dict[str, Any]:
         self.reset_in_flight()
         return {"ok": True, **self._in_flight_report()}
@@ -909,86 +739,8 @@ class OaiSimulator(ControlledServer):
         self.expire_tokens()
         return {"ok": True}
 
-    def _control_expire_tokens_after(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.expire_tokens_after(int(data["pages"]))
-        return {"ok": True}
-
-    def _control_fail_next(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.fail_next(int(data.get("count", 1)), int(data.get("status", 503)), data.get("retry_after"))
-        return {"ok": True}
-
-    def _control_error_status(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.set_error_status(str(data["code"]), int(data["status"]))
-        return {"error_statuses": dict(self.error_statuses)}
-
-    def _control_refuse_windows(self, data: dict[str, Any]) -> dict[str, Any]:
-        seconds = data.get("longer_than")
-        self.refuse_windows_longer_than(None if seconds is None else int(seconds), str(data.get("how", "413")))
-        return {"refuse_windows": self._refuse_windows}
-
-    def _control_html_next(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.html_next()
-        return {"ok": True}
-
-    def _control_broken_next(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.broken_next()
-        return {"ok": True}
-
-    def _control_hostile_next(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.hostile_next(str(data["kind"]))
-        return {"ok": True}
-
-    def _control_token_markup(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.set_token_markup(str(data.get("markup", "plain")))
-        return {"ok": True}
-
-    def _control_repeat_token(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.repeat_token(bool(data.get("on", True)))
-        return {"ok": True}
-
-    def _control_empty_pages_with_token(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.empty_pages_with_token(bool(data.get("on", True)))
-        return {"ok": True}
-
-    def _control_end_list_after(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.end_list_after(int(data["pages"]))
-        return {"ok": True}
-
-    def _control_requery_pages(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.requery_pages(bool(data.get("on", True)))
-        return {"ok": True}
-
-    def _control_mutate_after_pages(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.mutate_after_pages(int(data["pages"]), edit=int(data.get("edit", 0)),
-                                delete=int(data.get("delete", 0)), edit_ids=data.get("edit_ids"),
-                                delete_ids=data.get("delete_ids"), verb=data.get("verb"))
-        return {"ok": True}
-
-    def _control_require_credentials(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.require_credentials(data.get("form"), str(data.get("secret", "")), login=data.get("login"),
-                                 name=data.get("name"))
-        return {"ok": True}
-
-    def _control_break_verb(self, data: dict[str, Any]) -> dict[str, Any]:
-        status = data.get("status", 500)
-        self.break_verb(str(data["verb"]), None if status is None else int(status))
-        return {"broken_verbs": dict(self.broken_verbs)}
-
-    def _control_announce_granularity(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.announce_granularity(data.get("granularity"))
-        return {"announced_granularity": self.announced_granularity}
-
-    def _control_ignore_from(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.ignore_from(bool(data.get("on", True)))
-        return {"ignores_from": self.ignores_from}
-
     def _control_move_records(self, data: dict[str, Any]) -> dict[str, Any]:
         return {"moved": self.repo.move_to(list(data["ids"]), data.get("type"), data.get("dept"))}
-
-    def _control_attack_next(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.attack_next(str(data["kind"]), size=data.get("size"), interval=float(data.get("interval", 1.0)),
-                         verb=data.get("verb"), headers=bool(data.get("headers", False)))
-        return {"ok": True}
 
 
 class _Handler(LoopbackHandler):

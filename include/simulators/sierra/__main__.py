@@ -1,7 +1,8 @@
 """Stand-alone Sierra REST API simulator process, for benchmarks and the demo.
 
-Its options mirror `SimulatedCatalogue` and `SierraSimulator`. What it prints
-and how it stops is common to all simulators (``include.simulators.cli``).
+Its options mirror `SimulatedCatalogue`, `SierraSimulator` and every switch of
+`SierraFaults`. What it prints and how it stops is common to all simulators
+(``include.simulators.cli``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from ..cli import add_listen_arguments, serve_until_signalled, simulator_parser
+from ..faults import add_fault_arguments, faults_from_arguments
 from .catalogue import SimulatedCatalogue
+from .faults import SierraFaults
 from .server import SierraSimulator
 
 
@@ -25,25 +28,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--oversized-every", type=int, default=0)
     parser.add_argument("--invalid-every", type=int, default=0)
     parser.add_argument("--mutation-step", type=float, default=60.0, help="seconds per mutation call")
-    parser.add_argument("--export-quota", type=int, default=None, help="bibs/marc exports per simulated hour")
     parser.add_argument("--token-lifetime", type=int, default=3600)
     parser.add_argument("--client-key", default="demo-key")
     parser.add_argument("--client-secret", default="demo-secret")
-    parser.add_argument("--legacy-deleted-stubs", action="store_true")
     parser.add_argument("--marc8-every", type=int, default=0, help="every n-th bib is MARC-8 in the export")
     parser.add_argument("--no-005-every", type=int, default=0)
     parser.add_argument("--no-id-every", type=int, default=0, help="every n-th bib lacks 001 and 907")
     parser.add_argument("--bad-utf8-every", type=int, default=0)
-    parser.add_argument("--export-omits-suppressed", action="store_true")
-    parser.add_argument("--deleted-records-field", choices=("nonzero", "always", "never"), default="nonzero")
-    parser.add_argument("--rate-limit-style", choices=("138", "429"), default="138",
-                        help="over the export quota: Sierra's code 138 or a gateway's 429 with Retry-After")
-    parser.add_argument("--file-origin", default=None, help="origin the export summary's file URL names")
     parser.add_argument("--poison-every", type=int, default=0,
                         help="every n-th bib makes a bibs/marc block holding it answer 500/135")
     parser.add_argument("--keep-alive-timeout", type=float, default=5.0,
                         help="seconds an idle keep-alive connection stays open (0: never closed)")
     add_listen_arguments(parser)
+    add_fault_arguments(parser, SierraFaults)
     return parser
 
 
@@ -58,11 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sim = SierraSimulator(catalogue, host=args.host, port=args.port, client_key=args.client_key,
                           client_secret=args.client_secret, token_lifetime=args.token_lifetime,
-                          export_quota=args.export_quota, legacy_deleted_stubs=args.legacy_deleted_stubs,
-                          export_omits_suppressed=args.export_omits_suppressed,
-                          deleted_records_field=args.deleted_records_field, file_origin=args.file_origin,
-                          rate_limit_style=args.rate_limit_style,
-                          keep_alive_timeout=args.keep_alive_timeout or None)
+                          keep_alive_timeout=args.keep_alive_timeout or None,
+                          faults=faults_from_arguments(args, SierraFaults))
     return serve_until_signalled(sim)
 
 

@@ -381,6 +381,13 @@ class SimulatedCatalogue(SimulatedModel[str | int]):
             bad_utf8=self.has_bad_utf8(number), no_marc=bool(flags & _NO_MARC),
         )
 
+    def __getitem__(self, bib_id: str | int) -> Bib:
+        """`get` for one that exists: KeyError when there is none."""
+        found = self.get(bib_id)
+        if found is None:
+            raise KeyError(bib_id)
+        return found
+
     def get(self, bib_id: str | int) -> Bib | None:
         """The bib (live or deleted), or None if the id was never issued."""
         try:

@@ -5,8 +5,9 @@ harvester's tests meet them before a real catalogue does: 404/107 for empty
 ranges (but 200 for an empty deletion poll), ``total`` = page size, the 2000
 cap, date-only deletedDate, the ``fields=,`` 500, the two-phase MARC export
 with its 99,999-byte truncation and rate limit, token expiry on the simulated
-clock, and transport faults on demand. The ``Date`` header follows the
-simulated clock, because clients freeze their change window on it.
+clock, and transport faults on demand (every switch a field of `SierraFaults`,
+``faults.py``). The ``Date`` header follows the simulated clock, because clients freeze
+their change window on it.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from email.utils import formatdate
 from typing import Any, Protocol, cast
-from urllib.parse import SplitResult, parse_qsl, unquote
+from urllib.parse import SplitResult, parse_qsl
 
 from .. import loopback
 from ..control import CONTROL_PREFIX, ControlledServer
+from ..faults import Shot
 from ..loopback import LoopbackHandler, query_log_form, status_phrase
 from . import marc
 from .catalogue import Bib, BibQuery, SimulatedCatalogue, day_text, iso_z
+from .faults import FAULT_ACTIONS, ExportFailure, Failure, RateLimitOnce, SierraFaults
 
 API_PATH = "/iii/sierra-api/v6"
 _API_PATHS = (API_PATH, "/iii/sierra-api/v5")  # v5 clients use the same shapes
@@ -106,15 +109,6 @@ class Response(loopback.Response):
 class _Token:
     serial: int
     issued: int  # simulated epoch seconds
-
-
-@dataclass
-class _Fail:
-    count: int
-    status: int
-    body: Any
-    match: str | None
-    retry_after: str | None = None
 
 
 def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
@@ -297,89 +291,33 @@ def render_entry(bib: Bib, names: tuple[str, ...]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ simulator
-class SierraSimulator(ControlledServer):
+class SierraSimulator(ControlledServer[SierraFaults]):
     """Serve `catalogue` as a Sierra REST API on loopback; use as a context manager.
 
-    ``export_quota``: bibs/marc requests allowed per simulated hour (None = no limit).
-    ``legacy_deleted_stubs``: updatedDate windows also return deletion stubs (2017 Sierra).
-    ``empty_export_file``: an empty export range yields a file with outputRecords 0
-    (BR1, 2018) instead of 404/107 (BR2, 2019).
-    ``expired_token_code``: 123 ("invalid_grant", observed) or 120 ("invalid_token", documented).
+    `faults` (or its fields as keywords: ``export_quota=100``) are the switches it starts
+    with; ``set_faults`` and ``POST /_control/faults`` change them while it runs.
     An export block is the lowest ``limit`` ids of the range, deleted bibs included (as
     on a real server): they count in ``inputRecords``, not in ``outputRecords``.
-    ``export_omits_suppressed``: suppressed bibs are left out of the file too (an export
-    setting some sites use); they still count in ``inputRecords``.
-    ``deleted_records_field``: "nonzero" (default: ``deletedRecords`` only when some
-    input bibs were deleted), "always", or "never" (the reference marks it optional).
-    ``rate_limit_style``: over the quota, "138" (Sierra's code 138, "Try again in N
-    minutes", HTTP 500) or "429" (a gateway's HTTP 429 with ``Retry-After`` seconds);
-    ``rate_limit_once`` (method and control) limits one export request that way.
-    ``file_origin``: the summary's ``file`` URL names this origin (e.g. another
-    loopback port) instead of the API's own; the file is still served here.
     ``keep_alive_timeout``/``keep_alive_max``: idle connections close after this many
     wall-clock seconds (Apache's default, announced as ``Keep-Alive: timeout=5``); a
     connection closes after this many requests (loopback.py; None: never).
-
-    Shapes recorded from real servers (tests/fixtures/realworld/sierra):
-    ``list_start=False``: list bodies carry ``total`` and ``entries`` only (2017 servers).
-    ``specific_code``: error bodies carry this ``specificCode`` instead of 0.
-    ``export_file_ids``: the summary's ``file`` ends in a name (``...-bibs-1.mrc``),
-    a bare number (``.../files/17``), or is only that number (``"17"``).
-    ``marc_storage_order``: MARC-in-JSON fields in storage order, 001/005/008 amid the
-    others, not by tag. ``empty_leader_every``/``blank_leader_every``: every n-th bib's
-    MARC-in-JSON leader is "" or 24 blanks (as a vendor sandbox serves).
-    ``padded_codes``: codes padded to their width ("a  ", "gw "), in fixedFields too.
-    ``mixed_fixed_types``: fixedFields values are numbers or strings of digits by field.
-    Poison bibs (``SimulatedCatalogue(poison_every=...)``) make a ``bibs/marc`` block
-    answer 500 code 135 with production's long description; ``poison_json_fails``:
-    ``GET bibs`` naming one answers 500 too.
     """
 
     _base_path = API_PATH
     _thread_prefix = "sierra-simulator"
     _json_reply = staticmethod(_json)
+    _fault_actions = FAULT_ACTIONS
 
     def __init__(self, catalogue: SimulatedCatalogue, host: str = "127.0.0.1", port: int = 0,
                  client_key: str = "demo-key", client_secret: str = "demo-secret", token_lifetime: int = 3600,
-                 *, export_quota: int | None = None, legacy_deleted_stubs: bool = False,
-                 empty_export_file: bool = False, expired_token_code: int = 123,
-                 keep_alive_timeout: float | None = 5.0, keep_alive_max: int | None = 100,
-                 export_omits_suppressed: bool = False, deleted_records_field: str = "nonzero",
-                 file_origin: str | None = None, rate_limit_style: str = "138",
-                 list_start: bool = True, specific_code: int = 0, export_file_ids: str = "named",
-                 marc_storage_order: bool = False, empty_leader_every: int = 0, blank_leader_every: int = 0,
-                 padded_codes: bool = False, mixed_fixed_types: bool = False,
-                 poison_json_fails: bool = False) -> None:
-        if rate_limit_style not in ("138", "429"):
-            raise ValueError("rate_limit_style must be 138 or 429")
-        if expired_token_code not in (120, 123):
-            raise ValueError("expired_token_code must be 120 or 123")
-        if export_file_ids not in ("named", "numeric", "bare"):
-            raise ValueError("export_file_ids must be named, numeric or bare")
-        if deleted_records_field not in ("nonzero", "always", "never"):
-            raise ValueError("deleted_records_field must be nonzero, always or never")
-        super().__init__(host, port, _Handler, catalogue, keep_alive_timeout=keep_alive_timeout,
-                         keep_alive_max=keep_alive_max)
+                 *, keep_alive_timeout: float | None = 5.0, keep_alive_max: int | None = 100,
+                 faults: SierraFaults | None = None, **switches: Any) -> None:
+        super().__init__(host, port, _Handler, catalogue, (faults or SierraFaults()).changed(**switches),
+                         keep_alive_timeout=keep_alive_timeout, keep_alive_max=keep_alive_max)
         self.catalogue = catalogue
         self.client_key = client_key
         self.client_secret = client_secret
         self.token_lifetime = token_lifetime
-        self.export_quota = export_quota
-        self.legacy_deleted_stubs = legacy_deleted_stubs
-        self.empty_export_file = empty_export_file
-        self.expired_token_code = expired_token_code
-        self.export_omits_suppressed = export_omits_suppressed
-        self.deleted_records_field = deleted_records_field
-        self.file_origin = file_origin.rstrip("/") if file_origin else None
-        self.list_start = list_start
-        self.specific_code = specific_code
-        self.export_file_ids = export_file_ids
-        self.marc_storage_order = marc_storage_order
-        self.empty_leader_every = empty_leader_every
-        self.blank_leader_every = blank_leader_every
-        self.padded_codes = padded_codes
-        self.mixed_fixed_types = mixed_fixed_types
-        self.poison_json_fails = poison_json_fails
         self.tokens_issued = 0
         self.exports_created = 0
         self._tokens: dict[str, _Token] = {}
@@ -388,14 +326,7 @@ class SierraSimulator(ControlledServer):
         self._file_seq = 0
         self._quota_start: int | None = None
         self._quota_used = 0
-        self.rate_limit_style = rate_limit_style
-        self._exports_asked = 0
         self._export_cache: dict[Bib, tuple[bytes, bool]] | None = None
-        self._rate_limit_once: tuple[int, str, int] | None = None
-        self._fail: _Fail | None = None
-        self._empty_replies = 0
-        self._hang_seconds: float | None = None
-        self._export_failures: list[int] = []
 
     # ---------------------------------------------------------------- state
     @property
@@ -409,34 +340,29 @@ class SierraSimulator(ControlledServer):
         return formatdate(self.catalogue.clock_epoch, usegmt=True)
 
     # --------------------------------------------------------- misbehaviour
+    # Shorthands for set_faults, in the words tests and benchmarks use (faults.py has the
+    # full story of each switch; a new fault needs none).
     def fail_next(self, count: int, status: int = 500, body: Any = None,
                   path_prefix: str | None = None, retry_after: str | int | None = None) -> None:
-        """The next `count` API requests (only those whose path+query contains
-        `path_prefix`, if given) get `status` with `body` (JSON-encoded unless bytes);
-        `retry_after`: a ``Retry-After`` header, as a gateway in maintenance sends with 503."""
-        with self._lock:
-            self._fail = (_Fail(count, status, body, path_prefix, None if retry_after is None else str(retry_after))
-                          if count > 0 else None)
+        self.set_faults(fail_next=Failure(count=count, status=status, body=body, path_prefix=path_prefix,
+                                          retry_after=retry_after))
 
     def empty_reply_next(self, count: int = 1) -> None:
-        """The next `count` API requests get their connection closed with no response."""
-        with self._lock:
-            self._empty_replies = count
+        self.set_faults(empty_reply_next=Shot(count=count))
 
     def hang_next(self, seconds: float = 600.0) -> None:
-        """The next API request gets no answer for `seconds` (wall clock), then a closed connection."""
-        with self._lock:
-            self._hang_seconds = seconds
+        self.set_faults(hang_next=seconds)
+
+    def fail_export_next(self, code: int = 135, count: int = 1) -> None:
+        self.set_faults(fail_export_next=ExportFailure(code=code, count=count))
+
+    def rate_limit_once(self, after: int, seconds: int = 3600, style: str = "138") -> None:
+        self.set_faults(rate_limit_once=RateLimitOnce(after=after, seconds=seconds, style=style))
 
     def expire_tokens(self) -> None:
         """Every token issued so far is invalid from now on (a mid-run expiry)."""
         with self._lock:
             self._revoked_through = self.tokens_issued
-
-    def fail_export_next(self, code: int = 135, count: int = 1) -> None:
-        """The next `count` bibs/marc export requests get 500 with this Sierra code."""
-        with self._lock:
-            self._export_failures.extend([code] * count)
 
     def reset_export_quota(self) -> None:
         """Forget the exports counted against the current quota hour."""
@@ -444,25 +370,8 @@ class SierraSimulator(ControlledServer):
             self._quota_start = None
             self._quota_used = 0
 
-    def _take_fault(self, target: str) -> tuple[str, Any]:
-        with self._lock:
-            if self._empty_replies > 0:
-                self._empty_replies -= 1
-                return "empty", None
-            if self._hang_seconds is not None:
-                seconds, self._hang_seconds = self._hang_seconds, None
-                return "hang", seconds
-            fail = self._fail
-            if fail is not None and (fail.match is None or fail.match in target
-                                     or fail.match in unquote(target)):
-                fail.count -= 1
-                if fail.count <= 0:
-                    self._fail = None
-                return "fail", fail
-        return "", None
-
-    def _fault_response(self, fail: _Fail) -> Response:
-        headers = {"Retry-After": fail.retry_after} if fail.retry_after is not None else {}
+    def _fault_response(self, fail: Failure) -> Response:
+        headers = {"Retry-After": str(fail.retry_after)} if fail.retry_after is not None else {}
         if isinstance(fail.body, bytes):
             return Response(fail.status, fail.body, "text/html; charset=utf-8", headers)
         if fail.body is not None:
@@ -480,18 +389,22 @@ class SierraSimulator(ControlledServer):
                  "had_auth": bool(headers.get("Authorization")), "status": None}
         with self._lock:
             self.requests.append(entry)
-        mode, detail = self._take_fault(f"{path}?{query}" if query else path)
-        if mode in ("empty", "hang"):
-            return mode, detail
-        if mode == "fail":
+        target = f"{path}?{query}" if query else path
+        mode, detail = self.take_fault("empty_reply_next", "hang_next", "fail_next",
+                                       applies=lambda name, fault: name != "fail_next" or fault.matches(target))
+        if mode == "empty_reply_next":
+            return "empty", None
+        if mode == "hang_next":
+            return "hang", detail
+        if mode == "fail_next":
             response = self._fault_response(detail)
         else:
             try:
                 response = self._route(method, path, dict(reversed(pairs)), headers, body)
             except ApiError as exc:
                 payload = exc.body()
-                if self.specific_code:
-                    payload["specificCode"] = self.specific_code
+                if self.faults.specific_code:
+                    payload["specificCode"] = self.faults.specific_code
                 response = _json(exc.status, payload, exc.headers)
         entry["status"] = response.status
         return response
@@ -580,8 +493,8 @@ class SierraSimulator(ControlledServer):
             valid = (issued is not None and issued.serial > self._revoked_through
                      and now < issued.issued + self.token_lifetime)
         if not valid or issued is None:
-            description = "invalid_grant" if self.expired_token_code == 123 else "invalid_token"
-            raise ApiError(401, self.expired_token_code, description)
+            code = self.faults.expired_token_code
+            raise ApiError(401, code, "invalid_grant" if code == 123 else "invalid_token")
         return issued
 
     def _token_info(self, token: _Token) -> Response:
@@ -606,7 +519,7 @@ class SierraSimulator(ControlledServer):
             deleted_days=(_days(parse_date_range(params["deletedDate"], dates_only=True))
                           if "deletedDate" in params else None),
             deleted=_bool_param(params, "deleted"), suppressed=_bool_param(params, "suppressed"),
-            legacy_deleted_stubs=self.legacy_deleted_stubs,
+            legacy_deleted_stubs=self.faults.legacy_deleted_stubs,
         )
 
     def _bibs(self, params: Mapping[str, str]) -> Response:
@@ -615,6 +528,7 @@ class SierraSimulator(ControlledServer):
         offset = _int_param(params, "offset", 0, 0)
         names = parse_fields(params.get("fields"))
         query = self._bib_query(params)
+        faults = self.faults
         if isinstance(names, str):  # "all": the fields=, form
             if query.deleted:
                 raise ApiError(500, 111)  # production answers fields=,&deleted=true with a bare 500
@@ -622,14 +536,14 @@ class SierraSimulator(ControlledServer):
         numbers = self.catalogue.select(query, offset, limit)
         if not numbers:
             if query.deleted and query.deleted_days is not None:
-                return _json(200, {"start": offset, "entries": []} if self.list_start else {"entries": []})
+                return _json(200, {"start": offset, "entries": []} if faults.list_start else {"entries": []})
             raise ApiError(404, 107)
         bibs = self.catalogue.bibs(numbers)
-        if self.poison_json_fails and query.id_list and any(self.catalogue.is_poison(b.number) for b in bibs):
+        if faults.poison_json_fails and query.id_list and any(self.catalogue.is_poison(b.number) for b in bibs):
             raise ApiError(500, 111, "Internal server error : unable to read the MARC record")
         entries = [self._shape(bib, render_entry(bib, names)) for bib in bibs]
         body: dict[str, Any] = {"total": len(entries), "start": offset, "entries": entries}
-        if not self.list_start:
+        if not faults.list_start:
             del body["start"]
         return _json(200, body)
 
@@ -654,13 +568,14 @@ class SierraSimulator(ControlledServer):
             names = tuple(dict.fromkeys(["id", *asked]))
         query = self._bib_query(params)
         found = attached.select(query, offset, limit)
+        faults = self.faults
         if not found:
             if query.deleted and query.deleted_days is not None:
-                return _json(200, {"start": offset, "entries": []} if self.list_start else {"entries": []})
+                return _json(200, {"start": offset, "entries": []} if faults.list_start else {"entries": []})
             raise ApiError(404, 107)
-        entries = [attached.render(i, names, self.mixed_fixed_types) for i in found]
+        entries = [attached.render(i, names, faults.mixed_fixed_types) for i in found]
         body: dict[str, Any] = {"total": len(entries), "start": offset, "entries": entries}
-        if not self.list_start:
+        if not faults.list_start:
             del body["start"]
         return _json(200, body)
 
@@ -668,9 +583,10 @@ class SierraSimulator(ControlledServer):
         """The recorded real-server shapes this simulator was asked to vary (see the class doc)."""
         if bib.deleted:
             return entry
+        faults = self.faults
         if "marc" in entry:
             entry["marc"] = self._shape_marc(bib, entry["marc"])
-        if self.padded_codes:
+        if faults.padded_codes:
             for name, width in (("materialType", 3), ("country", 3), ("lang", 3)):
                 if isinstance(entry.get(name), dict) and "code" in entry[name]:
                     entry[name]["code"] = str(entry[name]["code"]).ljust(width)
@@ -678,9 +594,9 @@ class SierraSimulator(ControlledServer):
         if isinstance(fixed, dict):
             for key, field in fixed.items():
                 value = field.get("value")
-                if self.padded_codes and key in ("30", "89", "24") and isinstance(value, str):
+                if faults.padded_codes and key in ("30", "89", "24") and isinstance(value, str):
                     field["value"] = value.ljust(3)
-                if self.mixed_fixed_types:
+                if faults.mixed_fixed_types:
                     if isinstance(value, int) and int(key) % 2:
                         field["value"] = str(value)  # some sites' fixed fields are all strings
                     elif isinstance(value, str) and value.isdigit() and not int(key) % 2:
@@ -688,15 +604,16 @@ class SierraSimulator(ControlledServer):
         return entry
 
     def _shape_marc(self, bib: Bib, record: dict[str, Any]) -> dict[str, Any]:
+        faults = self.faults
         fields = list(record.get("fields") or [])
-        if self.marc_storage_order and fields:
+        if faults.marc_storage_order and fields:
             turn = bib.number % len(fields)
             fields = fields[turn:] + fields[:turn]  # storage order: control fields amid the data fields
         leader = record.get("leader", "")
         place = bib.number - self.catalogue.first_id + 1
-        if self.empty_leader_every and place % self.empty_leader_every == 0:
+        if faults.empty_leader_every and place % faults.empty_leader_every == 0:
             leader = ""
-        elif self.blank_leader_every and place % self.blank_leader_every == 0:
+        elif faults.blank_leader_every and place % faults.blank_leader_every == 0:
             leader = " " * 24
         return {"leader": leader, "fields": fields}
 
@@ -747,44 +664,46 @@ class SierraSimulator(ControlledServer):
         query = self._bib_query(params)
         now = self.catalogue.clock_epoch
         with self._lock:
-            if self._export_failures:
-                code = self._export_failures.pop(0)
-                raise ApiError(500, code, EXPORT_FAILED_135 if code == 135 else None)
-            self._exports_asked += 1
-            limit_once = self._rate_limit_once
-            if limit_once is not None and self._exports_asked > limit_once[0]:
-                self._rate_limit_once = None
-                raise self._rate_limited(limit_once[1], limit_once[2])
+            _, failure = self._spend_fault("fail_export_next")
+            if failure is not None:
+                raise ApiError(500, failure.code, EXPORT_FAILED_135 if failure.code == 135 else None)
+            limit_once = self.faults.rate_limit_once
+            if limit_once is not None:
+                waited = limit_once.model_copy(update={"after": limit_once.after - 1}) if limit_once.after else None
+                self.faults = self.faults.model_copy(update={"rate_limit_once": waited})
+                if waited is None:
+                    raise self._rate_limited(limit_once.style, limit_once.seconds)
+            faults = self.faults
             if self._quota_start is None or now >= self._quota_start + HOUR:
                 self._quota_start, self._quota_used = now, 0
-            if self.export_quota is not None and self._quota_used >= self.export_quota:
-                raise self._rate_limited(self.rate_limit_style, self._quota_start + HOUR - now)
+            if faults.export_quota is not None and self._quota_used >= faults.export_quota:
+                raise self._rate_limited(faults.rate_limit_style, self._quota_start + HOUR - now)
             self._quota_used += 1
         block = self.catalogue.bibs(self.catalogue.select(replace(query, deleted=None), offset, limit))
-        if not block and not self.empty_export_file:
+        if not block and not faults.empty_export_file:
             raise ApiError(404, 107)
         if any(self.catalogue.is_poison(bib.number) for bib in block if not bib.deleted):
             raise ApiError(500, 135, EXPORT_FAILED_135)  # on every try, as long as the block holds it
         deleted = sum(1 for bib in block if bib.deleted)
         output = [bib for bib in block if not bib.deleted and not bib.no_marc
-                  and not (bib.suppressed and self.export_omits_suppressed)]
+                  and not (bib.suppressed and faults.export_omits_suppressed)]
         records = [self._export_record(bib) for bib in output]
         data = b"".join(r for r, _ in records)
         summary: dict[str, Any] = {"inputRecords": len(block), "outputRecords": len(records),
                                    "errors": sum(1 for _, cut in records if cut)}
-        if self.deleted_records_field == "always" or (self.deleted_records_field == "nonzero" and deleted):
+        if faults.deleted_records_field == "always" or (faults.deleted_records_field == "nonzero" and deleted):
             summary["deletedRecords"] = deleted
         with self._lock:
             self._file_seq += 1
             self.exports_created += 1
             name = f"{datetime.fromtimestamp(now, timezone.utc):%Y%m%dT%H%M%S}-bibs-{self._file_seq}.mrc"
-            if self.export_file_ids != "named":
+            if faults.export_file_ids != "named":
                 name = f"{self._file_seq}.mrc"
             self._files[name] = data
-        origin = f"{self.file_origin}{API_PATH}" if self.file_origin else self.base_url
-        if self.export_file_ids == "bare":
+        origin = f"{faults.file_origin}{API_PATH}" if faults.file_origin else self.base_url
+        if faults.export_file_ids == "bare":
             return _json(200, {"file": name.removesuffix(".mrc"), **summary})
-        shown = name.removesuffix(".mrc") if self.export_file_ids == "numeric" else name
+        shown = name.removesuffix(".mrc") if faults.export_file_ids == "numeric" else name
         return _json(200, {"file": f"{origin}/bibs/marc/files/{shown}", **summary})
 
     def _export_record(self, bib: Bib) -> tuple[bytes, bool]:
@@ -819,13 +738,6 @@ class SierraSimulator(ControlledServer):
         minutes = math.ceil(seconds / 60)
         return ApiError(500, 138, f"Rate exceeded for endpoint. Try again in {minutes} minutes")
 
-    def rate_limit_once(self, after: int, seconds: int = 3600, style: str = "138") -> None:
-        """The export request after the next ``after`` ones is rate limited, once, for ``seconds``."""
-        if style not in ("138", "429"):
-            raise ValueError("style must be 138 or 429")
-        with self._lock:
-            self._rate_limit_once = (self._exports_asked + after, style, seconds)
-
     def _file(self, method: str, name: str) -> Response:
         if not name.endswith(".mrc"):
             name += ".mrc"
@@ -851,7 +763,7 @@ class SierraSimulator(ControlledServer):
             with self._lock:
                 state = {"tokens_issued": self.tokens_issued, "requests": len(self.requests),
                          "open_export_files": sorted(self._files), "exports_created": self.exports_created,
-                         "export_quota": self.export_quota, "exports_this_hour": self._quota_used,
+                         "export_quota": self.faults.export_quota, "exports_this_hour": self._quota_used,
                          "errors": list(self.errors),
                          # the CPU this simulator's process used so far (benchmarks show its share)
                          "process_cpu_seconds": time.process_time()}
@@ -869,38 +781,12 @@ class SierraSimulator(ControlledServer):
         self.expire_tokens()
         return {"ok": True}
 
-    def _control_fail_next(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.fail_next(int(data.get("count", 1)), int(data.get("status", 500)), data.get("body"),
-                       data.get("path_prefix"))
-        return {"ok": True}
-
-    def _control_empty_reply_next(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.empty_reply_next(int(data.get("count", 1)))
-        return {"ok": True}
-
-    def _control_hang_next(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.hang_next(float(data.get("seconds", 600)))
-        return {"ok": True}
-
-    def _control_fail_export_next(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.fail_export_next(int(data.get("code", 135)), int(data.get("count", 1)))
-        return {"ok": True}
-
     def _control_reset_export_quota(self, data: dict[str, Any]) -> dict[str, Any]:
         self.reset_export_quota()
         return {"ok": True}
 
     def _control_warm_export(self, data: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True, "encoded": self.warm_export()}
-
-    def _control_rate_limit_once(self, data: dict[str, Any]) -> dict[str, Any]:
-        self.rate_limit_once(int(data.get("after", 0)), int(data.get("seconds", 3600)), str(data.get("style", "138")))
-        return {"ok": True}
-
-    def _control_set_export_quota(self, data: dict[str, Any]) -> dict[str, Any]:
-        quota = data.get("quota")
-        self.export_quota = None if quota is None else int(quota)
-        return {"ok": True}
 
 
 # ------------------------------------------------------------- JSON queries

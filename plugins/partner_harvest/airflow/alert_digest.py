@@ -1,5 +1,5 @@
 """Failure alerts folded by cause: the first failure of an outage alerts at once, the
-partners failing the same way in the next minutes arrive in one digest (issue 28 item 4).
+partners failing the same way in the next minutes arrive in one digest.
 
 The key is the failing partner's endpoint host and the error's type, so fifty partners
 hosted on one platform that goes down make one alert and one digest, not fifty alerts;

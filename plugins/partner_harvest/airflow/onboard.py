@@ -1,4 +1,4 @@
-"""Bring Airflow in line with the registry in one idempotent pass (issue 28 item 4):
+"""Bring Airflow in line with the registry in one idempotent pass:
 ``partner-harvest onboard [--connections FILE] [--dry-run]``.
 
 For every valid partner: its pool (``pools.pool_specs``, written only when it differs),

@@ -1,4 +1,4 @@
-"""Quiet nights in one task process (issue 28).
+"""Quiet nights in one task process.
 
 Most nights most partners changed nothing, and a task process costs more than the work:
 about 0.2 CPU-s in the task and 0.3 in Airflow around it, six tasks a run. So

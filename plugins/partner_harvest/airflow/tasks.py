@@ -250,7 +250,7 @@ def freeze_window(partner_id: str, context: Context) -> dict[str, Any]:
     first_harvest_waits(partner, context, request)
     with hold_lease(partner_id, context) as keeper:
         asked = partner.metadata_prefix == "auto" and request.mode != "full"
-        if asked:  # a fresh remembered choice spares the ListMetadataFormats (issue 28)
+        if asked:  # a fresh remembered choice spares the ListMetadataFormats
             with aggregation() as conn:
                 chosen = prefix_choices.remembered(conn, partner_id)
             if chosen is not None:

@@ -138,7 +138,7 @@ def _runs_to_fence(conn: psycopg.Connection, admin: ModuleType | None, partner_i
 
 
 def _report_fenced(command: str, epoch: int, audit: list, dag_runs: list) -> None:
-    """What the command did to runs in flight, waiting or queued (issue 23)."""
+    """What the command did to runs in flight, waiting or queued."""
     print(f"epoch of the partner: {epoch} (set by {command}); runs planned before it can neither apply nor move "
           "a cursor: each fails at its next write, naming this command")
     listed = set()

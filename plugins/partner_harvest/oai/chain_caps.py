@@ -1,4 +1,4 @@
-"""Caps one OAI-PMH token chain cannot pass (issue 23): a token's size, the chain's pages.
+"""Caps one OAI-PMH token chain cannot pass: a token's size, the chain's pages.
 
 Nothing in OAI-PMH bounds a resumptionToken's length or a chain's length; a hostile (or
 broken) repository could grow a worker's memory or hold it for hours with either. The

@@ -115,7 +115,7 @@ class OaiClient:
         self.max_empty_pages = max_empty_pages
         self.xml_limits = xml_limits or XmlLimits()
         self.validation = validation  # the partner's checks (registry options.validation): pages are parsed here
-        self.caps = caps or ChainCaps()  # a token's size, a chain's pages (issue 23)
+        self.caps = caps or ChainCaps()  # a token's size, a chain's pages
 
     # -- single requests ---------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import html
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from typing import Any, Generic, TypeVar
 
 from lxml import etree
 
@@ -162,14 +163,16 @@ class OaiHeader:
 
 
 ListItem = HarvestItem | OaiHeader | OaiSet
+ItemT = TypeVar("ItemT", bound=ListItem)
 
 
 @dataclass(slots=True)
-class ListPage:
-    """One page of a list verb. ``token`` is None on the last page (absent or empty)."""
+class ListPage(Generic[ItemT]):
+    """One page of a list verb, its items of the verb's one kind (records, tombstones and
+    rejects; headers; sets). ``token`` is None on the last page (absent or empty)."""
 
     response_date: datetime | None = None
-    items: list[ListItem] = field(default_factory=list)  # one kind per verb
+    items: list[ItemT] = field(default_factory=list)
     token: str | None = None
     complete_list_size: int | None = None
     cursor: int | None = None
@@ -220,11 +223,11 @@ def parse_metadata_formats(content: bytes) -> list[MetadataFormatInfo]:
     return formats
 
 
-def parse_list_sets(content: bytes) -> ListPage:
+def parse_list_sets(content: bytes) -> ListPage[OaiSet]:
     """Parse ListSets into a page of OaiSet items (same token rules as the other lists)."""
     root, cleaned, _ = _open(content)
     verb = _verb_element(root, "ListSets")
-    page = _page(root, verb, cleaned)
+    page: ListPage[OaiSet] = _page(root, verb, cleaned)
     for node in verb.iterchildren(f"{_O}set"):
         spec = _text(node.find(f"{_O}setSpec"))
         if spec:
@@ -232,32 +235,40 @@ def parse_list_sets(content: bytes) -> ListPage:
     return page
 
 
-def parse_list_identifiers(content: bytes) -> ListPage:
+def parse_list_identifiers(content: bytes) -> ListPage[OaiHeader]:
     """Parse ListIdentifiers into OaiHeader items; noRecordsMatch is an empty page."""
-    return parse_list_page(content, "ListIdentifiers")
+    page, element = _list_page(content, "ListIdentifiers")
+    if element is not None:
+        page.items.extend(_header(node) for node in element.iterchildren(_HEADER))
+    return page
 
 
-def parse_list_records(content: bytes, metadata_prefix: str, policy: Policy = DEFAULT_POLICY) -> ListPage:
-    """Parse ListRecords into Record / Tombstone / Rejected; noRecordsMatch is an empty page."""
-    return parse_list_page(content, "ListRecords", metadata_prefix, policy)
+def parse_list_records(content: bytes, metadata_prefix: str,
+                       policy: Policy = DEFAULT_POLICY) -> ListPage[HarvestItem]:
+    """Parse ListRecords into Record / Tombstone / Rejected (validated under the partner's
+    ``policy``); noRecordsMatch is an empty page."""
+    page, element = _list_page(content, "ListRecords")
+    if element is not None:
+        fmt = get_format(metadata_prefix)
+        page.items.extend(_record_item(node, metadata_prefix, fmt, policy) for node in element.iterchildren(_RECORD))
+    return page
 
 
 def parse_list_page(content: bytes, verb: str, metadata_prefix: str | None = None,
-                    policy: Policy = DEFAULT_POLICY) -> ListPage:
-    """A ListRecords or ListIdentifiers page: envelope, token, and its items (records
-    validated under the partner's ``policy``); noRecordsMatch is an empty page."""
+                    policy: Policy = DEFAULT_POLICY) -> ListPage[Any]:
+    """A ListRecords or ListIdentifiers page, as `verb` says: its items are the verb's kind."""
+    if verb == "ListRecords":
+        return parse_list_records(content, metadata_prefix or "", policy)
+    return parse_list_identifiers(content)
+
+
+def _list_page(content: bytes, verb: str) -> tuple[ListPage[Any], etree._Element | None]:
+    """A list page's envelope and token, and the verb's element (None: noRecordsMatch)."""
     root, cleaned, empty = _open(content, no_records_ok=True)
     if empty:
-        return ListPage(response_date=_response_date(root), cleaned=cleaned)
+        return ListPage(response_date=_response_date(root), cleaned=cleaned), None
     element = _verb_element(root, verb)
-    page = _page(root, element, cleaned)
-    if verb == "ListRecords":
-        prefix = metadata_prefix or ""
-        fmt = get_format(prefix)
-        page.items.extend(_record_item(node, prefix, fmt, policy) for node in element.iterchildren(_RECORD))
-    else:
-        page.items.extend(_header(node) for node in element.iterchildren(_HEADER))
-    return page
+    return _page(root, element, cleaned), element
 
 
 def parse_get_record(content: bytes, metadata_prefix: str, policy: Policy = DEFAULT_POLICY) -> HarvestItem:
@@ -376,8 +387,8 @@ def _response_date(root: etree._Element) -> datetime | None:
     return _optional_datestamp(_text(root.find(_RESPONSE_DATE)))
 
 
-def _page(root: etree._Element, verb: etree._Element, cleaned: bool) -> ListPage:
-    page = ListPage(response_date=_response_date(root), cleaned=cleaned)
+def _page(root: etree._Element, verb: etree._Element, cleaned: bool) -> ListPage[Any]:
+    page: ListPage[Any] = ListPage(response_date=_response_date(root), cleaned=cleaned)
     token = verb.find(_TOKEN)
     if token is not None:
         page.token = _text(token)

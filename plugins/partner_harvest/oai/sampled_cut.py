@@ -3,7 +3,7 @@
 ``completeListSize`` is optional (OAI-PMH 2.0, 3.5). Without it, equal time ranges are as
 uneven as the repository's history: records that cluster (a migration day, a bulk edit) or
 fill only part of the range leave some slices with a few pages and others with most of the
-list, and the run waits on the biggest (issue 28: 14,974 / 14,934 / 14,855 / 5,237 records in
+list, and the run waits on the biggest (14,974 / 14,934 / 14,855 / 5,237 records in
 four equal ranges). What a first ListIdentifiers page shows is enough to cut better:
 
 - **a list not ordered by datestamp** (by identifier, as DSpace and EPrints list): the first

@@ -7,7 +7,7 @@ slice holds about ``target_records`` or ``max_slices`` is reached. Slices cover 
 window and overlap by one granule: each starts where the previous one ends. OAI-PMH
 ``from``/``until`` are inclusive granules, so disjoint slices ``[.., m]`` and ``[m + 1 s, ..]``
 would do, but a repository that stores sub-second stamps and compares them raw returns a
-record stored at ``m + 0.5 s`` in neither (I13, issue 23); with the overlap it is in the
+record stored at ``m + 0.5 s`` in neither (I13); with the overlap it is in the
 second, and a record stamped ``m`` may come twice, which the apply merges (one version per
 identifier). The counts only steer the cut; a repository whose count
 is wrong (I13) gets uneven slices, never missing ones. Without any count, a full harvest

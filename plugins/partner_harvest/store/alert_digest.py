@@ -1,4 +1,4 @@
-"""One alert for an outage shared by many partners (issue 28 item 4): the SQL side.
+"""One alert for an outage shared by many partners: the SQL side.
 
 A failure is *recorded* under its key (``<endpoint host>|<error type>``): the first of a
 key opens a group and is alerted at once; those that follow within the fold window join

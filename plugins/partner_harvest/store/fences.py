@@ -1,5 +1,5 @@
 """Fences: a write a lease or an operator's state protects checks, in its own transaction,
-that it may still write (issue 23).
+that it may still write.
 
 A lease is renewed by a thread; a task frozen past its TTL (SIGSTOP, a suspended VM, a
 long stall) freezes its renewals too, the lease lapses and another run takes the partner.

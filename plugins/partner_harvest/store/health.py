@@ -42,7 +42,7 @@ from partner_harvest.store.quality import RunFigures
 
 # Partner states, worst first (partner_state.TABLE): what the health page sorts and colours by.
 STATES = partner_state.NAMES
-NEW, HEALTHY = NEVER_RUN, OK  # the names before the state table (issue 25)
+NEW, HEALTHY = NEVER_RUN, OK  # the names before the state table
 # A partner clock this far from ours is shown (the demo simulators' clock stands still).
 CLOCK_SHOWN_AFTER = timedelta(minutes=5)
 

@@ -40,7 +40,7 @@ RECHECK_AFTER = timedelta(seconds=60)
 class PartnerBusy(PartnerAsksToWait):
     """Another kind of run holds the partner: come back when its lease could have ended.
 
-    A wait, not a failure (issue 9): the task gives its worker slot back and uses no retry,
+    A wait, not a failure: the task gives its worker slot back and uses no retry,
     so a harvest that meets a long weekly reconcile neither burns its retries nor alerts.
     """
 

@@ -54,7 +54,7 @@ class StagingWriter:
         # bytes to its channel's harvest_runs row and checks the run's sum, in its transaction.
         self.max_run_bytes = max_run_bytes
         # With the channel's running totals, every page also writes them (and a checkpoint)
-        # to its harvest_runs row in the page's own transaction: progress while it runs (issue 9).
+        # to its harvest_runs row in the page's own transaction: progress while it runs.
         self.progress = progress
         # The try this writer belongs to: every page checks it is still the channel's current
         # one (a worker lost mid-page may leave its task process running beside the retry).

@@ -1,4 +1,4 @@
--- Sliced runs (issue 9). A big window is harvested as slices: channels 'changes/001',
+-- Sliced runs. A big window is harvested as slices: channels 'changes/001',
 -- 'changes/002', ... of the run, each with its own row. The run's 'changes' row stays the
 -- parent (the frozen window). window_from/window_until hold an OAI slice's datestamp range
 -- (or a Sierra change poll's updatedDate range); slice_lo/slice_hi a Sierra export slice's

@@ -1,4 +1,4 @@
--- Fences (issue 23). Per partner: the last lease token handed out (it only grows, never
+-- Fences. Per partner: the last lease token handed out (it only grows, never
 -- reset, not even by `forget`) and the epoch, which every operator command that changes
 -- the partner's state bumps. A write a lease protects locks this row FOR KEY SHARE and
 -- checks both in its own transaction (store/fences.py); a command's bump (FOR UPDATE)

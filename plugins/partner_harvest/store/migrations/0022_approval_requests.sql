@@ -1,4 +1,4 @@
--- Approval gates (issue 26 item 1, docs/operator/approvals.md): a reconcile over its purge
+-- Approval gates (docs/operator/approvals.md): a reconcile over its purge
 -- limit, or a harvest that would shrink the partner's live set by more than its
 -- max_shrink_fraction, stops before its apply and asks a person (Airflow's Required Actions).
 -- One row per gated run: what the request showed, and what became of it.

@@ -1,4 +1,4 @@
--- One alert for an outage many partners share (issue 28 item 4). A task failure opens a
+-- One alert for an outage many partners share. A task failure opens a
 -- group for its key (the endpoint host and the error's type) and is alerted at once; the
 -- failures of the same key in the next minutes join the group as members without an alert
 -- of their own, and one digest naming them is sent when the group's fold window ends, by

@@ -1,6 +1,6 @@
 -- What `metadata_prefix: auto` chose for an OAI-PMH partner, and when the partner was last
 -- asked (ListMetadataFormats). A nightly run uses the choice while it is fresh instead of
--- asking every night (issue 28); a full harvest, or a choice older than the re-check
+-- asking every night; a full harvest, or a choice older than the re-check
 -- interval, asks again. A memo, not state a lease protects: losing it costs one request.
 CREATE TABLE IF NOT EXISTS metadata_prefix_choices (
     partner_id       text        PRIMARY KEY,

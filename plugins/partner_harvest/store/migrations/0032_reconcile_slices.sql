@@ -1,4 +1,4 @@
--- A reconcile's sweep cut into slices (issue 28 item 6): each slice, a mapped task retried on
+-- A reconcile's sweep cut into slices: each slice, a mapped task retried on
 -- its own, lists one datestamp range (OAI-PMH ListIdentifiers) or id range (Sierra) into
 -- reconcile_ids under its own number, so a retry replaces only its own rows. The row says
 -- what the slice swept (written in each page's transaction, as the rows it counts), so the

@@ -1,4 +1,4 @@
--- An IIIF Change Discovery slice is a range of stream pages (issue 27). Page URLs need not be
+-- An IIIF Change Discovery slice is a range of stream pages. Page URLs need not be
 -- predictable, so the plan walks the chain once and writes each slice's page URLs (newest
 -- first) with the activities it counted on each: a retried slice resumes at the page after
 -- its checkpoint (the position of its next page) without walking the chain again, and proves

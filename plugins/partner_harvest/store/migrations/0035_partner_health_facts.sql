@@ -1,5 +1,5 @@
 -- The facts a partner's state is decided from, one row per partner, kept by a trigger on
--- harvest_runs (issue 28 item 4): the health index decides the state of every partner on
+-- harvest_runs: the health index decides the state of every partner on
 -- every request (its counts, the state filter, the sort), and reading those facts from
 -- harvest_runs for 10,000 partners (1.4 million rows) took seconds. The row is computed
 -- from harvest_runs with the same picks store/health.py makes for one partner, so the

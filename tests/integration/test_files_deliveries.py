@@ -11,6 +11,7 @@ each delivery applied once (the re-uploaded one twice), the late one waited for.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -271,8 +272,12 @@ def test_the_readiness_check_lists_judges_and_samples(tmp_path: Path) -> None:
     assert "30 of the first 30 record(s)" in report.text() or "pass validation" in report.text()
 
 
-def test_a_file_not_matching_its_published_checksum_is_not_applied(tmp_path: Path, conn: psycopg.Connection) -> None:
-    from partner_harvest.errors import PartnerDataError
+def test_a_file_not_matching_its_published_checksum_waits(tmp_path: Path, conn: psycopg.Connection) -> None:
+    """A file copied in halfway while its checksum file lists the whole one: the run waits, as
+    for a missing done-marker (no failure), naming the file, its delivery and both digests;
+    nothing is applied or kept staged, the cursor stays; the night the partner's file matches,
+    it applies. Nights of such waiting show the partner behind, never failing."""
+    from partner_harvest.store.health import index_health, partner_health
 
     folder = tmp_path / "dumps"
     museum = Publisher(fsspec.filesystem("file"), str(folder))
@@ -283,8 +288,34 @@ def test_a_file_not_matching_its_published_checksum_is_not_applied(tmp_path: Pat
     dump = folder / "20260615" / "full" / "objects-001.csv"
     whole = dump.read_bytes()
     dump.write_bytes(whole[:whole.index(b"\r\n", len(whole) // 2) + 2])  # half of it, still being copied in
-    with pytest.raises(PartnerDataError, match="does not match the published"):
-        harness.run()
+    waited = harness.run()
+    assert waited.waiting is not None and waited.applied.fetched == 0
+    assert waited.waiting.startswith("the full dump of 2026-06-15T00:00:00Z: full/objects-001.csv: sha256 "
+                                     f"{hashlib.sha256(dump.read_bytes()).hexdigest()} does not match the "
+                                     f"published {hashlib.sha256(whole).hexdigest()}"), waited.waiting
+    assert waited.waiting.endswith("waiting for the partner to finish the upload")
     assert staged_rows(conn, "run-1") == 0 and harness.held() == set() and harness.cursor is None
+    assert harness.audit("run-1")["status"] == "abandoned" and waited.waiting in harness.audit("run-1")["error"]
     museum.full(day(0), marker=False, sums=True)  # the partner publishes the dump again, whole
     assert harness.run().applied.upserted == 50 and harness.held() == museum.published_ids()
+    assert harness.cursor == day(0)
+
+    # A delta copied in halfway: the run waits; the partner is not failing, and nights later behind.
+    museum.edit(5)
+    delta = folder / museum.delta(day(1), marker=False, sums=True)
+    whole = delta.read_bytes()
+    delta.write_bytes(whole[:whole.index(b"\r\n", len(whole) // 2) + 2])
+    held_before = titles(conn, harness)
+    waiting = harness.run()
+    assert waiting.waiting is not None and "the delta of 2026-06-16T00:00:00Z: delta/changes.csv: sha256 " in waiting.waiting
+    assert titles(conn, harness) == held_before and harness.cursor == day(0)
+    now = datetime.now(timezone.utc)
+    for health in (partner_health(conn, [partner], now), index_health(conn, [partner], now)):
+        assert health[0].state == "ok" and waiting.waiting in (health[0].cause or ""), health[0]
+    later = now + timedelta(days=3)  # three nights of the same wait
+    assert [h.state for h in (*partner_health(conn, [partner], later), *index_health(conn, [partner], later))] == [
+        "behind", "behind"]
+    delta.write_bytes(whole)  # the upload finished
+    applied = harness.run()
+    assert applied.waiting is None and applied.applied.upserted == 5 and harness.cursor == day(1)
+    assert titles(conn, harness) == {i: r["title"] for i, r in museum.published.items()}

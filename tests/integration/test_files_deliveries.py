@@ -290,7 +290,7 @@ def test_a_file_not_matching_its_published_checksum_waits(tmp_path: Path, conn: 
     dump.write_bytes(whole[:whole.index(b"\r\n", len(whole) // 2) + 2])  # half of it, still being copied in
     waited = harness.run()
     assert waited.waiting is not None and waited.applied.fetched == 0
-    assert waited.waiting.startswith("the full dump of 2026-06-15T00:00:00Z: full/objects-001.csv: sha256 "
+    assert waited.waiting.startswith("the full dump of 2026-06-15T00:00:00Z: 20260615/full/objects-001.csv: sha256 "
                                      f"{hashlib.sha256(dump.read_bytes()).hexdigest()} does not match the "
                                      f"published {hashlib.sha256(whole).hexdigest()}"), waited.waiting
     assert waited.waiting.endswith("waiting for the partner to finish the upload")
@@ -307,7 +307,7 @@ def test_a_file_not_matching_its_published_checksum_waits(tmp_path: Path, conn: 
     delta.write_bytes(whole[:whole.index(b"\r\n", len(whole) // 2) + 2])
     held_before = titles(conn, harness)
     waiting = harness.run()
-    assert waiting.waiting is not None and "the delta of 2026-06-16T00:00:00Z: delta/changes.csv: sha256 " in waiting.waiting
+    assert waiting.waiting is not None and "the delta of 2026-06-16T00:00:00Z: 20260616/delta/changes.csv: sha256 " in waiting.waiting
     assert titles(conn, harness) == held_before and harness.cursor == day(0)
     now = datetime.now(timezone.utc)
     for health in (partner_health(conn, [partner], now), index_health(conn, [partner], now)):

@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 
 from partner_harvest.adapters import Adapter, IdSink, PartnerClock, StagingSink, SweptId
-from partner_harvest.errors import ConfigurationError, PartnerDataError
+from partner_harvest.errors import ConfigurationError, PartnerDataError, PartnerNotReady
 from partner_harvest.files import layout
 from partner_harvest.files.readers import FileReader, new_digest, seeks
 from partner_harvest.files.spec import FilesOptions
@@ -231,9 +231,11 @@ class FileDeliveryAdapter(Adapter):
             algorithm, expected = file.checksum.split(":", 1)
             if digest.hexdigest() != expected:
                 sink.reset()  # a resumed try must not keep what a damaged file staged
-                raise PartnerDataError(self.partner_id, f"read {where}", (
-                    f"{algorithm} {digest.hexdigest()} does not match the published {expected}: still being "
-                    "uploaded or damaged; nothing of this piece is kept"))
+                named = "the full dump" if delivery.kind == layout.FULL else "the delta"
+                raise PartnerNotReady(self.partner_id, f"read {where}", (
+                    f"{named} of {format_instant(delivery.date)}: {file.path}: {algorithm} {digest.hexdigest()} "
+                    f"does not match the published {expected} (still being uploaded, or damaged): nothing of "
+                    "this run is applied, waiting for the partner to finish the upload"))
         log.info("%s: %s (%s of %s): %d items read (%d records, %d deleted, %d rejected so far in this piece)",
                  self.partner_id, file.path, delivery.kind, format_instant(delivery.date), read, stats.records,
                  stats.tombstones, stats.rejected)

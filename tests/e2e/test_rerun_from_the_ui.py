@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -85,10 +86,16 @@ def test_clearing_a_whole_run_that_failed_by_timeout_reruns_it_and_applies(stack
 
 
 def test_clearing_the_failed_task_in_the_ui_reruns_it_and_applies(stack: AirflowStack) -> None:
-    """An operator's way back in the UI: the failed run's failed task, Clear, Confirm."""
+    """An operator's night: the partner's server goes down, the run fails, the alert arrives;
+    the server is back, the failed task is cleared in the UI (Clear, Confirm), the rerun
+    applies and the aggregation equals the partner."""
     flaky = stack.flaky
     assert flaky is not None
     run_id = failed_night(stack, lambda: flaky.fail_next(DOWN, status=503))
+    alert = stack.sink.wait_for(lambda mail: run_id in mail.text and "freeze_window" in mail.subject, timeout=120)
+    assert alert is not None, f"no alert for {run_id}: {[mail.subject for mail in stack.sink.messages]}"
+    failed_at = datetime.fromisoformat(stack.task_instance(DAG_ID, run_id, "freeze_window")["end_date"])
+    print(f"first alert {alert.received_at - failed_at.timestamp():.1f} s after the task failed: {alert.subject}")
     shots = Path(os.environ.get("HARVEST_SCREENSHOTS") or tempfile.mkdtemp(prefix="rerun-ui-"))
     shots.mkdir(parents=True, exist_ok=True)
     with launched_chromium() as chromium:

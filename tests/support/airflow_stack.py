@@ -487,6 +487,9 @@ class AirflowServices:
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
         return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
 
+    def task_instance(self, dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
+        return next(ti for ti in self.task_instances(dag_id, run_id) if ti["task_id"] == task_id)
+
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
         return {ti["task_id"]: ti["state"] for ti in self.task_instances(dag_id, run_id)}
 

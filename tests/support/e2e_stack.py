@@ -163,6 +163,7 @@ def start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
     env.update({
         "HARVEST_PARTNERS_FILE": str(registry),
         "HARVEST_LEASE_TTL_SECONDS": str(LEASE_TTL_SECONDS),
+        "HARVEST_ALERT_DIGEST_MINUTES": "0",  # every failure mails at once: a test waits for its own run's alert
         "AIRFLOW_CONN_AGGREGATION_DB": postgres_connection(aggregation_db),
         f"AIRFLOW_CONN_PARTNER_{MUSEUM.upper()}": http_connection(simulator.base_url),
         f"AIRFLOW_CONN_PARTNER_{BROKEN.upper()}": http_connection(f"http://127.0.0.1:{free_loopback_port()}/oai"),

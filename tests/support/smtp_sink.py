@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email import message_from_bytes, policy
 from email.message import EmailMessage
 from typing import Any
@@ -26,6 +26,7 @@ class ReceivedMail:
     mail_from: str
     rcpt_tos: tuple[str, ...]
     message: EmailMessage
+    received_at: float = field(default_factory=time.time)  # epoch seconds, when the sink accepted it
 
     @property
     def subject(self) -> str:

@@ -200,18 +200,11 @@ class AttachedPolls:
         self._purge_unlisted(kind, until, sink, stats)
 
     def _resume_point(self, sink: StagingSink, stats: HarvestStats) -> int:
-        if sink.conn is None or sink.run is None:
+        kept = resume.resume_after(sink, stats)
+        if kept is None:
             return 0
-        kept = resume.staged_so_far(sink.conn, sink.run)
-        if kept.count == 0:
-            return 0
-        stats.fetched += kept.count
-        stats.records += kept.records
-        stats.tombstones += kept.tombstones
-        stats.rejected += kept.rejected
-        sink.seq = max(sink.seq, kept.max_seq)
         log.info("%s: resuming the listing of %s after id %s (%d staged by an earlier try)", self.partner_id,
-                 sink.run.channel, kept.max_id, kept.count)
+                 sink.run.channel if sink.run else "?", kept.max_id, kept.count)
         return (kept.max_id + 1) if kept.max_id is not None else 0
 
     def _purge_unlisted(self, kind: Kind, until: datetime, sink: StagingSink, stats: HarvestStats) -> None:

@@ -87,17 +87,9 @@ class FullLoad:
 
     def _resume_point(self) -> int:
         """After the highest bib an earlier try of this window staged (0 without a database sink)."""
-        sink, stats = self.sink, self.stats
-        if sink.conn is None or sink.run is None:
+        kept = resume.resume_after(self.sink, self.stats)
+        if kept is None:
             return 0
-        kept = resume.staged_so_far(sink.conn, sink.run)
-        if kept.count == 0:
-            return 0
-        stats.fetched += kept.count
-        stats.records += kept.records
-        stats.tombstones += kept.tombstones
-        stats.rejected += kept.rejected
-        sink.seq = max(sink.seq, kept.max_seq)
         start = (kept.max_id + 1) if kept.max_id is not None else 0
         log.info("%s: resuming the export at id %d: an earlier try of this run staged %d items (up to bib %s)",
                  self.partner_id, start, kept.count, kept.max_id)

@@ -9,10 +9,15 @@ transaction, so what a try staged is a prefix of the export: the next try keeps 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
 
+from partner_harvest.records import HarvestStats
 from partner_harvest.store.runs import RunRef
+
+if TYPE_CHECKING:
+    from partner_harvest.adapters import StagingSink
 
 
 @dataclass(frozen=True)
@@ -40,3 +45,19 @@ def staged_so_far(conn: psycopg.Connection, run: RunRef) -> Staged:
     conn.commit()
     assert row is not None
     return Staged(*row)
+
+
+def resume_after(sink: StagingSink, stats: HarvestStats) -> Staged | None:
+    """What an earlier try of this run channel staged, counted into ``stats`` and the sink's
+    sequence so the resumed listing continues both; None: nothing (or no database sink)."""
+    if sink.conn is None or sink.run is None:
+        return None
+    kept = staged_so_far(sink.conn, sink.run)
+    if kept.count == 0:
+        return None
+    stats.fetched += kept.count
+    stats.records += kept.records
+    stats.tombstones += kept.tombstones
+    stats.rejected += kept.rejected
+    sink.seq = max(sink.seq, kept.max_seq)
+    return kept

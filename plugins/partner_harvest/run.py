@@ -48,8 +48,6 @@ from partner_harvest.window import Window, channel_windows, format_instant, next
 
 log = logging.getLogger(__name__)
 
-log = logging.getLogger(__name__)
-
 CHANGES = "changes"
 ABANDON_AFTER = timedelta(days=7)  # a run not applied within it is closed by the next freeze
 

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from contextlib import ExitStack
+from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +67,19 @@ def database(server_uri: str, name: str) -> str:
     return create_database(server_uri, name, keep=True)
 
 
+def demo_files_folder(folder: Path, records: int) -> None:
+    """demo_files' location: a full dump of 2026-01-01 (the simulators' day), written once."""
+    if folder.exists():
+        return
+    import fsspec
+
+    from include.simulators.files.publisher import Publisher
+
+    museum = Publisher(fsspec.filesystem("file"), str(folder))
+    museum.create(records)
+    museum.full(datetime(2026, 1, 1, tzinfo=timezone.utc), parts=2)
+
+
 def airflow_env(home: Path, port: int, meta_db: str, aggregation_db: str, oai_url: str, sierra_url: str,
                 iiif_url: str = "", alerts_url: str | None = None) -> dict[str, str]:
     """The settings the tests' stacks run with, but for a UI left running: the schedules are
@@ -80,6 +94,8 @@ def airflow_env(home: Path, port: int, meta_db: str, aggregation_db: str, oai_ur
         "AIRFLOW_CONN_AGGREGATION_DB": postgres_connection(aggregation_db),
         "AIRFLOW_CONN_PARTNER_DEMO": http_connection(oai_url),
         "AIRFLOW_CONN_PARTNER_DEMO_LIBRARY": http_connection(sierra_url, SIERRA_KEY, SIERRA_SECRET),
+        # demo_files: dated CSV deliveries in a folder of AIRFLOW_HOME (demo_files_folder)
+        "AIRFLOW_CONN_PARTNER_DEMO_FILES": json.dumps({"conn_type": "file_delivery", "host": f"file://{home / 'files'}"}),
         "AIRFLOW_CONN_PARTNER_DEMO_STREAM": http_connection(iiif_url),
     })
     if alerts_url:  # the alert inbox: alerts.log and its page
@@ -168,6 +184,7 @@ def main() -> int:
             inbox = stack.enter_context(AlertInbox(args.home / "alerts.log", args.port + 3))
         except OSError:  # the port is taken: any free one (the ready lines name it)
             inbox = stack.enter_context(AlertInbox(args.home / "alerts.log"))
+        demo_files_folder(args.home / "files", int(n))
         env = airflow_env(args.home, args.port, meta_db, aggregation_db, oai_url, sierra_url, iiif_url, inbox.url)
         services = AirflowServices(env, args.home, args.port, SERVICES, cwd=ROOT, append_logs=True)
         where = "HARVEST_DATABASE_URL" if os.environ.get(embedded_pg.DATABASE_URL_ENV) else "the embedded PostgreSQL"
@@ -191,7 +208,8 @@ def main() -> int:
             print(f"==> Airflow UI ready at {base_url} (every visitor is admin: loopback only)", flush=True)
             print(f"    partners: demo (OAI-PMH) at {oai_url}, demo_library (Sierra) at {sierra_url}, demo_stream "
                   f"(IIIF Change Discovery) at {iiif_url}; their clock stands at 2026-01-01 (the simulators' fixed "
-                  "clock: the health page shows it)", flush=True)
+                  f"clock: the health page shows it); demo_files (dated CSV deliveries) in {args.home / 'files'}",
+                  flush=True)
             print(f"    alerts: {inbox.url}/ and {args.home}/alerts.log", flush=True)
             print('    command line: eval "$(bash scripts/airflow_ui.sh env)"; partner-harvest status', flush=True)
             print(f"    logs: {args.home}/<service>.log; Ctrl-C stops everything but the PostgreSQL", flush=True)

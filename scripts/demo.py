@@ -1,8 +1,9 @@
 """The main job, end to end on one machine: harvest the demo partners through Airflow.
 
-Starts an embedded PostgreSQL (or uses HARVEST_DATABASE_URL) and the project's three
+Starts an embedded PostgreSQL (or uses HARVEST_DATABASE_URL) and the project's four
 partner simulators (an OAI-PMH museum, a Sierra library catalogue, a museum publishing an
-IIIF Change Discovery stream), runs each partner's
+IIIF Change Discovery stream, a museum publishing dated CSV dumps and deltas in an HTTP
+directory), runs each partner's
 DAG once (a full harvest: no cursor yet), lets the partners edit, delete and add
 records, runs each DAG again (incremental, from the cursors), and prints what landed
 from ``harvest_runs`` next to each partner's own live set.
@@ -13,9 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "plugins"), str(ROOT)]
@@ -24,6 +28,8 @@ import psycopg  # noqa: E402
 from psycopg.conninfo import conninfo_to_dict  # noqa: E402
 
 from include import embedded_pg  # noqa: E402
+from include.simulators.files.publisher import Publisher  # noqa: E402
+from include.simulators.files.server import DirectoryServer  # noqa: E402
 from include.simulators.process import control  # noqa: E402
 from include.simulators.process import simulator_process as simulator  # noqa: E402
 from partner_harvest.store import connect, ensure_schema  # noqa: E402
@@ -36,7 +42,7 @@ AIRFLOW = str(ROOT / ".venv" / "bin" / "airflow")
 SIERRA_KEY, SIERRA_SECRET = "demo-key", "demo-secret"
 
 
-def airflow_env(pg_uri: str, oai_url: str, sierra_url: str, iiif_url: str) -> dict[str, str]:
+def airflow_env(pg_uri: str, oai_url: str, sierra_url: str, iiif_url: str, files_url: str) -> dict[str, str]:
     pg = conninfo_to_dict(pg_uri)
     env = dict(os.environ)
     env.update({
@@ -49,6 +55,7 @@ def airflow_env(pg_uri: str, oai_url: str, sierra_url: str, iiif_url: str) -> di
         "AIRFLOW_CONN_PARTNER_DEMO_LIBRARY": json.dumps(
             {"conn_type": "http", "host": sierra_url, "login": SIERRA_KEY, "password": SIERRA_SECRET}),
         "AIRFLOW_CONN_PARTNER_DEMO_STREAM": json.dumps({"conn_type": "http", "host": iiif_url}),
+        "AIRFLOW_CONN_PARTNER_DEMO_FILES": json.dumps({"conn_type": "file_delivery", "host": files_url}),
         "AIRFLOW_CONN_AGGREGATION_DB": json.dumps({
             "conn_type": "postgres",
             "host": pg.get("host"),
@@ -59,6 +66,12 @@ def airflow_env(pg_uri: str, oai_url: str, sierra_url: str, iiif_url: str) -> di
         }),
     })
     return env
+
+
+def fsspec_local() -> Any:
+    import fsspec
+
+    return fsspec.filesystem("file")
 
 
 def run_dag(env: dict[str, str], dag_id: str, label: str) -> None:
@@ -124,7 +137,8 @@ def main() -> int:
     pg_uri = embedded_pg.start("demo", keep_running=True)
     where = "HARVEST_DATABASE_URL" if os.environ.get(embedded_pg.DATABASE_URL_ENV) else "embedded PostgreSQL (pgserver)"
     print(f"==> aggregation database: {where}")
-    partners = {"demo": "harvest_demo", "demo_library": "harvest_demo_library", "demo_stream": "harvest_demo_stream"}
+    partners = {"demo": "harvest_demo", "demo_library": "harvest_demo_library", "demo_stream": "harvest_demo_stream",
+                "demo_files": "harvest_demo_files"}
     with connect(pg_uri) as conn:
         ensure_schema(conn)
         for partner_id in partners:
@@ -133,14 +147,24 @@ def main() -> int:
     oai_args = ("--records", str(n), "--page-size", "200", "--granularity", "seconds", "--formats", "oai_dc,lido")
     sierra_args = ("--bibs", str(n), "--client-key", SIERRA_KEY, "--client-secret", SIERRA_SECRET)
     iiif_args = ("--objects", str(n), "--page-sizes", "100", "--fractions")
+    folder = ROOT / ".airflow-demo" / "files"  # the museum's deliveries, served as an HTTP directory
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    museum = Publisher(fsspec_local(), str(folder))
+    yesterday = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
+    museum.create(n)
+    museum.full(yesterday - timedelta(days=1), parts=2)
     with simulator("oai_pmh", *oai_args) as oai_url, simulator("sierra", *sierra_args) as sierra_url, \
-            simulator("iiif", *iiif_args) as iiif_base:
+            simulator("iiif", *iiif_args) as iiif_base, DirectoryServer(folder) as files_server:
         iiif_url = f"{iiif_base}/stream/collection.json"
+        files_url = f"{files_server.base_url}/"
         print(f"==> partner 'demo': OAI-PMH simulator at {oai_url} ({n} records)")
         print(f"==> partner 'demo_library': Sierra simulator at {sierra_url} ({n} bibs)")
         print(f"==> partner 'demo_stream': IIIF Change Discovery simulator at {iiif_url} ({n} objects)")
+        print(f"==> partner 'demo_files': dated CSV dumps and deltas at {files_url} ({n} objects, a full dump of "
+              f"{museum.deliveries[0][0]} in two parts)")
         urls = {"demo": oai_url, "demo_library": sierra_url, "demo_stream": iiif_url}
-        env = airflow_env(pg_uri, oai_url, sierra_url, iiif_url)
+        env = airflow_env(pg_uri, oai_url, sierra_url, iiif_url, files_url)
         (ROOT / ".airflow-demo").mkdir(exist_ok=True)
         subprocess.run([AIRFLOW, "db", "migrate"], env=env, cwd=ROOT, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -161,11 +185,16 @@ def main() -> int:
             moved = f", moved {len(changed['moved'])}" if "moved" in changed else ""
             print(f"\n==> partner '{partner_id}' edited {len(changed['edited'])}, deleted {len(changed['deleted'])}"
                   f"{moved} and added {len(changed['added'])} records")
+        edited, deleted, added = museum.edit(n // 100), museum.delete(n // 200), museum.create(n // 200)
+        museum.delta(yesterday)
+        print(f"\n==> partner 'demo_files' edited {len(edited)}, deleted {len(deleted)} and added {len(added)} "
+              f"records: the delta of {museum.deliveries[-1][0]}")
         for dag_id in partners.values():
             run_dag(env, dag_id, "Second run (incremental from the cursor)")
 
         # what each partner publishes: Sierra's suppressed bibs are not (options.sierra.suppressed: purge)
         upstream = {pid: control(url, "public_ids" if pid == "demo_library" else "live_ids") for pid, url in urls.items()}
+        upstream["demo_files"] = museum.published_ids()
         with connect(pg_uri) as conn:
             held = {}
             for partner_id in partners:
@@ -176,7 +205,7 @@ def main() -> int:
             key: subprocess.run([AIRFLOW, "variables", "get", key], env=env, cwd=ROOT,
                                 capture_output=True, text=True).stdout.strip()
             for key in ("harvest_cursor__demo", "harvest_cursor__demo_library", "harvest_cursor__demo_library__deletions",
-                        "harvest_cursor__demo_stream")
+                        "harvest_cursor__demo_stream", "harvest_cursor__demo_files")
         }
     all_same = True
     print()

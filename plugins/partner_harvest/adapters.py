@@ -86,7 +86,8 @@ class Adapter(ABC):
     May provide (defaults below): the extra channels its spec declares
     (protocols.ProtocolSpec.channels; :meth:`plan_channels`, :meth:`harvest_channel`), slices
     (:meth:`plan_slices`, :attr:`resumes_slices`), resuming an interrupted try's staging
-    (:meth:`resumes_staging`), a cheap look at a quiet window (:meth:`window_is_empty`),
+    (:meth:`resumes_staging`, :attr:`resumes_window`), settling the frozen window against what
+    was applied (:meth:`settle_window`), a cheap look at a quiet window (:meth:`window_is_empty`),
     verifying vanished records (:attr:`verify_limit`, :meth:`verify_vanished`) and a bulk
     fetch of many missing records (:attr:`bulk_missing_threshold`).
     """
@@ -97,6 +98,10 @@ class Adapter(ABC):
     resumes_slices: ClassVar[bool] = False
     """Whether a slice interrupted mid-way resumes from its checkpoint (store/slices.resumable)
     instead of restarting from its own start; default False (an OAI token cannot be resumed)."""
+
+    resumes_window: ClassVar[bool] = False
+    """Whether an unsliced window interrupted mid-way resumes at its checkpoint as a slice does
+    (store/slices.resumable), reading it as ``window.protocol.resume_at``; default False."""
 
     verify_limit: int | None = None
     """Vanished reconcile candidates confirmed per reconcile with :meth:`verify_vanished`;
@@ -151,6 +156,12 @@ class Adapter(ABC):
     def plan_slices(self, window: Window, settings: SliceSettings) -> Sequence[Slice]:
         """How to cut a big window into slices (registry ``slicing``); default: never (whole)."""
         return []
+
+    def settle_window(self, window: Window, conn: psycopg.Connection) -> Window:
+        """The frozen window settled against what the aggregation already applied of the
+        partner (read on ``conn``), once its bounds are known: an adapter whose partner
+        publishes whole deliveries keeps only those not yet applied. Default: as frozen."""
+        return window
 
     def plan_sweep(self, window: Window, slices: int, threshold: int) -> Sequence[Slice]:
         """How to cut the reconcile's sweep into about ``slices`` ranges when the partner holds

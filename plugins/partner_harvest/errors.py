@@ -60,3 +60,13 @@ class PartnerAsksToWait(HarvestError):
     def __init__(self, partner_id: str, request: str, cause: str, resume_at: datetime):
         super().__init__(partner_id, request, f"{cause}; resuming at {resume_at:%Y-%m-%d %H:%M:%S}Z")
         self.resume_at = resume_at
+
+
+class PartnerNotReady(HarvestError):
+    """What the run read is not yet what the partner publishes, though the freeze judged it
+    complete (a file not matching its published checksum: still being uploaded).
+
+    Not a failure: nothing of the run applies, its staging is dropped, the cursor stays
+    (``run.wait``); the next run freezes again and applies once the partner's files match.
+    The Airflow layer skips the rest of the run, without a failure alert.
+    """

@@ -25,6 +25,9 @@ class Endpoint:
     login: str | None = None
     password: str | None = field(default=None, repr=False)
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # may name proxy credentials
+    # The location as an fsspec filesystem, opened by the Airflow layer through its object storage
+    # (ConnectionType.object_storage); None: the protocol opens its location itself.
+    filesystem: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

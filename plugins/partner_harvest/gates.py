@@ -33,8 +33,9 @@ APPROVE, REJECT, MOVE = "Approve", "Reject", "Move"  # the answers a request off
 
 
 def covers_whole_collection(window: Window) -> bool:
-    """A full harvest (or a first one): everything the partner holds should have come."""
-    return window.is_full and window.mode != "window"
+    """A full harvest (or a first one), or a run whose changes list the whole collection (a
+    file partner's full dump): everything the partner holds should have come."""
+    return (window.is_full and window.mode != "window") or window.protocol.whole_list_at is not None
 
 
 def staged_tombstones(staged: Iterable[Mapping[str, Any] | None]) -> int:
@@ -132,7 +133,8 @@ def body(request: Request, partner: Partner, links: Mapping[str, str], timeout_n
         f"| purged by the apply (tombstones) | {request.removals} |",
     ]
     if request.kind == SHRINK and whole_collection:
-        lines.append(f"| not returned by this full harvest (kept by the apply; a reconcile decides) | {request.absent} |")
+        lines.append("| not returned by this full harvest (kept by the apply and left to a reconcile; a file "
+                     f"partner's full dump purges them, reason not_listed) | {request.absent} |")
     if request.movable:
         lines += ["", f"**{request.movable} of these records come back under new identifiers** with identical content "
                   "(the same content hash): the partner renamed them (a new OAI base or identifier scheme?)."]

@@ -38,6 +38,7 @@ from partner_harvest.store import (
 from partner_harvest.store.apply import StagingIncomplete
 from partner_harvest.store.runs import last_applied_until, record_failed_try
 from partner_harvest.store.slices import Resumable
+from partner_harvest.store.staging import NOT_LISTED, holds_any, stage_not_listed
 from partner_harvest.window import (
     ClockBehind,
     Slice,
@@ -340,7 +341,13 @@ def harvest_piece(
     """
     run = RunRef(partner_id, run_id, channel)
     if not slices.is_slice(channel):
-        return harvest_window(adapter, conn, run, window)
+        whole = slices.resumable(conn, run) if adapter.resumes_window else None
+        if whole is None:
+            return harvest_window(adapter, conn, run, window)
+        log.info("%s: the window resumes at its checkpoint %d with %d items already staged",
+                 partner_id, whole.checkpoint, whole.fetched)
+        return _stage(adapter, adapter.harvest, conn, run, window.with_facts(resume_at=whole.checkpoint),
+                      resume=whole)
     ensure_schema(conn)
     bounds = slices.read_bounds(conn, run)
     resume = slices.resumable(conn, run) if adapter.resumes_slices else None
@@ -415,6 +422,27 @@ class _Merges:
                 self.pool.shutdown(wait=True, cancel_futures=True)
             if self.merging is not None:
                 self.merging.close()
+
+
+def stage_unlisted(conn: psycopg.Connection, partner_id: str, run_id: str, window: Window) -> int | None:
+    """A run whose changes list the partner's whole collection (``whole_list_at``: a file
+    partner's full dump): the held records none of its pieces staged become tombstones in a
+    channel of their own (``not_listed``), as the reconcile stages what vanished. Staged again
+    before every try of the apply; None for any other run."""
+    at = window.protocol.whole_list_at
+    if at is None:
+        return None
+    ensure_schema(conn)
+    if not holds_any(conn, partner_id):  # a first load: nothing held, nothing to compare
+        return 0
+    run = RunRef(partner_id, run_id, NOT_LISTED)
+    attempt = begin_run(conn, run, window, window.protocol.metadata_prefix)
+    staged = stage_not_listed(conn, run, at, attempt)
+    finish_harvest(conn, run, HarvestStats(pages=1, fetched=staged, tombstones=staged), attempt)
+    if staged:
+        log.info("%s: %d held records stamped no later than %s are not in the run's whole list: staged for the "
+                 "purge (reason %s)", partner_id, staged, format_instant(at), NOT_LISTED)
+    return staged
 
 
 def max_record_bytes(adapter: Adapter) -> int:

@@ -63,6 +63,11 @@ class ConnectionType:
     hidden_fields: tuple[str, ...] = ()
     relabeling: Mapping[str, str] = field(default_factory=dict)
     placeholders: Mapping[str, str] = field(default_factory=dict)
+    object_storage: bool = False
+    """The host is an object-storage URL (s3://bucket/prefix): the hook opens it through Airflow's
+    object storage (``ObjectStoragePath``, for a scheme a provider registers) as ``Endpoint.filesystem``,
+    and the form shows the ``fields`` below instead of the HTTP transport's TLS and proxy fields."""
+    fields: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # extra -> (label, description) on the form
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from pydantic import (
 )
 
 from partner_harvest import protocols
+from partner_harvest.durations import Duration, parse_duration  # noqa: F401 (parse_duration: the registry's reading, re-exported)
 from partner_harvest.formats.checks import CHECKS, UnknownCheck, check_overrides
 from partner_harvest.politeness import MAX_DELAY_MS, PolitenessOptions
 from partner_harvest.schedule_spread import WINDOW_PATTERN, spread_schedule
@@ -52,8 +53,6 @@ SCHEMA_FILE = DEFAULT_PARTNERS_FILE.with_name("partners.schema.json")
 ID_PATTERN = r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$"
 ID_MAX_LENGTH = 63
 _ID = re.compile(ID_PATTERN)
-_DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 CURSOR_PREFIX = "harvest_cursor__"
 DEFAULT_MAX_RECORD_BYTES = 8 * 1024 * 1024
 # Caps a partner cannot pass, gentle: far above what real partners send.
@@ -112,20 +111,6 @@ def finish_by_offset(schedule: str, finish_by: str) -> timedelta:
     return offset
 
 
-def parse_duration(value: Any) -> timedelta:
-    """Accept ``600``, ``"600s"``, ``"10m"``, ``"2h"`` or ``"1d"``."""
-    if isinstance(value, timedelta):
-        return value
-    if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, (int, float)) and value >= 0:
-        return timedelta(seconds=value)
-    match = _DURATION.match(str(value))
-    if not match:
-        raise ValueError(f"not a duration: {value!r} (use seconds or e.g. '10m', '2h', '1d')")
-    return timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
-
-
 # -- the model ---------------------------------------------------------------------------
 
 def _cron(value: object) -> str:
@@ -145,16 +130,6 @@ def _field_list(value: Any) -> Any:
     return value
 
 
-Duration = Annotated[
-    timedelta,
-    BeforeValidator(parse_duration),
-    WithJsonSchema({
-        "anyOf": [
-            {"type": "integer", "minimum": 0, "description": "seconds"},
-            {"type": "string", "pattern": r"^\s*\d+\s*[smhd]?\s*$", "description": "e.g. 600s, 10m, 2h, 1d"},
-        ]
-    }),
-]
 Cron = Annotated[
     str,
     BeforeValidator(_cron),

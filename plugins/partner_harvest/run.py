@@ -22,6 +22,8 @@ Which step does what:
                 (``pipeline.harvest_channel``)
   apply         ``pipeline.apply_changes``; channels whose staging was lost are staged again
   move_cursors  the main cursor and each channel's own, forward only (I1), in a fenced transaction
+  wait          instead of apply and move_cursors: the partner was still publishing what the run read
+                (errors.PartnerNotReady): the run closed without applying, saying why
 """
 
 from __future__ import annotations
@@ -37,15 +39,15 @@ import psycopg
 
 from partner_harvest import pipeline
 from partner_harvest.adapters import Adapter
+from partner_harvest.errors import PartnerNotReady
 from partner_harvest.protocols import Channel, channels_for
 from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner, cursor_key, cursor_value
 from partner_harvest.store import ApplyResult, RunRef, ensure_schema, fences, history
 from partner_harvest.store.content import refresh_due
-from partner_harvest.store.runs import abandon_stale_runs, clock_high_water
+from partner_harvest.store.runs import abandon_stale_runs, clock_high_water, close_waiting
+from partner_harvest.store.staging import NOT_LISTED
 from partner_harvest.window import Window, channel_windows, format_instant, next_cursor, parse_instant
-
-log = logging.getLogger(__name__)
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +128,8 @@ def freeze(partner: Partner, adapter: Adapter, conn: psycopg.Connection, outlets
     conn.commit()
     window = as_refresh(partner.id, pipeline.freeze_window(adapter, partner.lag, cursor, request, channels,
                                                            high_water), refresh)
+    window = adapter.settle_window(window, conn)
+    conn.commit()
     return window.with_facts(epoch=epoch) if epoch is not None else window
 
 
@@ -216,16 +220,20 @@ def stage(
 
 def apply(conn: psycopg.Connection, partner_id: str, run_id: str, window: Window, outlets: Outlets,
           reharvest: Callable[[], Adapter] | None) -> ApplyResult:
-    """Apply the run in one transaction, then report it. Channels whose staging the database
-    lost are staged again first (the same frozen window) by the adapter ``reharvest`` builds,
+    """Apply the run in one transaction, then report it. A run that lists the partner's whole
+    collection first stages what it did not list (``pipeline.stage_unlisted``). Channels whose
+    staging the database lost are staged again first (the same frozen window) by the adapter ``reharvest`` builds,
     only then; without it (an approved run applies exactly what was approved) the apply fails."""
 
     def again(channels: list[str]) -> None:
         assert reharvest is not None
         adapter = reharvest()
         for channel in channels:
-            stage_channel(adapter, conn, run_id, window, channel, outlets)
+            if channel != NOT_LISTED:
+                stage_channel(adapter, conn, run_id, window, channel, outlets)
+        pipeline.stage_unlisted(conn, partner_id, run_id, window)  # after what it compares with
 
+    pipeline.stage_unlisted(conn, partner_id, run_id, window)
     result = pipeline.apply_changes(conn, partner_id, run_id, again if reharvest is not None else None)
     outlets.applied(conn, partner_id, run_id, result)
     return result
@@ -269,6 +277,19 @@ def _move(outlets: Outlets, partner_id: str, window: Window, run_id: str, channe
     return {"key": key, "moved": True, "cursor": value["until"], "previous": shown}
 
 
+def wait(conn: psycopg.Connection, partner: Partner, run_id: str, not_ready: PartnerNotReady, task_id: str,
+         try_number: int | None = None) -> None:
+    """The end of a run that found the partner still publishing what it froze (a file not
+    matching its published checksum): a wait, as for a delivery without its done-marker, not
+    a failure. Nothing of the run applies (never a delivery that does not match, never one
+    past it), its staging is dropped, its channels are closed ``abandoned`` with the cause and
+    ``run_events`` says it skipped (``task_id``: who says so); no cursor moves. The next run
+    freezes again and applies once the partner's files match."""
+    dropped = close_waiting(conn, partner.id, partner.dag_id, run_id, task_id, try_number, not_ready.cause)
+    log.warning("%s: run %s waits, nothing applied (%d staged rows dropped), the cursor stays: %s", partner.id,
+                run_id, dropped, not_ready.cause)
+
+
 @dataclass(frozen=True)
 class Finished:
     """What the end of a run did: the apply, and each cursor's move."""
@@ -309,6 +330,7 @@ class RunResult:
     applied: ApplyResult
     cursors: Cursors
     seconds: dict[str, float] = field(default_factory=dict)  # freeze, stage, apply: wall time of each step
+    waiting: str | None = None  # why the run applied nothing and waits for the partner (:func:`wait`)
 
     @property
     def changes(self) -> HarvestStats:
@@ -333,9 +355,14 @@ def run_partner(
     started = time.perf_counter()
     window = window or freeze(partner, adapter, conn, outlets, request)
     frozen = time.perf_counter()
-    pieces, staged = stage(partner, adapter, conn, run_id, window, on_staged, outlets)
-    harvested = time.perf_counter()
-    finished = finish(adapter, conn, run_id, window, outlets)
+    try:
+        pieces, staged = stage(partner, adapter, conn, run_id, window, on_staged, outlets)
+        harvested = time.perf_counter()
+        finished = finish(adapter, conn, run_id, window, outlets)
+    except PartnerNotReady as not_ready:
+        wait(conn, partner, run_id, not_ready, "run_partner")
+        return RunResult(window, [], {}, ApplyResult(0, 0, 0, 0, 0), outlets.cursors,
+                         {"freeze": frozen - started}, waiting=not_ready.cause)
     done = time.perf_counter()
     return RunResult(window, pieces, staged, finished.applied, outlets.cursors,
                      {"freeze": frozen - started, "stage": harvested - frozen, "apply": done - harvested})

@@ -143,6 +143,31 @@ class IiifFacts(_Facts):
     tail: tuple[IiifEntry, ...] | None = None  # the last page's activities then (None: read again)
 
 
+class DeliveryFile(_Facts):
+    """One file of a dated delivery as the listing showed it when the window froze."""
+
+    path: str  # relative to the partner's location
+    size: int
+    etag: str | None = None  # the store's ETag, or the modification time where there is none
+    checksum: str | None = None  # "sha256:<hex>" (or md5, sha1, sha512) from the delivery's checksum file or manifest
+
+
+class Delivery(_Facts):
+    """One dated delivery of a file partner (files/): a full dump or a delta, and its files."""
+
+    date: Instant
+    kind: str  # full or delta
+    files: tuple[DeliveryFile, ...]
+
+
+class DeliveryFacts(_Facts):
+    """What a file-delivery run froze: the deliveries it applies, in date order, and why the
+    chain stops where it does (a delivery still being written, a gap)."""
+
+    deliveries: tuple[Delivery, ...] = ()
+    waiting: str | None = None
+
+
 class WindowFacts(_Facts):
     """The facts frozen with a window (the partner's clock, the protocol's answers), read by
     every task of the run: typed here, JSON only at the XCom boundary (:meth:`Window.to_dict`)."""
@@ -168,6 +193,14 @@ class WindowFacts(_Facts):
     entity: str | None = None
     # IIIF Change Discovery: the stream as it stood (upper bound, last page, totalItems)
     iiif: IiifFacts | None = None
+    # File deliveries: the dated dumps and deltas the run applies
+    files: DeliveryFacts | None = None
+    # The run's changes list every record the partner held at this instant (a full dump): held
+    # records stamped no later that no piece staged are purged by the apply (run.apply), reason
+    # not_listed, through the shrink gate (gates.covers_whole_collection)
+    whole_list_at: Instant | None = None
+    # Where a resumed try of an unsliced window starts (Adapter.resumes_window): its checkpoint
+    resume_at: int | None = None
 
     def with_(self, **changes: object) -> WindowFacts:
         """A copy with ``changes`` (validated)."""

@@ -14,11 +14,13 @@ elements and attributes than :class:`XmlLimits` allows is refused before a tree 
 from __future__ import annotations
 
 import codecs
+import io
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import IO, Any, cast
 
 from lxml import etree
 
@@ -30,6 +32,7 @@ __all__ = [
     "XmlInputError",
     "XmlLimitError",
     "XmlLimits",
+    "iter_elements",
     "parse_document",
     "parse_xml",
     "xml_limits",
@@ -155,6 +158,25 @@ def parse_document(content: bytes, limits: XmlLimits | None = None) -> ParsedXml
             ) from None
         return ParsedXml(_checked_root(root), cleaned=True, removed_chars=removed)
     return ParsedXml(_checked_root(root))
+
+
+def iter_elements(stream: IO[bytes], tag: str) -> Iterator[etree._Element]:
+    """Each ``tag`` element of a document of any size, as it ends (lxml's iterparse, with this
+    module's parser settings: no entities resolved, no network, no DTD, libxml2's limits on).
+    The caller clears each element it is done with, so memory stays bounded by one. A head
+    that is not XML or declares entities is refused before anything is parsed; a document
+    that breaks later raises where it breaks."""
+    buffered = stream if isinstance(stream, io.BufferedReader) else io.BufferedReader(cast(Any, stream))
+    head = buffered.peek(64 * 1024)[:64 * 1024]
+    _refuse_non_xml(head)
+    _refuse_entity_declarations(head)
+    events = etree.iterparse(buffered, events=("end",), tag=tag, resolve_entities=False, no_network=True,
+                             load_dtd=False, huge_tree=False, remove_blank_text=False, recover=False)
+    try:
+        for _, element in events:
+            yield element
+    except etree.XMLSyntaxError as exc:
+        raise _syntax_error(head, exc) from None
 
 
 def _refuse_non_xml(content: bytes) -> None:

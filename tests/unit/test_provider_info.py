@@ -56,11 +56,13 @@ def test_each_connection_type_names_a_hook_of_that_type() -> None:
         assert hook.conn_type == conn_type and hook.hook_name == conn["hook-name"]
         assert hooks.LEGACY in hook.accepted  # Connections of type http keep working
         # every form field is an extra the hooks turn into what the transport reads, and for
-        # OAI-PMH (and IIIF) how the password is sent (credentials.py); Sierra's client logs in itself
+        # OAI-PMH (and IIIF) how the password is sent (credentials.py); Sierra's client logs in itself;
+        # an object-storage location (file deliveries) has its store's fields instead
         spec = next(spec for spec in protocols.specs() if spec.connection.conn_type == conn_type)
         credentials = {"auth", "auth_header", "auth_param"} if spec.session_credentials else set()
-        assert bool(credentials) == (conn_type != "sierra")
-        assert set(conn["conn-fields"]) == {"verify", "cert", "client_key", "proxy"} | credentials
+        transport = set() if spec.connection.object_storage else {"verify", "cert", "client_key", "proxy"}
+        assert set(conn["conn-fields"]) == transport | credentials | set(spec.connection.fields)
+    assert {spec.name for spec in protocols.specs() if spec.session_credentials} >= {"oai-pmh", "iiif-change-discovery"}
 
 
 def test_the_lineage_schemes_convert_to_openlineage_names() -> None:

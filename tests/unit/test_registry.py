@@ -133,8 +133,8 @@ def test_cursor_keys_are_unique_per_partner_and_channel() -> None:
     ("{limits: {max_record_bytes: big}}", "options.limits.max_record_bytes", "valid integer"),
     ("{completeness: {list_identifiers: 'yes'}}", "options.completeness.list_identifiers", "valid boolean"),
     ("{colour: blue}", "options.colour",
-     "unknown field (known: completeness, content_check, export, http, iiif, limits, oai, politeness, reconcile, sierra, "
-     "validation)"),
+     "unknown field (known: completeness, content_check, export, files, http, iiif, limits, oai, politeness, reconcile, "
+     "sierra, validation)"),
     ("{validation: {marc.no_01: warn}}", "options.validation", "unknown validation check 'marc.no_01'; known checks:"),
     ("{validation: {store.unstorable: warn}}", "options.validation", "cannot be overridden"),
     ("{validation: {marc.no_001: ignore}}", "options.validation", "must be reject or warn"),

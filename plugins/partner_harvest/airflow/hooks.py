@@ -56,6 +56,7 @@ class PartnerEndpointHook(BaseHook):
     conn_type = LEGACY
     hook_name = "Partner endpoint"
     accepted: ClassVar[frozenset[str]] = frozenset({LEGACY, *(spec.connection.conn_type for spec in protocols.specs())})
+    object_storage: ClassVar[bool] = False  # protocols.ConnectionType.object_storage
 
     def __init__(self, conn_id: str = default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -77,8 +78,22 @@ class PartnerEndpointHook(BaseHook):
             scheme = conn.schema or "https"
             port = f":{conn.port}" if conn.port else ""
             base_url = f"{scheme}://{host}{port}"
+        extra = conn.extra_dejson
         return Endpoint(base_url=base_url, login=conn.login, password=conn.password,
-                        extra=transport_extra(conn.extra_dejson))
+                        extra=extra if self.object_storage else transport_extra(extra),
+                        filesystem=self._object_storage(base_url) if self.object_storage else None)
+
+    def _object_storage(self, url: str) -> Any:
+        """The location through Airflow's object storage: ``ObjectStoragePath(url, conn_id=...)``'s
+        filesystem, whose provider reads this Connection (the Amazon provider for s3://: login and
+        password the key and secret, extra endpoint_url and region_name). None for a scheme no
+        provider registers (an HTTP directory): the protocol opens it with fsspec itself."""
+        from airflow.sdk import ObjectStoragePath
+
+        try:
+            return ObjectStoragePath(url, conn_id=self.conn_id).fs
+        except ValueError:  # "No filesystem registered for scheme ..."
+            return None
 
 
 def _protocol_hook(connection: protocols.ConnectionType) -> type[PartnerEndpointHook]:
@@ -87,7 +102,7 @@ def _protocol_hook(connection: protocols.ConnectionType) -> type[PartnerEndpoint
     return type(connection.hook_class, (PartnerEndpointHook,), {
         "__module__": __name__, "__qualname__": connection.hook_class, "__doc__": connection.doc,
         "conn_type": connection.conn_type, "hook_name": connection.hook_name,
-        "accepted": frozenset({LEGACY, connection.conn_type})})
+        "accepted": frozenset({LEGACY, connection.conn_type}), "object_storage": connection.object_storage})
 
 
 # protocol name -> its hook class; each also a name of this module (OaiPmhHook, SierraHook, ...)

@@ -60,13 +60,16 @@ CREDENTIAL_PLACEHOLDERS = {"login": "only for HTTP Basic; empty for no credentia
 
 
 def connection_types() -> list[dict[str, Any]]:
-    """One connection type per protocol (its spec's ``connection``), with the TLS and proxy fields."""
+    """One connection type per protocol (its spec's ``connection``), with the TLS and proxy fields
+    (an object-storage type: its own fields instead)."""
     return [
         {
             "connection-type": spec.connection.conn_type,
             "hook-class-name": f"{HOOKS_MODULE}.{spec.connection.hook_class}",
             "hook-name": spec.connection.hook_name,
-            "conn-fields": {**(CREDENTIAL_FIELDS if spec.session_credentials else {}), **TLS_AND_PROXY_FIELDS},
+            "conn-fields": {**(CREDENTIAL_FIELDS if spec.session_credentials else {}),
+                            **({} if spec.connection.object_storage else TLS_AND_PROXY_FIELDS),
+                            **{name: _text(label, text) for name, (label, text) in spec.connection.fields.items()}},
             "ui-field-behaviour": {
                 "hidden-fields": list(spec.connection.hidden_fields),
                 "relabeling": {**(CREDENTIAL_LABELS if spec.session_credentials else {}), **spec.connection.relabeling},

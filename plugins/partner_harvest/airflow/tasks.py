@@ -27,7 +27,7 @@ from partner_harvest.airflow.cursor import read_cursor
 from partner_harvest.airflow.hooks import AGGREGATION, hook_for
 from partner_harvest.airflow.notifiers import event_message, failed_at_once, failure_fields, next_try, send_alert
 from partner_harvest.airflow.outlets import TaskOutlets
-from partner_harvest.errors import ConfigurationError, PartnerAsksToWait
+from partner_harvest.errors import ConfigurationError, PartnerAsksToWait, PartnerNotReady
 from partner_harvest.factory import build_adapter
 from partner_harvest.gates import approval_since
 from partner_harvest.reconcile import apply_staged as reconcile_apply_staged
@@ -364,9 +364,28 @@ def harvest_channel(partner_id: str, window_data: dict[str, Any], context: Conte
     return _stage_channel(partner_id, window_data, context, channel)
 
 
+@contextmanager
+def waits_for_partner(partner_id: str, context: Context) -> Iterator[None]:
+    """A task that found the partner still publishing what the run froze (PartnerNotReady: a
+    file not matching its published checksum) ends the run as a wait (``run.wait``: nothing
+    applied, staging dropped, the run's ``skipped`` event), gives the lease back unless a
+    slice still harvests, and is skipped: the approval gate, the apply, the cursor and the
+    quality check are skipped after it. No failure, no alert; the next run tries again."""
+    try:
+        yield
+    except PartnerNotReady as exc:
+        ti = context.get("ti") or context.get("task_instance")
+        with aggregation() as conn:
+            run.wait(conn, _partner(partner_id), run_key(context), exc, getattr(ti, "task_id", "?"),
+                     getattr(ti, "try_number", None))
+        release_lease_after_final_failure(context, partner_id)
+        log.warning("SKIPPED: %s", exc.cause)
+        raise AirflowSkipException(exc.cause) from exc
+
+
 def _stage_channel(partner_id: str, window_data: dict[str, Any], context: Context, channel: str) -> dict[str, Any]:
     """Stream one channel of the frozen window into staging (retries reuse the window)."""
-    with hold_lease(partner_id, context, window_data=window_data) as keeper:
+    with waits_for_partner(partner_id, context), hold_lease(partner_id, context, window_data=window_data) as keeper:
         adapter = _adapter(_partner(partner_id), keeper.conninfo)
         with aggregation(keeper.fence) as conn:
             stats = run.stage_channel(adapter, conn, run_key(context), Window.from_dict(window_data), channel,
@@ -386,7 +405,8 @@ def _figures(stats: HarvestStats) -> dict[str, Any]:
 @_fail_fast
 def apply_changes(partner_id: str, window_data: dict[str, Any], context: Context) -> dict[str, int]:
     """Apply the run; channels whose staging the database lost are harvested again first."""
-    with hold_lease(partner_id, context, window_data=window_data) as keeper, aggregation(keeper.fence) as conn:
+    with waits_for_partner(partner_id, context), hold_lease(partner_id, context, window_data=window_data) as keeper, \
+            aggregation(keeper.fence) as conn:
         with approved_apply(conn, partner_id, run_key(context), keeper.fence) as approved:
             # An approved run applies exactly what was staged: lost staging fails, never re-harvests.
             return run.apply(conn, partner_id, run_key(context), Window.from_dict(window_data),

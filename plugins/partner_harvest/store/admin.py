@@ -14,7 +14,7 @@ from partner_harvest.store.fences import bump_epoch
 # adds to it (a consumer behind may not have read the older deletions yet).
 _PARTNER_TABLES = (
     "records", "quarantine", "harvest_runs", "staging", "partner_leases", "reconcile_ids", "tombstones",
-    "partner_stats", "run_events", *ENTITIES, "attached_tombstones", "attachment_events",
+    "partner_stats", "run_events", *ENTITIES, "attached_tombstones", "attachment_events", "delivery_files",
 )
 FORGET_RUN = "forget"  # run_id of the deletions and the feed's high water that forget writes
 FEED_DELETIONS = "deletions written to the change feed"

@@ -465,6 +465,8 @@ def newest_run(audit: RunInfo | None, event: events.RunEvent | None, scheduled: 
         status = _AUDIT_STATUS.get(a.status, partner_state.RUN_RUNNING)
         if status != partner_state.RUN_APPLIED and e is not None and e.kind == events.FAILED:
             status = partner_state.RUN_FAILED  # its last try failed; the audit row stayed 'harvesting'
+        elif a.status == "abandoned" and e is not None and e.kind == events.SKIPPED:
+            status = partner_state.RUN_SKIPPED  # closed as a wait for the partner (run.wait), saying why
         elif status == partner_state.RUN_RUNNING and e is not None and e.kind == events.RETRY and s is None:
             status = partner_state.RUN_RETRYING  # without the scheduler: its newest word is a failed try
     elif e is not None:
@@ -494,7 +496,7 @@ def newest_run(audit: RunInfo | None, event: events.RunEvent | None, scheduled: 
         info = RunInfo(run_id, "running", started, ended, 0, 0, 0, 0, 0, None)
     shown = {partner_state.RUN_FAILED: "failed", partner_state.RUN_RETRYING: "retrying",
              partner_state.RUN_SKIPPED: "skipped", partner_state.RUN_RUNNING: "running"}.get(status, info.status)
-    if a is None or status in (partner_state.RUN_FAILED, partner_state.RUN_RETRYING):
+    if a is None or status in (partner_state.RUN_FAILED, partner_state.RUN_RETRYING, partner_state.RUN_SKIPPED):
         info = replace(info, status=shown, error=cause if cause is not None else info.error)
     return NewestRun(status, info, cause, note)
 

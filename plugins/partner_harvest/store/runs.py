@@ -11,7 +11,7 @@ import psycopg
 
 from partner_harvest.errors import HarvestError
 from partner_harvest.records import HarvestStats
-from partner_harvest.store import fences
+from partner_harvest.store import events, fences
 from partner_harvest.store.db import scalar
 from partner_harvest.window import Window
 
@@ -171,6 +171,25 @@ def fail_run(conn: psycopg.Connection, run: RunRef, error: str, attempt: int | N
         )
 
 
+def close_waiting(conn: psycopg.Connection, partner_id: str, dag_id: str, run_id: str, task_id: str,
+                  try_number: int | None, reason: str) -> int:
+    """Close a run that waits for the partner (``run.wait``), in one transaction: its staging
+    dropped, its channels that no task is still harvesting ``abandoned`` with the reason (a
+    slice still running keeps its row; the next freeze closes the run whole), and a
+    ``skipped`` event saying why (the health page shows the run skipped, not failing).
+    Touches only this run's rows (no lease needed); returns the staged rows dropped."""
+    with conn.transaction():
+        dropped = conn.execute("DELETE FROM staging WHERE partner_id = %s AND run_id = %s",
+                               (partner_id, run_id)).rowcount
+        conn.execute(
+            "UPDATE harvest_runs SET status = 'abandoned', error = %s WHERE partner_id = %s AND run_id = %s"
+            " AND status NOT IN ('applied', 'planned', 'harvesting', 'waiting')",
+            (f"waiting: {reason}"[:4000], partner_id, run_id),
+        )
+        events.record(conn, partner_id, dag_id, run_id, task_id, try_number, events.SKIPPED, reason)
+    return dropped
+
+
 def fail_apply(conn: psycopg.Connection, partner_id: str, run_id: str, error: str) -> None:
     """Mark every channel of a run failed after its apply rolled back."""
     with conn.transaction():
@@ -232,20 +251,24 @@ def clock_high_water(conn: psycopg.Connection, partner_id: str) -> datetime | No
 
 
 def abandon_stale_runs(conn: psycopg.Connection, partner_id: str, older_than: timedelta) -> int:
-    """Close runs that never applied within ``older_than`` and drop their staging; a run whose
+    """Close runs that never applied within ``older_than``, and the slices that ran on after
+    their run was closed as a wait (``close_waiting``), and drop their staging; a run whose
     approval request is open (pending, or approved with its apply under way) waits for its
     answer however long that takes (docs/operator/approvals.md)."""
     with conn.transaction():
         abandoned = conn.execute(
             """
-            UPDATE harvest_runs SET status = 'abandoned',
-                error = COALESCE(error || ' — ', '') || 'abandoned: not applied within ' || %s::text
+            UPDATE harvest_runs SET status = 'abandoned', error = COALESCE(error || ' — ', '') || CASE
+                WHEN started_at < now() - %s THEN 'abandoned: not applied within ' || %s::text
+                ELSE 'abandoned: its run was closed as a wait' END
             WHERE partner_id = %s AND status IN ('planned', 'harvesting', 'waiting', 'harvested', 'failed')
-              AND started_at < now() - %s
+              AND (started_at < now() - %s OR EXISTS (  -- a run closed as a wait: a slice that ran on after it
+                  SELECT 1 FROM harvest_runs c WHERE c.partner_id = harvest_runs.partner_id
+                  AND c.run_id = harvest_runs.run_id AND c.status = 'abandoned'))
               AND NOT EXISTS (SELECT 1 FROM approval_requests a WHERE a.partner_id = harvest_runs.partner_id
                               AND a.run_id = harvest_runs.run_id AND a.state IN ('pending', 'approved'))
             """,
-            (str(older_than), partner_id, older_than),
+            (older_than, str(older_than), partner_id, older_than),
         ).rowcount
         conn.execute(
             """

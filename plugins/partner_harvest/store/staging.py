@@ -125,6 +125,32 @@ class StagingWriter:
             )
 
 
+NOT_LISTED = "not_listed"  # the reason (deletions.reason) of what a whole list did not name
+
+
+def stage_not_listed(conn: psycopg.Connection, run: RunRef, at: datetime, attempt: int | None = None) -> int:
+    """Stage a tombstone in ``run``'s channel for each held record stamped no later than
+    ``at`` that no channel of the run staged (a quarantined row counts as listed), dated at
+    the stored version's own stamp as the reconcile's removals are: the apply purges exactly
+    that version, reason ``not_listed``. Returns how many."""
+    pid, run_id, channel = run.key()
+    with conn.transaction():
+        check_attempt(conn, run, attempt)
+        fences.check(conn, f"staging of {channel} of run {run_id}")
+        conn.execute("DELETE FROM staging WHERE partner_id = %s AND run_id = %s AND channel = %s", run.key())
+        return conn.execute(
+            """
+            INSERT INTO staging (partner_id, run_id, channel, seq, kind, identifier, datestamp, reason)
+            SELECT %(pid)s, %(run)s, %(channel)s, row_number() OVER (ORDER BY r.identifier), 'T', r.identifier,
+                   r.datestamp, %(reason)s
+            FROM records r
+            WHERE r.partner_id = %(pid)s AND r.datestamp <= %(at)s
+              AND NOT EXISTS (SELECT 1 FROM staging s WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s
+                              AND s.identifier = r.identifier)
+            """, {"pid": pid, "run": run_id, "channel": channel, "at": at, "reason": NOT_LISTED},
+        ).rowcount
+
+
 def held_stamps(conn: psycopg.Connection | None, partner_id: str, identifiers: list[str]) -> dict[str, datetime]:
     """The stamps the aggregation holds for ``identifiers``, read on a staging sink's ``conn``
     (adapters.StagingSink; a sink that is no database, None, holds nothing)."""
@@ -134,6 +160,26 @@ def held_stamps(conn: psycopg.Connection | None, partner_id: str, identifiers: l
         rows = conn.execute("SELECT identifier, datestamp FROM records WHERE partner_id = %s "
                             "AND identifier = ANY(%s)", (partner_id, identifiers)).fetchall()
     return {row[0]: row[1] for row in rows}
+
+
+def held_versions(conn: psycopg.Connection | None, partner_id: str,
+                  identifiers: list[str]) -> dict[str, tuple[datetime, str]]:
+    """The stamp and content hash the aggregation holds for each of ``identifiers`` (read as
+    :func:`held_stamps` reads)."""
+    if not identifiers or conn is None:
+        return {}
+    with conn.transaction():
+        rows = conn.execute("SELECT identifier, datestamp, content_hash FROM records WHERE partner_id = %s "
+                            "AND identifier = ANY(%s)", (partner_id, identifiers)).fetchall()
+    return {row[0]: (row[1], row[2]) for row in rows}
+
+
+def holds_any(conn: psycopg.Connection | None, partner_id: str) -> bool:
+    """Whether the aggregation holds any record of the partner."""
+    if conn is None:
+        return False
+    with conn.transaction():
+        return bool(scalar(conn.execute("SELECT EXISTS (SELECT 1 FROM records WHERE partner_id = %s)", (partner_id,))))
 
 
 def _payload_bytes(item: HarvestItem) -> int:

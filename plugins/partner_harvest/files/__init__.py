@@ -1,0 +1,1 @@
+"""File deliveries: partners that publish dated dumps and deltas (docs/design/files.md)."""

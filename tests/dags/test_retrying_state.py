@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 PARTNER = "retrier"
 CONN_ENV = f"AIRFLOW_CONN_PARTNER_{PARTNER.upper()}"
-RETRY_DELAY = 40  # seconds the task waits in up_for_retry: the page and `status` are read meanwhile
+RETRY_DELAY = 25  # seconds the task waits in up_for_retry: the page and `status` are read meanwhile
 OBSERVE_TIMEOUT = 120.0
 
 

@@ -22,6 +22,7 @@ import pytest
 
 from partner_harvest.airflow import hooks
 from tests.support.airflow_stack import (
+    DISCARD_WAIT,
     AirflowServices,
     Keys,
     airflow_settings,
@@ -53,7 +54,7 @@ def api_server(pg_server: str, airflow_metadata_template: str,
         env.update(airflow_settings(home=home, port=port, metadata_db=meta_db, keys=Keys.fresh(), triggered_only=True))
         env["PYTHONPATH"] = os.pathsep.join([str(package_metadata(base / "metadata")), env["PYTHONPATH"]])
         stack = AirflowServices(env, base, port, services=("api-server",))
-        cleanup.callback(stack.stop)
+        cleanup.callback(stack.stop, DISCARD_WAIT)
         stack.start()
         stack.wait_healthy(STARTUP_TIMEOUT)
         yield stack

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("api-server", "scheduler", "dag-processor")
 TRIGGERER = "triggerer"
 STOP_TIMEOUT = 20.0  # for all services, after SIGTERM, before SIGKILL
+DISCARD_WAIT = 2.0  # a test's stack, discarded with its databases: no graceful shutdown worth waiting for
 # Environment a developer's shell (or an earlier test) may carry that must not reach a stack.
 FOREIGN_SETTINGS = ("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_", "HARVEST_")
 T = TypeVar("T")
@@ -393,8 +394,8 @@ class AirflowServices:
     def wait_healthy(self, timeout: float) -> dict:
         return poll(self.healthy, timeout, f"a healthy {', '.join(self.services)}", diagnostics=self.diagnostics)
 
-    def stop(self) -> None:
-        stop_groups(self.processes.values())
+    def stop(self, wait: float = STOP_TIMEOUT) -> None:
+        stop_groups(self.processes.values(), wait)
         self.http.close()
 
     # ------------------------------------------------------------------ health

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
-from tests.support.airflow_stack import free_loopback_port, log_event, poll, signal_group, stop_groups
+from tests.support.airflow_stack import DISCARD_WAIT, free_loopback_port, log_event, poll, signal_group, stop_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS_DIR = ROOT / "tests" / "e2e" / "celery_settings"  # airflow_local_settings, hostname callable
@@ -95,7 +95,7 @@ def redis_broker(base: Path) -> Iterator[str]:
         yield url
     finally:
         client.close()
-        stop_groups([proc])
+        stop_groups([proc], DISCARD_WAIT)
 
 
 # ---------------------------------------------------------------------- simulators
@@ -290,7 +290,7 @@ def celery_workers(env: dict[str, str], base: Path, hostnames: tuple[str, ...], 
         yield workers
     finally:
         app.close()
-        stop_groups([worker.process for worker in workers])
+        stop_groups([worker.process for worker in workers], DISCARD_WAIT)
 
 
 @contextmanager

@@ -20,6 +20,7 @@ from typing import Any
 
 from include.simulators.oai_pmh import OaiSimulator, SimulatedRepository
 from tests.support.airflow_stack import (
+    DISCARD_WAIT,
     QUICK,
     AirflowServices,
     Keys,
@@ -179,7 +180,7 @@ def start_airflow(pg_server: str, base: Path, cleanup: ExitStack,
     stack = AirflowStack(env, base, port)
     stack.repo, stack.simulator, stack.sink = repo, simulator, sink
     stack.aggregation_db, stack.registry, stack.metadata_db = aggregation_db, registry, meta_db
-    cleanup.callback(stack.stop)  # runs before the rest
+    cleanup.callback(stack.stop, DISCARD_WAIT)  # runs before the rest
     if metadata_template is None:
         stack.migrate()
     stack.start()

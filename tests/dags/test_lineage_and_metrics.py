@@ -45,6 +45,7 @@ PARTNER = "dagmuseum"  # registry, Connection and simulator: tests/dags/conftest
 # here (a listener of the child), or every task would report its predecessors' lineage too.
 RUN = """
 import json
+import sys
 from airflow.listeners import hookimpl
 from airflow.sdk.lineage import get_hook_lineage_collector
 from airflow.sdk.listener import get_listener_manager
@@ -57,8 +58,10 @@ class OwnProcessPerTask:
 
 get_listener_manager().add_listener(OwnProcessPerTask())
 run = build_dag("dagmuseum").test()
-print("STATES=" + json.dumps(task_states(run)))
-print("RUN_ID=" + run.run_id, flush=True)
+# One write per marker line: a library thread logging to stdout may not land between a line and its newline.
+sys.stdout.write("STATES=" + json.dumps(task_states(run)) + "\\n")
+sys.stdout.write("RUN_ID=" + run.run_id + "\\n")
+sys.stdout.flush()
 input()  # the parent deletes records at the partner, then says go
 
 from partner_harvest.airflow.dag_factory import build_reconcile_dag
@@ -67,7 +70,8 @@ reconcile = build_reconcile_dag(get_partner("dagmuseum"))
 for task in reconcile.tasks:
     task.retries = 0
 run = reconcile.test()
-print("RECONCILE_STATES=" + json.dumps(task_states(run)), flush=True)
+sys.stdout.write("RECONCILE_STATES=" + json.dumps(task_states(run)) + "\\n")
+sys.stdout.flush()
 """
 
 

@@ -16,7 +16,7 @@ a change); ``--bound SECONDS`` stops a run after that long and extrapolates from
 it staged (said so in the output).
 
     .venv/bin/python benchmarks/sierra_keep_alive.py [--bibs 12000] [--poison-every 1000]
-        [--code /work/main/plugins --bound 480] [--label before]
+        [--code ../before/plugins --bound 480] [--label before]
 """
 
 from __future__ import annotations

@@ -9,11 +9,13 @@ Generates two CSV dumps of the same museum-like rows (never committed: written u
 1. the baseline: the big file streamed into PostgreSQL with a raw ``COPY ... FROM STDIN
    (FORMAT csv, HEADER)`` into an UNLOGGED table of its columns (staging is UNLOGGED too);
 2. the small and the big dump staged by the run recipe (``run.freeze`` + ``run.stage_channel``,
-   what the DAG's tasks call), each in a fresh process, the server-side path (files/copy_path.py,
-   what a CSV file takes) and the ordinary one (forced): rows/s and the process's peak RSS;
-3. the big dump again (the server-side path), the process killed (SIGKILL) once about half of
-   it is staged, then a new process resuming the same frozen window: where it entered the
-   file, and whether staging then holds each row exactly once.
+   what the DAG's tasks call), each in a fresh process: rows/s and the process's peak RSS;
+3. the staging floor: the big dump's staged rows inserted again into staging under another
+   run (no parsing, no JSON, no hash, no network): what writing the finished rows costs the
+   server, whoever builds them; and the raw COPY again (the machine's load moves);
+4. the big dump again, the process killed (SIGKILL) once about half of it is staged, then a
+   new process resuming the same frozen window: where it entered the file, and whether
+   staging then holds each row exactly once.
 
 Each figure carries the load average when it was taken (``os.getloadavg``): the machine is shared.
 
@@ -105,7 +107,7 @@ def child(args: argparse.Namespace) -> None:
     """Freeze (or read the frozen window) and stage the changes channel; report rows/s and peak RSS."""
     from partner_harvest import run
     from partner_harvest.factory import Endpoint, build_adapter
-    from partner_harvest.files import copy_path, readers
+    from partner_harvest.files import readers
     from partner_harvest.store import connect
     from partner_harvest.window import Window
 
@@ -113,15 +115,13 @@ def child(args: argparse.Namespace) -> None:
     subject, url = the_partner(location)
     adapter = build_adapter(subject, Endpoint(url))
     entered: list[int] = []
-    real = readers.FileReader.open
+    real = readers.FileReader.read
 
-    def noting(self: Any, storage: Any, path: str, start: int, digest: Any = None) -> Any:  # where each file is entered
+    def noting(self: Any, storage: Any, path: str, stamp: Any, start: int, digest: Any = None) -> Any:  # where each file is entered
         entered.append(start)
-        return real(self, storage, path, start, digest)
+        return real(self, storage, path, stamp, start, digest)
 
-    readers.FileReader.open = noting  # type: ignore[method-assign]
-    if args.way == "ordinary":
-        copy_path.why_not = lambda *_: "forced by the benchmark"
+    readers.FileReader.read = noting  # type: ignore[method-assign]
     with connect(args.db) as conn:
         window_file = Path(args.window)
         if window_file.exists():
@@ -136,10 +136,10 @@ def child(args: argparse.Namespace) -> None:
                       "peak_rss_mib": peak_rss_mib(), "entered_at": entered, "load": os.getloadavg()[0]}))
 
 
-def stage(script: str, db: str, location: Path, run_id: str, window: Path, way: str = "server") -> subprocess.Popen:
+def stage(script: str, db: str, location: Path, run_id: str, window: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, script, "--child", "--url", str(location), "--db", db, "--run-id",
-                             run_id, "--window", str(window), "--way", way], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                             run_id, "--window", str(window)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
 
 
 def finished(process: subprocess.Popen) -> dict:
@@ -192,8 +192,7 @@ def main() -> None:
     parser.add_argument("--small-mb", type=int, default=200)
     parser.add_argument("--dir", default="/tmp/ph-files-bench")
     parser.add_argument("--keep", action="store_true", help="keep the generated files")
-    parser.add_argument("--ways", default="server,ordinary", help="the paths staged: server, ordinary or both")
-    child_arguments(parser, "--window", "--way")
+    child_arguments(parser, "--window")
     args = parser.parse_args()
     if args.child:
         child(args)
@@ -215,21 +214,18 @@ def main() -> None:
         big_path, big_rows = files["big"]
         result["raw_copy"] = raw_copy(db, big_path)
         print("raw COPY:", result["raw_copy"], flush=True)
-        for way in args.ways.split(","):
-            for name in ("small", "big"):
-                window = base / f"{name}.window.json"
-                window.unlink(missing_ok=True)
-                key = f"{name}_{way}"
-                result[key] = finished(stage(script, db, base / name, f"bench-{name}", window, way))
-                result[key]["rows"] = files[name][1]
-                print(key, result[key], flush=True)
-                if key == "big_server":
-                    result["staging_floor"] = staging_floor(db, "bench-big")
-                    print("staging floor:", result["staging_floor"], flush=True)
-                drop(db, f"bench-{name}")
-            result[f"ratio_big_{way}_vs_raw_copy"] = result[f"big_{way}"]["rows_per_s"] / result["raw_copy"]["rows_per_s"]
-
-        result["raw_copy_again"] = raw_copy(db, big_path)  # the baseline again: the machine's load moves
+        for name in ("small", "big"):
+            window = base / f"{name}.window.json"
+            window.unlink(missing_ok=True)
+            result[name] = finished(stage(script, db, base / name, f"bench-{name}", window))
+            result[name]["rows"] = files[name][1]
+            print(name, result[name], flush=True)
+            if name == "big":
+                result["staging_floor"] = staging_floor(db, "bench-big")
+                print("staging floor:", result["staging_floor"], flush=True)
+            drop(db, f"bench-{name}")
+        result["ratio_big_vs_raw_copy"] = result["big"]["rows_per_s"] / result["raw_copy"]["rows_per_s"]
+        result["raw_copy_again"] = raw_copy(db, big_path)
         print("raw COPY again:", result["raw_copy_again"], flush=True)
 
         window = base / "kill.window.json"

@@ -24,21 +24,21 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any, cast
+from typing import Any
 
 import psycopg
 
 from partner_harvest.adapters import Adapter, IdSink, PartnerClock, StagingSink, SweptId
 from partner_harvest.errors import ConfigurationError, PartnerDataError, PartnerNotReady
-from partner_harvest.files import copy_path, layout
-from partner_harvest.files.readers import Counting, FileReader, new_digest, seeks
+from partner_harvest.files import layout
+from partner_harvest.files.readers import FileReader, new_digest, seeks
 from partner_harvest.files.spec import FilesOptions
 from partner_harvest.files.storage import Storage
 from partner_harvest.formats.checks import policy_of
 from partner_harvest.records import HarvestItem, HarvestStats, Record, Rejected, Tombstone
 from partner_harvest.registry import Partner, SliceSettings
 from partner_harvest.store import deliveries
-from partner_harvest.store.staging import StagingWriter, held_versions, holds_any
+from partner_harvest.store.staging import held_versions, holds_any
 from partner_harvest.window import SECONDS, Delivery, DeliveryFacts, DeliveryFile, Slice, Window, format_instant
 
 log = logging.getLogger(__name__)
@@ -210,14 +210,20 @@ class FileDeliveryAdapter(Adapter):
                 f"ETag {file.etag}; now {now.size} bytes, ETag {now.etag}): still being uploaded or replaced; the next "
                 "run freezes the delivery again"))
         digest = new_digest(file.checksum) if position == 0 else None
-        server_side = None if copy_path.why_not(self.reader, file.path, sink) else copy_path.ServerSide(
-            self.reader, cast(StagingWriter, sink), stats, lambda page, at: self._flush(page, sink, stats, at),
-            lambda at: checkpoint(index, at), self._holds)
-        if server_side is not None:
-            counting = server_side.stage(self.storage, file.path, delivery.date, position, digest)
-            read = server_side.read
-        else:
-            counting, read = self._read_items(index, file, delivery.date, position, digest, sink, stats)
+        items, counting = self.reader.read(self.storage, file.path, delivery.date, position, digest)
+        page: list[HarvestItem] = []
+        page_bytes, read, started = 0, 0, time.monotonic()
+        last = position
+        for item, last in items:
+            page.append(item)
+            read += 1
+            page_bytes += len(item.metadata) if isinstance(item, Record) else 64
+            if len(page) >= PAGE_ITEMS or page_bytes >= PAGE_BYTES:
+                self._flush(page, sink, stats, checkpoint(index, last))
+                page, page_bytes = [], 0
+                if stats.pages % 50 == 0:
+                    self._progress(file, counting.count, read, started, stats)
+        self._flush(page, sink, stats, checkpoint(index, last))
         if seeks(file.path, self.format) and counting.count != file.size:
             raise PartnerDataError(self.partner_id, f"read {where}", f"read {counting.count} bytes, the listing said "
                                    f"{file.size}: the file changed while it was read")
@@ -236,25 +242,6 @@ class FileDeliveryAdapter(Adapter):
         if audit and sink.conn is not None and sink.run is not None:
             deliveries.record_file(sink.conn, sink.run, deliveries.ReadFile(
                 delivery.date, delivery.kind, file.path, file.size, file.etag, file.checksum, read))
-
-    def _read_items(self, index: int, file: DeliveryFile, stamp: datetime, position: int, digest: Any,
-                    sink: StagingSink, stats: HarvestStats) -> tuple[Counting, int]:
-        """The ordinary path: the reader's items staged page by page, each page with its checkpoint."""
-        items, counting = self.reader.read(self.storage, file.path, stamp, position, digest)
-        page: list[HarvestItem] = []
-        page_bytes, read, started = 0, 0, time.monotonic()
-        last = position
-        for item, last in items:
-            page.append(item)
-            read += 1
-            page_bytes += len(item.metadata) if isinstance(item, Record) else 64
-            if len(page) >= PAGE_ITEMS or page_bytes >= PAGE_BYTES:
-                self._flush(page, sink, stats, checkpoint(index, last))
-                page, page_bytes = [], 0
-                if stats.pages % 50 == 0:
-                    self._progress(file, counting.count, read, started, stats)
-        self._flush(page, sink, stats, checkpoint(index, last))
-        return counting, read
 
     def _flush(self, page: list[HarvestItem], sink: StagingSink, stats: HarvestStats, at: int) -> None:
         if self._holds:

@@ -21,7 +21,7 @@ import hashlib
 import io
 import json
 import zipfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import IO, Any, cast
 
@@ -84,40 +84,39 @@ class FileReader:
         self.partner_id, self.fmt, self.prefix, self.policy = partner_id, fmt, prefix, policy
         self.deleted_values = frozenset(v.strip().lower() for v in fmt.deleted_values)
         rejected, warnings = policy.judge((Finding("generic.no_title", "the record's title field is empty"),))
-        self.no_title = (rejected.message if rejected else None, warnings)
+        self._no_title = (rejected.message if rejected else None, warnings)
 
     # -- entry -----------------------------------------------------------------------------
 
     def read(self, storage: Storage, path: str, stamp: datetime, start: int, digest: Any = None) -> tuple[Positioned, Counting]:
         """The file's items after ``start`` and the counting stream under them (bytes read, digest)."""
-        if compression_of(path, self.fmt.compression) == "zip":  # read at random by zipfile: a published
-            counting = Counting(storage.open(path, 0), digest)  # digest is checked by one read ahead
+        compression = compression_of(path, self.fmt.compression)
+        offset = start if seeks(path, self.fmt) else 0
+        if self.fmt.kind in ("csv", "tsv") and offset:
+            header = self._csv_header(storage, path)
+        else:
+            header = None
+        counting = Counting(storage.open(path, offset), digest if offset == 0 else None)
+        counting.count = offset
+        stream: IO[bytes]
+        if compression == "gzip":
+            stream = cast(IO[bytes], gzip.GzipFile(fileobj=counting, mode="rb"))
+        elif compression == "zip":  # read at random by zipfile: a published digest is checked by one read ahead
             if counting.digest is not None:
                 while counting.read(BLOCK):
                     pass
             return self._zip(storage, path, stamp, start), counting
-        stream, counting = self.open(storage, path, start, digest)
-        offset = counting.count
-        header = self.csv_header(storage, path) if self.fmt.kind in ("csv", "tsv") and offset else None
+        else:
+            stream = io.BufferedReader(counting, 1024 * 1024)
         items = self._items(stream, path, stamp, offset, header)
         if not seeks(path, self.fmt):
             items = _numbered(items, start)
         return items, counting
 
-    def open(self, storage: Storage, path: str, start: int, digest: Any = None) -> tuple[IO[bytes], Counting]:
-        """The bytes of a plain or gzip file (decompressed), from ``start`` when positions in it
-        are byte offsets, else from its beginning; and the counting stream under them."""
-        offset = start if seeks(path, self.fmt) else 0
-        counting = Counting(storage.open(path, offset), digest if offset == 0 else None)
-        counting.count = offset
-        if compression_of(path, self.fmt.compression) == "gzip":
-            return cast(IO[bytes], gzip.GzipFile(fileobj=counting, mode="rb")), counting
-        return io.BufferedReader(counting, 1024 * 1024), counting
-
     def _items(self, stream: IO[bytes], path: str, stamp: datetime, offset: int, header: list[str] | None) -> Positioned:
         kind = self.fmt.kind
         if kind in ("csv", "tsv"):
-            return self.csv_items(stream, path, stamp, offset, header)
+            return self._csv(stream, path, stamp, offset, header)
         if kind == "jsonl":
             return self._jsonl(stream, path, stamp, offset)
         if kind == "xml":
@@ -139,18 +138,18 @@ class FileReader:
 
     # -- CSV and TSV -----------------------------------------------------------------------
 
-    def dialect(self) -> dict[str, Any]:
+    def _dialect(self) -> dict[str, Any]:
         return {"delimiter": self.fmt.delimiter or ("\t" if self.fmt.kind == "tsv" else ",")}
 
-    def csv_header(self, storage: Storage, path: str) -> list[str]:
+    def _csv_header(self, storage: Storage, path: str) -> list[str]:
         with storage.open(path) as handle:
             lines = (line.decode(self.fmt.encoding, "surrogateescape") for line in io.BufferedReader(cast(Any, handle)))
-            header = next(csv.reader(lines, **self.dialect()), None)
+            header = next(csv.reader(lines, **self._dialect()), None)
         if header is None:
             raise PartnerDataError(self.partner_id, f"read {storage.where}/{path}", "the file is empty: no header row")
-        return clean_header(header)
+        return _clean_header(header)
 
-    def csv_items(self, stream: Iterable[bytes], path: str, stamp: datetime, offset: int, header: list[str] | None) -> Positioned:
+    def _csv(self, stream: IO[bytes], path: str, stamp: datetime, offset: int, header: list[str] | None) -> Positioned:
         encoding = self.fmt.encoding
         decode = codecs.getdecoder(encoding)
         consumed = offset
@@ -161,16 +160,20 @@ class FileReader:
                 consumed += len(raw)
                 yield decode(raw, "surrogateescape")[0]
 
-        reader = csv.reader(lines(), **self.dialect())
+        reader = csv.reader(lines(), **self._dialect())
         if header is None:
             first = next(reader, None)
             if first is None:
                 return
-            header = clean_header(first)
+            header = _clean_header(first)
+        columns = {name: index for index, name in enumerate(header)}
         fmt = self.fmt
-        id_at, deleted_at, title_at, stamp_at = self.csv_columns(header, path)
+        id_at = self._column(columns, fmt.identifier, "identifier", path)
+        deleted_at = self._column(columns, fmt.deleted, "deleted", path) if fmt.deleted else None
+        title_at = self._column(columns, fmt.title, "title", path) if fmt.title else None
+        stamp_at = self._column(columns, fmt.datestamp, "datestamp", path) if fmt.datestamp else None
         width, prefix, deleted_values, encode = len(header), self.prefix, self.deleted_values, _ENCODER.encode
-        no_title_reject, no_title_warn = self.no_title
+        no_title_reject, no_title_warn = self._no_title
         keys = header
         next_row = consumed
         for row in reader:
@@ -207,15 +210,6 @@ class FileReader:
             else:
                 yield Record(identifier, when, prefix, metadata), position
 
-    def csv_columns(self, header: list[str], path: str) -> tuple[int, int | None, int | None, int | None]:
-        """Where the identifier, deleted marker, title and datestamp are in a row of ``header``."""
-        columns = {name: index for index, name in enumerate(header)}
-        fmt = self.fmt
-        return (self._column(columns, fmt.identifier, "identifier", path),
-                self._column(columns, fmt.deleted, "deleted", path) if fmt.deleted else None,
-                self._column(columns, fmt.title, "title", path) if fmt.title else None,
-                self._column(columns, fmt.datestamp, "datestamp", path) if fmt.datestamp else None)
-
     def _column(self, columns: dict[str, int], name: str | None, what: str, path: str) -> int:
         if name not in columns:
             raise PartnerDataError(self.partner_id, f"read {path}", f"the header has no column {name!r} (options.files."
@@ -238,7 +232,7 @@ class FileReader:
         fmt, prefix = self.fmt, self.prefix
         ident, deleted = _getter(fmt.identifier), _getter(fmt.deleted)
         title_of, stamp_of = _getter(fmt.title), _getter(fmt.datestamp)
-        no_title_reject, no_title_warn = self.no_title
+        no_title_reject, no_title_warn = self._no_title
         position = offset
         for raw in stream:
             position += len(raw)
@@ -383,7 +377,7 @@ def _numbered(items: Positioned, start: int) -> Positioned:
             yield item, number
 
 
-def clean_header(header: list[str]) -> list[str]:
+def _clean_header(header: list[str]) -> list[str]:
     if header and header[0].startswith("\ufeff"):
         header = [header[0][1:], *header[1:]]
     return [name.strip() for name in header]

@@ -9,8 +9,6 @@ never blocks its page, its window or the cursor (I8, I11).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from typing import overload
 
@@ -85,7 +83,9 @@ class StagingWriter:
         if not items and self.progress is None and self.attempt is None:
             return
         pid, run_id, channel = self.run.key()
-        with self.page():
+        with self.conn.transaction():
+            check_attempt(self.conn, self.run, self.attempt)
+            fences.check(self.conn, f"staging of {channel} of run {run_id}")
             if items:
                 size = 0
                 with self.conn.cursor() as cur, cur.copy(_COPY) as copy:
@@ -95,26 +95,14 @@ class StagingWriter:
                         stored = storable(item, self.max_record_bytes)
                         size += _payload_bytes(stored)
                         copy.write_row(_row(pid, run_id, channel, self.seq, stored))
-                self.count_run_bytes(size)
-            self.note_progress(checkpoint)
+                self._count_run_bytes(size)
+            if self.progress is not None:
+                announced = self.progress.complete_list_size
+                record_progress(self.conn, self.run, self.progress.pages, self.progress.fetched, checkpoint,
+                                announced if announced is not None else self.progress.expected)
 
-    @contextmanager
-    def page(self) -> Iterator[None]:
-        """One page's transaction, opened by checking that this try still has the right to stage
-        (a page staged another way, in SQL, opens it too)."""
-        with self.conn.transaction():
-            check_attempt(self.conn, self.run, self.attempt)
-            fences.check(self.conn, f"staging of {self.run.channel} of run {self.run.run_id}")
-            yield
 
-    def note_progress(self, checkpoint: int | None) -> None:
-        """The channel's running totals and ``checkpoint`` on its row, in the page's transaction."""
-        if self.progress is not None:
-            announced = self.progress.complete_list_size
-            record_progress(self.conn, self.run, self.progress.pages, self.progress.fetched, checkpoint,
-                            announced if announced is not None else self.progress.expected)
-
-    def count_run_bytes(self, size: int) -> None:
+    def _count_run_bytes(self, size: int) -> None:
         """Add the page's payload bytes to the channel's row; raise (the page's transaction
         then rolls back: nothing of it lands) when the run's sum passes the cap."""
         pid, run_id, channel = self.run.key()

@@ -250,7 +250,17 @@ def main() -> None:
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
+        vacuum(db)
     print(json.dumps(result, indent=2))
+
+
+def vacuum(db: str) -> None:
+    """Give back the disk the deleted staging rows hold (17 GB after a 2 GB run): VACUUM cuts a
+    table's empty tail off."""
+    import psycopg
+
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("VACUUM staging")
 
 
 if __name__ == "__main__":

@@ -10,11 +10,17 @@ import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
 
+import msgspec
+
 from partner_harvest.formats.checks import Finding
 
+# The three items are msgspec structs, not dataclasses: a frozen dataclass's constructor cost a
+# CSV row 1.1 µs of its 12, a struct's 0.1. Untracked by the garbage collector (gc=False):
+# they hold only strings, stamps and tuples of those, no cycle. Copies with other fields:
+# msgspec.structs.replace.
 
-@dataclass(frozen=True, slots=True)
-class Record:
+
+class Record(msgspec.Struct, frozen=True, gc=False):
     """A live record as the partner publishes it, validated and ready to upsert."""
 
     identifier: str
@@ -41,8 +47,7 @@ class Record:
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
-class Tombstone:
+class Tombstone(msgspec.Struct, frozen=True, gc=False):
     """The partner says this record is gone as of ``datestamp``, or it is no longer one to hold.
 
     ``reason``: why, when it is not the partner's own deletion notice (a Sierra bib
@@ -56,8 +61,7 @@ class Tombstone:
     entity: str | None = None  # an attached record's table (Record.entity); None: a record
 
 
-@dataclass(frozen=True, slots=True)
-class Rejected:
+class Rejected(msgspec.Struct, frozen=True, gc=False):
     """A record that failed validation; it goes to quarantine, never silently away."""
 
     identifier: str

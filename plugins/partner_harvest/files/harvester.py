@@ -22,10 +22,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
+import msgspec
 import psycopg
 
 from partner_harvest.adapters import Adapter, IdSink, PartnerClock, StagingSink, SweptId
@@ -259,7 +259,7 @@ class FileDeliveryAdapter(Adapter):
             if isinstance(item, Record) and item.identifier in held:
                 stamp, digest = held[item.identifier]
                 if stamp < item.datestamp and digest == item.content_hash:
-                    page[index] = replace(item, datestamp=stamp)
+                    page[index] = msgspec.structs.replace(item, datestamp=stamp)
 
     def _progress(self, file: DeliveryFile, done: int, read: int, started: float, stats: HarvestStats) -> None:
         elapsed = max(time.monotonic() - started, 1e-6)

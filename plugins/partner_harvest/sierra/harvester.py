@@ -24,10 +24,11 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from datetime import date, datetime, timedelta, timezone
 from datetime import time as dtime
 from typing import Any
+
+import msgspec
 
 from partner_harvest import durations
 from partner_harvest.adapters import Adapter, IdSink, PartnerClock, StagingSink, SweptId
@@ -324,7 +325,7 @@ class SierraAdapter(Adapter):
     def flagged(self, item: HarvestItem) -> HarvestItem:
         """A suppressed bib's record with ``suppressed: flag``: it carries the warning."""
         if self.suppressed == "flag" and isinstance(item, Record):
-            return replace(item, warnings=(*item.warnings, FLAGGED))
+            return msgspec.structs.replace(item, warnings=(*item.warnings, FLAGGED))
         return item
 
     def public_only(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -87,14 +87,20 @@ class StagingWriter:
             check_attempt(self.conn, self.run, self.attempt)
             fences.check(self.conn, f"staging of {channel} of run {run_id}")
             if items:
-                size = 0
+                size, seq, limit = 0, self.seq, self.max_record_bytes
                 with self.conn.cursor() as cur, cur.copy(_COPY) as copy:
                     copy.set_types(_COPY_TYPES)
+                    write = copy.write_row
                     for item in items:
-                        self.seq += 1
-                        stored = storable(item, self.max_record_bytes)
-                        size += _payload_bytes(stored)
-                        copy.write_row(_row(pid, run_id, channel, self.seq, stored))
+                        seq += 1
+                        if type(item) is Record and (plain := _plain_size(item, limit)) is not None:
+                            size += plain  # the hot path: a record every check passes, checked once
+                            write(_record_row(pid, run_id, channel, seq, item))
+                        else:
+                            stored = storable(item, limit)
+                            size += _payload_bytes(stored)
+                            write(_row(pid, run_id, channel, seq, stored))
+                    self.seq = seq
                 self._count_run_bytes(size)
             if self.progress is not None:
                 announced = self.progress.complete_list_size
@@ -191,7 +197,7 @@ def _payload_bytes(item: HarvestItem) -> int:
 
 def storable(item: HarvestItem, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> HarvestItem:
     """The item itself when PostgreSQL can store it within the limit, else a Rejected saying why."""
-    if type(item) is Record and _plainly_storable(item, max_record_bytes):
+    if type(item) is Record and _plain_size(item, max_record_bytes) is not None:
         return item
     problem = _identifier_problem(item.identifier)
     if problem is None and isinstance(item, Record):
@@ -223,16 +229,24 @@ def storable(item: HarvestItem, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     )
 
 
-def _plainly_storable(record: Record, max_record_bytes: int) -> bool:
-    """True when a record certainly passes every check below: no NUL, no lone surrogate,
-    sizes within the limits even at four bytes a character. The texts' checks run once over
-    their join instead of once per text (the harvest's hot path); False only means "check
-    in detail"."""
+def _plain_size(record: Record, max_record_bytes: int) -> int | None:
+    """The payload's bytes when a record certainly passes every check below: no NUL, no lone
+    surrogate, sizes within the limits even at four bytes a character. The texts' checks run
+    once over their join instead of once per text (the harvest's hot path); None only means
+    "check in detail"."""
     identifier, metadata = record.identifier, record.metadata
     if len(identifier) * 4 > MAX_IDENTIFIER_BYTES or len(metadata) * 4 > max_record_bytes:
-        return False
+        return None
     joined = "".join((identifier, metadata, record.title or "", record.metadata_prefix or "", *record.set_specs))
-    return _text_problem(joined) is None
+    if "\x00" in joined:
+        return None
+    if joined.isascii():
+        return len(metadata)
+    try:
+        joined.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return None
+    return len(metadata.encode("utf-8"))
 
 
 @overload
@@ -281,13 +295,18 @@ def _storable_identifier(identifier: str) -> str:
     return f"{head}…[sha256:{digest}]"
 
 
+def _record_row(pid: str, run_id: str, channel: str, seq: int, item: Record) -> tuple:
+    return (
+        pid, run_id, channel, seq, "R", item.identifier, item.datestamp, item.metadata_prefix,
+        item.metadata, list(item.set_specs), item.title, item.content_hash, None,
+        warnings_json(item.warnings) if item.warnings else None, item.entity,
+        list(item.parents) if item.entity else None,
+    )
+
+
 def _row(pid: str, run_id: str, channel: str, seq: int, item: HarvestItem) -> tuple:
     if isinstance(item, Record):
-        return (
-            pid, run_id, channel, seq, "R", item.identifier, item.datestamp, item.metadata_prefix,
-            item.metadata, list(item.set_specs), item.title, item.content_hash, None,
-            warnings_json(item.warnings), item.entity, list(item.parents) if item.entity else None,
-        )
+        return _record_row(pid, run_id, channel, seq, item)
     if isinstance(item, Tombstone):
         return (pid, run_id, channel, seq, "T", item.identifier, item.datestamp,
                 None, None, None, None, None, item.reason, None, item.entity, None)

@@ -219,7 +219,7 @@ MUTATIONS: tuple[Mutation, ...] = (
       ("tests/integration/test_leases.py::test_a_killed_holder_releases_the_partner_within_one_ttl",),
       "the lease is never renewed (a long task loses it; or, with a long TTL, a dead one keeps it)"),
     M("I11-unstorable-quarantined", "store/staging.py",
-      "storable(item, self.max_record_bytes)", "item",
+      "stored = storable(item, limit)", "stored = item",
       (MIRROR + "test_what_postgresql_cannot_store_is_quarantined_and_the_page_lands",),
       "a NUL, a lone surrogate or a long identifier reaches COPY and fails every retry"),
     # I12 -- completeness by a second witness

@@ -9,7 +9,8 @@ Generates two CSV dumps of the same museum-like rows (never committed: written u
 1. the baseline: the big file streamed into PostgreSQL with a raw ``COPY ... FROM STDIN
    (FORMAT csv, HEADER)`` into an UNLOGGED table of its columns (staging is UNLOGGED too);
 2. the small and the big dump staged by the run recipe (``run.freeze`` + ``run.stage_channel``,
-   what the DAG's tasks call), each in a fresh process: rows/s and the process's peak RSS;
+   what the DAG's tasks call), each in a fresh process: rows/s, the process's own CPU time a
+   row (ours, not the server's) and its peak RSS;
 3. the staging floor: the big dump's staged rows inserted again into staging under another
    run (no parsing, no JSON, no hash, no network): what writing the finished rows costs the
    server, whoever builds them; and the raw COPY again (the machine's load moves);
@@ -129,11 +130,12 @@ def child(args: argparse.Namespace) -> None:
         else:
             window = run.freeze(subject, adapter, conn)
             window_file.write_text(json.dumps(window.to_dict()))
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         stats = run.stage_channel(adapter, conn, args.run_id, window, run.CHANGES)
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     print(json.dumps({"fetched": stats.fetched, "seconds": seconds, "rows_per_s": stats.fetched / seconds,
-                      "peak_rss_mib": peak_rss_mib(), "entered_at": entered, "load": os.getloadavg()[0]}))
+                      "cpu_us_per_row": cpu / max(stats.fetched, 1) * 1e6, "peak_rss_mib": peak_rss_mib(),
+                      "entered_at": entered, "load": os.getloadavg()[0]}))
 
 
 def stage(script: str, db: str, location: Path, run_id: str, window: Path) -> subprocess.Popen:

@@ -120,6 +120,16 @@ def test_the_local_ui_shows_a_failing_partner_with_its_cause_and_status_agrees(
         assert wait_for(lambda: finished("harvest_demo_stream"), 240, "the stream's first harvest", proc,
                         log) == "success"
 
+        def unfinished(dag: str) -> int | None:
+            """Unpausing a DAG within a few hours after its cron tick also starts that tick's
+            scheduled run (CronTriggerTimetable): the page shows the newest run's state."""
+            listed = answer(lambda: api.get(f"{base_url}/api/v2/dags/{dag}/dagRuns", timeout=30,
+                                            params={"state": ["queued", "running"]}).json())
+            return None if listed is None else int(listed["total_entries"])
+
+        wait_for(lambda: all(unfinished(dag) == 0 for dag in runs), 240, "every run of the two DAGs to end", proc,
+                 log)
+
         with sync_api.sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()

@@ -1,5 +1,6 @@
 """A task or parse process forked by an Airflow process inherits the library and the
-registry instead of importing and parsing them again (about a third of a quiet night's CPU).
+registry instead of importing and parsing them again (about a third of a quiet night's CPU), and
+what a DAG's first build loads lazily (the providers' asset URI handlers).
 
 Airflow loads plugins when a job starts, before the scheduler forks its LocalExecutor workers
 and before the dag-processor forks its first parse; the plugin imports the library then, and
@@ -47,7 +48,24 @@ SCRIPT = textwrap.dedent('''
         with os.fdopen(read) as answer:
             return json.loads(answer.read())
 
+    def forked_build_imports():
+        """In a forked child: the modules building a partner's DAG loaded that its parent had not."""
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            from partner_harvest.airflow.dag_factory import build_dags
+
+            before = set(sys.modules)
+            build_dags("harvest", "harvest_alpha")
+            os.write(write, json.dumps(sorted(set(sys.modules) - before)).encode())
+            os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        with os.fdopen(read) as answer:
+            return json.loads(answer.read())
+
     result = {"library_loaded": "partner_harvest.airflow.dag_factory" in sys.modules}
+    result["build_imports"] = forked_build_imports()
     result["first"] = forked_child_reads()
     registry_file.write_text(entries("alpha", "beta", "gamma"))  # an edit between two tasks
     result["edited"] = forked_child_reads()
@@ -64,5 +82,6 @@ def test_a_forked_child_inherits_the_library_and_an_up_to_date_registry(tmp_path
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["library_loaded"] is True
+    assert result["build_imports"] == []  # the asset URI handlers too (else about 170 modules per task)
     assert result["first"] == {"ids": ["alpha", "beta"], "parsed": 0}
     assert result["edited"] == {"ids": ["alpha", "beta", "gamma"], "parsed": 0}

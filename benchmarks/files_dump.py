@@ -244,6 +244,7 @@ def main() -> None:
         resumed = finished(stage(script, db, base / "big", "bench-kill", window))
         rows, distinct, fetched = staged(db, "bench-kill")
         resumed["rows_per_s"] = (rows - at_kill[0]) / resumed["seconds"]  # the rows this try staged
+        resumed["cpu_us_per_row"] *= resumed["fetched"] / max(rows - at_kill[0], 1)
         result["kill"] = {"staged_at_kill": at_kill[0], "resumed": resumed, "staged_after": rows,
                           "distinct_after": distinct, "recorded_fetched": fetched, "file_rows": big_rows,
                           "exact": rows == distinct == fetched == big_rows}

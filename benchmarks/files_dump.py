@@ -156,8 +156,9 @@ def staging_floor(db: str, run_id: str) -> dict:
     rows inserted again into staging under another run (no parsing, no JSON, no hash, no network)."""
     import psycopg
 
-    columns = ("partner_id, channel, seq, kind, identifier, datestamp, metadata_prefix, metadata, set_specs, title, "
-               "content_hash, reason, warnings, entity, parents")
+    from partner_harvest.store.staging import COLUMNS
+
+    columns = ", ".join(c for c in COLUMNS if c != "run_id")
     with psycopg.connect(db) as conn:
         started = time.perf_counter()
         rows = conn.execute(f"INSERT INTO staging (run_id, {columns}) SELECT 'bench-floor', {columns} FROM staging "

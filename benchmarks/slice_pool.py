@@ -121,7 +121,7 @@ def measure(stack: Any, url: str, partner: str, pool: int, live: set[str]) -> di
 
     with connect(stack.aggregation_db) as conn:  # a clean first load each time
         ensure_schema(conn)
-    support.settle(stack.aggregation_db, [partner])  # without the previous run's dead keys (support.settle)
+    support.settle(stack.aggregation_db, [partner])  # without the previous run's dead keys
     oai = partner != LIBRARY  # the Sierra simulator counts no requests in flight
     if oai:
         support.control(url, "reset_in_flight", {})

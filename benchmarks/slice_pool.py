@@ -261,6 +261,7 @@ def main() -> int:
                         help="sierra: a Sierra full load by id ranges (--records bibs, --delay-ms per answer)")
     parser.add_argument("--plugins", type=Path, default=support.ROOT / "plugins",
                         help="the library the Airflow services load (another checkout's: its planner)")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the services' and tasks' logs after a clean pass")
     support.child_arguments(parser, "--partner")
     args = parser.parse_args()
     if args.child:
@@ -326,7 +327,7 @@ def main() -> int:
                 print(f"  note: the control run never went above {args.pool} in flight (the machine held it back)")
     for failure in failures:
         print(f"FAIL {failure}")
-    if not failures:
+    if not failures and not args.keep_logs:
         shutil.rmtree(base, ignore_errors=True)
     return 1 if failures else 0
 

@@ -382,7 +382,7 @@ def harvest_lane(
             if on_slice is not None:
                 on_slice(channel, stats)
     if done:
-        run_batch.analyze(conn)
+        run_batch.analyze(conn, partner_id, run_id)
     log.info("%s: lane %d of run %s harvested %s", partner_id, lane, run_id, ", ".join(done) or "no slice (none left)")
     return done
 

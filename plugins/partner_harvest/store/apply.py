@@ -303,8 +303,10 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
         fetched = staged.per_channel
         regressed = {channel: clock.isoformat() if clock else None
                      for channel, clock in conn.execute(_REGRESSED_CLOCKS, params).fetchall()}
+        holds_records, holds_tombstones, records_held = one(conn.execute(_HOLDS, params))
         # A sliced run merged its slices as they ended (store/run_batch.py): its batch is ready.
-        prepared = run_batch.prepare(conn, partner_id, run_id, fetched)
+        prepared = run_batch.prepare(conn, partner_id, run_id, fetched,
+                                     joins=holds_records or holds_tombstones or staged.attached > 0)
         if not prepared:
             with _work_mem(conn, _SORT_MEMORY):
                 conn.execute(_BATCH, {**params, "regressed": Jsonb(regressed)})
@@ -312,7 +314,6 @@ def apply_run(conn: psycopg.Connection, partner_id: str, run_id: str) -> ApplyRe
             # purge over the whole batch for every stored record (minutes instead of seconds).
             conn.execute("CREATE INDEX ON apply_batch (identifier)")
             conn.execute("ANALYZE apply_batch (kind, identifier)")  # the joins' columns, not the payloads
-        holds_records, holds_tombstones, records_held = one(conn.execute(_HOLDS, params))
         one_channel = len(fetched) == 1
         tally_params = {**params, "channel": next(iter(fetched), None)}
         updated: dict[str, int] = {}

@@ -104,11 +104,19 @@ def merge(conn: psycopg.Connection, run: RunRef) -> int:
     return len(outcome)
 
 
-def analyze(conn: psycopg.Connection) -> bool:
+def analyze(conn: psycopg.Connection, partner_id: str, run_id: str) -> bool:
     """The batch's statistics for the apply's joins (its rows per run, its kinds), when more
-    than half of its rows changed since the last ANALYZE: a lane that ran out of slices asks,
-    so the statistics are fresh enough when the last lane ends, and the apply asks once more.
-    Outside any transaction of a merge, so other runs' merges do not wait on it."""
+    than half of its rows changed since the last ANALYZE and a slice of the run still
+    harvests: a lane that ran out of slices asks while the others harvest, so the statistics
+    are fresh enough when the last lane ends; the last lane leaves it to the apply, which asks
+    once more when it joins against held rows (:func:`prepare`). Outside any transaction of a
+    merge, so other runs' merges do not wait on it."""
+    harvesting = scalar(conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM harvest_runs WHERE partner_id = %s AND run_id = %s AND channel LIKE 'changes/%%'"
+        " AND status NOT IN ('harvested', 'applied'))", (partner_id, run_id)))
+    if not harvesting:
+        conn.commit()
+        return False
     changed, live = conn.execute(
         "SELECT COALESCE(n_mod_since_analyze, 0), COALESCE(n_live_tup, 0) FROM pg_stat_user_tables"
         " WHERE relid = 'run_batch'::regclass").fetchone() or (0, 0)
@@ -120,10 +128,12 @@ def analyze(conn: psycopg.Connection) -> bool:
     return True
 
 
-def prepare(conn: psycopg.Connection, partner_id: str, run_id: str, channels: Iterable[str]) -> bool:
+def prepare(conn: psycopg.Connection, partner_id: str, run_id: str, channels: Iterable[str], joins: bool = True) -> bool:
     """Inside the apply's transaction: when some channel of the run merged itself, merge
     the others and make the batch the apply's ``apply_batch`` (a view); False when none did
-    (the apply sorts staging itself, as ever). A stale or emptied batch is built again."""
+    (the apply sorts staging itself, as ever). A stale or emptied batch is built again.
+    ``joins`` False: the apply joins the batch against no held row (a first load), so its
+    statistics are not refreshed."""
     rows = conn.execute(
         "SELECT channel, attempts, merged_attempt, merged_rows FROM harvest_runs"
         " WHERE partner_id = %s AND run_id = %s", (partner_id, run_id)).fetchall()
@@ -145,7 +155,7 @@ def prepare(conn: psycopg.Connection, partner_id: str, run_id: str, channels: It
     changed, live = conn.execute(
         "SELECT COALESCE(n_mod_since_analyze, 0), COALESCE(n_live_tup, 0) FROM pg_stat_user_tables"
         " WHERE relid = 'run_batch'::regclass").fetchone() or (0, 0)
-    if changed > live // 2 or 2 * here > held:  # stale statistics (one lane), or most of it merged just now
+    if joins and (changed > live // 2 or 2 * here > held):  # stale statistics (the last lane), or most merged now
         conn.execute("ANALYZE run_batch (partner_id, run_id, kind, identifier)")
     conn.execute(sql.SQL(_VIEW).format(pid=sql.Literal(partner_id), run=sql.Literal(run_id)))
     return True

@@ -10,8 +10,7 @@ describes the contract and how a third protocol plugs in.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -169,15 +168,6 @@ class Adapter(ABC):
         more than ``threshold`` records (sliced_reconcile.py); :meth:`sweep_ids` then gets each
         range's sub-window (``window.protocol.slice``). Default: never (one sweep)."""
         return []
-
-    @contextmanager
-    def lookahead(self, upcoming: Callable[[], Window | None]) -> Iterator[None]:
-        """While inside (a lane's slices, pipeline.harvest_lane): once a harvest has no request
-        of its own in flight and none left to send, the adapter may call ``upcoming()`` for the
-        window harvested next (None: none) and send that window's first request then, for its
-        next :meth:`harvest` of exactly that window to read; on leaving, an answer no harvest
-        read is dropped. Default: nothing is sent ahead."""
-        yield
 
     def resumes_staging(self, channel: str, window: Window) -> bool:
         """Whether a new try of ``channel`` keeps what an unfinished try of the same frozen

@@ -369,13 +369,10 @@ def harvest_lane(
     A lane that finishes early takes what would have kept another waiting: the lanes end
     together. With ``merging`` (a fenced connection of its own), a slice's merge runs on a
     thread beside the next slice's harvest, which mostly waits on the partner. Returns the
-    channels it harvested; ``on_slice(channel, stats)`` after each. The next slice is claimed
-    when the adapter asks (:class:`_NextSlice`): its first request then goes out while this
-    slice's last page is staged."""
+    channels it harvested; ``on_slice(channel, stats)`` after each."""
     done: list[str] = []
-    following = _NextSlice(adapter, conn, partner_id, run_id, window, lane)
-    with _Merges(conn, merging) as merges, adapter.lookahead(following.claim):
-        while (channel := following.take()) is not None:
+    with _Merges(conn, merging) as merges:
+        while (channel := slices.claim(conn, partner_id, run_id, lane)) is not None:
             stats = harvest_piece(adapter, conn, partner_id, run_id, window, channel)
             merges.add(RunRef(partner_id, run_id, channel))
             done.append(channel)
@@ -385,39 +382,6 @@ def harvest_lane(
         run_batch.analyze(conn, partner_id, run_id)
     log.info("%s: lane %d of run %s harvested %s", partner_id, lane, run_id, ", ".join(done) or "no slice (none left)")
     return done
-
-
-class _NextSlice:
-    """A lane's next slice. ``claim`` takes it early, when the adapter asks (Adapter.lookahead:
-    the current slice has nothing in flight), so that the adapter can send its first request
-    ahead: store/slices.claim as ever, in its own fenced transaction, at most once per slice,
-    and only on an idle connection (else the lane claims after the slice, as before). The
-    window returned is the one :func:`harvest_piece` harvests; a slice that resumes at a
-    checkpoint is never claimed early. ``take`` is the slice claimed early, else claims one."""
-
-    def __init__(self, adapter: Adapter, conn: psycopg.Connection, partner_id: str, run_id: str, window: Window,
-                 lane: int) -> None:
-        self.adapter, self.conn, self.window = adapter, conn, window
-        self.partner_id, self.run_id, self.lane = partner_id, run_id, lane
-        self.early: tuple[str | None] | None = None  # (the slice claimed early, None: none left)
-        self.current: str | None = None
-
-    def claim(self) -> Window | None:
-        if (self.early is not None or self.adapter.resumes_slices
-                or self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE):
-            return None
-        channel = slices.claim(self.conn, self.partner_id, self.run_id, self.lane, besides=self.current)
-        self.early = (channel,)
-        if channel is None:
-            return None
-        return slice_window(self.window, slices.read_bounds(self.conn, RunRef(self.partner_id, self.run_id, channel)))
-
-    def take(self) -> str | None:
-        if self.early is not None:
-            (self.current,), self.early = self.early, None
-        else:
-            self.current = slices.claim(self.conn, self.partner_id, self.run_id, self.lane)
-        return self.current
 
 
 class _Merges:

@@ -19,7 +19,6 @@ from partner_harvest import pipeline
 from partner_harvest import run as recipe
 from partner_harvest.errors import PartnerHttpError
 from partner_harvest.factory import Endpoint, build_adapter
-from partner_harvest.oai.client import OaiClient
 from partner_harvest.records import HarvestItem, Record, Tombstone
 from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef, connect, run_batch
@@ -182,73 +181,3 @@ def test_a_slice_taken_but_not_begun_stays_its_lanes(conn: psycopg.Connection, o
     second = claim(conn, partner.id, "run-1", 2)
     assert first and second and first != second
     assert claim(conn, partner.id, "run-1", 1) == first  # a retry of lane 1 before its slice began
-
-
-def test_a_lane_asks_for_its_next_slice_while_staging_the_last_page_and_reads_that_answer(
-        db: str, conn: psycopg.Connection, oai: tuple[OaiSimulator, SimulatedRepository],
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The next slice is claimed once the current one has nothing in flight: its first request
-    is sent while the slice before it still harvests (its last page not yet staged), one request
-    in flight at a time, and that answer is the one the next slice reads (one first request per
-    slice reaches the partner, nothing asked twice). The run applies exactly."""
-    sim, repo = oai
-    partner, window, _ = planned(conn, sim)
-    original, firsts = sim.handle_oai, [0]
-    ahead: list[tuple[str, list[str]]] = []  # (the request's from, the slices harvesting when it was sent)
-
-    def counted(pairs: list[tuple[str, str]]) -> Response:
-        asked = dict(pairs)
-        firsts[0] += asked.get("verb") == "ListRecords" and "resumptionToken" not in asked
-        return original(pairs)
-
-    def watched(self: OaiClient, params: dict[str, str]) -> None:
-        with psycopg.connect(db) as look:
-            ahead.append((params.get("from", ""), [c for (c,) in look.execute(
-                "SELECT channel FROM harvest_runs WHERE partner_id = %s AND status = 'harvesting'", (partner.id,))]))
-        sent_ahead(self, params)
-
-    sent_ahead = OaiClient.send_ahead
-    monkeypatch.setattr(OaiClient, "send_ahead", watched)
-    monkeypatch.setattr(sim, "handle_oai", counted)
-    sim.reset_in_flight()
-    seen: list[str] = []
-    recipe.stage_lane(build_adapter(partner, Endpoint(sim.base_url)), conn, "run-1", window, 1,
-                      on_slice=lambda channel, _: seen.append(channel))  # one lane takes every slice
-    bounds = rows(conn, partner.id)
-    assert len(seen) == len(bounds) > 2 and firsts[0] == len(seen) and len(ahead) == len(seen) - 1
-    for (asked_from, harvesting), before, channel in zip(ahead, seen, seen[1:]):
-        start = bounds[channel]["window_from"]
-        assert asked_from == (start.strftime("%Y-%m-%dT%H:%M:%SZ") if start else "")
-        assert harvesting == [before]  # sent while the slice before it still harvested
-    assert sim.max_in_flight == 1
-    recipe.apply(conn, partner.id, "run-1", window, recipe.Kept(), None)
-    assert held(conn, partner.id) == repo.live_identifiers()
-
-
-def test_an_answer_asked_for_ahead_that_fails_fails_the_slice_that_reads_it(
-        conn: psycopg.Connection, oai: tuple[OaiSimulator, SimulatedRepository], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The second slice's first request, sent while the first slice's last page is staged,
-    answers 503: the first slice still ends harvested, the second fails as if it had asked
-    itself, and the lane's retry takes it again, then the rest."""
-    sim, repo = oai
-    partner, window, _ = planned(conn, sim)
-    sent_ahead = OaiClient.send_ahead
-
-    def failing(self: OaiClient, params: dict[str, str]) -> None:
-        monkeypatch.setattr(OaiClient, "send_ahead", sent_ahead)  # only the first one sent ahead
-        sim.fail_next(1, status=503)
-        sent_ahead(self, params)
-
-    monkeypatch.setattr(OaiClient, "send_ahead", failing)
-    seen: list[str] = []
-    with pytest.raises(PartnerHttpError):
-        recipe.stage_lane(build_adapter(partner, Endpoint(sim.base_url)), conn, "run-1", window, 1,
-                          on_slice=lambda channel, _: seen.append(channel))
-    states = {channel: (r["status"], r["lane"]) for channel, r in rows(conn, partner.id).items()}
-    assert states["changes/001"] == ("harvested", 1) and states["changes/002"] == ("failed", 1) and seen == ["changes/001"]
-    retried: list[str] = []
-    recipe.stage_lane(build_adapter(partner, Endpoint(sim.base_url)), conn, "run-1", window, 1,
-                      on_slice=lambda channel, _: retried.append(channel))
-    assert retried == sorted(set(states) - {"changes/001"})
-    recipe.apply(conn, partner.id, "run-1", window, recipe.Kept(), None)
-    assert held(conn, partner.id) == repo.live_identifiers()

@@ -116,8 +116,6 @@ class OaiClient:
         self.xml_limits = xml_limits or XmlLimits()
         self.validation = validation  # the partner's checks (registry options.validation): pages are parsed here
         self.caps = caps or ChainCaps()  # a token's size, a chain's pages
-        self.on_chain_end: Callable[[], None] | None = None  # called once a chain's last page is parsed
-        self._ahead: tuple[dict[str, str], Future[bytes]] | None = None  # a list's first request sent ahead
 
     # -- single requests ---------------------------------------------------------------
 
@@ -186,44 +184,6 @@ class OaiClient:
         prefixes = self.metadata_prefixes()
         return "lido" if "lido" in prefixes else "oai_dc"
 
-    # -- the next list's first request, sent ahead ---------------------------------------
-
-    def send_ahead(self, params: dict[str, str]) -> None:
-        """Send a list's first request now (a lane's next slice, while this slice's last page is
-        staged): the next chain that starts with exactly ``params`` reads its answer, errors
-        included, as if it had asked itself. One at a time, and never beside a chain's own
-        request: a chain that starts with other params waits for it to end first."""
-        self.drop_ahead()
-        future: Future[bytes] = Future()
-
-        def send() -> None:
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(self.fetch(params))
-                except BaseException as exc:  # noqa: BLE001 (the chain that reads it raises it)
-                    future.set_exception(exc)
-
-        threading.Thread(target=send, name=f"oai-ahead-{self.partner_id}", daemon=True).start()
-        self._ahead = (dict(params), future)
-
-    def drop_ahead(self) -> None:
-        """Let a request sent ahead that no chain read end, and forget it."""
-        if self._ahead is not None:
-            _, future = self._ahead
-            self._ahead = None
-            _drop(future)
-
-    def _first_request(self, pool: ThreadPoolExecutor, params: dict[str, str]) -> Future[bytes]:
-        """A chain's first request: the one sent ahead with the same params, else sent now
-        (after any request sent ahead has ended: one request in flight)."""
-        if self._ahead is not None:
-            sent, future = self._ahead
-            if sent == params:
-                self._ahead = None
-                return future
-            wait([future])
-        return pool.submit(self.fetch, params)
-
     # -- list streams ------------------------------------------------------------------
 
     def list_pages(
@@ -245,7 +205,13 @@ class OaiClient:
         page is asked for only once the caller is done with this one (a caller that sends
         requests of its own per page stays within the partner's concurrency).
         """
-        params = list_params(verb, metadata_prefix, set_spec, from_, until)
+        params: dict[str, str] = {"verb": verb, "metadataPrefix": metadata_prefix}
+        if set_spec:
+            params["set"] = set_spec
+        if from_:
+            params["from"] = from_
+        if until:
+            params["until"] = until
         prefix = metadata_prefix if verb == "ListRecords" else None
         with _prompt_thread_switches():
             yield from self._pipelined_pages(verb, prefix, params, ahead)
@@ -259,7 +225,7 @@ class OaiClient:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"oai-fetch-{self.partner_id}")
         pending: Future[bytes] | None = None
         try:
-            pending = self._first_request(pool, params)
+            pending = pool.submit(self.fetch, params)
             chain = _Chain(self)
             while True:
                 assert pending is not None  # every path that comes round again sent the next request
@@ -285,8 +251,6 @@ class OaiClient:
                         params = _continuation(asked, token)
                         if ahead:
                             pending = pool.submit(self.fetch, params)
-                if ahead and not token and loop is None and pending is None and self.on_chain_end is not None:
-                    self.on_chain_end()  # nothing in flight: a lane may send its next slice's first request
                 yield page
                 if loop is not None:
                     raise loop
@@ -298,19 +262,6 @@ class OaiClient:
             if pending is not None:
                 pending.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
-
-
-def list_params(verb: str, metadata_prefix: str, set_spec: str | None, from_: str | None,
-                until: str | None) -> dict[str, str]:
-    """A list's first request: the selective-harvest arguments given."""
-    params: dict[str, str] = {"verb": verb, "metadataPrefix": metadata_prefix}
-    if set_spec:
-        params["set"] = set_spec
-    if from_:
-        params["from"] = from_
-    if until:
-        params["until"] = until
-    return params
 
 
 def _drop(request: Future[bytes]) -> None:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import closing, contextmanager
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import islice
@@ -33,7 +33,7 @@ from partner_harvest.adapters import Adapter, IdSink, PartnerClock, StagingSink
 from partner_harvest.errors import HarvestError, PartnerHttpError, PartnerProtocolError
 from partner_harvest.formats.checks import policy_of
 from partner_harvest.oai import parse, slicing
-from partner_harvest.oai.client import Forbidden, OaiClient, WindowTooLarge, list_params
+from partner_harvest.oai.client import Forbidden, OaiClient, WindowTooLarge
 from partner_harvest.oai.errors import BadResumptionToken, CannotDisseminateFormat, IdDoesNotExist
 from partner_harvest.oai.parse import DAY_GRANULARITY, format_datestamp
 from partner_harvest.oai.sampled_cut import PageSample
@@ -203,29 +203,6 @@ class OaiAdapter(Adapter):
                 sink.reset()
                 stats.reset()
                 stats.restarts = restarts
-
-    @contextmanager
-    def lookahead(self, upcoming: Callable[[], Window | None]) -> Iterator[None]:
-        """A list's last page parsed, nothing in flight: the next window's first ListRecords
-        request goes out while that page is staged (the client's ``send_ahead``: only a chain
-        starting with exactly that request reads it). Not for ListIdentifiers + GetRecord (the
-        last page's GetRecords still follow) nor a window of several lists."""
-        def at_chain_end() -> None:
-            following = upcoming()
-            if following is None or self.method != "list_records" or len(self._lists(following)) != 1:
-                return
-            granularity = following.protocol.oai_granularity or DAY_GRANULARITY
-            self.client.send_ahead(list_params(
-                self._verb, _prefix(following), self._lists(following)[0],
-                format_datestamp(following.from_, granularity) if following.from_ else None,
-                format_datestamp(following.until, granularity)))
-
-        self.client.on_chain_end = at_chain_end
-        try:
-            yield
-        finally:
-            self.client.on_chain_end = None
-            self.client.drop_ahead()
 
     def _stream_refusable(self, prefix: str, window: Window, set_spec: str | None, sink: StagingSink,
                           stats: HarvestStats) -> None:

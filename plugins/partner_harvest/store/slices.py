@@ -183,12 +183,11 @@ def staged_identifiers(conn: psycopg.Connection, run: RunRef) -> set[str]:
     return {row[0] for row in rows}
 
 
-def claim(conn: psycopg.Connection, partner_id: str, run_id: str, lane: int, besides: str | None = None) -> str | None:
+def claim(conn: psycopg.Connection, partner_id: str, run_id: str, lane: int) -> str | None:
     """The next slice lane ``lane`` harvests, taken in one fenced transaction: its own slice
     that did not finish (a retry of the lane), else the first planned slice nobody took
     (the plan numbers them biggest first); None when none is left. Two lanes never take
-    the same slice (FOR UPDATE SKIP LOCKED); a slice another lane took stays that lane's.
-    ``besides``: the slice the lane is harvesting now (a claim before it finished)."""
+    the same slice (FOR UPDATE SKIP LOCKED); a slice another lane took stays that lane's."""
     with conn.transaction():
         fences.check(conn, f"lane {lane} of run {run_id}")
         channel = conn.execute(
@@ -196,7 +195,6 @@ def claim(conn: psycopg.Connection, partner_id: str, run_id: str, lane: int, bes
             WITH next AS (
                 SELECT channel FROM harvest_runs
                 WHERE partner_id = %(pid)s AND run_id = %(run)s AND channel LIKE %(prefix)s
-                  AND channel IS DISTINCT FROM %(besides)s
                   AND ((lane = %(lane)s AND status IN ('planned', 'harvesting', 'waiting', 'failed'))
                        OR (lane IS NULL AND status = 'planned'))
                 ORDER BY lane IS NULL, channel
@@ -205,7 +203,6 @@ def claim(conn: psycopg.Connection, partner_id: str, run_id: str, lane: int, bes
             UPDATE harvest_runs h SET lane = %(lane)s FROM next
             WHERE h.partner_id = %(pid)s AND h.run_id = %(run)s AND h.channel = next.channel
             RETURNING h.channel
-            """, {"pid": partner_id, "run": run_id, "prefix": SLICE_PREFIX + "%", "lane": lane,
-                "besides": besides},
+            """, {"pid": partner_id, "run": run_id, "prefix": SLICE_PREFIX + "%", "lane": lane},
         ).fetchone()
     return channel[0] if channel else None

@@ -45,10 +45,40 @@ if TYPE_CHECKING:
 PARTNER = "bench_sliced_reconcile"
 
 
-def _partner(slices: int, pool: int = 1) -> Partner:
-    """The partner as its registry entry would read: its pool's slots (the plan's width)."""
+def _partner(slices: int, pool: int = 1, content_share: float = 0.01) -> Partner:
+    """The partner as its registry entry would read: its pool's slots (the plan's width), the
+    content check's share of held records (options.content_check; 0: off)."""
+    check = {"share": content_share} if content_share > 0 else {"mode": "off"}
     return support.partner(id=PARTNER, protocol="oai-pmh", metadata_prefix="oai_dc", pool_slots=pool,
-                           slicing={"threshold_records": 1000, "target_records": 1000, "reconcile_slices": slices})
+                           slicing={"threshold_records": 1000, "target_records": 1000, "reconcile_slices": slices},
+                           options={"content_check": check})
+
+
+def _timed(phases: dict[str, float]) -> None:
+    """Wrap the settle's steps (where they exist) so the child reports the seconds of each."""
+    import functools
+    import importlib
+
+    steps = {"partner_harvest.store.reconcile": ("plan", "stage_removals", "clear", "keep_unverified"),
+             "partner_harvest.reconcile": ("_verify_vanished", "_fetch_missing", "apply_run", "finish_harvest",
+                                           "_settle_attached"),
+             "partner_harvest.content_check": ("check",),
+             "partner_harvest.store.reconcile_slices": ("rows", "lost")}
+    for module_name, names in steps.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            original = getattr(module, name, None)
+            if original is None:
+                continue
+
+            def wrapper(*a: object, _f: object = original, _n: str = name, **k: object) -> object:
+                began = time.perf_counter()
+                try:
+                    return _f(*a, **k)  # type: ignore[operator]
+                finally:
+                    phases[_n] = phases.get(_n, 0.0) + time.perf_counter() - began
+
+            setattr(module, name, functools.wraps(original)(wrapper))
 
 
 def child(args: argparse.Namespace) -> None:
@@ -57,8 +87,11 @@ def child(args: argparse.Namespace) -> None:
     from partner_harvest.reconcile import reconcile
     from partner_harvest.store import connect
 
-    partner = _partner(args.slices, args.pool)
+    phases: dict[str, float] = {}
+    _timed(phases)
+    partner = _partner(args.slices, args.pool, args.content_share)
     adapter = build_adapter(partner, Endpoint(args.url))
+    began_at = time.time()
     started = time.perf_counter()
     with connect(args.db) as conn:
         if args.step == "plan":
@@ -73,12 +106,13 @@ def child(args: argparse.Namespace) -> None:
         else:
             out = reconcile(adapter, conn, partner, args.run_id).as_dict()
     out["seconds"] = time.perf_counter() - started
+    out.update(began_at=began_at, ended_at=time.time(), phases=phases, responses=adapter.responses)
     print(json.dumps(out, default=str))
 
 
 def _cmd(args: argparse.Namespace, url: str, db: str, run_id: str, step: str, *extra: str) -> list[str]:
     return [sys.executable, __file__, "--child", "--url", url, "--db", db, "--run-id", run_id, "--step", step,
-            "--slices", str(args.slices), "--pool", str(args.pool), *extra]
+            "--slices", str(args.slices), "--pool", str(args.pool), "--content-share", str(args.content_share), *extra]
 
 
 def _run(cmd: list[str]) -> dict:
@@ -99,6 +133,9 @@ def load(db: str, records: int) -> float:
             "INSERT INTO records (partner_id, identifier, datestamp, metadata_prefix, metadata, content_hash, run_id)"
             " SELECT %s, 'oai:sim.example:rec-' || lpad(n::text, 7, '0'), timestamptz '2025-06-01', 'oai_dc',"
             " '<metadata/>', 'loaded', 'load' FROM generate_series(1, %s) AS n", (PARTNER, records))
+        # the counter the apply keeps (the content check sizes its sample by it)
+        conn.execute("INSERT INTO partner_stats (partner_id, records_held, quarantined_now) VALUES (%s, %s, 0)",
+                     (PARTNER, records))
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute("VACUUM (ANALYZE) records")
     return time.perf_counter() - started
@@ -108,6 +145,7 @@ def sliced_run(args: argparse.Namespace, url: str, db: str) -> dict:
     import psycopg
 
     run_id = "reconcile_bench/sliced"
+    began_at = time.time()
     started = time.perf_counter()
     plan = _run(_cmd(args, url, db, run_id, "plan"))
     planned = time.perf_counter()
@@ -136,14 +174,24 @@ def sliced_run(args: argparse.Namespace, url: str, db: str) -> dict:
 
     with ThreadPoolExecutor(args.pool) as pool:
         swept = list(pool.map(sweep, range(1, len(plan["pieces"]) + 1)))
+    for index, s in enumerate(swept, 1):
+        print(f"    slice {index}: {s['began_at'] - began_at:6.1f} .. {s['ended_at'] - began_at:6.1f} s, "
+              f"{s['pages']} pages, {s['ids']:,} ids")
     harvested = time.perf_counter()
     with psycopg.connect(db) as conn:  # the apply clears the slices' rows
         attempts: dict[str, int] = dict(conn.execute("SELECT slice, attempts FROM reconcile_slices WHERE run_id = %s",
                                      (run_id,)).fetchall())
     applied = _run(_cmd(args, url, db, run_id, "apply", "--plan", text))
+    print(f"    plan: {plan['seconds']:.1f} s in its process, {plan['responses']} responses; apply "
+          f"{applied['began_at'] - began_at:.1f} .. {applied['ended_at'] - began_at:.1f} s, "
+          f"{applied['responses']} responses: {_phases(applied)}")
     return {"wall": time.perf_counter() - started, "plan": planned - started, "sweep": harvested - planned,
             "apply": applied["seconds"], "slices": len(plan["pieces"]), "ids": sum(s["ids"] for s in swept),
             "pages": sum(s["pages"] for s in swept), "killed": killed, "result": applied, "attempts": attempts}
+
+
+def _phases(out: dict) -> str:
+    return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in sorted(out["phases"].items(), key=lambda p: -p[1]))
 
 
 def main() -> int:
@@ -156,6 +204,10 @@ def main() -> int:
     parser.add_argument("--kill", type=int, default=3, help="the slice killed once (0: none)")
     parser.add_argument("--vanish", type=int, default=100)
     parser.add_argument("--add", type=int, default=20)
+    parser.add_argument("--content-share", type=float, default=0.01,
+                        help="options.content_check.share (the registry's default 0.01: at most 2,000 GetRecords); 0: off")
+    parser.add_argument("--list-size", default="exact", choices=("exact", "understated", "omitted"),
+                        help="the completeListSize the simulator announces (omitted: the plan cuts without counts)")
     parser.add_argument("--no-chain", action="store_true", help="only the sliced reconcile")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     for name in ("--url", "--db", "--run-id", "--step", "--plan"):
@@ -168,10 +220,12 @@ def main() -> int:
 
     db = support.fresh_database(PARTNER)
     sim_args = ("--records", str(args.records), "--deleted-fraction", "0", "--deleted-record", "no",
-                "--page-size", str(args.page_size), "--formats", "oai_dc", "--response-delay-ms", str(args.delay_ms))
+                "--page-size", str(args.page_size), "--formats", "oai_dc", "--response-delay-ms", str(args.delay_ms),
+                "--list-size", args.list_size)
     print(f"Sliced reconcile benchmark: {args.records:,} identifiers, {args.page_size} headers a page, "
-          f"{args.delay_ms:.0f} ms a response; {args.slices} slices, {args.pool} at once, slice {args.kill} killed "
-          f"once and resumed; against one chain")
+          f"{args.delay_ms:.0f} ms a response, completeListSize {args.list_size}, content check share "
+          f"{args.content_share}; {args.slices} slices, {args.pool} at once, slice {args.kill} killed once and "
+          f"resumed; against one chain")
     ok = True
     figures = {}
     with support.simulator("oai_pmh", *sim_args) as url:
@@ -191,6 +245,7 @@ def main() -> int:
                 started = time.perf_counter()
                 result = _run(_cmd(args, url, db, "reconcile_bench/chain", "chain"))
                 m = {"wall": time.perf_counter() - started}
+                print(f"    one chain: {result['responses']} responses; {_phases(result)}")
                 line = f"one chain: {m['wall']:.1f} s wall"
             live = set(support.control(url, "live_ids"))
             exact = support.held_ids(db, PARTNER) == live

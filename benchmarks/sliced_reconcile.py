@@ -39,7 +39,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from typing import TYPE_CHECKING
 
 from benchmarks import support  # noqa: E402
-from partner_harvest.store.db import one
 
 if TYPE_CHECKING:
     from partner_harvest.registry import Partner

@@ -36,8 +36,8 @@ from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef, begin_run, ensure_schema, fail_run, fences
 from partner_harvest.store import reconcile as sql
-from partner_harvest.store.content import held_count
 from partner_harvest.store import reconcile_slices as store
+from partner_harvest.store.content import held_count
 from partner_harvest.store.runs import record_failed_try
 from partner_harvest.window import Slice, Window, as_utc, format_instant, parse_instant
 

@@ -15,10 +15,13 @@ night writes none.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -182,12 +185,45 @@ def _purge_limit(partner_id: str, fraction: float) -> None:
     os.environ[PARTNERS_FILE_ENV] = str(copy)
 
 
+def stop_between_polls(loop: Callable[..., Any], requested: threading.Event, resumed: threading.Event,
+                       reached_within: float = 120.0) -> None:
+    """Once ``requested`` is set, stop this process (SIGSTOP) in the next ``time.sleep``
+    that ``loop`` itself calls, then set ``resumed`` (after the soak's SIGCONT).
+    ``dag.test()``'s loop sleeps between its polls with every metadata transaction
+    committed: a night stopped anywhere else may hold SQLite's write lock, and every other
+    night's write then fails ("database is locked") until it goes on. No such sleep within
+    ``reached_within`` seconds of the request: the process ends (exit 70) and says why,
+    rather than stopping unsafely."""
+    code = inspect.unwrap(loop).__code__
+    real_sleep = time.sleep
+    reached = threading.Event()
+
+    def sleep(seconds: float) -> None:
+        if requested.is_set() and not reached.is_set() and sys._getframe(1).f_code is code:
+            reached.set()
+            os.kill(os.getpid(), signal.SIGSTOP)
+            resumed.set()
+        real_sleep(seconds)
+
+    def watch() -> None:
+        requested.wait()
+        if not reached.wait(reached_within):
+            print(f"soak: {loop.__qualname__} did not sleep within {reached_within:.0f} s of the stop's"
+                  " request: no safe point to stop at", file=sys.stderr, flush=True)
+            os._exit(70)
+
+    mock.patch.object(time, "sleep", sleep).start()  # for the night's process
+    threading.Thread(target=watch, name="soak-stop-watch", daemon=True).start()
+
+
 def _approve_after_a_stop(task_id: str = "approval_gate") -> None:
-    """When the run's approval gate waits for input: stop this process (the soak runs the
-    partner's nightly harvest meanwhile, then sends SIGCONT), then answer Approve as the
-    REST API does."""
-    import threading
-    import time
+    """When the run's approval gate waits for input: stop this process between two of
+    ``dag.test()``'s polls (the soak runs the partner's nightly harvest meanwhile, then sends
+    SIGCONT), then answer Approve as the REST API does."""
+    from airflow.sdk import DAG
+
+    requested, resumed = threading.Event(), threading.Event()
+    stop_between_polls(DAG.test, requested, resumed)
 
     def approve() -> None:
         from airflow.models.taskinstance import TaskInstance
@@ -204,7 +240,8 @@ def _approve_after_a_stop(task_id: str = "approval_gate") -> None:
             if waiting is not None:
                 break
             time.sleep(0.2)
-        os.kill(os.getpid(), signal.SIGSTOP)
+        requested.set()
+        resumed.wait()
         Responder(task_id, "Approve", user="soak")._answer()
 
     threading.Thread(target=approve, name="soak-approve", daemon=True).start()

@@ -282,8 +282,10 @@ class SliceSettings(_Strict):
         "ranges; IIIF full harvest of a stream that announces no totalItems: this many page ranges "
         "(1: no slicing)"))] = 1
     reconcile_slices: Annotated[StrictInt, Field(ge=1, le=256, description=(
-        "the reconcile's sweep as this many mapped slices (OAI-PMH datestamp ranges, Sierra bib id ranges), each "
-        "retried on its own, when the partner holds more than threshold_records; 1: the reconcile stays one task"))] = 1
+        "the reconcile's sweep as this many slices (OAI-PMH datestamp ranges, Sierra bib id ranges), each "
+        "retried on its own, when the partner holds more than threshold_records; min(reconcile_slices, pool_slots) "
+        "lanes (sweep_ids instances) sweep them, biggest first (with several lanes a big partner is cut up to 8 "
+        "times finer, then neighbours joined into slices of falling size); 1: the reconcile stays one task"))] = 1
     sets: tuple[Annotated[str, Field(min_length=1, pattern=r"^\S+$", strict=True)], ...] = Field(
         default=(), description=(
             "OAI-PMH: setSpecs that partition the repository (every record, deleted ones too, in exactly "

@@ -3,8 +3,12 @@
 A ListIdentifiers sweep of 2,000,000 headers is one token chain of hours; an expired token
 or a failed task started it again from zero. Sliced (registry ``slicing.reconcile_slices``),
 the sweep is cut into datestamp ranges (OAI-PMH, as a full harvest's slices: by counts, else
-by what the first pages show) or bib id ranges (Sierra), each swept by a mapped task retried
-on its own: a failure costs one slice, not the sweep. The settle step is the unsliced
+by what the first pages show) or bib id ranges (Sierra). One mapped task per lane (the
+partner's pool slots, at most ``reconcile_slices``) sweeps slice after slice, the biggest
+left first (store/reconcile_slices.claim); a failure costs one slice, not the sweep, and the
+lane's retry resumes at it. With several lanes a big partner's sweep is cut finer and
+neighbours joined into slices of falling size (pipeline.graded, as a sliced harvest), so the
+lanes end together, even without counts. The settle step is the unsliced
 reconcile's own (reconcile.settle): the mass-purge guard, the verification of vanished
 candidates, the removals, the missing records and the one-transaction apply; over the purge
 limit behind the DAG's approval gate, the staged result waits for a person as there.
@@ -26,12 +30,14 @@ from typing import Any
 import psycopg
 
 from partner_harvest.adapters import Adapter
+from partner_harvest.pipeline import MIN_PIECE_RECORDS, PIECES_PER_LANE, graded
 from partner_harvest.reconcile import CHANNEL, ReconcileResult, reconcile_window, settle
 from partner_harvest.records import HarvestStats
 from partner_harvest.registry import Partner
 from partner_harvest.store import RunRef, begin_run, ensure_schema, fail_run, fences
 from partner_harvest.store import reconcile as sql
 from partner_harvest.store import reconcile_slices as store
+from partner_harvest.store.content import held_count
 from partner_harvest.store.runs import record_failed_try
 from partner_harvest.window import Slice, Window, as_utc, format_instant, parse_instant
 
@@ -40,36 +46,75 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SweepPlan:
-    """What the sweep's tasks share (XCom): the frozen window, when it was planned, the slices."""
+    """What the sweep's tasks share (XCom): the frozen window, when it was planned, the slices
+    and the lanes that sweep them (one piece each: what the mapped task maps over)."""
 
     window: Window
     planned_at: datetime
     slices: int
+    lanes: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         # to the microsecond: cut to the second, it would precede a run applied earlier in that second
         return {"window": self.window.to_dict(), "planned_at": as_utc(self.planned_at).isoformat(),
-                "pieces": [{"slice": i} for i in range(1, self.slices + 1)]}
+                "slices": self.slices,
+                "pieces": [{"lane": n, "lanes": self.lanes, "slices": self.slices} for n in range(1, self.lanes + 1)]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SweepPlan:
-        return cls(Window.from_dict(data["window"]), parse_instant(data["planned_at"]), len(data["pieces"]))
+        pieces = data["pieces"]  # a plan written before lanes: one piece per slice
+        return cls(Window.from_dict(data["window"]), parse_instant(data["planned_at"]),
+                   int(data.get("slices", len(pieces))), len(pieces))
+
+
+def sweep_lanes(partner: Partner) -> int:
+    """How many slices of the sweep run at once: the partner's pool (its concurrent requests),
+    at most ``reconcile_slices``."""
+    return max(1, min(partner.slicing.reconcile_slices, partner.pool_slots))
 
 
 def plan_sweep(adapter: Adapter, conn: psycopg.Connection, partner: Partner, run_id: str,
                epoch: int | None = None) -> SweepPlan:
     """Freeze the reconcile's window, open its audit row, and record the sweep's slices
-    (one open-ended slice for a partner below the threshold)."""
+    (one open-ended slice for a partner below the threshold), numbered biggest first.
+
+    With more than one lane and a partner big enough (pieces of at least
+    ``MIN_PIECE_RECORDS`` of what it holds), the adapter cuts up to ``PIECES_PER_LANE`` times
+    finer and neighbouring pieces are joined into slices of falling size, as a sliced
+    harvest's (pipeline.graded): the lanes start on the big ones and end on small ones."""
     ensure_schema(conn)
     window = reconcile_window(adapter).with_facts(epoch=epoch)
     begin_run(conn, RunRef(partner.id, run_id, CHANNEL), window, window.protocol.metadata_prefix)
     settings = partner.slicing
-    pieces = list(adapter.plan_sweep(window, settings.reconcile_slices, settings.threshold_records))
+    lanes = sweep_lanes(partner)
+    finer = 1
+    if lanes > 1:
+        finer = max(1, min(PIECES_PER_LANE, held_count(conn, partner.id) // (settings.reconcile_slices * MIN_PIECE_RECORDS)))
+    pieces = list(adapter.plan_sweep(window, min(settings.reconcile_slices * finer, 256), settings.threshold_records))
     if len(pieces) < 2:
         pieces = [Slice(until=window.until, open_end=True)]
+    elif finer > 1:
+        pieces = graded(pieces, lanes)
+    elif all(p.estimate is not None for p in pieces):
+        pieces.sort(key=lambda p: -(p.estimate or 0))  # the biggest first: lanes take them in this order
     planned_at = store.write_plan(conn, partner.id, run_id, pieces)
-    log.info("%s: reconcile sweep in %d slice(s): %s", partner.id, len(pieces), "; ".join(_describe(p) for p in pieces))
-    return SweepPlan(window, planned_at, len(pieces))
+    lanes = min(lanes, len(pieces))
+    log.info("%s: reconcile sweep in %d slice(s), %d lane(s): %s", partner.id, len(pieces), lanes,
+             "; ".join(_describe(p) for p in pieces))
+    return SweepPlan(window, planned_at, len(pieces), lanes)
+
+
+def sweep_lane(adapter: Adapter, conn: psycopg.Connection, partner_id: str, run_id: str, plan: SweepPlan,
+               lane: int) -> list[tuple[int, HarvestStats]]:
+    """One lane of the sweep: slice after slice (store/reconcile_slices.claim: its own
+    unfinished one first, then the biggest nobody took), each as :func:`sweep_slice`, until
+    none is left; a lane that finishes early takes what would have kept another waiting."""
+    done: list[tuple[int, HarvestStats]] = []
+    while (index := store.claim(conn, partner_id, run_id, lane)) is not None:
+        done.append((index, sweep_slice(adapter, conn, partner_id, run_id, plan, index)))
+    log.info("%s: reconcile sweep lane %d swept %s", partner_id, lane,
+             ", ".join(f"slice {index}" for index, _ in done) or "no slice (none left)")
+    return done
 
 
 def sweep_slice(adapter: Adapter, conn: psycopg.Connection, partner_id: str, run_id: str, plan: SweepPlan,

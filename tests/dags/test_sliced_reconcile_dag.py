@@ -1,7 +1,7 @@
 """The sliced reconcile through Airflow (dag.test): plan_sweep, a mapped
-sweep_ids per slice in the partner's pool, reconcile (the settle), approval_gate,
-apply_reconcile; a slice that fails is retried on its own and the reconcile converges
-exactly. Over its purge limit it waits at the approval gate as the unsliced one does:
+sweep_ids per lane in the partner's pool (each sweeping slice after slice), reconcile (the
+settle), approval_gate, apply_reconcile; a lane that fails is retried on its own, resumes at
+its slice, and the reconcile converges exactly. Over its purge limit it waits at the approval gate as the unsliced one does:
 Approve applies exactly what it staged (with its metrics), Reject leaves
 mirror and cursor as they were. A small partner's reconcile stays one task."""
 
@@ -42,7 +42,7 @@ def museum(registry: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, agg
            airflow_db: None) -> Iterator[tuple[OaiSimulator, SimulatedRepository]]:
     registry(
         "partners:\n"
-        "  - {id: bigmuseum, protocol: oai-pmh, conn_id: partner_bigmuseum, metadata_prefix: oai_dc,\n"
+        "  - {id: bigmuseum, protocol: oai-pmh, conn_id: partner_bigmuseum, metadata_prefix: oai_dc, pool_slots: 4,\n"
         f"     options: {{http: {{backoff_factor: 0.01, retries: 0}}}}, {SLICING}}}\n"
         "  - {id: smallmuseum, protocol: oai-pmh, conn_id: partner_smallmuseum, metadata_prefix: oai_dc}\n"
     )
@@ -88,13 +88,13 @@ def test_a_sliced_reconcile_retries_only_the_slice_that_failed_and_converges(mus
     from partner_harvest.airflow import tasks as task_bodies
     from partner_harvest.airflow.dag_factory import build_reconcile_dag
 
-    sweep_slice = task_bodies.sweep_reconcile_slice
+    sweep_lane = task_bodies.sweep_reconcile_lane
 
     def sweeping(*args: Any, **kwargs: Any) -> Any:  # the plan's probes are done once the first slice starts
         lists["sweeping"] = True
-        return sweep_slice(*args, **kwargs)
+        return sweep_lane(*args, **kwargs)
 
-    monkeypatch.setattr(task_bodies, "sweep_reconcile_slice", sweeping)
+    monkeypatch.setattr(task_bodies, "sweep_reconcile_lane", sweeping)
 
     dag = build_reconcile_dag(partner)
     for task in dag.tasks:

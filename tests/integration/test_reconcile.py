@@ -126,3 +126,41 @@ def test_reconcile_and_harvest_leases_exclude_each_other(conn: psycopg.Connectio
     conn.execute("UPDATE partner_leases SET expires_at = now() - interval '1 second' WHERE holder = 'weekly'")
     conn.commit()
     acquire(conn, "p", "nightly-2", HARVEST, timedelta(hours=1))  # an expired lease frees the partner
+
+
+def test_the_settles_getrecords_go_the_pools_slots_at_once_and_stop_at_an_error() -> None:
+    """Verifications, missing records and the content check's sample are GetRecords one id
+    each: they go as many at once as the partner's pool has slots (never more), answers in
+    the order asked; the first error raises and sends nothing more than what was in flight."""
+    import threading
+
+    from partner_harvest.errors import HarvestError
+    from partner_harvest.reconcile import reconcile_window
+
+    repo = SimulatedRepository(records=30, page_size=100, seed=5, deleted_record="no", deleted_fraction=0.0)
+    with OaiSimulator(repo, response_delay_ms=60_000) as sim:
+        adapter = build_adapter(oai_partner(pool_slots=3, retries=0), Endpoint(sim.base_url))
+        sim.set_response_delay(0)
+        window = reconcile_window(adapter)
+        asked = [*sorted(repo.live_identifiers())[:10], "oai:sim.example:nowhere"]
+        sim.set_response_delay(60_000)  # held until released: what is in flight at once, without timing
+        sim.reset_in_flight()
+        answers: list[object] = []
+        worker = threading.Thread(target=lambda: answers.append(adapter.verify_vanished(window, asked)))
+        worker.start()
+        try:
+            assert sim.wait_in_flight(3, timeout=10), f"only {sim.in_flight} in flight"
+        finally:
+            sim.set_response_delay(0)
+            worker.join(timeout=30)
+        assert sim.wait_idle(timeout=10) and sim.max_in_flight == 3
+        (verdicts,) = answers
+        assert [identifier for identifier, _ in verdicts] == asked  # type: ignore[attr-defined]
+        assert [item is None for _, item in verdicts] == [False] * 10 + [True]  # type: ignore[attr-defined]
+        sim.clear_requests()
+        sim.fail_next(1, status=500)
+        with pytest.raises(HarvestError):
+            adapter.fetch_records(window, asked)
+        assert sim.wait_idle(timeout=10)
+        gets = [r for r in sim.requests if r.get("verb") == "GetRecord"]
+        assert len(gets) <= 2 * 3 < len(asked)  # what was in flight, not the rest of the list

@@ -1,6 +1,6 @@
 """A big partner's reconcile as slices, without Airflow: the OAI-PMH and
 Sierra simulators on loopback, real PostgreSQL. The harness plays the DAG: plan_sweep, one
-sweep_ids per slice (in any order, one failing and retried alone), apply_reconcile; the
+sweep_ids per slice or per lane (in any order, one failing and retried alone), apply_reconcile; the
 fenced tests bind a real lease's fence to the connection, as the tasks do."""
 
 from __future__ import annotations
@@ -97,6 +97,62 @@ def test_a_failed_slice_is_retried_alone_and_converges_exactly(conn: psycopg.Con
     firsts = [r for r in sim.requests if r.get("verb") == "ListIdentifiers" and "resumptionToken" not in r]
     assert len(firsts) == 1  # the retry listed its own range only
     sliced.apply_sweep(make(), conn, partner, RUN, plan)
+    assert held(conn, partner.id) == repo.live_identifiers()
+
+
+def test_lanes_take_the_biggest_slice_left_and_a_failed_lane_resumes_at_its_own(
+        conn: psycopg.Connection, museum: tuple[OaiSimulator, SimulatedRepository]) -> None:
+    """Two lanes (the partner's pool of 2): the slices numbered biggest first, each lane takes
+    the next nobody took; a lane that fails mid-slice keeps that slice: the other lane sweeps
+    every other one, never it, and the failed lane's retry resumes at it alone; exact apply."""
+    sim, repo = museum
+    partner = oai_partner(slicing=SLICED, pool_slots=2, max_token_restarts=0)
+    harvested(sim, conn, partner)
+    changed_upstream(repo)
+    make = lambda: build_adapter(partner, Endpoint(sim.base_url))  # noqa: E731
+    plan = sliced.plan_sweep(make(), conn, partner, RUN)
+    assert (plan.slices, plan.lanes) == (4, 2)  # 800 records: too few to cut finer
+    assert sliced.SweepPlan.from_dict(plan.to_dict()) == plan
+    assert [piece["lane"] for piece in plan.to_dict()["pieces"]] == [1, 2]
+    estimates = [r.bounds.estimate or 0 for r in rows(conn, partner.id, RUN)]
+    assert estimates == sorted(estimates, reverse=True) and estimates[0] > estimates[-1]
+    sim.expire_tokens_after(1)  # lane 1's first slice breaks after its first page
+    with pytest.raises(BadResumptionToken):
+        sliced.sweep_lane(make(), conn, partner.id, RUN, plan, 1)
+    assert [index for index, _ in sliced.sweep_lane(make(), conn, partner.id, RUN, plan, 2)] == [2, 3, 4]
+    with pytest.raises(SweepIncomplete, match="slice.*1 \\(failed\\)"):
+        sliced.apply_sweep(make(), conn, partner, RUN, plan)
+    assert [index for index, _ in sliced.sweep_lane(make(), conn, partner.id, RUN, plan, 1)] == [1]
+    assert sliced.sweep_lane(make(), conn, partner.id, RUN, plan, 2) == []  # nothing left
+    found = conn.execute("SELECT slice, lane, attempts FROM reconcile_slices WHERE run_id = %s ORDER BY slice",
+                         (RUN,)).fetchall()
+    assert found == [(1, 1, 2), (2, 2, 1), (3, 2, 1), (4, 2, 1)]
+    sliced.apply_sweep(make(), conn, partner, RUN, plan)
+    assert held(conn, partner.id) == repo.live_identifiers()
+
+
+def test_with_several_lanes_a_big_partner_is_cut_finer_into_slices_of_falling_size(
+        conn: psycopg.Connection, museum: tuple[OaiSimulator, SimulatedRepository],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Big enough (pieces of at least MIN_PIECE_RECORDS; lowered here for 800 records), the
+    sweep of 2 lanes is cut up to 8 times finer and joined into slices of falling size that
+    cover the whole list, the last one open-ended; the lanes converge exactly."""
+    sim, repo = museum
+    monkeypatch.setattr(sliced, "MIN_PIECE_RECORDS", 10)
+    partner = oai_partner(slicing={**SLICED, "reconcile_slices": 2}, pool_slots=2)
+    harvested(sim, conn, partner)
+    vanished, added = changed_upstream(repo)
+    make = lambda: build_adapter(partner, Endpoint(sim.base_url))  # noqa: E731
+    plan = sliced.plan_sweep(make(), conn, partner, RUN)
+    found = rows(conn, partner.id, RUN)
+    assert plan.lanes == 2 and plan.slices == len(found) > 4
+    estimates = [r.bounds.estimate or 0 for r in found]
+    assert estimates == sorted(estimates, reverse=True) and estimates[0] > 2 * estimates[-1]
+    assert [r.bounds.open_end for r in found].count(True) == 1
+    for lane in (2, 1):
+        sliced.sweep_lane(make(), conn, partner.id, RUN, plan, lane)
+    result = sliced.apply_sweep(make(), conn, partner, RUN, plan)
+    assert (result.purged, result.fetched_missing) == (len(vanished), len(added))
     assert held(conn, partner.id) == repo.live_identifiers()
 
 

@@ -188,8 +188,10 @@ TASK_DOCS = {
         "unreachable (retried), a harvest holds the partner (waits). Clearing it plans the sweep anew."
     ),
     "sweep_ids": (
-        "Mapped, one per slice: lists the slice's identifiers into `reconcile_ids`, each slice retried "
-        "on its own from its own start. **Fails:** the partner's errors (retried); refuses for good "
+        "Mapped, one per lane (the partner's pool slots, at most `reconcile_slices`): each lane takes "
+        "the biggest slice left and lists its identifiers into `reconcile_ids`, slice after slice, so "
+        "the lanes end together; a retry resumes at the slice that failed, from that slice's own start. "
+        "**Fails:** the partner's errors (retried); refuses for good "
         "when another run applied since the plan (the sweep would be stale) or an operator command "
         "changed the partner: the next reconcile sweeps anew."
     ),
@@ -424,8 +426,9 @@ def build_reconcile_dag(partner: Partner) -> DAG:
 
 
 def _sliced_reconcile_tasks(partner: Partner) -> Any:
-    """plan_sweep >> sweep_ids (mapped, one per slice, each retried alone) >> reconcile (the
-    settle: guard, verify, removals, missing, apply); returns the settle's outcome (XCom)."""
+    """plan_sweep >> sweep_ids (mapped, one per lane, each taking slice after slice and retried
+    alone) >> reconcile (the settle: guard, verify, removals, missing, apply); returns the
+    settle's outcome (XCom)."""
     pid = partner.id
 
     # The plan's XCom is its list of pieces, each carrying the frozen plan (a mapped task maps
@@ -434,12 +437,13 @@ def _sliced_reconcile_tasks(partner: Partner) -> Any:
     def plan_sweep() -> list[dict[str, Any]]:
         return tasks.plan_reconcile_sweep(pid, get_current_context())
 
-    @task(task_id="sweep_ids", pool=partner.pool, map_index_template="slice {{ sweep_slice }}",
+    @task(task_id="sweep_ids", pool=partner.pool, map_index_template="{{ sweep_lane }}",
           doc_md=TASK_DOCS["sweep_ids"])
     def sweep_ids(piece: dict[str, Any]) -> dict[str, Any]:
         context = get_current_context()
-        context["sweep_slice"] = piece["slice"]  # type: ignore[typeddict-unknown-key]
-        return tasks.sweep_reconcile_slice(pid, piece["plan"], piece, context)
+        context["sweep_lane"] = (  # type: ignore[typeddict-unknown-key]
+            f"lane {piece['lane']}" if "lane" in piece else f"slice {piece['slice']}")
+        return tasks.sweep_reconcile_lane(pid, piece["plan"], piece, context)
 
     @task(task_id="reconcile", pool=partner.pool, outlets=[partner_asset(pid)])
     def settle(pieces: list[dict[str, Any]], swept: list[dict[str, Any]]) -> dict[str, Any]:

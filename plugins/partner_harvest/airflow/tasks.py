@@ -522,16 +522,23 @@ def plan_reconcile_sweep(partner_id: str, context: Context) -> list[dict[str, An
 
 
 @_fail_fast
-def sweep_reconcile_slice(partner_id: str, plan: dict[str, Any], piece: dict[str, Any],
-                          context: Context) -> dict[str, Any]:
-    """One slice of the sweep (mapped), retried on its own; refuses once the plan is stale."""
+def sweep_reconcile_lane(partner_id: str, plan: dict[str, Any], piece: dict[str, Any],
+                         context: Context) -> dict[str, Any]:
+    """One lane of the sweep (mapped): slice after slice, retried on its own (the retry resumes
+    at the slice that failed); refuses once the plan is stale. A piece of a plan made before
+    lanes names its one slice."""
     partner = _partner(partner_id)
     with hold_lease(partner_id, context, leases.RECONCILE, window_data=plan["window"]) as keeper:
         adapter = _adapter(partner, keeper.conninfo)
         with aggregation(keeper.fence) as conn:
-            stats = sliced_reconcile.sweep_slice(adapter, conn, partner_id, run_key(context),
-                                                 sliced_reconcile.SweepPlan.from_dict(plan), int(piece["slice"]))
-    return {"slice": piece["slice"], "pages": stats.pages, "ids": stats.fetched}
+            sweep = sliced_reconcile.SweepPlan.from_dict(plan)
+            if "lane" in piece:
+                done = sliced_reconcile.sweep_lane(adapter, conn, partner_id, run_key(context), sweep, int(piece["lane"]))
+            else:
+                index = int(piece["slice"])
+                done = [(index, sliced_reconcile.sweep_slice(adapter, conn, partner_id, run_key(context), sweep, index))]
+    return {**{k: piece[k] for k in ("lane", "slice") if k in piece}, "slices": [index for index, _ in done],
+            "pages": sum(stats.pages for _, stats in done), "ids": sum(stats.fetched for _, stats in done)}
 
 
 @_fail_fast

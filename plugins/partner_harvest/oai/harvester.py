@@ -82,8 +82,10 @@ class OaiAdapter(Adapter):
         if self.method == "identifiers_then_get":  # a list stream of GetRecords brings nothing a GetRecord each does not
             self.bulk_missing_threshold = None
         self._get_workers = partner.pool_slots  # GetRecords at once (one in a slice: pool_slots slices run)
-        if self.method == "identifiers_then_get":
-            widen(client.session, partner.pool_slots + 1)  # and the list's own request
+        # GetRecords at once keep their connections open (and the list's own request)
+        self._widened = self.method == "identifiers_then_get"
+        if self._widened:
+            widen(client.session, partner.pool_slots + 1)
         self._sweeping = False  # the list being streamed is the leavers' sweep (selection.py)
         self._not_held = 0  # listed records of excluded sets this harvest did not stage (none held)
         # Lists one request showed to be empty (window_is_empty); harvested without asking again.
@@ -586,10 +588,10 @@ class OaiAdapter(Adapter):
                 stats.reset()
 
     def fetch_records(self, window: Window, identifiers: list[str]) -> list[HarvestItem]:
-        """GetRecord for ids the aggregation lacks; an id gone meanwhile is skipped."""
+        """GetRecord for ids the aggregation lacks (and the content check's sample), as many at
+        once as :meth:`_get_each` sends; an id gone meanwhile is skipped."""
         items: list[HarvestItem] = []
-        for identifier in identifiers:
-            item = self._get_record(window, identifier)
+        for identifier, item in self._get_each(window, identifiers):
             if item is None:
                 log.info("%s: %s vanished during the reconcile; skipped", self.partner_id, identifier)
                 continue
@@ -602,7 +604,23 @@ class OaiAdapter(Adapter):
         A sweep is not proof of absence: offset paging shifted by a concurrent deletion
         skips records, and some servers drop records re-dated mid-list.
         """
-        return [(identifier, self._get_record(window, identifier)) for identifier in identifiers]
+        return self._get_each(window, identifiers)
+
+    def _get_each(self, window: Window, identifiers: list[str]) -> list[tuple[str, HarvestItem | None]]:
+        """A GetRecord for each id, in order, the partner's pool's slots at once: only the
+        reconcile's settle asks (every slice swept, no other task of the run talks to the
+        partner, as the plan's probes: spread.py); each request still paced by the host's
+        politeness. The first error raises and nothing more is sent, as one after the other."""
+        width = min(max(1, self.partner.pool_slots), len(identifiers))
+        if width < 2:
+            return [(identifier, self._get_record(window, identifier)) for identifier in identifiers]
+        if not self._widened:
+            widen(self.client.session, self.partner.pool_slots + 1)
+            self._widened = True
+        with ThreadPoolExecutor(width, thread_name_prefix=f"oai-get-{self.partner_id}") as pool:
+            with closing(_in_order(pool, lambda identifier: self._get_record(window, identifier), identifiers,
+                                   width)) as answers:
+                return list(zip(identifiers, answers))
 
     def _get_record(self, window: Window, identifier: str) -> HarvestItem | None:
         """The record now, as the selection has it (one outside the sets, or in an excluded

@@ -1,7 +1,8 @@
 """SQL of a sliced reconcile's sweep: the slices' rows, their bounds and what they staged.
 
 The plan writes every slice ``planned`` in one transaction (replacing an earlier plan of the
-run and the run's swept ids); a slice marks itself ``sweeping`` (dropping only its own rows),
+run and the run's swept ids), numbered biggest first; a lane takes the next one (:func:`claim`),
+a slice marks itself ``sweeping`` (dropping only its own rows),
 counts each page in the page's own transaction (store/reconcile.IdSweepWriter), then
 ``swept``. The apply refuses while a slice is not swept, and sweeps again any slice whose
 rows are not what its row counted (reconcile_ids is UNLOGGED: a crash empties it). Every
@@ -78,6 +79,31 @@ def check_not_stale(conn: psycopg.Connection, partner_id: str, run_id: str, plan
                          f"run {row[0]} applied at {row[1]:%Y-%m-%d %H:%M:%S}Z, after this reconcile planned its "
                          f"sweep ({planned_at:%Y-%m-%d %H:%M:%S}Z): the slices swept so far compare the partner with "
                          "records that changed since; nothing of this reconcile is applied, the next one sweeps anew")
+
+
+def claim(conn: psycopg.Connection, partner_id: str, run_id: str, lane: int) -> int | None:
+    """The next slice lane ``lane`` sweeps, taken in one fenced transaction: its own slice that
+    did not finish (a retry of the lane), else the first planned slice nobody took (the plan
+    numbers them biggest first); None when none is left. Two lanes never take the same slice
+    (FOR UPDATE SKIP LOCKED); a slice another lane took stays that lane's."""
+    with conn.transaction():
+        fences.check(conn, f"reconcile sweep lane {lane} of run {run_id}")
+        row = conn.execute(
+            """
+            WITH next AS (
+                SELECT slice FROM reconcile_slices
+                WHERE partner_id = %(pid)s AND run_id = %(run)s
+                  AND ((lane = %(lane)s AND status IN ('planned', 'sweeping', 'failed'))
+                       OR (lane IS NULL AND status = 'planned'))
+                ORDER BY lane IS NULL, slice
+                LIMIT 1 FOR UPDATE SKIP LOCKED
+            )
+            UPDATE reconcile_slices s SET lane = %(lane)s FROM next
+            WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.slice = next.slice
+            RETURNING s.slice
+            """, {"pid": partner_id, "run": run_id, "lane": lane},
+        ).fetchone()
+    return row[0] if row else None
 
 
 def start(conn: psycopg.Connection, partner_id: str, run_id: str, index: int, planned_at: datetime) -> Slice:

@@ -17,9 +17,10 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from partner_harvest.errors import HarvestError
-from partner_harvest.store import fences
+from partner_harvest.store import fences, lanes
 from partner_harvest.window import Slice
 
 
@@ -82,28 +83,12 @@ def check_not_stale(conn: psycopg.Connection, partner_id: str, run_id: str, plan
 
 
 def claim(conn: psycopg.Connection, partner_id: str, run_id: str, lane: int) -> int | None:
-    """The next slice lane ``lane`` sweeps, taken in one fenced transaction: its own slice that
-    did not finish (a retry of the lane), else the first planned slice nobody took (the plan
-    numbers them biggest first); None when none is left. Two lanes never take the same slice
-    (FOR UPDATE SKIP LOCKED); a slice another lane took stays that lane's."""
-    with conn.transaction():
-        fences.check(conn, f"reconcile sweep lane {lane} of run {run_id}")
-        row = conn.execute(
-            """
-            WITH next AS (
-                SELECT slice FROM reconcile_slices
-                WHERE partner_id = %(pid)s AND run_id = %(run)s
-                  AND ((lane = %(lane)s AND status IN ('planned', 'sweeping', 'failed'))
-                       OR (lane IS NULL AND status = 'planned'))
-                ORDER BY lane IS NULL, slice
-                LIMIT 1 FOR UPDATE SKIP LOCKED
-            )
-            UPDATE reconcile_slices s SET lane = %(lane)s FROM next
-            WHERE s.partner_id = %(pid)s AND s.run_id = %(run)s AND s.slice = next.slice
-            RETURNING s.slice
-            """, {"pid": partner_id, "run": run_id, "lane": lane},
-        ).fetchone()
-    return row[0] if row else None
+    """The next slice lane ``lane`` sweeps (store/lanes.claim's rule); None when none is left."""
+    index: int | None = lanes.claim(
+        conn, "reconcile_slices", "slice", ("planned", "sweeping", "failed"),
+        sql.SQL("partner_id = %(pid)s AND run_id = %(run)s"), {"pid": partner_id, "run": run_id, "lane": lane},
+        f"reconcile sweep lane {lane} of run {run_id}")
+    return index
 
 
 def start(conn: psycopg.Connection, partner_id: str, run_id: str, index: int, planned_at: datetime) -> Slice:

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
-from partner_harvest.store import fences
+from partner_harvest.store import fences, lanes
 from partner_harvest.store.db import one, scalar
 from partner_harvest.store.runs import RunRef
 from partner_harvest.window import Slice, Window
@@ -184,25 +185,9 @@ def staged_identifiers(conn: psycopg.Connection, run: RunRef) -> set[str]:
 
 
 def claim(conn: psycopg.Connection, partner_id: str, run_id: str, lane: int) -> str | None:
-    """The next slice lane ``lane`` harvests, taken in one fenced transaction: its own slice
-    that did not finish (a retry of the lane), else the first planned slice nobody took
-    (the plan numbers them biggest first); None when none is left. Two lanes never take
-    the same slice (FOR UPDATE SKIP LOCKED); a slice another lane took stays that lane's."""
-    with conn.transaction():
-        fences.check(conn, f"lane {lane} of run {run_id}")
-        channel = conn.execute(
-            """
-            WITH next AS (
-                SELECT channel FROM harvest_runs
-                WHERE partner_id = %(pid)s AND run_id = %(run)s AND channel LIKE %(prefix)s
-                  AND ((lane = %(lane)s AND status IN ('planned', 'harvesting', 'waiting', 'failed'))
-                       OR (lane IS NULL AND status = 'planned'))
-                ORDER BY lane IS NULL, channel
-                LIMIT 1 FOR UPDATE SKIP LOCKED
-            )
-            UPDATE harvest_runs h SET lane = %(lane)s FROM next
-            WHERE h.partner_id = %(pid)s AND h.run_id = %(run)s AND h.channel = next.channel
-            RETURNING h.channel
-            """, {"pid": partner_id, "run": run_id, "prefix": SLICE_PREFIX + "%", "lane": lane},
-        ).fetchone()
-    return channel[0] if channel else None
+    """The channel of the next slice lane ``lane`` harvests (store/lanes.claim's rule); None
+    when none is left."""
+    return lanes.claim(
+        conn, "harvest_runs", "channel", ("planned", "harvesting", "waiting", "failed"),
+        sql.SQL("partner_id = %(pid)s AND run_id = %(run)s AND channel LIKE %(prefix)s"),
+        {"pid": partner_id, "run": run_id, "prefix": SLICE_PREFIX + "%", "lane": lane}, f"lane {lane} of run {run_id}")

@@ -236,7 +236,7 @@ MUTATIONS: tuple[Mutation, ...] = (
       ("tests/integration/test_slice_lanes.py::test_a_stale_or_lost_batch_is_built_again_from_staging",),
       "the apply reads a sliced run's batch although a slice was harvested again after its merge, or a crash "
       "emptied the batch: the run applies an earlier try's versions, or nothing"),
-    M("I4-a-slice-taken-by-one-lane", "store/slices.py",
+    M("I4-a-slice-taken-by-one-lane", "store/lanes.py",
       "OR (lane IS NULL AND status = 'planned'))", "OR (status = 'planned'))",
       ("tests/integration/test_slice_lanes.py::test_lanes_take_the_slices_between_them_and_the_merged_batch_applies_exactly",
        "tests/integration/test_slice_lanes.py::test_a_lane_retried_takes_its_failed_slice_again_then_the_rest",

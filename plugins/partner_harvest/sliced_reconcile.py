@@ -58,7 +58,7 @@ class SweepPlan:
         # to the microsecond: cut to the second, it would precede a run applied earlier in that second
         return {"window": self.window.to_dict(), "planned_at": as_utc(self.planned_at).isoformat(),
                 "slices": self.slices,
-                "pieces": [{"lane": n, "lanes": self.lanes, "slices": self.slices} for n in range(1, self.lanes + 1)]}
+                "pieces": [{"lane": n} for n in range(1, self.lanes + 1)]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SweepPlan:

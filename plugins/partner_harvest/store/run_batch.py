@@ -29,6 +29,7 @@ from psycopg import sql
 from partner_harvest.store import fences
 from partner_harvest.store.db import scalar
 from partner_harvest.store.runs import RunRef
+from partner_harvest.store.slices import SLICE_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +113,8 @@ def analyze(conn: psycopg.Connection, partner_id: str, run_id: str) -> bool:
     once more when it joins against held rows (:func:`prepare`). Outside any transaction of a
     merge, so other runs' merges do not wait on it."""
     harvesting = scalar(conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM harvest_runs WHERE partner_id = %s AND run_id = %s AND channel LIKE 'changes/%%'"
-        " AND status NOT IN ('harvested', 'applied'))", (partner_id, run_id)))
+        "SELECT EXISTS (SELECT 1 FROM harvest_runs WHERE partner_id = %s AND run_id = %s AND channel LIKE %s"
+        " AND status NOT IN ('harvested', 'applied'))", (partner_id, run_id, SLICE_PREFIX + "%")))
     if not harvesting:
         conn.commit()
         return False

@@ -105,7 +105,6 @@ class StagingWriter:
                 record_progress(self.conn, self.run, self.progress.pages, self.progress.fetched, checkpoint,
                                 announced if announced is not None else self.progress.expected)
 
-
     def _count_run_bytes(self, size: int) -> None:
         """Add the page's payload bytes to the channel's row; raise (the page's transaction
         then rolls back: nothing of it lands) when the run's sum passes the cap."""

@@ -7,6 +7,7 @@ them failing and retried on its own), apply_changes.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
@@ -498,3 +499,17 @@ def test_a_long_sierra_change_poll_is_sliced_by_updated_date(conn: psycopg.Conne
     result = pipeline.apply_changes(conn, partner.id, "run-3")
     assert result.upserted == len(edited)
     assert held(conn, partner.id) == catalogue.live_ids()
+
+
+def test_a_sierra_plans_probes_at_once_keep_their_connections(conn: psycopg.Connection,
+                                                              sierra: tuple[SierraSimulator, SimulatedCatalogue],
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """The plan's id probes go out pool_slots - 1 at once; a connection pool narrower than
+    that discards a connection after each round (a new TLS handshake per probe on a real
+    partner, and a warning per round in the task's log)."""
+    sim, _ = sierra
+    partner = sierra_partner(pool_slots=4)
+    with caplog.at_level(logging.WARNING, logger="urllib3.connectionpool"):
+        run = sierra_run(conn, sim, partner)
+    assert len(run.pieces) > 1
+    assert [r.getMessage() for r in caplog.records if r.name == "urllib3.connectionpool"] == []

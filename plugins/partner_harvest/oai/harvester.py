@@ -280,7 +280,8 @@ class OaiAdapter(Adapter):
         key: _ListKey = (prefix, format_datestamp(window.from_, oai_granularity) if window.from_ else None,
                          format_datestamp(window.until, oai_granularity), None if sweep else lists[0])
         verb = "ListIdentifiers" if sweep else self._verb
-        pages = self.client.list_pages(verb, metadata_prefix=key[0], set_spec=key[3], from_=key[1], until=key[2])
+        pages = self.client.list_pages(verb, metadata_prefix=key[0], set_spec=key[3], from_=key[1], until=key[2],
+                                       ahead=False)  # one look: no second page asked for ahead
         try:
             with closing(pages):
                 first = next(pages, None)

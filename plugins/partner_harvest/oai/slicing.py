@@ -63,11 +63,12 @@ def list_size(client: OaiClient, prefix: str, set_spec: str | None, oai_granular
 def first_page(client: OaiClient, prefix: str, set_spec: str | None, oai_granularity: str,
                from_: datetime | None, until: datetime) -> tuple[int | None, sampled_cut.PageSample | None]:
     """The range's size from its first ListIdentifiers page alone (None: not announced),
-    and what the page shows of its datestamps (sampled_cut.py); one request."""
+    and what the page shows of its datestamps (sampled_cut.py); one request (not pipelined: a
+    second page asked for ahead would be wasted, and waited for when the chain closes)."""
     pages = client.list_pages(
         "ListIdentifiers", metadata_prefix=prefix, set_spec=set_spec,
         from_=format_datestamp(from_, oai_granularity) if from_ else None,
-        until=format_datestamp(until, oai_granularity),
+        until=format_datestamp(until, oai_granularity), ahead=False,
     )
     try:
         page = next(iter(pages))

@@ -42,6 +42,7 @@ from partner_harvest.sierra.client import RateLimited, SierraClient
 from partner_harvest.sierra.export import SUPPRESSED, FullLoad
 from partner_harvest.sierra.spec import DELETIONS
 from partner_harvest.spread import Spread, in_turn, pooled
+from partner_harvest.transport import widen
 from partner_harvest.window import SECONDS, ChannelPlan, Slice, Window, floor_to, format_instant
 
 log = logging.getLogger(__name__)
@@ -171,7 +172,9 @@ class SierraAdapter(Adapter):
             return []  # no id that far above the lowest: small enough to stay whole (two requests)
         # The rest as many at once as the pool allows beside the deletion poll (which runs
         # beside the plan), and only as exact as the cut needs: the last slice is open-ended.
-        with pooled(max(1, self.partner.pool_slots - 1), f"sierra-plan-{self.partner_id}") as spread:
+        width = max(1, self.partner.pool_slots - 1)
+        widen(self.client.session, width)  # as many connections kept as probes at once
+        with pooled(width, f"sierra-plan-{self.partner_id}") as spread:
             high, probes = self.highest_id(above, max(1, settings.threshold_records), spread,
                                            within=settings.threshold_records // 64)
         probes += 2

@@ -503,12 +503,16 @@ def test_a_long_sierra_change_poll_is_sliced_by_updated_date(conn: psycopg.Conne
 
 def test_a_sierra_plans_probes_at_once_keep_their_connections(conn: psycopg.Connection,
                                                               sierra: tuple[SierraSimulator, SimulatedCatalogue],
-                                                              caplog: pytest.LogCaptureFixture) -> None:
+                                                              caplog: pytest.LogCaptureFixture,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """The plan's id probes go out pool_slots - 1 at once; a connection pool narrower than
     that discards a connection after each round (a new TLS handshake per probe on a real
     partner, and a warning per round in the task's log)."""
     sim, _ = sierra
     partner = sierra_partner(pool_slots=4)
+    pool_log = logging.getLogger("urllib3.connectionpool")  # heard here whatever a logging setup did to it
+    monkeypatch.setattr(pool_log, "disabled", False)
+    monkeypatch.setattr(pool_log, "propagate", True)
     with caplog.at_level(logging.WARNING, logger="urllib3.connectionpool"):
         run = sierra_run(conn, sim, partner)
     assert len(run.pieces) > 1

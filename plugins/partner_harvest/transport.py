@@ -562,10 +562,11 @@ def _show(o: tuple[str, str, int | None]) -> str:
 class PartnerAdapter(HTTPAdapter):
     """Reads every body (redirects included) streaming, up to a cap on decoded bytes."""
 
-    def __init__(self, label: str, max_response_bytes: int, **kwargs: Any):
+    def __init__(self, label: str, max_response_bytes: int, *, pool_maxsize: int, **kwargs: Any):
         self.label = label
         self.max_response_bytes = max_response_bytes
-        super().__init__(**kwargs)
+        self.pool_maxsize = pool_maxsize  # connections kept open per host (widen)
+        super().__init__(pool_maxsize=pool_maxsize, **kwargs)
 
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         super().init_poolmanager(*args, **kwargs)
@@ -715,10 +716,11 @@ class PartnerSession(requests.Session):
 
 
 def widen(session: requests.Session, connections: int) -> None:
-    """Keep ``connections`` connections to the partner open, for a client that sends that many
-    requests at once (OAI-PMH GetRecords): a smaller pool discards one after each request."""
+    """Keep at least ``connections`` connections to the partner open, for a client that sends
+    that many requests at once (OAI-PMH GetRecords, a plan's probes): a smaller pool discards
+    one after each request. A pool already that wide is kept as it is, open connections and all."""
     for prefix, adapter in list(session.adapters.items()):
-        if isinstance(adapter, PartnerAdapter) and connections > 2:
+        if isinstance(adapter, PartnerAdapter) and connections > adapter.pool_maxsize:
             session.mount(prefix, PartnerAdapter(adapter.label, adapter.max_response_bytes, max_retries=adapter.max_retries,
                                                  pool_connections=1, pool_maxsize=connections))
 

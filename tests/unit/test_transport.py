@@ -11,7 +11,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.response import HTTPResponse
 from urllib3.util.retry import Retry
 
-from partner_harvest.transport import CappedRetry, HttpPolicy, ServerAsksToWait, Transport, build_session, origin
+from partner_harvest.transport import CappedRetry, HttpPolicy, PartnerAdapter, ServerAsksToWait, Transport, build_session, origin, widen
 
 
 def retry_of(policy: HttpPolicy) -> Retry:
@@ -102,3 +102,18 @@ def test_transport_from_connection_extras(tmp_path: Path) -> None:
 def test_switching_tls_verification_off_is_refused(verify: object) -> None:
     with pytest.raises(ValueError, match="refused"):
         Transport.from_extra({"verify": verify})
+
+
+def test_widen_keeps_a_pool_that_is_wide_enough_and_never_narrows_it() -> None:
+    """Each caller asks for what it sends at once (a plan's probes, the settle's GetRecords);
+    a pool already that wide keeps its adapter, and with it its open connections."""
+    session = build_session("p")
+    widen(session, 2)  # the session's own width: nothing to do
+    narrow = session.get_adapter("http://x")
+    widen(session, 5)
+    wide = session.get_adapter("http://x")
+    assert isinstance(wide, PartnerAdapter) and wide is not narrow
+    widen(session, 4)
+    widen(session, 5)
+    kept = session.get_adapter("http://x")
+    assert kept is wide and kept.poolmanager.connection_pool_kw["maxsize"] == 5

@@ -82,10 +82,8 @@ class OaiAdapter(Adapter):
         if self.method == "identifiers_then_get":  # a list stream of GetRecords brings nothing a GetRecord each does not
             self.bulk_missing_threshold = None
         self._get_workers = partner.pool_slots  # GetRecords at once (one in a slice: pool_slots slices run)
-        # GetRecords at once keep their connections open (and the list's own request)
-        self._widened = self.method == "identifiers_then_get"
-        if self._widened:
-            widen(client.session, partner.pool_slots + 1)
+        if self.method == "identifiers_then_get":
+            widen(client.session, partner.pool_slots + 1)  # and the list's own request
         self._sweeping = False  # the list being streamed is the leavers' sweep (selection.py)
         self._not_held = 0  # listed records of excluded sets this harvest did not stage (none held)
         # Lists one request showed to be empty (window_is_empty); harvested without asking again.
@@ -140,8 +138,7 @@ class OaiAdapter(Adapter):
         # Until the plan is made no other task of the run talks to the partner: its probes go
         # out as many at once as the partner's pool has slots (slicing.Spread).
         width = max(1, self.partner.pool_slots)
-        if width > 1:
-            widen(self.client.session, width)
+        widen(self.client.session, width)
         with pooled(width, f"oai-plan-{self.partner_id}") as spread:
             by_sets = slicing.plan_by_sets(window, settings, probe, self.partner_id, spread)
             if by_sets is not None:
@@ -615,9 +612,7 @@ class OaiAdapter(Adapter):
         width = min(max(1, self.partner.pool_slots), len(identifiers))
         if width < 2:
             return [(identifier, self._get_record(window, identifier)) for identifier in identifiers]
-        if not self._widened:
-            widen(self.client.session, self.partner.pool_slots + 1)
-            self._widened = True
+        widen(self.client.session, self.partner.pool_slots + 1)
         with ThreadPoolExecutor(width, thread_name_prefix=f"oai-get-{self.partner_id}") as pool:
             with closing(_in_order(pool, lambda identifier: self._get_record(window, identifier), identifiers,
                                    width)) as answers:

@@ -258,7 +258,8 @@ def plan_slices(
 def graded(pieces: list[Slice], lanes: int) -> list[Slice]:
     """Neighbouring pieces joined into slices of falling size, biggest first: each round
     gives every lane a slice of about half of what is left per lane (32 pieces, 4 lanes:
-    4 slices of 4 pieces, 4 of 2, 8 of 1). Pieces of different sets are never joined."""
+    4 slices of 4 pieces, 4 of 2, 8 of 1). Pieces of different sets are never joined. The
+    lanes take them in this order, so the lanes free first take the bigger ones left."""
     sizes: list[int] = []
     left = len(pieces)
     while left > 0:
@@ -280,9 +281,10 @@ def graded(pieces: list[Slice], lanes: int) -> list[Slice]:
             else:
                 runs.append([piece])
         joined.extend((_join(run), len(run)) for run in runs)
-    # biggest first: by estimate where every slice has one, else by the pieces joined
+    # biggest first: by estimate where every slice has one, else by the pieces joined; of
+    # equals, an unbounded slice first (it holds at least its estimate); stable otherwise
     counted = all(s.estimate is not None for s, _ in joined)
-    joined.sort(key=lambda pair: -(pair[0].estimate or 0) if counted else -pair[1])  # stable: ties keep their order
+    joined.sort(key=lambda pair: (-(pair[0].estimate or 0) if counted else -pair[1], not pair[0].unbounded))
     return [s for s, _ in joined]
 
 

@@ -114,6 +114,12 @@ class Slice(_Facts):
     resume_at: int | None = None  # in a sub-window: the checkpoint a retried Sierra (or IIIF) slice resumes at
     of_full: bool = False  # in a sub-window: a slice of a full harvest proves its own range (I12)
 
+    @property
+    def unbounded(self) -> bool:
+        """No upper bound (a Sierra id range without ``hi``, a sweep's ``open_end`` slice): it
+        holds whatever lies above the plan's bound too, so at least its estimate."""
+        return self.open_end or (self.lo is not None and self.hi is None)
+
     def to_json(self) -> dict[str, Any]:
         """The XCom form of a planned slice (page lists stay in harvest_runs: a slice reads them there)."""
         return self.model_dump(mode="json", by_alias=True, exclude={"pages", "page_items", "resume_at", "of_full"})

@@ -167,17 +167,20 @@ class SierraAdapter(Adapter):
         probes: the lowest id, then the highest: doubling steps up until no id lies above
         (ids have no fixed width), then bisection (about 2 x log2(span) requests)."""
         low = self.first_id_from(0)
-        above = None if low is None else self.first_id_from(low + settings.threshold_records)
-        if low is None or above is None:
-            return []  # no id that far above the lowest: small enough to stay whole (two requests)
+        if low is None:
+            return []
         # The rest as many at once as the pool allows beside the deletion poll (which runs
         # beside the plan), and only as exact as the cut needs: the last slice is open-ended.
+        # The first round's first step, an id ``threshold_records`` above the lowest, tells
+        # whether the catalogue is big enough to cut at all (none: it stays whole).
         width = max(1, self.partner.pool_slots - 1)
         widen(self.client.session, width)  # as many connections kept as probes at once
         with pooled(width, f"sierra-plan-{self.partner_id}") as spread:
-            high, probes = self.highest_id(above, max(1, settings.threshold_records), spread,
-                                           within=settings.threshold_records // 64)
-        probes += 2
+            high, probes = self.highest_id(low, max(1, settings.threshold_records), spread,
+                                           within=settings.threshold_records // 64, or_none_above=True)
+        if high == low:
+            return []  # no id that far above the lowest: small enough to stay whole
+        probes += 1
         span = high - low + 1
         count = min(settings.max_slices, math.ceil(span / settings.target_records))
         log.info("%s: bib ids %d..%d (span %d, %d probes)", self.partner_id, low, high, span, probes)
@@ -191,11 +194,14 @@ class SierraAdapter(Adapter):
             pieces.append(Slice(until=window.until, lo=lo, hi=hi, estimate=size))
         return pieces
 
-    def highest_id(self, high: int, step: int, spread: Spread = in_turn, within: int = 0) -> tuple[int, int]:
+    def highest_id(self, high: int, step: int, spread: Spread = in_turn, within: int = 0,
+                   or_none_above: bool = False) -> tuple[int, int]:
         """The highest bib id (at most ``within`` below it), given one that exists: doubling
         steps up until no id lies above (ids have no fixed width), then bisection; ``spread``
         sends a round's probes at once, as many as it is wide (a round of steps up, or cuts
-        of the range left). Returns it and the probes it took."""
+        of the range left). Returns it and the probes it took. ``or_none_above``: when no id
+        lies ``step`` above the given one, that one at once (the caller only asks whether
+        the span is wider than a step)."""
         probes = 0
         width = max(1, spread.width)
         while True:  # an id exists at or above ``high``: find a probe with none above it
@@ -203,6 +209,8 @@ class SierraAdapter(Adapter):
             found = spread(points, self.first_id_from)
             probes += len(points)
             missing = next((i for i, f in enumerate(found) if f is None), None)
+            if missing == 0 and or_none_above and probes == len(points):
+                return high, probes
             if missing is not None:
                 top = points[missing] - 1
                 high = found[missing - 1] or high if missing else high

@@ -86,6 +86,7 @@ class ProtocolSpec:
     name: str  # the registry's `protocol` value, the lineage scheme of its endpoints
     title: str  # how people name it ("OAI-PMH")
     build: Callable[[Wiring], Adapter]  # the partner's adapter from its session (imports the stack lazily)
+    stack: str  # the module of its adapter, which ``build`` imports; airflow/preload.py imports it before a fork
     connection: ConnectionType
     docs: str  # its design page, e.g. docs/design/oai.md
     channels: tuple[Channel, ...] = ()  # extra channels, each with a task and a cursor of its own

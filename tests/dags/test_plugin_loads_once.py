@@ -2,6 +2,7 @@
 editable, plugins/ on sys.path, Airflow's plugins folder its default and empty), as
 scripts/airflow_ui.sh runs it: no "Plugin 'partner_harvest' already registered" import error on
 the UI's Home page. A plugins folder holding the sources is refused with one clear error.
+Loaded, it has imported every protocol's adapter module (airflow/preload.py).
 
 The editable install leaves plugins/partner_harvest.egg-info behind; with plugins/ on
 sys.path Python then sees the distribution twice and Airflow loads its entry point twice.
@@ -20,10 +21,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
-import json
+import json, sys
 from airflow import plugins_manager
+from partner_harvest.protocols import specs
 plugins, errors = plugins_manager._get_plugins()
-print(json.dumps({"plugins": [p.name for p in plugins], "errors": errors}))
+print(json.dumps({"plugins": [p.name for p in plugins], "errors": errors,
+                  "stacks": {spec.stack: spec.stack in sys.modules for spec in specs()}}))
 """
 
 
@@ -52,6 +55,9 @@ def test_the_plugin_registers_once_without_an_import_error(tmp_path: Path) -> No
     assert loaded["errors"] == {}
     plugins = loaded["plugins"]
     assert isinstance(plugins, list) and plugins.count("partner_harvest") == 1  # providers may bring their own
+    # what every task that talks to a partner imports, inherited by the processes Airflow forks
+    stacks = loaded["stacks"]
+    assert isinstance(stacks, dict) and stacks and all(stacks.values()), stacks
 
 
 @pytest.mark.slow  # starts Airflow processes

@@ -113,6 +113,7 @@ SPEC = ProtocolSpec(
     name="file-delivery",
     title="File deliveries",
     build=build,
+    stack="partner_harvest.files.harvester",
     check=check,
     connection=ConnectionType(
         conn_type="file_delivery", hook_class="FileDeliveryHook", hook_name="File-delivery partner",

@@ -74,6 +74,7 @@ SPEC = ProtocolSpec(
     name="iiif-change-discovery",
     title="IIIF Change Discovery",
     build=build,
+    stack="partner_harvest.iiif.harvester",
     check=check,
     connection=ConnectionType(
         conn_type="iiif_change_discovery", hook_class="IiifChangeDiscoveryHook",

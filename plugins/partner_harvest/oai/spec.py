@@ -62,6 +62,7 @@ SPEC = ProtocolSpec(
     name="oai-pmh",
     title="OAI-PMH",
     build=build,
+    stack="partner_harvest.oai.harvester",
     check=check,
     connection=ConnectionType(
         conn_type="oai_pmh", hook_class="OaiPmhHook", hook_name="OAI-PMH partner",

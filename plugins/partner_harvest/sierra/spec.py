@@ -157,6 +157,7 @@ SPEC = ProtocolSpec(
     name="sierra",
     title="Sierra ILS",
     build=build,
+    stack="partner_harvest.sierra.harvester",
     check=check,
     connection=ConnectionType(
         conn_type="sierra", hook_class="SierraHook", hook_name="Sierra ILS partner",

@@ -1,16 +1,24 @@
 """The Sierra plan's probes for the highest bib id (sierra/harvester.highest_id): exact one at
-a time, within the tolerance asked and in fewer rounds when a round goes out at once."""
+a time, within the tolerance asked and in fewer rounds when a round goes out at once; and the
+order the lanes take its id ranges in."""
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from partner_harvest.pipeline import graded
+from partner_harvest.sierra import harvester
 from partner_harvest.sierra.harvester import SierraAdapter
 from partner_harvest.spread import Spread
+from partner_harvest.window import Slice
+from tests.support.partners import partner_from_entry
 
 IDS = list(range(1_000_001, 1_100_001, 3))  # every third number a bib
 
@@ -49,20 +57,11 @@ def test_the_highest_id_is_found_within_what_was_asked(width: int, within: int) 
         assert len(rounds) * 2 < one_at_a_time, (rounds, one_at_a_time)
 
 
-
-
 def test_the_plan_asks_whether_the_catalogue_is_big_in_its_first_round_of_steps_up(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """After the lowest id, the probe that tells a catalogue worth cutting (an id
     ``threshold_records`` above the lowest) goes out with the first round of steps up, not
     in a round of its own: one response time less on the run's path."""
-    from contextlib import contextmanager
-    from datetime import datetime, timezone
-    from types import SimpleNamespace
-
-    from partner_harvest.sierra import harvester
-    from tests.support.partners import partner_from_entry
-
     catalogue, rounds = Catalogue(), []
 
     def run(call: Callable[[Any], Any], items: list[Any]) -> list[Any]:
@@ -70,7 +69,7 @@ def test_the_plan_asks_whether_the_catalogue_is_big_in_its_first_round_of_steps_
         return [call(item) for item in items]
 
     @contextmanager
-    def recorded(width: int, name: str) -> Any:
+    def recorded(width: int, name: str) -> Iterator[Spread]:
         yield Spread(width, run)
 
     monkeypatch.setattr(harvester, "pooled", recorded)
@@ -95,11 +94,6 @@ def test_the_open_ended_id_range_is_taken_first_among_slices_of_its_size() -> No
     ends with one more request that finds nothing. Taken last among equal slices, its lane
     ended about a second after the others (a Sierra sliced full load, 200,000 bibs); taken
     first among them, the lanes that finish first absorb it."""
-    from datetime import datetime, timezone
-
-    from partner_harvest.pipeline import graded
-    from partner_harvest.window import Slice
-
     until = datetime(2026, 1, 1, tzinfo=timezone.utc)
     pieces = [Slice(until=until, lo=0 if i == 0 else 1_000_000 + 10_000 * i,
                     hi=None if i == 19 else 1_000_000 + 10_000 * (i + 1) - 1, estimate=10_000) for i in range(20)]
